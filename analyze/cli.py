@@ -1,0 +1,65 @@
+"""The ``spectrace`` command: a thin layer over the library.
+
+Each subcommand lives in a module that exposes ``register(subparsers)``; the
+module adds its parser and sets ``func(args) -> int``. Bad input raises
+:class:`analyze.errors.InputError`, printed here as one line with exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .errors import InputError
+
+# Subcommand modules, in help order. Importing them must stay cheap (no torch, no sglang).
+SUBCOMMANDS = (
+    "analyze.commands",  # analyze
+    "analyze.comm_cli",  # comm
+    "analyze.report_cli",  # report, compare, whatif
+    "nvtx_hooks.cli",  # hooks
+    "nvtx_hooks.capture",  # trace, demo-workload
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="spectrace",
+        description="Where the time goes in SGLang EAGLE-3 speculative decoding on tensor-parallel GPUs.",
+    )
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"spectrace {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMANDS:
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name == name:  # not written yet: the subcommand is simply absent
+                continue
+            raise
+        mod.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except InputError as e:
+        print(f"spectrace: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("spectrace: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

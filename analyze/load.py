@@ -1,0 +1,295 @@
+"""Load an nsys SQLite export into polars frames, feature-detecting its schema.
+
+Frames (all times in ns on the session clock):
+
+- ``ranges``: NVTX push/pop and start/end ranges: ``row_id, pid, gtid, start, end, event_type,
+  domain, text, color, uint64, int64, unclosed, cross_thread``
+- ``api``: CUDA runtime and driver calls: ``pid, gtid, corr, start, end, name_id``
+- ``ops``: GPU operations: ``pid, device, stream, corr, start, end, kind, name_id, graph_node``
+  (kind: kernel, memcpy, memset, graph)
+- ``names``: ``name_id, name`` for kernels and API calls
+- ``devices``: ``device, device_name``; ``nsys_diagnostics``: DIAGNOSTIC_EVENT rows
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+import polars as pl
+
+from .errors import InputError
+from .sqlite_read import Reader
+
+KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
+MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
+MEMSET = "CUPTI_ACTIVITY_KIND_MEMSET"
+GRAPH_TRACE = "CUPTI_ACTIVITY_KIND_GRAPH_TRACE"
+RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
+NVTX = "NVTX_EVENTS"
+
+RANGE_TYPES = (59, 60, 70, 71)  # push/pop, start/end, and their NVTXT imports
+DOMAIN_CREATE = 75
+KNOWN_SCHEMA_MAJOR = 3
+MEMCPY_KINDS = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA", 8: "DtoD",
+                9: "HtoH", 10: "PtoP", 11: "Unknown"}
+OP_KINDS = ("kernel", "memcpy", "memset", "graph")
+_P24 = 1 << 24
+
+
+def pid_of(col: str) -> pl.Expr:
+    """Process id inside a globalTid/globalPid (``<hw:8><vm:8><pid:24><tid:24>``)."""
+    return ((pl.col(col) // _P24) % _P24).cast(pl.Int64)
+
+
+def tid_of(col: str) -> pl.Expr:
+    """Thread id inside a globalTid."""
+    return (pl.col(col) % _P24).cast(pl.Int64)
+
+
+@dataclass
+class Trace:
+    """The parts of an nsys export that spectrace analyses."""
+
+    path: str
+    nsys_version: str
+    schema_version: str
+    export_meta: dict[str, str]
+    capture_meta: dict[str, str]
+    duration_ns: int | None
+    ranges: pl.DataFrame
+    api: pl.DataFrame
+    ops: pl.DataFrame
+    names: pl.DataFrame
+    devices: pl.DataFrame
+    nsys_diagnostics: pl.DataFrame
+    tables: set[str] = field(default_factory=set)
+    dropped_ops: int = 0
+    utc_epoch_ns: int | None = None
+
+    @property
+    def graph_trace_mode(self) -> str | None:
+        """``Node`` or ``Graph`` as recorded by nsys, else inferred from the rows, else None."""
+        for k, v in self.capture_meta.items():
+            if k.endswith("CUDA_GRAPH_TRACE_OPTIONS:MODE"):
+                return v
+        if (self.ops["kind"] == "graph").any():
+            return "Graph"
+        if self.ops["graph_node"].is_not_null().any():
+            return "Node"
+        return None
+
+
+def _meta(r: Reader) -> tuple[dict[str, str], dict[str, str]]:
+    export: dict[str, str] = {}
+    for t in ("META_DATA_EXPORT", "EXPORT_META_DATA"):
+        if r.has(t, "name", "value"):
+            export = {k: v for k, v in r.rows(f"SELECT name, value FROM {t}")}
+            break
+    capture: dict[str, str] = {}
+    if r.has("META_DATA_CAPTURE", "name", "value"):
+        for k, v in r.rows("SELECT name, value FROM META_DATA_CAPTURE WHERE name NOT LIKE '%ENVIRONMENT%'"):
+            capture.setdefault(k, v)
+    return export, capture
+
+
+def _check_schema(path: str, r: Reader, export: dict[str, str]) -> None:
+    if "StringIds" not in r.tables and not export:
+        raise InputError(
+            f"{path}: SQLite, but not an nsys export (no StringIds or META_DATA_EXPORT table)", "NOT_NSYS"
+        )
+    ver = export.get("EXPORT_SCHEMA_VERSION", "")
+    m = re.match(r"(\d+)\.", ver)
+    if m and int(m.group(1)) > KNOWN_SCHEMA_MAJOR:
+        raise InputError(
+            f"{path}: nsys export schema {ver} is newer than spectrace knows (major {KNOWN_SCHEMA_MAJOR}); "
+            "upgrade spectrace or export with an older nsys",
+            "UNKNOWN_SCHEMA",
+        )
+
+
+def _ranges(r: Reader, duration: int | None) -> tuple[pl.DataFrame, pl.DataFrame]:
+    cols = r.columns(NVTX)
+    empty = pl.DataFrame(
+        schema={"row_id": pl.Int64, "pid": pl.Int64, "gtid": pl.Int64, "start": pl.Int64, "end": pl.Int64,
+                "event_type": pl.Int64, "domain": pl.String, "text": pl.String, "color": pl.Int64,
+                "uint64": pl.Int64, "int64": pl.Int64, "unclosed": pl.Boolean, "cross_thread": pl.Boolean}
+    )
+    if not cols:
+        return empty, pl.DataFrame(schema={"pid": pl.Int64, "domain_id": pl.Int64, "domain": pl.String})
+    text = "COALESCE(n.text, s.value, '')" if "textId" in cols else "COALESCE(n.text, '')"
+    join = "LEFT JOIN StringIds s ON s.id = n.textId" if "textId" in cols else ""
+
+    def opt(c: str, alias: str) -> str:
+        return f"n.{c} AS {alias}" if c in cols else f"NULL AS {alias}"
+
+    types = ",".join(str(t) for t in (*RANGE_TYPES, DOMAIN_CREATE))
+    raw = r.frame(
+        f"""SELECT n.rowid AS row_id, n.start AS start, n."end" AS "end", n.eventType AS event_type,
+                   n.globalTid AS gtid, {opt('endGlobalTid', 'end_gtid')}, {opt('domainId', 'domain_id')},
+                   {text} AS text, {opt('color', 'color')}, {opt('uint64Value', 'uint64')},
+                   {opt('int64Value', 'int64')}
+            FROM {NVTX} n {join} WHERE n.eventType IN ({types})""",
+        schema={"row_id": pl.Int64, "start": pl.Int64, "end": pl.Int64, "event_type": pl.Int64,
+                "gtid": pl.Int64, "end_gtid": pl.Int64, "domain_id": pl.Int64, "text": pl.String,
+                "color": pl.Int64, "uint64": pl.Int64, "int64": pl.Int64},
+    ).with_columns(pid=pid_of("gtid"), domain_id=pl.col("domain_id").fill_null(0))
+    domains = (
+        raw.filter(pl.col("event_type") == DOMAIN_CREATE)
+        .select("pid", "domain_id", domain=pl.col("text"))
+        .unique(["pid", "domain_id"], keep="last")
+    )
+    # Exports sliced to a window may lack the domain-create rows: fall back to the id alone.
+    by_id = domains.group_by("domain_id").agg(pl.col("domain").first().alias("domain_any"))
+    rng = (
+        raw.filter(pl.col("event_type") != DOMAIN_CREATE)
+        .join(domains, on=["pid", "domain_id"], how="left")
+        .join(by_id, on="domain_id", how="left")
+        .with_columns(
+            domain=pl.when(pl.col("domain_id") == 0)
+            .then(pl.lit(""))
+            .otherwise(pl.coalesce("domain", "domain_any", pl.format("domain{}", pl.col("domain_id"))))
+        )
+    )
+    end_cap = duration if duration is not None else rng["end"].max()
+    rng = rng.with_columns(
+        unclosed=pl.col("end").is_null() | ((pl.col("end") >= end_cap) if end_cap is not None else False),
+        end=pl.col("end").fill_null(end_cap),
+        cross_thread=pl.col("end_gtid").is_not_null() & (pl.col("end_gtid") != pl.col("gtid")),
+    ).select(empty.columns)
+    return rng.cast(empty.schema), domains
+
+
+def _api(r: Reader) -> pl.DataFrame:
+    if not r.has(RUNTIME, "correlationId", "globalTid"):
+        return pl.DataFrame(schema={"pid": pl.Int64, "gtid": pl.Int64, "corr": pl.Int64, "start": pl.Int64,
+                                    "end": pl.Int64, "name_id": pl.Int64})
+    df = r.frame(
+        f"""SELECT globalTid AS gtid, correlationId AS corr, start, "end", nameId AS name_id
+            FROM {RUNTIME}""",
+        schema={"gtid": pl.Int64, "corr": pl.Int64, "start": pl.Int64, "end": pl.Int64, "name_id": pl.Int64},
+    )
+    return df.with_columns(pid=pid_of("gtid")).select("pid", "gtid", "corr", "start", "end", "name_id")
+
+
+OPS_SCHEMA = {"pid": pl.Int64, "device": pl.Int64, "stream": pl.Int64, "corr": pl.Int64, "start": pl.Int64,
+              "end": pl.Int64, "kind": pl.String, "name_id": pl.Int64, "label": pl.String,
+              "graph_node": pl.Int64}
+
+
+def _ops(r: Reader) -> pl.DataFrame:
+    parts = []
+
+    def common(table: str) -> str:
+        return (f'SELECT start, "end", deviceId AS device, streamId AS stream, correlationId AS corr, '
+                f"globalPid AS gpid FROM {table}")
+
+    if r.has(KERNEL, "start", "end", "correlationId", "globalPid"):
+        node = "graphNodeId" if "graphNodeId" in r.columns(KERNEL) else "NULL"
+        name = "demangledName" if "demangledName" in r.columns(KERNEL) else "shortName"
+        q = common(KERNEL).replace(" FROM", f", {name} AS name_id, {node} AS graph_node FROM")
+        parts.append(r.frame(q).with_columns(kind=pl.lit("kernel"), label=pl.lit(None, pl.String)))
+    if r.has(MEMCPY, "start", "end", "correlationId", "globalPid"):
+        node = "graphNodeId" if "graphNodeId" in r.columns(MEMCPY) else "NULL"
+        q = common(MEMCPY).replace(" FROM", f", copyKind AS copy_kind, {node} AS graph_node FROM")
+        df = r.frame(q)
+        kinds = pl.col("copy_kind").cast(pl.Int64).replace_strict(MEMCPY_KINDS, default="?", return_dtype=pl.String)
+        parts.append(
+            df.with_columns(kind=pl.lit("memcpy"), name_id=pl.lit(None, pl.Int64),
+                            label=pl.format("[CUDA memcpy {}]", kinds)).drop("copy_kind")
+        )
+    if r.has(MEMSET, "start", "end", "correlationId", "globalPid"):
+        node = "graphNodeId" if "graphNodeId" in r.columns(MEMSET) else "NULL"
+        q = common(MEMSET).replace(" FROM", f", {node} AS graph_node FROM")
+        parts.append(r.frame(q).with_columns(kind=pl.lit("memset"), name_id=pl.lit(None, pl.Int64),
+                                             label=pl.lit("[CUDA memset]")))
+    if r.has(GRAPH_TRACE, "start", "end", "correlationId", "globalPid"):
+        gid = "graphId" if "graphId" in r.columns(GRAPH_TRACE) else "NULL"
+        q = common(GRAPH_TRACE).replace(" FROM", f", {gid} AS graph_id FROM")
+        df = r.frame(q)
+        parts.append(
+            df.with_columns(kind=pl.lit("graph"), name_id=pl.lit(None, pl.Int64),
+                            label=pl.format("[CUDA graph {}]", pl.col("graph_id")),
+                            graph_node=pl.lit(None, pl.Int64)).drop("graph_id")
+        )
+    if not parts:
+        return pl.DataFrame(schema=OPS_SCHEMA)
+    out = pl.concat(
+        [p.with_columns(pid=pid_of("gpid")).select(list(OPS_SCHEMA)).cast(OPS_SCHEMA) for p in parts],
+        how="vertical",
+    )
+    return out
+
+
+def _names(r: Reader, ids: pl.Series) -> pl.DataFrame:
+    """StringIds rows for the given ids only (kernel and API names)."""
+    if "StringIds" not in r.tables:
+        return pl.DataFrame(schema={"name_id": pl.Int64, "name": pl.String})
+    strings = r.frame("SELECT id AS name_id, value AS name FROM StringIds",
+                      schema={"name_id": pl.Int64, "name": pl.String})
+    return strings.join(pl.DataFrame({"name_id": ids.unique().drop_nulls()}).cast(pl.Int64), on="name_id",
+                        how="semi")
+
+
+def _devices(r: Reader) -> pl.DataFrame:
+    if r.has("TARGET_INFO_GPU", "id", "name"):
+        return r.frame("SELECT DISTINCT id AS device, name AS device_name FROM TARGET_INFO_GPU",
+                       schema={"device": pl.Int64, "device_name": pl.String}).unique("device")
+    return pl.DataFrame(schema={"device": pl.Int64, "device_name": pl.String})
+
+
+def _nsys_diagnostics(r: Reader) -> pl.DataFrame:
+    schema = {"timestamp": pl.Int64, "severity": pl.Int64, "text": pl.String, "pid": pl.Int64}
+    if not r.has("DIAGNOSTIC_EVENT", "text"):
+        return pl.DataFrame(schema=schema)
+    df = r.frame("SELECT timestamp, severity, text, globalPid AS gpid FROM DIAGNOSTIC_EVENT")
+    return df.with_columns(pid=pid_of("gpid")).select(list(schema)).cast(schema)
+
+
+def load(path: str | os.PathLike) -> Trace:
+    """Read an nsys SQLite export (read-only) into a :class:`Trace`; bad input raises InputError."""
+    r = Reader(path)
+    try:
+        export, capture = _meta(r)
+        _check_schema(str(r.path), r, export)
+        duration = None
+        if r.has("ANALYSIS_DETAILS", "duration"):
+            row = r.rows("SELECT MAX(duration) FROM ANALYSIS_DETAILS")
+            duration = row[0][0] if row else None
+        utc = None
+        if r.has("TARGET_INFO_SESSION_START_TIME", "utcEpochNs"):
+            row = r.rows("SELECT MIN(utcEpochNs) FROM TARGET_INFO_SESSION_START_TIME")
+            utc = row[0][0] if row else None
+        ranges, _domains = _ranges(r, duration)
+        ops = _ops(r)
+        api = _api(r)
+        if ops.height == 0 and api.height == 0:
+            raise InputError(
+                f"{r.path}: no CUDA trace in this export (no kernel, memcpy or runtime rows); "
+                "profile with nsys profile -t cuda,nvtx",
+                "NO_CUDA",
+            )
+        bad = (pl.col("start") <= 0) | (pl.col("end") < pl.col("start")) | pl.col("start").is_null()
+        dropped = int(ops.select(bad.sum()).item() or 0)
+        ops = ops.filter(~bad)
+        names = _names(r, pl.concat([ops["name_id"], api["name_id"]]))
+        return Trace(
+            path=str(r.path),
+            nsys_version=export.get("EXPORT_PRODUCT_VERSION", "unknown"),
+            schema_version=export.get("EXPORT_SCHEMA_VERSION", "unknown"),
+            export_meta=export,
+            capture_meta=capture,
+            duration_ns=duration,
+            ranges=ranges,
+            api=api,
+            ops=ops,
+            names=names,
+            devices=_devices(r),
+            nsys_diagnostics=_nsys_diagnostics(r),
+            tables=set(r.tables),
+            dropped_ops=dropped,
+            utc_epoch_ns=utc,
+        )
+    finally:
+        r.close()
