@@ -88,3 +88,62 @@ def prefixed_phase_regex() -> str:
     """A regex that selects range texts naming a spectrace phase, with any prefix."""
     alts = "|".join(sorted(NAMES, key=len, reverse=True))
     return rf"(^|[.:/ ])({alts})$"
+
+
+# --- Payload encoding -------------------------------------------------------
+#
+# One 63-bit non-negative integer per range, so it fits both NVTX payload
+# columns: python ``nvtx`` sends a Python int as an INT64 payload (nsys column
+# ``int64Value``); a C ULL payload lands in ``uint64Value``. Read either.
+#
+#   bits  0..15  batch_size      requests in the batch (saturates at 65535)
+#   bits 16..39  cycle_index     per-process decode-cycle counter, mod 2**24;
+#                                TP ranks run the same batches, so equal indices
+#                                on different ranks are the same cycle
+#   bits 40..59  accept_length+1 0 = unknown; else 1 + the sum over the batch of
+#                                accepted *draft* tokens (bonus token excluded),
+#                                so tokens emitted this cycle = accept_length + batch_size
+#                                (saturates at 2**20 - 2)
+#   bits 60..62  version         PAYLOAD_VERSION (1); 0 means "not a spectrace payload"
+#
+# Which range carries what (hooks): ``cycle`` and ``prefill`` carry batch_size
+# and cycle_index (accept length is not known yet when they are pushed);
+# ``draft``, ``verify`` carry the same; ``draft_extend`` carries all three when
+# the accept length is already on the host (SGLang v1 ``verify`` does
+# ``.tolist()``), else accept_length is unknown. The analyzer joins on
+# (process, cycle_index) to put the accept length on the cycle.
+
+PAYLOAD_VERSION = 1
+_BS_BITS, _CYC_BITS, _ACC_BITS = 16, 24, 20
+_BS_MAX = (1 << _BS_BITS) - 1
+_CYC_MASK = (1 << _CYC_BITS) - 1
+_ACC_MAX = (1 << _ACC_BITS) - 2
+_CYC_SHIFT = _BS_BITS
+_ACC_SHIFT = _BS_BITS + _CYC_BITS
+_VER_SHIFT = _ACC_SHIFT + _ACC_BITS  # 60
+
+
+def encode_payload(batch_size: int, cycle_index: int, accept_length: int | None = None) -> int:
+    """Pack batch size, cycle index and (optional) accept length into one 63-bit int."""
+    bs = min(max(int(batch_size), 0), _BS_MAX)
+    cyc = int(cycle_index) & _CYC_MASK
+    acc = 0 if accept_length is None else min(max(int(accept_length), 0), _ACC_MAX) + 1
+    return (PAYLOAD_VERSION << _VER_SHIFT) | (acc << _ACC_SHIFT) | (cyc << _CYC_SHIFT) | bs
+
+
+def decode_payload(value: int | None) -> dict | None:
+    """Unpack an NVTX ``uint64Value``/``int64Value``; None if it is not a spectrace payload.
+
+    Returns ``{"batch_size", "cycle_index", "accept_length"}``; accept_length is None when unknown.
+    """
+    if value is None:
+        return None
+    v = int(value) & ((1 << 64) - 1)  # accept signed int64 column values too
+    if v >> _VER_SHIFT != PAYLOAD_VERSION:
+        return None
+    acc = (v >> _ACC_SHIFT) & ((1 << _ACC_BITS) - 1)
+    return {
+        "batch_size": v & _BS_MAX,
+        "cycle_index": (v >> _CYC_SHIFT) & _CYC_MASK,
+        "accept_length": acc - 1 if acc else None,
+    }
