@@ -1,0 +1,216 @@
+"""Range sequence, nesting and safety of the SGLang patches, on the fake SGLang in tests/fake_sglang."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from nvtx_hooks import patch, ranges
+from nvtx_hooks.phases import decode_payload
+
+FAKE = str(Path(__file__).parent / "fake_sglang")
+
+
+def _purge():
+    for m in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
+        del sys.modules[m]
+
+
+@pytest.fixture
+def rec(monkeypatch):
+    """Fake SGLang on sys.path, hooks uninstalled after; returns the list of recorded NVTX calls."""
+    events: list[tuple] = []
+    monkeypatch.syspath_prepend(FAKE)
+    monkeypatch.setattr(ranges, "push", lambda name, payload=None: events.append(("push", name, payload)))
+    monkeypatch.setattr(ranges, "pop", lambda: events.append(("pop",)))
+    _purge()
+    patch.uninstall()
+    yield events
+    patch.uninstall()
+    _purge()
+
+
+def _shape(events):
+    """Events as an indented outline (payload dropped), to assert nesting."""
+    out, depth = [], 0
+    for e in events:
+        if e[0] == "push":
+            out.append("  " * depth + e[1])
+            depth += 1
+        else:
+            depth -= 1
+            assert depth >= 0, "pop without push"
+    assert depth == 0, "unbalanced ranges"
+    return out
+
+
+def test_v1_decode_cycle(rec):
+    patch.install("0.5.5")
+    from sglang.srt.speculative.common import Batch
+    from sglang.srt.speculative.eagle_worker import LOG, EAGLEWorker
+
+    LOG.clear()
+    w = EAGLEWorker(accept=[2, 0, 3])
+    w.forward_batch_generation(Batch(3))
+    w.forward_batch_generation(Batch(3))
+    assert _shape(rec) == ["cycle", "  draft", "  verify", "  draft_extend"] * 2
+    # exact call list, payloads included
+    pushes = [e for e in rec if e[0] == "push"]
+    assert [e[1] if e[0] == "push" else "pop" for e in rec[:8]] == [
+        "cycle", "draft", "pop", "verify", "pop", "draft_extend", "pop", "pop"]
+    assert decode_payload(pushes[0][2]) == {"batch_size": 3, "cycle_index": 1, "accept_length": None}
+    assert pushes[1][2] is None and pushes[2][2] is None
+    assert decode_payload(pushes[3][2]) == {"batch_size": 3, "cycle_index": 1, "accept_length": 5}
+    assert decode_payload(pushes[4][2])["cycle_index"] == 2
+    assert LOG == [("draft_graph", "replay"), ("extend_graph", "replay")] * 2  # originals really ran
+
+
+def test_v1_prefill(rec):
+    patch.install("0.5.5")
+    from sglang.srt.speculative.common import Batch
+    from sglang.srt.speculative.eagle_worker import EAGLEWorker
+
+    EAGLEWorker().forward_batch_generation(Batch(4, "extend"))
+    assert _shape(rec) == ["prefill", "  prefill_target_extend", "  prefill_draft_extend"]
+    assert decode_payload(rec[0][2]) == {"batch_size": 4, "cycle_index": 0, "accept_length": None}
+
+
+def test_v2_decode_and_prefill(rec):
+    patch.install("0.5.5")
+    from sglang.srt.speculative.common import Batch
+    from sglang.srt.speculative.standalone_worker_v2 import StandaloneWorkerV2
+
+    w = StandaloneWorkerV2()  # inherits the EAGLEWorkerV2 patches
+    w.forward_batch_generation(Batch(2, "extend"))
+    w.forward_batch_generation(Batch(2))
+    assert _shape(rec) == [
+        "prefill", "  prefill_target_extend", "  prefill_draft_extend",
+        "cycle", "  draft", "  verify", "  draft_extend",
+    ]
+    de = [e for e in rec if e[0] == "push" and e[1] == "draft_extend"][0]
+    assert decode_payload(de[2]) == {"batch_size": 2, "cycle_index": 1, "accept_length": None}  # v2: on GPU
+
+
+def test_target_forward_outside_prefill_has_no_range(rec):
+    patch.install("0.5.5")
+    from sglang.srt.managers.tp_worker import TpModelWorker
+    from sglang.srt.speculative.common import Batch
+
+    TpModelWorker().forward_batch_generation(Batch(1))
+    assert rec == []
+
+
+@pytest.mark.parametrize("where", ["draft", "verify"])
+def test_exception_pops_and_propagates(rec, where):
+    patch.install("0.5.5")
+    from sglang.srt.speculative.common import Batch
+    from sglang.srt.speculative.eagle_worker import EAGLEWorker
+
+    with pytest.raises(RuntimeError, match=f"{where} failed"):
+        EAGLEWorker(fail_in=where).forward_batch_generation(Batch(1))
+    assert _shape(rec) == ["cycle", "  draft"] + (["  verify"] if where == "verify" else [])
+    assert patch._tls.stack == []
+    rec.clear()
+    EAGLEWorker().forward_batch_generation(Batch(1))  # next cycle is clean
+    assert _shape(rec) == ["cycle", "  draft", "  verify", "  draft_extend"]
+
+
+def test_already_imported_is_patched_and_install_is_idempotent(rec):
+    from sglang.srt.speculative.common import Batch
+    from sglang.srt.speculative.eagle_worker import EAGLEWorker
+
+    orig = EAGLEWorker.__dict__["draft"]
+    patch.install("0.5.5")
+    patch.install("0.5.5")
+    patch.install()
+    assert EAGLEWorker.__dict__["draft"].__spectrace_wrapped__ is orig
+    EAGLEWorker().forward_batch_generation(Batch(1))
+    assert _shape(rec) == ["cycle", "  draft", "  verify", "  draft_extend"]
+    assert sum(1 for f in sys.meta_path if isinstance(f, patch._Finder)) == 1
+
+
+def test_uninstall_restores(rec):
+    from sglang.srt.speculative import eagle_worker_v2 as m2
+    from sglang.srt.speculative.common import Batch
+
+    before = dict(vars(m2.EAGLEWorkerV2)), dict(vars(m2.EagleDraftWorker))
+    patch.install("0.5.5")
+    assert any(p.endswith("EAGLEWorkerV2.verify") for p in patch.patched())
+    assert vars(m2.EAGLEWorkerV2)["verify"] is not before[0]["verify"]
+    patch.uninstall()
+    assert dict(vars(m2.EAGLEWorkerV2)) == before[0] and dict(vars(m2.EagleDraftWorker)) == before[1]
+    assert patch.patched() == [] and not any(isinstance(f, patch._Finder) for f in sys.meta_path)
+    m2.EAGLEWorkerV2().forward_batch_generation(Batch(2))
+    assert rec == []
+
+
+def test_unknown_version_warns_once_and_patches_nothing(rec):
+    seen = []
+    h = logging.Handler()
+    h.emit = lambda r: seen.append(r.getMessage())
+    patch.log.addHandler(h)
+    try:
+        assert patch.install("0.9.1") == []
+        assert patch.install("0.9.1") == []
+        assert patch.install("0.0.0.dev0") == []
+    finally:
+        patch.log.removeHandler(h)
+    assert len([s for s in seen if "not in the target table" in s]) == 1
+    from sglang.srt.speculative.common import Batch
+    from sglang.srt.speculative.eagle_worker import EAGLEWorker
+
+    assert not hasattr(EAGLEWorker.__dict__["draft"], "__spectrace_wrapped__")
+    EAGLEWorker().forward_batch_generation(Batch(1))
+    assert rec == [] and not patch.installed()
+
+
+def test_hook_errors_do_not_break_the_call(rec):
+    patch.install("0.5.5")
+    from sglang.srt.speculative.common import Batch
+    from sglang.srt.speculative.eagle_worker import LOG, EAGLEWorker
+
+    class BadBatch(Batch):
+        @property
+        def reqs(self):
+            raise ValueError("boom")
+
+        @reqs.setter
+        def reqs(self, v):
+            pass
+
+    seen = []
+    h = logging.Handler()
+    h.emit = lambda r: seen.append(r.getMessage())
+    patch.log.addHandler(h)
+    try:
+        LOG.clear()
+        out = EAGLEWorker(accept=[1]).forward_batch_generation(BadBatch(1))
+        EAGLEWorker(accept=[1]).forward_batch_generation(BadBatch(1))
+    finally:
+        patch.log.removeHandler(h)
+    assert out[3] == 1 and len(LOG) == 4  # the server's work ran normally
+    # the entry hook failed (no cycle range); the inner phases still nest correctly
+    assert _shape(rec) == ["draft", "verify", "draft_extend"] * 2
+    assert len([s for s in seen if "boom" in s]) == 1  # reported once
+
+
+def test_no_ranges_while_torch_compiles(rec, monkeypatch):
+    fake_torch = types.ModuleType("torch")
+    fake_torch.compiler = types.SimpleNamespace(is_compiling=lambda: True)
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    monkeypatch.setattr(patch, "_is_compiling", None)
+    patch.install("0.5.5")
+    from sglang.srt.speculative.common import Batch
+    from sglang.srt.speculative.eagle_worker import LOG, EAGLEWorker
+
+    LOG.clear()
+    EAGLEWorker().forward_batch_generation(Batch(1))
+    assert rec == [] and LOG  # work done, nothing emitted
+    monkeypatch.setattr(patch, "_is_compiling", None)
+    monkeypatch.delitem(sys.modules, "torch")
+    EAGLEWorker().forward_batch_generation(Batch(1))
+    assert _shape(rec) == ["cycle", "  draft", "  verify", "  draft_extend"]
