@@ -264,12 +264,6 @@ def load(path: str | os.PathLike) -> Trace:
         ranges, _domains = _ranges(r, duration)
         ops = _ops(r)
         api = _api(r)
-        if ops.height == 0 and api.height == 0:
-            raise InputError(
-                f"{r.path}: no CUDA trace in this export (no kernel, memcpy or runtime rows); "
-                "profile with nsys profile -t cuda,nvtx",
-                "NO_CUDA",
-            )
         bad = (pl.col("start") <= 0) | (pl.col("end") < pl.col("start")) | pl.col("start").is_null()
         dropped = int(ops.select(bad.sum()).item() or 0)
         ops = ops.filter(~bad)

@@ -1,0 +1,81 @@
+"""Interval algebra over frames of ``start``/``end`` (integer ns, half-open ``[start, end)``).
+
+All functions are polars expressions over groups (``by``); none loops over rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import polars as pl
+
+
+def merge(df: pl.DataFrame | pl.LazyFrame, by: Sequence[str] = ()) -> pl.LazyFrame:
+    """The union of the intervals of each group, as disjoint sorted blocks ``by..., start, end``.
+
+    HTA's idiom: a new block starts where ``start`` passes the running maximum of earlier ends.
+    """
+    by = list(by)
+    lf = df.lazy().select(*by, "start", "end").sort([*by, "start"])
+    prev_end = pl.col("end").shift(1).cum_max()
+    new = pl.col("start") > (prev_end.over(by) if by else prev_end)
+    blk = new.fill_null(True).cast(pl.UInt32).cum_sum()
+    return (
+        lf.with_columns(_blk=blk.over(by) if by else blk)
+        .group_by([*by, "_blk"])
+        .agg(pl.col("start").min(), pl.col("end").max())
+        .drop("_blk")
+        .sort([*by, "start"])
+    )
+
+
+def union_length(df: pl.DataFrame | pl.LazyFrame, by: Sequence[str] = (), name: str = "busy") -> pl.LazyFrame:
+    """Total length of the union of each group's intervals (overlaps counted once)."""
+    by = list(by)
+    blocks = merge(df, by)
+    agg = (pl.col("end") - pl.col("start")).sum().alias(name)
+    return blocks.group_by(by).agg(agg) if by else blocks.select(agg)
+
+
+def busy_function(blocks: pl.DataFrame | pl.LazyFrame, by: Sequence[str]) -> pl.LazyFrame:
+    """Blocks with ``before``: the busy time of all earlier blocks of the group.
+
+    Busy time in ``[0, t]`` is then ``before + clip(t - start, 0, end - start)`` for the last block
+    starting at or before ``t`` (see :func:`busy_between`).
+    """
+    by = list(by)
+    length = pl.col("end") - pl.col("start")
+    return blocks.lazy().sort([*by, "start"]).with_columns(
+        before=(length.cum_sum() - length).over(by) if by else length.cum_sum() - length
+    )
+
+
+def busy_at(fn: pl.LazyFrame, points: pl.LazyFrame, t: str, by: Sequence[str], out: str) -> pl.LazyFrame:
+    """Add column ``out``: busy time of the group in ``[0, points[t]]`` (``fn`` from :func:`busy_function`)."""
+    by = list(by)
+    right = fn.select(*by, pl.col("start").alias("_bs"), pl.col("end").alias("_be"), "before")
+    joined = (
+        points.sort(t)
+        .join_asof(right.sort("_bs"), left_on=t, right_on="_bs", by=by or None, strategy="backward",
+                   check_sortedness=False)
+    )
+    val = pl.col("before") + (pl.min_horizontal(pl.col(t), pl.col("_be")) - pl.col("_bs")).clip(lower_bound=0)
+    return joined.with_columns(val.fill_null(0).alias(out)).drop("_bs", "_be", "before")
+
+
+def busy_between(
+    blocks: pl.DataFrame | pl.LazyFrame, windows: pl.DataFrame | pl.LazyFrame, by: Sequence[str],
+    a: str = "a", b: str = "b", out: str = "busy",
+) -> pl.LazyFrame:
+    """Add column ``out`` to ``windows``: busy time of the group's ``blocks`` inside ``[a, b]`` (0 if b <= a)."""
+    fn = busy_function(blocks, by)
+    w = windows.lazy().with_row_index("_w")
+    w = busy_at(fn, w, a, by, "_fa")
+    w = busy_at(fn, w, b, by, "_fb")
+    return (
+        w.with_columns(
+            pl.when(pl.col(b) > pl.col(a)).then(pl.col("_fb") - pl.col("_fa")).otherwise(0).alias(out)
+        )
+        .sort("_w")
+        .drop("_w", "_fa", "_fb")
+    )

@@ -1,0 +1,58 @@
+"""The CLI's formats against the library's numbers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import polars as pl
+import sqlite_utils
+from paths import PROBE, need
+
+
+def cli(*args):
+    p = subprocess.run([sys.executable, "-m", "analyze.cli", *map(str, args)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    return p.stdout, p.stderr
+
+
+def test_json_keys_and_identity():
+    out, err = cli("analyze", need(PROBE), "--format", "json")
+    d = json.loads(out)
+    assert d["nsys_version"] == "2025.3.2.0"
+    assert [(r["rank"], r["pid"], r["device"]) for r in d["ranks"]] == [(0, 1412, 0), (1, 1413, 1)]
+    for p in d["phases"]:
+        assert {"rank", "phase", "instances", "span_ns", "busy_ns", "compute_ns", "comm_ns", "idle_ns",
+                "kernel_ns", "ops"} <= set(p)
+        assert p["span_ns"] == p["compute_ns"] + p["comm_ns"] + p["idle_ns"]
+        assert not p["phase"].startswith(":")
+    for r in d["ranges"]:
+        assert {"rank", "range", "instances", "proj_span_ns", "ops"} <= set(r)
+    for s in d["seams"]:
+        assert {"rank", "from", "to", "instances", "idle_ns"} <= set(s)
+    assert {"level", "code", "message"} <= set(d["diagnostics"][0])
+    assert {"gpu_ns", "attributed_ns"} <= set(d["coverage"])
+    assert "INCOMPLETE_COLLECTION" in err  # warnings also go to stderr
+
+
+def test_csv_and_db_agree_with_json(tmp_path):
+    out, _ = cli("analyze", need(PROBE), "--format", "json", "-q")
+    phases = pl.DataFrame(json.loads(out)["phases"])
+    csv_out, _ = cli("analyze", need(PROBE), "--format", "csv", "-q")
+    csv = pl.read_csv(csv_out.encode()).filter(pl.col("rank").is_not_null())
+    key = ["rank", "phase"]
+    assert csv.sort(key)["span_ns"].to_list() == phases.sort(key)["span_ns"].to_list()
+    db = tmp_path / "r.db"
+    cli("analyze", need(PROBE), "--db", db, "-q")
+    rows = list(sqlite_utils.Database(db).query("select sum(idle_ns) s from phases where rank is not null"))
+    assert rows[0]["s"] == phases["idle_ns"].sum()
+    assert {"phases", "ranges", "seams", "ranks", "coverage", "instances", "diagnostics", "meta"} <= set(
+        sqlite_utils.Database(db).table_names())
+
+
+def test_table_is_readable():
+    out, _ = cli("analyze", need(PROBE), "--ranges", r"^eagle3\.")
+    assert "All ranks (2)" in out and "Rank 1 (pid 1413" in out
+    assert "eagle3.draft → eagle3.verify" in out
+    assert "Diagnostics" in out
