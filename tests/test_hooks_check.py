@@ -1,0 +1,140 @@
+"""``spectrace hooks check``: static AST verification against the real SGLang wheels and broken fakes."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from analyze.cli import main
+from nvtx_hooks.check import FetchError, check_tree, detect_version, fetch_sglang
+from nvtx_hooks.targets import parse_version, supported, targets_for
+
+FAKE = Path(__file__).parent / "fake_sglang"
+VERSIONS = ["0.4.6", "0.4.10.post2", "0.5.3", "0.5.5", "0.5.10", "0.5.12", "0.5.13", "0.5.23"]
+
+
+@pytest.fixture(scope="module")
+def real():
+    """Fetch (once, cached) the wheel sources; skip with the reason when PyPI is unreachable."""
+    roots: dict[str, Path] = {}
+
+    def get(v: str) -> Path:
+        if v not in roots:
+            try:
+                roots[v] = fetch_sglang(v)
+            except FetchError as e:
+                pytest.skip(f"cannot fetch sglang=={v} from PyPI (offline?): {e}")
+        return roots[v]
+
+    return get
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", VERSIONS)
+def test_real_sources_pass(real, version, capsys):
+    root = real(version)
+    assert detect_version(root) == version
+    rep = check_tree(root)
+    assert rep.ok, "\n".join(rep.lines())
+    assert main(["hooks", "check", "--sglang-root", str(root)]) == 0
+    assert f"SGLang {version}" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_real_sources_facts(real):
+    """What the table relies on, as found in the wheels."""
+
+    def found(v):
+        return {f.what: f for f in check_tree(real(v)).findings}
+
+    old, new = found("0.4.6"), found("0.5.3")
+    assert "sglang.srt.speculative.eagle_worker.EAGLEWorker.forward_batch_speculative_generation" in old
+    assert "sglang.srt.speculative.eagle_worker.EAGLEWorker.forward_batch_generation" in new
+    v13 = found("0.5.13")
+    assert not any(".eagle_worker.EAGLEWorker" in w for w in v13)  # v1 removed in 0.5.13
+    v23 = found("0.5.23")
+    assert v23["sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2._forward_prefill_batch"].status == "ok"
+
+
+@pytest.mark.slow
+def test_real_source_outside_range_is_unsupported(real, capsys):
+    root = real("0.5.23")
+    rep = check_tree(root, "0.6.0")
+    assert rep.unsupported and not rep.ok
+    assert main(["hooks", "check", "--sglang-root", str(root), "--version", "0.6.0"]) == 1
+
+
+def test_fake_tree_passes(capsys):
+    assert main(["hooks", "check", "--sglang-root", str(FAKE)]) == 0
+    out = capsys.readouterr().out
+    assert "15/15 ok" in out and "SGLang 0.5.5" in out
+
+
+def _broken(tmp_path: Path, file: str, old: str, new: str) -> Path:
+    root = tmp_path / "tree"
+    shutil.copytree(FAKE, root)
+    p = root / "sglang/srt/speculative" / file
+    text = p.read_text()
+    assert old in text
+    p.write_text(text.replace(old, new))
+    return root
+
+
+@pytest.mark.parametrize(
+    "file,old,new,status,name",
+    [
+        ("eagle_worker.py", "def verify(self, batch, spec_info)", "def verify(self, b, spec_info)",
+         "changed signature", "EAGLEWorker.verify"),
+        ("eagle_worker_v2.py", "def _draft_extend_for_decode(", "def _draft_extend_for_decode_v3(",
+         "missing method", "EagleDraftWorker._draft_extend_for_decode"),
+        ("eagle_worker_v2.py", "self.cuda_graph_runner.replay(model_worker_batch)", "pass",
+         "changed body", "EagleDraftWorker.draft"),
+        ("eagle_worker_v2.py", "class EAGLEWorkerV2:", "class EAGLEWorkerV3:", "missing class",
+         "EAGLEWorkerV2.forward_batch_generation"),
+        ("standalone_worker_v2.py", "class StandaloneWorkerV2(EAGLEWorkerV2):\n    pass",
+         "class StandaloneWorkerV2(EAGLEWorkerV2):\n    def verify(self, batch):\n        pass",
+         "overrides patched method", "StandaloneWorkerV2"),
+    ],
+)
+def test_broken_tree_names_the_target_and_exits_1(tmp_path, capsys, file, old, new, status, name):
+    root = _broken(tmp_path, file, old, new)
+    assert main(["hooks", "check", "--sglang-root", str(root)]) == 1
+    out = capsys.readouterr().out
+    fails = [line for line in out.splitlines() if line.strip().startswith("FAIL")]
+    assert fails and all(f"[{status}]" in f for f in fails), out
+    assert name in fails[0], out
+    assert len(fails) == (2 if status == "missing class" else 1), out  # class gone: its 2 required methods
+
+
+def test_missing_module(tmp_path, capsys):
+    root = tmp_path / "tree"
+    shutil.copytree(FAKE, root)
+    (root / "sglang/srt/speculative/eagle_worker.py").unlink()
+    assert main(["hooks", "check", "--sglang-root", str(root)]) == 1
+    assert capsys.readouterr().out.count("[missing module]") == 6
+
+
+def test_bad_input_exits_2(tmp_path, capsys):
+    assert main(["hooks", "check", "--sglang-root", str(tmp_path / "nope")]) == 2
+    assert main(["hooks", "check", "--sglang-root", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("spectrace: error:") == 2
+
+
+def test_check_never_imports_sglang_or_torch(tmp_path):
+    before = set(sys.modules)
+    check_tree(FAKE)
+    assert not any(m.split(".")[0] in ("sglang", "torch") for m in set(sys.modules) - before)
+
+
+def test_version_parsing_and_table_span():
+    assert parse_version("0.5.10.post2") == (0, 5, 10)
+    assert parse_version("0.5.0rc0") == (0, 5, 0)
+    assert parse_version("garbage") is None
+    assert not supported(parse_version("0.0.0.dev0")) and not supported((0, 4, 5))
+    assert not supported((0, 5, 24)) and supported((0, 5, 23))
+    assert all(t.phase for t in targets_for((0, 5, 10)))
+    assert not any(t.module.endswith(".eagle_worker") for t in targets_for((0, 5, 13)))
