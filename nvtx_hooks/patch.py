@@ -26,6 +26,7 @@ from .targets import (
     DRAFT_EXTEND,
     ENTRY,
     IN_PREFILL,
+    PHASE,
     VERIFY,
     Target,
     parse_version,
@@ -171,28 +172,59 @@ def _make_wrapper(orig, t: Target):
         finally:
             ranges.pop()
 
-    @functools.wraps(orig)
-    def wrapper(*args, **kwargs):
-        try:
-            pushed = _open(args, kwargs)
-        except Exception as e:  # never break the server
-            _report_error(site, e)
-            pushed = False
-        if not pushed:
-            return orig(*args, **kwargs)
-        try:
-            result = orig(*args, **kwargs)
-        finally:
+    r = ranges
+    tls = _tls
+
+    if kind == PHASE:  # the common case, kept short: fixed name, no payload
+
+        @functools.wraps(orig)
+        def wrapper(*args, **kwargs):
+            if not r._on:  # ranges off (no NVTX tool attached, or switched off): just the call
+                return orig(*args, **kwargs)
+            st = tls.stack
             try:
-                _close()
-            except Exception as e:
-                _report_error(site + " (pop)", e)
-        if kind == VERIFY:
+                if (st and st[-1] == phase) or _compiling():
+                    return orig(*args, **kwargs)
+                r.push(phase)
+                st.append(phase)
+            except Exception as e:  # never break the server
+                _report_error(site, e)
+                return orig(*args, **kwargs)
             try:
-                _tls.accept = _accept_from_verify(result)
-            except Exception as e:
-                _report_error(site + " (accept)", e)
-        return result
+                return orig(*args, **kwargs)
+            finally:
+                try:
+                    st.pop()
+                    r.pop()
+                except Exception as e:
+                    _report_error(site + " (pop)", e)
+
+    else:
+
+        @functools.wraps(orig)
+        def wrapper(*args, **kwargs):
+            if not r._on:
+                return orig(*args, **kwargs)
+            try:
+                pushed = _open(args, kwargs)
+            except Exception as e:  # never break the server
+                _report_error(site, e)
+                pushed = False
+            if not pushed:
+                return orig(*args, **kwargs)
+            try:
+                result = orig(*args, **kwargs)
+            finally:
+                try:
+                    _close()
+                except Exception as e:
+                    _report_error(site + " (pop)", e)
+            if kind == VERIFY:
+                try:
+                    tls.accept = _accept_from_verify(result)
+                except Exception as e:
+                    _report_error(site + " (accept)", e)
+            return result
 
     wrapper.__spectrace_wrapped__ = orig
     wrapper.__spectrace_target__ = t

@@ -17,9 +17,7 @@ other names work too (registered on first use, grey).
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator
 
 from .phases import BY_NAME, DOMAIN
 
@@ -104,14 +102,20 @@ def mark(name: str, payload: int | None = None) -> None:
         _nvtx_mark(_attrs_for(name, payload), _handle)
 
 
-@contextlib.contextmanager
-def phase_range(name: str, payload: int | None = None) -> Iterator[None]:
+class phase_range:  # noqa: N801 - used like a function
     """``with phase_range("verify"):`` — push on entry, pop on exit, also on exceptions."""
-    push(name, payload)
-    try:
-        yield
-    finally:
+
+    __slots__ = ("name", "payload")
+
+    def __init__(self, name: str, payload: int | None = None):
+        self.name, self.payload = name, payload
+
+    def __enter__(self) -> None:
+        push(self.name, self.payload)
+
+    def __exit__(self, *exc) -> bool:
         pop()
+        return False
 
 
 def enabled() -> bool:

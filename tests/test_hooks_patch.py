@@ -27,6 +27,7 @@ def rec(monkeypatch):
     monkeypatch.syspath_prepend(FAKE)
     monkeypatch.setattr(ranges, "push", lambda name, payload=None: events.append(("push", name, payload)))
     monkeypatch.setattr(ranges, "pop", lambda: events.append(("pop",)))
+    monkeypatch.setattr(ranges, "_on", True)  # emit as if nsys were attached
     _purge()
     patch.uninstall()
     yield events
@@ -214,3 +215,13 @@ def test_no_ranges_while_torch_compiles(rec, monkeypatch):
     monkeypatch.delitem(sys.modules, "torch")
     EAGLEWorker().forward_batch_generation(Batch(1))
     assert _shape(rec) == ["cycle", "  draft", "  verify", "  draft_extend"]
+
+
+def test_no_bookkeeping_when_ranges_are_off(rec, monkeypatch):
+    monkeypatch.setattr(ranges, "_on", False)
+    patch.install("0.5.5")
+    from sglang.srt.speculative.common import Batch
+    from sglang.srt.speculative.eagle_worker import EAGLEWorker
+
+    EAGLEWorker().forward_batch_generation(Batch(1))
+    assert rec == [] and patch._cycle[0] == 0
