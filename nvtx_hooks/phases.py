@@ -106,12 +106,14 @@ def prefixed_phase_regex() -> str:
 #                                (saturates at 2**20 - 2)
 #   bits 60..62  version         PAYLOAD_VERSION (1); 0 means "not a spectrace payload"
 #
-# Which range carries what (hooks): ``cycle`` and ``prefill`` carry batch_size
-# and cycle_index (accept length is not known yet when they are pushed);
-# ``draft``, ``verify`` carry the same; ``draft_extend`` carries all three when
-# the accept length is already on the host (SGLang v1 ``verify`` does
-# ``.tolist()``), else accept_length is unknown. The analyzer joins on
-# (process, cycle_index) to put the accept length on the cycle.
+# Which range carries what (SGLang hooks): ``cycle`` and ``prefill`` carry
+# batch_size and cycle_index (accept length is not known yet when they are
+# pushed; prefill does not advance cycle_index); ``draft``, ``verify`` and the
+# prefill sub-ranges carry no payload; ``draft_extend`` (pushed after verify)
+# carries all three when the accept length is already on the host (SGLang v1
+# ``verify`` does ``.tolist()``), else accept_length is unknown (v2 keeps it on
+# the GPU). The analyzer joins on (process, cycle_index) to put the accept
+# length on the cycle.
 
 PAYLOAD_VERSION = 1
 _BS_BITS, _CYC_BITS, _ACC_BITS = 16, 24, 20
