@@ -8,7 +8,7 @@ from typing import Any
 
 import polars as pl
 
-from . import attribute, breakdown
+from . import attribute, breakdown, collectives
 from .comm import PATTERNS, CommPattern, family_expr
 from .errors import InputError
 from .load import Trace, load
@@ -44,7 +44,8 @@ class Result:
 
     @property
     def phases_all(self) -> pl.DataFrame:
-        return breakdown.all_ranks(self.phases, ["domain", "phase"], ["span_ns", *breakdown.METRICS[1:], "instances"])
+        return breakdown.all_ranks(self.phases, ["domain", "phase"],
+                                   ["span_ns", *breakdown.METRICS[1:], "instances", *collectives.SPLIT])
 
     @property
     def ranges_all(self) -> pl.DataFrame:
@@ -154,6 +155,8 @@ def analyze(
         diagnostics=diags,
     )
     diags.extend(diagnose(res, nested))
+    res.phases, comm_diags = collectives.phase_comm_split(res.phases, ops, inst)
+    diags.extend(comm_diags)
     return res
 
 

@@ -1,0 +1,362 @@
+"""Cross-rank communication: match collectives across ranks, split wait from transfer, name stragglers.
+
+Small pure functions over frames. The input is ``kernels``: one row per communication *kernel*
+(comm family not null; peer-to-peer memcpy rows are left out, one rank issues them) with ``rank,
+domain, phase, rid, start, end, corr, name, comm`` on one clock.
+
+Matching. Per rank and phase name, the phase instances that launched communication are numbered
+``k = 0, 1, ...`` by start; in instance ``k`` the ``j``-th kernel of a name (by GPU start) is one
+collective, the same on every rank: key ``(domain, phase, k, name, j)``. Kernels outside any phase
+get ``k = -1`` and are numbered per rank and name over the whole run. A group ``(domain, phase, k,
+name)`` is matched only when every participating rank (a rank with any communication kernel) has
+the same number of kernels in it; other groups are mismatches, reported with where they start.
+
+Split. For a matched collective, ``last`` = the latest start over ranks (last arrival). A rank's
+``skew = last - start`` (>= 0), ``wait = min(duration, skew)``, ``transfer = duration - wait``:
+integers, so ``wait + transfer == duration`` exactly. The straggler of a collective is the rank
+that started last, when it started strictly after every other rank; its ``delay`` is how much
+later than the next-latest rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+
+NONE_PHASE = "(none)"
+GROUP = ["domain", "phase", "k", "name"]
+KEY = [*GROUP, "j"]
+SPLIT = ("comm_wait_ns", "comm_transfer_ns")  # the columns ``spectrace analyze`` gains per phase
+
+
+def comm_kernels(ops: pl.DataFrame, instances: pl.DataFrame) -> pl.DataFrame:
+    """Communication kernels with their phase instance number ``k`` and per-name ordinal ``j``.
+
+    ``phase`` is the innermost selected range (null outside any); ``k`` is, per (rank, domain,
+    phase), the index by start of the instance among those that launched communication (-1 outside).
+    """
+    c = ops.filter((pl.col("kind") == "kernel") & pl.col("comm").is_not_null()).select(
+        "rank", "rid", "corr", "start", "end", "name", "comm"
+    )
+    inst = instances.select(rid="row_id", domain="domain", phase="text", _istart="start")
+    c = c.join(inst, on="rid", how="left")
+    ks = (
+        c.filter(pl.col("rid").is_not_null())
+        .select("rank", "domain", "phase", "rid", "_istart")
+        .unique("rid")
+        .sort("_istart", "rid")
+        .with_columns(k=pl.int_range(pl.len(), dtype=pl.Int64).over("rank", "domain", "phase"))
+        .select("rid", "k")
+    )
+    c = c.join(ks, on="rid", how="left").with_columns(
+        domain=pl.col("domain").fill_null(""),
+        phase=pl.col("phase").fill_null(""),
+        k=pl.col("k").fill_null(-1),
+    )
+    return (
+        c.sort("start", "corr")
+        .with_columns(j=pl.int_range(pl.len(), dtype=pl.Int64).over("rank", *GROUP))
+        .select("rank", *KEY, "rid", "corr", "comm", "start", "end")
+    )
+
+
+def group_counts(kernels: pl.DataFrame) -> pl.DataFrame:
+    """Per group ``(domain, phase, k, name)``: kernels per rank, where it starts, and whether it matches."""
+    participants = kernels["rank"].n_unique()
+    per = kernels.group_by(*GROUP, "rank").agg(n=pl.len(), first=pl.col("start").min())
+    return (
+        per.group_by(GROUP)
+        .agg(
+            ranks=pl.len(),
+            n_min=pl.col("n").min(),
+            n_max=pl.col("n").max(),
+            first=pl.col("first").min(),
+            counts=pl.struct("rank", "n").sort_by("rank"),
+        )
+        .with_columns(matched=(pl.col("ranks") == participants) & (pl.col("n_min") == pl.col("n_max")))
+        .sort("first")
+    )
+
+
+def match(kernels: pl.DataFrame) -> pl.DataFrame:
+    """One row per (matched collective, rank): last arrival, skew, wait, transfer, straggler flag."""
+    good = group_counts(kernels).filter("matched").select(GROUP)
+    m = kernels.join(good, on=GROUP, how="semi")
+    dur = pl.col("end") - pl.col("start")
+    return (
+        m.with_columns(
+            duration_ns=dur,
+            last=pl.col("start").max().over(KEY),
+            _second=pl.col("start").top_k(2).min().over(KEY),
+            first_arrival=pl.col("start").min().over(KEY),
+            end_spread_ns=(pl.col("end").max() - pl.col("end").min()).over(KEY),
+        )
+        .with_columns(skew_ns=pl.col("last") - pl.col("start"))
+        .with_columns(wait_ns=pl.min_horizontal("duration_ns", "skew_ns"))
+        .with_columns(
+            transfer_ns=pl.col("duration_ns") - pl.col("wait_ns"),
+            delay_ns=pl.col("last") - pl.col("_second"),
+        )
+        .with_columns(is_last=(pl.col("start") == pl.col("last")) & (pl.col("delay_ns") > 0))
+        .drop("_second")
+        .sort("first_arrival", "rank")
+    )
+
+
+def per_collective(matched: pl.DataFrame) -> pl.DataFrame:
+    """One row per matched collective: its straggler rank (null on a tie) and delay, start spread, end spread."""
+    return (
+        matched.group_by(KEY)
+        .agg(
+            ranks=pl.len(),
+            first_arrival=pl.col("first_arrival").first(),
+            last_arrival=pl.col("last").first(),
+            straggler=pl.col("rank").filter(pl.col("is_last")).first(),
+            delay_ns=pl.col("delay_ns").first(),
+            end_spread_ns=pl.col("end_spread_ns").first(),
+            max_wait_ns=pl.col("wait_ns").max(),
+        )
+        .with_columns(start_spread_ns=pl.col("last_arrival") - pl.col("first_arrival"))
+        .sort("first_arrival")
+    )
+
+
+def _q(col: str, q: float) -> pl.Expr:
+    return pl.col(col).quantile(q, "nearest").cast(pl.Int64)
+
+
+def summary(matched: pl.DataFrame) -> pl.DataFrame:
+    """Per rank, phase and kernel name: count, duration, wait, transfer, p50/p99 arrival skew."""
+    return (
+        matched.with_columns(outside=pl.col("k") < 0)
+        .group_by("rank", "domain", "phase", "outside", "name")
+        .agg(
+            family=pl.col("comm").first(),
+            instances=pl.col("k").n_unique(),
+            count=pl.len(),
+            duration_ns=pl.col("duration_ns").sum(),
+            wait_ns=pl.col("wait_ns").sum(),
+            transfer_ns=pl.col("transfer_ns").sum(),
+            skew_p50_ns=_q("skew_ns", 0.5),
+            skew_p99_ns=_q("skew_ns", 0.99),
+            last_arrivals=pl.col("is_last").sum().cast(pl.Int64),
+        )
+        .with_columns(phase=pl.when(~pl.col("outside")).then("phase"))
+        .drop("outside")
+        .sort("phase", "name", "rank", nulls_last=True)
+    )
+
+
+def stragglers(matched: pl.DataFrame) -> pl.DataFrame:
+    """Per phase and rank: how often the rank arrived last (strictly) and by how much, on average."""
+    coll = per_collective(matched).with_columns(outside=pl.col("k") < 0)
+    totals = coll.group_by("domain", "phase", "outside").agg(collectives=pl.len())
+    ranks = matched.select("rank").unique()
+    per = (
+        coll.filter(pl.col("straggler").is_not_null())
+        .group_by("domain", "phase", "outside", rank="straggler")
+        .agg(last_arrivals=pl.len(), total_delay_ns=pl.col("delay_ns").sum(), max_delay_ns=pl.col("delay_ns").max())
+    )
+    return (
+        totals.join(ranks, how="cross")
+        .join(per, on=["domain", "phase", "outside", "rank"], how="left")
+        .with_columns(
+            pl.col("last_arrivals", "total_delay_ns", "max_delay_ns").fill_null(0).cast(pl.Int64),
+        )
+        .with_columns(
+            mean_delay_ns=pl.when(pl.col("last_arrivals") > 0)
+            .then((pl.col("total_delay_ns") / pl.col("last_arrivals")).round(0))
+            .otherwise(0)
+            .cast(pl.Int64),
+            share=pl.col("last_arrivals") / pl.col("collectives"),
+            phase=pl.when(~pl.col("outside")).then("phase"),
+        )
+        .drop("outside")
+        .select("domain", "phase", "rank", "collectives", "last_arrivals", "share", "mean_delay_ns",
+                "total_delay_ns", "max_delay_ns")
+        .sort(["phase", "last_arrivals", "rank"], descending=[False, True, False], nulls_last=True)
+    )
+
+
+def mismatches(kernels: pl.DataFrame) -> pl.DataFrame:
+    """Groups whose kernel counts differ across ranks, in order of their first kernel."""
+    g = group_counts(kernels).filter(~pl.col("matched"))
+    return g.with_columns(phase=pl.when(pl.col("k") >= 0).then("phase")).select(
+        "domain", "phase", "k", "name", "first", "counts"
+    )
+
+
+def phase_split(matched: pl.DataFrame) -> pl.DataFrame:
+    """Per (rank, domain, phase): the matched collectives' wait and transfer time (phases only)."""
+    return (
+        matched.filter(pl.col("k") >= 0)
+        .group_by("rank", "domain", "phase")
+        .agg(comm_wait_ns=pl.col("wait_ns").sum(), comm_transfer_ns=pl.col("transfer_ns").sum())
+    )
+
+
+def short_name(name: pl.Expr) -> pl.Expr:
+    """A kernel name without its argument list and ``void`` prefix, for tables."""
+    return name.str.replace(r"^void\s+", "").str.replace(r"\(.*$", "")
+
+
+# ---- diagnostics, the analyze hook, and the multi-report driver ------------------------------------
+
+# Collectives of one clock end within ~1 µs of each other on the real probe capture; far more
+# means the k-th-of-a-name matching paired different collectives, or the clocks disagree.
+END_SPREAD_WARN_NS = 100_000
+
+
+def _diag(level: str, code: str, message: str):
+    from .analysis import Diagnostic  # analysis imports this module
+
+    return Diagnostic(level, code, message)
+
+
+def _where(row: dict) -> str:
+    phase = f"phase {row['phase']!r} instance {row['k']}" if row["phase"] is not None else "outside any phase"
+    counts = ", ".join(f"rank {c['rank']}: {c['n']}" for c in row["counts"])
+    return f"{phase}, {row['name'][:60]!r} ({counts}) at {row['first'] / 1e6:,.3f} ms"
+
+
+def diagnostics(kernels: pl.DataFrame, matched: pl.DataFrame) -> list:
+    """Notes on matching: no communication, a single rank, count mismatches (with where they start)."""
+    out = []
+    if kernels.height == 0:
+        return [_diag("info", "COMM_NONE", "no communication kernels: nothing to match across ranks")]
+    if kernels["rank"].n_unique() < 2:
+        return [_diag("info", "COMM_ONE_RANK", "communication kernels on one rank only: nothing to match across ranks")]
+    mm = mismatches(kernels)
+    if mm.height:
+        left = kernels.height - matched.height
+        first = mm.row(0, named=True)
+        out.append(_diag(
+            "warning", "COMM_MISMATCH",
+            f"{mm.height} group(s) of collectives have different counts across ranks; their {left} kernels are "
+            f"not matched (no wait/transfer split). First: {_where(first)}",
+        ))
+    inst = kernels.filter(pl.col("k") >= 0).group_by("domain", "phase", "rank").agg(n=pl.col("k").n_unique())
+    bad = inst.group_by("domain", "phase").agg(lo=pl.col("n").min(), hi=pl.col("n").max(),
+                                              counts=pl.struct("rank", "n").sort_by("rank"))
+    for row in bad.filter(pl.col("lo") != pl.col("hi")).sort("phase").iter_rows(named=True):
+        counts = ", ".join(f"rank {c['rank']}: {c['n']}" for c in row["counts"])
+        out.append(_diag("warning", "COMM_PHASE_COUNT",
+                         f"phase {row['phase']!r}: instances that launched communication differ across ranks "
+                         f"({counts}); instances are paired by order, so pairs after the first extra one are suspect"))
+    if matched.height:
+        p50 = int(per_collective(matched)["end_spread_ns"].quantile(0.5, "nearest"))
+        if p50 > END_SPREAD_WARN_NS:
+            out.append(_diag("warning", "COMM_END_SPREAD",
+                             f"matched collectives do not end together (p50 end spread {p50 / 1e3:,.1f} µs): "
+                             "the matching or the clock alignment is suspect"))
+    return out
+
+
+def phase_comm_split(phases: pl.DataFrame, ops: pl.DataFrame, instances: pl.DataFrame) -> tuple[pl.DataFrame, list]:
+    """``phases`` with ``comm_wait_ns`` / ``comm_transfer_ns`` (matched collectives, one report) and diagnostics."""
+    kernels = comm_kernels(ops, instances)
+    matched = match(kernels)
+    split = phase_split(matched)
+    out = phases.join(split, on=["rank", "domain", "phase"], how="left", maintain_order="left").with_columns(
+        pl.col(*SPLIT).fill_null(0).cast(pl.Int64)
+    )
+    return out, [d for d in diagnostics(kernels, matched) if d.code not in ("COMM_NONE", "COMM_ONE_RANK")]
+
+
+@dataclass
+class CommReport:
+    """What ``spectrace comm`` reports, as frames (times on the aligned clock, ns)."""
+
+    reports: list[str]
+    selection: str
+    ranks: pl.DataFrame  # rank, report, path, pid, device
+    kernels: pl.DataFrame  # every communication kernel with its key
+    matched: pl.DataFrame  # per (matched collective, rank)
+    collectives: pl.DataFrame  # per rank, phase, name (see summary)
+    stragglers: pl.DataFrame
+    mismatches: pl.DataFrame
+    clock: dict[str, Any]
+    diagnostics: list = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document: ``collectives`` and ``stragglers`` keys as in the README."""
+        from .analysis import _version
+
+        n_coll = self.matched.select(pl.struct(KEY).n_unique()).item() if self.matched.height else 0
+        return {
+            "spectrace_version": _version(),
+            "reports": self.reports,
+            "selection": self.selection,
+            "clock": self.clock,
+            "ranks": self.ranks.to_dicts(),
+            "matching": {
+                "comm_kernels": self.kernels.height,
+                "matched_kernels": self.matched.height,
+                "matched_collectives": n_coll,
+                "unmatched_kernels": self.kernels.height - self.matched.height,
+            },
+            "collectives": self.collectives.to_dicts(),
+            "stragglers": self.stragglers.to_dicts(),
+            "mismatches": self.mismatches.with_columns(
+                pl.col("counts").list.eval(pl.element().struct.field("n")).alias("per_rank")
+            ).drop("counts").to_dicts(),
+            "diagnostics": [d.as_dict() for d in self.diagnostics],
+        }
+
+
+def cross_rank(results: list) -> CommReport:
+    """Match, align and split the communication of one or several analysed reports (ranks numbered in order)."""
+    from . import align
+
+    parts, rank_rows, base = [], [], 0
+    for i, r in enumerate(results):
+        parts.append(comm_kernels(r.ops, r.instances).with_columns(report=pl.lit(i), rank=pl.col("rank") + base))
+        rank_rows.append(r.ranks.select(rank=pl.col("rank") + base, report=pl.lit(i), path=pl.lit(r.trace.path),
+                                        pid="pid", device="device"))
+        base += r.ranks.height
+    kernels = pl.concat(parts)
+    ranks = pl.concat(rank_rows)
+    clock: dict[str, Any] = {"reports": len(results)}
+    if len(results) == 1:
+        clock["alignment"] = align.ONE_CLOCK
+    else:
+        utc = [r.trace.utc_epoch_ns for r in results]
+        offs = align.session_offsets(utc)
+        steps, table = [], pl.DataFrame({"report": range(len(results)), "utc_epoch_ns": utc},
+                                        schema={"report": pl.Int32, "utc_epoch_ns": pl.Int64})
+        if offs is not None:
+            sess = pl.DataFrame({"report": range(len(results)), "offset_ns": offs},
+                                schema={"report": pl.Int32, "offset_ns": pl.Int64})
+            kernels = align.shift(kernels, sess)
+            steps.append("session start (utcEpochNs)")
+            table = table.join(sess.rename({"offset_ns": "session_offset_ns"}), on="report")
+        else:
+            table = table.with_columns(session_offset_ns=pl.lit(None, pl.Int64))
+        good = kernels.join(group_counts(kernels).filter("matched").select(GROUP), on=GROUP, how="semi")
+        clock.update({f"before_refine_{k}": v for k, v in align.end_spread(good, KEY).items()})
+        if good.height:
+            sk = align.end_skew(good, KEY).with_columns(pl.col("report").cast(pl.Int32))
+            kernels = align.shift(kernels, sk.select("report", offset_ns=-pl.col("offset_ns")))
+            steps.append("median skew of collective end times")
+            table = table.join(sk.select("report", refine_ns=-pl.col("offset_ns"), refine_collectives="collectives"),
+                               on="report", how="left")
+        clock["alignment"] = " + ".join(steps) or "none (a report lacks utcEpochNs and no collective matched)"
+        clock["per_report"] = table.with_columns(path=pl.Series([r.trace.path for r in results])).to_dicts()
+    matched = match(kernels)
+    clock.update(align.end_spread(matched, KEY))
+    diags = diagnostics(kernels, matched)
+    diags.insert(0, _diag("info", "COMM_CLOCK", f"clock: {clock['alignment']}"))
+    return CommReport(
+        reports=[r.trace.path for r in results],
+        selection=results[0].selection if results else "",
+        ranks=ranks,
+        kernels=kernels,
+        matched=matched,
+        collectives=summary(matched),
+        stragglers=stragglers(matched),
+        mismatches=mismatches(kernels),
+        clock=clock,
+        diagnostics=diags,
+    )
