@@ -128,19 +128,21 @@ def analyze(
     diags.append(Diagnostic("info", "RANGE_SELECTION", f"phases are {how}: {sel.height} range instances"))
 
     nested = attribute.nest(sel)
-    ops = trace.ops.join(trace.names, on="name_id", how="left").with_columns(
-        name=pl.coalesce("name", "label")
-    )
-    ops = ops.with_columns(comm=family_expr(pl.col("name"), patterns))
-    ops = attribute.attribute_ops(ops, trace.api, nested)
+    # Classify each distinct name once, then join: regexes never run per operation.
+    kinds = trace.ops.select("name_id", "label").unique()
+    kinds = kinds.join(trace.names, on="name_id", how="left").with_columns(name=pl.coalesce("name", "label"))
+    kinds = kinds.with_columns(comm=family_expr(pl.col("name"), patterns))
+    ops = trace.ops.join(kinds, on=["name_id", "label"], how="left", nulls_equal=True)
+    ops = attribute.attribute_ops(ops, trace.api, nested).sort("start")
     rk = breakdown.ranks(ops, trace.devices)
     rank_of = rk.select("pid", "rank")
     ops = ops.join(rank_of, on="pid", how="left")
     nested = nested.join(rank_of, on="pid", how="left")
     anc = attribute.ancestors(nested)
     inst = breakdown.instances(nested, ops, anc)
-    seam_inst = breakdown.seam_instances(inst, ops)
-    cov = breakdown.coverage(inst, ops)
+    blocks = breakdown.gpu_blocks(ops)
+    seam_inst = breakdown.seam_instances(inst, blocks)
+    cov = breakdown.coverage(inst, ops, blocks)
     res = Result(
         trace=trace,
         selection=how,

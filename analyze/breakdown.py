@@ -27,25 +27,32 @@ def ranks(ops: pl.DataFrame, devices: pl.DataFrame) -> pl.DataFrame:
 
 
 def instance_metrics(ops: pl.DataFrame, key: str) -> pl.DataFrame:
-    """Metrics of each group of ops keyed by ``key`` (a range instance): first/last op, span, busy, ..."""
-    g = ops.filter(pl.col(key).is_not_null())
-    base = g.group_by(key).agg(
-        first=pl.col("start").min(),
-        last=pl.col("end").max(),
-        kernel_ns=(pl.col("end") - pl.col("start")).sum(),
-        ops=pl.len(),
-        launches=pl.col("corr").n_unique(),
-    )
-    busy = union_length(g, [key], "busy_ns").collect()
-    comm = union_length(g.filter(pl.col("comm").is_not_null()), [key], "comm_ns").collect()
+    """Metrics of each group of ops keyed by ``key`` (a range instance): first/last op, span, busy, ...
+
+    ``ops`` must be sorted by start. Busy and comm are union lengths: each op adds the part of it
+    past the running maximum of earlier ends in its group (communication ops among themselves).
+    """
+    is_comm = pl.col("comm").is_not_null()
+    past = pl.col("end") - pl.max_horizontal(pl.col("start"), pl.col("end").shift(1).cum_max().over(key))
+    past_comm = pl.col("end") - pl.max_horizontal(pl.col("start"), pl.col("end").shift(1).cum_max().over(key, "_c"))
     return (
-        base.join(busy, on=key, how="left")
-        .join(comm, on=key, how="left")
-        .with_columns(pl.col("comm_ns").fill_null(0), span_ns=pl.col("last") - pl.col("first"))
-        .with_columns(
-            compute_ns=pl.col("busy_ns") - pl.col("comm_ns"),
-            idle_ns=pl.col("span_ns") - pl.col("busy_ns"),
+        ops.lazy()
+        .filter(pl.col(key).is_not_null())
+        .select(key, "start", "end", "corr", _c=is_comm)
+        .with_columns(_p=past.clip(lower_bound=0), _q=pl.when("_c").then(past_comm.clip(lower_bound=0)).otherwise(0))
+        .group_by(key)
+        .agg(
+            first=pl.col("start").min(),
+            last=pl.col("end").max(),
+            kernel_ns=(pl.col("end") - pl.col("start")).sum(),
+            ops=pl.len(),
+            launches=pl.col("corr").n_unique(),
+            busy_ns=pl.col("_p").sum(),
+            comm_ns=pl.col("_q").sum(),
         )
+        .with_columns(span_ns=pl.col("last") - pl.col("first"))
+        .with_columns(compute_ns=pl.col("busy_ns") - pl.col("comm_ns"), idle_ns=pl.col("span_ns") - pl.col("busy_ns"))
+        .collect()
     )
 
 
@@ -56,7 +63,12 @@ def instances(nested: pl.DataFrame, ops: pl.DataFrame, anc: pl.DataFrame) -> pl.
     launched anywhere inside it, nested ranges included (NVIDIA's projection).
     """
     ex = instance_metrics(ops, "rid").rename({"rid": "row_id"})
-    inc_ops = ops.filter(pl.col("rid").is_not_null()).join(anc, on="rid").drop("rid").rename({"anc": "rid"})
+    inc_ops = (
+        ops.filter(pl.col("rid").is_not_null())
+        .join(anc, on="rid", maintain_order="left")  # keeps ops sorted by start
+        .drop("rid")
+        .rename({"anc": "rid"})
+    )
     inc = instance_metrics(inc_ops, "rid").rename({"rid": "row_id"})
     cols = ["first", "last", *METRICS]
     out = (
@@ -110,7 +122,12 @@ def projections(inst: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def seam_instances(inst: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
+def gpu_blocks(ops: pl.DataFrame) -> pl.DataFrame:
+    """Per process, the disjoint intervals in which its GPU ran anything (ops sorted by start)."""
+    return merge(ops, ["pid"], presorted=True).collect()
+
+
+def seam_instances(inst: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:
     """Each transition between consecutive sibling ranges with GPU work, on the GPU.
 
     The window runs from the last op of the earlier sibling to the first op of the next (inclusive
@@ -129,7 +146,6 @@ def seam_instances(inst: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
         .filter(pl.col("a").is_not_null())
         .select("rank", "pid", "parent", "prev_id", "row_id", "prev_text", "text", "a", b="i_first")
     )
-    blocks = merge(ops, ["pid"])
     out = busy_between(blocks, sib, ["pid"], "a", "b", "busy_ns").collect()
     return out.with_columns(
         gap_ns=(pl.col("b") - pl.col("a")).clip(lower_bound=0),
@@ -157,12 +173,12 @@ def seams(seam_inst: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def coverage(inst: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
+def coverage(inst: pl.DataFrame, ops: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:
     """Per rank: GPU busy time inside the phased window, and how much of it phases received."""
     tops = inst.filter((pl.col("i_ops") > 0) & pl.col("parent").is_null())
     win = tops.group_by("rank", "pid").agg(a=pl.col("i_first").min(), b=pl.col("i_last").max())
-    gpu = busy_between(merge(ops, ["pid"]), win, ["pid"], "a", "b", "gpu_ns").collect()
-    att = union_length(ops.filter(pl.col("rid").is_not_null()), ["pid"], "attributed_ns").collect()
+    gpu = busy_between(blocks, win, ["pid"], "a", "b", "gpu_ns").collect()
+    att = union_length(ops.filter(pl.col("rid").is_not_null()), ["pid"], "attributed_ns", presorted=True).collect()
     return (
         gpu.join(att, on="pid", how="left")
         .with_columns(pl.col("attributed_ns").fill_null(0), window_ns=pl.col("b") - pl.col("a"))

@@ -10,18 +10,26 @@ from collections.abc import Sequence
 import polars as pl
 
 
-def merge(df: pl.DataFrame | pl.LazyFrame, by: Sequence[str] = ()) -> pl.LazyFrame:
+def _prev_end(by: list[str]) -> pl.Expr:
+    """The latest end among earlier intervals of the group (rows sorted by start)."""
+    prev = pl.col("end").shift(1).cum_max()
+    return prev.over(by) if by else prev
+
+
+def merge(df: pl.DataFrame | pl.LazyFrame, by: Sequence[str] = (), presorted: bool = False) -> pl.LazyFrame:
     """The union of the intervals of each group, as disjoint sorted blocks ``by..., start, end``.
 
     HTA's idiom: a new block starts where ``start`` passes the running maximum of earlier ends.
+    Rows need only be sorted by ``start`` (globally); ``presorted`` says they already are.
     """
     by = list(by)
-    lf = df.lazy().select(*by, "start", "end").sort([*by, "start"])
-    prev_end = pl.col("end").shift(1).cum_max()
-    new = pl.col("start") > (prev_end.over(by) if by else prev_end)
-    blk = new.fill_null(True).cast(pl.UInt32).cum_sum()
+    lf = df.lazy().select(*by, "start", "end")
+    if not presorted:
+        lf = lf.sort("start")
+    new = (pl.col("start") > _prev_end(by)).fill_null(True).cast(pl.UInt32)
+    blk = new.cum_sum().over(by) if by else new.cum_sum()
     return (
-        lf.with_columns(_blk=blk.over(by) if by else blk)
+        lf.with_columns(_blk=blk)
         .group_by([*by, "_blk"])
         .agg(pl.col("start").min(), pl.col("end").max())
         .drop("_blk")
@@ -29,12 +37,18 @@ def merge(df: pl.DataFrame | pl.LazyFrame, by: Sequence[str] = ()) -> pl.LazyFra
     )
 
 
-def union_length(df: pl.DataFrame | pl.LazyFrame, by: Sequence[str] = (), name: str = "busy") -> pl.LazyFrame:
-    """Total length of the union of each group's intervals (overlaps counted once)."""
+def union_length(df: pl.DataFrame | pl.LazyFrame, by: Sequence[str] = (), name: str = "busy",
+                 presorted: bool = False) -> pl.LazyFrame:
+    """Total length of the union of each group's intervals (overlaps counted once).
+
+    Each interval adds the part of it past the running maximum of earlier ends; no blocks are built.
+    """
     by = list(by)
-    blocks = merge(df, by)
-    agg = (pl.col("end") - pl.col("start")).sum().alias(name)
-    return blocks.group_by(by).agg(agg) if by else blocks.select(agg)
+    lf = df.lazy().select(*by, "start", "end")
+    if not presorted:
+        lf = lf.sort("start")
+    part = (pl.col("end") - pl.max_horizontal(pl.col("start"), _prev_end(by))).clip(lower_bound=0)
+    return lf.group_by(by).agg(part.sum().alias(name)) if by else lf.select(part.sum().alias(name))
 
 
 def busy_function(blocks: pl.DataFrame | pl.LazyFrame, by: Sequence[str]) -> pl.LazyFrame:

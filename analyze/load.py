@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import polars as pl
@@ -222,12 +223,15 @@ def _ops(r: Reader) -> pl.DataFrame:
     return out
 
 
-def _names(r: Reader, ids: pl.Series) -> pl.DataFrame:
-    """StringIds rows for the given ids only (kernel and API names)."""
+def _strings(r: Reader) -> pl.DataFrame:
     if "StringIds" not in r.tables:
         return pl.DataFrame(schema={"name_id": pl.Int64, "name": pl.String})
-    strings = r.frame("SELECT id AS name_id, value AS name FROM StringIds",
-                      schema={"name_id": pl.Int64, "name": pl.String})
+    return r.frame("SELECT id AS name_id, value AS name FROM StringIds",
+                   schema={"name_id": pl.Int64, "name": pl.String})
+
+
+def _names(strings: pl.DataFrame, ids: pl.Series) -> pl.DataFrame:
+    """StringIds rows for the given ids only (kernel and API names)."""
     return strings.join(pl.DataFrame({"name_id": ids.unique().drop_nulls()}).cast(pl.Int64), on="name_id",
                         how="semi")
 
@@ -261,13 +265,15 @@ def load(path: str | os.PathLike) -> Trace:
         if r.has("TARGET_INFO_SESSION_START_TIME", "utcEpochNs"):
             row = r.rows("SELECT MIN(utcEpochNs) FROM TARGET_INFO_SESSION_START_TIME")
             utc = row[0][0] if row else None
-        ranges, _domains = _ranges(r, duration)
-        ops = _ops(r)
-        api = _api(r)
+        # The big tables are read in parallel: each read has its own connection.
+        with ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 2))) as ex:
+            f_ops, f_api = ex.submit(_ops, r), ex.submit(_api, r)
+            f_rng, f_str = ex.submit(_ranges, r, duration), ex.submit(_strings, r)
+            ops, api, (ranges, _domains), strings = f_ops.result(), f_api.result(), f_rng.result(), f_str.result()
         bad = (pl.col("start") <= 0) | (pl.col("end") < pl.col("start")) | pl.col("start").is_null()
         dropped = int(ops.select(bad.sum()).item() or 0)
         ops = ops.filter(~bad)
-        names = _names(r, pl.concat([ops["name_id"], api["name_id"]]))
+        names = _names(strings, pl.concat([ops["name_id"], api["name_id"]]))
         return Trace(
             path=str(r.path),
             nsys_version=export.get("EXPORT_PRODUCT_VERSION", "unknown"),

@@ -63,21 +63,20 @@ class Reader:
         except sqlite3.DatabaseError as e:
             raise InputError(f"{self.path}: corrupt or unreadable SQLite file ({e})", "CORRUPT") from None
         self.tables: set[str] = {r[0] for r in rows}
-        self._cols: dict[str, list[str]] = {}
-        self._adbc = None
+        # Column lists are read up front, on this thread: loaders run on worker threads.
+        try:
+            self._cols: dict[str, list[str]] = {
+                t: [c[1] for c in self._con.execute(f"PRAGMA table_info('{t}')")] for t in self.tables
+            }
+        except sqlite3.DatabaseError as e:
+            raise InputError(f"{self.path}: corrupt or unreadable SQLite file ({e})", "CORRUPT") from None
 
     def close(self) -> None:
         self._con.close()
-        if self._adbc is not None:
-            self._adbc.close()
 
     def columns(self, table: str) -> list[str]:
         """Column names of ``table`` (empty when the table is absent)."""
-        if table not in self.tables:
-            return []
-        if table not in self._cols:
-            self._cols[table] = [r[1] for r in self._con.execute(f"PRAGMA table_info('{table}')")]
-        return self._cols[table]
+        return self._cols.get(table, [])
 
     def has(self, table: str, *cols: str) -> bool:
         have = self.columns(table)
@@ -91,19 +90,22 @@ class Reader:
             raise InputError(f"{self.path}: corrupt SQLite file ({e})", "CORRUPT") from None
 
     def frame(self, sql: str, schema: dict[str, pl.DataType] | None = None) -> pl.DataFrame:
-        """A query as a polars frame, read column-wise through ADBC when possible."""
+        """A query as a polars frame, read column-wise through ADBC when possible.
+
+        Each call opens its own connection, so several frames can be read in parallel threads.
+        """
         df = None
         try:
-            if self._adbc is None:
-                import adbc_driver_sqlite.dbapi as adbc
+            import adbc_driver_sqlite.dbapi as adbc
 
-                self._adbc = adbc.connect(self._uri)
-            cur = self._adbc.cursor()
+            con = adbc.connect(self._uri)
             try:
+                cur = con.cursor()
                 cur.execute(sql)
                 df = pl.from_arrow(cur.fetch_arrow_table())
-            finally:
                 cur.close()
+            finally:
+                con.close()
         except ImportError:
             df = None
         except Exception as e:  # type drift in ADBC's inference, or corruption
@@ -112,9 +114,13 @@ class Reader:
             df = None
         if df is None:
             try:
-                cur = self._con.execute(sql)
-                names = [d[0] for d in cur.description]
-                data = cur.fetchall()
+                con = sqlite3.connect(self._uri, uri=True)
+                try:
+                    cur = con.execute(sql)
+                    names = [d[0] for d in cur.description]
+                    data = cur.fetchall()
+                finally:
+                    con.close()
             except sqlite3.DatabaseError as e:
                 raise InputError(f"{self.path}: corrupt SQLite file ({e})", "CORRUPT") from None
             df = pl.DataFrame(data, schema=names, orient="row", infer_schema_length=None)

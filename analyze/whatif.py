@@ -1,0 +1,230 @@
+"""What if the speculative decoder drafted N steps instead? A cost model fitted on one trace.
+
+Inputs, per decode cycle, from one trace at ``S0`` draft steps (phases recognised by base name with any
+prefix: ``draft``, ``verify``, ``draft_extend``; a cycle is a ``cycle`` range):
+
+- each phase's cost is its GPU span (first op → last op) per cycle, taking for each cycle the *smallest*
+  span over the TP ranks (a rank that arrived late does not wait in its first all-reduce, so its span is
+  the work; the others' extra span is skew, which stays in *other* below), then the median over cycles;
+- the cycle period ``P0``: first GPU op of a cycle → first of the next, median over cycles and ranks
+  (steady state: warm-up cycles and stalls do not move a median);
+- ``other = P0 − draft − verify − draft_extend``: host overhead, the seams between phases, the gap between
+  cycles and rank skew. Assumed not to depend on the step count.
+
+Model for ``S`` steps (chain drafting, top-k 1: ``S + 1`` tokens verified per request):
+
+- ``draft(S) = draft(S0) · S / S0`` (each step runs the draft model once; no fixed part);
+- ``verify(S) = a + b · (S + 1)``: with a baseline trace (``decode_step`` verifies 1 token per request),
+  the line through (1, baseline step) and (S0 + 1, verify); without one ``b = 0`` (decode is
+  memory-bound: verifying a few more tokens costs nothing), which *under*-predicts large steps;
+- ``draft_extend(S) = e0 + e1 · tokens(S)`` fitted over the cycles when accept lengths are known (least
+  squares), else constant;
+- acceptance: accepted draft tokens per request ``E[k | S] = α + α² + … + α^S`` (each draft token is
+  accepted with probability α independently, given its predecessors were); α is solved so that
+  ``E[k | S0]`` equals the measured mean; ``tokens(S) = batch · (1 + E[k | S])``; tokens/s =
+  tokens(S) / cycle(S). Without known acceptance only cycle times are predicted (``--acceptance`` sets α).
+
+Validated on real step sweeps of the embedded workload (README: "Reports, comparison and what-if").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import polars as pl
+
+from .errors import InputError
+from .tokens import base_expr, cycles, read_manifest, summary
+
+MODEL_PHASES = ("draft", "verify", "draft_extend")
+MAX_STEPS = 10
+
+
+def cycle_phases(res) -> pl.DataFrame:
+    """Per rank and cycle (``n``): each child phase's GPU span (``x_span_ns``) by base name, one row each."""
+    c = cycles(res).filter(pl.col("kind") == "cycle").select("rank", "n", parent="row_id", tokens="tokens",
+                                                                accept_length="accept_length",
+                                                                batch_size="batch_size")
+    kids = res.instances.with_columns(phase=base_expr()).select("parent", "phase", "x_span_ns", "x_ops")
+    return (c.join(kids, on="parent").filter(pl.col("x_ops") > 0)
+            .group_by("rank", "n", "phase").agg(pl.col("x_span_ns").sum(), pl.col("tokens").first(),
+                                                pl.col("accept_length").first(), pl.col("batch_size").first()))
+
+
+@dataclass
+class Model:
+    """The fitted costs (ns per cycle) and acceptance of one trace."""
+
+    steps_now: int
+    period_ns: float
+    cost_ns: dict[str, float]  # phase → min-over-ranks span per cycle, mean over cycles
+    other_ns: float
+    verify_per_token_ns: float  # b: per verified token per request
+    extend_per_token_ns: float  # e1
+    batch_size: float | None
+    alpha: float | None  # per-token acceptance; None = unknown
+    accepted_now: float | None  # accepted draft tokens per request per cycle, measured
+    notes: list[str] = field(default_factory=list)
+
+    def expected_accepted(self, steps: int) -> float | None:
+        if self.alpha is None:
+            return None
+        a = self.alpha
+        return sum(a ** i for i in range(1, steps + 1))
+
+    def tokens_per_cycle(self, steps: int) -> float | None:
+        k = self.expected_accepted(steps)
+        return None if k is None or self.batch_size is None else self.batch_size * (1 + k)
+
+    def predict(self, steps: int) -> dict:
+        s0 = self.steps_now
+        d = self.cost_ns.get("draft", 0.0) * steps / s0
+        v = self.cost_ns.get("verify", 0.0) + self.verify_per_token_ns * (steps - s0)
+        e = self.cost_ns.get("draft_extend", 0.0)
+        tok, tok0 = self.tokens_per_cycle(steps), self.tokens_per_cycle(s0)
+        if tok is not None and tok0 is not None:
+            e += self.extend_per_token_ns * (tok - tok0)
+        cyc = d + v + e + self.other_ns
+        return {
+            "steps": steps, "cycle_ns": cyc, "draft_ns": d, "verify_ns": v, "draft_extend_ns": e,
+            "other_ns": self.other_ns, "tokens_per_cycle": tok,
+            "tokens_per_s": tok / cyc * 1e9 if tok is not None and cyc > 0 else None,
+            "measured": steps == s0,
+        }
+
+    def predictions(self, max_steps: int = MAX_STEPS) -> list[dict]:
+        return [self.predict(s) for s in range(1, max_steps + 1)]
+
+    def best(self, max_steps: int = MAX_STEPS) -> dict | None:
+        """The step count with the most tokens/s, or None when acceptance is unknown."""
+        rows = [p for p in self.predictions(max_steps) if p["tokens_per_s"] is not None]
+        return max(rows, key=lambda p: p["tokens_per_s"]) if rows else None
+
+
+def solve_alpha(accepted: float, steps: int) -> float:
+    """α in [0, 1] with α + α² + … + α^steps = accepted (bisection; clipped to the reachable range)."""
+    if accepted <= 0:
+        return 0.0
+    if accepted >= steps:
+        return 1.0
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if sum(mid ** i for i in range(1, steps + 1)) < accepted:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def steps_of(res, steps_now: int | None) -> int:
+    """The trace's draft step count: the caller's, else the manifest's; InputError when unknown."""
+    if steps_now is not None:
+        if steps_now < 1:
+            raise InputError(f"--steps-now must be >= 1, not {steps_now}")
+        return steps_now
+    spec = (read_manifest(res.trace.path) or {}).get("speculative") or {}
+    if isinstance(spec.get("steps"), int) and spec["steps"] >= 1:
+        return spec["steps"]
+    raise InputError(f"{res.trace.path}: the number of draft steps is not recorded (no manifest with "
+                     "speculative.steps beside it); pass --steps-now N", "NO_STEPS")
+
+
+def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = None) -> Model:
+    """Fit the cost model on one analysed trace (``baseline``: an analysed decode_step trace, optional)."""
+    s0 = steps_of(res, steps_now)
+    cp = cycle_phases(res)
+    if cp.height == 0:
+        raise InputError(f"{res.trace.path}: no cycle ranges with draft/verify phases inside; what-if needs "
+                         "an EAGLE trace (cycle ⊃ draft, verify, draft_extend)", "NO_CYCLES")
+    per = (cp.filter(pl.col("phase").is_in(MODEL_PHASES))
+           .group_by("n", "phase").agg(pl.col("x_span_ns").min(), pl.col("tokens").first()))
+    cost = dict(per.group_by("phase").agg(pl.col("x_span_ns").median()).iter_rows())
+    if "verify" not in cost:
+        raise InputError(f"{res.trace.path}: no verify phase inside the cycles", "NO_VERIFY")
+    period = cycles(res).filter(pl.col("kind") == "cycle")["period_ns"].median()
+    if period is None:
+        raise InputError(f"{res.trace.path}: fewer than two cycles per rank; no cycle period", "NO_PERIOD")
+    notes = []
+    other = period - sum(cost.get(p, 0.0) for p in MODEL_PHASES)
+    tk = summary(res, steps=s0)
+    b = 0.0
+    if baseline is not None:
+        bt = summary(baseline)
+        step = cycles(baseline).filter(pl.col("kind") == "decode_step").group_by("n") \
+            .agg(pl.col("i_span_ns").min())["i_span_ns"].median()
+        if step is None:
+            notes.append(f"{baseline.trace.path} has no decode_step ranges: not used for the verify slope")
+        else:
+            b = (cost["verify"] - step) / s0
+            notes.append(f"verify cost per verified token per request from the baseline step ({step / 1e3:.1f} µs, "
+                         f"batch {bt.batch_size}): {b / 1e3:.2f} µs")
+    else:
+        notes.append("no baseline: verify cost assumed independent of the number of verified tokens")
+    e1 = 0.0
+    ext = per.filter((pl.col("phase") == "draft_extend") & pl.col("tokens").is_not_null())
+    if ext.height >= 3 and ext["tokens"].n_unique() > 1:
+        e1 = float(ext.select(pl.cov("tokens", "x_span_ns") / pl.col("tokens").var()).item())
+    if alpha is None and tk.accepted_per_request is not None:
+        alpha = solve_alpha(tk.accepted_per_request, s0)
+    elif alpha is None:
+        notes.append("acceptance unknown (no accept-length payload): cycle times only; --acceptance sets it")
+    batch = tk.batch_size
+    if alpha is not None and batch is None:
+        batch = 1.0
+        notes.append("batch size unknown: tokens and tokens/s are per request")
+    return Model(s0, float(period), {k: float(v) for k, v in cost.items()}, float(other), b, e1,
+                 batch, alpha, tk.accepted_per_request, notes)
+
+
+def to_dict(m: Model, max_steps: int = MAX_STEPS) -> dict:
+    """The JSON document: ``{"predictions": [...], "best": ..., "model": ...}``."""
+    best = m.best(max_steps)
+    return {
+        "predictions": m.predictions(max_steps),
+        "best": best["steps"] if best else None,
+        "model": {
+            "steps_now": m.steps_now, "period_ns": m.period_ns, "cost_ns": m.cost_ns, "other_ns": m.other_ns,
+            "verify_per_token_ns": m.verify_per_token_ns, "extend_per_token_ns": m.extend_per_token_ns,
+            "batch_size": m.batch_size, "alpha": m.alpha, "accepted_per_request": m.accepted_now,
+            "notes": m.notes,
+        },
+    }
+
+
+def table(m: Model, max_steps: int = MAX_STEPS) -> str:
+    """Human-readable predictions."""
+    out = [f"what-if from {m.steps_now} draft steps: measured cycle {m.period_ns / 1e3:.1f} µs = draft "
+           f"{m.cost_ns.get('draft', 0) / 1e3:.1f} + verify {m.cost_ns.get('verify', 0) / 1e3:.1f} + draft_extend "
+           f"{m.cost_ns.get('draft_extend', 0) / 1e3:.1f} + other {m.other_ns / 1e3:.1f} µs"]
+    if m.alpha is not None:
+        acc = f"{m.accepted_now:.2f}" if m.accepted_now is not None else "given"
+        out.append(f"acceptance: {acc} accepted draft tokens/request/cycle → α = {m.alpha:.3f}")
+    out += [f"note: {n}" for n in m.notes]
+    out.append("")
+    out.append(f"{'steps':>5}  {'cycle µs':>9}  {'draft':>8}  {'verify':>8}  {'extend':>8}  {'other':>8}  "
+               f"{'tok/cycle':>9}  {'tok/s':>9}")
+    for p in m.predictions(max_steps):
+        tok = f"{p['tokens_per_cycle']:9.2f}" if p["tokens_per_cycle"] is not None else f"{'-':>9}"
+        tps = f"{p['tokens_per_s']:9.1f}" if p["tokens_per_s"] is not None else f"{'-':>9}"
+        mark = " ← now (measured)" if p["measured"] else ""
+        out.append(f"{p['steps']:5d}  {p['cycle_ns'] / 1e3:9.1f}  {p['draft_ns'] / 1e3:8.1f}  {p['verify_ns'] / 1e3:8.1f}  "
+                   f"{p['draft_extend_ns'] / 1e3:8.1f}  {p['other_ns'] / 1e3:8.1f}  {tok}  {tps}{mark}")
+    best = m.best(max_steps)
+    out.append("")
+    out.append(f"best: {best['steps']} steps, {best['tokens_per_s']:.1f} tok/s predicted" if best
+               else "best: unknown without acceptance (shortest cycle is always 1 step)")
+    return "\n".join(out) + "\n"
+
+
+def validate(results: dict[int, object]) -> pl.DataFrame:
+    """Predicted vs measured cycle time: a model from each trace (steps → analysed Result) predicts the others."""
+    measured = {s: fit(r, s).period_ns for s, r in results.items()}
+    rows = []
+    for s0, r in results.items():
+        m = fit(r, s0)
+        for s, meas in measured.items():
+            pred = m.predict(s)["cycle_ns"]
+            rows.append({"from_steps": s0, "steps": s, "predicted_ns": pred, "measured_ns": meas,
+                         "error_pct": 100 * (pred - meas) / meas})
+    return pl.DataFrame(rows).sort("from_steps", "steps")
