@@ -1,0 +1,91 @@
+"""Hand-computable synthetic EAGLE and baseline exports (built on tests/synth.py) for report/compare/what-if tests.
+
+EAGLE trace (``eagle``): 2 ranks (pid 100 → device 0 → rank 0, pid 200 → device 1 → rank 1), 4 cycles,
+batch 2, 3 draft steps (manifest), cycle ``i`` at ``B = 10_000 + 10_000 i``; GPU ops (ns from B):
+
+- draft: gemm [1000, 1600] then NCCL [1600, 1600 + w], w = 500 on rank 0, 100 on rank 1
+  → span 1100 (rank 0) / 700 (rank 1);
+- verify: gemm [2500, 5500] → 3000;
+- draft_extend: gemm [5600, 5600 + E], E = 100 + 25 · tokens, tokens = accept + batch, accept
+  (payload, summed over the batch) = 0, 2, 4, 6 → tokens 2, 4, 6, 8 → E = 150, 200, 250, 300;
+- host_overhead: gemm [7000, 7100] → 100.
+
+So the cycle period (first GPU op → next cycle's first) is 10 000 on both ranks.
+
+Baseline trace (``baseline``): same ranks, 4 ``decode_step`` ranges at ``B = 10_000 + 3_000 i``, one gemm
+[B + 500, B + 2000] → 1500 each, payload batch 2 (or none, with a manifest saying batch 2).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from synth import Synth
+
+from nvtx_hooks.phases import encode_payload
+
+NCCL = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<(unsigned long)4096>)"
+RANKS = ((100, 0, 500), (200, 1, 100))  # pid, device, draft NCCL length
+ACCEPT = (0, 2, 4, 6)
+BATCH = 2
+
+
+def _manifest(path: Path, spec: dict) -> None:
+    name = path.name[: -len(".sqlite")]
+    path.with_name(name + ".manifest.json").write_text(json.dumps({"schema": "spectrace.trace-manifest/1",
+                                                                   "speculative": spec}))
+
+
+def eagle(path, steps: int | None = 3, prefix: str = "", accept_on: str = "cycle",
+          manifest: bool = True) -> Path:
+    """The EAGLE trace; ``accept_on='draft_extend'`` puts the accept length there (SGLang style)."""
+    path = Path(path)
+    s = Synth(path, duration=100_000)
+    corr = 0
+    for pid, dev, w in RANKS:
+        s.device(dev)
+        s.domain(pid, pid, "spectrace", 1)
+        for i, acc in enumerate(ACCEPT):
+            b = 10_000 + 10_000 * i
+            tokens = acc + BATCH
+            known, bare = encode_payload(BATCH, i, acc), encode_payload(BATCH, i)
+            s.range(pid, pid, prefix + "cycle", b, b + 9500, domain_id=1,
+                    payload=known if accept_on == "cycle" else bare)
+            s.range(pid, pid, prefix + "draft", b + 100, b + 1000, domain_id=1, payload=bare)
+            s.range(pid, pid, prefix + "verify", b + 1000, b + 2000, domain_id=1, payload=bare)
+            s.range(pid, pid, prefix + "draft_extend", b + 2000, b + 3000, domain_id=1,
+                    payload=known if accept_on == "draft_extend" else bare)
+            s.range(pid, pid, prefix + "host_overhead", b + 3000, b + 9000, domain_id=1)
+            e = 100 + 25 * tokens
+            for api, ops in ((b + 200, [(b + 1000, b + 1600, "gemm"), (b + 1600, b + 1600 + w, NCCL)]),
+                             (b + 1100, [(b + 2500, b + 5500, "gemm")]),
+                             (b + 2100, [(b + 5600, b + 5600 + e, "gemm")]),
+                             (b + 3100, [(b + 7000, b + 7100, "gemm")])):
+                corr += 1
+                s.launch(pid, pid, "cudaLaunchKernel_v7000", (api, api + 50), corr, ops, device=dev)
+    out = s.save()
+    if manifest:
+        _manifest(out, {"algorithm": "eagle-shaped", "steps": steps, "batch": BATCH})
+    return out
+
+
+def baseline(path, payload: bool = True, manifest: bool = False) -> Path:
+    """The baseline trace: 4 decode steps of 1500 ns GPU span, period 3000 ns, 2 tokens each."""
+    path = Path(path)
+    s = Synth(path, duration=100_000)
+    corr = 0
+    for pid, dev, _ in RANKS:
+        s.device(dev)
+        s.domain(pid, pid, "spectrace", 1)
+        for i in range(4):
+            b = 10_000 + 3_000 * i
+            s.range(pid, pid, "decode_step", b, b + 2500, domain_id=1,
+                    payload=encode_payload(BATCH, i) if payload else None)
+            corr += 1
+            s.launch(pid, pid, "cudaLaunchKernel_v7000", (b + 100, b + 150), corr, [(b + 500, b + 2000, "gemm")],
+                     device=dev)
+    out = s.save()
+    if manifest:
+        _manifest(out, {"algorithm": "none", "baseline": True, "batch": BATCH})
+    return out

@@ -1,0 +1,64 @@
+"""Tokens: vectorised payload decode vs nvtx_hooks.phases.decode_payload; tokens per cycle from payload/manifest."""
+
+from __future__ import annotations
+
+import eagle_synth as es
+import polars as pl
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from analyze.analysis import analyze
+from analyze.tokens import cycles, decode_frame, manifest_path, summary
+from nvtx_hooks.phases import decode_payload, encode_payload
+
+
+@given(st.lists(st.one_of(
+    st.builds(encode_payload, st.integers(0, 70_000), st.integers(0, 2**26),
+              st.one_of(st.none(), st.integers(0, 2**21))),
+    st.integers(-(2**63), 2**63 - 1)), min_size=1, max_size=50))
+def test_decode_matches_scalar_decoder(values):
+    got = decode_frame(pl.DataFrame({"int64": values}, schema={"int64": pl.Int64}))
+    for v, row in zip(values, got.select("batch_size", "cycle_index", "accept_length").iter_rows(named=True)):
+        d = decode_payload(v)
+        if d is None:
+            assert row == {"batch_size": None, "cycle_index": None, "accept_length": None}
+        else:
+            assert row == d
+
+
+def test_uint64_column_is_read_too():
+    v = encode_payload(4, 7, 9)
+    got = decode_frame(pl.DataFrame({"uint64": [v, None], "int64": [None, None]}))
+    assert got.row(0, named=True)["accept_length"] == 9 and got["batch_size"].to_list() == [4, None]
+
+
+@pytest.mark.parametrize("accept_on", ["cycle", "draft_extend"])
+def test_tokens_per_cycle_from_payload(tmp_path, accept_on):
+    res = analyze(es.eagle(tmp_path / "e.sqlite", accept_on=accept_on, prefix="eagle3."))
+    c = cycles(res).sort("rank", "n")
+    # tokens = accept + batch = 0+2, 2+2, 4+2, 6+2 on each rank; period 10 000 ns (last cycle has none)
+    assert c["tokens"].to_list() == [2, 4, 6, 8] * 2
+    assert c["period_ns"].to_list() == [10_000, 10_000, 10_000, None] * 2
+    t = summary(res)
+    assert (t.kind, t.source, t.cycles, t.steps) == ("cycle", "payload", 8, 3)
+    assert t.tokens_per_cycle == 5.0 and t.accepted_per_request == 1.5  # (0+1+2+3)/4 per request
+    assert t.tokens_per_s == pytest.approx(5 / 10_000e-9)
+
+
+def test_baseline_tokens_per_step(tmp_path):
+    t = summary(analyze(es.baseline(tmp_path / "b.sqlite")))
+    assert (t.kind, t.source, t.tokens_per_cycle, t.period_ns) == ("decode_step", "payload", 2.0, 3000.0)
+    assert t.tokens_per_s == pytest.approx(2 / 3000e-9)
+
+
+def test_baseline_tokens_from_manifest(tmp_path):
+    p = es.baseline(tmp_path / "m.sqlite", payload=False, manifest=True)
+    assert manifest_path(p).name == "m.manifest.json"
+    t = summary(analyze(p))
+    assert (t.source, t.tokens_per_cycle, t.batch_size) == ("manifest", 2.0, 2.0)
+
+
+def test_unknown_tokens(tmp_path):
+    t = summary(analyze(es.baseline(tmp_path / "n.sqlite", payload=False)))
+    assert t.tokens_per_cycle is None and t.tokens_per_s is None and t.period_ns == 3000.0
