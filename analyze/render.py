@@ -59,6 +59,21 @@ def _order(df: pl.DataFrame, col: str) -> pl.DataFrame:
                                         descending=[False, True]).drop("_o")
 
 
+def _comm_split(res: Result) -> list[str]:
+    """Matched collectives per rank and phase: waiting for the last rank vs transfer (more in ``spectrace comm``)."""
+    p = res.phases
+    if "comm_wait_ns" not in p.columns or not int((p["comm_wait_ns"] + p["comm_transfer_ns"]).sum()):
+        return []
+    p = _order(p.filter((pl.col("comm_wait_ns") + pl.col("comm_transfer_ns")) > 0), "phase").sort("rank",
+                                                                                                  maintain_order=True)
+    rows = [[r["phase"], str(r["rank"]), _ms(r["comm_wait_ns"] + r["comm_transfer_ns"]), _ms(r["comm_wait_ns"]),
+             _pct(r["comm_wait_ns"], r["comm_wait_ns"] + r["comm_transfer_ns"]), _ms(r["comm_transfer_ns"])]
+            for r in p.iter_rows(named=True)]
+    return ["", "Collectives matched across ranks: kernel time spent waiting for the last rank vs transferring "
+                "(spectrace comm for stragglers)",
+            *_grid(["phase", "rank", "collective ms", "wait ms", "%", "transfer ms"], rows, 2)]
+
+
 def table(res: Result) -> str:
     """The human-readable report."""
     t, out = res.trace, []
@@ -77,6 +92,7 @@ def table(res: Result) -> str:
         dev = f"GPU {rk['device']}" + (f" {rk['device_name']}" if rk["device_name"] else "")
         out.append(f"Rank {rk['rank']} (pid {rk['pid']}, {dev})")
         out += _grid(PHASE_HEADER, _phase_rows(_order(df, "phase"), int(df["span_ns"].sum())))
+    out += _comm_split(res)
     sa = res.seams_all
     if sa.height:
         out.append("")

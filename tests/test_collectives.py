@@ -132,6 +132,9 @@ def test_analyze_gains_wait_and_transfer(tmp_path):
     a = row(res.phases_all, phase="draft")
     assert (a["comm_wait_ns"], a["comm_transfer_ns"]) == (800, 1500)
     assert "comm_wait_ns" in res.to_dict()["phases"][0]
+    from analyze.render import table
+
+    assert "Collectives matched across ranks" in table(res)
 
 
 def test_count_mismatch_is_reported_and_left_unmatched(tmp_path):
