@@ -2,7 +2,7 @@
 PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
-SAMPLE  ?= ../shared/traces/tp2_probe_node.sqlite
+SAMPLE  ?= .cache/samples/tp1_node.sqlite
 RANGES  ?=
 ARGS    ?=
 
@@ -16,7 +16,7 @@ $(BIN)/spectrace: pyproject.toml
 
 install: $(BIN)/spectrace
 
-demo: install
+demo: install $(SAMPLE)
 	$(BIN)/spectrace analyze $(SAMPLE) $(if $(RANGES),--ranges '$(RANGES)') $(ARGS)
 
 test: install
@@ -30,3 +30,41 @@ bench: install
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+
+# --- captures (issue 4): `spectrace trace` = nsys profile + SQLite export + NAME.manifest.json ---
+MODEL        ?= meta-llama/Llama-3.1-8B-Instruct
+DRAFT        ?= jamesliu1/sglang-EAGLE3-Llama-3.1-Instruct-8B
+TP           ?= 8
+STEPS        ?= 3
+TOPK         ?= 1
+DRAFT_TOKENS ?= 4
+PORT         ?= 30000
+SERVER       ?= $(BIN)/python -m sglang.launch_server
+SERVER_ARGS  ?=
+LOAD_ARGS    ?= --num-prompts 64 --input-len 256 --output-len 256 --concurrency 16
+TRACE_ARGS   ?=
+TRACE_DIR    ?= .cache/traces
+TRACE_NAME   ?= sglang_eagle3_tp$(TP)_s$(STEPS)
+WORKLOAD_ARGS ?=
+SERVE        := $(BIN)/python -m nvtx_hooks.serve --port $(PORT) $(LOAD_ARGS) --
+SERVER_CMD   := $(SERVER) --model-path $(MODEL) --tp $(TP) --port $(PORT)
+SPEC_FLAGS   := --speculative-algorithm EAGLE3 --speculative-draft-model-path $(DRAFT) \
+                --speculative-num-steps $(STEPS) --speculative-eagle-topk $(TOPK) \
+                --speculative-num-draft-tokens $(DRAFT_TOKENS)
+
+.PHONY: trace trace-baseline trace-demo
+
+$(SAMPLE): | install
+	$(BIN)/python -m nvtx_hooks.samples $(basename $(notdir $@)) >/dev/null
+
+trace: install
+	$(BIN)/spectrace trace -o $(TRACE_DIR)/$(TRACE_NAME) $(TRACE_ARGS) -- \
+	  $(SERVE) $(SERVER_CMD) $(SPEC_FLAGS) $(SERVER_ARGS)
+
+trace-baseline: install
+	$(BIN)/spectrace trace -o $(TRACE_DIR)/sglang_baseline_tp$(TP) $(TRACE_ARGS) -- \
+	  $(SERVE) $(SERVER_CMD) $(SERVER_ARGS)
+
+trace-demo: install
+	$(BIN)/spectrace trace --capture all --stats -o $(TRACE_DIR)/demo_workload $(TRACE_ARGS) -- \
+	  $(BIN)/python -m nvtx_hooks.workload $(WORKLOAD_ARGS)

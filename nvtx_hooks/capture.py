@@ -246,7 +246,8 @@ def add_trace_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, default=None, help="seconds of collection (nsys then stops the app)")
     p.add_argument("--env", action="append", metavar="KEY=VALUE", help="extra environment for the command")
     p.add_argument("--nsys-arg", action="append", metavar="ARGS",
-                   help="extra nsys profile options, appended last (so they override the defaults)")
+                   help="extra nsys profile options, appended last so they override the defaults; "
+                        "write --nsys-arg=--flag=value")
     p.add_argument("--stats", action="store_true",
                    help=f"also write NAME_<report>.csv for {', '.join(STATS_REPORTS)} (nsys stats)")
     p.add_argument("-f", "--force", action="store_true", help="overwrite an existing report")

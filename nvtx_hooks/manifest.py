@@ -24,20 +24,6 @@ SPEC_FLAGS: dict[str, str] = {
     "--speculative-draft-model-path": "draft_model",
     "--speculative-draft-model": "draft_model",
 }
-WORKLOAD_FLAGS: dict[str, str] = {
-    "--steps": "steps",
-    "--layers": "layers",
-    "--batch": "batch",
-    "--nproc": "tp",
-    "--cycles": "cycles",
-    "--delay-rank": "delay_rank",
-    "--delay-us": "delay_us",
-}
-WORKLOAD_SWITCHES: dict[str, tuple[str, object]] = {
-    "--baseline": ("baseline", True),
-    "--no-graphs": ("graphs", False),
-    "--no-ranges": ("ranges", False),
-}
 
 
 def utc_now() -> str:
@@ -67,12 +53,18 @@ def _num(v: str):
 def speculative_config(command: list[str]) -> dict:
     """Speculative-decoding settings read off the profiled command line (SGLang or the workload)."""
     cfg: dict = {k: _num(v) for k, v in _flag_values(command, SPEC_FLAGS).items()}
-    if any(t.endswith("nvtx_hooks.workload") or t == "demo-workload" for t in command):
+    at = [i for i, t in enumerate(command) if t.endswith("nvtx_hooks.workload") or t == "demo-workload"]
+    if at:
+        from .workload import build_parser
+
         cfg["workload"] = "nvtx_hooks.workload"
-        cfg.update({k: _num(v) for k, v in _flag_values(command, WORKLOAD_FLAGS).items()})
-        for flag, (key, val) in WORKLOAD_SWITCHES.items():
-            if flag in command:
-                cfg[key] = val
+        wl, _ = build_parser().parse_known_args(command[at[0] + 1:])
+        cfg.update(steps=wl.steps, layers=wl.layers, batch=wl.batch, cycles=wl.cycles, graphs=wl.graphs,
+                   baseline=wl.baseline, ranges=wl.ranges)
+        if wl.nproc is not None:
+            cfg["tp"] = wl.nproc
+        if wl.delay_us:
+            cfg.update(delay_rank=wl.delay_rank, delay_us=wl.delay_us)
         cfg.setdefault("algorithm", "none" if cfg.get("baseline") else "eagle-shaped")
     elif any("sglang" in t for t in command) and "algorithm" not in cfg:
         cfg["algorithm"] = "none"

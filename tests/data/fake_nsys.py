@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""A stand-in for nsys in tests: logs each call (argv + SPECTRACE_HOOKS) as JSON to $FAKE_NSYS_LOG,
+runs the profiled command, writes placeholder reports. Version from $FAKE_NSYS_VERSION."""
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+
+VALUED = {"-o", "--output", "-t", "--trace", "-s", "--sample", "-d", "--duration", "-r", "--report",
+          "--format", "--type"}
+
+
+def log(kind, **kw):
+    path = os.environ.get("FAKE_NSYS_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"kind": kind, "argv": sys.argv[1:], **kw}) + "\n")
+
+
+def split(args):
+    """(options dict, positional rest) of an nsys subcommand line."""
+    opts, i = {}, 0
+    while i < len(args) and args[i].startswith("-"):
+        k, eq, v = args[i].partition("=")
+        if not eq and k in VALUED:
+            v, i = args[i + 1], i + 1
+        opts[k] = v
+        i += 1
+    return opts, args[i:]
+
+
+def main():
+    argv = sys.argv[1:]
+    if argv[:1] == ["--version"]:
+        print("NVIDIA Nsight Systems version " + os.environ.get("FAKE_NSYS_VERSION", "2025.3.1.90-253135822126v0"))
+        return 0
+    sub, rest = argv[0], argv[1:]
+    opts, pos = split(rest)
+    out = opts.get("-o") or opts.get("--output")
+    if sub == "profile":
+        if os.path.exists(out) and opts.get("--force-overwrite") != "true":
+            print(f"fake nsys: {out} exists", file=sys.stderr)
+            return 1
+        log("profile", hooks=os.environ.get("SPECTRACE_HOOKS"), command=pos)
+        child = subprocess.Popen(pos)
+        signal.signal(signal.SIGINT, lambda s, f: child.send_signal(signal.SIGINT))
+        rc = child.wait()
+        with open(out, "w") as f:
+            f.write("fake report\n")
+        log("profiled", rc=rc)
+        return rc
+    if sub == "export":
+        log("export")
+        if os.path.exists(out):
+            os.unlink(out)
+        con = sqlite3.connect(out)
+        con.execute("CREATE TABLE META_DATA_EXPORT(name TEXT, value TEXT)")
+        con.execute("INSERT INTO META_DATA_EXPORT VALUES ('EXPORT_PRODUCT_VERSION', '2025.3.1.90')")
+        con.commit()
+        con.close()
+        return 0
+    if sub == "stats":
+        log("stats")
+        for r in opts["--report"].split(","):
+            with open(f"{out}_{r}.csv", "w") as f:
+                f.write("Range,Style,Total Proj Time (ns)\n")
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

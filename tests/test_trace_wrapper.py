@@ -1,0 +1,166 @@
+"""`spectrace trace`: command line, environment, dry run, --force, manifest, errors, Ctrl-C (fake nsys)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from analyze.cli import main
+from nvtx_hooks import capture, manifest
+
+FAKE = Path(__file__).parent / "data" / "fake_nsys.py"
+DEFAULTS = ["--trace=cuda,nvtx", "--cuda-graph-trace=node", "--trace-fork-before-exec=true", "--sample=none",
+            "--cpuctxsw=none", "--capture-range=cudaProfilerApi", "--capture-range-end=stop"]
+
+
+@pytest.fixture
+def nsys(tmp_path, monkeypatch):
+    """A fake nsys executable; its calls are logged to tmp_path/nsys.log."""
+    d = tmp_path / "bin"
+    d.mkdir()
+    exe = d / "nsys"
+    exe.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@"\n')
+    exe.chmod(0o755)
+    monkeypatch.setenv("FAKE_NSYS_LOG", str(tmp_path / "nsys.log"))
+    monkeypatch.delenv("NSYS", raising=False)
+    return exe
+
+
+def calls(tmp_path) -> list[dict]:
+    p = tmp_path / "nsys.log"
+    return [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
+
+
+CMD = [sys.executable, "-c", "import sys; sys.exit(0)"]
+
+
+def test_dry_run_prints_exact_command_and_env(tmp_path, capsys):
+    rc = main(["trace", "--dry-run", "--nsys", "/opt/x/nsys", "-o", str(tmp_path / "r"), "--", "python", "-V"])
+    assert rc == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == ("SPECTRACE_HOOKS=1 /opt/x/nsys profile " + " ".join(DEFAULTS)
+                        + f" -o {tmp_path / 'r.nsys-rep'} python -V")
+    assert lines[1] == f"/opt/x/nsys export --type=sqlite --force-overwrite=true -o {tmp_path / 'r.sqlite'} " \
+                       f"{tmp_path / 'r.nsys-rep'}"
+    assert not list(tmp_path.iterdir())
+
+
+def test_dry_run_overrides(tmp_path, capsys):
+    main(["trace", "-n", "--nsys", "nsys", "-o", "x.sqlite", "--cuda-graph-trace", "graph", "--delay", "60",
+          "--duration", "70", "-t", "cuda,nvtx,osrt", "--env", "NCCL_DEBUG=INFO",
+          "--nsys-arg=--cuda-flush-interval=100", "--stats", "--", "srv", "--tp", "8"])
+    out = capsys.readouterr().out.splitlines()
+    first = out[0].split()
+    assert first[:2] == ["SPECTRACE_HOOKS=1", "NCCL_DEBUG=INFO"]
+    assert "--cuda-graph-trace=graph" in first and "--trace=cuda,nvtx,osrt" in first
+    assert "--delay=60.0" in first and "--duration=70.0" in first
+    assert not any(a.startswith("--capture-range") for a in first)  # a timed window replaces the API range
+    assert first.index("--cuda-flush-interval=100") < first.index("-o")
+    assert first[-3:] == ["srv", "--tp", "8"] and "x.nsys-rep" in first
+    assert out[2].split()[1:6] == ["stats", "--report", "nvtx_gpu_proj_sum,nvtx_sum", "--format", "csv"]
+
+
+def test_runs_nsys_with_hooks_env_and_writes_manifest(tmp_path, nsys, monkeypatch, capsys):
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+    cmd = [*CMD, "--tp", "8", "--speculative-algorithm", "EAGLE3", "--speculative-num-steps=3",
+           "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4", "sglang"]
+    rc = main(["trace", "--nsys", str(nsys), "--stats", "-o", str(tmp_path / "out" / "run"), "--", *cmd])
+    assert rc == 0
+    c = calls(tmp_path)
+    assert [x["kind"] for x in c] == ["profile", "profiled", "export", "stats"]
+    assert c[0]["hooks"] == "1" and c[0]["command"] == cmd
+    assert c[0]["argv"][:len(DEFAULTS) + 1] == ["profile", *DEFAULTS]
+    out = tmp_path / "out"
+    assert {p.name for p in out.iterdir()} == {"run.nsys-rep", "run.sqlite", "run.manifest.json",
+                                               "run_nvtx_gpu_proj_sum.csv", "run_nvtx_sum.csv"}
+    m = json.loads((out / "run.manifest.json").read_text())
+    assert m["schema"] == manifest.SCHEMA and m["command"] == cmd and m["exit_code"] == 0
+    assert m["nsys"]["version"] == "2025.3.1.90" and m["nsys"]["path"] == str(nsys)
+    assert m["speculative"] == {"tp": 8, "algorithm": "EAGLE3", "steps": 3, "topk": 1, "draft_tokens": 4}
+    assert m["nccl_env"]["NCCL_NVLS_ENABLE"] == "0" and m["env_added"] == {"SPECTRACE_HOOKS": "1"}
+    assert m["exported"] and not m["interrupted"] and m["outputs"]["run.sqlite"] > 0
+    assert {"started_utc", "ended_utc", "wall_s", "gpus", "sglang_version"} <= set(m)
+
+
+def test_nsys_from_env_and_path(tmp_path, nsys, monkeypatch):
+    monkeypatch.setenv("NSYS", str(nsys))
+    assert capture.find_nsys() == str(nsys)
+    monkeypatch.delenv("NSYS")
+    monkeypatch.setenv("PATH", f"{nsys.parent}{os.pathsep}{os.environ['PATH']}")
+    assert capture.find_nsys() == str(nsys)
+    assert main(["trace", "-o", str(tmp_path / "a"), "--", *CMD]) == 0  # found on PATH
+    assert (tmp_path / "a.sqlite").exists()
+
+
+def test_missing_nsys_is_a_clear_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("NSYS", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert main(["trace", "-o", str(tmp_path / "a"), "--", "true"]) == 2
+    assert "nsys not found" in capsys.readouterr().err
+    assert main(["trace", "--nsys", str(tmp_path / "nope"), "-o", str(tmp_path / "a"), "--", "true"]) == 2
+    assert "--nsys" in capsys.readouterr().err
+
+
+def test_too_old_nsys(tmp_path, nsys, monkeypatch, capsys):
+    monkeypatch.setenv("FAKE_NSYS_VERSION", "2023.4.1.97-32adbd5")
+    assert main(["trace", "--nsys", str(nsys), "-o", str(tmp_path / "a"), "--", *CMD]) == 2
+    assert "too old" in capsys.readouterr().err and not calls(tmp_path)
+
+
+def test_no_overwrite_without_force(tmp_path, nsys, capsys):
+    (tmp_path / "a.sqlite").write_text("old")
+    assert main(["trace", "--nsys", str(nsys), "-o", str(tmp_path / "a"), "--", *CMD]) == 2
+    assert "--force" in capsys.readouterr().err and (tmp_path / "a.sqlite").read_text() == "old"
+    assert main(["trace", "--nsys", str(nsys), "--force", "-o", str(tmp_path / "a"), "--", *CMD]) == 0
+    assert "--force-overwrite=true" in calls(tmp_path)[0]["argv"]
+    assert (tmp_path / "a.sqlite").read_bytes()[:15] == b"SQLite format 3"
+
+
+def test_bad_arguments(tmp_path, nsys, capsys):
+    assert main(["trace", "--nsys", str(nsys), "-o", str(tmp_path / "a")]) == 2
+    assert "no command" in capsys.readouterr().err
+    assert main(["trace", "--nsys", str(nsys), "--env", "NOEQUALS", "-o", str(tmp_path / "a"), "--", "x"]) == 2
+
+
+def test_failing_command_exit_code_is_passed_on(tmp_path, nsys):
+    rc = main(["trace", "--nsys", str(nsys), "-o", str(tmp_path / "a"), "--", sys.executable, "-c",
+               "raise SystemExit(3)"])
+    assert rc == 3
+    assert json.loads((tmp_path / "a.manifest.json").read_text())["exit_code"] == 3
+
+
+def test_ctrl_c_still_exports(tmp_path, nsys):
+    env = {**os.environ, "FAKE_NSYS_LOG": str(tmp_path / "nsys.log")}
+    ready = tmp_path / "ready"
+    prog = f"import pathlib, time; pathlib.Path({str(ready)!r}).touch(); time.sleep(60)"
+    p = subprocess.Popen([sys.executable, "-m", "nvtx_hooks.capture", "trace", "--nsys", str(nsys), "-o",
+                          str(tmp_path / "c"), "--", sys.executable, "-c", prog], env=env)
+    t0 = time.monotonic()
+    while not ready.exists() and time.monotonic() - t0 < 30:
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)
+    assert p.wait(timeout=30) == 130
+    assert (tmp_path / "c.sqlite").exists()
+    m = json.loads((tmp_path / "c.manifest.json").read_text())
+    assert m["interrupted"] and m["exported"]
+
+
+def test_version_parsing():
+    assert capture.parse_version("NVIDIA Nsight Systems version 2025.3.1.90-253135822126v0") == (2025, 3, 1, 90)
+    assert capture.parse_version("2024.2") == (2024, 2)
+    assert capture.parse_version("nothing") is None
+    assert capture.output_base("a/b.nsys-rep") == Path("a/b")
+
+
+def test_workload_settings_in_manifest():
+    cfg = manifest.speculative_config(["python", "-m", "nvtx_hooks.workload", "--steps", "2", "--nproc", "2",
+                                       "--baseline", "--no-graphs"])
+    assert cfg["workload"] == "nvtx_hooks.workload" and cfg["steps"] == 2 and cfg["tp"] == 2
+    assert cfg["baseline"] is True and cfg["graphs"] is False and cfg["algorithm"] == "none"
