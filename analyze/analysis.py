@@ -45,7 +45,7 @@ class Result:
     @property
     def phases_all(self) -> pl.DataFrame:
         return breakdown.all_ranks(self.phases, ["domain", "phase"],
-                                   ["span_ns", *breakdown.METRICS[1:], "instances", *collectives.SPLIT])
+                                   ["span_ns", *breakdown.METRICS[1:], "gpu_idle_ns", "instances", *collectives.SPLIT])
 
     @property
     def ranges_all(self) -> pl.DataFrame:
@@ -133,14 +133,15 @@ def analyze(
     kinds = kinds.join(trace.names, on="name_id", how="left").with_columns(name=pl.coalesce("name", "label"))
     kinds = kinds.with_columns(comm=family_expr(pl.col("name"), patterns))
     ops = trace.ops.join(kinds, on=["name_id", "label"], how="left", nulls_equal=True)
-    ops = attribute.attribute_ops(ops, trace.api, nested).sort("start")
+    ops = attribute.attribute_ops(ops, trace.api, nested)
     rk = breakdown.ranks(ops, trace.devices)
     rank_of = rk.select("pid", "rank")
-    ops = ops.join(rank_of, on="pid", how="left")
+    ops = ops.join(rank_of, on="pid", how="left").sort("start")  # every interval step relies on this order
     nested = nested.join(rank_of, on="pid", how="left")
     anc = attribute.ancestors(nested)
     inst = breakdown.instances(nested, ops, anc)
     blocks = breakdown.gpu_blocks(ops)
+    inst = breakdown.add_gpu_idle(inst, blocks)
     seam_inst = breakdown.seam_instances(inst, blocks)
     cov = breakdown.coverage(inst, ops, blocks)
     res = Result(

@@ -92,6 +92,7 @@ def phases(inst: pl.DataFrame) -> pl.DataFrame:
         .agg(
             pl.len().alias("instances"),
             *_sum_metrics("x_"),
+            pl.col("x_gpu_idle_ns").sum().alias("gpu_idle_ns"),
             span_mean_ns=pl.col("x_span_ns").mean(),
             span_p50_ns=pl.col("x_span_ns").median(),
             span_p90_ns=pl.col("x_span_ns").quantile(0.9, "nearest"),
@@ -111,6 +112,7 @@ def projections(inst: pl.DataFrame) -> pl.DataFrame:
             pl.len().alias("instances"),
             pl.col("i_span_ns").sum().alias("proj_span_ns"),
             *[pl.col(f"i_{c}").sum().alias(c) for c in METRICS if c != "span_ns"],
+            pl.col("i_gpu_idle_ns").sum().alias("gpu_idle_ns"),
             (pl.col("end") - pl.col("start")).sum().alias("range_ns"),
         )
         .rename({"text": "range"})
@@ -120,6 +122,22 @@ def projections(inst: pl.DataFrame) -> pl.DataFrame:
         )
         .sort("rank", "proj_span_ns", descending=[False, True])
     )
+
+
+def add_gpu_idle(inst: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:
+    """Add ``x_gpu_idle_ns``/``i_gpu_idle_ns``: the part of each span in which the GPU ran nothing at all.
+
+    ``idle_ns`` counts gaps between the phase's own ops; some of those gaps may be filled by other
+    work (another phase's ops on another stream, other threads). ``gpu_idle_ns <= idle_ns``.
+    """
+    out = inst
+    for p in ("x", "i"):
+        w = out.select("pid", a=pl.col(f"{p}_first"), b=pl.col(f"{p}_last"))
+        busy = busy_between(blocks, w.with_columns(pl.col("a", "b").fill_null(0)), ["pid"], "a", "b", "_all")
+        out = out.with_columns(busy.collect()["_all"]).with_columns(
+            (pl.col(f"{p}_span_ns") - pl.col("_all")).clip(lower_bound=0).alias(f"{p}_gpu_idle_ns")
+        ).drop("_all")
+    return out
 
 
 def gpu_blocks(ops: pl.DataFrame) -> pl.DataFrame:

@@ -42,13 +42,13 @@ def _phase_rows(df: pl.DataFrame, total_span: int) -> list[list[str]]:
         rows.append([
             r["phase"], str(r["instances"]), _ms(span), _pct(span, total_span), _us(span / max(r["instances"], 1)),
             _ms(r["compute_ns"]), _pct(r["compute_ns"], span), _ms(r["comm_ns"]), _pct(r["comm_ns"], span),
-            _ms(r["idle_ns"]), _pct(r["idle_ns"], span), _ms(r["kernel_ns"]), str(r["ops"]),
+            _ms(r["idle_ns"]), _pct(r["idle_ns"], span), _ms(r.get("gpu_idle_ns")), _ms(r["kernel_ns"]), str(r["ops"]),
         ])
     return rows
 
 
 PHASE_HEADER = ["phase", "inst", "span ms", "%all", "µs/inst", "compute ms", "%", "comm ms", "%", "idle ms", "%",
-                "kernel ms", "ops"]
+                "GPU-idle ms", "kernel ms", "ops"]
 
 
 def _order(df: pl.DataFrame, col: str) -> pl.DataFrame:
@@ -80,7 +80,8 @@ def table(res: Result) -> str:
     out.append(f"spectrace · {Path(t.path).name} · nsys {t.nsys_version} (schema {t.schema_version}) · "
                f"{res.ranks.height} rank(s) · CUDA graph trace: {t.graph_trace_mode or 'none'}")
     out.append(f"phases: {res.selection}")
-    out.append("Each phase: span (first op start → last op end, per instance, summed) = compute + comm + idle.")
+    out.append("Each phase: span (first op start → last op end, per instance, summed) = compute + comm + idle;")
+    out.append("GPU-idle is the part of idle in which the GPU ran nothing at all (no other phase's work either).")
     out.append("")
     pa = res.phases_all
     total = int(pa["span_ns"].sum()) if pa.height else 0

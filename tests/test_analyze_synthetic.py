@@ -73,6 +73,7 @@ def test_graph_replay_phase_with_overlapping_streams(res):
     # ops [3500,4000] [4000,4400]nccl [4300,4800] [5000,5200]: span 5200-3500; union [3500,4800]+[5000,5200]
     assert (v["span_ns"], v["busy_ns"], v["comm_ns"], v["compute_ns"], v["idle_ns"]) == (1700, 1500, 400, 1100, 200)
     assert (v["kernel_ns"], v["ops"], v["launches"], v["instances"]) == (1600, 4, 1, 1)
+    assert v["gpu_idle_ns"] == 200  # the gap [4800, 5000] held no other work
 
 
 def test_custom_allreduce_and_memcpy(res):
@@ -183,3 +184,14 @@ def test_start_end_range_ended_elsewhere_is_ignored(tmp_path):
     r = analyze(s.save(), ranges="verify|draft")
     assert r.phases["phase"].to_list() == ["draft"]
     assert any(d.code == "CROSS_THREAD_RANGE" for d in r.diagnostics)
+
+
+def test_gpu_idle_excludes_gaps_filled_by_other_work(tmp_path):
+    """verify's ops leave a 200 ns gap; another thread's kernel fills 100 ns of it."""
+    s = Synth(tmp_path / "g.sqlite")
+    s.range(1, 1, "verify", 100, 1000)
+    s.launch(1, 1, "cudaLaunchKernel_v7000", (110, 120), 1, [(1000, 1100, "a"), (1300, 1400, "b")])
+    s.launch(1, 2, "cudaLaunchKernel_v7000", (110, 120), 2, [(1150, 1250, "c", 8)])
+    r = analyze(s.save())
+    v = row(r.phases, phase="verify")
+    assert (v["span_ns"], v["busy_ns"], v["idle_ns"], v["gpu_idle_ns"]) == (400, 200, 200, 100)
