@@ -41,7 +41,7 @@ def select_ranges(ranges: pl.DataFrame, regex: str | None) -> tuple[pl.DataFrame
         if sel.height == 0:
             rx = ph.prefixed_phase_regex()
             sel = usable.filter(pl.col("text").str.contains(rx))
-            how = f"no {ph.DOMAIN!r} domain ranges; ranges named after spectrace phases ({rx})"
+            how = f"ranges named after spectrace phases, any prefix (no {ph.DOMAIN!r} NVTX domain in this trace)"
     return sel, how
 
 
