@@ -66,8 +66,13 @@ def manifest_path(report: str | Path) -> Path:
 
 
 def read_manifest(report: str | Path) -> dict | None:
-    """The capture's manifest, or None when there is none (or it is not JSON)."""
+    """The capture's manifest (beside it, or a bundled sample's), or None when there is none or it is not JSON."""
     p = manifest_path(report)
+    if not p.exists():
+        from nvtx_hooks import samples
+
+        if Path(report).resolve().parent == samples.cache_dir().resolve():
+            p = samples.DATA / p.name
     try:
         return json.loads(p.read_text())
     except (OSError, ValueError):

@@ -65,6 +65,23 @@ class Model:
     alpha: float | None  # per-token acceptance; None = unknown
     accepted_now: float | None  # accepted draft tokens per request per cycle, measured
     notes: list[str] = field(default_factory=list)
+    ready: dict[str, float] = field(default_factory=dict)  # "X→Y": CPU-bound start of Y after X's GPU start
+    seam_floor: dict[str, float] = field(default_factory=dict)  # "X→Y": smallest GPU gap X end → Y start
+
+    def seams(self, steps: int) -> dict[str, float]:
+        """Predicted GPU idle between consecutive model phases: max(floor, ready − span of the earlier)."""
+        spans = {"draft": self.draft(steps), "verify": self.verify(steps)}
+        out = {}
+        for key, r in self.ready.items():
+            x = key.split("→")[0]
+            out[key] = max(self.seam_floor.get(key, 0.0), r - spans.get(x, self.cost_ns.get(x, 0.0)))
+        return out
+
+    def draft(self, steps: int) -> float:
+        return self.cost_ns.get("draft", 0.0) * steps / self.steps_now
+
+    def verify(self, steps: int) -> float:
+        return self.cost_ns.get("verify", 0.0) + self.verify_per_token_ns * (steps - self.steps_now)
 
     def expected_accepted(self, steps: int) -> float | None:
         if self.alpha is None:
@@ -78,16 +95,16 @@ class Model:
 
     def predict(self, steps: int) -> dict:
         s0 = self.steps_now
-        d = self.cost_ns.get("draft", 0.0) * steps / s0
-        v = self.cost_ns.get("verify", 0.0) + self.verify_per_token_ns * (steps - s0)
+        d, v = self.draft(steps), self.verify(steps)
         e = self.cost_ns.get("draft_extend", 0.0)
         tok, tok0 = self.tokens_per_cycle(steps), self.tokens_per_cycle(s0)
         if tok is not None and tok0 is not None:
             e += self.extend_per_token_ns * (tok - tok0)
-        cyc = d + v + e + self.other_ns
+        seam = sum(self.seams(steps).values())
+        cyc = d + v + e + seam + self.other_ns
         return {
             "steps": steps, "cycle_ns": cyc, "draft_ns": d, "verify_ns": v, "draft_extend_ns": e,
-            "other_ns": self.other_ns, "tokens_per_cycle": tok,
+            "seams_ns": seam, "other_ns": self.other_ns, "tokens_per_cycle": tok,
             "tokens_per_s": tok / cyc * 1e9 if tok is not None and cyc > 0 else None,
             "measured": steps == s0,
         }
@@ -99,6 +116,13 @@ class Model:
         """The step count with the most tokens/s, or None when acceptance is unknown."""
         rows = [p for p in self.predictions(max_steps) if p["tokens_per_s"] is not None]
         return max(rows, key=lambda p: p["tokens_per_s"]) if rows else None
+
+
+def theil_sen(xy: pl.DataFrame) -> float:
+    """Median of the pairwise slopes of ``x, y`` (robust to warm-up and stall outliers)."""
+    p = xy.with_row_index("i").join(xy.with_row_index("j"), how="cross", suffix="2")
+    p = p.filter((pl.col("i") < pl.col("j")) & (pl.col("x") != pl.col("x2")))
+    return float(p.select(((pl.col("y2") - pl.col("y")) / (pl.col("x2") - pl.col("x"))).median()).item() or 0.0)
 
 
 def solve_alpha(accepted: float, steps: int) -> float:
@@ -115,6 +139,27 @@ def solve_alpha(accepted: float, steps: int) -> float:
         else:
             hi = mid
     return (lo + hi) / 2
+
+
+def launch_bounds(res) -> tuple[dict[str, float], dict[str, float]]:
+    """Per transition X→Y of consecutive model phases: when Y can start at the earliest because of the CPU,
+    relative to X's first GPU op (median over cycles of [Y's first launch call − X's first GPU op] + the
+    smallest launch-to-GPU latency of Y seen), and the smallest GPU gap X → Y (both ns)."""
+    api = res.ops.filter(pl.col("rid").is_not_null()).group_by("rid").agg(a=pl.col("api_start").min())
+    inst = (res.instances.filter(pl.col("x_ops") > 0).with_columns(phase=base_expr())
+            .filter(pl.col("phase").is_in(MODEL_PHASES))
+            .join(api, left_on="row_id", right_on="rid", how="left")
+            .select("rank", "parent", "phase", "x_first", "x_last", "a"))
+    ready, floor = {}, {}
+    for x, y in zip(MODEL_PHASES, MODEL_PHASES[1:]):
+        j = inst.filter(pl.col("phase") == x).join(inst.filter(pl.col("phase") == y), on=["rank", "parent"],
+                                                   suffix="_y").filter(pl.col("a_y").is_not_null())
+        if j.height == 0:
+            continue
+        g = j.select(o=(pl.col("a_y") - pl.col("x_first")).median(), lam=(pl.col("x_first_y") - pl.col("a_y")).min(),
+                     gap=(pl.col("x_first_y") - pl.col("x_last")).clip(lower_bound=0).min()).row(0, named=True)
+        ready[f"{x}→{y}"], floor[f"{x}→{y}"] = float(g["o"] + g["lam"]), float(g["gap"])
+    return ready, floor
 
 
 def steps_of(res, steps_now: int | None) -> int:
@@ -146,7 +191,11 @@ def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = 
     if period is None:
         raise InputError(f"{res.trace.path}: fewer than two cycles per rank; no cycle period", "NO_PERIOD")
     notes = []
-    other = period - sum(cost.get(p, 0.0) for p in MODEL_PHASES)
+    ready, floor = launch_bounds(res)
+    model = Model(s0, float(period), {k: float(v) for k, v in cost.items()}, 0.0, 0.0, 0.0, None, None, None,
+                  ready=ready, seam_floor=floor)
+    seams0 = sum(model.seams(s0).values())
+    other = period - sum(cost.get(p, 0.0) for p in MODEL_PHASES) - seams0
     tk = summary(res, steps=s0)
     b = 0.0
     if baseline is not None:
@@ -157,6 +206,9 @@ def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = 
             notes.append(f"{baseline.trace.path} has no decode_step ranges: not used for the verify slope")
         else:
             b = (cost["verify"] - step) / s0
+            if b < 0:
+                notes.append(f"the baseline step ({step / 1e3:.1f} µs) is slower than verify: slope clipped to 0")
+                b = 0.0
             notes.append(f"verify cost per verified token per request from the baseline step ({step / 1e3:.1f} µs, "
                          f"batch {bt.batch_size}): {b / 1e3:.2f} µs")
     else:
@@ -164,7 +216,7 @@ def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = 
     e1 = 0.0
     ext = per.filter((pl.col("phase") == "draft_extend") & pl.col("tokens").is_not_null())
     if ext.height >= 3 and ext["tokens"].n_unique() > 1:
-        e1 = float(ext.select(pl.cov("tokens", "x_span_ns") / pl.col("tokens").var()).item())
+        e1 = theil_sen(ext.select(x="tokens", y="x_span_ns"))
     if alpha is None and tk.accepted_per_request is not None:
         alpha = solve_alpha(tk.accepted_per_request, s0)
     elif alpha is None:
@@ -174,7 +226,7 @@ def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = 
         batch = 1.0
         notes.append("batch size unknown: tokens and tokens/s are per request")
     return Model(s0, float(period), {k: float(v) for k, v in cost.items()}, float(other), b, e1,
-                 batch, alpha, tk.accepted_per_request, notes)
+                 batch, alpha, tk.accepted_per_request, notes, ready, floor)
 
 
 def to_dict(m: Model, max_steps: int = MAX_STEPS) -> dict:
@@ -187,6 +239,7 @@ def to_dict(m: Model, max_steps: int = MAX_STEPS) -> dict:
             "steps_now": m.steps_now, "period_ns": m.period_ns, "cost_ns": m.cost_ns, "other_ns": m.other_ns,
             "verify_per_token_ns": m.verify_per_token_ns, "extend_per_token_ns": m.extend_per_token_ns,
             "batch_size": m.batch_size, "alpha": m.alpha, "accepted_per_request": m.accepted_now,
+            "seam_ready_ns": m.ready, "seam_floor_ns": m.seam_floor,
             "notes": m.notes,
         },
     }
@@ -196,20 +249,21 @@ def table(m: Model, max_steps: int = MAX_STEPS) -> str:
     """Human-readable predictions."""
     out = [f"what-if from {m.steps_now} draft steps: measured cycle {m.period_ns / 1e3:.1f} µs = draft "
            f"{m.cost_ns.get('draft', 0) / 1e3:.1f} + verify {m.cost_ns.get('verify', 0) / 1e3:.1f} + draft_extend "
-           f"{m.cost_ns.get('draft_extend', 0) / 1e3:.1f} + other {m.other_ns / 1e3:.1f} µs"]
+           f"{m.cost_ns.get('draft_extend', 0) / 1e3:.1f} + seams {sum(m.seams(m.steps_now).values()) / 1e3:.1f} + other "
+           f"{m.other_ns / 1e3:.1f} µs"]
     if m.alpha is not None:
         acc = f"{m.accepted_now:.2f}" if m.accepted_now is not None else "given"
         out.append(f"acceptance: {acc} accepted draft tokens/request/cycle → α = {m.alpha:.3f}")
     out += [f"note: {n}" for n in m.notes]
     out.append("")
-    out.append(f"{'steps':>5}  {'cycle µs':>9}  {'draft':>8}  {'verify':>8}  {'extend':>8}  {'other':>8}  "
+    out.append(f"{'steps':>5}  {'cycle µs':>9}  {'draft':>8}  {'verify':>8}  {'extend':>8}  {'seams':>8}  {'other':>8}  "
                f"{'tok/cycle':>9}  {'tok/s':>9}")
     for p in m.predictions(max_steps):
         tok = f"{p['tokens_per_cycle']:9.2f}" if p["tokens_per_cycle"] is not None else f"{'-':>9}"
         tps = f"{p['tokens_per_s']:9.1f}" if p["tokens_per_s"] is not None else f"{'-':>9}"
         mark = " ← now (measured)" if p["measured"] else ""
         out.append(f"{p['steps']:5d}  {p['cycle_ns'] / 1e3:9.1f}  {p['draft_ns'] / 1e3:8.1f}  {p['verify_ns'] / 1e3:8.1f}  "
-                   f"{p['draft_extend_ns'] / 1e3:8.1f}  {p['other_ns'] / 1e3:8.1f}  {tok}  {tps}{mark}")
+                   f"{p['draft_extend_ns'] / 1e3:8.1f}  {p['seams_ns'] / 1e3:8.1f}  {p['other_ns'] / 1e3:8.1f}  {tok}  {tps}{mark}")
     best = m.best(max_steps)
     out.append("")
     out.append(f"best: {best['steps']} steps, {best['tokens_per_s']:.1f} tok/s predicted" if best
@@ -217,14 +271,16 @@ def table(m: Model, max_steps: int = MAX_STEPS) -> str:
     return "\n".join(out) + "\n"
 
 
-def validate(results: dict[int, object]) -> pl.DataFrame:
+def validate(results: dict[int, object], baseline=None) -> pl.DataFrame:
     """Predicted vs measured cycle time: a model from each trace (steps → analysed Result) predicts the others."""
-    measured = {s: fit(r, s).period_ns for s, r in results.items()}
+    measured = {s: (fit(r, s).period_ns, summary(r, steps=s).tokens_per_cycle) for s, r in results.items()}
     rows = []
     for s0, r in results.items():
-        m = fit(r, s0)
-        for s, meas in measured.items():
-            pred = m.predict(s)["cycle_ns"]
+        m = fit(r, s0, baseline=baseline)
+        for s, (meas, tok) in measured.items():
+            p = m.predict(s)
+            pred, ptok = p["cycle_ns"], p["tokens_per_cycle"]
             rows.append({"from_steps": s0, "steps": s, "predicted_ns": pred, "measured_ns": meas,
-                         "error_pct": 100 * (pred - meas) / meas})
+                         "error_pct": 100 * (pred - meas) / meas, "predicted_tokens": ptok, "measured_tokens": tok,
+                         "tokens_error_pct": 100 * (ptok - tok) / tok if ptok is not None and tok else None})
     return pl.DataFrame(rows).sort("from_steps", "steps")

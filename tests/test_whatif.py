@@ -24,7 +24,7 @@ def test_costs(traces):
     assert m.steps_now == 3  # from the manifest
     # min over ranks per cycle: draft 700 (rank 1 does not wait); verify 3000; extend median(150..300) = 225
     assert m.cost_ns == {"draft": 700, "verify": 3000, "draft_extend": 225}
-    assert m.period_ns == 10_000 and m.other_ns == 10_000 - 700 - 3000 - 225
+    assert m.period_ns == 10_000
     assert m.extend_per_token_ns == pytest.approx(25)  # E = 100 + 25 · tokens
     assert m.verify_per_token_ns == 0 and m.batch_size == 2 and m.accepted_now == 1.5
 
@@ -36,8 +36,14 @@ def test_alpha_and_predictions(traces):
     p1 = m.predict(1)
     tok1 = 2 * (1 + a)
     assert p1["tokens_per_cycle"] == pytest.approx(tok1)
-    # draft 700/3; verify flat; extend 225 + 25 (tok1 − 5); other 6075
-    assert p1["cycle_ns"] == pytest.approx(700 / 3 + 3000 + 225 + 25 * (tok1 - 5) + 6075)
+    # draft 700/3; verify flat; extend 225 + 25 (tok1 − 5). Seams are launch-bound: verify's first launch is
+    # 100 ns after draft's first GPU op, its smallest launch→GPU latency 1400 ns → ready 1500, seam
+    # max(400, 1500 − draft): 800 now, 1500 − 700/3 at 1 step; verify→extend: ready −400 + 3500 < 3000 → floor
+    # 100. other = 10 000 − 700 − 3000 − 225 − 800 − 100 = 5175.
+    assert m.ready["draft→verify"] == 1500 and m.seam_floor["draft→verify"] == 400
+    assert m.seams(3) == {"draft→verify": 800, "verify→draft_extend": 100}
+    assert m.other_ns == 5175
+    assert p1["cycle_ns"] == pytest.approx(700 / 3 + 3000 + 225 + 25 * (tok1 - 5) + (1500 - 700 / 3) + 100 + 5175)
     assert m.predict(3)["cycle_ns"] == pytest.approx(10_000) and m.predict(3)["measured"]
     assert p1["tokens_per_s"] == pytest.approx(tok1 / p1["cycle_ns"] * 1e9)
 
