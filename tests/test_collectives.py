@@ -188,3 +188,19 @@ def test_cli_json_and_table(tmp_path):
     assert d["clock"]["per_report"][1]["refine_ns"] == -5000
     _, err = cli(a, a, code=2)
     assert "twice" in err
+
+
+def test_extra_phase_instance_on_one_rank_is_flagged(tmp_path):
+    """Rank 1 runs one more communicating draft first: instance pairing shifts, so nothing in draft matches."""
+    s = Synth(tmp_path / "x.sqlite", duration=100_000)
+    rank_rows(s, 100, 0, R0)
+    rank_rows(s, 200, 1, R1)
+    s.range(200, 200, "draft", 100, 900, domain_id=1)
+    s.launch(200, 200, "cudaLaunchKernel_v7000", (200, 300), 9, [(500, 600, NCCL)], device=1)
+    rep = cross_rank([analyze(s.save())])
+    codes = {d.code: d.message for d in rep.diagnostics}
+    assert "rank 0: 2, rank 1: 3" in codes["COMM_PHASE_COUNT"]
+    # draft k=0: rank 0 has 2 kernels, rank 1 (its extra instance) 1; k=1: 1 vs 2; k=2: rank 1 only
+    assert rep.mismatches.select("phase", "k").rows() == [("draft", 0), ("draft", 1), ("draft", 2)]
+    assert "phase 'draft' instance 0" in codes["COMM_MISMATCH"] and "at 0.000500 ms" in codes["COMM_MISMATCH"]
+    assert sorted(rep.matched["phase"].unique().to_list()) == ["", "verify"]
