@@ -218,7 +218,7 @@ def _diag(level: str, code: str, message: str):
 def _where(row: dict) -> str:
     phase = f"phase {row['phase']!r} instance {row['k']}" if row["phase"] is not None else "outside any phase"
     counts = ", ".join(f"rank {c['rank']}: {c['n']}" for c in row["counts"])
-    return f"{phase}, {row['name'][:60]!r} ({counts}) at {row['first'] / 1e6:,.6f} ms (session clock)"
+    return f"{phase}, {row['name'][:60]!r} ({counts}) at {row['first'] / 1e6:,.6f} ms on the first report's session clock"
 
 
 def diagnostics(kernels: pl.DataFrame, matched: pl.DataFrame) -> list:
