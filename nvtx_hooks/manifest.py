@@ -66,7 +66,7 @@ def speculative_config(command: list[str]) -> dict:
         if wl.delay_us:
             cfg.update(delay_rank=wl.delay_rank, delay_us=wl.delay_us)
         cfg.setdefault("algorithm", "none" if cfg.get("baseline") else "eagle-shaped")
-    elif any("sglang" in t for t in command) and "algorithm" not in cfg:
+    elif ("model" in cfg or any("sglang" in t for t in command)) and "algorithm" not in cfg:
         cfg["algorithm"] = "none"
     return cfg
 

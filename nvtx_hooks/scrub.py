@@ -53,6 +53,24 @@ def profiled_pids(con: sqlite3.Connection) -> set[int]:
     return pids
 
 
+_NOT_IDS = {"start", "end", "timestamp", "globalTid", "globalPid", "endGlobalTid", "correlationId", "duration"}
+
+
+def referenced_ids(con: sqlite3.Connection) -> set[int]:
+    """Every value of every integer column outside StringIds: a superset of the string ids in use.
+
+    A string id no table mentions (the thread names of processes that were dropped) can be blanked.
+    """
+    used: set[int] = set()
+    for t in _tables(con):
+        if t == "StringIds":
+            continue
+        for col, typ in _columns(con, t):
+            if "INT" in typ and col not in _NOT_IDS:
+                used |= {r[0] for r in con.execute(f'SELECT DISTINCT "{col}" FROM "{t}"') if r[0] is not None}
+    return used
+
+
 def _env_pairs(values: list[str]) -> set[str]:
     """``KEY=VALUE`` items in environment strings (NUL- or newline-separated)."""
     out = set()
@@ -128,9 +146,19 @@ def scrub(src: str | Path, dst: str | Path, *, force: bool = False) -> dict:
         stats["processes_kept"] = len(rows) - len(drop)
         if "ThreadNames" in tabs:
             names = [(g, n) for g, n in con.execute("SELECT globalTid, nameId FROM ThreadNames")]
-            gone = [(g,) for g, _ in names if g is None or ((g >> 24) & 0xFFFFFF) not in keep]
+            kept = lambda g: g is not None and ((g >> 24) & 0xFFFFFF) in keep  # noqa: E731
+            gone = [(g,) for g, _ in names if not kept(g)]
             con.executemany("DELETE FROM ThreadNames WHERE globalTid = ?", gone)
             stats["thread_names_dropped"] = len(gone)
+            if "StringIds" in tabs:  # the other processes' thread names
+                ids = {n for g, n in names if not kept(g)} - {n for g, n in names if kept(g)}
+                con.executemany("UPDATE StringIds SET value = ? WHERE id = ?", [(BLANK, i) for i in ids])
+    if "StringIds" in tabs:
+        used = referenced_ids(con)
+        orphans = [(BLANK, i) for (i,) in con.execute("SELECT id FROM StringIds WHERE value != ''")
+                   if i not in used]
+        con.executemany("UPDATE StringIds SET value = ? WHERE id = ?", orphans)
+        stats["orphan_strings_blanked"] = len(orphans)
     con.commit()
     con.execute("VACUUM")
     con.close()
