@@ -20,7 +20,7 @@ demo: install $(SAMPLE)
 	$(BIN)/spectrace analyze $(SAMPLE) $(if $(RANGES),--ranges '$(RANGES)') $(ARGS)
 
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --nbmake tests notebooks
 
 lint: install
 	$(BIN)/ruff check .

@@ -25,7 +25,7 @@ WAIT_COLOR = "#f4a259"  # comm wait (a rank waiting for the others); transfer us
 def _order(names: list[str]) -> list[str]:
     """Phase texts in cycle order (by base name), others after, alphabetically."""
     idx = {n: i for i, n in enumerate(CYCLE_ORDER)}
-    base = pl.Series(names).to_frame("text").with_columns(b=base_expr())["b"].to_list()
+    base = pl.Series(names, dtype=pl.String).to_frame("text").with_columns(b=base_expr())["b"].to_list()
     return [n for _, n in sorted(zip(base, names), key=lambda t: (idx.get(t[0], 99), t[1]))]
 
 
@@ -185,11 +185,14 @@ def has_comm_split(frame: pl.DataFrame) -> bool:
 def comm_split(phases: pl.DataFrame) -> Figure | None:
     """Per phase and rank: communication time split into waiting for other ranks vs transfer (µs per instance).
 
-    ``phases``: a frame with ``rank, phase, instances, comm_wait_ns, comm_transfer_ns``; None without the split.
+    ``phases``: a frame with ``rank, phase, instances, comm_wait_ns, comm_transfer_ns``; None without the split
+    or without communication.
     """
     if not has_comm_split(phases):
         return None
     p = phases.filter((pl.col("comm_wait_ns") + pl.col("comm_transfer_ns")) > 0)
+    if p.height == 0:
+        return None
     names = _order(p["phase"].unique().to_list())
     ranks = sorted(p["rank"].unique().to_list())
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(names) * max(len(ranks), 1) + 2), 4.2), layout="constrained")

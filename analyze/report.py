@@ -78,9 +78,9 @@ def build(res, out: str | Path, baseline=None, steps_now: int | None = None) -> 
                                                  "overlap_ns")))
     parts.append(_save(plots.distributions(res), out, "distributions.png"))
     parts.append("<h2>Over the run</h2>" + _save(plots.per_cycle(res), out, "per_cycle.png"))
-    if plots.has_comm_split(res.phases):
-        parts.append("<h2>Communication: wait vs transfer</h2>" + _save(plots.comm_split(res.phases), out,
-                                                                         "comm_split.png"))
+    split = plots.comm_split(res.phases)
+    if split is not None:
+        parts.append("<h2>Communication: wait vs transfer</h2>" + _save(split, out, "comm_split.png"))
     parts.append(_whatif(res, baseline, steps_now, out))
     if baseline is not None:
         doc = cmp.compare(baseline, res)

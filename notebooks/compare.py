@@ -1,0 +1,51 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # EAGLE vs baseline, and the what-if against a real steps sweep
+#
+# `$SPECTRACE_BASELINE` (A) and `$SPECTRACE_REPORT` (B), else the bundled H200 captures `tp1_baseline`
+# (no speculation) and `tp1_node` (EAGLE-shaped, 3 steps). Phases match by base name; Δ = B − A.
+
+# %%
+import os
+
+import polars as pl
+
+from analyze import compare, whatif
+from analyze.analysis import analyze
+from nvtx_hooks import samples
+
+A = os.environ.get("SPECTRACE_BASELINE") or str(samples.path("tp1_baseline"))
+B = os.environ.get("SPECTRACE_REPORT") or str(samples.path("tp1_node"))
+doc = compare.compare(analyze(A), analyze(B))
+print(compare.table(doc))
+
+# %%
+pl.DataFrame(doc["phases"])
+
+# %% [markdown]
+# ## What-if validation on the bundled steps sweep (1..4 draft steps)
+#
+# A model fitted on each trace predicts the cycle time of the others; `error_pct` = (predicted − measured) /
+# measured. Token errors reflect the workload's acceptance (uniform in 1..steps+1 by construction), which the
+# model's geometric acceptance does not follow.
+
+# %%
+sweep = {s: analyze(samples.path(f"tp1_steps{s}")) for s in (1, 2, 3, 4)}
+v = whatif.validate(sweep)
+v.pivot(on="steps", index="from_steps", values="error_pct")
+
+# %%
+v.filter(pl.col("from_steps") != pl.col("steps")).select(
+    mean_abs_error_pct=pl.col("error_pct").abs().mean(), max_abs_error_pct=pl.col("error_pct").abs().max())
