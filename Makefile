@@ -10,7 +10,6 @@ ARGS    ?=
 
 $(BIN)/spectrace: pyproject.toml
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
 	@touch $@
 
