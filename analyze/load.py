@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -162,16 +163,28 @@ def _ranges(r: Reader, duration: int | None) -> tuple[pl.DataFrame, pl.DataFrame
     return rng.cast(empty.schema), domains
 
 
-def _api(r: Reader) -> pl.DataFrame:
+API_SCHEMA = {"pid": pl.Int64, "gtid": pl.Int64, "corr": pl.Int64, "start": pl.Int64, "end": pl.Int64,
+              "name_id": pl.Int64}
+
+
+def api_query(r: Reader) -> tuple[str, Callable[[pl.DataFrame], pl.DataFrame]] | None:
+    """The CUDA API query and the function that turns its rows (all, or a batch) into ``api`` rows."""
     if not r.has(RUNTIME, "correlationId", "globalTid"):
-        return pl.DataFrame(schema={"pid": pl.Int64, "gtid": pl.Int64, "corr": pl.Int64, "start": pl.Int64,
-                                    "end": pl.Int64, "name_id": pl.Int64})
-    df = r.frame(
-        f"""SELECT globalTid AS gtid, correlationId AS corr, start, "end", nameId AS name_id
-            FROM {RUNTIME}""",
-        schema={"gtid": pl.Int64, "corr": pl.Int64, "start": pl.Int64, "end": pl.Int64, "name_id": pl.Int64},
-    )
-    return df.with_columns(pid=pid_of("gtid")).select("pid", "gtid", "corr", "start", "end", "name_id")
+        return None
+
+    def post(df: pl.DataFrame) -> pl.DataFrame:
+        df = df.cast({"gtid": pl.Int64, "corr": pl.Int64, "start": pl.Int64, "end": pl.Int64, "name_id": pl.Int64})
+        return df.with_columns(pid=pid_of("gtid")).select(list(API_SCHEMA))
+
+    return (f"""SELECT globalTid AS gtid, correlationId AS corr, start, "end", nameId AS name_id
+            FROM {RUNTIME}""", post)
+
+
+def _api(r: Reader) -> pl.DataFrame:
+    q = api_query(r)
+    if q is None:
+        return pl.DataFrame(schema=API_SCHEMA)
+    return q[1](r.frame(q[0]))
 
 
 OPS_SCHEMA = {"pid": pl.Int64, "device": pl.Int64, "stream": pl.Int64, "corr": pl.Int64, "start": pl.Int64,
@@ -179,8 +192,13 @@ OPS_SCHEMA = {"pid": pl.Int64, "device": pl.Int64, "stream": pl.Int64, "corr": p
               "graph_node": pl.Int64}
 
 
-def _ops(r: Reader) -> pl.DataFrame:
-    parts = []
+def _finish_ops(df: pl.DataFrame) -> pl.DataFrame:
+    return df.with_columns(pid=pid_of("gpid")).select(list(OPS_SCHEMA)).cast(OPS_SCHEMA)
+
+
+def op_queries(r: Reader) -> list[tuple[str, str, Callable[[pl.DataFrame], pl.DataFrame]]]:
+    """Per GPU activity table present: ``(table, query, post)``; ``post`` turns its rows (all, or a batch) into ops."""
+    out = []
 
     def common(table: str) -> str:
         return (f'SELECT start, "end", deviceId AS device, streamId AS stream, correlationId AS corr, '
@@ -190,37 +208,42 @@ def _ops(r: Reader) -> pl.DataFrame:
         node = "graphNodeId" if "graphNodeId" in r.columns(KERNEL) else "NULL"
         name = "demangledName" if "demangledName" in r.columns(KERNEL) else "shortName"
         q = common(KERNEL).replace(" FROM", f", {name} AS name_id, {node} AS graph_node FROM")
-        parts.append(r.frame(q).with_columns(kind=pl.lit("kernel"), label=pl.lit(None, pl.String)))
+        out.append((KERNEL, q, lambda df: _finish_ops(
+            df.with_columns(kind=pl.lit("kernel"), label=pl.lit(None, pl.String)))))
     if r.has(MEMCPY, "start", "end", "correlationId", "globalPid"):
         node = "graphNodeId" if "graphNodeId" in r.columns(MEMCPY) else "NULL"
         q = common(MEMCPY).replace(" FROM", f", copyKind AS copy_kind, {node} AS graph_node FROM")
-        df = r.frame(q)
-        kinds = pl.col("copy_kind").cast(pl.Int64).replace_strict(MEMCPY_KINDS, default="?", return_dtype=pl.String)
-        parts.append(
-            df.with_columns(kind=pl.lit("memcpy"), name_id=pl.lit(None, pl.Int64),
-                            label=pl.format("[CUDA memcpy {}]", kinds)).drop("copy_kind")
-        )
+
+        def memcpy(df: pl.DataFrame) -> pl.DataFrame:
+            kinds = pl.col("copy_kind").cast(pl.Int64).replace_strict(MEMCPY_KINDS, default="?",
+                                                                      return_dtype=pl.String)
+            return _finish_ops(df.with_columns(kind=pl.lit("memcpy"), name_id=pl.lit(None, pl.Int64),
+                                               label=pl.format("[CUDA memcpy {}]", kinds)).drop("copy_kind"))
+
+        out.append((MEMCPY, q, memcpy))
     if r.has(MEMSET, "start", "end", "correlationId", "globalPid"):
         node = "graphNodeId" if "graphNodeId" in r.columns(MEMSET) else "NULL"
         q = common(MEMSET).replace(" FROM", f", {node} AS graph_node FROM")
-        parts.append(r.frame(q).with_columns(kind=pl.lit("memset"), name_id=pl.lit(None, pl.Int64),
-                                             label=pl.lit("[CUDA memset]")))
+        out.append((MEMSET, q, lambda df: _finish_ops(
+            df.with_columns(kind=pl.lit("memset"), name_id=pl.lit(None, pl.Int64), label=pl.lit("[CUDA memset]")))))
     if r.has(GRAPH_TRACE, "start", "end", "correlationId", "globalPid"):
         gid = "graphId" if "graphId" in r.columns(GRAPH_TRACE) else "NULL"
         q = common(GRAPH_TRACE).replace(" FROM", f", {gid} AS graph_id FROM")
-        df = r.frame(q)
-        parts.append(
+        out.append((GRAPH_TRACE, q, lambda df: _finish_ops(
             df.with_columns(kind=pl.lit("graph"), name_id=pl.lit(None, pl.Int64),
                             label=pl.format("[CUDA graph {}]", pl.col("graph_id")),
-                            graph_node=pl.lit(None, pl.Int64)).drop("graph_id")
-        )
+                            graph_node=pl.lit(None, pl.Int64)).drop("graph_id"))))
+    return out
+
+
+def _ops(r: Reader) -> pl.DataFrame:
+    parts = [post(r.frame(q)) for _, q, post in op_queries(r)]
     if not parts:
         return pl.DataFrame(schema=OPS_SCHEMA)
-    out = pl.concat(
-        [p.with_columns(pid=pid_of("gpid")).select(list(OPS_SCHEMA)).cast(OPS_SCHEMA) for p in parts],
-        how="vertical",
-    )
-    return out
+    return pl.concat(parts, how="vertical")
+
+
+BAD_OP = (pl.col("start") <= 0) | (pl.col("end") < pl.col("start")) | pl.col("start").is_null()
 
 
 def _strings(r: Reader) -> pl.DataFrame:
@@ -251,28 +274,52 @@ def _nsys_diagnostics(r: Reader) -> pl.DataFrame:
     return df.with_columns(pid=pid_of("gpid")).select(list(schema)).cast(schema)
 
 
-def load(path: str | os.PathLike) -> Trace:
-    """Read an nsys SQLite export (read-only) into a :class:`Trace`; bad input raises InputError."""
-    r = Reader(path)
+def read_meta(r: Reader) -> dict:
+    """Export and capture metadata, session duration and start (small queries); checks the schema."""
+    export, capture = _meta(r)
+    _check_schema(str(r.path), r, export)
+    duration = None
+    if r.has("ANALYSIS_DETAILS", "duration"):
+        row = r.rows("SELECT MAX(duration) FROM ANALYSIS_DETAILS")
+        duration = row[0][0] if row else None
+    utc = None
+    if r.has("TARGET_INFO_SESSION_START_TIME", "utcEpochNs"):
+        row = r.rows("SELECT MIN(utcEpochNs) FROM TARGET_INFO_SESSION_START_TIME")
+        utc = row[0][0] if row else None
+    return {"export": export, "capture": capture, "duration": duration, "utc": utc}
+
+
+def open_reader(path: str | os.PathLike):
+    """A reader for an nsys export: a SQLite file, or a ``parquetdir``/``arrowdir`` directory."""
+    if os.path.isdir(path):
+        from .parquet_read import DirReader, is_export_dir
+
+        if is_export_dir(path):
+            return DirReader(path)
+    return Reader(path)
+
+
+def load(path: str | os.PathLike, cache: bool = False) -> Trace:
+    """Read an nsys export (read-only) into a :class:`Trace`; bad input raises InputError.
+
+    ``path`` is a SQLite export or a ``parquetdir``/``arrowdir`` directory. With ``cache``, the
+    parsed frames are kept as parquet (see :mod:`analyze.cache`) and re-read from there next time.
+    """
+    if cache:
+        from .cache import open_store
+
+        return open_store(path).trace()
+    r = open_reader(path)
     try:
-        export, capture = _meta(r)
-        _check_schema(str(r.path), r, export)
-        duration = None
-        if r.has("ANALYSIS_DETAILS", "duration"):
-            row = r.rows("SELECT MAX(duration) FROM ANALYSIS_DETAILS")
-            duration = row[0][0] if row else None
-        utc = None
-        if r.has("TARGET_INFO_SESSION_START_TIME", "utcEpochNs"):
-            row = r.rows("SELECT MIN(utcEpochNs) FROM TARGET_INFO_SESSION_START_TIME")
-            utc = row[0][0] if row else None
+        m = read_meta(r)
+        export, capture, duration, utc = m["export"], m["capture"], m["duration"], m["utc"]
         # The big tables are read in parallel: each read has its own connection.
         with ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 2))) as ex:
             f_ops, f_api = ex.submit(_ops, r), ex.submit(_api, r)
             f_rng, f_str = ex.submit(_ranges, r, duration), ex.submit(_strings, r)
             ops, api, (ranges, _domains), strings = f_ops.result(), f_api.result(), f_rng.result(), f_str.result()
-        bad = (pl.col("start") <= 0) | (pl.col("end") < pl.col("start")) | pl.col("start").is_null()
-        dropped = int(ops.select(bad.sum()).item() or 0)
-        ops = ops.filter(~bad)
+        dropped = int(ops.select(BAD_OP.sum()).item() or 0)
+        ops = ops.filter(~BAD_OP)
         names = _names(strings, pl.concat([ops["name_id"], api["name_id"]]))
         return Trace(
             path=str(r.path),

