@@ -1,0 +1,168 @@
+"""The streamed analysis: one process (rank) at a time from the cache, in bounded memory.
+
+Attribution and every per-instance metric are per process: an op joins its own process's API
+calls, ranges and GPU. So :func:`analyze_store` reads one process's ops and API calls from the
+parquet cache (:mod:`analyze.cache`), runs the same steps as :func:`analyze.analysis.analyze`
+(the same functions of :mod:`analyze.attribute` and :mod:`analyze.breakdown`), keeps the small
+per-instance, per-seam and coverage rows, and drops the ops. What is global is done once at the
+end on those small frames: rank numbering, per-phase sums, cross-rank collective matching (which
+needs only the communication kernels, kept from every process) and the diagnostics.
+
+The result equals the in-memory one (tests compare both on the same inputs), except that
+``Result.ops`` and ``Result.trace.ops``/``api`` hold only what the global steps need:
+communication kernels, graph executions, ops without an API call, one op per graph launch and
+per process with a graph node id; and the graph-launch API calls.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import polars as pl
+
+from . import attribute, breakdown, collectives
+from .analysis import GRAPH_LAUNCH, Diagnostic, Result, diagnose
+from .cache import Progress, Store
+from .comm import PATTERNS, CommPattern, family_expr
+from .errors import InputError
+
+
+def _keep(ops: pl.DataFrame, launches: pl.DataFrame) -> pl.DataFrame:
+    """The ops the global steps need (see the module docstring)."""
+    graph_launch_ops = ops.join(launches.select("pid", "corr"), on=["pid", "corr"], how="semi").unique(
+        ["pid", "corr"], keep="first", maintain_order=True)
+    return pl.concat([
+        ops.filter(
+            ((pl.col("kind") == "kernel") & pl.col("comm").is_not_null())
+            | (pl.col("kind") == "graph")
+            | pl.col("gtid").is_null()
+        ),
+        graph_launch_ops,
+        ops.filter(pl.col("graph_node").is_not_null()).head(1),
+    ]).unique(maintain_order=True)
+
+
+def analyze_store(
+    store: Store,
+    ranges: str | None = None,
+    comm_patterns: list[CommPattern] | None = None,
+    progress: bool | None = None,
+    workers: int = 2,
+) -> Result:
+    """:func:`analyze.analysis.analyze` over a cache, one process at a time."""
+    head = store.head()
+    patterns = comm_patterns if comm_patterns is not None else list(PATTERNS)
+    diags: list[Diagnostic] = []
+    if head.ranges.height == 0:
+        raise InputError(
+            f"{head.path}: no NVTX ranges in this export; profile with -t cuda,nvtx and SPECTRACE_HOOKS=1 "
+            "(or annotate the workload with nvtx_hooks.ranges)",
+            "NO_NVTX",
+        )
+    if not any(store.meta["ops_rows"].values()):
+        raise InputError(
+            f"{head.path}: no CUDA trace in this export (no kernel, memcpy, memset or graph rows); "
+            "profile with nsys profile -t cuda,nvtx",
+            "NO_CUDA",
+        )
+    sel, how = attribute.select_ranges(head.ranges, ranges)
+    if sel.height == 0:
+        top = (head.ranges.group_by("domain", "text").len().sort("len", descending=True).head(8)
+               .select(pl.format("{}:{}", "domain", "text")).to_series().to_list())
+        raise InputError(
+            f"{head.path}: no NVTX ranges selected ({how}); pass --ranges REGEX, e.g. one of: {', '.join(top)}",
+            "NO_PHASES",
+        )
+    diags.append(Diagnostic("info", "RANGE_SELECTION", f"phases are {how}: {sel.height} range instances"))
+    nested_all = attribute.nest(sel)
+    kinds = store.scan("ops").select("name_id", "label").unique().collect()
+    kinds = kinds.join(head.names, on="name_id", how="left").with_columns(name=pl.coalesce("name", "label"))
+    kinds = kinds.with_columns(comm=family_expr(pl.col("name"), patterns))
+    launch_ids = head.names.filter(pl.col("name").str.contains(GRAPH_LAUNCH))["name_id"]
+
+    parts: dict[str, list[pl.DataFrame]] = {k: [] for k in ("ranks", "inst", "seam", "cov", "ops", "api")}
+    pids = store.pids
+    bar = Progress(sum(store.meta["ops_rows"].values()), "spectrace: analysing", progress)
+    def one(pid: int) -> dict[str, pl.DataFrame]:
+        out: dict[str, pl.DataFrame] = {}
+        ops = store.scan("ops", [pid]).collect()
+        api = store.scan("api", [pid]).collect()
+        nested = nested_all.filter(pl.col("pid") == pid)
+        ops = ops.join(kinds, on=["name_id", "label"], how="left", nulls_equal=True)
+        ops = attribute.attribute_ops(ops, api, nested)
+        rk = breakdown.ranks(ops, head.devices)  # one row: its rank is fixed once all processes are in
+        rank_of = rk.select("pid", "rank")
+        ops = ops.join(rank_of, on="pid", how="left").sort("start")
+        nested = nested.join(rank_of, on="pid", how="left")
+        if ops.height:
+            anc = attribute.ancestors(nested)
+            inst = breakdown.instances(nested, ops, anc)
+            blocks = breakdown.gpu_blocks(ops)
+            inst = breakdown.add_gpu_idle(inst, blocks)
+            out["seam"] = breakdown.seam_instances(inst, blocks)
+            out["cov"] = breakdown.coverage(inst, ops, blocks)
+            out["inst"] = inst
+        elif nested.height:  # API calls but no GPU work: its ranges still count as instances
+            out["inst"] = breakdown.instances(nested, ops, attribute.ancestors(nested)).with_columns(
+                x_gpu_idle_ns=pl.lit(0, pl.Int64), i_gpu_idle_ns=pl.lit(0, pl.Int64))
+        launches = api.filter(pl.col("name_id").is_in(launch_ids.implode()))
+        out["ranks"] = rk
+        out["ops"] = _keep(ops, launches)
+        out["api"] = launches
+        bar.add(ops.height)
+        return out
+
+    # Processes in parallel threads (polars releases the GIL): ``workers`` processes' ops in memory at once.
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as ex:
+        for out in ex.map(one, pids):
+            for k, v in out.items():
+                parts[k].append(v)
+    bar.close()
+    # Ranges of processes without any GPU op or API call still count as (empty) instances.
+    done = set(pids)
+    rest = nested_all.filter(~pl.col("pid").is_in(list(done)))
+    if rest.height:
+        empty = store.scan("ops", []).collect().with_columns(
+            pl.lit(None, pl.Int64).alias(c) for c in ("gtid", "rid", "api_start", "api_name_id", "rank")
+        ).with_columns(comm=pl.lit(None, pl.String), name=pl.lit(None, pl.String))
+        rest = rest.with_columns(rank=pl.lit(None, pl.Int64))
+        parts["inst"].append(breakdown.instances(rest, empty, attribute.ancestors(rest)).with_columns(
+            x_gpu_idle_ns=pl.lit(0, pl.Int64), i_gpu_idle_ns=pl.lit(0, pl.Int64)))
+
+    # Global: rank numbers (device order, as breakdown.ranks does over all processes at once).
+    rk = pl.concat(parts["ranks"]).filter(pl.col("gpu_ops") > 0)
+    rk = rk.sort("device", "pid").with_columns(rank=pl.int_range(pl.len()).cast(pl.Int64))
+    rank_of = rk.select("pid", _r="rank")
+
+    def renumber(df: pl.DataFrame) -> pl.DataFrame:
+        return df.join(rank_of, on="pid", how="left", maintain_order="left").with_columns(rank=pl.col("_r")).drop("_r")
+
+    inst = renumber(pl.concat(parts["inst"], how="diagonal_relaxed")).sort("row_id")
+    inst = inst.select(_inst_columns(inst))
+    nested = renumber(nested_all.with_columns(rank=pl.lit(None, pl.Int64)))
+    seam_inst = renumber(pl.concat(parts["seam"])) if parts["seam"] else pl.DataFrame()
+    cov = renumber(pl.concat(parts["cov"])).sort("rank") if parts["cov"] else pl.DataFrame()
+    ops = renumber(pl.concat(parts["ops"])).sort("start")
+    trace = store.head(ops=ops.select(head.ops.columns), api=pl.concat(parts["api"]))
+    res = Result(
+        trace=trace,
+        selection=how,
+        ranks=rk,
+        instances=inst,
+        phases=breakdown.phases(inst),
+        ranges=breakdown.projections(inst),
+        seam_instances=seam_inst,
+        seams=breakdown.seams(seam_inst, inst),
+        coverage=cov,
+        ops=ops,
+        diagnostics=diags,
+    )
+    diags.extend(diagnose(res, nested))
+    res.phases, comm_diags = collectives.phase_comm_split(res.phases, ops, inst)
+    diags.extend(comm_diags)
+    return res
+
+
+def _inst_columns(inst: pl.DataFrame) -> list[str]:
+    """The in-memory path's column order: range columns, depth, parent, rank, then x_*/i_* metrics."""
+    return list(inst.columns)

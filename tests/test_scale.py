@@ -1,0 +1,137 @@
+"""Issue 7: the streamed (per-process, from the parquet cache) path equals the in-memory one; many reports.
+
+Small inputs only: speed and memory targets live in ``make bench`` (BENCHMARKS.md), not here.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import polars as pl
+import pytest
+from paths import PROBE, need
+from test_collectives_real import split_probe
+
+from analyze.analysis import analyze
+from analyze.cache import open_store
+from analyze.cli import main
+from analyze.multi import analyze_many, analyze_path
+from analyze.stream import analyze_store
+
+SAMPLES = ["tp1_node", "tp1_graph", "tp1_eager"]
+
+
+def _canon(res) -> dict:
+    """The JSON document, ``report`` aside; rows of tied sort keys in a fixed order."""
+    d = res.to_dict()
+    d.pop("report")
+    for k, v in d.items():
+        if isinstance(v, list) and v and isinstance(v[0], dict):
+            d[k] = sorted(v, key=lambda r: json.dumps(r, sort_keys=True, default=str))
+    d["coverage"]["per_rank"] = sorted(d["coverage"]["per_rank"], key=lambda r: r["rank"])
+    return d
+
+
+def _same(a, b) -> None:
+    assert _canon(a) == _canon(b)
+    for f in ("instances", "coverage", "ranks"):
+        x, y = getattr(a, f), getattr(b, f)
+        assert x.columns == y.columns, f
+        assert x.sort("rank", *x.columns[:2]).equals(y.sort("rank", *y.columns[:2])), f
+    key = ["rank", "parent", "row_id"]
+    assert a.seam_instances.sort(key).equals(b.seam_instances.sort(key))
+    comm = a.ops.filter((pl.col("kind") == "kernel") & pl.col("comm").is_not_null())
+    k2 = ["pid", "corr", "start"]
+    assert comm.sort(k2).equals(b.ops.filter((pl.col("kind") == "kernel") & pl.col("comm").is_not_null()).sort(k2))
+
+
+def test_stream_equals_memory_on_probe(tmp_path):
+    a = analyze(need(PROBE))
+    b = analyze_store(open_store(PROBE, cache_dir=tmp_path / "c"), workers=1)
+    _same(a, b)
+    assert b.phases.filter(pl.col("phase") == "eagle3.draft").sort("rank")["comm_wait_ns"].to_list() == [
+        11_950_987, 17_312]
+    assert b.trace.graph_trace_mode == "Node"
+    assert {d.code for d in b.diagnostics} == {d.code for d in a.diagnostics}
+
+
+@pytest.mark.parametrize("name", SAMPLES)
+def test_stream_equals_memory_on_samples(tmp_path, name):
+    from nvtx_hooks import samples
+
+    p = samples.path(name)
+    _same(analyze(p), analyze_store(open_store(p, cache_dir=tmp_path / "c"), workers=2))
+
+
+def test_stream_with_ranges_and_odd_processes(tmp_path):
+    """Another selection, and a trace where some processes have ranges or API calls but no GPU work."""
+    p = need(PROBE)
+    a = analyze(p, ranges=r"eagle3\.(draft|verify)$")
+    _same(a, analyze_store(open_store(p, cache_dir=tmp_path / "c"), ranges=r"eagle3\.(draft|verify)$"))
+
+
+def test_cache_is_reused_and_invalidated(tmp_path):
+    src = tmp_path / "r.sqlite"
+    src.write_bytes(need(PROBE).read_bytes())
+    s1 = open_store(src)
+    assert s1.root == tmp_path / "r.sqlite.spectrace"
+    stamp = (s1.root / "meta.json").stat().st_mtime_ns
+    assert open_store(src).root == s1.root and (s1.root / "meta.json").stat().st_mtime_ns == stamp
+    # the report changes (size and mtime): the cache is rebuilt, the report itself untouched
+    con = sqlite3.connect(src)
+    con.execute("DELETE FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE rowid % 2 = 0")
+    con.commit()
+    con.close()
+    before = src.read_bytes()
+    s2 = open_store(src)
+    assert (s2.root / "meta.json").stat().st_mtime_ns != stamp
+    assert sum(s2.meta["ops_rows"].values()) < sum(s1.meta["ops_rows"].values())
+    assert src.read_bytes() == before
+    assert {p.name for p in tmp_path.iterdir()} == {"r.sqlite", "r.sqlite.spectrace"}  # no temporary left
+    t = s2.trace()
+    assert t.ops.height == sum(s2.meta["ops_rows"].values())
+
+
+def test_cache_goes_elsewhere_when_report_dir_is_read_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("SPECTRACE_CACHE_DIR", raising=False)
+    s = open_store(need(PROBE))  # the shared traces are read-only
+    assert str(s.root).startswith(str(tmp_path / "xdg" / "spectrace"))
+    res = analyze_path(PROBE, cache=True)
+    assert res.phases.height == analyze(PROBE).phases.height
+
+
+def test_many_reports_merge_and_realign(tmp_path):
+    a = split_probe(tmp_path, 1412)
+    b = split_probe(tmp_path, 1413, shift=50_000, utc_delta=-20_000)
+    one = analyze(need(PROBE))
+    m = analyze_many([str(a), str(b)], jobs=2)
+    assert m.ranks.select("rank", "pid", "report").rows() == [(0, 1412, 0), (1, 1413, 1)]
+    assert m.clock["alignment"] == "session start (utcEpochNs) + median skew of collective end times"
+    # per-report numbers are those of the one-report capture; wait/transfer are matched across reports
+    cols = ["rank", "phase", "span_ns", "busy_ns", "comm_ns", "idle_ns", "instances"]
+    assert m.phases.select(cols).sort("rank", "phase").equals(one.phases.select(cols).sort("rank", "phase"))
+    draft = m.phases.filter(pl.col("phase") == "eagle3.draft").sort("rank")
+    assert (draft["comm_wait_ns"] + draft["comm_transfer_ns"]).to_list() == (
+        one.phases.filter(pl.col("phase") == "eagle3.draft").sort("rank").select(
+            pl.col("comm_wait_ns") + pl.col("comm_transfer_ns")).to_series().to_list())
+    d = m.to_dict()
+    assert d["reports"] == [str(a), str(b)] and len(d["ranks"]) == 2
+
+
+def test_cli_many_reports_and_stream(tmp_path, capsys):
+    a = split_probe(tmp_path, 1412)
+    b = split_probe(tmp_path, 1413)
+    assert main(["analyze", str(a), str(b), "--format", "json", "-q", "-j", "1"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert [r["rank"] for r in d["ranks"]] == [0, 1] and len(d["reports"]) == 2
+    assert main(["analyze", str(a), "--stream", "--no-cache", "--format", "json", "-q"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert main(["analyze", str(a), "--format", "json", "-q"]) == 0
+    m = json.loads(capsys.readouterr().out)
+    assert s["phases"] == m["phases"] and s["seams_all_ranks"] == m["seams_all_ranks"]
+    assert not (tmp_path / "probe_1412.sqlite.spectrace").exists()
+    assert main(["analyze", str(a), "--cache", "--format", "json", "-q"]) == 0
+    assert (tmp_path / "probe_1412.sqlite.spectrace" / "meta.json").exists()
+    assert json.loads(capsys.readouterr().out)["phases"] == m["phases"]
