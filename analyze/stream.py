@@ -26,6 +26,8 @@ from .cache import Progress, Store
 from .comm import PATTERNS, CommPattern, family_expr
 from .errors import InputError
 
+WORKER_ROWS = 1_000_000
+
 
 def _keep(ops: pl.DataFrame, launches: pl.DataFrame) -> pl.DataFrame:
     """The ops the global steps need (see the module docstring)."""
@@ -88,7 +90,9 @@ def analyze_store(
         ops = store.scan("ops", [pid]).collect()
         api = store.scan("api", [pid]).collect()
         nested = nested_all.filter(pl.col("pid") == pid)
-        ops = ops.join(kinds, on=["name_id", "label"], how="left", nulls_equal=True)
+        # Kernel names (long strings) are joined only onto the ops kept at the end: nothing per process reads them.
+        ops = ops.join(kinds.select("name_id", "label", "comm"), on=["name_id", "label"], how="left",
+                       nulls_equal=True)
         ops = attribute.attribute_ops(ops, api, nested)
         rk = breakdown.ranks(ops, head.devices)  # one row: its rank is fixed once all processes are in
         rank_of = rk.select("pid", "rank")
@@ -107,13 +111,18 @@ def analyze_store(
                 x_gpu_idle_ns=pl.lit(0, pl.Int64), i_gpu_idle_ns=pl.lit(0, pl.Int64))
         launches = api.filter(pl.col("name_id").is_in(launch_ids.implode()))
         out["ranks"] = rk
-        out["ops"] = _keep(ops, launches)
+        kept = _keep(ops, launches).join(kinds.select("name_id", "label", "name"), on=["name_id", "label"],
+                                         how="left", nulls_equal=True, maintain_order="left")
+        out["ops"] = kept.select(*ops.columns[: ops.columns.index("comm")], "name", *ops.columns[ops.columns.index("comm"):])
         out["api"] = launches
         bar.add(ops.height)
         return out
 
-    # Processes in parallel threads (polars releases the GIL): ``workers`` processes' ops in memory at once.
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as ex:
+    # Processes in parallel threads (polars releases the GIL): ``workers`` processes' ops in memory at once,
+    # one at a time when a process has more than WORKER_ROWS ops (memory stays bounded by the largest one).
+    biggest = max([*store.meta["ops_rows"].values(), 0])
+    n = max(1, workers if biggest <= WORKER_ROWS else 1)
+    with ThreadPoolExecutor(max_workers=n) as ex:
         for out in ex.map(one, pids):
             for k, v in out.items():
                 parts[k].append(v)
