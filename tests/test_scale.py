@@ -135,3 +135,15 @@ def test_cli_many_reports_and_stream(tmp_path, capsys):
     assert main(["analyze", str(a), "--cache", "--format", "json", "-q"]) == 0
     assert (tmp_path / "probe_1412.sqlite.spectrace" / "meta.json").exists()
     assert json.loads(capsys.readouterr().out)["phases"] == m["phases"]
+
+
+@pytest.mark.parametrize("extra", [False, True])
+def test_stream_equals_memory_with_comm_mismatch(tmp_path, extra):
+    """Hand-computed cross-rank trace (issue 5): matched and mismatched collectives, both paths."""
+    from test_collectives import one_report
+
+    p = one_report(tmp_path / "m.sqlite", extra=extra)
+    a, b = analyze(p), analyze_store(open_store(p, cache_dir=tmp_path / "c"))
+    _same(a, b)
+    assert [d.as_dict() for d in a.diagnostics if d.code.startswith("COMM")] == [
+        d.as_dict() for d in b.diagnostics if d.code.startswith("COMM")]
