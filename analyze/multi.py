@@ -160,8 +160,14 @@ def analyze_many(
     stream: bool | None = None,
     cache: bool | None = None,
     jobs: int | None = None,
+    executor=None,
 ) -> MultiResult:
-    """Analyse reports in parallel processes (``jobs``, default: CPUs, at most one per report) and merge."""
+    """Analyse reports in parallel processes (``jobs``, default: CPUs, at most one per report) and merge.
+
+    ``executor``: any ``concurrent.futures.Executor``-like object (``submit(fn, *args)`` returning
+    futures with ``result()``) to run the per-report map elsewhere, e.g. a Dask cluster's
+    ``Client.get_executor()``; the reports must be readable where the tasks run.
+    """
     resolved = [str(Path(p).resolve()) for p in paths]
     if len(set(resolved)) != len(resolved):
         raise InputError("the same report is given twice; pass each report once", "DUPLICATE_REPORT")
@@ -169,7 +175,10 @@ def analyze_many(
         if not Path(p).exists():
             raise InputError(f"{p}: no such file", "NO_FILE")
     n = max(1, min(jobs or os.cpu_count() or 1, len(paths)))
-    if n == 1:
+    if executor is not None:
+        futs = [executor.submit(analyze_for_merge, p, ranges, comm_patterns, stream, cache) for p in paths]
+        results = [f.result() for f in futs]
+    elif n == 1:
         results = [analyze_for_merge(p, ranges, comm_patterns, stream, cache) for p in paths]
     else:
         with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn")) as ex:

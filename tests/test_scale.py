@@ -147,3 +147,13 @@ def test_stream_equals_memory_with_comm_mismatch(tmp_path, extra):
     _same(a, b)
     assert [d.as_dict() for d in a.diagnostics if d.code.startswith("COMM")] == [
         d.as_dict() for d in b.diagnostics if d.code.startswith("COMM")]
+
+
+def test_many_reports_on_any_executor(tmp_path):
+    """The adapter for Ray/Dask: any Executor-like object runs the per-report map."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    a, b = split_probe(tmp_path, 1412), split_probe(tmp_path, 1413)
+    with ThreadPoolExecutor(2) as ex:
+        m = analyze_many([str(a), str(b)], executor=ex)
+    assert m.ranks["rank"].to_list() == [0, 1] and m.clock["reports"] == 2
