@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from .intervals import busy_between, merge, union_length
+from .intervals import busy_between, busy_function, merge, union_length
 
 METRICS = ("span_ns", "busy_ns", "compute_ns", "comm_ns", "idle_ns", "kernel_ns", "ops", "launches")
 
@@ -63,13 +63,20 @@ def instances(nested: pl.DataFrame, ops: pl.DataFrame, anc: pl.DataFrame) -> pl.
     launched anywhere inside it, nested ranges included (NVIDIA's projection).
     """
     ex = instance_metrics(ops, "rid").rename({"rid": "row_id"})
+    # Inclusive metrics differ from exclusive ones only for ranges with selected children: compute
+    # those from their whole subtree, and copy the exclusive ones for leaves.
+    proper = anc.filter(pl.col("anc") != pl.col("rid"))
+    internal = proper.select(pl.col("anc").alias("rid")).unique()
+    sub = pl.concat([proper, internal.with_columns(anc=pl.col("rid"))])
     inc_ops = (
         ops.filter(pl.col("rid").is_not_null())
-        .join(anc, on="rid", maintain_order="left")  # keeps ops sorted by start
+        .join(sub, on="rid", maintain_order="left")  # keeps ops sorted by start
         .drop("rid")
         .rename({"anc": "rid"})
     )
-    inc = instance_metrics(inc_ops, "rid").rename({"rid": "row_id"})
+    inner = instance_metrics(inc_ops, "rid").rename({"rid": "row_id"})
+    is_internal = pl.col("row_id").is_in(internal["rid"].implode())
+    inc = pl.concat([ex.filter(~is_internal), inner], how="vertical_relaxed")
     cols = ["first", "last", *METRICS]
     out = (
         nested.join(ex.select("row_id", *[pl.col(c).alias(f"x_{c}") for c in cols]), on="row_id", how="left")
@@ -141,8 +148,11 @@ def add_gpu_idle(inst: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:
 
 
 def gpu_blocks(ops: pl.DataFrame) -> pl.DataFrame:
-    """Per process, the disjoint intervals in which its GPU ran anything (ops sorted by start)."""
-    return merge(ops, ["pid"], presorted=True).collect()
+    """Per process, the disjoint intervals in which its GPU ran anything (ops sorted by start).
+
+    With ``before`` (busy time of the process's earlier blocks), ready for repeated window queries.
+    """
+    return busy_function(merge(ops, ["pid"], presorted=True), ["pid"]).collect()
 
 
 def seam_instances(inst: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:

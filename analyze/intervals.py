@@ -59,7 +59,8 @@ def busy_function(blocks: pl.DataFrame | pl.LazyFrame, by: Sequence[str]) -> pl.
     """
     by = list(by)
     length = pl.col("end") - pl.col("start")
-    return blocks.lazy().sort([*by, "start"]).with_columns(
+    # Sorted by start across groups (what the as-of joins need); within a group that is block order.
+    return blocks.lazy().sort("start").with_columns(
         before=(length.cum_sum() - length).over(by) if by else length.cum_sum() - length
     )
 
@@ -70,7 +71,7 @@ def busy_at(fn: pl.LazyFrame, points: pl.LazyFrame, t: str, by: Sequence[str], o
     right = fn.select(*by, pl.col("start").alias("_bs"), pl.col("end").alias("_be"), "before")
     joined = (
         points.sort(t)
-        .join_asof(right.sort("_bs"), left_on=t, right_on="_bs", by=by or None, strategy="backward",
+        .join_asof(right, left_on=t, right_on="_bs", by=by or None, strategy="backward",
                    check_sortedness=False)
     )
     val = pl.col("before") + (pl.min_horizontal(pl.col(t), pl.col("_be")) - pl.col("_bs")).clip(lower_bound=0)
@@ -81,8 +82,12 @@ def busy_between(
     blocks: pl.DataFrame | pl.LazyFrame, windows: pl.DataFrame | pl.LazyFrame, by: Sequence[str],
     a: str = "a", b: str = "b", out: str = "busy",
 ) -> pl.LazyFrame:
-    """Add column ``out`` to ``windows``: busy time of the group's ``blocks`` inside ``[a, b]`` (0 if b <= a)."""
-    fn = busy_function(blocks, by)
+    """Add column ``out`` to ``windows``: busy time of the group's ``blocks`` inside ``[a, b]`` (0 if b <= a).
+
+    ``blocks`` may already be a :func:`busy_function` (a ``before`` column): it is then used as is.
+    """
+    lf = blocks.lazy()
+    fn = lf if "before" in lf.collect_schema().names() else busy_function(blocks, by)
     w = windows.lazy().with_row_index("_w")
     w = busy_at(fn, w, a, by, "_fa")
     w = busy_at(fn, w, b, by, "_fb")
