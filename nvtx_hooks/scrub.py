@@ -56,18 +56,31 @@ def profiled_pids(con: sqlite3.Connection) -> set[int]:
 _NOT_IDS = {"start", "end", "timestamp", "globalTid", "globalPid", "endGlobalTid", "correlationId", "duration"}
 
 
-def referenced_ids(con: sqlite3.Connection) -> set[int]:
-    """Every value of every integer column outside StringIds: a superset of the string ids in use.
+def _string_columns(con: sqlite3.Connection) -> dict[str, list[str]]:
+    """Columns that nsys's DDL marks ``-- REFERENCES StringIds``, per table (empty if unmarked)."""
+    out: dict[str, list[str]] = {}
+    for t, sql in con.execute("SELECT name, sql FROM sqlite_master WHERE type='table' AND sql IS NOT NULL"):
+        cols = [ln.split()[0] for ln in sql.splitlines() if "REFERENCES StringIds" in ln and ln.split()]
+        if cols and t != "StringIds":
+            out[t] = cols
+    return out
 
-    A string id no table mentions (the thread names of processes that were dropped) can be blanked.
+
+def referenced_ids(con: sqlite3.Connection) -> set[int]:
+    """The string ids some row still uses.
+
+    Where the DDL marks its string columns (nsys 2023.4+ comments ``REFERENCES StringIds``), exactly
+    those columns; otherwise every integer column (a superset). A string id no row mentions (the
+    thread names of processes that were dropped) can be blanked.
     """
     used: set[int] = set()
+    marked = _string_columns(con)
     for t in _tables(con):
         if t == "StringIds":
             continue
-        for col, typ in _columns(con, t):
-            if "INT" in typ and col not in _NOT_IDS:
-                used |= {r[0] for r in con.execute(f'SELECT DISTINCT "{col}" FROM "{t}"') if r[0] is not None}
+        cols = marked.get(t) if marked else [c for c, typ in _columns(con, t) if "INT" in typ and c not in _NOT_IDS]
+        for col in cols or []:
+            used |= {r[0] for r in con.execute(f'SELECT DISTINCT "{col}" FROM "{t}"') if r[0] is not None}
     return used
 
 

@@ -98,3 +98,21 @@ def test_scrub_cli(tmp_path, capsys):
     assert main(["scrub", str(src), "-o", str(tmp_path / "o.sqlite")]) == 2
     assert main(["scrub", str(tmp_path / "missing.sqlite"), "-o", str(tmp_path / "p.sqlite")]) == 2
     assert main(["scrub", str(src), "-o", str(tmp_path / "q.sqlite"), "--check", "verify"]) == 1
+
+
+def test_bundled_captures_hold_no_other_process_names(tmp_path):
+    """Every bundled export keeps only strings some row uses (no thread names of other processes)."""
+    import lzma
+    from pathlib import Path
+
+    data = Path(__file__).parent / "data" / "h200_tp1"
+    files = sorted(data.glob("*.sqlite.xz"))
+    assert files
+    for f in files:
+        db = tmp_path / f.stem
+        db.write_bytes(lzma.decompress(f.read_bytes()))
+        con = sqlite3.connect(db)
+        leaked = con.execute("SELECT value FROM StringIds WHERE value LIKE 'kworker%' OR value LIKE 'irq/%' "
+                             "OR value LIKE '%HOME=%' OR value LIKE '%PATH=%'").fetchall()
+        con.close()
+        assert leaked == [], (f.name, leaked[:3])
