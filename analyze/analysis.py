@@ -94,6 +94,31 @@ def _names(trace: Trace) -> pl.DataFrame:
     return trace.names
 
 
+def select_phases(path: str, ranges_df: pl.DataFrame, has_ops: bool, regex: str | None) -> tuple[pl.DataFrame, str]:
+    """The phase ranges of an export and how they were chosen, or a one-line InputError saying what is missing."""
+    if ranges_df.height == 0:
+        raise InputError(
+            f"{path}: no NVTX ranges in this export; profile with -t cuda,nvtx and SPECTRACE_HOOKS=1 "
+            "(or annotate the workload with nvtx_hooks.ranges)",
+            "NO_NVTX",
+        )
+    if not has_ops:
+        raise InputError(
+            f"{path}: no CUDA trace in this export (no kernel, memcpy, memset or graph rows); "
+            "profile with nsys profile -t cuda,nvtx",
+            "NO_CUDA",
+        )
+    sel, how = attribute.select_ranges(ranges_df, regex)
+    if sel.height == 0:
+        top = (ranges_df.group_by("domain", "text").len().sort("len", descending=True).head(8)
+               .select(pl.format("{}:{}", "domain", "text")).to_series().to_list())
+        raise InputError(
+            f"{path}: no NVTX ranges selected ({how}); pass --ranges REGEX, e.g. one of: {', '.join(top)}",
+            "NO_PHASES",
+        )
+    return sel, how
+
+
 def analyze(
     report: str | os.PathLike | Trace,
     ranges: str | None = None,
@@ -104,27 +129,7 @@ def analyze(
     patterns = comm_patterns if comm_patterns is not None else list(PATTERNS)
     diags: list[Diagnostic] = []
 
-    if trace.ranges.height == 0:
-        raise InputError(
-            f"{trace.path}: no NVTX ranges in this export; profile with -t cuda,nvtx and SPECTRACE_HOOKS=1 "
-            "(or annotate the workload with nvtx_hooks.ranges)",
-            "NO_NVTX",
-        )
-    if trace.ops.height == 0:
-        raise InputError(
-            f"{trace.path}: no CUDA trace in this export (no kernel, memcpy, memset or graph rows); "
-            "profile with nsys profile -t cuda,nvtx",
-            "NO_CUDA",
-        )
-
-    sel, how = attribute.select_ranges(trace.ranges, ranges)
-    if sel.height == 0:
-        top = (trace.ranges.group_by("domain", "text").len().sort("len", descending=True).head(8)
-               .select(pl.format("{}:{}", "domain", "text")).to_series().to_list())
-        raise InputError(
-            f"{trace.path}: no NVTX ranges selected ({how}); pass --ranges REGEX, e.g. one of: {', '.join(top)}",
-            "NO_PHASES",
-        )
+    sel, how = select_phases(trace.path, trace.ranges, trace.ops.height > 0, ranges)
     diags.append(Diagnostic("info", "RANGE_SELECTION", f"phases are {how}: {sel.height} range instances"))
 
     nested = attribute.nest(sel)

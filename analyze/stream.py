@@ -22,10 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 import polars as pl
 
 from . import attribute, breakdown, collectives
-from .analysis import GRAPH_LAUNCH, Diagnostic, Result, diagnose
+from .analysis import GRAPH_LAUNCH, Diagnostic, Result, diagnose, select_phases
 from .cache import Progress, Store
 from .comm import PATTERNS, CommPattern, family_expr
-from .errors import InputError
 
 WORKER_ROWS = 1_000_000
 
@@ -56,26 +55,7 @@ def analyze_store(
     head = store.head()
     patterns = comm_patterns if comm_patterns is not None else list(PATTERNS)
     diags: list[Diagnostic] = []
-    if head.ranges.height == 0:
-        raise InputError(
-            f"{head.path}: no NVTX ranges in this export; profile with -t cuda,nvtx and SPECTRACE_HOOKS=1 "
-            "(or annotate the workload with nvtx_hooks.ranges)",
-            "NO_NVTX",
-        )
-    if not any(store.meta["ops_rows"].values()):
-        raise InputError(
-            f"{head.path}: no CUDA trace in this export (no kernel, memcpy, memset or graph rows); "
-            "profile with nsys profile -t cuda,nvtx",
-            "NO_CUDA",
-        )
-    sel, how = attribute.select_ranges(head.ranges, ranges)
-    if sel.height == 0:
-        top = (head.ranges.group_by("domain", "text").len().sort("len", descending=True).head(8)
-               .select(pl.format("{}:{}", "domain", "text")).to_series().to_list())
-        raise InputError(
-            f"{head.path}: no NVTX ranges selected ({how}); pass --ranges REGEX, e.g. one of: {', '.join(top)}",
-            "NO_PHASES",
-        )
+    sel, how = select_phases(head.path, head.ranges, any(store.meta["ops_rows"].values()), ranges)
     diags.append(Diagnostic("info", "RANGE_SELECTION", f"phases are {how}: {sel.height} range instances"))
     nested_all = attribute.nest(sel)
     kinds = store.scan("ops").select("name_id", "label").unique().collect()
