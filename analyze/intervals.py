@@ -19,22 +19,35 @@ def _prev_end(by: list[str]) -> pl.Expr:
 def merge(df: pl.DataFrame | pl.LazyFrame, by: Sequence[str] = (), presorted: bool = False) -> pl.LazyFrame:
     """The union of the intervals of each group, as disjoint sorted blocks ``by..., start, end``.
 
-    HTA's idiom: a new block starts where ``start`` passes the running maximum of earlier ends.
-    Rows need only be sorted by ``start`` (globally); ``presorted`` says they already are.
+    HTA's idiom: a new block starts where ``start`` passes the running maximum of earlier ends. With
+    the rows of each group contiguous and sorted by start, block starts are the rows that open a block
+    and block ends the running maximum at the rows that close one: two filters, no group-by.
+    ``presorted`` says the rows are already sorted by ``start``.
     """
     by = list(by)
-    lf = df.lazy().select(*by, "start", "end")
-    if not presorted:
-        lf = lf.sort("start")
-    new = (pl.col("start") > _prev_end(by)).fill_null(True).cast(pl.UInt32)
-    blk = new.cum_sum().over(by) if by else new.cum_sum()
-    return (
-        lf.with_columns(_blk=blk)
-        .group_by([*by, "_blk"])
-        .agg(pl.col("start").min(), pl.col("end").max())
-        .drop("_blk")
-        .sort([*by, "start"])
+    one_group = (
+        not by
+        or (isinstance(df, pl.DataFrame) and df.height > 0 and all(df[c].n_unique() == 1 for c in by))
     )
+    lf = df.lazy().select(*by, "start", "end")
+    if not one_group:
+        lf = lf.sort([*by, "start"])  # groups contiguous
+    elif not presorted:
+        lf = lf.sort("start")
+    running = pl.col("end").cum_max()
+    if not one_group:
+        running = running.over(by)
+    opens = pl.col("start") > pl.col("_run").shift(1)
+    if not one_group:
+        opens = opens | pl.any_horizontal([pl.col(c) != pl.col(c).shift(1) for c in by])
+    lf = (
+        lf.with_columns(_run=running)
+        .with_columns(_open=opens.fill_null(True))
+        .with_columns(_close=pl.col("_open").shift(-1).fill_null(True))
+    )
+    starts = lf.filter("_open").select(*by, "start")
+    ends = lf.filter("_close").select(end="_run")
+    return pl.concat([starts, ends], how="horizontal")
 
 
 def union_length(df: pl.DataFrame | pl.LazyFrame, by: Sequence[str] = (), name: str = "busy",
@@ -47,6 +60,9 @@ def union_length(df: pl.DataFrame | pl.LazyFrame, by: Sequence[str] = (), name: 
     lf = df.lazy().select(*by, "start", "end")
     if not presorted:
         lf = lf.sort("start")
+    if by and isinstance(df, pl.DataFrame) and df.height > 0 and all(df[c].n_unique() == 1 for c in by):
+        part = (pl.col("end") - pl.max_horizontal(pl.col("start"), _prev_end([]))).clip(lower_bound=0)
+        return lf.select(*[pl.col(c).first() for c in by], part.sum().alias(name))  # one group: no window
     part = (pl.col("end") - pl.max_horizontal(pl.col("start"), _prev_end(by))).clip(lower_bound=0)
     return lf.group_by(by).agg(part.sum().alias(name)) if by else lf.select(part.sum().alias(name))
 
