@@ -90,10 +90,6 @@ def _version() -> str:
     return __version__
 
 
-def _names(trace: Trace) -> pl.DataFrame:
-    return trace.names
-
-
 def select_phases(path: str, ranges_df: pl.DataFrame, has_ops: bool, regex: str | None) -> tuple[pl.DataFrame, str]:
     """The phase ranges of an export and how they were chosen, or a one-line InputError saying what is missing."""
     if ranges_df.height == 0:
@@ -149,10 +145,20 @@ def analyze(
     inst = breakdown.add_gpu_idle(inst, blocks)
     seam_inst = breakdown.seam_instances(inst, blocks)
     cov = breakdown.coverage(inst, ops, blocks)
+    return assemble(trace, how, rk, inst, seam_inst, cov, ops, diags, nested, ops)
+
+
+def assemble(trace: Trace, selection: str, ranks: pl.DataFrame, inst: pl.DataFrame, seam_inst: pl.DataFrame,
+             cov: pl.DataFrame, ops: pl.DataFrame, diags: list[Diagnostic], nested: pl.DataFrame,
+             comm_ops: pl.DataFrame) -> Result:
+    """The Result from the per-instance frames: sums, diagnostics, and the cross-rank comm split.
+
+    ``comm_ops`` holds at least the communication kernels (``kind, rank, rid, corr, start, end, name, comm``).
+    """
     res = Result(
         trace=trace,
-        selection=how,
-        ranks=rk,
+        selection=selection,
+        ranks=ranks,
         instances=inst,
         phases=breakdown.phases(inst),
         ranges=breakdown.projections(inst),
@@ -163,7 +169,7 @@ def analyze(
         diagnostics=diags,
     )
     diags.extend(diagnose(res, nested))
-    res.phases, comm_diags = collectives.phase_comm_split(res.phases, ops, inst)
+    res.phases, comm_diags = collectives.phase_comm_split(res.phases, comm_ops, inst)
     diags.extend(comm_diags)
     return res
 

@@ -21,8 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import polars as pl
 
-from . import attribute, breakdown, collectives
-from .analysis import GRAPH_LAUNCH, Diagnostic, Result, diagnose, select_phases
+from . import attribute, breakdown
+from .analysis import GRAPH_LAUNCH, Diagnostic, Result, assemble, select_phases
 from .cache import Progress, Store
 from .comm import PATTERNS, CommPattern, family_expr
 
@@ -133,36 +133,13 @@ def analyze_store(
         return df.join(rank_of, on="pid", how="left", maintain_order="left").with_columns(rank=pl.col("_r")).drop("_r")
 
     inst = renumber(pl.concat(parts["inst"], how="diagonal_relaxed")).sort("row_id")
-    inst = inst.select(_inst_columns(inst))
     nested = renumber(nested_all.with_columns(rank=pl.lit(None, pl.Int64)))
     seam_inst = renumber(pl.concat(parts["seam"])) if parts["seam"] else pl.DataFrame()
     cov = renumber(pl.concat(parts["cov"])).sort("rank") if parts["cov"] else pl.DataFrame()
     ops = renumber(pl.concat(parts.pop("ops"))).sort("start")
     trace = dataclasses.replace(head, ops=ops.select(head.ops.columns), api=pl.concat(parts["api"]))
     parts.clear()  # the per-process pieces are concatenated: let them go before matching collectives
-    res = Result(
-        trace=trace,
-        selection=how,
-        ranks=rk,
-        instances=inst,
-        phases=breakdown.phases(inst),
-        ranges=breakdown.projections(inst),
-        seam_instances=seam_inst,
-        seams=breakdown.seams(seam_inst, inst),
-        coverage=cov,
-        ops=ops,
-        diagnostics=diags,
-    )
-    diags.extend(diagnose(res, nested))
     # Only the columns collective matching reads: its filtered copy stays small at 20M kernels.
     comm = ops.filter((pl.col("kind") == "kernel") & pl.col("comm").is_not_null()).select(
         "kind", "rank", "rid", "corr", "start", "end", pl.col("name").cast(pl.Categorical), "comm")
-    res.phases, comm_diags = collectives.phase_comm_split(res.phases, comm, inst)
-    del comm
-    diags.extend(comm_diags)
-    return res
-
-
-def _inst_columns(inst: pl.DataFrame) -> list[str]:
-    """The in-memory path's column order: range columns, depth, parent, rank, then x_*/i_* metrics."""
-    return list(inst.columns)
+    return assemble(trace, how, rk, inst, seam_inst, cov, ops, diags, nested, comm)
