@@ -36,28 +36,34 @@ def _leaf_phases(res) -> pl.DataFrame:
     return leaf if leaf.height else p
 
 
-def phase_bars(res) -> Figure:
-    """Per phase, one stacked bar per rank: compute (phase colour), comm and idle, µs per instance."""
-    p = _leaf_phases(res).with_columns(
-        (pl.col(c) / pl.col("instances") / 1e3).alias(c) for c in ("compute_ns", "comm_ns", "idle_ns"))
+def _rank_bars(p: pl.DataFrame):
+    """A figure with one slot per (phase, rank) of ``p``: ``fig, ax, width, names, [(x, phase, rank, row)]``."""
     names = _order(p["phase"].unique().to_list())
     ranks = sorted(p["rank"].unique().to_list())
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(names) * max(len(ranks), 1) + 2), 4.2), layout="constrained")
     width = 0.8 / max(len(ranks), 1)
+    slots = []
     for i, name in enumerate(names):
         for j, rk in enumerate(ranks):
             r = p.filter((pl.col("phase") == name) & (pl.col("rank") == rk))
-            if not r.height:
-                continue
-            row = r.row(0, named=True)
-            x = i + (j - (len(ranks) - 1) / 2) * width
-            bottom = 0.0
-            for col, color, hatch in (("compute_ns", color_of(name), None), ("comm_ns", COMM_COLOR, None),
-                                      ("idle_ns", IDLE_COLOR, "//")):
-                ax.bar(x, row[col], width * 0.92, bottom=bottom, color=color, edgecolor="#555555", linewidth=0.4,
-                       hatch=hatch)
-                bottom += row[col]
-            ax.text(x, bottom, f"r{rk}", ha="center", va="bottom", fontsize=7)
+            if r.height:
+                slots.append((i + (j - (len(ranks) - 1) / 2) * width, name, rk, r.row(0, named=True)))
+    return fig, ax, width, names, slots
+
+
+def phase_bars(res) -> Figure:
+    """Per phase, one stacked bar per rank: compute (phase colour), comm and idle, µs per instance."""
+    p = _leaf_phases(res).with_columns(
+        (pl.col(c) / pl.col("instances") / 1e3).alias(c) for c in ("compute_ns", "comm_ns", "idle_ns"))
+    fig, ax, width, names, slots = _rank_bars(p)
+    for x, name, rk, row in slots:
+        bottom = 0.0
+        for col, color, hatch in (("compute_ns", color_of(name), None), ("comm_ns", COMM_COLOR, None),
+                                  ("idle_ns", IDLE_COLOR, "//")):
+            ax.bar(x, row[col], width * 0.92, bottom=bottom, color=color, edgecolor="#555555", linewidth=0.4,
+                   hatch=hatch)
+            bottom += row[col]
+        ax.text(x, bottom, f"r{rk}", ha="center", va="bottom", fontsize=7)
     ax.set_xticks(range(len(names)), names, rotation=0 if len(names) < 6 else 30)
     ax.set_ylabel("µs per instance (mean)")
     ax.set_title("Per-phase GPU span per rank: compute + comm + idle")
@@ -193,22 +199,13 @@ def comm_split(phases: pl.DataFrame) -> Figure | None:
     p = phases.filter((pl.col("comm_wait_ns") + pl.col("comm_transfer_ns")) > 0)
     if p.height == 0:
         return None
-    names = _order(p["phase"].unique().to_list())
-    ranks = sorted(p["rank"].unique().to_list())
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(names) * max(len(ranks), 1) + 2), 4.2), layout="constrained")
-    width = 0.8 / max(len(ranks), 1)
-    for i, name in enumerate(names):
-        for j, rk in enumerate(ranks):
-            r = p.filter((pl.col("phase") == name) & (pl.col("rank") == rk))
-            if not r.height:
-                continue
-            row = r.row(0, named=True)
-            n = max(row["instances"], 1)
-            x = i + (j - (len(ranks) - 1) / 2) * width
-            w, t = row["comm_wait_ns"] / n / 1e3, row["comm_transfer_ns"] / n / 1e3
-            ax.bar(x, t, width * 0.92, color=COMM_COLOR, edgecolor="#555555", linewidth=0.4)
-            ax.bar(x, w, width * 0.92, bottom=t, color=WAIT_COLOR, edgecolor="#555555", linewidth=0.4)
-            ax.text(x, t + w, f"r{rk}", ha="center", va="bottom", fontsize=7)
+    fig, ax, width, names, slots = _rank_bars(p)
+    for x, _name, rk, row in slots:
+        n = max(row["instances"], 1)
+        w, t = row["comm_wait_ns"] / n / 1e3, row["comm_transfer_ns"] / n / 1e3
+        ax.bar(x, t, width * 0.92, color=COMM_COLOR, edgecolor="#555555", linewidth=0.4)
+        ax.bar(x, w, width * 0.92, bottom=t, color=WAIT_COLOR, edgecolor="#555555", linewidth=0.4)
+        ax.text(x, t + w, f"r{rk}", ha="center", va="bottom", fontsize=7)
     ax.set_xticks(range(len(names)), names)
     ax.set_ylabel("µs per instance (mean)")
     ax.set_title("Communication: transfer vs waiting for the other ranks")
