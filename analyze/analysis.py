@@ -115,6 +115,30 @@ def select_phases(path: str, ranges_df: pl.DataFrame, has_ops: bool, regex: str 
     return sel, how
 
 
+def op_kinds(keys: pl.DataFrame, names: pl.DataFrame, patterns: list[CommPattern]) -> pl.DataFrame:
+    """Each distinct (``name_id``, ``label``) of the ops with its ``name`` and ``comm`` family.
+
+    Names are classified once each here: regexes never run per operation.
+    """
+    kinds = keys.join(names, on="name_id", how="left").with_columns(name=pl.coalesce("name", "label"))
+    return kinds.with_columns(comm=family_expr(pl.col("name"), patterns))
+
+
+def add_kinds(ops: pl.DataFrame, kinds: pl.DataFrame, cols: list[str]) -> pl.DataFrame:
+    """``ops`` with columns ``cols`` of their row in :func:`op_kinds`: a lookup by ``name_id`` (kernels)
+    or ``label`` (copies, memsets, graphs), cheaper than a join on both."""
+    by_id, by_label = kinds.filter(pl.col("name_id").is_not_null()), kinds.filter(pl.col("name_id").is_null())
+    if by_id["name_id"].is_duplicated().any():  # one name id under several labels: join on both
+        return ops.join(kinds.select("name_id", "label", *cols), on=["name_id", "label"], how="left", nulls_equal=True)
+    return ops.with_columns(
+        pl.when(pl.col("name_id").is_not_null())
+        .then(pl.col("name_id").replace_strict(by_id["name_id"], by_id[c], default=None))
+        .otherwise(pl.col("label").replace_strict(by_label["label"], by_label[c], default=None))
+        .alias(c)
+        for c in cols
+    )
+
+
 def analyze(
     report: str | os.PathLike | Trace,
     ranges: str | None = None,
@@ -129,11 +153,8 @@ def analyze(
     diags.append(Diagnostic("info", "RANGE_SELECTION", f"phases are {how}: {sel.height} range instances"))
 
     nested = attribute.nest(sel)
-    # Classify each distinct name once, then join: regexes never run per operation.
-    kinds = trace.ops.select("name_id", "label").unique()
-    kinds = kinds.join(trace.names, on="name_id", how="left").with_columns(name=pl.coalesce("name", "label"))
-    kinds = kinds.with_columns(comm=family_expr(pl.col("name"), patterns))
-    ops = trace.ops.join(kinds, on=["name_id", "label"], how="left", nulls_equal=True)
+    kinds = op_kinds(trace.ops.select("name_id", "label").unique(), trace.names, patterns)
+    ops = add_kinds(trace.ops, kinds, ["name", "comm"])
     ops = attribute.attribute_ops(ops, trace.api, nested)
     rk = breakdown.ranks(ops, trace.devices)
     rank_of = rk.select("pid", "rank")
@@ -145,15 +166,15 @@ def analyze(
     inst = breakdown.add_gpu_idle(inst, blocks)
     seam_inst = breakdown.seam_instances(inst, blocks)
     cov = breakdown.coverage(inst, ops, blocks)
-    return assemble(trace, how, rk, inst, seam_inst, cov, ops, diags, nested, ops)
+    return assemble(trace, how, rk, inst, seam_inst, cov, ops, diags, nested, collectives.comm_kernels(ops, inst))
 
 
 def assemble(trace: Trace, selection: str, ranks: pl.DataFrame, inst: pl.DataFrame, seam_inst: pl.DataFrame,
              cov: pl.DataFrame, ops: pl.DataFrame, diags: list[Diagnostic], nested: pl.DataFrame,
-             comm_ops: pl.DataFrame) -> Result:
+             comm_kernels: pl.DataFrame) -> Result:
     """The Result from the per-instance frames: sums, diagnostics, and the cross-rank comm split.
 
-    ``comm_ops`` holds at least the communication kernels (``kind, rank, rid, corr, start, end, name, comm``).
+    ``comm_kernels``: :func:`analyze.collectives.comm_kernels` of every process, ranks numbered.
     """
     res = Result(
         trace=trace,
@@ -169,7 +190,7 @@ def assemble(trace: Trace, selection: str, ranks: pl.DataFrame, inst: pl.DataFra
         diagnostics=diags,
     )
     diags.extend(diagnose(res, nested))
-    res.phases, comm_diags = collectives.phase_comm_split(res.phases, comm_ops, inst)
+    res.phases, comm_diags = collectives.phase_comm_split(res.phases, comm_kernels)
     diags.extend(comm_diags)
     return res
 

@@ -113,10 +113,17 @@ def ancestors(nested: pl.DataFrame) -> pl.DataFrame:
 def attribute_ops(ops: pl.DataFrame, api: pl.DataFrame, nested: pl.DataFrame) -> pl.DataFrame:
     """GPU ops with their launching call's thread (``gtid``), ``api_name_id`` and range ``rid``.
 
-    The join is on (pid, correlation id): correlation ids are unique only within a process.
+    The join is on (pid, correlation id): correlation ids are unique only within a process (on the
+    correlation id alone when everything is one process: a one-key join is ~3x cheaper).
     """
-    calls = api.join(ops.select("pid", "corr").unique(), on=["pid", "corr"], how="semi")
+    pids = pl.concat([ops["pid"].unique(), api["pid"].unique()]).unique()
+    if pids.len() <= 1:
+        on = ["corr"]
+        calls = api.filter(pl.col("corr").is_in(ops["corr"].implode()))
+    else:
+        on = ["pid", "corr"]
+        calls = api.join(ops.select(on).unique(), on=on, how="semi")
     calls = innermost(calls, nested).select(
         "pid", "corr", "gtid", "rid", api_start="start", api_name_id="name_id"
-    ).unique(["pid", "corr"], keep="first")
-    return ops.join(calls, on=["pid", "corr"], how="left")
+    ).unique(on, keep="first")
+    return ops.join(calls.drop("pid") if on == ["corr"] else calls, on=on, how="left")

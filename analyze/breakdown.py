@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from .intervals import busy_between, busy_function, merge, union_length
+from .intervals import busy_between, busy_function, group_parts, merge, union_length
 
 METRICS = ("span_ns", "busy_ns", "compute_ns", "comm_ns", "idle_ns", "kernel_ns", "ops", "launches")
 
@@ -30,16 +30,19 @@ def instance_metrics(ops: pl.DataFrame, key: str) -> pl.DataFrame:
     """Metrics of each group of ops keyed by ``key`` (a range instance): first/last op, span, busy, ...
 
     ``ops`` must be sorted by start. Busy and comm are union lengths: each op adds the part of it
-    past the running maximum of earlier ends in its group (communication ops among themselves).
+    past the latest end of earlier ops in its group (communication ops among themselves).
     """
     is_comm = pl.col("comm").is_not_null()
-    past = pl.col("end") - pl.max_horizontal(pl.col("start"), pl.col("end").shift(1).cum_max().over(key))
-    past_comm = pl.col("end") - pl.max_horizontal(pl.col("start"), pl.col("end").shift(1).cum_max().over(key, "_c"))
+    rows = ops.filter(pl.col(key).is_not_null()).select(key, "start", "end", "corr", _c=is_comm)
+    # A stable sort by key keeps each group's rows in start order: groups contiguous, no windows.
+    parts = group_parts(rows.sort(key, maintain_order=True), key, only="_c")
+    if parts is None:  # times too wide for the shift: one window per group
+        past = pl.col("end") - pl.max_horizontal(pl.col("start"), pl.col("end").shift(1).cum_max().over(key))
+        past_comm = pl.col("end") - pl.max_horizontal(pl.col("start"), pl.col("end").shift(1).cum_max().over(key, "_c"))
+        parts = rows.with_columns(_p=past.clip(lower_bound=0),
+                                  _q=pl.when("_c").then(past_comm.clip(lower_bound=0)).otherwise(0))
     return (
-        ops.lazy()
-        .filter(pl.col(key).is_not_null())
-        .select(key, "start", "end", "corr", _c=is_comm)
-        .with_columns(_p=past.clip(lower_bound=0), _q=pl.when("_c").then(past_comm.clip(lower_bound=0)).otherwise(0))
+        parts.lazy()
         .group_by(key)
         .agg(
             first=pl.col("start").min(),

@@ -51,6 +51,8 @@ from .load import (
 
 CACHE_VERSION = 1
 FLUSH_ROWS = 2_000_000
+PIECE_ROWS = 2_000_000  # a large table is read in row ranges of this size, by READ_THREADS threads
+READ_THREADS = max(2, min(4, os.cpu_count() or 2))
 SUFFIX = ".spectrace"
 
 
@@ -112,17 +114,19 @@ class Progress:
 
 
 class _Spill:
-    """Per-process buffers of one frame kind, flushed to ``<root>/<pid>/<part>.parquet``."""
+    """Per-process buffers of one piece of one frame kind, flushed to ``<root>/<pid>/<piece>-<part>.parquet``.
 
-    def __init__(self, root: Path):
-        self.root, self.buf, self.rows, self.part = root, {}, 0, 0
-        self.pids: dict[int, int] = {}
-        root.mkdir(parents=True, exist_ok=True)
+    File names sort in read order (pieces are numbered in the order of the tables and row ranges
+    they read), so a process's rows come back in the order a single pass would have read them.
+    """
+
+    def __init__(self, root: Path, piece: int, counts: dict[int, int], lock: threading.Lock):
+        self.root, self.piece, self.buf, self.rows, self.part = root, piece, {}, 0, 0
+        self.counts, self.lock = counts, lock
 
     def add(self, df: pl.DataFrame) -> None:
         for (pid,), part in df.partition_by("pid", as_dict=True, maintain_order=True).items():
             self.buf.setdefault(pid, []).append(part)
-            self.pids[pid] = self.pids.get(pid, 0) + part.height
         self.rows += df.height
         if self.rows >= FLUSH_ROWS:
             self.flush()
@@ -130,9 +134,20 @@ class _Spill:
     def flush(self) -> None:
         for pid, parts in self.buf.items():
             d = self.root / str(pid)
-            d.mkdir(exist_ok=True)
-            pl.concat(parts).write_parquet(d / f"{self.part:05d}.parquet", compression="lz4", statistics=False)
+            d.mkdir(parents=True, exist_ok=True)
+            df = pl.concat(parts)
+            df.write_parquet(d / f"{self.piece:05d}-{self.part:05d}.parquet", compression="lz4", statistics=False)
+            with self.lock:
+                self.counts[pid] = self.counts.get(pid, 0) + df.height
         self.buf, self.rows, self.part = {}, 0, self.part + 1
+
+
+def _pieces(r, table: str, query: str) -> list[str]:
+    """``query`` over ``table`` cut into row ranges that can be read in parallel (SQLite only)."""
+    n = r.max_rowid(table)
+    if not getattr(r, "splittable", False) or n <= PIECE_ROWS:
+        return [query]
+    return [f"{query} WHERE rowid > {lo} AND rowid <= {lo + PIECE_ROWS}" for lo in range(0, n, PIECE_ROWS)]
 
 
 class Store:
@@ -201,40 +216,42 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
         ops_q, api_q = op_queries(r), api_query(r)
         total = sum(r.max_rowid(t) for t, _, _ in ops_q) + (r.max_rowid("CUPTI_ACTIVITY_KIND_RUNTIME") if api_q else 0)
         bar = Progress(total, f"spectrace: reading {Path(report).name}", progress)
-        ops_spill, api_spill = _Spill(dest / "ops"), _Spill(dest / "api")
+        # Pieces (a table, or a row range of a large one) in read order; the threads take the next one.
+        pieces = [("ops", q, post) for t, query, post in ops_q for q in _pieces(r, t, query)]
+        if api_q:
+            pieces += [("api", q, api_q[1]) for q in _pieces(r, "CUPTI_ACTIVITY_KIND_RUNTIME", api_q[0])]
+        counts: dict[str, dict[int, int]] = {"ops": {}, "api": {}}
+        lock = threading.Lock()
         stats = {"dropped": 0, "ids": []}
-
-        def read_ops() -> None:
-            for _, q, post in ops_q:
-                for b in r.batches(q):
-                    df = post(b)
-                    bad = df.select(BAD_OP.sum()).item() or 0
-                    if bad:
-                        stats["dropped"] += int(bad)
-                        df = df.filter(~BAD_OP)
-                    stats["ids"].append(df["name_id"].unique().drop_nulls())
-                    ops_spill.add(df)
-                    bar.add(b.height)
-            ops_spill.flush()
-
-        def read_api() -> None:
-            if api_q:
-                for b in r.batches(api_q[0]):
-                    df = api_q[1](b)
-                    stats["ids"].append(df["name_id"].unique().drop_nulls())
-                    api_spill.add(df)
-                    bar.add(b.height)
-            api_spill.flush()
-
+        todo = iter(enumerate(pieces))
         errors: list[BaseException] = []
 
-        def guard(fn):
+        def work() -> None:
             try:
-                fn()
+                while not errors:
+                    with lock:
+                        i, (kind, q, post) = next(todo, (None, (None, None, None)))
+                    if i is None:
+                        return
+                    spill = _Spill(dest / kind, i, counts[kind], lock)
+                    for b in r.batches(q):
+                        df = post(b)
+                        bad = (df.select(BAD_OP.sum()).item() or 0) if kind == "ops" else 0
+                        if bad:
+                            df = df.filter(~BAD_OP)
+                        ids = df["name_id"].unique().drop_nulls()
+                        with lock:
+                            stats["dropped"] += int(bad)
+                            stats["ids"].append(ids)
+                        spill.add(df)
+                        bar.add(b.height)
+                    spill.flush()
             except BaseException as e:  # re-raised on the calling thread
                 errors.append(e)
 
-        threads = [threading.Thread(target=guard, args=(f,)) for f in (read_ops, read_api)]
+        (dest / "ops").mkdir()
+        (dest / "api").mkdir()
+        threads = [threading.Thread(target=work) for _ in range(READ_THREADS)]
         for t in threads:
             t.start()
         for t in threads:
@@ -253,8 +270,8 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
             "utc": m["utc"],
             "tables": sorted(r.tables),
             "dropped_ops": stats["dropped"],
-            "ops_rows": {str(k): v for k, v in sorted(ops_spill.pids.items())},
-            "api_rows": {str(k): v for k, v in sorted(api_spill.pids.items())},
+            "ops_rows": {str(k): v for k, v in sorted(counts["ops"].items())},
+            "api_rows": {str(k): v for k, v in sorted(counts["api"].items())},
         }
         (dest / "meta.json").write_text(json.dumps(meta, indent=1))
         return dest

@@ -36,39 +36,67 @@ def comm_kernels(ops: pl.DataFrame, instances: pl.DataFrame) -> pl.DataFrame:
 
     ``phase`` is the innermost selected range (null outside any); ``k`` is, per (rank, domain,
     phase), the index by start of the instance among those that launched communication (-1 outside).
+    Everything here is per rank: the kernels of each process can be done on their own and concatenated.
     """
     c = ops.filter((pl.col("kind") == "kernel") & pl.col("comm").is_not_null()).select(
         "rank", "rid", "corr", "start", "end", "name", "comm"
     )
+    # Instance numbers on the instances that launched communication (a small frame), then one join.
     inst = instances.select(rid="row_id", domain="domain", phase="text", _istart="start")
-    c = c.join(inst, on="rid", how="left")
     ks = (
         c.filter(pl.col("rid").is_not_null())
-        .select("rank", "domain", "phase", "rid", "_istart")
+        .select("rank", "rid")
         .unique("rid")
+        .join(inst, on="rid", how="left")
         .sort("_istart", "rid")
         .with_columns(k=pl.int_range(pl.len(), dtype=pl.Int64).over("rank", "domain", "phase"))
-        .select("rid", "k")
+        .select("rid", "domain", "phase", "k")
     )
     c = c.join(ks, on="rid", how="left").with_columns(
         domain=pl.col("domain").fill_null(""),
         phase=pl.col("phase").fill_null(""),
         k=pl.col("k").fill_null(-1),
     )
+    # (rank, rid, name) is the group (rank, domain, phase, k, name): a range instance is one rank's
+    # (domain, phase, k); kernels outside phases (rid null) group per rank and name.
     return (
         c.sort("start", "corr")
-        .with_columns(j=pl.int_range(pl.len(), dtype=pl.Int64).over("rank", *GROUP))
+        .with_columns(j=pl.int_range(pl.len(), dtype=pl.Int64).over("rank", "rid", "name"))
         .select("rank", *KEY, "rid", "corr", "comm", "start", "end")
     )
+
+
+def with_group_ids(kernels: pl.DataFrame) -> pl.DataFrame:
+    """``kernels`` with ``_g``: an integer per group ``(domain, phase, k, name)``, one to one.
+
+    Grouping, sorting and joining on one integer instead of three strings and an integer is what
+    keeps matching fast at millions of kernels. The id packs small dense codes of ``(domain, phase)``
+    and ``name`` with ``k``; when they do not fit in 62 bits, groups are numbered by a group-by.
+    """
+    kernels = kernels.drop("_g", strict=False)
+    if kernels.height == 0:
+        return kernels.with_columns(_g=pl.lit(0, pl.Int64))
+    dp = kernels.select("domain", "phase").unique().with_row_index("_p")
+    names = kernels.select("name").unique().with_row_index("_n")
+    c = kernels.join(dp, on=["domain", "phase"], how="left").join(names, on="name", how="left")
+    bits = [int(x).bit_length() for x in (dp.height, c["k"].max() + 1, names.height)]
+    if sum(bits) <= 62:
+        g = (pl.col("_p").cast(pl.Int64) * 2 ** (bits[1] + bits[2]) + (pl.col("k") + 1) * 2 ** bits[2]
+             + pl.col("_n").cast(pl.Int64))
+        return c.with_columns(_g=g).drop("_p", "_n")
+    ids = c.select("_p", "k", "_n").unique().with_row_index("_g").with_columns(pl.col("_g").cast(pl.Int64))
+    return c.join(ids, on=["_p", "k", "_n"], how="left").drop("_p", "_n")
 
 
 def group_counts(kernels: pl.DataFrame) -> pl.DataFrame:
     """Per group ``(domain, phase, k, name)``: kernels per rank, where it starts, and whether it matches."""
     participants = kernels["rank"].n_unique()
-    per = kernels.group_by(*GROUP, "rank").agg(n=pl.len(), first=pl.col("start").min())
+    per = kernels.group_by("_g", "rank").agg(*[pl.col(c).first() for c in GROUP], n=pl.len(),
+                                               first=pl.col("start").min())
     return (
-        per.group_by(GROUP)
+        per.group_by("_g")
         .agg(
+            *[pl.col(c).first() for c in GROUP],
             ranks=pl.len(),
             n_min=pl.col("n").min(),
             n_max=pl.col("n").max(),
@@ -76,22 +104,33 @@ def group_counts(kernels: pl.DataFrame) -> pl.DataFrame:
             counts=pl.struct("rank", "n").sort_by("rank"),
         )
         .with_columns(matched=(pl.col("ranks") == participants) & (pl.col("n_min") == pl.col("n_max")))
-        .sort("first")
+        .sort("first", "_g")
     )
 
 
-def match(kernels: pl.DataFrame) -> pl.DataFrame:
-    """One row per (matched collective, rank): last arrival, skew, wait, transfer, straggler flag."""
-    good = group_counts(kernels).filter("matched").select(GROUP)
-    m = kernels.join(good, on=GROUP, how="semi")
+def match(kernels: pl.DataFrame, counts: pl.DataFrame | None = None, ordered: bool = True) -> pl.DataFrame:
+    """One row per (matched collective, rank): last arrival, skew, wait, transfer, straggler flag.
+
+    ``kernels`` carry group ids (:func:`with_group_ids`); ``counts`` is :func:`group_counts` of
+    them if already computed. ``ordered``: rows by first arrival, then rank.
+    """
+    counts = group_counts(kernels) if counts is None else counts
+    m = kernels.filter(pl.col("_g").is_in(counts.filter("matched")["_g"].implode()))
+    # Each collective's rows contiguous, by arrival: first, last and second-latest arrivals are
+    # read off its first and last rows (no window per collective).
+    m = m.sort("_g", "j", "start", "rank")
+    new = ((pl.col("_g") != pl.col("_g").shift(1)) | (pl.col("j") != pl.col("j").shift(1))).fill_null(True)
+    m = m.with_columns(_new=new).with_columns(_last=pl.col("_new").shift(-1).fill_null(True),
+                                               _c=pl.col("_new").cum_sum())
     dur = pl.col("end") - pl.col("start")
     return (
         m.with_columns(
             duration_ns=dur,
-            last=pl.col("start").max().over(KEY),
-            _second=pl.col("start").top_k(2).min().over(KEY),
-            first_arrival=pl.col("start").min().over(KEY),
-            end_spread_ns=(pl.col("end").max() - pl.col("end").min()).over(KEY),
+            last=pl.when("_last").then("start").backward_fill(),
+            _second=pl.when("_last").then(pl.when("_new").then("start").otherwise(pl.col("start").shift(1)))
+            .backward_fill(),
+            first_arrival=pl.when("_new").then("start").forward_fill(),
+            end_spread_ns=(pl.col("end").max() - pl.col("end").min()).over("_c"),
         )
         .with_columns(skew_ns=pl.col("last") - pl.col("start"))
         .with_columns(wait_ns=pl.min_horizontal("duration_ns", "skew_ns"))
@@ -100,16 +139,17 @@ def match(kernels: pl.DataFrame) -> pl.DataFrame:
             delay_ns=pl.col("last") - pl.col("_second"),
         )
         .with_columns(is_last=(pl.col("start") == pl.col("last")) & (pl.col("delay_ns") > 0))
-        .drop("_second")
-        .sort("first_arrival", "rank")
+        .drop("_second", "_new", "_last", "_c")
+        .pipe(lambda df: df.sort("first_arrival", "rank") if ordered else df)
     )
 
 
 def per_collective(matched: pl.DataFrame) -> pl.DataFrame:
     """One row per matched collective: its straggler rank (null on a tie) and delay, start spread, end spread."""
     return (
-        matched.group_by(KEY)
+        matched.group_by("_g", "j")
         .agg(
+            *[pl.col(c).first() for c in GROUP],
             ranks=pl.len(),
             first_arrival=pl.col("first_arrival").first(),
             last_arrival=pl.col("last").first(),
@@ -119,6 +159,7 @@ def per_collective(matched: pl.DataFrame) -> pl.DataFrame:
             max_wait_ns=pl.col("wait_ns").max(),
         )
         .with_columns(start_spread_ns=pl.col("last_arrival") - pl.col("first_arrival"))
+        .select(*KEY, pl.exclude(*KEY, "_g"))
         .sort("first_arrival")
     )
 
@@ -180,9 +221,9 @@ def stragglers(matched: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def mismatches(kernels: pl.DataFrame) -> pl.DataFrame:
+def mismatches(kernels: pl.DataFrame, counts: pl.DataFrame | None = None) -> pl.DataFrame:
     """Groups whose kernel counts differ across ranks, in order of their first kernel."""
-    g = group_counts(kernels).filter(~pl.col("matched"))
+    g = (group_counts(kernels) if counts is None else counts).filter(~pl.col("matched"))
     return g.with_columns(phase=pl.when(pl.col("k") >= 0).then("phase")).select(
         "domain", "phase", "k", "name", "first", "counts"
     )
@@ -221,14 +262,14 @@ def _where(row: dict) -> str:
     return f"{phase}, {row['name'][:60]!r} ({counts}) at {row['first'] / 1e6:,.6f} ms on the first report's session clock"
 
 
-def diagnostics(kernels: pl.DataFrame, matched: pl.DataFrame) -> list:
+def diagnostics(kernels: pl.DataFrame, matched: pl.DataFrame, counts: pl.DataFrame | None = None) -> list:
     """Notes on matching: no communication, a single rank, count mismatches (with where they start)."""
     out = []
     if kernels.height == 0:
         return [_diag("info", "COMM_NONE", "no communication kernels: nothing to match across ranks")]
     if kernels["rank"].n_unique() < 2:
         return [_diag("info", "COMM_ONE_RANK", "communication kernels on one rank only: nothing to match across ranks")]
-    mm = mismatches(kernels)
+    mm = mismatches(kernels, counts)
     if mm.height:
         left = kernels.height - matched.height
         first = mm.row(0, named=True)
@@ -254,15 +295,19 @@ def diagnostics(kernels: pl.DataFrame, matched: pl.DataFrame) -> list:
     return out
 
 
-def phase_comm_split(phases: pl.DataFrame, ops: pl.DataFrame, instances: pl.DataFrame) -> tuple[pl.DataFrame, list]:
-    """``phases`` with ``comm_wait_ns`` / ``comm_transfer_ns`` (matched collectives, one report) and diagnostics."""
-    kernels = comm_kernels(ops, instances)
-    matched = match(kernels)
+def phase_comm_split(phases: pl.DataFrame, kernels: pl.DataFrame) -> tuple[pl.DataFrame, list]:
+    """``phases`` with ``comm_wait_ns`` / ``comm_transfer_ns`` (matched collectives, one report) and diagnostics.
+
+    ``kernels``: :func:`comm_kernels` of the report (of all its processes, ranks numbered).
+    """
+    kernels = with_group_ids(kernels)
+    counts = group_counts(kernels)
+    matched = match(kernels, counts, ordered=False)
     split = phase_split(matched)
     out = phases.join(split, on=["rank", "domain", "phase"], how="left", maintain_order="left").with_columns(
         pl.col(*SPLIT).fill_null(0).cast(pl.Int64)
     )
-    return out, [d for d in diagnostics(kernels, matched) if d.code not in ("COMM_NONE", "COMM_ONE_RANK")]
+    return out, [d for d in diagnostics(kernels, matched, counts) if d.code not in ("COMM_NONE", "COMM_ONE_RANK")]
 
 
 @dataclass
@@ -284,7 +329,7 @@ class CommReport:
         """The JSON document: ``collectives`` and ``stragglers`` keys as in the README."""
         from .analysis import _version
 
-        n_coll = self.matched.select(pl.struct(KEY).n_unique()).item() if self.matched.height else 0
+        n_coll = self.matched.select(pl.struct("_g", "j").n_unique()).item() if self.matched.height else 0
         return {
             "spectrace_version": _version(),
             "reports": self.reports,
@@ -316,7 +361,7 @@ def cross_rank(results: list) -> CommReport:
         rank_rows.append(r.ranks.select(rank=pl.col("rank") + base, report=pl.lit(i), path=pl.lit(r.trace.path),
                                         pid="pid", device="device"))
         base += r.ranks.height
-    kernels = pl.concat(parts)
+    kernels = with_group_ids(pl.concat(parts))  # group ids over all reports
     ranks = pl.concat(rank_rows)
     clock: dict[str, Any] = {"reports": len(results)}
     if len(results) == 1:
@@ -334,19 +379,20 @@ def cross_rank(results: list) -> CommReport:
             table = table.join(sess.rename({"offset_ns": "session_offset_ns"}), on="report")
         else:
             table = table.with_columns(session_offset_ns=pl.lit(None, pl.Int64))
-        good = kernels.join(group_counts(kernels).filter("matched").select(GROUP), on=GROUP, how="semi")
-        clock.update({f"before_refine_{k}": v for k, v in align.end_spread(good, KEY).items()})
+        good = kernels.filter(pl.col("_g").is_in(group_counts(kernels).filter("matched")["_g"].implode()))
+        clock.update({f"before_refine_{k}": v for k, v in align.end_spread(good, ["_g", "j"]).items()})
         if good.height:
-            sk = align.end_skew(good, KEY).with_columns(pl.col("report").cast(pl.Int32))
+            sk = align.end_skew(good, ["_g", "j"]).with_columns(pl.col("report").cast(pl.Int32))
             kernels = align.shift(kernels, sk.select("report", offset_ns=-pl.col("offset_ns")))
             steps.append("median skew of collective end times")
             table = table.join(sk.select("report", refine_ns=-pl.col("offset_ns"), refine_collectives="collectives"),
                                on="report", how="left")
         clock["alignment"] = " + ".join(steps) or "none (a report lacks utcEpochNs and no collective matched)"
         clock["per_report"] = table.with_columns(path=pl.Series([r.trace.path for r in results])).to_dicts()
-    matched = match(kernels)
-    clock.update(align.end_spread(matched, KEY))
-    diags = diagnostics(kernels, matched)
+    counts = group_counts(kernels)
+    matched = match(kernels, counts)
+    clock.update(align.end_spread(matched, ["_g", "j"]))
+    diags = diagnostics(kernels, matched, counts)
     diags.insert(0, _diag("info", "COMM_CLOCK", f"clock: {clock['alignment']}"))
     return CommReport(
         reports=[r.trace.path for r in results],
@@ -356,7 +402,7 @@ def cross_rank(results: list) -> CommReport:
         matched=matched,
         collectives=summary(matched),
         stragglers=stragglers(matched),
-        mismatches=mismatches(kernels),
+        mismatches=mismatches(kernels, counts),
         clock=clock,
         diagnostics=diags,
     )

@@ -16,6 +16,34 @@ def _prev_end(by: list[str]) -> pl.Expr:
     return prev.over(by) if by else prev
 
 
+def group_parts(df: pl.DataFrame, key: str, only: str | None = None) -> pl.DataFrame | None:
+    """Add ``_p`` (and ``_q`` with ``only``): each row's share of its group's union length.
+
+    A row adds the part of it past the latest end of the group's earlier rows (``_q``: among the
+    rows where the boolean column ``only`` holds; 0 elsewhere), so ``_p`` summed per group is the
+    group's busy time. ``df`` must be sorted by ``key`` and then by ``start``. Rows are shifted by
+    ``group index * (longest group)`` from their group's first start, so that one running maximum
+    over the frame never carries from one group into the next: no window per group. None when that
+    shift could overflow.
+    """
+    if df.height == 0:
+        return df.with_columns(_p=pl.lit(0, pl.Int64), **({"_q": pl.lit(0, pl.Int64)} if only else {}))
+    new = (pl.col(key) != pl.col(key).shift(1)).fill_null(True)
+    base = pl.when(new).then(pl.col("start")).forward_fill()  # the group's first start
+    out = df.with_columns(_g=new.cum_sum().cast(pl.Int64), _s=pl.col("start") - base, _e=pl.col("end") - base)
+    width = (out["_e"].max() or 0) + 1
+    if width * (out["_g"][-1] + 1) >= 2**62:
+        return None
+    out = out.with_columns(_s=pl.col("_s") + pl.col("_g") * width, _e=pl.col("_e") + pl.col("_g") * width)
+    prev = pl.col("_e").shift(1).cum_max().fill_null(0)
+    cols = {"_p": (pl.col("_e") - pl.max_horizontal("_s", prev)).clip(lower_bound=0)}
+    if only:
+        # Offsets are >= 0, so 0 stands for "no earlier row" in the running maximum.
+        prev_c = pl.when(only).then("_e").otherwise(0).cum_max().shift(1).fill_null(0)
+        cols["_q"] = pl.when(only).then((pl.col("_e") - pl.max_horizontal("_s", prev_c)).clip(lower_bound=0)).otherwise(0)
+    return out.with_columns(**cols).drop("_g", "_s", "_e")
+
+
 def merge(df: pl.DataFrame | pl.LazyFrame, by: Sequence[str] = (), presorted: bool = False) -> pl.LazyFrame:
     """The union of the intervals of each group, as disjoint sorted blocks ``by..., start, end``.
 

@@ -54,6 +54,8 @@ def check_file(path: str | os.PathLike) -> Path:
 class Reader:
     """A read-only connection that returns polars frames."""
 
+    splittable = True  # a query may be cut into rowid ranges, each read on its own connection
+
     def __init__(self, path: str | os.PathLike):
         self.path = check_file(path)
         uri = f"file:{quote(str(self.path.resolve()))}?mode=ro&immutable=1"

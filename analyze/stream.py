@@ -6,7 +6,8 @@ parquet cache (:mod:`analyze.cache`), runs the same steps as :func:`analyze.anal
 (the same functions of :mod:`analyze.attribute` and :mod:`analyze.breakdown`), keeps the small
 per-instance, per-seam and coverage rows, and drops the ops. What is global is done once at the
 end on those small frames: rank numbering, per-phase sums, cross-rank collective matching (which
-needs only the communication kernels, kept from every process) and the diagnostics.
+needs only the communication kernels, numbered per process by instance and ordinal) and the
+diagnostics.
 
 The result equals the in-memory one (tests compare both on the same inputs), except that
 ``Result.ops`` and ``Result.trace.ops``/``api`` hold only what the global steps need:
@@ -21,27 +22,27 @@ from concurrent.futures import ThreadPoolExecutor
 
 import polars as pl
 
-from . import attribute, breakdown
-from .analysis import GRAPH_LAUNCH, Diagnostic, Result, assemble, select_phases
+from . import attribute, breakdown, collectives
+from .analysis import GRAPH_LAUNCH, Diagnostic, Result, add_kinds, assemble, op_kinds, select_phases
 from .cache import Progress, Store
-from .comm import PATTERNS, CommPattern, family_expr
+from .comm import PATTERNS, CommPattern
 
 WORKER_ROWS = 3_000_000  # two processes at once up to this size: 20 M kernels (2.6 M per process) peak 3.4 GB either way
 
 
 def _keep(ops: pl.DataFrame, launches: pl.DataFrame) -> pl.DataFrame:
-    """The ops the global steps need (see the module docstring)."""
-    graph_launch_ops = ops.join(launches.select("pid", "corr"), on=["pid", "corr"], how="semi").unique(
-        ["pid", "corr"], keep="first", maintain_order=True)
-    return pl.concat([
+    """The ops of one process the global steps need (see the module docstring), in their order."""
+    ops = ops.with_row_index("_i")
+    wanted = pl.concat([
         ops.filter(
             ((pl.col("kind") == "kernel") & pl.col("comm").is_not_null())
             | (pl.col("kind") == "graph")
             | pl.col("gtid").is_null()
-        ),
-        graph_launch_ops,
-        ops.filter(pl.col("graph_node").is_not_null()).head(1),
-    ]).unique(maintain_order=True)
+        )["_i"],
+        ops.filter(pl.col("corr").is_in(launches["corr"].implode())).unique("corr", keep="first")["_i"],
+        ops.filter(pl.col("graph_node").is_not_null())["_i"].head(1),
+    ]).unique().sort()
+    return ops.drop("_i")[wanted]
 
 
 def analyze_store(
@@ -58,12 +59,10 @@ def analyze_store(
     sel, how = select_phases(head.path, head.ranges, any(store.meta["ops_rows"].values()), ranges)
     diags.append(Diagnostic("info", "RANGE_SELECTION", f"phases are {how}: {sel.height} range instances"))
     nested_all = attribute.nest(sel)
-    kinds = store.scan("ops").select("name_id", "label").unique().collect()
-    kinds = kinds.join(head.names, on="name_id", how="left").with_columns(name=pl.coalesce("name", "label"))
-    kinds = kinds.with_columns(comm=family_expr(pl.col("name"), patterns))
+    kinds = op_kinds(store.scan("ops").select("name_id", "label").unique().collect(), head.names, patterns)
     launch_ids = head.names.filter(pl.col("name").str.contains(GRAPH_LAUNCH))["name_id"]
 
-    parts: dict[str, list[pl.DataFrame]] = {k: [] for k in ("ranks", "inst", "seam", "cov", "ops", "api")}
+    parts: dict[str, list[pl.DataFrame]] = {k: [] for k in ("ranks", "inst", "seam", "cov", "ops", "api", "kern")}
     pids = store.pids
     bar = Progress(sum(store.meta["ops_rows"].values()), "spectrace: analysing", progress)
     def one(pid: int) -> dict[str, pl.DataFrame]:
@@ -72,8 +71,7 @@ def analyze_store(
         api = store.scan("api", [pid]).collect()
         nested = nested_all.filter(pl.col("pid") == pid)
         # Kernel names (long strings) are joined only onto the ops kept at the end: nothing per process reads them.
-        ops = ops.join(kinds.select("name_id", "label", "comm"), on=["name_id", "label"], how="left",
-                       nulls_equal=True)
+        ops = add_kinds(ops, kinds, ["comm"])
         ops = attribute.attribute_ops(ops, api, nested)
         rk = breakdown.ranks(ops, head.devices)  # one row: its rank is fixed once all processes are in
         rank_of = rk.select("pid", "rank")
@@ -81,8 +79,7 @@ def analyze_store(
         nested = nested.join(rank_of, on="pid", how="left")
         launches = api.filter(pl.col("name_id").is_in(launch_ids.implode()))
         del api
-        kept = _keep(ops, launches).join(kinds.select("name_id", "label", "name"), on=["name_id", "label"],
-                                         how="left", nulls_equal=True, maintain_order="left")
+        kept = add_kinds(_keep(ops, launches), kinds, ["name"])
         cols = ops.columns
         out["ops"] = kept.select(*cols[: cols.index("comm")], "name", *cols[cols.index("comm"):])
         out["api"] = launches
@@ -98,6 +95,8 @@ def analyze_store(
             out["seam"] = breakdown.seam_instances(inst, blocks)
             out["cov"] = breakdown.coverage(inst, ops, blocks)
             out["inst"] = inst
+            # Collective matching is global, but each kernel's group (instance k, ordinal j) is per rank.
+            out["kern"] = collectives.comm_kernels(out["ops"], inst).with_columns(pid=pl.lit(pid, pl.Int64))
         elif nested.height:  # API calls but no GPU work: its ranges still count as instances
             out["inst"] = breakdown.instances(nested, ops, attribute.ancestors(nested)).with_columns(
                 x_gpu_idle_ns=pl.lit(0, pl.Int64), i_gpu_idle_ns=pl.lit(0, pl.Int64))
@@ -138,8 +137,7 @@ def analyze_store(
     cov = renumber(pl.concat(parts["cov"])).sort("rank") if parts["cov"] else pl.DataFrame()
     ops = renumber(pl.concat(parts.pop("ops"))).sort("start")
     trace = dataclasses.replace(head, ops=ops.select(head.ops.columns), api=pl.concat(parts["api"]))
+    kern = (renumber(pl.concat(parts["kern"])).drop("pid") if parts["kern"]
+            else collectives.comm_kernels(ops, inst))
     parts.clear()  # the per-process pieces are concatenated: let them go before matching collectives
-    # Only the columns collective matching reads: its filtered copy stays small at 20M kernels.
-    comm = ops.filter((pl.col("kind") == "kernel") & pl.col("comm").is_not_null()).select(
-        "kind", "rank", "rid", "corr", "start", "end", pl.col("name").cast(pl.Categorical), "comm")
-    return assemble(trace, how, rk, inst, seam_inst, cov, ops, diags, nested, comm)
+    return assemble(trace, how, rk, inst, seam_inst, cov, ops, diags, nested, kern)

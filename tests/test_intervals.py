@@ -6,7 +6,8 @@ import polars as pl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analyze.intervals import busy_between, merge, union_length
+from analyze import breakdown
+from analyze.intervals import busy_between, group_parts, merge, union_length
 
 ivs = st.lists(st.tuples(st.integers(0, 60), st.integers(0, 15), st.integers(0, 2)), min_size=0, max_size=25)
 
@@ -49,6 +50,37 @@ def test_busy_between_is_covered_points_in_window(items, windows):
     pts = covered(items, 0)
     for a, b, busy in got.select("a", "b", "busy").rows():
         assert busy == len([t for t in pts if a <= t < b])
+
+
+flagged = st.lists(st.tuples(st.integers(0, 60), st.integers(0, 15), st.integers(0, 2), st.booleans()),
+                   min_size=0, max_size=25)
+
+
+@settings(max_examples=200, deadline=None)
+@given(flagged, st.integers(0, 2**40))
+def test_group_parts_sum_to_union_lengths(items, shift):
+    """Per group: ``_p`` sums to the union, ``_q`` to the union of the flagged rows; any absolute time."""
+    df = pl.DataFrame({"g": [g for _, _, g, _ in items], "start": [s + shift for s, _, _, _ in items],
+                       "end": [s + d + shift for s, d, _, _ in items], "f": [f for *_, f in items]},
+                      schema={"g": pl.Int64, "start": pl.Int64, "end": pl.Int64, "f": pl.Boolean})
+    got = group_parts(df.sort("start").sort("g", maintain_order=True), "g", only="f")
+    sums = {g: (p, q) for g, p, q in got.group_by("g").agg(pl.col("_p").sum(), pl.col("_q").sum()).rows()}
+    for g in {gg for _, _, gg, _ in items}:
+        flagged_pts = {t for s, d, gg, f in items if gg == g and f for t in range(s, s + d)}
+        assert sums[g] == (len(covered([(s, d, gg) for s, d, gg, _ in items], g)), len(flagged_pts))
+
+
+def test_instance_metrics_fall_back_when_the_shift_would_overflow():
+    """Groups far apart in time (span * groups >= 2**62): the windowed path gives the same sums."""
+    far = 2**61
+    ops = pl.DataFrame({"rid": [1, 2, 1, 2, 3], "start": [0, 5, 10, far, far + 1], "end": [20, 8, 15, far + 9, far + 4],
+                        "corr": [1, 2, 3, 4, 5], "comm": [None, "nccl", None, "nccl", None]},
+                       schema_overrides={"comm": pl.String})
+    assert group_parts(ops.sort("rid", maintain_order=True), "rid") is None
+    got = breakdown.instance_metrics(ops, "rid").sort("rid")
+    assert got["busy_ns"].to_list() == [20, 3 + 9, 3]  # rid 2: [5, 8) and [far, far + 9)
+    assert got["comm_ns"].to_list() == [0, 12, 0]
+    assert got["span_ns"].to_list() == [20, far + 4, 3]
 
 
 ops_st = st.lists(st.tuples(st.integers(1, 3), st.integers(0, 400), st.integers(1, 60), st.booleans(),
