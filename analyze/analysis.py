@@ -126,7 +126,8 @@ def op_kinds(keys: pl.DataFrame, names: pl.DataFrame, patterns: list[CommPattern
 
 def add_kinds(ops: pl.DataFrame, kinds: pl.DataFrame, cols: list[str]) -> pl.DataFrame:
     """``ops`` with columns ``cols`` of their row in :func:`op_kinds`: a lookup by ``name_id`` (kernels)
-    or ``label`` (copies, memsets, graphs), cheaper than a join on both."""
+    or ``label`` (copies, memsets, graphs), cheaper than a join on both. Columns keep their type in ``kinds``.
+    """
     by_id, by_label = kinds.filter(pl.col("name_id").is_not_null()), kinds.filter(pl.col("name_id").is_null())
     if by_id["name_id"].is_duplicated().any():  # one name id under several labels: join on both
         return ops.join(kinds.select("name_id", "label", *cols), on=["name_id", "label"], how="left", nulls_equal=True)

@@ -15,11 +15,12 @@ METRICS = ("span_ns", "busy_ns", "compute_ns", "comm_ns", "idle_ns", "kernel_ns"
 
 def ranks(ops: pl.DataFrame, devices: pl.DataFrame) -> pl.DataFrame:
     """One rank per process with GPU work, numbered in device order: ``rank, pid, device, ...``."""
-    per = ops.group_by("pid").agg(
-        device=pl.col("device").mode().min(),
-        devices=pl.col("device").unique().sort(),
-        gpu_ops=pl.len(),
-        kernel_ns=(pl.col("end") - pl.col("start")).sum(),
+    per_device = ops.group_by("pid", "device").agg(n=pl.len(), kernel_ns=(pl.col("end") - pl.col("start")).sum())
+    per = per_device.sort("pid", "n", "device", descending=[False, True, False]).group_by("pid").agg(
+        device=pl.col("device").first(),  # the most used device (the lowest on a tie)
+        devices=pl.col("device").sort(),
+        gpu_ops=pl.col("n").sum().cast(pl.UInt32),
+        kernel_ns=pl.col("kernel_ns").sum(),
     )
     per = per.sort("device", "pid").with_columns(rank=pl.int_range(pl.len()).cast(pl.Int64))
     per = per.join(devices, on="device", how="left")
@@ -155,7 +156,7 @@ def gpu_blocks(ops: pl.DataFrame) -> pl.DataFrame:
 
     With ``before`` (busy time of the process's earlier blocks), ready for repeated window queries.
     """
-    return busy_function(merge(ops, ["pid"], presorted=True), ["pid"]).collect()
+    return busy_function(merge(ops, ["pid"], presorted=True).collect(), ["pid"]).collect()
 
 
 def seam_instances(inst: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:

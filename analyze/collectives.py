@@ -158,7 +158,7 @@ def per_collective(matched: pl.DataFrame) -> pl.DataFrame:
             end_spread_ns=pl.col("end_spread_ns").first(),
             max_wait_ns=pl.col("wait_ns").max(),
         )
-        .with_columns(start_spread_ns=pl.col("last_arrival") - pl.col("first_arrival"))
+        .with_columns(start_spread_ns=pl.col("last_arrival") - pl.col("first_arrival"), name=pl.col("name").cast(pl.String))
         .select(*KEY, pl.exclude(*KEY, "_g"))
         .sort("first_arrival")
     )
@@ -184,7 +184,7 @@ def summary(matched: pl.DataFrame) -> pl.DataFrame:
             skew_p99_ns=_q("skew_ns", 0.99),
             last_arrivals=pl.col("is_last").sum().cast(pl.Int64),
         )
-        .with_columns(phase=pl.when(~pl.col("outside")).then("phase"))
+        .with_columns(phase=pl.when(~pl.col("outside")).then("phase"), name=pl.col("name").cast(pl.String))
         .drop("outside")
         .sort("phase", "name", "rank", nulls_last=True)
     )
@@ -224,7 +224,7 @@ def stragglers(matched: pl.DataFrame) -> pl.DataFrame:
 def mismatches(kernels: pl.DataFrame, counts: pl.DataFrame | None = None) -> pl.DataFrame:
     """Groups whose kernel counts differ across ranks, in order of their first kernel."""
     g = (group_counts(kernels) if counts is None else counts).filter(~pl.col("matched"))
-    return g.with_columns(phase=pl.when(pl.col("k") >= 0).then("phase")).select(
+    return g.with_columns(phase=pl.when(pl.col("k") >= 0).then("phase"), name=pl.col("name").cast(pl.String)).select(
         "domain", "phase", "k", "name", "first", "counts"
     )
 

@@ -95,18 +95,38 @@ def union_length(df: pl.DataFrame | pl.LazyFrame, by: Sequence[str] = (), name: 
     return lf.group_by(by).agg(part.sum().alias(name)) if by else lf.select(part.sum().alias(name))
 
 
+def _one_group(by: list[str], *frames: pl.DataFrame | pl.LazyFrame) -> bool:
+    """Whether all rows of these (eager) frames share one value of ``by``: then no grouping is needed.
+
+    The streamed analysis works one process at a time, so its ``pid`` groups are always one.
+    """
+    seen = set()
+    for f in frames:
+        if not isinstance(f, pl.DataFrame):
+            return False
+        if f.height == 0:
+            continue
+        for c in by:
+            col = f[c]
+            if col.null_count() or col.min() != col.max():
+                return False
+        seen.add(tuple(f[c][0] for c in by))
+    return len(seen) <= 1
+
+
 def busy_function(blocks: pl.DataFrame | pl.LazyFrame, by: Sequence[str]) -> pl.LazyFrame:
     """Blocks with ``before``: the busy time of all earlier blocks of the group.
 
     Busy time in ``[0, t]`` is then ``before + clip(t - start, 0, end - start)`` for the last block
     starting at or before ``t`` (see :func:`busy_between`).
     """
-    by = list(by)
+    by = [] if _one_group(list(by), blocks) else list(by)
     length = pl.col("end") - pl.col("start")
+    lf = blocks.lazy()
     # Sorted by start across groups (what the as-of joins need); within a group that is block order.
-    return blocks.lazy().sort("start").with_columns(
-        before=(length.cum_sum() - length).over(by) if by else length.cum_sum() - length
-    )
+    if not (isinstance(blocks, pl.DataFrame) and blocks["start"].is_sorted()):
+        lf = lf.sort("start")
+    return lf.with_columns(before=(length.cum_sum() - length).over(by) if by else length.cum_sum() - length)
 
 
 def busy_at(fn: pl.LazyFrame, points: pl.LazyFrame, t: str, by: Sequence[str], out: str) -> pl.LazyFrame:
@@ -130,6 +150,8 @@ def busy_between(
 
     ``blocks`` may already be a :func:`busy_function` (a ``before`` column): it is then used as is.
     """
+    if _one_group(list(by), blocks, windows):
+        by = []
     lf = blocks.lazy()
     fn = lf if "before" in lf.collect_schema().names() else busy_function(blocks, by)
     w = windows.lazy().with_row_index("_w")

@@ -32,17 +32,15 @@ WORKER_ROWS = 3_000_000  # two processes at once up to this size: 20 M kernels (
 
 def _keep(ops: pl.DataFrame, launches: pl.DataFrame) -> pl.DataFrame:
     """The ops of one process the global steps need (see the module docstring), in their order."""
-    ops = ops.with_row_index("_i")
-    wanted = pl.concat([
-        ops.filter(
-            ((pl.col("kind") == "kernel") & pl.col("comm").is_not_null())
-            | (pl.col("kind") == "graph")
-            | pl.col("gtid").is_null()
-        )["_i"],
-        ops.filter(pl.col("corr").is_in(launches["corr"].implode())).unique("corr", keep="first")["_i"],
-        ops.filter(pl.col("graph_node").is_not_null())["_i"].head(1),
-    ]).unique().sort()
-    return ops.drop("_i")[wanted]
+    is_launch = pl.col("corr").is_in(launches["corr"].implode())
+    node = pl.col("graph_node").is_not_null()
+    return ops.filter(
+        ((pl.col("kind") == "kernel") & pl.col("comm").is_not_null())
+        | (pl.col("kind") == "graph")
+        | pl.col("gtid").is_null()
+        | (is_launch & pl.when(is_launch).then(pl.col("corr")).is_first_distinct())  # one op per graph launch
+        | (node & (node.cum_sum() == 1))  # the first graph node op: the trace is in node mode
+    )
 
 
 def analyze_store(
@@ -60,6 +58,8 @@ def analyze_store(
     diags.append(Diagnostic("info", "RANGE_SELECTION", f"phases are {how}: {sel.height} range instances"))
     nested_all = attribute.nest(sel)
     kinds = op_kinds(store.scan("ops").select("name_id", "label").unique().collect(), head.names, patterns)
+    # Kernel names are long and repeat millions of times: Categorical until the Result is handed out.
+    kinds = kinds.with_columns(pl.col("name").cast(pl.Categorical))
     launch_ids = head.names.filter(pl.col("name").str.contains(GRAPH_LAUNCH))["name_id"]
 
     parts: dict[str, list[pl.DataFrame]] = {k: [] for k in ("ranks", "inst", "seam", "cov", "ops", "api", "kern")}
@@ -108,7 +108,7 @@ def analyze_store(
     biggest = max([*store.meta["ops_rows"].values(), 0])
     n = max(1, workers if biggest <= WORKER_ROWS else 1)
     with ThreadPoolExecutor(max_workers=n) as ex:
-        for out in ex.map(one, pids):
+        for out in (ex.map(one, pids) if n > 1 else map(one, pids)):
             for k, v in out.items():
                 parts[k].append(v)
     bar.close()
@@ -140,4 +140,7 @@ def analyze_store(
     kern = (renumber(pl.concat(parts["kern"])).drop("pid") if parts["kern"]
             else collectives.comm_kernels(ops, inst))
     parts.clear()  # the per-process pieces are concatenated: let them go before matching collectives
-    return assemble(trace, how, rk, inst, seam_inst, cov, ops, diags, nested, kern)
+    res = assemble(trace, how, rk, inst, seam_inst, cov, ops, diags, nested, kern)
+    del kern, ops
+    res.ops = res.ops.with_columns(pl.col("name").cast(pl.String))  # as the in-memory Result has them
+    return res
