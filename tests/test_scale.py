@@ -174,3 +174,28 @@ def test_many_reports_on_any_executor(tmp_path):
     with ThreadPoolExecutor(2) as ex:
         m = analyze_many([str(a), str(b)], executor=ex)
     assert m.ranks["rank"].to_list() == [0, 1] and m.clock["reports"] == 2
+
+
+def test_inflated_million_kernel_trace_projection_equals_nsys_stats(tmp_path):
+    """At 1 M kernels (the probe inflated 4 x 17, as ``make bench`` makes it), streamed: every phase's
+    projected span, GPU ops, instances and range time equal NVIDIA's ``nsys stats --report
+    nvtx_gpu_proj_sum``, run on the lent H200 host by tests/device/scale_bench.sh."""
+    import csv
+
+    from pathlib import Path
+
+    from analyze.inflate import inflate
+
+    dst = tmp_path / "inflated.sqlite"
+    counts = inflate(need(PROBE), dst, 4, 17)
+    assert counts["CUPTI_ACTIVITY_KIND_KERNEL"] == 1_023_672
+    res = analyze_store(open_store(dst, cache_dir=tmp_path / "c"))
+    ours = {r["range"]: r for r in res.to_dict()["ranges_all_ranks"]}
+    with open(Path(__file__).parent / "data" / "inflated_4x17_nvtx_gpu_proj_sum.csv") as f:
+        nsys = {r["Range"]: r for r in csv.DictReader(f) if r["Range"].startswith(":eagle3.")}
+    assert len(nsys) == 5
+    for name, row in nsys.items():
+        o = ours[name[1:]]
+        assert (o["proj_span_ns"], o["launches"], o["instances"], o["range_ns"]) == (
+            int(row["Total Proj Time (ns)"]), int(row["Total GPU Ops"]), int(row["Range Instances"]),
+            int(row["Total Range Time (ns)"])), name
