@@ -208,8 +208,6 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
     try:
         m = read_meta(r)
         dest.mkdir(parents=True)
-        ranges, _ = _ranges(r, m["duration"])
-        ranges.write_parquet(dest / "ranges.parquet")
         strings = _strings(r)
         _devices(r).write_parquet(dest / "devices.parquet")
         _nsys_diagnostics(r).write_parquet(dest / "diagnostics.parquet")
@@ -249,9 +247,15 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
             except BaseException as e:  # re-raised on the calling thread
                 errors.append(e)
 
+        def read_ranges() -> None:  # NVTX ranges, beside the pieces (its own connection)
+            try:
+                _ranges(r, m["duration"])[0].write_parquet(dest / "ranges.parquet")
+            except BaseException as e:
+                errors.append(e)
+
         (dest / "ops").mkdir()
         (dest / "api").mkdir()
-        threads = [threading.Thread(target=work) for _ in range(READ_THREADS)]
+        threads = [threading.Thread(target=read_ranges)] + [threading.Thread(target=work) for _ in range(READ_THREADS)]
         for t in threads:
             t.start()
         for t in threads:
