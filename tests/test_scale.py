@@ -181,7 +181,6 @@ def test_inflated_million_kernel_trace_projection_equals_nsys_stats(tmp_path):
     projected span, GPU ops, instances and range time equal NVIDIA's ``nsys stats --report
     nvtx_gpu_proj_sum``, run on the lent H200 host by tests/device/scale_bench.sh."""
     import csv
-
     from pathlib import Path
 
     from analyze.inflate import inflate
