@@ -12,12 +12,18 @@ import importlib
 import os
 import sys
 
+from .errors import InputError  # no polars in it
+
 # Before polars loads (only here, in spectrace's own process; a user's setting wins): keep freed
 # pages 2 s rather than polars' 0.5 s, so that the next step reuses them instead of faulting fresh
 # ones in. At 20 M kernels this cut system time 14 -> 10 s and the analysis 29 -> 25 s (BENCHMARKS.md).
-os.environ.setdefault("_RJEM_MALLOC_CONF", "dirty_decay_ms:2000,muzzy_decay_ms:0")
-
-from .errors import InputError
+MALLOC_VAR = "_RJEM_MALLOC_CONF"
+_USER_MALLOC = os.environ.get(MALLOC_VAR)
+if _USER_MALLOC is None:
+    os.environ[MALLOC_VAR] = "dirty_decay_ms:2000,muzzy_decay_ms:0"
+# Commands that start the user's programs (an SGLang server under nsys): they get the variable as it was
+# (importing polars rewrites it too).
+LAUNCHERS = {"trace", "demo-workload"}
 
 # Subcommand modules, in help order. Importing them must stay cheap (no torch, no sglang).
 SUBCOMMANDS = (
@@ -37,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
     parser.add_argument("--version", action="version", version=f"spectrace {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND")
     for name in SUBCOMMANDS:
         try:
             mod = importlib.import_module(name)
@@ -52,6 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "subcommand", None) in LAUNCHERS:  # polars, already loaded, keeps its own setting
+        if _USER_MALLOC is None:
+            os.environ.pop(MALLOC_VAR, None)
+        else:
+            os.environ[MALLOC_VAR] = _USER_MALLOC
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -164,3 +164,22 @@ def test_workload_settings_in_manifest():
                                        "--baseline", "--no-graphs"])
     assert cfg["workload"] == "nvtx_hooks.workload" and cfg["steps"] == 2 and cfg["tp"] == 2
     assert cfg["baseline"] is True and cfg["graphs"] is False and cfg["algorithm"] == "none"
+
+
+@pytest.mark.parametrize("preset", [None, "narenas:2"])
+def test_traced_command_gets_the_environment_unchanged_by_spectrace(tmp_path, nsys, preset):
+    """The spectrace command sets polars' allocator variable for itself only: the profiled program
+    (an SGLang server) sees it exactly as the user had it."""
+    env = {k: v for k, v in os.environ.items() if k != "_RJEM_MALLOC_CONF"}
+    if preset:
+        env["_RJEM_MALLOC_CONF"] = preset
+    seen = tmp_path / "seen"
+    prog = f"import os, pathlib; pathlib.Path({str(seen)!r}).write_text(repr(os.environ.get('_RJEM_MALLOC_CONF')))"
+    rc = subprocess.run([sys.executable, "-m", "analyze.cli", "trace", "--nsys", str(nsys), "-o", str(tmp_path / "t"),
+                         "--", sys.executable, "-c", prog], env=env, capture_output=True).returncode
+    assert rc == 0
+    assert seen.read_text() == repr(preset)
+    # ...while spectrace's own process (an analysis) keeps freed pages longer than polars' default.
+    probe = "import analyze.cli, polars, os; print(os.environ['_RJEM_MALLOC_CONF'])"
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True).stdout
+    assert out.strip().endswith(preset or "dirty_decay_ms:2000,muzzy_decay_ms:0")
