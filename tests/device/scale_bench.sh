@@ -4,6 +4,10 @@
 # tp2_probe_node.sqlite) and .whlbench (polars, polars-runtime-32, adbc-driver-manager/sqlite wheels
 # for CPython 3.12; pyarrow is already there):
 #   bash tests/device/scale_bench.sh
+# .whlbench was filled here with (58 MiB; with the tree and .devdeps it stays under the 64 MiB a call may carry):
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whlbench \
+#     polars==2.1.0 polars-runtime-32==2.1.0 adbc-driver-sqlite==1.13.0 adbc-driver-manager==1.13.0
 set -u
 OUT=${OUT:-/tmp/spectrace-out}; mkdir -p "$OUT"
 LOG="$OUT/scale_bench.txt"
