@@ -44,6 +44,25 @@ def group_parts(df: pl.DataFrame, key: str, only: str | None = None) -> pl.DataF
     return out.with_columns(**cols).drop("_g", "_s", "_e")
 
 
+def _one_group(by: list[str], *frames: pl.DataFrame | pl.LazyFrame) -> bool:
+    """Whether these frames are eager, hold rows, and all share one non-null value of ``by``: then
+    no grouping is needed. The streamed analysis works one process at a time, so its ``pid``
+    groups are always one.
+    """
+    seen = set()
+    for f in frames:
+        if not isinstance(f, pl.DataFrame):
+            return False
+        if f.height == 0:
+            continue
+        for c in by:
+            col = f[c]
+            if col.null_count() or col.min() != col.max():
+                return False
+        seen.add(tuple(f[c][0] for c in by))
+    return len(seen) == 1
+
+
 def merge(df: pl.DataFrame | pl.LazyFrame, by: Sequence[str] = (), presorted: bool = False) -> pl.LazyFrame:
     """The union of the intervals of each group, as disjoint sorted blocks ``by..., start, end``.
 
@@ -53,10 +72,7 @@ def merge(df: pl.DataFrame | pl.LazyFrame, by: Sequence[str] = (), presorted: bo
     ``presorted`` says the rows are already sorted by ``start``.
     """
     by = list(by)
-    one_group = (
-        not by
-        or (isinstance(df, pl.DataFrame) and df.height > 0 and all(df[c].n_unique() == 1 for c in by))
-    )
+    one_group = not by or _one_group(by, df)
     lf = df.lazy().select(*by, "start", "end")
     if not one_group:
         lf = lf.sort([*by, "start"])  # groups contiguous
@@ -88,30 +104,11 @@ def union_length(df: pl.DataFrame | pl.LazyFrame, by: Sequence[str] = (), name: 
     lf = df.lazy().select(*by, "start", "end")
     if not presorted:
         lf = lf.sort("start")
-    if by and isinstance(df, pl.DataFrame) and df.height > 0 and all(df[c].n_unique() == 1 for c in by):
+    if by and _one_group(by, df):
         part = (pl.col("end") - pl.max_horizontal(pl.col("start"), _prev_end([]))).clip(lower_bound=0)
         return lf.select(*[pl.col(c).first() for c in by], part.sum().alias(name))  # one group: no window
     part = (pl.col("end") - pl.max_horizontal(pl.col("start"), _prev_end(by))).clip(lower_bound=0)
     return lf.group_by(by).agg(part.sum().alias(name)) if by else lf.select(part.sum().alias(name))
-
-
-def _one_group(by: list[str], *frames: pl.DataFrame | pl.LazyFrame) -> bool:
-    """Whether all rows of these (eager) frames share one value of ``by``: then no grouping is needed.
-
-    The streamed analysis works one process at a time, so its ``pid`` groups are always one.
-    """
-    seen = set()
-    for f in frames:
-        if not isinstance(f, pl.DataFrame):
-            return False
-        if f.height == 0:
-            continue
-        for c in by:
-            col = f[c]
-            if col.null_count() or col.min() != col.max():
-                return False
-        seen.add(tuple(f[c][0] for c in by))
-    return len(seen) <= 1
 
 
 def busy_function(blocks: pl.DataFrame | pl.LazyFrame, by: Sequence[str]) -> pl.LazyFrame:
