@@ -145,7 +145,7 @@ class _Spill:
 def _pieces(r, table: str, query: str) -> list[str]:
     """``query`` over ``table`` cut into row ranges that can be read in parallel (SQLite only)."""
     n = r.max_rowid(table)
-    if not getattr(r, "splittable", False) or n <= PIECE_ROWS:
+    if not r.splittable or n <= PIECE_ROWS:
         return [query]
     return [f"{query} WHERE rowid > {lo} AND rowid <= {lo + PIECE_ROWS}" for lo in range(0, n, PIECE_ROWS)]
 
@@ -225,37 +225,37 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
         errors: list[BaseException] = []
 
         def work() -> None:
-            try:
-                while not errors:
+            while not errors:
+                with lock:
+                    i, (kind, q, post) = next(todo, (None, (None, None, None)))
+                if i is None:
+                    return
+                spill = _Spill(dest / kind, i, counts[kind], lock)
+                for b in r.batches(q):
+                    df = post(b)
+                    bad = (df.select(BAD_OP.sum()).item() or 0) if kind == "ops" else 0
+                    if bad:
+                        df = df.filter(~BAD_OP)
+                    ids = df["name_id"].unique().drop_nulls()
                     with lock:
-                        i, (kind, q, post) = next(todo, (None, (None, None, None)))
-                    if i is None:
-                        return
-                    spill = _Spill(dest / kind, i, counts[kind], lock)
-                    for b in r.batches(q):
-                        df = post(b)
-                        bad = (df.select(BAD_OP.sum()).item() or 0) if kind == "ops" else 0
-                        if bad:
-                            df = df.filter(~BAD_OP)
-                        ids = df["name_id"].unique().drop_nulls()
-                        with lock:
-                            stats["dropped"] += int(bad)
-                            stats["ids"].append(ids)
-                        spill.add(df)
-                        bar.add(b.height)
-                    spill.flush()
-            except BaseException as e:  # re-raised on the calling thread
-                errors.append(e)
+                        stats["dropped"] += int(bad)
+                        stats["ids"].append(ids)
+                    spill.add(df)
+                    bar.add(b.height)
+                spill.flush()
 
         def read_ranges() -> None:  # NVTX ranges, beside the pieces (its own connection)
+            _ranges(r, m["duration"])[0].write_parquet(dest / "ranges.parquet")
+
+        def guard(fn) -> None:
             try:
-                _ranges(r, m["duration"])[0].write_parquet(dest / "ranges.parquet")
-            except BaseException as e:
+                fn()
+            except BaseException as e:  # re-raised on the calling thread
                 errors.append(e)
 
         (dest / "ops").mkdir()
         (dest / "api").mkdir()
-        threads = [threading.Thread(target=read_ranges)] + [threading.Thread(target=work) for _ in range(READ_THREADS)]
+        threads = [threading.Thread(target=guard, args=(f,)) for f in (read_ranges, *[work] * READ_THREADS)]
         for t in threads:
             t.start()
         for t in threads:

@@ -65,6 +65,8 @@ def signed(lf: pl.LazyFrame) -> pl.LazyFrame:
 class DirReader:
     """The :class:`analyze.sqlite_read.Reader` interface over a directory of table files."""
 
+    splittable = False  # queries run as polars scans: read whole (see analyze.cache._pieces)
+
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         files = _tables(self.path)
