@@ -25,7 +25,7 @@ lint: install
 	$(BIN)/ruff check .
 
 bench: install
-	$(BIN)/python -m analyze.bench $(ARGS)
+	$(BIN)/python -m bench.bench $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
@@ -45,7 +45,7 @@ TRACE_ARGS   ?=
 TRACE_DIR    ?= .cache/traces
 TRACE_NAME   ?= sglang_eagle3_tp$(TP)_s$(STEPS)
 WORKLOAD_ARGS ?=
-SERVE        := $(BIN)/python -m nvtx_hooks.serve --port $(PORT) $(LOAD_ARGS) --
+SERVE        := $(BIN)/python -m nvtx_hooks.capture.serve --port $(PORT) $(LOAD_ARGS) --
 SERVER_CMD   := $(SERVER) --model-path $(MODEL) --tp $(TP) --port $(PORT)
 SPEC_FLAGS   := --speculative-algorithm EAGLE3 --speculative-draft-model-path $(DRAFT) \
                 --speculative-num-steps $(STEPS) --speculative-eagle-topk $(TOPK) \
@@ -54,7 +54,7 @@ SPEC_FLAGS   := --speculative-algorithm EAGLE3 --speculative-draft-model-path $(
 .PHONY: trace trace-baseline trace-demo
 
 $(SAMPLE): | install
-	$(BIN)/python -m nvtx_hooks.samples $(basename $(notdir $@)) >/dev/null
+	$(BIN)/python -m nvtx_hooks.capture.samples $(basename $(notdir $@)) >/dev/null
 
 trace: install
 	$(BIN)/spectrace trace -o $(TRACE_DIR)/$(TRACE_NAME) $(TRACE_ARGS) -- \
@@ -66,4 +66,4 @@ trace-baseline: install
 
 trace-demo: install
 	$(BIN)/spectrace trace --capture all --stats -o $(TRACE_DIR)/demo_workload $(TRACE_ARGS) -- \
-	  $(BIN)/python -m nvtx_hooks.workload $(WORKLOAD_ARGS)
+	  $(BIN)/python -m nvtx_hooks.capture.workload $(WORKLOAD_ARGS)

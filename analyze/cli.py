@@ -1,74 +1,303 @@
-"""The ``spectrace`` command: a thin layer over the library.
+"""The ``spectrace`` command: every verb is registered here, each a thin layer over one public function.
 
-Each subcommand lives in a module that exposes ``register(subparsers)``; the
-module adds its parser and sets ``func(args) -> int``. Bad input raises
-:class:`analyze.errors.InputError`, printed here as one line with exit 2.
+Analysis verbs (:mod:`analyze.api`): ``analyze``, ``comm``, ``report``, ``compare``, ``whatif``.
+Capture verbs (:mod:`nvtx_hooks.capture`, no analysis stack needed): ``trace``, ``demo-workload``, ``scrub``.
+Hooks: ``hooks check`` (:mod:`nvtx_hooks.check`). Expected failures (:class:`analyze.model.InputError`,
+:class:`nvtx_hooks.capture.CaptureError`) print one line and exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
+from pathlib import Path
 
-from .errors import InputError  # no polars in it
-
-# Before polars loads (only here, in spectrace's own process; a user's setting wins): keep freed
+# Set by main() before polars loads (only in spectrace's own process; a user's setting wins): keep freed
 # pages 2 s rather than polars' 0.5 s, so that the next step reuses them instead of faulting fresh
 # ones in. At 20 M kernels this cut system time 14 -> 10 s and the analysis 29 -> 25 s (BENCHMARKS.md).
 MALLOC_VAR = "_RJEM_MALLOC_CONF"
-_USER_MALLOC = os.environ.get(MALLOC_VAR)
-if _USER_MALLOC is None:
-    os.environ[MALLOC_VAR] = "dirty_decay_ms:2000,muzzy_decay_ms:0"
-# Commands that start the user's programs (an SGLang server under nsys): they get the variable as it was
+MALLOC_CONF = "dirty_decay_ms:2000,muzzy_decay_ms:0"
+# Verbs that start the user's programs (an SGLang server under nsys): they get the variable as it was
 # (importing polars rewrites it too).
 LAUNCHERS = {"trace", "demo-workload"}
 
-# Subcommand modules, in help order. Importing them must stay cheap (no torch, no sglang).
-SUBCOMMANDS = (
-    "analyze.commands",  # analyze
-    "analyze.comm_cli",  # comm
-    "analyze.report_cli",  # report, compare, whatif
-    "nvtx_hooks.cli",  # hooks
-    "nvtx_hooks.capture",  # trace, demo-workload
-)
+
+# ---- shared options -----------------------------------------------------------------------------------
+
+
+def add_selection_args(p: argparse.ArgumentParser) -> None:
+    """Options of every verb that selects phases and classifies communication."""
+    p.add_argument("--ranges", metavar="REGEX",
+                   help="NVTX ranges that are phases (searched in 'text' and 'domain:text'); "
+                        "default: the spectrace domain, else ranges named after spectrace phases")
+    p.add_argument("--comm-pattern", metavar="FAMILY=REGEX", action="append", default=[],
+                   help="extra communication kernel pattern (repeatable)")
+    p.add_argument("--comm-patterns-file", metavar="FILE", action="append", default=[],
+                   help="file of FAMILY=REGEX lines to add to the communication table")
+
+
+def add_source_args(p: argparse.ArgumentParser) -> None:
+    """Where the rows live and how several reports run: the same for every analysis verb."""
+    p.add_argument("--store", action=argparse.BooleanOptionalAction, default=None,
+                   help="read the export once into a per-process parquet store and analyse one process at a "
+                        "time from it, in bounded memory (default: for exports of 4 M GPU-op + API rows or more)")
+    p.add_argument("--cache", action=argparse.BooleanOptionalAction, default=None,
+                   help="keep that store as a cache beside the report (or in ~/.cache/spectrace) and reuse it "
+                        "(default: reuse a valid cache; keep the store when one is built)")
+    p.add_argument("-j", "--jobs", type=int, default=None, metavar="N",
+                   help="parallel processes for several reports (default: one per CPU)")
+
+
+def _options(a) -> dict:
+    """Keyword arguments of the analysis functions from the shared options."""
+    from .compute.comm_patterns import load_patterns
+
+    return {"ranges": a.ranges, "comm_patterns": load_patterns(a.comm_pattern, a.comm_patterns_file),
+            "store": a.store, "cache": a.cache, "jobs": a.jobs}
+
+
+def _warn(diagnostics, quiet: bool) -> None:
+    if not quiet:
+        for d in diagnostics:
+            if d.level != "info":
+                print(f"spectrace: {d.level}: {d.code}: {d.message}", file=sys.stderr)
+
+
+REPORTS_HELP = ("nsys SQLite export(s) (`nsys export --type sqlite`, opened read-only) or parquetdir/arrowdir "
+                "exports; several (one per node or rank) are analysed in parallel and merged, ranks numbered "
+                "across them")
+
+
+# ---- analysis verbs -----------------------------------------------------------------------------------
+
+
+def run_analyze(a) -> int:
+    from .api import analyze
+    from .output import data, text
+
+    res = analyze(a.report, **_options(a), progress=False if a.quiet else None)
+    if a.format == "json":
+        out = data.to_json(res)
+    elif a.format == "csv":
+        out = data.to_csv(res, a.table)
+    else:
+        out = text.analyze_table(res)
+    if a.db:
+        data.to_db(res, a.db)
+    sys.stdout.write(out)
+    if a.format != "table":
+        _warn(res.diagnostics, a.quiet)
+    return 0
+
+
+def run_comm(a) -> int:
+    from .api import comm
+    from .output import data, text
+
+    res = comm(a.report, **_options(a))
+    if a.format == "json":
+        sys.stdout.write(data.doc_json(res.to_dict()))
+        _warn(res.diagnostics, a.quiet)
+    else:
+        sys.stdout.write(text.comm_table(res))
+    return 0
+
+
+def run_report(a) -> int:
+    from .api import report
+
+    page = report(a.report, a.output, baseline=a.baseline, steps_now=a.steps_now, **_options(a))
+    print(f"spectrace: wrote {page}", file=sys.stderr)
+    return 0
+
+
+def run_compare(a) -> int:
+    from .api import compare
+    from .output import data, text
+
+    doc = compare(a.a, a.b, **_options(a))
+    sys.stdout.write(data.doc_json(doc) if a.format == "json" else text.compare_table(doc))
+    return 0
+
+
+def run_whatif(a) -> int:
+    from .api import whatif
+    from .compute.whatif import to_dict
+    from .model import InputError
+    from .output import data, text
+
+    if a.max_steps < 1:
+        raise InputError(f"--max-steps must be >= 1, not {a.max_steps}")
+    m = whatif(a.report, a.steps_now, baseline=a.baseline, acceptance=a.acceptance, **_options(a))
+    sys.stdout.write(data.doc_json(to_dict(m, a.max_steps)) if a.format == "json" else text.whatif_table(m, a.max_steps))
+    return 0
+
+
+# ---- hooks and capture verbs --------------------------------------------------------------------------
+
+
+def _installed_sglang() -> Path | None:
+    """Directory holding the installed sglang package, found without importing it."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("sglang")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0]).parent
+
+
+def run_hooks_check(a) -> int:
+    """0 if every hook target is present and unchanged in the SGLang tree, 1 otherwise."""
+    from nvtx_hooks.check import FetchError, check_tree, fetch_sglang
+
+    from .model import InputError
+
+    root = a.sglang_root
+    if root is None:
+        root = _installed_sglang()
+        if root is None:
+            if not a.version:
+                raise InputError("SGLang is not installed here; pass --sglang-root DIR or --version V")
+            try:
+                root = fetch_sglang(a.version)
+            except FetchError as e:
+                raise InputError(str(e)) from e
+    elif not root.exists():
+        raise InputError(f"{root}: no such directory")
+    try:
+        rep = check_tree(root, a.version)
+    except (FileNotFoundError, ValueError) as e:
+        raise InputError(str(e)) from e
+    print("\n".join(rep.lines()))
+    return 0 if rep.ok else 1
+
+
+# ---- the parser -----------------------------------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from nvtx_hooks.capture import nsys, scrub, workload
+
+    from . import __version__
+
     parser = argparse.ArgumentParser(
         prog="spectrace",
         description="Where the time goes in SGLang EAGLE-3 speculative decoding on tensor-parallel GPUs.",
     )
-    from . import __version__
-
     parser.add_argument("--version", action="version", version=f"spectrace {__version__}")
     sub = parser.add_subparsers(dest="subcommand", metavar="COMMAND")
-    for name in SUBCOMMANDS:
-        try:
-            mod = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name == name:  # not written yet: the subcommand is simply absent
-                continue
-            raise
-        mod.register(sub)
+
+    p = sub.add_parser("analyze", help="per-rank, per-phase compute / comm / idle of an nsys SQLite export",
+                       description="Attribute GPU time to NVTX phases: span = compute + comm + idle, "
+                                   "plus seams between phases and NVIDIA-style projections.")
+    p.add_argument("report", nargs="+", help=REPORTS_HELP)
+    add_selection_args(p)
+    p.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    p.add_argument("--table", default="phases", help="with --format csv: phases, ranges, seams, ranks, coverage, "
+                                                     "instances")
+    p.add_argument("--db", metavar="RESULTS.db", help="also write every result table into this SQLite file")
+    p.add_argument("-q", "--quiet", action="store_true", help="no diagnostics or progress bar on stderr")
+    add_source_args(p)
+    p.set_defaults(func=run_analyze)
+
+    p = sub.add_parser("comm", help="cross-rank communication: wait vs transfer per phase and rank, stragglers",
+                       description="Match each collective kernel across ranks (the k-th kernel of a name in the "
+                                   "k-th instance of a phase), split its time into waiting for the last rank and "
+                                   "transfer, and name the rank that arrives last. Several reports (one per node "
+                                   "or rank) are aligned by utcEpochNs, then by collective end times.")
+    p.add_argument("report", nargs="+", help=REPORTS_HELP)
+    add_selection_args(p)
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("-q", "--quiet", action="store_true", help="no diagnostics on stderr")
+    add_source_args(p)
+    p.set_defaults(func=run_comm)
+
+    p = sub.add_parser("report", help="HTML report (tables and figures) of an nsys SQLite export",
+                       description="Write DIR/index.html with the per-phase tables, figures (PNG beside it), "
+                                   "the what-if model and, with --baseline, the comparison.")
+    p.add_argument("report", nargs="+", help=REPORTS_HELP)
+    p.add_argument("--baseline", metavar="OTHER", help="another export to compare with (e.g. a no-speculation run)")
+    p.add_argument("-o", "--output", metavar="DIR", required=True, help="output directory (created)")
+    p.add_argument("--steps-now", type=int, metavar="N", help="draft steps of this trace (default: its manifest)")
+    add_selection_args(p)
+    add_source_args(p)
+    p.set_defaults(func=run_report)
+
+    p = sub.add_parser("compare", help="phase-by-phase time per cycle (and per token) of two exports, B − A",
+                       description="Match phases by name (any prefix), GPU time per cycle in A and B and the "
+                                   "difference, biggest movers first; per generated token when both know tokens.")
+    p.add_argument("a", help="export A (e.g. the baseline)")
+    p.add_argument("b", help="export B")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    add_selection_args(p)
+    add_source_args(p)
+    p.set_defaults(func=run_compare)
+
+    p = sub.add_parser("whatif", help="predict cycle time and tokens/s for 1..10 draft steps from one trace",
+                       description="Fit per-phase costs on one EAGLE trace and predict other step counts "
+                                   "(assumptions: see analyze/compute/whatif.py and the README).")
+    p.add_argument("report", nargs="+", help=REPORTS_HELP)
+    p.add_argument("--steps-now", type=int, metavar="N", help="draft steps of this trace (default: its manifest)")
+    p.add_argument("--baseline", metavar="OTHER", help="a decode_step (no speculation) export: calibrates how "
+                                                       "verify cost grows with verified tokens")
+    p.add_argument("--acceptance", type=float, metavar="ALPHA",
+                   help="per-token acceptance probability (default: fitted on the accept-length payload)")
+    p.add_argument("--max-steps", type=int, default=10, metavar="N")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    add_selection_args(p)
+    add_source_args(p)
+    p.set_defaults(func=run_whatif)
+
+    p = sub.add_parser("hooks", help="NVTX hooks for SGLang: verify targets")
+    hs = p.add_subparsers(dest="hooks_command", metavar="ACTION")
+    c = hs.add_parser("check", help="check that every hook target exists, unchanged, in an SGLang source tree "
+                                    "(AST, no import)",
+                      description="Static check of the hook targets. Without --sglang-root, the installed SGLang is "
+                                  "read; with only --version, that wheel is fetched from PyPI into the cache.")
+    c.add_argument("--sglang-root", type=Path, help="directory containing sglang/ (or the sglang package dir)")
+    c.add_argument("--version", help="SGLang version of the tree (default: read from the tree)")
+    c.set_defaults(func=run_hooks_check)
+    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+
+    p = sub.add_parser("trace", help="profile a command under nsys and export SQLite + manifest",
+                       description=nsys.__doc__.split("\n\n")[1])
+    nsys.add_trace_arguments(p)
+    p.set_defaults(func=nsys.trace)
+    p = sub.add_parser("demo-workload", help="run the embedded EAGLE-shaped GPU workload (needs torch)",
+                       description="An EAGLE-shaped PyTorch program emitting spectrace's phase ranges.")
+    workload.build_parser(p)
+    p.set_defaults(func=nsys.demo_workload)
+    p = sub.add_parser("scrub", help="copy an nsys export without its launch environment and process list")
+    scrub.add_arguments(p)
+    p.set_defaults(func=scrub.run)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    user_malloc = os.environ.get(MALLOC_VAR)
+    if user_malloc is None:
+        os.environ[MALLOC_VAR] = MALLOC_CONF
+    from nvtx_hooks.capture import CaptureError
+
+    from .model import InputError
+
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "subcommand", None) in LAUNCHERS:  # polars, already loaded, keeps its own setting
-        if _USER_MALLOC is None:
+        if user_malloc is None:
             os.environ.pop(MALLOC_VAR, None)
         else:
-            os.environ[MALLOC_VAR] = _USER_MALLOC
+            os.environ[MALLOC_VAR] = user_malloc
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     try:
         return int(args.func(args) or 0)
-    except InputError as e:
+    except (InputError, CaptureError) as e:
         print(f"spectrace: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

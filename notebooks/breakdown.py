@@ -24,11 +24,13 @@ import os
 
 import polars as pl
 
-from analyze import plots, whatif
-from analyze.analysis import analyze
-from analyze.errors import InputError
-from analyze.tokens import summary
-from nvtx_hooks import samples
+from analyze import analyze
+from analyze.compute.tokens import summary
+from analyze.compute.whatif import fit
+from analyze.model import InputError
+from analyze.output import plots
+from analyze.output.text import whatif_table
+from nvtx_hooks.capture import samples
 
 REPORT = os.environ.get("SPECTRACE_REPORT") or str(samples.path("tp1_node"))
 STEPS = int(os.environ["SPECTRACE_STEPS"]) if os.environ.get("SPECTRACE_STEPS") else None
@@ -78,8 +80,8 @@ pl.DataFrame([tk.as_dict()])
 
 # %%
 try:
-    model = whatif.fit(res, STEPS)
-    print(whatif.table(model))
+    model = fit(res, STEPS)
+    print(whatif_table(model))
     display(plots.whatif_curve(model))  # noqa: F821
 except InputError as e:
     print("no what-if:", e)

@@ -22,14 +22,15 @@ import os
 
 import polars as pl
 
-from analyze import compare, whatif
-from analyze.analysis import analyze
-from nvtx_hooks import samples
+from analyze import analyze, compare
+from analyze.compute.whatif import validate
+from analyze.output.text import compare_table
+from nvtx_hooks.capture import samples
 
 A = os.environ.get("SPECTRACE_BASELINE") or str(samples.path("tp1_baseline"))
 B = os.environ.get("SPECTRACE_REPORT") or str(samples.path("tp1_node"))
-doc = compare.compare(analyze(A), analyze(B))
-print(compare.table(doc))
+doc = compare(A, B)
+print(compare_table(doc))
 
 # %%
 pl.DataFrame(doc["phases"])
@@ -43,7 +44,7 @@ pl.DataFrame(doc["phases"])
 
 # %%
 sweep = {s: analyze(samples.path(f"tp1_steps{s}")) for s in (1, 2, 3, 4)}
-v = whatif.validate(sweep)
+v = validate(sweep)
 v.pivot(on="steps", index="from_steps", values="error_pct")
 
 # %%

@@ -8,13 +8,13 @@ import polars as pl
 import pytest
 from paths import EXTERNAL, PROBE, PROBE_STATS, need
 
-from analyze.analysis import analyze
-from analyze.errors import InputError
+from analyze import analyze
+from analyze.model import InputError
 
 
 @pytest.fixture(scope="module")
 def probe():
-    return analyze(need(PROBE))
+    return analyze(need(PROBE), keep_ops=True)
 
 
 def nvidia_proj_sum() -> pl.DataFrame:
@@ -76,7 +76,7 @@ def test_nsys_ai_fixtures_analyze(name):
 
 
 def test_nccl_sendrecv_is_comm_in_mfu_fixture():
-    r = analyze(need(EXTERNAL / "nsys-ai" / "mfu_2gpu_before.sqlite"), ranges=".")
+    r = analyze(need(EXTERNAL / "nsys-ai" / "mfu_2gpu_before.sqlite"), ranges=".", keep_ops=True)
     sr = r.ops.filter(pl.col("name").str.contains("ncclDevKernel_SendRecv"))
     assert sr.height > 0 and (sr["comm"] == "nccl").all()
 
@@ -85,7 +85,7 @@ def test_nccl_sendrecv_is_comm_in_mfu_fixture():
                                        ("nsys-versions/c2023.sqlite", "NO_CUDA"), ("nsys-versions/c2024.sqlite", "NO_CUDA")])
 def test_other_exports_load_and_refuse_cleanly(name, code):
     """They load (every schema version); analysis needs NVTX *and* CUDA, so it says which is missing."""
-    from analyze.load import load
+    from analyze.read.export import load
 
     path = need(EXTERNAL / name)
     t = load(path)
@@ -96,7 +96,7 @@ def test_other_exports_load_and_refuse_cleanly(name, code):
 
 
 def test_nvtx_only_exports_decode_domains_and_unclosed():
-    from analyze.load import load
+    from analyze.read.export import load
 
     for v in ("c2022", "c2023", "c2024"):
         t = load(need(EXTERNAL / "nsys-versions" / f"{v}.sqlite"))

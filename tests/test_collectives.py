@@ -15,8 +15,8 @@ import polars as pl
 import pytest
 from synth import Synth
 
-from analyze.analysis import analyze
-from analyze.collectives import cross_rank
+from analyze import analyze
+from analyze.compute.collectives import cross_rank
 
 NCCL = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<(unsigned long)4096>)"
 CAR = "void sglang::cross_device_reduce_1stage<__nv_bfloat16, 8>(sglang::RankData*, sglang::RankSignals, int)"
@@ -132,7 +132,7 @@ def test_analyze_gains_wait_and_transfer(tmp_path):
     a = row(res.phases_all, phase="draft")
     assert (a["comm_wait_ns"], a["comm_transfer_ns"]) == (800, 1500)
     assert "comm_wait_ns" in res.to_dict()["phases"][0]
-    from analyze.render import table
+    from analyze.output.text import analyze_table as table
 
     assert "Collectives matched across ranks" in table(res)
 

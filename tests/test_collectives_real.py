@@ -9,9 +9,9 @@ import polars as pl
 import pytest
 from paths import EXTERNAL, PROBE, need
 
-from analyze.analysis import analyze
-from analyze.collectives import cross_rank
-from analyze.comm_cli import table
+from analyze import analyze
+from analyze.compute.collectives import cross_rank
+from analyze.output.text import comm_table as table
 
 NSYS_AI = EXTERNAL / "nsys-ai"
 

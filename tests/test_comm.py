@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from analyze.comm import PATTERNS, classify, load_patterns
-from analyze.errors import InputError
+from analyze.compute.comm_patterns import PATTERNS, classify, load_patterns
+from analyze.model import InputError
 
 COMM = {
     "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<(unsigned long)4096>)": "nccl",

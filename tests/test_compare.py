@@ -7,9 +7,9 @@ import json
 import eagle_synth as es
 import pytest
 
-from analyze.analysis import analyze
+from analyze import analyze
 from analyze.cli import main
-from analyze.compare import compare
+from analyze.compute.compare import compare
 
 
 @pytest.fixture(scope="module")

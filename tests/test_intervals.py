@@ -6,8 +6,8 @@ import polars as pl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analyze import breakdown
-from analyze.intervals import busy_between, group_parts, merge, union_length
+from analyze.compute import breakdown
+from analyze.compute.intervals import busy_between, group_parts, merge, union_length
 
 ivs = st.lists(st.tuples(st.integers(0, 60), st.integers(0, 15), st.integers(0, 2)), min_size=0, max_size=25)
 
@@ -93,7 +93,7 @@ def test_phase_metrics_on_random_traces(tmp_path_factory, ops):
     """Random kernels launched from three nested phases; every metric against brute force."""
     from synth import Synth
 
-    from analyze.analysis import analyze
+    from analyze import analyze
 
     s = Synth(tmp_path_factory.mktemp("h") / "r.sqlite")
     s.range(1, 1, "cycle", 10, 5000)

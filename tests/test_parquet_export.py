@@ -2,7 +2,7 @@
 
 No nsys is installed here, so the directories are written from the SQLite export with the typing
 nsys 2024.2 uses in parquet (ids UInt64, negative system ids keeping their bits, StringIds.id
-Int32): :func:`analyze.parquet_read.write_export_dir`.
+Int32): :func:`bench.export_dir.write_export_dir`.
 """
 
 from __future__ import annotations
@@ -12,14 +12,15 @@ import pytest
 from paths import PROBE, need
 from test_scale import _same
 
-from analyze.analysis import analyze
-from analyze.load import load
-from analyze.parquet_read import DirReader, is_export_dir, write_export_dir
+from analyze import analyze
+from analyze.read.export import load
+from analyze.read.exportdir import DirReader, is_export_dir
+from bench.export_dir import write_export_dir
 
 
 @pytest.fixture(scope="module")
 def sqlite_res():
-    return analyze(need(PROBE))
+    return analyze(need(PROBE), keep_ops=True, store=False)
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "arrow"])
@@ -30,7 +31,7 @@ def test_export_dir_matches_sqlite(tmp_path, sqlite_res, fmt):
         sch = pl.read_parquet_schema(d / "CUPTI_ACTIVITY_KIND_KERNEL.parquet")
         assert sch["globalPid"] == pl.UInt64 and sch["demangledName"] == pl.UInt64
         assert pl.read_parquet_schema(d / "StringIds.parquet")["id"] == pl.Int32
-    res = analyze(str(d))
+    res = analyze(str(d), keep_ops=True, store=False)
     _same(res, sqlite_res)  # rows whose sort keys tie may come in either order, as in any two runs
     key = ["pid", "corr", "start", "kind"]
     assert res.ops.sort(key).equals(sqlite_res.ops.sort(key))

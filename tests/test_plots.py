@@ -8,9 +8,9 @@ import polars as pl
 import pytest
 from matplotlib.figure import Figure
 
-from analyze import plots
-from analyze.analysis import analyze
-from analyze.whatif import fit
+from analyze import analyze
+from analyze.compute.whatif import fit
+from analyze.output import plots
 from nvtx_hooks.phases import COMM_COLOR, IDLE_COLOR, color_of
 
 

@@ -13,11 +13,10 @@ import pytest
 from paths import PROBE, need
 from test_collectives_real import split_probe
 
-from analyze.analysis import analyze
-from analyze.cache import open_store
+from analyze import analyze
 from analyze.cli import main
-from analyze.multi import analyze_many, analyze_path
-from analyze.stream import analyze_store
+from analyze.compute.pipeline import analyze as analyze_store
+from analyze.read.store import open_store
 
 SAMPLES = ["tp1_node", "tp1_graph", "tp1_eager"]
 
@@ -41,13 +40,13 @@ def _same(a, b) -> None:
         assert x.sort("rank", *x.columns[:2]).equals(y.sort("rank", *y.columns[:2])), f
     key = ["rank", "parent", "row_id"]
     assert a.seam_instances.sort(key).equals(b.seam_instances.sort(key))
-    comm = a.ops.filter((pl.col("kind") == "kernel") & pl.col("comm").is_not_null())
-    k2 = ["pid", "corr", "start"]
-    assert comm.sort(k2).equals(b.ops.filter((pl.col("kind") == "kernel") & pl.col("comm").is_not_null()).sort(k2))
+    k2 = ["rank", "corr", "start"]
+    assert a.comm_kernels.columns == b.comm_kernels.columns
+    assert a.comm_kernels.sort(k2).equals(b.comm_kernels.sort(k2))
 
 
 def test_stream_equals_memory_on_probe(tmp_path):
-    a = analyze(need(PROBE))
+    a = analyze(need(PROBE), store=False)
     b = analyze_store(open_store(PROBE, cache_dir=tmp_path / "c"), workers=1)
     _same(a, b)
     assert b.phases.filter(pl.col("phase") == "eagle3.draft").sort("rank")["comm_wait_ns"].to_list() == [
@@ -58,7 +57,7 @@ def test_stream_equals_memory_on_probe(tmp_path):
 
 def test_store_read_in_row_ranges_equals_one_pass(tmp_path, monkeypatch):
     """Large tables are read in rowid ranges by several threads: same rows, same order per process."""
-    from analyze import cache
+    from analyze.read import store as cache
 
     p = need(PROBE)
     whole = open_store(p, cache_dir=tmp_path / "whole")
@@ -75,16 +74,16 @@ def test_store_read_in_row_ranges_equals_one_pass(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("name", SAMPLES)
 def test_stream_equals_memory_on_samples(tmp_path, name):
-    from nvtx_hooks import samples
+    from nvtx_hooks.capture import samples
 
     p = samples.path(name)
-    _same(analyze(p), analyze_store(open_store(p, cache_dir=tmp_path / "c"), workers=2))
+    _same(analyze(p, store=False), analyze_store(open_store(p, cache_dir=tmp_path / "c"), workers=2))
 
 
 def test_stream_with_ranges_and_odd_processes(tmp_path):
     """Another selection, and a trace where some processes have ranges or API calls but no GPU work."""
     p = need(PROBE)
-    a = analyze(p, ranges=r"eagle3\.(draft|verify)$")
+    a = analyze(p, ranges=r"eagle3\.(draft|verify)$", store=False)
     _same(a, analyze_store(open_store(p, cache_dir=tmp_path / "c"), ranges=r"eagle3\.(draft|verify)$"))
 
 
@@ -115,7 +114,7 @@ def test_cache_goes_elsewhere_when_report_dir_is_read_only(tmp_path, monkeypatch
     monkeypatch.delenv("SPECTRACE_CACHE_DIR", raising=False)
     s = open_store(need(PROBE))  # the shared traces are read-only
     assert str(s.root).startswith(str(tmp_path / "xdg" / "spectrace"))
-    res = analyze_path(PROBE, cache=True)
+    res = analyze(PROBE, cache=True)
     assert res.phases.height == analyze(PROBE).phases.height
 
 
@@ -123,7 +122,7 @@ def test_many_reports_merge_and_realign(tmp_path):
     a = split_probe(tmp_path, 1412)
     b = split_probe(tmp_path, 1413, shift=50_000, utc_delta=-20_000)
     one = analyze(need(PROBE))
-    m = analyze_many([str(a), str(b)], jobs=2)
+    m = analyze([str(a), str(b)], jobs=2)
     assert m.ranks.select("rank", "pid", "report").rows() == [(0, 1412, 0), (1, 1413, 1)]
     assert m.clock["alignment"] == "session start (utcEpochNs) + median skew of collective end times"
     # per-report numbers are those of the one-report capture; wait/transfer are matched across reports
@@ -143,7 +142,7 @@ def test_cli_many_reports_and_stream(tmp_path, capsys):
     assert main(["analyze", str(a), str(b), "--format", "json", "-q", "-j", "1"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert [r["rank"] for r in d["ranks"]] == [0, 1] and len(d["reports"]) == 2
-    assert main(["analyze", str(a), "--stream", "--no-cache", "--format", "json", "-q"]) == 0
+    assert main(["analyze", str(a), "--store", "--no-cache", "--format", "json", "-q"]) == 0
     s = json.loads(capsys.readouterr().out)
     assert main(["analyze", str(a), "--format", "json", "-q"]) == 0
     m = json.loads(capsys.readouterr().out)
@@ -160,7 +159,7 @@ def test_stream_equals_memory_with_comm_mismatch(tmp_path, extra):
     from test_collectives import one_report
 
     p = one_report(tmp_path / "m.sqlite", extra=extra)
-    a, b = analyze(p), analyze_store(open_store(p, cache_dir=tmp_path / "c"))
+    a, b = analyze(p, store=False), analyze_store(open_store(p, cache_dir=tmp_path / "c"))
     _same(a, b)
     assert [d.as_dict() for d in a.diagnostics if d.code.startswith("COMM")] == [
         d.as_dict() for d in b.diagnostics if d.code.startswith("COMM")]
@@ -172,7 +171,7 @@ def test_many_reports_on_any_executor(tmp_path):
 
     a, b = split_probe(tmp_path, 1412), split_probe(tmp_path, 1413)
     with ThreadPoolExecutor(2) as ex:
-        m = analyze_many([str(a), str(b)], executor=ex)
+        m = analyze([str(a), str(b)], executor=ex)
     assert m.ranks["rank"].to_list() == [0, 1] and m.clock["reports"] == 2
 
 
@@ -183,7 +182,7 @@ def test_inflated_million_kernel_trace_projection_equals_nsys_stats(tmp_path):
     import csv
     from pathlib import Path
 
-    from analyze.inflate import inflate
+    from bench.inflate import inflate
 
     dst = tmp_path / "inflated.sqlite"
     counts = inflate(need(PROBE), dst, 4, 17)

@@ -8,7 +8,7 @@ import sqlite3
 import pytest
 
 from analyze.cli import main
-from nvtx_hooks.scrub import find_strings, profiled_pids, scrub
+from nvtx_hooks.capture.scrub import find_strings, profiled_pids, scrub
 
 ENV = ["HOME=/home/alice", "PATH=/usr/bin:/home/alice/bin", "HF_TOKEN=hf_secret123", "NCCL_DEBUG=INFO"]
 BLOB = "\x00".join(ENV) + "\x00"

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from analyze.analysis import analyze
-from analyze.tokens import cycles, decode_frame, manifest_path, summary
+from analyze import analyze
+from analyze.compute.tokens import cycles, decode_frame, manifest_path, summary
 from nvtx_hooks.phases import decode_payload, encode_payload
 
 

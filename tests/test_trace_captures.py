@@ -8,7 +8,7 @@ import sqlite3
 
 import pytest
 
-from nvtx_hooks import samples
+from nvtx_hooks.capture import samples
 from nvtx_hooks.phases import decode_payload
 
 NAMES = samples.names()
@@ -38,7 +38,7 @@ def test_bundle_is_complete():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_projection_equals_nsys_stats(name, cache):
-    analysis = pytest.importorskip("analyze.analysis")
+    from analyze import api as analysis
     res = analysis.analyze(samples.path(name, cache))
     ours: dict[str, dict] = {}
     for r in res.ranges.iter_rows(named=True):
@@ -65,7 +65,7 @@ def test_projection_equals_nsys_stats(name, cache):
 
 
 def test_graph_mode_nsys_drops_graph_only_ranges(cache):
-    analysis = pytest.importorskip("analyze.analysis")
+    from analyze import api as analysis
     nv = nvidia("tp1_graph")
     assert "draft" not in nv  # only a graph launch inside: NVIDIA's report omits it
     res = analysis.analyze(samples.path("tp1_graph", cache))
@@ -107,7 +107,7 @@ def test_whole_run_captures_are_complete(cache):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_bundled_exports_are_scrubbed(name, cache):
-    from nvtx_hooks.scrub import find_strings
+    from nvtx_hooks.capture.scrub import find_strings
 
     p = samples.path(name, cache)
     assert find_strings(p, ["PATH=", "HOME=", "PYTHONPATH", "LD_LIBRARY_PATH", "NCCL_NVLS_ENABLE="]) == {}

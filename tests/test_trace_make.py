@@ -30,7 +30,7 @@ def run_make(target: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess, 
     venv = Path(sys.executable).parent.parent
     cmd = ["make", "-C", str(ROOT), "-o", f"{venv}/bin/spectrace", target, f"VENV={venv}",
            f"PORT={free_port()}", f"TRACE_DIR={tmp_path}", "TP=2", "STEPS=2", "MODEL=m", "DRAFT=d",
-           f"SERVER={sys.executable} -m nvtx_hooks.standin_server --log {log}",
+           f"SERVER={sys.executable} -m nvtx_hooks.capture.standin_server --log {log}",
            "LOAD_ARGS=--load builtin --num-prompts 5 --input-len 4 --output-len 3 --concurrency 2 "
            "--poll-interval 0.1 --stop-grace 10",
            f"TRACE_ARGS=--nsys {nsys} --stats"]
@@ -72,7 +72,7 @@ def test_make_trace_baseline(tmp_path):
 
 
 def test_server_that_dies_fails_the_run(tmp_path):
-    from nvtx_hooks import serve
+    from nvtx_hooks.capture import serve
 
     rc = serve.main(["--port", str(free_port()), "--poll-interval", "0.05", "--", sys.executable, "-c",
                      "raise SystemExit(4)"])

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from analyze.cli import main
-from nvtx_hooks import capture, manifest
+from nvtx_hooks.capture import manifest
+from nvtx_hooks.capture import nsys as capture
 
 FAKE = Path(__file__).parent / "data" / "fake_nsys.py"
 DEFAULTS = ["--trace=cuda,nvtx", "--cuda-graph-trace=node", "--trace-fork-before-exec=true", "--sample=none",
@@ -159,10 +160,11 @@ def test_version_parsing():
     assert capture.output_base("a/b.nsys-rep") == Path("a/b")
 
 
-def test_workload_settings_in_manifest():
-    cfg = manifest.speculative_config(["python", "-m", "nvtx_hooks.workload", "--steps", "2", "--nproc", "2",
+@pytest.mark.parametrize("module", ["nvtx_hooks.capture.workload", "nvtx_hooks.workload"])  # now, and old manifests
+def test_workload_settings_in_manifest(module):
+    cfg = manifest.speculative_config(["python", "-m", module, "--steps", "2", "--nproc", "2",
                                        "--baseline", "--no-graphs"])
-    assert cfg["workload"] == "nvtx_hooks.workload" and cfg["steps"] == 2 and cfg["tp"] == 2
+    assert cfg["workload"] == "nvtx_hooks.capture.workload" and cfg["steps"] == 2 and cfg["tp"] == 2
     assert cfg["baseline"] is True and cfg["graphs"] is False and cfg["algorithm"] == "none"
 
 
@@ -180,6 +182,8 @@ def test_traced_command_gets_the_environment_unchanged_by_spectrace(tmp_path, ns
     assert rc == 0
     assert seen.read_text() == repr(preset)
     # ...while spectrace's own process (an analysis) keeps freed pages longer than polars' default.
-    probe = "import analyze.cli, polars, os; print(os.environ['_RJEM_MALLOC_CONF'])"
+    probe = ("import os, contextlib, io; from analyze.cli import main\n"
+             "with contextlib.redirect_stdout(io.StringIO()): main(['hooks'])\n"
+             "import polars; print(os.environ['_RJEM_MALLOC_CONF'])")
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True).stdout
     assert out.strip().endswith(preset or "dirty_decay_ms:2000,muzzy_decay_ms:0")

@@ -7,10 +7,10 @@ import json
 import eagle_synth as es
 import pytest
 
-from analyze.analysis import analyze
+from analyze import analyze
 from analyze.cli import main
-from analyze.errors import InputError
-from analyze.whatif import fit, solve_alpha, validate
+from analyze.compute.whatif import fit, solve_alpha, validate
+from analyze.model import InputError
 
 
 @pytest.fixture(scope="module")

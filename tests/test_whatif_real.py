@@ -8,10 +8,10 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from analyze.analysis import analyze
-from analyze.tokens import summary
-from analyze.whatif import fit, validate
-from nvtx_hooks import samples
+from analyze import analyze
+from analyze.compute.tokens import summary
+from analyze.compute.whatif import fit, validate
+from nvtx_hooks.capture import samples
 
 
 @pytest.fixture(scope="module")

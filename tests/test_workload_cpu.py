@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from nvtx_hooks import workload
+from nvtx_hooks.capture import workload
 from nvtx_hooks.phases import decode_payload
 
 TINY = ["--device", "cpu", "--hidden", "32", "--ffn", "64", "--layers", "2", "--cycles", "4", "--warmup", "1",
@@ -69,7 +69,7 @@ def test_ranges_off_emits_nothing(torch, monkeypatch):
 
 
 def test_two_ranks_over_gloo_with_delay(torch):
-    cmd = [sys.executable, "-m", "nvtx_hooks.workload", *TINY, "--nproc", "2", "--delay-rank", "1",
+    cmd = [sys.executable, "-m", "nvtx_hooks.capture.workload", *TINY, "--nproc", "2", "--delay-rank", "1",
            "--delay-us", "2000"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-2000:]

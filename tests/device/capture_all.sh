@@ -38,7 +38,7 @@ cap() {
   left || { log "skip $name (budget)"; return; }
   log "capture $name: spectrace trace ${targs[*]} -- workload --nproc $NP $*"
   python3 -m nvtx_hooks.capture trace --stats --force -o "$W/$name" "${targs[@]}" -- \
-    python3 -m nvtx_hooks.workload --nproc "$NP" "$@" > "$W/$name.stdout" 2>&1
+    python3 -m nvtx_hooks.capture.workload --nproc "$NP" "$@" > "$W/$name.stdout" 2>&1
   log "  rc=$? $(grep -h '^{"rank"' "$W/$name.stdout" | tr '\n' ' ')"
   python3 - "$W/$name.sqlite" >> "$OUT/log.txt" 2>&1 <<'EOF'
 import sqlite3, sys
@@ -72,7 +72,7 @@ REPS=${REPS:-5}; [ "$MODE" = smoke ] && REPS=1
 for rep in $(seq 1 "$REPS"); do
   for r in ranges no-ranges; do
     left || break 2
-    python3 -m nvtx_hooks.workload --nproc "$NP" --cycles 1500 --warmup 50 --"$r" 2>/dev/null \
+    python3 -m nvtx_hooks.capture.workload --nproc "$NP" --cycles 1500 --warmup 50 --"$r" 2>/dev/null \
       | grep '^{"rank"' | sed "s/^{/{\"nsys\": false, \"rep\": $rep, /" >> "$OVH"
   done
 done
@@ -82,7 +82,7 @@ for rep in $(seq 1 "$NREPS"); do
   for r in ranges no-ranges; do
     left || break 2
     python3 -m nvtx_hooks.capture trace --force -o "$W/ovh" -- \
-      python3 -m nvtx_hooks.workload --nproc "$NP" --cycles 1500 --warmup 50 --"$r" 2>/dev/null \
+      python3 -m nvtx_hooks.capture.workload --nproc "$NP" --cycles 1500 --warmup 50 --"$r" 2>/dev/null \
       | grep '^{"rank"' | sed "s/^{/{\"nsys\": true, \"rep\": $rep, /" >> "$OVH"
   done
 done
@@ -100,7 +100,7 @@ mkdir -p pack
 for f in *.sqlite; do
   case $f in ovh.sqlite|bench.sqlite|*.scrubbed.sqlite) continue;; esac
   n=${f%.sqlite}
-  python3 -m nvtx_hooks.scrub "$f" -o "pack/$n.sqlite" --force --check PATH= --check HOME= \
+  python3 -m nvtx_hooks.capture scrub "$f" -o "pack/$n.sqlite" --force --check PATH= --check HOME= \
     --check "$REPO" >> "$OUT/log.txt" 2>&1 || log "scrub check failed for $n"
   xz -T0 -9 -f "pack/$n.sqlite"
   cp "$n".manifest.json "$n"_*.csv "$n.stdout" pack/ 2>/dev/null

@@ -11,7 +11,7 @@ nproc | sed 's/^/cpus: /' | tee -a "$OUT/nsys_bench.txt"
 T0=$(date +%s)
 run() {  # run NAME COPIES REPORT LIMIT_S
   local src=/tmp/inf_$2.sqlite
-  [ -f "$src" ] || python3 -m analyze.inflate .devdeps/tp2_probe_node.sqlite "$src" --rank-groups 4 --time-copies "$2" 2>&1 | tr '\n' ' '
+  [ -f "$src" ] || python3 -m bench.inflate .devdeps/tp2_probe_node.sqlite "$src" --rank-groups 4 --time-copies "$2" 2>&1 | tr '\n' ' '
   local k; k=$(python3 -c "import sqlite3;print(sqlite3.connect('$src').execute('select count(*) from CUPTI_ACTIVITY_KIND_KERNEL').fetchone()[0])")
   local t=$(date +%s.%N)
   timeout "$4" "$NSYS" stats --report "$3" --format csv --force-export=false -o "/tmp/$1" "$src" > /tmp/$1.log 2>&1

@@ -19,7 +19,7 @@ export LD_LIBRARY_PATH=/tmp/dw/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_L
 NSYS=${NSYS:-/opt/nvidia/nsight-compute/2025.3.1/host/target-linux-x64/nsys}
 export PATH=$(dirname "$NSYS"):$PATH
 { nsys --version; echo "cpus: $(nproc)"; python3 -c "import polars, sys; print('python', sys.version.split()[0], 'polars', polars.__version__)"; } | tee -a "$LOG"
-B="python3 -m analyze.bench --src .devdeps/tp2_probe_node.sqlite --out /tmp/bench"
+B="python3 -m bench.bench --src .devdeps/tp2_probe_node.sqlite --out /tmp/bench"
 # 1 M kernels: every contender, nsys included (3 rounds: a warm-up and 2 counted).
 $B --kernels 1000000 --runs 2 --json "$OUT/bench_1m.json" 2>>"$OUT/bench_stderr.txt" | tee -a "$LOG"
 # 10 M kernels: ours and the raw read (nsys once, below).

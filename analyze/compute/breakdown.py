@@ -1,0 +1,222 @@
+"""Per-rank, per-phase time: span = compute + comm + idle, per instance and summed.
+
+Small pure functions over the frames of :mod:`analyze.attribute`. ``ops`` carries ``rid`` (the
+innermost selected range) and ``comm`` (communication family or null).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from .intervals import busy_between, busy_function, group_parts, merge, union_length
+
+METRICS = ("span_ns", "busy_ns", "compute_ns", "comm_ns", "idle_ns", "kernel_ns", "ops", "launches")
+
+
+def ranks(ops: pl.DataFrame, devices: pl.DataFrame) -> pl.DataFrame:
+    """One rank per process with GPU work, numbered in device order: ``rank, pid, device, ...``."""
+    per_device = ops.group_by("pid", "device").agg(n=pl.len(), kernel_ns=(pl.col("end") - pl.col("start")).sum())
+    per = per_device.sort("pid", "n", "device", descending=[False, True, False]).group_by("pid").agg(
+        device=pl.col("device").first(),  # the most used device (the lowest on a tie)
+        devices=pl.col("device").sort(),
+        gpu_ops=pl.col("n").sum().cast(pl.UInt32),
+        kernel_ns=pl.col("kernel_ns").sum(),
+    )
+    per = per.sort("device", "pid").with_columns(rank=pl.int_range(pl.len()).cast(pl.Int64))
+    per = per.join(devices, on="device", how="left")
+    return per.select("rank", "pid", "device", "device_name", "devices", "gpu_ops", "kernel_ns")
+
+
+def instance_metrics(ops: pl.DataFrame, key: str) -> pl.DataFrame:
+    """Metrics of each group of ops keyed by ``key`` (a range instance): first/last op, span, busy, ...,
+    and ``first_launch`` (the start of the earliest CUDA API call that launched one of them).
+
+    ``ops`` must be sorted by start. Busy and comm are union lengths: each op adds the part of it
+    past the latest end of earlier ops in its group (communication ops among themselves).
+    """
+    is_comm = pl.col("comm").is_not_null()
+    launch = pl.col("api_start") if "api_start" in ops.columns else pl.lit(None, pl.Int64).alias("api_start")
+    rows = ops.filter(pl.col(key).is_not_null()).select(key, "start", "end", "corr", launch, _c=is_comm)
+    # A stable sort by key keeps each group's rows in start order: groups contiguous, no windows.
+    parts = group_parts(rows.sort(key, maintain_order=True), key, only="_c")
+    if parts is None:  # times too wide for the shift: one window per group
+        past = pl.col("end") - pl.max_horizontal(pl.col("start"), pl.col("end").shift(1).cum_max().over(key))
+        past_comm = pl.col("end") - pl.max_horizontal(pl.col("start"), pl.col("end").shift(1).cum_max().over(key, "_c"))
+        parts = rows.with_columns(_p=past.clip(lower_bound=0),
+                                  _q=pl.when("_c").then(past_comm.clip(lower_bound=0)).otherwise(0))
+    return (
+        parts.lazy()
+        .group_by(key)
+        .agg(
+            first=pl.col("start").min(),
+            last=pl.col("end").max(),
+            kernel_ns=(pl.col("end") - pl.col("start")).sum(),
+            ops=pl.len(),
+            launches=pl.col("corr").n_unique(),
+            busy_ns=pl.col("_p").sum(),
+            comm_ns=pl.col("_q").sum(),
+            first_launch=pl.col("api_start").min(),
+        )
+        .with_columns(span_ns=pl.col("last") - pl.col("first"))
+        .with_columns(compute_ns=pl.col("busy_ns") - pl.col("comm_ns"), idle_ns=pl.col("span_ns") - pl.col("busy_ns"))
+        .collect()
+    )
+
+
+def instances(nested: pl.DataFrame, ops: pl.DataFrame, anc: pl.DataFrame) -> pl.DataFrame:
+    """Every selected range instance with its exclusive (``x_``) and inclusive (``i_``) metrics.
+
+    Exclusive: the ops whose innermost selected range it is (the phase view). Inclusive: the ops
+    launched anywhere inside it, nested ranges included (NVIDIA's projection).
+    """
+    ex = instance_metrics(ops, "rid").rename({"rid": "row_id"})
+    # Inclusive metrics differ from exclusive ones only for ranges with selected children: compute
+    # those from their whole subtree, and copy the exclusive ones for leaves.
+    proper = anc.filter(pl.col("anc") != pl.col("rid"))
+    internal = proper.select(pl.col("anc").alias("rid")).unique()
+    sub = pl.concat([proper, internal.with_columns(anc=pl.col("rid"))])
+    inc_ops = (
+        ops.filter(pl.col("rid").is_not_null())
+        .join(sub, on="rid", maintain_order="left")  # keeps ops sorted by start
+        .drop("rid")
+        .rename({"anc": "rid"})
+    )
+    inner = instance_metrics(inc_ops, "rid").rename({"rid": "row_id"})
+    is_internal = pl.col("row_id").is_in(internal["rid"].implode())
+    inc = pl.concat([ex.filter(~is_internal), inner], how="vertical_relaxed")
+    cols = ["first", "last", *METRICS, "first_launch"]
+    out = (
+        nested.join(ex.select("row_id", *[pl.col(c).alias(f"x_{c}") for c in cols]), on="row_id", how="left")
+        .join(inc.select("row_id", *[pl.col(c).alias(f"i_{c}") for c in cols]), on="row_id", how="left")
+    )
+    return out.with_columns(pl.col(f"x_{c}").fill_null(0) for c in METRICS).with_columns(
+        pl.col(f"i_{c}").fill_null(0) for c in METRICS
+    )
+
+
+def _sum_metrics(prefix: str) -> list[pl.Expr]:
+    return [pl.col(f"{prefix}{c}").sum().alias(c) for c in METRICS]
+
+
+def phases(inst: pl.DataFrame) -> pl.DataFrame:
+    """Per rank and phase name, summed over the instances that received GPU work (exclusive view)."""
+    x = inst.filter(pl.col("x_ops") > 0)
+    return (
+        x.group_by("rank", "domain", "text")
+        .agg(
+            pl.len().alias("instances"),
+            *_sum_metrics("x_"),
+            pl.col("x_gpu_idle_ns").sum().alias("gpu_idle_ns"),
+            span_mean_ns=pl.col("x_span_ns").mean(),
+            span_p50_ns=pl.col("x_span_ns").median(),
+            span_p90_ns=pl.col("x_span_ns").quantile(0.9, "nearest"),
+            span_max_ns=pl.col("x_span_ns").max(),
+        )
+        .rename({"text": "phase"})
+        .sort("rank", "span_ns", descending=[False, True])
+    )
+
+
+def projections(inst: pl.DataFrame) -> pl.DataFrame:
+    """Per rank and range name, NVIDIA-style inclusive projection: instances with GPU work, span sums."""
+    i = inst.filter(pl.col("i_ops") > 0)
+    return (
+        i.group_by("rank", "domain", "text")
+        .agg(
+            pl.len().alias("instances"),
+            pl.col("i_span_ns").sum().alias("proj_span_ns"),
+            *[pl.col(f"i_{c}").sum().alias(c) for c in METRICS if c != "span_ns"],
+            pl.col("i_gpu_idle_ns").sum().alias("gpu_idle_ns"),
+            (pl.col("end") - pl.col("start")).sum().alias("range_ns"),
+        )
+        .rename({"text": "range"})
+        .join(
+            inst.group_by("rank", "domain", "text").agg(range_instances=pl.len()).rename({"text": "range"}),
+            on=["rank", "domain", "range"],
+        )
+        .sort("rank", "proj_span_ns", descending=[False, True])
+    )
+
+
+def add_gpu_idle(inst: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:
+    """Add ``x_gpu_idle_ns``/``i_gpu_idle_ns``: the part of each span in which the GPU ran nothing at all.
+
+    ``idle_ns`` counts gaps between the phase's own ops; some of those gaps may be filled by other
+    work (another phase's ops on another stream, other threads). ``gpu_idle_ns <= idle_ns``.
+    """
+    out = inst
+    for p in ("x", "i"):
+        w = out.select("pid", a=pl.col(f"{p}_first"), b=pl.col(f"{p}_last"))
+        busy = busy_between(blocks, w.with_columns(pl.col("a", "b").fill_null(0)), ["pid"], "a", "b", "_all")
+        out = out.with_columns(busy.collect()["_all"]).with_columns(
+            (pl.col(f"{p}_span_ns") - pl.col("_all")).clip(lower_bound=0).alias(f"{p}_gpu_idle_ns")
+        ).drop("_all")
+    return out
+
+
+def gpu_blocks(ops: pl.DataFrame) -> pl.DataFrame:
+    """Per process, the disjoint intervals in which its GPU ran anything (ops sorted by start).
+
+    With ``before`` (busy time of the process's earlier blocks), ready for repeated window queries.
+    """
+    return busy_function(merge(ops, ["pid"], presorted=True).collect(), ["pid"]).collect()
+
+
+def seam_instances(inst: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:
+    """Each transition between consecutive sibling ranges with GPU work, on the GPU.
+
+    The window runs from the last op of the earlier sibling to the first op of the next (inclusive
+    views). ``idle_ns`` is the part of it in which the rank's GPU ran nothing at all; ``busy_ns``
+    is other work in it; ``overlap_ns`` is how far the next one started before the earlier ended.
+    """
+    sib = (
+        inst.filter(pl.col("i_ops") > 0)
+        .select("rank", "pid", "gtid", "parent", "row_id", "start", "text", "i_first", "i_last")
+        .sort("gtid", "parent", "start")
+        .with_columns(
+            prev_text=pl.col("text").shift(1).over("gtid", "parent"),
+            a=pl.col("i_last").shift(1).over("gtid", "parent"),
+            prev_id=pl.col("row_id").shift(1).over("gtid", "parent"),
+        )
+        .filter(pl.col("a").is_not_null())
+        .select("rank", "pid", "parent", "prev_id", "row_id", "prev_text", "text", "a", b="i_first")
+    )
+    out = busy_between(blocks, sib, ["pid"], "a", "b", "busy_ns").collect()
+    return out.with_columns(
+        gap_ns=(pl.col("b") - pl.col("a")).clip(lower_bound=0),
+        overlap_ns=(pl.col("a") - pl.col("b")).clip(lower_bound=0),
+    ).with_columns(idle_ns=pl.col("gap_ns") - pl.col("busy_ns"))
+
+
+def seams(seam_inst: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
+    """Seams summed per rank and transition (parent, from, to)."""
+    parents = inst.select(parent="row_id", parent_text="text")
+    return (
+        seam_inst.join(parents, on="parent", how="left")
+        .group_by("rank", "parent_text", "prev_text", "text")
+        .agg(
+            instances=pl.len(),
+            gap_ns=pl.col("gap_ns").sum(),
+            idle_ns=pl.col("idle_ns").sum(),
+            busy_ns=pl.col("busy_ns").sum(),
+            overlap_ns=pl.col("overlap_ns").sum(),
+            idle_p50_ns=pl.col("idle_ns").median(),
+            idle_max_ns=pl.col("idle_ns").max(),
+        )
+        .rename({"parent_text": "parent", "prev_text": "from", "text": "to"})
+        .sort("rank", "idle_ns", descending=[False, True])
+    )
+
+
+def coverage(inst: pl.DataFrame, ops: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:
+    """Per rank: GPU busy time inside the phased window, and how much of it phases received."""
+    tops = inst.filter((pl.col("i_ops") > 0) & pl.col("parent").is_null())
+    win = tops.group_by("rank", "pid").agg(a=pl.col("i_first").min(), b=pl.col("i_last").max())
+    gpu = busy_between(blocks, win, ["pid"], "a", "b", "gpu_ns").collect()
+    att = union_length(ops.filter(pl.col("rid").is_not_null()), ["pid"], "attributed_ns", presorted=True).collect()
+    return (
+        gpu.join(att, on="pid", how="left")
+        .with_columns(pl.col("attributed_ns").fill_null(0), window_ns=pl.col("b") - pl.col("a"))
+        .select("rank", "pid", "window_ns", "gpu_ns", "attributed_ns")
+        .sort("rank")
+    )

@@ -1,0 +1,366 @@
+"""Cross-rank communication: match collectives across ranks, split wait from transfer, name stragglers.
+
+Small pure functions over frames. The input is ``kernels``: one row per communication *kernel*
+(comm family not null; peer-to-peer memcpy rows are left out, one rank issues them) with ``rank,
+domain, phase, rid, start, end, corr, name, comm`` on one clock.
+
+Matching. Per rank and phase name, the phase instances that launched communication are numbered
+``k = 0, 1, ...`` by start; in instance ``k`` the ``j``-th kernel of a name (by GPU start) is one
+collective, the same on every rank: key ``(domain, phase, k, name, j)``. Kernels outside any phase
+get ``k = -1`` and are numbered per rank and name over the whole run. A group ``(domain, phase, k,
+name)`` is matched only when every participating rank (a rank with any communication kernel) has
+the same number of kernels in it; other groups are mismatches, reported with where they start.
+
+Split. For a matched collective, ``last`` = the latest start over ranks (last arrival). A rank's
+``skew = last - start`` (>= 0), ``wait = min(duration, skew)``, ``transfer = duration - wait``:
+integers, so ``wait + transfer == duration`` exactly. The straggler of a collective is the rank
+that started last, when it started strictly after every other rank; its ``delay`` is how much
+later than the next-latest rank.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+
+from ..model import CommReport, Diagnostic
+from . import align
+
+NONE_PHASE = "(none)"
+GROUP = ["domain", "phase", "k", "name"]
+KEY = [*GROUP, "j"]
+SPLIT = ("comm_wait_ns", "comm_transfer_ns")  # the columns ``spectrace analyze`` gains per phase
+
+
+def comm_kernels(ops: pl.DataFrame, instances: pl.DataFrame) -> pl.DataFrame:
+    """Communication kernels with their phase instance number ``k`` and per-name ordinal ``j``.
+
+    ``phase`` is the innermost selected range (null outside any); ``k`` is, per (rank, domain,
+    phase), the index by start of the instance among those that launched communication (-1 outside).
+    Everything here is per rank: the kernels of each process can be done on their own and concatenated.
+    """
+    c = ops.filter((pl.col("kind") == "kernel") & pl.col("comm").is_not_null()).select(
+        "rank", "rid", "corr", "start", "end", "name", "comm"
+    )
+    # Instance numbers on the instances that launched communication (a small frame), then one join.
+    inst = instances.select(rid="row_id", domain="domain", phase="text", _istart="start")
+    ks = (
+        c.filter(pl.col("rid").is_not_null())
+        .select("rank", "rid")
+        .unique("rid")
+        .join(inst, on="rid", how="left")
+        .sort("_istart", "rid")
+        .with_columns(k=pl.int_range(pl.len(), dtype=pl.Int64).over("rank", "domain", "phase"))
+        .select("rid", "domain", "phase", "k")
+    )
+    c = c.join(ks, on="rid", how="left").with_columns(
+        domain=pl.col("domain").fill_null(""),
+        phase=pl.col("phase").fill_null(""),
+        k=pl.col("k").fill_null(-1),
+    )
+    # (rank, rid, name) is the group (rank, domain, phase, k, name): a range instance is one rank's
+    # (domain, phase, k); kernels outside phases (rid null) group per rank and name.
+    return (
+        c.sort("start", "corr")
+        .with_columns(j=pl.int_range(pl.len(), dtype=pl.Int64).over("rank", "rid", "name"))
+        .select("rank", *KEY, "rid", "corr", "comm", "start", "end")
+    )
+
+
+def with_group_ids(kernels: pl.DataFrame) -> pl.DataFrame:
+    """``kernels`` with ``_g``: an integer per group ``(domain, phase, k, name)``, one to one.
+
+    Grouping, sorting and joining on one integer instead of three strings and an integer is what
+    keeps matching fast at millions of kernels. The id packs small dense codes of ``(domain, phase)``
+    and ``name`` with ``k``; when they do not fit in 62 bits, groups are numbered by a group-by.
+    """
+    kernels = kernels.drop("_g", strict=False)
+    if kernels.height == 0:
+        return kernels.with_columns(_g=pl.lit(0, pl.Int64))
+    dp = kernels.select("domain", "phase").unique().with_row_index("_p")
+    names = kernels.select("name").unique().with_row_index("_n")
+    c = kernels.join(dp, on=["domain", "phase"], how="left").join(names, on="name", how="left")
+    bits = [int(x).bit_length() for x in (dp.height, c["k"].max() + 1, names.height)]
+    if sum(bits) <= 62:
+        g = (pl.col("_p").cast(pl.Int64) * 2 ** (bits[1] + bits[2]) + (pl.col("k") + 1) * 2 ** bits[2]
+             + pl.col("_n").cast(pl.Int64))
+        return c.with_columns(_g=g).drop("_p", "_n")
+    ids = c.select("_p", "k", "_n").unique().with_row_index("_g").with_columns(pl.col("_g").cast(pl.Int64))
+    return c.join(ids, on=["_p", "k", "_n"], how="left").drop("_p", "_n")
+
+
+def group_counts(kernels: pl.DataFrame) -> pl.DataFrame:
+    """Per group ``(domain, phase, k, name)``: kernels per rank, where it starts, and whether it matches."""
+    participants = kernels["rank"].n_unique()
+    per = kernels.group_by("_g", "rank").agg(*[pl.col(c).first() for c in GROUP], n=pl.len(),
+                                               first=pl.col("start").min())
+    return (
+        per.group_by("_g")
+        .agg(
+            *[pl.col(c).first() for c in GROUP],
+            ranks=pl.len(),
+            n_min=pl.col("n").min(),
+            n_max=pl.col("n").max(),
+            first=pl.col("first").min(),
+            counts=pl.struct("rank", "n").sort_by("rank"),
+        )
+        .with_columns(matched=(pl.col("ranks") == participants) & (pl.col("n_min") == pl.col("n_max")))
+        .sort("first", "_g")
+    )
+
+
+def match(kernels: pl.DataFrame, counts: pl.DataFrame | None = None, ordered: bool = True) -> pl.DataFrame:
+    """One row per (matched collective, rank): last arrival, skew, wait, transfer, straggler flag.
+
+    ``kernels`` carry group ids (:func:`with_group_ids`); ``counts`` is :func:`group_counts` of
+    them if already computed. ``ordered``: rows by first arrival, then rank.
+    """
+    counts = group_counts(kernels) if counts is None else counts
+    m = kernels.filter(pl.col("_g").is_in(counts.filter("matched")["_g"].implode()))
+    # Each collective's rows contiguous, by arrival: first, last and second-latest arrivals are
+    # read off its first and last rows (no window per collective).
+    m = m.sort("_g", "j", "start", "rank")
+    new = ((pl.col("_g") != pl.col("_g").shift(1)) | (pl.col("j") != pl.col("j").shift(1))).fill_null(True)
+    m = m.with_columns(_new=new).with_columns(_last=pl.col("_new").shift(-1).fill_null(True),
+                                               _c=pl.col("_new").cum_sum())
+    dur = pl.col("end") - pl.col("start")
+    return (
+        m.with_columns(
+            duration_ns=dur,
+            last=pl.when("_last").then("start").backward_fill(),
+            _second=pl.when("_last").then(pl.when("_new").then("start").otherwise(pl.col("start").shift(1)))
+            .backward_fill(),
+            first_arrival=pl.when("_new").then("start").forward_fill(),
+            end_spread_ns=(pl.col("end").max() - pl.col("end").min()).over("_c"),
+        )
+        .with_columns(skew_ns=pl.col("last") - pl.col("start"))
+        .with_columns(wait_ns=pl.min_horizontal("duration_ns", "skew_ns"))
+        .with_columns(
+            transfer_ns=pl.col("duration_ns") - pl.col("wait_ns"),
+            delay_ns=pl.col("last") - pl.col("_second"),
+        )
+        .with_columns(is_last=(pl.col("start") == pl.col("last")) & (pl.col("delay_ns") > 0))
+        .drop("_second", "_new", "_last", "_c")
+        .pipe(lambda df: df.sort("first_arrival", "rank") if ordered else df)
+    )
+
+
+def per_collective(matched: pl.DataFrame) -> pl.DataFrame:
+    """One row per matched collective: its straggler rank (null on a tie) and delay, start spread, end spread."""
+    return (
+        matched.group_by("_g", "j")
+        .agg(
+            *[pl.col(c).first() for c in GROUP],
+            ranks=pl.len(),
+            first_arrival=pl.col("first_arrival").first(),
+            last_arrival=pl.col("last").first(),
+            straggler=pl.col("rank").filter(pl.col("is_last")).first(),
+            delay_ns=pl.col("delay_ns").first(),
+            end_spread_ns=pl.col("end_spread_ns").first(),
+            max_wait_ns=pl.col("wait_ns").max(),
+        )
+        .with_columns(start_spread_ns=pl.col("last_arrival") - pl.col("first_arrival"), name=pl.col("name").cast(pl.String))
+        .select(*KEY, pl.exclude(*KEY, "_g"))
+        .sort("first_arrival")
+    )
+
+
+def _q(col: str, q: float) -> pl.Expr:
+    return pl.col(col).quantile(q, "nearest").cast(pl.Int64)
+
+
+def summary(matched: pl.DataFrame) -> pl.DataFrame:
+    """Per rank, phase and kernel name: count, duration, wait, transfer, p50/p99 arrival skew."""
+    return (
+        matched.with_columns(outside=pl.col("k") < 0)
+        .group_by("rank", "domain", "phase", "outside", "name")
+        .agg(
+            family=pl.col("comm").first(),
+            instances=pl.col("k").n_unique(),
+            count=pl.len(),
+            duration_ns=pl.col("duration_ns").sum(),
+            wait_ns=pl.col("wait_ns").sum(),
+            transfer_ns=pl.col("transfer_ns").sum(),
+            skew_p50_ns=_q("skew_ns", 0.5),
+            skew_p99_ns=_q("skew_ns", 0.99),
+            last_arrivals=pl.col("is_last").sum().cast(pl.Int64),
+        )
+        .with_columns(phase=pl.when(~pl.col("outside")).then("phase"), name=pl.col("name").cast(pl.String))
+        .drop("outside")
+        .sort("phase", "name", "rank", nulls_last=True)
+    )
+
+
+def stragglers(matched: pl.DataFrame) -> pl.DataFrame:
+    """Per phase and rank: how often the rank arrived last (strictly) and by how much, on average."""
+    coll = per_collective(matched).with_columns(outside=pl.col("k") < 0)
+    totals = coll.group_by("domain", "phase", "outside").agg(collectives=pl.len())
+    ranks = matched.select("rank").unique()
+    per = (
+        coll.filter(pl.col("straggler").is_not_null())
+        .group_by("domain", "phase", "outside", rank="straggler")
+        .agg(last_arrivals=pl.len(), total_delay_ns=pl.col("delay_ns").sum(), max_delay_ns=pl.col("delay_ns").max())
+    )
+    return (
+        totals.join(ranks, how="cross")
+        .join(per, on=["domain", "phase", "outside", "rank"], how="left")
+        .with_columns(
+            pl.col("last_arrivals", "total_delay_ns", "max_delay_ns").fill_null(0).cast(pl.Int64),
+        )
+        .with_columns(
+            mean_delay_ns=pl.when(pl.col("last_arrivals") > 0)
+            .then((pl.col("total_delay_ns") / pl.col("last_arrivals")).round(0))
+            .otherwise(0)
+            .cast(pl.Int64),
+            share=pl.col("last_arrivals") / pl.col("collectives"),
+            phase=pl.when(~pl.col("outside")).then("phase"),
+        )
+        .drop("outside")
+        .select("domain", "phase", "rank", "collectives", "last_arrivals", "share", "mean_delay_ns",
+                "total_delay_ns", "max_delay_ns")
+        .sort(["phase", "last_arrivals", "rank"], descending=[False, True, False], nulls_last=True)
+    )
+
+
+def mismatches(kernels: pl.DataFrame, counts: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Groups whose kernel counts differ across ranks, in order of their first kernel."""
+    g = (group_counts(kernels) if counts is None else counts).filter(~pl.col("matched"))
+    return g.with_columns(phase=pl.when(pl.col("k") >= 0).then("phase"), name=pl.col("name").cast(pl.String)).select(
+        "domain", "phase", "k", "name", "first", "counts"
+    )
+
+
+def phase_split(matched: pl.DataFrame) -> pl.DataFrame:
+    """Per (rank, domain, phase): the matched collectives' wait and transfer time (phases only)."""
+    return (
+        matched.filter(pl.col("k") >= 0)
+        .group_by("rank", "domain", "phase")
+        .agg(comm_wait_ns=pl.col("wait_ns").sum(), comm_transfer_ns=pl.col("transfer_ns").sum())
+    )
+
+
+def short_name(name: pl.Expr) -> pl.Expr:
+    """A kernel name without its argument list and ``void`` prefix, for tables."""
+    return name.str.replace(r"^void\s+", "").str.replace(r"\(.*$", "")
+
+
+# ---- diagnostics, the per-phase split, and the cross-report driver -----------------------------------
+
+# Collectives of one clock end within ~1 µs of each other on the real probe capture; far more
+# means the k-th-of-a-name matching paired different collectives, or the clocks disagree.
+END_SPREAD_WARN_NS = 100_000
+
+
+def _diag(level: str, code: str, message: str) -> Diagnostic:
+    return Diagnostic(level, code, message)
+
+
+def _where(row: dict) -> str:
+    phase = f"phase {row['phase']!r} instance {row['k']}" if row["phase"] is not None else "outside any phase"
+    counts = ", ".join(f"rank {c['rank']}: {c['n']}" for c in row["counts"])
+    return f"{phase}, {row['name'][:60]!r} ({counts}) at {row['first'] / 1e6:,.6f} ms on the first report's session clock"
+
+
+def diagnostics(kernels: pl.DataFrame, matched: pl.DataFrame, counts: pl.DataFrame | None = None) -> list:
+    """Notes on matching: no communication, a single rank, count mismatches (with where they start)."""
+    out = []
+    if kernels.height == 0:
+        return [_diag("info", "COMM_NONE", "no communication kernels: nothing to match across ranks")]
+    if kernels["rank"].n_unique() < 2:
+        return [_diag("info", "COMM_ONE_RANK", "communication kernels on one rank only: nothing to match across ranks")]
+    mm = mismatches(kernels, counts)
+    if mm.height:
+        left = kernels.height - matched.height
+        first = mm.row(0, named=True)
+        out.append(_diag(
+            "warning", "COMM_MISMATCH",
+            f"{mm.height} group(s) of collectives have different counts across ranks; their {left} kernels are "
+            f"not matched (no wait/transfer split). First: {_where(first)}",
+        ))
+    inst = kernels.filter(pl.col("k") >= 0).group_by("domain", "phase", "rank").agg(n=pl.col("k").n_unique())
+    bad = inst.group_by("domain", "phase").agg(lo=pl.col("n").min(), hi=pl.col("n").max(),
+                                              counts=pl.struct("rank", "n").sort_by("rank"))
+    for row in bad.filter(pl.col("lo") != pl.col("hi")).sort("phase").iter_rows(named=True):
+        counts = ", ".join(f"rank {c['rank']}: {c['n']}" for c in row["counts"])
+        out.append(_diag("warning", "COMM_PHASE_COUNT",
+                         f"phase {row['phase']!r}: instances that launched communication differ across ranks "
+                         f"({counts}); instances are paired by order, so pairs after the first extra one are suspect"))
+    if matched.height:
+        p50 = int(per_collective(matched)["end_spread_ns"].quantile(0.5, "nearest"))
+        if p50 > END_SPREAD_WARN_NS:
+            out.append(_diag("warning", "COMM_END_SPREAD",
+                             f"matched collectives do not end together (p50 end spread {p50 / 1e3:,.1f} µs): "
+                             "the matching or the clock alignment is suspect"))
+    return out
+
+
+def phase_comm_split(phases: pl.DataFrame, kernels: pl.DataFrame) -> tuple[pl.DataFrame, list]:
+    """``phases`` with ``comm_wait_ns`` / ``comm_transfer_ns`` (matched collectives, one report) and diagnostics.
+
+    ``kernels``: :func:`comm_kernels` of the report (of all its processes, ranks numbered).
+    """
+    kernels = with_group_ids(kernels)
+    counts = group_counts(kernels)
+    matched = match(kernels, counts, ordered=False)
+    split = phase_split(matched)
+    out = phases.join(split, on=["rank", "domain", "phase"], how="left", maintain_order="left").with_columns(
+        pl.col(*SPLIT).fill_null(0).cast(pl.Int64)
+    )
+    return out, [d for d in diagnostics(kernels, matched, counts) if d.code not in ("COMM_NONE", "COMM_ONE_RANK")]
+
+
+def cross_rank(results: list) -> CommReport:
+    """Match, align and split the communication of one or several analysed reports (ranks numbered in order)."""
+    parts, rank_rows, base = [], [], 0
+    for i, r in enumerate(results):
+        parts.append(r.comm_kernels.drop("_g", "report", strict=False).with_columns(
+            report=pl.lit(i), rank=pl.col("rank") + base))
+        rank_rows.append(r.ranks.select(rank=pl.col("rank") + base, report=pl.lit(i), path=pl.lit(r.trace.path),
+                                        pid="pid", device="device"))
+        base += r.ranks.height
+    kernels = with_group_ids(pl.concat(parts))  # group ids over all reports
+    ranks = pl.concat(rank_rows)
+    clock: dict[str, Any] = {"reports": len(results)}
+    if len(results) == 1:
+        clock["alignment"] = align.ONE_CLOCK
+    else:
+        utc = [r.trace.utc_epoch_ns for r in results]
+        offs = align.session_offsets(utc)
+        steps, table = [], pl.DataFrame({"report": range(len(results)), "utc_epoch_ns": utc},
+                                        schema={"report": pl.Int32, "utc_epoch_ns": pl.Int64})
+        if offs is not None:
+            sess = pl.DataFrame({"report": range(len(results)), "offset_ns": offs},
+                                schema={"report": pl.Int32, "offset_ns": pl.Int64})
+            kernels = align.shift(kernels, sess)
+            steps.append("session start (utcEpochNs)")
+            table = table.join(sess.rename({"offset_ns": "session_offset_ns"}), on="report")
+        else:
+            table = table.with_columns(session_offset_ns=pl.lit(None, pl.Int64))
+        good = kernels.filter(pl.col("_g").is_in(group_counts(kernels).filter("matched")["_g"].implode()))
+        clock.update({f"before_refine_{k}": v for k, v in align.end_spread(good, ["_g", "j"]).items()})
+        if good.height:
+            sk = align.end_skew(good, ["_g", "j"]).with_columns(pl.col("report").cast(pl.Int32))
+            kernels = align.shift(kernels, sk.select("report", offset_ns=-pl.col("offset_ns")))
+            steps.append("median skew of collective end times")
+            table = table.join(sk.select("report", refine_ns=-pl.col("offset_ns"), refine_collectives="collectives"),
+                               on="report", how="left")
+        clock["alignment"] = " + ".join(steps) or "none (a report lacks utcEpochNs and no collective matched)"
+        clock["per_report"] = table.with_columns(path=pl.Series([r.trace.path for r in results])).to_dicts()
+    counts = group_counts(kernels)
+    matched = match(kernels, counts)
+    clock.update(align.end_spread(matched, ["_g", "j"]))
+    diags = diagnostics(kernels, matched, counts)
+    diags.insert(0, _diag("info", "COMM_CLOCK", f"clock: {clock['alignment']}"))
+    return CommReport(
+        reports=[r.trace.path for r in results],
+        selection=results[0].selection if results else "",
+        ranks=ranks,
+        kernels=kernels,
+        matched=matched,
+        collectives=summary(matched),
+        stragglers=stragglers(matched),
+        mismatches=mismatches(kernels, counts),
+        clock=clock,
+        diagnostics=diags,
+    )

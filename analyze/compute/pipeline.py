@@ -1,0 +1,364 @@
+"""The analysis pipeline, the only copy: per process, then global; one report or many.
+
+Attribution and every per-instance number are per process (an op joins its own process's API calls,
+ranges and GPU), so :func:`process` runs the whole per-process body over one process of a *source*
+(:mod:`analyze.read.source`: frames in memory, or the parquet store) and returns small frames:
+instances, seams, coverage, its communication kernels numbered for matching, one rank row, and
+counts for the diagnostics. :func:`analyze` maps it over the processes (two at a time in threads
+when they are small enough) and then runs the global steps once, on those small frames: rank
+numbering, per-phase sums, cross-rank collective matching, diagnostics.
+
+:func:`analyze_each` maps :func:`analyze` over several reports (worker processes, or any executor
+such as a Dask cluster's) and :func:`merge` makes one result of them: ranks numbered across reports in the
+order given; communication matched across all ranks with the clock alignment of
+:func:`analyze.compute.collectives.cross_rank`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from pathlib import Path
+
+import polars as pl
+
+from ..model import Diagnostic, InputError, Result, Trace
+from ..read.source import ManyWindows, OpsWindow, open_source
+from ..read.store import Progress
+from . import attribute, breakdown, collectives
+from .comm_patterns import PATTERNS, CommPattern, family_expr
+from .diagnostics import FACTS, diagnose
+
+GRAPH_LAUNCH = r"^(cudaGraphLaunch|cuGraphLaunch)"
+WORKER_ROWS = 3_000_000  # two processes at once up to this size: 20 M kernels (2.6 M per process) peak 3.4 GB either way
+
+
+def select_phases(path: str, ranges_df: pl.DataFrame, has_ops: bool, regex: str | None) -> tuple[pl.DataFrame, str]:
+    """The phase ranges of an export and how they were chosen, or a one-line InputError saying what is missing."""
+    if ranges_df.height == 0:
+        raise InputError(
+            f"{path}: no NVTX ranges in this export; profile with -t cuda,nvtx and SPECTRACE_HOOKS=1 "
+            "(or annotate the workload with nvtx_hooks.ranges)",
+            "NO_NVTX",
+        )
+    if not has_ops:
+        raise InputError(
+            f"{path}: no CUDA trace in this export (no kernel, memcpy, memset or graph rows); "
+            "profile with nsys profile -t cuda,nvtx",
+            "NO_CUDA",
+        )
+    sel, how = attribute.select_ranges(ranges_df, regex)
+    if sel.height == 0:
+        top = (ranges_df.group_by("domain", "text").len().sort("len", "domain", "text", descending=[True, False, False])
+               .head(8).select(pl.format("{}:{}", "domain", "text")).to_series().to_list())
+        raise InputError(
+            f"{path}: no NVTX ranges selected ({how}); pass --ranges REGEX, e.g. one of: {', '.join(top)}",
+            "NO_PHASES",
+        )
+    return sel, how
+
+
+def op_kinds(keys: pl.DataFrame, names: pl.DataFrame, patterns: list[CommPattern]) -> pl.DataFrame:
+    """Each distinct (``name_id``, ``label``) of the ops with its ``name`` and ``comm`` family.
+
+    Names are classified once each here: regexes never run per operation.
+    """
+    kinds = keys.join(names, on="name_id", how="left").with_columns(name=pl.coalesce("name", "label"))
+    return kinds.with_columns(comm=family_expr(pl.col("name"), patterns))
+
+
+def add_kinds(ops: pl.DataFrame, kinds: pl.DataFrame, cols: list[str]) -> pl.DataFrame:
+    """``ops`` with columns ``cols`` of their row in :func:`op_kinds`: a lookup by ``name_id`` (kernels)
+    or ``label`` (copies, memsets, graphs), cheaper than a join on both. Columns keep their type in ``kinds``.
+    """
+    by_id, by_label = kinds.filter(pl.col("name_id").is_not_null()), kinds.filter(pl.col("name_id").is_null())
+    if by_id["name_id"].is_duplicated().any():  # one name id under several labels: join on both
+        return ops.join(kinds.select("name_id", "label", *cols), on=["name_id", "label"], how="left", nulls_equal=True)
+    return ops.with_columns(
+        pl.when(pl.col("name_id").is_not_null())
+        .then(pl.col("name_id").replace_strict(by_id["name_id"], by_id[c], default=None))
+        .otherwise(pl.col("label").replace_strict(by_label["label"], by_label[c], default=None))
+        .alias(c)
+        for c in cols
+    )
+
+
+@dataclasses.dataclass
+class Context:
+    """What every process body shares: the selected ranges, op kinds, devices, graph-launch API names."""
+
+    nested: pl.DataFrame
+    kinds: pl.DataFrame
+    devices: pl.DataFrame
+    launch_ids: pl.Series
+    keep_ops: bool
+
+
+def process(source, pid: int, ctx: Context) -> dict:
+    """The per-process body: attribute one process's GPU ops to its ranges and measure every instance.
+
+    Returns small frames (``ranks``, ``inst``, ``seam``, ``cov``, ``kern``; ``ops`` only with
+    ``keep_ops``) and the counts of :data:`FACTS`. Ranks are provisional (renumbered globally).
+    """
+    out: dict = {}
+    ops, api = source.ops(pid), source.api(pid)
+    nested = ctx.nested.filter(pl.col("pid") == pid)
+    ops = add_kinds(ops, ctx.kinds, ["comm"])
+    ops = attribute.attribute_ops(ops, api, nested)
+    rk = breakdown.ranks(ops, ctx.devices)  # one row (or none): its rank is fixed once all processes are in
+    rank_of = rk.select("pid", "rank")
+    ops = ops.join(rank_of, on="pid", how="left")
+    nested = nested.join(rank_of, on="pid", how="left")
+    launches = api.filter(pl.col("name_id").is_in(ctx.launch_ids.implode()))
+    orphans = launches.join(ops.select("corr").unique(), on="corr", how="anti").height if launches.height else 0
+    del api
+    out["facts"] = {
+        "graph_ops": int((ops["kind"] == "graph").sum()),
+        "node_ops": int(ops["graph_node"].is_not_null().sum()),
+        "graph_launches": launches.height,
+        "orphan_launches": orphans,
+        "unmatched_ops": int(ops["gtid"].null_count()),
+    }
+    out["ranks"] = rk
+    comm = add_kinds(ops.filter((pl.col("kind") == "kernel") & pl.col("comm").is_not_null()), ctx.kinds, ["name"])
+    if ctx.keep_ops:
+        cols = ops.columns
+        out["ops"] = add_kinds(ops, ctx.kinds, ["name"]).select(
+            *cols[: cols.index("comm")], pl.col("name").cast(pl.String), *cols[cols.index("comm"):])
+    # The interval steps read only these columns: a narrow copy halves the memory of the inclusive view.
+    ops = ops.select("pid", "rank", "rid", "corr", "start", "end", "comm", "api_start").sort("start")
+    if ops.height:
+        anc = attribute.ancestors(nested)
+        inst = breakdown.instances(nested, ops, anc)
+        blocks = breakdown.gpu_blocks(ops)
+        inst = breakdown.add_gpu_idle(inst, blocks)
+        out["seam"] = breakdown.seam_instances(inst, blocks)
+        out["cov"] = breakdown.coverage(inst, ops, blocks)
+        out["inst"] = inst
+        # Collective matching is global, but each kernel's group (instance k, ordinal j) is per rank.
+        out["kern"] = collectives.comm_kernels(comm, inst).with_columns(pid=pl.lit(pid, pl.Int64))
+    elif nested.height:  # API calls but no GPU work: its ranges still count as instances
+        out["inst"] = _without_gpu(nested, ops)
+    return out
+
+
+def _without_gpu(nested: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
+    """Instances of ranges whose process ran no GPU work (every metric zero)."""
+    return breakdown.instances(nested, ops, attribute.ancestors(nested)).with_columns(
+        x_gpu_idle_ns=pl.lit(0, pl.Int64), i_gpu_idle_ns=pl.lit(0, pl.Int64))
+
+
+def analyze(
+    report: str | os.PathLike | Trace,
+    ranges: str | None = None,
+    comm_patterns: list[CommPattern] | None = None,
+    *,
+    store: bool | None = None,
+    cache: bool | None = None,
+    keep_ops: bool = False,
+    progress: bool | None = None,
+    workers: int = 2,
+) -> Result:
+    """Attribute the GPU work of one nsys export to phases (see the README for the definitions).
+
+    ``report``: a SQLite export, a parquetdir/arrowdir directory, a loaded :class:`~analyze.model.Trace`
+    or an opened store. ``ranges``: the phase regex (default: the spectrace domain). ``store``/``cache``:
+    where the rows live (:func:`analyze.read.source.open_source`; by default: in memory for small exports,
+    the parquet store beside the report for large ones, any valid cache reused). ``keep_ops``: keep every
+    GPU operation in ``Result.ops`` (memory grows with the trace). ``workers``: processes analysed at once.
+    """
+    source = open_source(report, store=store, cache=cache, progress=progress)
+    try:
+        return _run(source, ranges, comm_patterns, keep_ops, progress, workers)
+    finally:
+        source.close()
+
+
+def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
+    head = source.head
+    patterns = comm_patterns if comm_patterns is not None else list(PATTERNS)
+    diags: list[Diagnostic] = []
+    sel, how = select_phases(head.path, head.ranges, any(source.ops_rows.values()), ranges)
+    diags.append(Diagnostic("info", "RANGE_SELECTION", f"phases are {how}: {sel.height} range instances"))
+    nested_all = attribute.nest(sel)
+    kinds = op_kinds(source.op_keys(), head.names, patterns)
+    # Kernel names are long and repeat millions of times: Categorical until the Result is handed out.
+    kinds = kinds.with_columns(pl.col("name").cast(pl.Categorical))
+    launch_ids = head.names.filter(pl.col("name").str.contains(GRAPH_LAUNCH))["name_id"]
+    ctx = Context(nested_all, kinds, head.devices, launch_ids, keep_ops)
+
+    parts: dict[str, list] = {k: [] for k in ("ranks", "inst", "seam", "cov", "ops", "kern", "facts")}
+    pids = source.pids
+    bar = Progress(sum(source.ops_rows.values()), "spectrace: analysing", progress)
+
+    def one(pid: int) -> dict:
+        out = process(source, pid, ctx)
+        bar.add(source.ops_rows.get(pid, 0))
+        return out
+
+    # Processes in parallel threads (polars releases the GIL): ``workers`` processes' ops in memory at once,
+    # one at a time when a process has more than WORKER_ROWS ops (memory stays bounded by the largest one).
+    biggest = max([*source.ops_rows.values(), 0])
+    n = max(1, workers if biggest <= WORKER_ROWS else 1)
+    with ThreadPoolExecutor(max_workers=n) as ex:
+        for out in (ex.map(one, pids) if n > 1 else map(one, pids)):
+            for k, v in out.items():
+                parts[k].append(v)
+    bar.close()
+    # Ranges of processes without any GPU op or API call still count as (empty) instances.
+    rest = nested_all.filter(~pl.col("pid").is_in(pids))
+    if rest.height:
+        parts["inst"].append(_without_gpu(rest.with_columns(rank=pl.lit(None, pl.Int64)),
+                                          _empty_ops(source.head.ops)))
+    facts = {k: sum(f[k] for f in parts["facts"]) for k in FACTS}
+
+    # Global: rank numbers in device order.
+    rk = pl.concat(parts["ranks"]).filter(pl.col("gpu_ops") > 0)
+    rk = rk.sort("device", "pid").with_columns(rank=pl.int_range(pl.len()).cast(pl.Int64))
+    rank_of = rk.select("pid", _r="rank")
+
+    def renumber(df: pl.DataFrame) -> pl.DataFrame:
+        return df.join(rank_of, on="pid", how="left", maintain_order="left").with_columns(rank=pl.col("_r")).drop("_r")
+
+    inst = renumber(pl.concat(parts["inst"], how="diagonal_relaxed")).sort("row_id")
+    nested = renumber(nested_all.with_columns(rank=pl.lit(None, pl.Int64)))
+    seam_inst = renumber(pl.concat(parts["seam"])) if parts["seam"] else pl.DataFrame()
+    cov = renumber(pl.concat(parts["cov"])).sort("rank") if parts["cov"] else pl.DataFrame()
+    kern = renumber(pl.concat(parts["kern"])).drop("pid") if parts["kern"] else _no_kernels()
+    ops = renumber(pl.concat(parts["ops"])).sort("start") if keep_ops and parts["ops"] else None
+    parts.clear()
+    graph_rows = "Graph" if facts["graph_ops"] else ("Node" if facts["node_ops"] else None)
+    head = dataclasses.replace(head, graph_rows=graph_rows)
+    phases = breakdown.phases(inst)
+    diags.extend(diagnose(head, nested, facts, rk, inst, cov, phases))
+    phases, comm_diags = collectives.phase_comm_split(phases, kern)
+    diags.extend(comm_diags)
+    kern = kern.with_columns(pl.col("name").cast(pl.String))
+    window = OpsWindow(head.path, str(source.store_root) if source.store_root else None,
+                       rk.select("pid", "rank"), kinds.select("name_id", "label", "comm"))
+    return Result(
+        trace=head,
+        selection=how,
+        ranks=rk,
+        instances=inst,
+        phases=phases,
+        ranges=breakdown.projections(inst),
+        seam_instances=seam_inst,
+        seams=breakdown.seams(seam_inst, inst),
+        coverage=cov,
+        comm_kernels=kern,
+        ops=ops,
+        diagnostics=diags,
+        reports=[head.path],
+        window=window,
+    )
+
+
+def _empty_ops(schema_of: pl.DataFrame) -> pl.DataFrame:
+    return schema_of.head(0).with_columns(
+        pl.lit(None, pl.Int64).alias(c) for c in ("gtid", "rid", "api_start", "api_name_id", "rank")
+    ).with_columns(comm=pl.lit(None, pl.String), name=pl.lit(None, pl.String))
+
+
+def _no_kernels() -> pl.DataFrame:
+    return pl.DataFrame(schema={"rank": pl.Int64, "domain": pl.String, "phase": pl.String, "k": pl.Int64,
+                                "name": pl.Categorical, "j": pl.Int64, "rid": pl.Int64, "corr": pl.Int64,
+                                "comm": pl.String, "start": pl.Int64, "end": pl.Int64})
+
+
+# ---- several reports ------------------------------------------------------------------------------------
+
+
+def analyze_for_merge(path: str, ranges: str | None, comm_patterns: list[CommPattern] | None,
+                      store: bool | None, cache: bool | None) -> Result:
+    """:func:`analyze` of one report for :func:`merge`: the unit a worker process, Ray or Dask task runs."""
+    return analyze(path, ranges, comm_patterns, store=store, cache=cache, progress=False)
+
+
+def _offset(df: pl.DataFrame, base: int, i: int) -> pl.DataFrame:
+    if "rank" not in df.columns:
+        return df
+    return df.with_columns(pl.col("rank") + base, report=pl.lit(i, pl.Int32))
+
+
+def merge(results: list[Result]) -> Result:
+    """One result from several reports' (see the module docstring)."""
+    if len(results) == 1:
+        return results[0]
+    comm = collectives.cross_rank(results)
+    parts: dict[str, list[pl.DataFrame]] = {k: [] for k in ("ranks", "instances", "seam_instances", "coverage",
+                                                             "phases", "ranges")}
+    diags: list[Diagnostic] = []
+    seams, windows, base = [], [], 0
+    for i, r in enumerate(results):
+        for k in parts:
+            parts[k].append(_offset(getattr(r, k), base, i))
+        # Instance ids are per report: seams find their parent range within their own report.
+        seams.append(_offset(breakdown.seams(r.seam_instances, r.instances), base, i))
+        if r.window is not None:
+            windows.append(dataclasses.replace(r.window, rank_offset=base))
+        diags += [Diagnostic(d.level, d.code, f"report {i} ({Path(r.trace.path).name}): {d.message}")
+                  for d in r.diagnostics if not d.code.startswith("COMM_")]
+        base += r.ranks.height
+    cat = {k: pl.concat(v, how="diagonal_relaxed") for k, v in parts.items()}
+    split = collectives.phase_split(comm.matched)
+    phases = cat["phases"].drop(*collectives.SPLIT).join(split, on=["rank", "domain", "phase"], how="left",
+                                                          maintain_order="left")
+    phases = phases.with_columns(pl.col(*collectives.SPLIT).fill_null(0).cast(pl.Int64))
+    diags += comm.diagnostics
+    first = results[0]
+    return Result(
+        trace=first.trace,
+        selection=first.selection,
+        ranks=cat["ranks"],
+        instances=cat["instances"],
+        phases=phases,
+        ranges=cat["ranges"],
+        seam_instances=cat["seam_instances"],
+        seams=pl.concat(seams, how="diagonal_relaxed"),
+        coverage=cat["coverage"],
+        comm_kernels=comm.kernels.drop("_g", "report", strict=False),
+        ops=None,
+        diagnostics=diags,
+        reports=[r.trace.path for r in results],
+        clock=comm.clock,
+        window=ManyWindows(windows) if windows else None,
+    )
+
+
+def analyze_each(
+    paths: list,
+    ranges: str | None = None,
+    comm_patterns: list[CommPattern] | None = None,
+    *,
+    store: bool | None = None,
+    cache: bool | None = None,
+    jobs: int | None = None,
+    executor=None,
+) -> list[Result]:
+    """:func:`analyze` of each report, in parallel processes (``jobs``, default: CPUs, at most one per report).
+
+    ``executor``: any ``concurrent.futures.Executor``-like object (``submit(fn, *args)`` returning
+    futures with ``result()``) to run the per-report map elsewhere, e.g. a Dask cluster's
+    ``Client.get_executor()``; the reports must be readable where the tasks run. Only the small
+    per-report results travel back.
+    """
+    if len(paths) == 1 and executor is None:
+        return [analyze(paths[0], ranges, comm_patterns, store=store, cache=cache)]
+    paths = [str(p) for p in paths]
+    resolved = [str(Path(p).resolve()) for p in paths]
+    if len(set(resolved)) != len(resolved):
+        raise InputError("the same report is given twice; pass each report once", "DUPLICATE_REPORT")
+    for p in paths:
+        if not Path(p).exists():
+            raise InputError(f"{p}: no such file", "NO_FILE")
+    n = max(1, min(jobs or os.cpu_count() or 1, len(paths)))
+    args = (ranges, comm_patterns, store, cache)
+    if executor is not None:
+        return [f.result() for f in [executor.submit(analyze_for_merge, p, *args) for p in paths]]
+    if n == 1:
+        return [analyze_for_merge(p, *args) for p in paths]
+    with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn")) as ex:
+        return [f.result() for f in [ex.submit(analyze_for_merge, p, *args) for p in paths]]

@@ -1,0 +1,164 @@
+"""Decode cycles and generated tokens: from the spectrace payload, else the capture's manifest.
+
+A *cycle* is one ``cycle`` range (EAGLE) or one ``decode_step`` range (baseline), recognised by
+:func:`nvtx_hooks.phases.base_name` with any prefix. Tokens per cycle:
+
+- EAGLE, payload: ``accept_length + batch_size`` (the payload's accept length counts accepted draft
+  tokens summed over the batch, without the bonus token); the accept length is taken from the cycle
+  range or from any range of the same process with the same cycle index (``draft_extend`` in SGLang);
+- baseline (``decode_step``): ``batch_size`` (one token per request per step), from the payload or the
+  manifest's ``speculative.batch``;
+- EAGLE without a known accept length: unknown (null).
+
+The cycle period is the time from one cycle's first GPU op to the next one's, per rank.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import polars as pl
+
+from nvtx_hooks import phases as ph
+
+CYCLE_NAMES = ("cycle", "decode_step")
+_U = pl.UInt64
+
+
+def base_expr(col: str = "text") -> pl.Expr:
+    """``base_name`` as a polars expression (phase name after the last ``.:/ `` separator when known)."""
+    tail = pl.col(col).str.extract(r"([^.:/ ]+)$", 1)
+    return pl.when(pl.col(col).is_in(ph.NAMES)).then(pl.col(col)).when(tail.is_in(ph.NAMES)).then(tail) \
+        .otherwise(pl.col(col))
+
+
+def decode_exprs(uint64: str = "uint64", int64: str = "int64") -> list[pl.Expr]:
+    """``batch_size``, ``cycle_index``, ``accept_length`` decoded from the payload columns (null if none)."""
+    v = pl.coalesce(pl.col(uint64).cast(_U, strict=False), pl.col(int64).cast(_U, strict=False))
+
+    def field(shift: int, bits: int) -> pl.Expr:
+        return (v // (1 << shift)) % (1 << bits)
+
+    ok = (v // (1 << ph._VER_SHIFT)) == ph.PAYLOAD_VERSION
+    acc = field(ph._ACC_SHIFT, ph._ACC_BITS)
+    return [
+        pl.when(ok).then(field(0, ph._BS_BITS)).cast(pl.Int64).alias("batch_size"),
+        pl.when(ok).then(field(ph._CYC_SHIFT, ph._CYC_BITS)).cast(pl.Int64).alias("cycle_index"),
+        pl.when(ok & (acc > 0)).then(acc.cast(pl.Int64) - 1).alias("accept_length"),
+    ]
+
+
+def decode_frame(df: pl.DataFrame) -> pl.DataFrame:
+    """``df`` with the decoded payload columns added (``uint64``/``int64`` columns may be absent)."""
+    for c in ("uint64", "int64"):
+        if c not in df.columns:
+            df = df.with_columns(pl.lit(None, pl.Int64).alias(c))
+    return df.with_columns(decode_exprs())
+
+
+def manifest_path(report: str | Path) -> Path:
+    """``NAME.manifest.json`` beside ``NAME.sqlite``."""
+    p = Path(report)
+    name = p.name[: -len(".sqlite")] if p.name.endswith(".sqlite") else p.stem
+    return p.with_name(name + ".manifest.json")
+
+
+def read_manifest(report: str | Path) -> dict | None:
+    """The capture's manifest (beside it, or a bundled sample's), or None when there is none or it is not JSON."""
+    p = manifest_path(report)
+    if not p.exists():
+        from nvtx_hooks.capture import samples
+
+        if Path(report).resolve().parent == samples.cache_dir().resolve():
+            p = samples.DATA / p.name
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def cycles(res) -> pl.DataFrame:
+    """One row per cycle instance with GPU work: rank, n (order on its rank), kind, GPU first/last, period,
+    batch_size, cycle_index, accept_length, tokens (null when unknown)."""
+    inst = decode_frame(res.instances).with_columns(base=base_expr())
+    cyc = inst.filter(pl.col("base").is_in(CYCLE_NAMES) & (pl.col("i_ops") > 0))
+    acc = (inst.filter(pl.col("accept_length").is_not_null() & pl.col("cycle_index").is_not_null())
+           .group_by("pid", "cycle_index").agg(acc_any=pl.col("accept_length").max()))
+    cyc = cyc.join(acc, on=["pid", "cycle_index"], how="left").sort("rank", "i_first")
+    batch = _manifest_batch(res)
+    cyc = cyc.with_columns(
+        kind=pl.col("base"),
+        n=pl.int_range(pl.len()).over("rank"),
+        period_ns=(pl.col("i_first").shift(-1) - pl.col("i_first")).over("rank"),
+        accept_length=pl.coalesce("accept_length", "acc_any"),
+        batch_size=pl.coalesce("batch_size", pl.lit(batch, pl.Int64)),
+    )
+    tokens = (pl.when(pl.col("kind") == "decode_step").then(pl.col("batch_size"))
+              .otherwise(pl.col("accept_length") + pl.col("batch_size")))
+    return cyc.with_columns(tokens=tokens).select(
+        "rank", "pid", "row_id", "n", "kind", "text", "start", "end", "i_first", "i_last", "i_span_ns",
+        "period_ns", "batch_size", "cycle_index", "accept_length", "tokens")
+
+
+def _manifest_batch(res) -> int | None:
+    m = read_manifest(res.trace.path) or {}
+    b = (m.get("speculative") or {}).get("batch")
+    return b if isinstance(b, int) else None
+
+
+@dataclass
+class Tokens:
+    """What one trace says about generated tokens (None where unknown)."""
+
+    kind: str | None  # "cycle" (speculative) or "decode_step" (baseline); None without cycles
+    source: str | None  # "payload", "manifest" or None
+    cycles: int  # cycle instances on the ranks, summed
+    steps: int | None  # speculative draft steps (payload cannot carry it: manifest or caller)
+    batch_size: float | None
+    period_ns: float | None  # mean cycle period (throughput over the whole run, warm-up included)
+    period_p50_ns: float | None  # median cycle period (steady state)
+    tokens_per_cycle: float | None
+    accepted_per_request: float | None  # accepted draft tokens per request per cycle (bonus excluded)
+    tokens_per_s: float | None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def summary(res, steps: int | None = None) -> Tokens:
+    """Tokens per cycle, tokens/s and the acceptance of a trace (first rank's cycles; ranks run the same)."""
+    c = cycles(res)
+    m = read_manifest(res.trace.path) or {}
+    spec = m.get("speculative") or {}
+    if steps is None and isinstance(spec.get("steps"), int) and not spec.get("baseline"):
+        steps = spec["steps"]
+    if c.height == 0:
+        return Tokens(None, None, 0, steps, None, None, None, None, None, None)
+    kind = c["kind"].mode().sort()[0]
+    c = c.filter(pl.col("kind") == kind)
+    r0 = c.filter(pl.col("rank") == c["rank"].min())
+    period = c.group_by("rank").agg(pl.col("period_ns").mean())["period_ns"].mean()
+    p50 = c["period_ns"].median()
+    known = r0.filter(pl.col("tokens").is_not_null())
+    payload_bs = r0["batch_size"].is_not_null().any() and _has_payload(res)
+    src = None
+    tpc = acc = bs = None
+    if known.height:
+        tpc = float(known["tokens"].mean())
+        bs = float(known["batch_size"].mean())
+        src = "payload" if payload_bs else "manifest"
+        if kind == "cycle":
+            acc = float((known["accept_length"] / known["batch_size"]).mean())
+    elif r0["batch_size"].is_not_null().any():
+        bs = float(r0["batch_size"].mean())
+    if steps is None and kind == "decode_step":
+        steps = 0
+    tps = tpc / period * 1e9 if tpc is not None and period else None
+    return Tokens(kind, src, c.height, steps, bs, period, p50, tpc, acc, tps)
+
+
+def _has_payload(res) -> bool:
+    inst = decode_frame(res.instances.select("uint64", "int64"))
+    return bool(inst["batch_size"].is_not_null().any())

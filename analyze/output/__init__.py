@@ -1,0 +1,2 @@
+"""Rendering results: text tables (:mod:`.text`), JSON/CSV/SQLite (:mod:`.data`), figures (:mod:`.plots`)
+and the HTML report (:mod:`.html`). Depends on :mod:`analyze.compute` and :mod:`analyze.model`."""

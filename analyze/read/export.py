@@ -1,0 +1,316 @@
+"""Read an nsys export (SQLite, or a parquetdir/arrowdir) into the frames of a :class:`~analyze.model.Trace`,
+feature-detecting its schema. The queries are shared by :func:`load` (everything in memory) and the
+parquet store (:mod:`analyze.read.store`, read in batches).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import polars as pl
+
+from ..model import InputError, Trace
+from .sqlite import Reader
+
+KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
+MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
+MEMSET = "CUPTI_ACTIVITY_KIND_MEMSET"
+GRAPH_TRACE = "CUPTI_ACTIVITY_KIND_GRAPH_TRACE"
+RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
+NVTX = "NVTX_EVENTS"
+
+RANGE_TYPES = (59, 60, 70, 71)  # push/pop, start/end, and their NVTXT imports
+DOMAIN_CREATE = 75
+KNOWN_SCHEMA_MAJOR = 3
+MEMCPY_KINDS = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA", 8: "DtoD",
+                9: "HtoH", 10: "PtoP", 11: "Unknown"}
+OP_KINDS = ("kernel", "memcpy", "memset", "graph")
+_P24 = 1 << 24
+
+
+def pid_of(col: str) -> pl.Expr:
+    """Process id inside a globalTid/globalPid (``<hw:8><vm:8><pid:24><tid:24>``)."""
+    return ((pl.col(col) // _P24) % _P24).cast(pl.Int64)
+
+
+def tid_of(col: str) -> pl.Expr:
+    """Thread id inside a globalTid."""
+    return (pl.col(col) % _P24).cast(pl.Int64)
+
+
+def _meta(r: Reader) -> tuple[dict[str, str], dict[str, str]]:
+    export: dict[str, str] = {}
+    for t in ("META_DATA_EXPORT", "EXPORT_META_DATA"):
+        if r.has(t, "name", "value"):
+            export = {k: v for k, v in r.rows(f"SELECT name, value FROM {t}")}
+            break
+    capture: dict[str, str] = {}
+    if r.has("META_DATA_CAPTURE", "name", "value"):
+        for k, v in r.rows("SELECT name, value FROM META_DATA_CAPTURE WHERE name NOT LIKE '%ENVIRONMENT%'"):
+            capture.setdefault(k, v)
+    return export, capture
+
+
+def _check_schema(path: str, r: Reader, export: dict[str, str]) -> None:
+    if "StringIds" not in r.tables and not export:
+        raise InputError(
+            f"{path}: SQLite, but not an nsys export (no StringIds or META_DATA_EXPORT table)", "NOT_NSYS"
+        )
+    ver = export.get("EXPORT_SCHEMA_VERSION", "")
+    m = re.match(r"(\d+)\.", ver)
+    if m and int(m.group(1)) > KNOWN_SCHEMA_MAJOR:
+        raise InputError(
+            f"{path}: nsys export schema {ver} is newer than spectrace knows (major {KNOWN_SCHEMA_MAJOR}); "
+            "upgrade spectrace or export with an older nsys",
+            "UNKNOWN_SCHEMA",
+        )
+
+
+def _ranges(r: Reader, duration: int | None) -> tuple[pl.DataFrame, pl.DataFrame]:
+    cols = r.columns(NVTX)
+    empty = pl.DataFrame(
+        schema={"row_id": pl.Int64, "pid": pl.Int64, "gtid": pl.Int64, "start": pl.Int64, "end": pl.Int64,
+                "event_type": pl.Int64, "domain": pl.String, "text": pl.String, "color": pl.Int64,
+                "uint64": pl.Int64, "int64": pl.Int64, "unclosed": pl.Boolean, "cross_thread": pl.Boolean}
+    )
+    if not cols:
+        return empty, pl.DataFrame(schema={"pid": pl.Int64, "domain_id": pl.Int64, "domain": pl.String})
+    text = "COALESCE(n.text, s.value, '')" if "textId" in cols else "COALESCE(n.text, '')"
+    join = "LEFT JOIN StringIds s ON s.id = n.textId" if "textId" in cols else ""
+
+    def opt(c: str, alias: str) -> str:
+        return f"n.{c} AS {alias}" if c in cols else f"NULL AS {alias}"
+
+    types = ",".join(str(t) for t in (*RANGE_TYPES, DOMAIN_CREATE))
+    raw = r.frame(
+        f"""SELECT n.rowid AS row_id, n.start AS start, n."end" AS "end", n.eventType AS event_type,
+                   n.globalTid AS gtid, {opt('endGlobalTid', 'end_gtid')}, {opt('domainId', 'domain_id')},
+                   {text} AS text, {opt('color', 'color')}, {opt('uint64Value', 'uint64')},
+                   {opt('int64Value', 'int64')}
+            FROM {NVTX} n {join} WHERE n.eventType IN ({types})""",
+        schema={"row_id": pl.Int64, "start": pl.Int64, "end": pl.Int64, "event_type": pl.Int64,
+                "gtid": pl.Int64, "end_gtid": pl.Int64, "domain_id": pl.Int64, "text": pl.String,
+                "color": pl.Int64, "uint64": pl.Int64, "int64": pl.Int64},
+    ).with_columns(pid=pid_of("gtid"), domain_id=pl.col("domain_id").fill_null(0))
+    domains = (
+        raw.filter(pl.col("event_type") == DOMAIN_CREATE)
+        .select("pid", "domain_id", domain=pl.col("text"))
+        .unique(["pid", "domain_id"], keep="last")
+    )
+    # Exports sliced to a window may lack the domain-create rows: fall back to the id alone.
+    by_id = domains.group_by("domain_id").agg(pl.col("domain").first().alias("domain_any"))
+    rng = (
+        raw.filter(pl.col("event_type") != DOMAIN_CREATE)
+        .join(domains, on=["pid", "domain_id"], how="left")
+        .join(by_id, on="domain_id", how="left")
+        .with_columns(
+            domain=pl.when(pl.col("domain_id") == 0)
+            .then(pl.lit(""))
+            .otherwise(pl.coalesce("domain", "domain_any", pl.format("domain{}", pl.col("domain_id"))))
+        )
+    )
+    end_cap = duration if duration is not None else rng["end"].max()
+    rng = rng.with_columns(
+        unclosed=pl.col("end").is_null() | ((pl.col("end") >= end_cap) if end_cap is not None else False),
+        end=pl.col("end").fill_null(end_cap),
+        cross_thread=pl.col("end_gtid").is_not_null() & (pl.col("end_gtid") != pl.col("gtid")),
+    ).select(empty.columns)
+    return rng.cast(empty.schema), domains
+
+
+API_SCHEMA = {"pid": pl.Int64, "gtid": pl.Int64, "corr": pl.Int64, "start": pl.Int64, "end": pl.Int64,
+              "name_id": pl.Int64}
+
+
+def api_query(r: Reader) -> tuple[str, Callable[[pl.DataFrame], pl.DataFrame]] | None:
+    """The CUDA API query and the function that turns its rows (all, or a batch) into ``api`` rows."""
+    if not r.has(RUNTIME, "correlationId", "globalTid"):
+        return None
+
+    def post(df: pl.DataFrame) -> pl.DataFrame:
+        df = df.cast({"gtid": pl.Int64, "corr": pl.Int64, "start": pl.Int64, "end": pl.Int64, "name_id": pl.Int64})
+        return df.with_columns(pid=pid_of("gtid")).select(list(API_SCHEMA))
+
+    return (f"""SELECT globalTid AS gtid, correlationId AS corr, start, "end", nameId AS name_id
+            FROM {RUNTIME}""", post)
+
+
+def _api(r: Reader) -> pl.DataFrame:
+    q = api_query(r)
+    if q is None:
+        return pl.DataFrame(schema=API_SCHEMA)
+    return q[1](r.frame(q[0]))
+
+
+OPS_SCHEMA = {"pid": pl.Int64, "device": pl.Int64, "stream": pl.Int64, "corr": pl.Int64, "start": pl.Int64,
+              "end": pl.Int64, "kind": pl.String, "name_id": pl.Int64, "label": pl.String,
+              "graph_node": pl.Int64}
+
+
+def _finish_ops(df: pl.DataFrame) -> pl.DataFrame:
+    return df.with_columns(pid=pid_of("gpid")).select(list(OPS_SCHEMA)).cast(OPS_SCHEMA)
+
+
+def op_queries(r: Reader) -> list[tuple[str, str, Callable[[pl.DataFrame], pl.DataFrame]]]:
+    """Per GPU activity table present: ``(table, query, post)``; ``post`` turns its rows (all, or a batch) into ops."""
+    out = []
+
+    def common(table: str) -> str:
+        return (f'SELECT start, "end", deviceId AS device, streamId AS stream, correlationId AS corr, '
+                f"globalPid AS gpid FROM {table}")
+
+    if r.has(KERNEL, "start", "end", "correlationId", "globalPid"):
+        node = "graphNodeId" if "graphNodeId" in r.columns(KERNEL) else "NULL"
+        name = "demangledName" if "demangledName" in r.columns(KERNEL) else "shortName"
+        q = common(KERNEL).replace(" FROM", f", {name} AS name_id, {node} AS graph_node FROM")
+        out.append((KERNEL, q, lambda df: _finish_ops(
+            df.with_columns(kind=pl.lit("kernel"), label=pl.lit(None, pl.String)))))
+    if r.has(MEMCPY, "start", "end", "correlationId", "globalPid"):
+        node = "graphNodeId" if "graphNodeId" in r.columns(MEMCPY) else "NULL"
+        q = common(MEMCPY).replace(" FROM", f", copyKind AS copy_kind, {node} AS graph_node FROM")
+
+        def memcpy(df: pl.DataFrame) -> pl.DataFrame:
+            kinds = pl.col("copy_kind").cast(pl.Int64).replace_strict(MEMCPY_KINDS, default="?",
+                                                                      return_dtype=pl.String)
+            return _finish_ops(df.with_columns(kind=pl.lit("memcpy"), name_id=pl.lit(None, pl.Int64),
+                                               label=pl.format("[CUDA memcpy {}]", kinds)).drop("copy_kind"))
+
+        out.append((MEMCPY, q, memcpy))
+    if r.has(MEMSET, "start", "end", "correlationId", "globalPid"):
+        node = "graphNodeId" if "graphNodeId" in r.columns(MEMSET) else "NULL"
+        q = common(MEMSET).replace(" FROM", f", {node} AS graph_node FROM")
+        out.append((MEMSET, q, lambda df: _finish_ops(
+            df.with_columns(kind=pl.lit("memset"), name_id=pl.lit(None, pl.Int64), label=pl.lit("[CUDA memset]")))))
+    if r.has(GRAPH_TRACE, "start", "end", "correlationId", "globalPid"):
+        gid = "graphId" if "graphId" in r.columns(GRAPH_TRACE) else "NULL"
+        q = common(GRAPH_TRACE).replace(" FROM", f", {gid} AS graph_id FROM")
+        out.append((GRAPH_TRACE, q, lambda df: _finish_ops(
+            df.with_columns(kind=pl.lit("graph"), name_id=pl.lit(None, pl.Int64),
+                            label=pl.format("[CUDA graph {}]", pl.col("graph_id")),
+                            graph_node=pl.lit(None, pl.Int64)).drop("graph_id"))))
+    return out
+
+
+def _ops(r: Reader) -> pl.DataFrame:
+    parts = [post(r.frame(q)) for _, q, post in op_queries(r)]
+    if not parts:
+        return pl.DataFrame(schema=OPS_SCHEMA)
+    return pl.concat(parts, how="vertical")
+
+
+BAD_OP = (pl.col("start") <= 0) | (pl.col("end") < pl.col("start")) | pl.col("start").is_null()
+
+
+def _strings(r: Reader) -> pl.DataFrame:
+    if "StringIds" not in r.tables:
+        return pl.DataFrame(schema={"name_id": pl.Int64, "name": pl.String})
+    return r.frame("SELECT id AS name_id, value AS name FROM StringIds",
+                   schema={"name_id": pl.Int64, "name": pl.String})
+
+
+def _names(strings: pl.DataFrame, ids: pl.Series) -> pl.DataFrame:
+    """StringIds rows for the given ids only (kernel and API names)."""
+    return strings.join(pl.DataFrame({"name_id": ids.unique().drop_nulls()}).cast(pl.Int64), on="name_id",
+                        how="semi")
+
+
+def _devices(r: Reader) -> pl.DataFrame:
+    if r.has("TARGET_INFO_GPU", "id", "name"):
+        return r.frame("SELECT DISTINCT id AS device, name AS device_name FROM TARGET_INFO_GPU",
+                       schema={"device": pl.Int64, "device_name": pl.String}).unique("device")
+    return pl.DataFrame(schema={"device": pl.Int64, "device_name": pl.String})
+
+
+def _nsys_diagnostics(r: Reader) -> pl.DataFrame:
+    schema = {"timestamp": pl.Int64, "severity": pl.Int64, "text": pl.String, "pid": pl.Int64}
+    if not r.has("DIAGNOSTIC_EVENT", "text"):
+        return pl.DataFrame(schema=schema)
+    df = r.frame("SELECT timestamp, severity, text, globalPid AS gpid FROM DIAGNOSTIC_EVENT")
+    return df.with_columns(pid=pid_of("gpid")).select(list(schema)).cast(schema)
+
+
+def read_meta(r: Reader) -> dict:
+    """Export and capture metadata, session duration and start (small queries); checks the schema."""
+    export, capture = _meta(r)
+    _check_schema(str(r.path), r, export)
+    duration = None
+    if r.has("ANALYSIS_DETAILS", "duration"):
+        row = r.rows("SELECT MAX(duration) FROM ANALYSIS_DETAILS")
+        duration = row[0][0] if row else None
+    utc = None
+    if r.has("TARGET_INFO_SESSION_START_TIME", "utcEpochNs"):
+        row = r.rows("SELECT MIN(utcEpochNs) FROM TARGET_INFO_SESSION_START_TIME")
+        utc = row[0][0] if row else None
+    return {"export": export, "capture": capture, "duration": duration, "utc": utc}
+
+
+def open_reader(path: str | os.PathLike):
+    """A reader for an nsys export: a SQLite file, or a ``parquetdir``/``arrowdir`` directory."""
+    if os.path.isdir(path):
+        from .exportdir import DirReader, is_export_dir
+
+        if is_export_dir(path):
+            return DirReader(path)
+    return Reader(path)
+
+
+def load(path: str | os.PathLike) -> Trace:
+    """Read an nsys export (read-only) into a :class:`Trace`, everything in memory; bad input raises InputError.
+
+    ``path`` is a SQLite export or a ``parquetdir``/``arrowdir`` directory. (The parquet store,
+    :func:`analyze.read.store.open_store`, gives the same frames one process at a time.)
+    """
+    r = open_reader(path)
+    try:
+        m = read_meta(r)
+        export, capture, duration, utc = m["export"], m["capture"], m["duration"], m["utc"]
+        # The big tables are read in parallel: each read has its own connection.
+        with ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 2))) as ex:
+            f_ops, f_api = ex.submit(_ops, r), ex.submit(_api, r)
+            f_rng, f_str = ex.submit(_ranges, r, duration), ex.submit(_strings, r)
+            ops, api, (ranges, _domains), strings = f_ops.result(), f_api.result(), f_rng.result(), f_str.result()
+        dropped = int(ops.select(BAD_OP.sum()).item() or 0)
+        ops = ops.filter(~BAD_OP)
+        names = _names(strings, pl.concat([ops["name_id"], api["name_id"]]))
+        return Trace(
+            path=str(r.path),
+            nsys_version=export.get("EXPORT_PRODUCT_VERSION", "unknown"),
+            schema_version=export.get("EXPORT_SCHEMA_VERSION", "unknown"),
+            export_meta=export,
+            capture_meta=capture,
+            duration_ns=duration,
+            ranges=ranges,
+            api=api,
+            ops=ops,
+            names=names,
+            devices=_devices(r),
+            nsys_diagnostics=_nsys_diagnostics(r),
+            tables=set(r.tables),
+            dropped_ops=dropped,
+            utc_epoch_ns=utc,
+        )
+    finally:
+        r.close()
+
+
+def export_rows(path: str | os.PathLike) -> int:
+    """About how many GPU-operation and CUDA API rows the export holds (largest rowids: no scan)."""
+    r = open_reader(path)
+    try:
+        n = sum(r.max_rowid(t) for t, _, _ in op_queries(r))
+        return n + (r.max_rowid(RUNTIME) if api_query(r) else 0)
+    finally:
+        r.close()
+
+
+def ops_between(path: str | os.PathLike, t0: int, t1: int) -> pl.DataFrame:
+    """The export's GPU operations overlapping ``[t0, t1)`` (the ``ops`` frame of :func:`load`, cut in SQL)."""
+    r = open_reader(path)
+    try:
+        parts = [post(r.frame(f'{q} WHERE start < {int(t1)} AND "end" > {int(t0)}')) for _, q, post in op_queries(r)]
+    finally:
+        r.close()
+    return pl.concat(parts) if parts else pl.DataFrame(schema=OPS_SCHEMA)

@@ -1,0 +1,124 @@
+"""Read an ``nsys export --type parquetdir`` / ``arrowdir`` directory like a SQLite export.
+
+``parquetdir`` writes ``<out>_pqtdir/<TABLE>.parquet``, ``arrowdir`` ``<out>_arwdir/<TABLE>.arrow``
+(Arrow IPC); column names equal the SQLite ones. Types differ: ids such as ``globalTid``,
+``globalPid``, ``domainId``, ``streamId``, the name ids and ``graphNodeId`` are UInt64 there, Int64
+in SQLite (system rows have negative ids, e.g. ``0xFE00…``). Every unsigned 64-bit column is
+reinterpreted bit for bit as Int64 (what SQLite stores) and every narrower integer widened to
+Int64, so frames, joins and pids are identical to the SQLite path. The tables are polars lazy
+scans; the loader's SQL runs on them through polars' SQL context. SQLite's implicit ``rowid``
+(used as the NVTX range id) is the 1-based row number of the file, which is the SQLite row order
+for exports that keep it (nsys 2025.6 notes that row order is no longer guaranteed).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import polars as pl
+
+from ..model import InputError
+
+SUFFIXES = (".parquet", ".arrow", ".arrows")
+KNOWN = ("StringIds", "NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME")
+
+
+def _tables(path: Path) -> dict[str, Path]:
+    out = {}
+    for f in sorted(path.iterdir()):
+        if f.suffix in SUFFIXES and f.is_file():
+            out.setdefault(f.stem, f)
+    return out
+
+
+def is_export_dir(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a directory of nsys tables as parquet or Arrow files."""
+    p = Path(path)
+    return p.is_dir() and any(t in _tables(p) for t in KNOWN)
+
+
+def _scan(f: Path) -> pl.LazyFrame:
+    if f.suffix == ".parquet":
+        return pl.scan_parquet(f)
+    try:
+        lf = pl.scan_ipc(f)
+        lf.collect_schema()
+        lf.head(1).collect()
+        return lf
+    except Exception:  # an IPC *stream* (what arrowdir and arrow write), not an IPC file
+        return pl.read_ipc_stream(f).lazy()
+
+
+def signed(lf: pl.LazyFrame) -> pl.LazyFrame:
+    """UInt64 columns reinterpreted as Int64 (two's complement, as SQLite stores them); other ints widened."""
+    sch = lf.collect_schema()
+    fix = []
+    for c, t in sch.items():
+        if t == pl.UInt64:
+            fix.append(pl.col(c).reinterpret(signed=True))
+        elif t.is_integer() and t != pl.Int64:
+            fix.append(pl.col(c).cast(pl.Int64))
+    return lf.with_columns(fix) if fix else lf
+
+
+class DirReader:
+    """The :class:`analyze.read.sqlite.Reader` interface over a directory of table files."""
+
+    splittable = False  # queries run as polars scans: read whole (see analyze.read.store._pieces)
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        files = _tables(self.path)
+        try:
+            self._lf = {t: signed(_scan(f)) for t, f in files.items()}
+            self._cols = {t: list(lf.collect_schema().names()) for t, lf in self._lf.items()}
+        except Exception as e:
+            raise InputError(f"{self.path}: unreadable table file ({e})", "CORRUPT") from None
+        # SQLite's implicit rowid: the 1-based row number.
+        self._lf = {t: lf.with_row_index("rowid", offset=1).with_columns(pl.col("rowid").cast(pl.Int64))
+                    for t, lf in self._lf.items()}
+        self.tables: set[str] = set(self._lf)
+
+    def close(self) -> None:
+        pass
+
+    def columns(self, table: str) -> list[str]:
+        return self._cols.get(table, [])
+
+    def has(self, table: str, *cols: str) -> bool:
+        have = self.columns(table)
+        return bool(have) and all(c in have for c in cols)
+
+    def _lazy(self, sql: str) -> pl.LazyFrame:
+        ctx = pl.SQLContext(self._lf, eager=False)
+        try:
+            return ctx.execute(sql)
+        except Exception as e:
+            raise InputError(f"{self.path}: cannot read the export tables ({e})", "CORRUPT") from None
+
+    def rows(self, sql: str, params: tuple = ()) -> list[tuple]:
+        return self._lazy(sql).collect().rows()
+
+    def frame(self, sql: str, schema: dict[str, pl.DataType] | None = None) -> pl.DataFrame:
+        df = self._lazy(sql).collect()
+        if schema:
+            df = df.with_columns([pl.col(c).cast(t) for c, t in schema.items() if c in df.columns])
+        return df
+
+    def batches(self, sql: str, rows: int = 1 << 20):
+        """The query in slices of ``rows`` rows (each slice a separate scan, predicates pushed down)."""
+        lf = self._lazy(sql)
+        off = 0
+        while True:
+            df = lf.slice(off, rows).collect()
+            if df.height == 0:
+                return
+            yield df
+            off += df.height
+            if df.height < rows:
+                return
+
+    def max_rowid(self, table: str) -> int:
+        lf = self._lf.get(table)
+        return int(lf.select(pl.len()).collect().item()) if lf is not None else 0

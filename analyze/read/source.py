@@ -1,0 +1,150 @@
+"""An export as a *source* of processes: the small frames at once, each process's rows on demand.
+
+The analysis (:mod:`analyze.compute.pipeline`) runs one body per process over a source, so where the
+rows live is the source's business:
+
+- :class:`MemorySource`: a :class:`~analyze.model.Trace` read into memory (:func:`analyze.read.export.load`),
+  its GPU operations and API calls split by process once;
+- :class:`StoreSource`: the parquet store (:mod:`analyze.read.store`): one process's files at a time,
+  the cache beside the report or a temporary store removed when the source closes.
+
+:func:`open_source` picks one by size (GPU-operation + API rows, from the export's rowids) and by
+whether a valid cache is already there. :class:`OpsWindow` re-reads GPU operations of a time window
+from the store or the export later (timeline figures), so a result never has to keep every op.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from pathlib import Path
+
+import polars as pl
+
+from ..model import Trace
+from . import store as st
+from .export import API_SCHEMA, OPS_SCHEMA, export_rows, load, ops_between
+
+# Exports with fewer GPU-operation + API rows than this are analysed from memory; larger ones (and any
+# export with a valid cache) through the parquet store. Chosen by measurement (BENCHMARKS.md, issue 11).
+STORE_ROWS = 4_000_000
+
+
+class MemorySource:
+    """A trace in memory, split by process."""
+
+    def __init__(self, trace: Trace):
+        self.head = dataclasses.replace(trace, ops=trace.ops.head(0), api=trace.api.head(0))
+        self.path = trace.path
+        self._ops = trace.ops.partition_by("pid", as_dict=True, maintain_order=True)
+        self._api = trace.api.partition_by("pid", as_dict=True, maintain_order=True)
+        self.ops_rows = {int(k[0]): v.height for k, v in self._ops.items()}
+        self.pids = sorted({int(k[0]) for k in (*self._ops, *self._api)})
+        self.store_root: Path | None = None
+
+    def ops(self, pid: int) -> pl.DataFrame:
+        return self._ops.get((pid,), self.head.ops)
+
+    def api(self, pid: int) -> pl.DataFrame:
+        return self._api.get((pid,), self.head.api)
+
+    def op_keys(self) -> pl.DataFrame:
+        """Every distinct ``(name_id, label)`` of the GPU operations."""
+        parts = [df.select("name_id", "label").unique() for df in self._ops.values()]
+        return pl.concat(parts).unique() if parts else self.head.ops.select("name_id", "label")
+
+    def close(self) -> None:
+        self._ops, self._api = {}, {}
+
+
+class StoreSource:
+    """The parquet store of an export; ``temporary``: a folder to remove on :meth:`close`."""
+
+    def __init__(self, store: st.Store, temporary: Path | None = None):
+        self.store, self._tmp = store, temporary
+        self.head = store.head()
+        self.path = self.head.path
+        self.ops_rows = {int(k): v for k, v in store.meta["ops_rows"].items()}
+        self.pids = store.pids
+        self.store_root = None if temporary else store.root
+
+    def ops(self, pid: int) -> pl.DataFrame:
+        return self.store.scan("ops", [pid]).collect()
+
+    def api(self, pid: int) -> pl.DataFrame:
+        return self.store.scan("api", [pid]).collect()
+
+    def op_keys(self) -> pl.DataFrame:
+        return self.store.scan("ops").select("name_id", "label").unique().collect()
+
+    def close(self) -> None:
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
+
+def open_source(report, store: bool | None = None, cache: bool | None = None, progress: bool | None = None):
+    """The source for ``report`` (a path, a loaded :class:`Trace`, or an opened store).
+
+    ``store``: True = through the parquet store, False = in memory, None = by size (:data:`STORE_ROWS`).
+    ``cache``: True = through the cache (built on first use, kept); False = never read or write one (a
+    store is then temporary); None = use a valid cache if there is one, and keep the store when one is built.
+    """
+    if isinstance(report, Trace):
+        return MemorySource(report)
+    if isinstance(report, st.Store):
+        return StoreSource(report)
+    if cache is not False and store is not False:
+        found = st.existing_store(report)
+        if found is not None:
+            return StoreSource(found)
+    if store is None:
+        store = cache is True or export_rows(report) >= STORE_ROWS
+    if not store:
+        return MemorySource(load(report))
+    if cache is False:
+        s, tmp = st.temporary_store(report, progress)
+        return StoreSource(s, temporary=tmp)
+    return StoreSource(st.open_store(report, progress=progress))
+
+
+@dataclasses.dataclass
+class OpsWindow:
+    """GPU operations of a time window, re-read when asked: ``rank, start, end, kind, comm``.
+
+    From the store when it is still there, else from the export itself (its SQL cut to the window).
+    Small and picklable: the report path, the store folder, ranks by pid and the communication kinds.
+    """
+
+    report: str
+    store_root: str | None
+    rank_of: pl.DataFrame  # pid, rank
+    kinds: pl.DataFrame  # name_id, label, comm (see analyze.compute.pipeline.op_kinds)
+    rank_offset: int = 0
+
+    def __call__(self, t0: int, t1: int) -> pl.DataFrame:
+        sel = (pl.col("end") > t0) & (pl.col("start") < t1)
+        if self.store_root and (Path(self.store_root) / "meta.json").exists():
+            ops = st.Store(Path(self.store_root)).scan("ops").filter(sel).collect()
+        elif os.path.exists(self.report):
+            ops = ops_between(self.report, t0, t1)
+        else:
+            ops = pl.DataFrame(schema=OPS_SCHEMA)
+        ops = ops.join(self.kinds.select("name_id", "label", "comm"), on=["name_id", "label"], how="left",
+                       nulls_equal=True)
+        return (ops.join(self.rank_of, on="pid", how="inner")
+                .select(pl.col("rank") + self.rank_offset, "start", "end", "kind", "comm").sort("start"))
+
+
+@dataclasses.dataclass
+class ManyWindows:
+    """The windows of several reports, ranks numbered across them."""
+
+    parts: list[OpsWindow]
+
+    def __call__(self, t0: int, t1: int) -> pl.DataFrame:
+        return pl.concat([w(t0, t1) for w in self.parts])
+
+
+__all__ = ["API_SCHEMA", "OPS_SCHEMA", "MemorySource", "StoreSource", "OpsWindow", "ManyWindows", "open_source"]

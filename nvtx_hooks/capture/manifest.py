@@ -1,0 +1,136 @@
+"""NAME.manifest.json: what was captured, how, and on what (written beside each report)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+
+SCHEMA = "spectrace.trace-manifest/1"
+
+# command-line flag -> manifest key; SGLang's spellings first, then the embedded workload's
+SPEC_FLAGS: dict[str, str] = {
+    "--tp": "tp",
+    "--tp-size": "tp",
+    "--tensor-parallel-size": "tp",
+    "--speculative-algorithm": "algorithm",
+    "--speculative-num-steps": "steps",
+    "--speculative-eagle-topk": "topk",
+    "--speculative-num-draft-tokens": "draft_tokens",
+    "--model-path": "model",
+    "--speculative-draft-model-path": "draft_model",
+    "--speculative-draft-model": "draft_model",
+}
+
+
+# The embedded workload's module, now and before it moved under nvtx_hooks.capture (older manifests).
+WORKLOAD_MODULES = ("nvtx_hooks.capture.workload", "nvtx_hooks.workload")
+
+
+def utc_now() -> str:
+    """The current UTC time, ISO 8601 to the second."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _flag_values(command: list[str], table: dict[str, str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for i, tok in enumerate(command):
+        name, eq, val = tok.partition("=")
+        if name in table:
+            if eq:
+                out[table[name]] = val
+            elif i + 1 < len(command):
+                out[table[name]] = command[i + 1]
+    return out
+
+
+def _num(v: str):
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return v
+
+
+def speculative_config(command: list[str]) -> dict:
+    """Speculative-decoding settings read off the profiled command line (SGLang or the workload)."""
+    cfg: dict = {k: _num(v) for k, v in _flag_values(command, SPEC_FLAGS).items()}
+    at = [i for i, t in enumerate(command) if t.endswith(WORKLOAD_MODULES) or t == "demo-workload"]
+    if at:
+        from .workload import build_parser
+
+        cfg["workload"] = "nvtx_hooks.capture.workload"
+        wl, _ = build_parser().parse_known_args(command[at[0] + 1:])
+        cfg.update(steps=wl.steps, layers=wl.layers, batch=wl.batch, cycles=wl.cycles, graphs=wl.graphs,
+                   baseline=wl.baseline, ranges=wl.ranges)
+        if wl.nproc is not None:
+            cfg["tp"] = wl.nproc
+        if wl.delay_us:
+            cfg.update(delay_rank=wl.delay_rank, delay_us=wl.delay_us)
+        cfg.setdefault("algorithm", "none" if cfg.get("baseline") else "eagle-shaped")
+    elif ("model" in cfg or any("sglang" in t for t in command)) and "algorithm" not in cfg:
+        cfg["algorithm"] = "none"
+    return cfg
+
+
+def sglang_version() -> str | None:
+    """The installed SGLang's version, or None (never imports SGLang)."""
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+    except ImportError:  # pragma: no cover
+        return None
+    try:
+        return version("sglang")
+    except PackageNotFoundError:
+        return None
+
+
+def gpu_names() -> list[str] | None:
+    """GPU names from nvidia-smi, or None where it is absent or fails."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    try:
+        out = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=20, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return [ln.strip() for ln in out.splitlines() if ln.strip()]
+
+
+def nccl_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The NCCL_* variables the profiled command ran with."""
+    env = os.environ if env is None else env
+    return {k: v for k, v in sorted(env.items()) if k.startswith("NCCL_")}
+
+
+def build(*, name: str, command: list[str], nsys_path: str, nsys_version: str | None,
+          profile_cmd: list[str], env_added: dict[str, str], env: dict[str, str], started: str,
+          ended: str, wall_s: float, exit_code: int | None, interrupted: bool,
+          outputs: list[Path]) -> dict:
+    """The manifest record for one capture."""
+    return {
+        "schema": SCHEMA,
+        "name": name,
+        "command": command,
+        "nsys": {"path": nsys_path, "version": nsys_version, "profile_command": profile_cmd},
+        "env_added": env_added,
+        "nccl_env": nccl_env(env),
+        "sglang_version": sglang_version(),
+        "speculative": speculative_config(command),
+        "gpus": gpu_names(),
+        "started_utc": started,
+        "ended_utc": ended,
+        "wall_s": round(wall_s, 3),
+        "exit_code": exit_code,
+        "interrupted": interrupted,
+        "outputs": {p.name: p.stat().st_size for p in outputs if p.exists()},
+    }
+
+
+def write(path: Path, record: dict) -> Path:
+    """Write the manifest as indented JSON; returns its path."""
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    return path

@@ -1,0 +1,265 @@
+"""``spectrace trace``: run a command under nsys with the settings spectrace needs, then export SQLite.
+
+Defaults: ``-t cuda,nvtx --cuda-graph-trace=node --trace-fork-before-exec=true -s none
+--cpuctxsw=none``, capture window = the program's cudaProfilerStart/Stop range
+(``--capture all`` for the whole run, ``--delay``/``--duration`` for a timed window),
+``SPECTRACE_HOOKS=1`` in the environment. Writes NAME.nsys-rep, NAME.sqlite and
+NAME.manifest.json (and NAME_<report>.csv with ``--stats``). Also runs
+``spectrace demo-workload``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import CaptureError
+from . import manifest as mf
+
+MIN_NSYS = (2024, 2)  # DIAGNOSTIC_EVENT, GRAPH_TRACE and CUDA_GRAPH_NODE_EVENTS exist from here on
+STATS_REPORTS = ("nvtx_gpu_proj_sum", "nvtx_sum")
+HOOKS_ENV = {"SPECTRACE_HOOKS": "1"}
+
+
+def find_nsys(explicit: str | None = None, env: dict[str, str] | None = None) -> str:
+    """The nsys executable: ``--nsys``, else ``$NSYS``, else ``nsys`` on PATH; CaptureError if none."""
+    env = os.environ if env is None else env
+    for cand, origin in ((explicit, "--nsys"), (env.get("NSYS"), "NSYS")):
+        if cand:
+            p = shutil.which(cand) or (cand if os.path.isfile(cand) and os.access(cand, os.X_OK) else None)
+            if not p:
+                raise CaptureError(f"nsys not found at {cand!r} (from {origin}): give the path of an nsys executable")
+            return p
+    p = shutil.which("nsys", path=env.get("PATH"))
+    if not p:
+        raise CaptureError("nsys not found: put Nsight Systems' nsys on PATH, or pass --nsys PATH or set NSYS=PATH")
+    return p
+
+
+def parse_version(text: str) -> tuple[int, ...] | None:
+    """``(2025, 3, 1, 90)`` from ``nsys --version`` output, or None."""
+    m = re.search(r"(\d{4})\.(\d+)(?:\.(\d+))?(?:\.(\d+))?", text)
+    if not m:
+        return None
+    return tuple(int(g) for g in m.groups() if g is not None)
+
+
+def nsys_version(nsys: str) -> str:
+    """The version string of this nsys; CaptureError if it cannot run or is older than MIN_NSYS."""
+    try:
+        out = subprocess.run([nsys, "--version"], capture_output=True, text=True, timeout=60)
+    except OSError as e:
+        raise CaptureError(f"cannot run {nsys}: {e}") from e
+    text = (out.stdout or "") + (out.stderr or "")
+    ver = parse_version(text)
+    if out.returncode != 0 or ver is None:
+        raise CaptureError(f"{nsys} --version failed or printed no version: {text.strip()[:200]!r}")
+    if ver[:2] < MIN_NSYS:
+        need = ".".join(map(str, MIN_NSYS))
+        raise CaptureError(f"nsys {'.'.join(map(str, ver))} is too old: spectrace needs nsys >= {need}")
+    return ".".join(map(str, ver))
+
+
+def output_base(name: str) -> Path:
+    """NAME without a report suffix (``x.nsys-rep``/``x.sqlite`` → ``x``)."""
+    for suf in (".nsys-rep", ".sqlite", ".qdstrm", ".manifest.json"):
+        if name.endswith(suf):
+            return Path(name[: -len(suf)])
+    return Path(name)
+
+
+def outputs(base: Path, stats: bool) -> dict[str, Path]:
+    """The files a capture named ``base`` writes."""
+    out = {
+        "report": base.with_name(base.name + ".nsys-rep"),
+        "sqlite": base.with_name(base.name + ".sqlite"),
+        "manifest": base.with_name(base.name + ".manifest.json"),
+    }
+    if stats:
+        for r in STATS_REPORTS:
+            out[r] = base.with_name(f"{base.name}_{r}.csv")
+    return out
+
+
+def profile_args(a: argparse.Namespace) -> list[str]:
+    """The ``nsys profile`` options (without the nsys path, output and command)."""
+    args = [
+        f"--trace={a.trace}",
+        f"--cuda-graph-trace={a.cuda_graph_trace}",
+        f"--trace-fork-before-exec={a.trace_fork}",
+        f"--sample={a.sample}",
+        f"--cpuctxsw={a.cpuctxsw}",
+    ]
+    capture = a.capture
+    if capture is None:
+        capture = "all" if (a.delay is not None or a.duration is not None) else "api"
+    if capture == "api":
+        args += ["--capture-range=cudaProfilerApi", f"--capture-range-end={a.capture_range_end}"]
+    if a.delay is not None:
+        args.append(f"--delay={a.delay}")
+    if a.duration is not None:
+        args.append(f"--duration={a.duration}")
+    if a.force:
+        args.append("--force-overwrite=true")
+    for extra in a.nsys_arg or []:
+        args.extend(shlex.split(extra))
+    return args
+
+
+def env_added(a: argparse.Namespace) -> dict[str, str]:
+    """Variables spectrace sets for the profiled command (``SPECTRACE_HOOKS=1`` and ``--env``)."""
+    out = dict(HOOKS_ENV)
+    for kv in a.env or []:
+        k, eq, v = kv.partition("=")
+        if not eq or not k:
+            raise CaptureError(f"--env wants KEY=VALUE, got {kv!r}")
+        out[k] = v
+    return out
+
+
+def commands(nsys: str, a: argparse.Namespace, base: Path) -> dict[str, list[str]]:
+    """The nsys command lines: profile, export and (with --stats) stats."""
+    o = outputs(base, a.stats)
+    cmds = {
+        "profile": [nsys, "profile", *profile_args(a), "-o", str(o["report"]), *a.command],
+        "export": [nsys, "export", "--type=sqlite", "--force-overwrite=true", "-o", str(o["sqlite"]),
+                   str(o["report"])],
+    }
+    if a.stats:
+        cmds["stats"] = [nsys, "stats", "--report", ",".join(STATS_REPORTS), "--format", "csv",
+                         "--force-export=false", "--force-overwrite=true", "-o", str(base), str(o["sqlite"])]
+    return cmds
+
+
+def _run_profile(cmd: list[str], env: dict[str, str]) -> tuple[int, bool]:
+    """Run nsys profile; Ctrl-C is forwarded to nsys (which stops the app and writes the report)."""
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    interrupted = False
+
+    def forward(signum, frame):
+        nonlocal interrupted
+        interrupted = True
+        try:
+            proc.send_signal(signal.SIGINT)
+        except ProcessLookupError:
+            pass
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while True:
+            try:
+                rc = proc.wait()
+                break
+            except KeyboardInterrupt:  # pragma: no cover - handler above normally catches it
+                forward(signal.SIGINT, None)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    return rc, interrupted
+
+
+def trace(a: argparse.Namespace) -> int:
+    """``spectrace trace``: profile, export, write the manifest; returns the command's exit code."""
+    command = list(a.command or [])
+    if command and command[0] == "--":
+        command = command[1:]
+    a.command = command
+    if not command:
+        raise CaptureError("no command to profile: spectrace trace -o NAME -- COMMAND ...")
+    base = output_base(a.output)
+    added = env_added(a)
+    if a.dry_run:
+        try:
+            nsys = find_nsys(a.nsys)
+        except CaptureError:
+            nsys = a.nsys or os.environ.get("NSYS") or "nsys"
+    else:
+        nsys = find_nsys(a.nsys)
+    cmds = commands(nsys, a, base)
+    if a.dry_run:
+        envs = " ".join(f"{k}={shlex.quote(v)}" for k, v in added.items())
+        print(f"{envs} {shlex.join(cmds['profile'])}")
+        print(shlex.join(cmds["export"]))
+        if "stats" in cmds:
+            print(shlex.join(cmds["stats"]))
+        return 0
+    files = outputs(base, a.stats)
+    existing = [str(p) for k, p in files.items() if k in ("report", "sqlite") and p.exists()]
+    if existing and not a.force:
+        raise CaptureError(f"{', '.join(existing)} exists: pass --force to overwrite")
+    version = nsys_version(nsys)
+    if base.parent and not base.parent.exists():
+        base.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **added}
+    started, t0 = mf.utc_now(), time.monotonic()
+    print(f"spectrace: {shlex.join(cmds['profile'])}", file=sys.stderr, flush=True)
+    rc, interrupted = _run_profile(cmds["profile"], env)
+    exported = False
+    if files["report"].exists():
+        # an interrupted capture still gets exported; a second Ctrl-C here stops only the export
+        exported = subprocess.call(cmds["export"]) == 0 and files["sqlite"].exists()
+        if exported and "stats" in cmds:
+            subprocess.call(cmds["stats"], stdout=subprocess.DEVNULL)
+    wall = time.monotonic() - t0
+    rec = mf.build(name=base.name, command=command, nsys_path=nsys, nsys_version=version,
+                   profile_cmd=cmds["profile"], env_added=added, env=env, started=started,
+                   ended=mf.utc_now(), wall_s=wall, exit_code=rc, interrupted=interrupted,
+                   outputs=[p for k, p in files.items() if k != "manifest"])
+    rec["exported"] = exported
+    mf.write(files["manifest"], rec)
+    if not files["report"].exists():
+        print(f"spectrace: nsys wrote no report {files['report']} (exit {rc})", file=sys.stderr)
+        return rc or 1
+    print(f"spectrace: wrote {files['sqlite'] if exported else files['report']} and {files['manifest']}",
+          file=sys.stderr)
+    if interrupted:
+        return 130
+    return rc if exported else (rc or 1)
+
+
+def add_trace_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``spectrace trace``."""
+    p.add_argument("-o", "--output", required=True, help="report name: writes NAME.nsys-rep, NAME.sqlite, "
+                   "NAME.manifest.json")
+    p.add_argument("--nsys", help="nsys executable (default: $NSYS, then nsys on PATH)")
+    p.add_argument("-t", "--trace", default="cuda,nvtx", help="nsys --trace (default: %(default)s)")
+    p.add_argument("--cuda-graph-trace", default="node", choices=("node", "graph"),
+                   help="node: every kernel of a graph replay is recorded (default); graph: one row per replay")
+    p.add_argument("--trace-fork", default="true", choices=("true", "false"),
+                   help="nsys --trace-fork-before-exec (default: true; reaches every TP rank)")
+    p.add_argument("-s", "--sample", default="none", help="nsys --sample (default: none)")
+    p.add_argument("--cpuctxsw", default="none", help="nsys --cpuctxsw (default: none)")
+    p.add_argument("--capture", choices=("api", "all"), default=None,
+                   help="api: the cudaProfilerStart/Stop range (default); all: the whole run "
+                        "(default when --delay or --duration is given)")
+    p.add_argument("--capture-range-end", default="stop", help="with --capture api (default: %(default)s)")
+    p.add_argument("--delay", type=float, default=None, help="seconds before collection starts")
+    p.add_argument("--duration", type=float, default=None, help="seconds of collection (nsys then stops the app)")
+    p.add_argument("--env", action="append", metavar="KEY=VALUE", help="extra environment for the command")
+    p.add_argument("--nsys-arg", action="append", metavar="ARGS",
+                   help="extra nsys profile options, appended last so they override the defaults; "
+                        "write --nsys-arg=--flag=value")
+    p.add_argument("--stats", action="store_true",
+                   help=f"also write NAME_<report>.csv for {', '.join(STATS_REPORTS)} (nsys stats)")
+    p.add_argument("-f", "--force", action="store_true", help="overwrite an existing report")
+    p.add_argument("-n", "--dry-run", action="store_true", help="print the commands and environment; run nothing")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+
+
+def demo_workload(a: argparse.Namespace) -> int:
+    """``spectrace demo-workload``: run the embedded EAGLE-shaped workload (needs torch)."""
+    try:
+        import torch  # noqa: F401
+    except ImportError as e:
+        raise CaptureError("demo-workload needs PyTorch: pip install torch") from e
+    from . import workload
+
+    return workload.main(args=a)

@@ -1,0 +1,52 @@
+"""The bundled real captures (``tests/data/h200_tp1/*.sqlite.xz``), decompressed on first use.
+
+``python -m nvtx_hooks.capture.samples [NAME]`` prints the path of the decompressed export
+(default ``tp1_node``); ``make demo`` uses it. Decompressed copies go to
+``$SPECTRACE_CACHE`` or ``.cache/samples`` in the checkout and are reused while newer than the .xz.
+"""
+
+from __future__ import annotations
+
+import lzma
+import os
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "tests" / "data" / "h200_tp1"
+DEFAULT = "tp1_node"
+
+
+def names() -> list[str]:
+    """The bundled capture names."""
+    return sorted(p.name[: -len(".sqlite.xz")] for p in DATA.glob("*.sqlite.xz"))
+
+
+def cache_dir() -> Path:
+    """Where decompressed samples are kept."""
+    return Path(os.environ.get("SPECTRACE_CACHE") or ROOT / ".cache" / "samples")
+
+
+def path(name: str = DEFAULT, cache: Path | None = None) -> Path:
+    """The decompressed SQLite export of bundled capture ``name``."""
+    src = DATA / f"{name}.sqlite.xz"
+    if not src.exists():
+        raise FileNotFoundError(f"no bundled capture {name!r}; have: {', '.join(names())}")
+    out = (cache or cache_dir()) / f"{name}.sqlite"
+    if not out.exists() or out.stat().st_mtime < src.stat().st_mtime:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(f".tmp{os.getpid()}")
+        with lzma.open(src) as f, open(tmp, "wb") as g:
+            shutil.copyfileobj(f, g)
+        os.replace(tmp, out)
+    return out
+
+
+def stats_csv(name: str, report: str = "nvtx_gpu_proj_sum") -> Path:
+    """NVIDIA's ``nsys stats`` CSV for bundled capture ``name``."""
+    return DATA / f"{name}_{report}.csv"
+
+
+if __name__ == "__main__":
+    print(path(sys.argv[1] if len(sys.argv) > 1 else DEFAULT))
