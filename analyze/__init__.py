@@ -19,7 +19,7 @@ _API = {
     "analyze": "analyze.api", "comm": "analyze.api", "compare": "analyze.api", "whatif": "analyze.api",
     "report": "analyze.api",
     "Result": "analyze.model", "Trace": "analyze.model", "Diagnostic": "analyze.model", "InputError": "analyze.model",
-    "CommReport": "analyze.model",
+    "CommResult": "analyze.model",
     "load": "analyze.read.export", "open_store": "analyze.read.store",
 }
 

@@ -11,7 +11,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from .model import CommReport, InputError, Result, Trace
+from .model import CommResult, InputError, Result, Trace
 
 Report = str | os.PathLike | Trace
 Reports = Report | Sequence[Report]
@@ -59,7 +59,7 @@ def analyze(
                                                 executor=executor))
 
 
-def comm(reports: Reports, ranges: str | None = None, comm_patterns=None, **kw) -> CommReport:
+def comm(reports: Reports, ranges: str | None = None, comm_patterns=None, **kw) -> CommResult:
     """Collectives matched across ranks: wait vs transfer per phase and rank, stragglers, clock alignment.
 
     Several reports (one per node or rank) are put on one clock (utcEpochNs, then collective end times).
@@ -98,4 +98,4 @@ def report(reports: Reports, output: str | os.PathLike, baseline: Reports | None
 
     res = analyze(reports, ranges, comm_patterns, **kw)
     base = analyze(baseline, ranges, comm_patterns, **kw) if baseline is not None else None
-    return html.write_report(res, output, baseline=base, steps_now=steps_now)
+    return html.write_page(res, output, baseline=base, steps_now=steps_now)

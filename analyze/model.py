@@ -43,8 +43,8 @@ class Diagnostic:
 class Trace:
     """The parts of an nsys export that spectrace analyses (times in ns on the session clock).
 
-    - ``ranges``: NVTX push/pop and start/end ranges: ``row_id, pid, gtid, start, end, event_type,
-      domain, text, color, uint64, int64, unclosed, cross_thread``
+    - ``ranges``: NVTX push/pop and start/end ranges: ``range_id, pid, gtid, start, end, event_type,
+      domain, range, color, uint64, int64, unclosed, cross_thread``
     - ``api``: CUDA runtime and driver calls: ``pid, gtid, corr, start, end, name_id``
     - ``ops``: GPU operations: ``pid, device, stream, corr, start, end, kind, name_id, label, graph_node``
       (kind: kernel, memcpy, memset, graph)
@@ -102,7 +102,7 @@ class Result:
     """Everything ``spectrace analyze`` reports, as frames; the same shape whatever the path or size.
 
     ``comm_kernels``: every communication kernel with its matching key (:mod:`analyze.compute.collectives`).
-    ``ops``: all GPU operations (with rank, rid, name, comm) only when the analysis was asked to keep them
+    ``ops``: all GPU operations (with rank, range_id, name, comm) only when the analysis was asked to keep them
     (``keep_ops=True``); otherwise None, and :meth:`ops_between` reads a time window from the source.
     ``reports``: the input files, in rank order (several when reports were merged); ``clock``: how they
     were put on one clock.
@@ -177,7 +177,7 @@ class Result:
 
 
 @dataclass
-class CommReport:
+class CommResult:
     """What ``spectrace comm`` reports, as frames (times on the aligned clock, ns)."""
 
     reports: list[str]

@@ -50,7 +50,7 @@ def test_probe_phases_add_up_and_are_complete(probe):
         p, left_on=["rank", "range"], right_on=["rank", "phase"])
     assert (leaf["proj_span_ns"] == leaf["span_ns"]).all()
     # every NCCL all-reduce kernel launched in a phase is communication
-    nccl = probe.ops.filter(pl.col("name").str.starts_with("ncclDevKernel") & pl.col("rid").is_not_null())
+    nccl = probe.ops.filter(pl.col("name").str.starts_with("ncclDevKernel") & pl.col("range_id").is_not_null())
     assert nccl.height > 0 and (nccl["comm"] == "nccl").all()
     codes = {d.code for d in probe.diagnostics}
     assert "INCOMPLETE_COLLECTION" in codes and "GRAPH_LEVEL_TRACE" not in codes

@@ -73,12 +73,12 @@ def test_group_parts_sum_to_union_lengths(items, shift):
 def test_instance_metrics_fall_back_when_the_shift_would_overflow():
     """Groups far apart in time (span * groups >= 2**62): the windowed path gives the same sums."""
     far = 2**61
-    ops = pl.DataFrame({"rid": [1, 2, 1, 2, 3], "start": [0, 5, 10, far, far + 1], "end": [20, 8, 15, far + 9, far + 4],
+    ops = pl.DataFrame({"range_id": [1, 2, 1, 2, 3], "start": [0, 5, 10, far, far + 1], "end": [20, 8, 15, far + 9, far + 4],
                         "corr": [1, 2, 3, 4, 5], "comm": [None, "nccl", None, "nccl", None]},
                        schema_overrides={"comm": pl.String})
-    assert group_parts(ops.sort("rid", maintain_order=True), "rid") is None
-    got = breakdown.instance_metrics(ops, "rid").sort("rid")
-    assert got["busy_ns"].to_list() == [20, 3 + 9, 3]  # rid 2: [5, 8) and [far, far + 9)
+    assert group_parts(ops.sort("range_id", maintain_order=True), "range_id") is None
+    got = breakdown.instance_metrics(ops, "range_id").sort("range_id")
+    assert got["busy_ns"].to_list() == [20, 3 + 9, 3]  # range_id 2: [5, 8) and [far, far + 9)
     assert got["comm_ns"].to_list() == [0, 12, 0]
     assert got["span_ns"].to_list() == [20, far + 4, 3]
 

@@ -38,7 +38,7 @@ def _same(a, b) -> None:
         x, y = getattr(a, f), getattr(b, f)
         assert x.columns == y.columns, f
         assert x.sort("rank", *x.columns[:2]).equals(y.sort("rank", *y.columns[:2])), f
-    key = ["rank", "parent", "row_id"]
+    key = ["rank", "parent", "range_id"]
     assert a.seam_instances.sort(key).equals(b.seam_instances.sort(key))
     k2 = ["rank", "corr", "start"]
     assert a.comm_kernels.columns == b.comm_kernels.columns

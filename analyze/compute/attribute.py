@@ -27,46 +27,46 @@ def select_ranges(ranges: pl.DataFrame, regex: str | None) -> tuple[pl.DataFrame
     phase with any prefix (``eagle3.verify``).
     """
     usable = ranges.filter(~pl.col("cross_thread"))
-    full = pl.concat_str([pl.col("domain"), pl.lit(":"), pl.col("text")])
+    full = pl.concat_str([pl.col("domain"), pl.lit(":"), pl.col("range")])
     if regex is not None:
         try:
             re.compile(regex)
         except re.error as e:
             raise InputError(f"--ranges: bad regex {regex!r}: {e}", "BAD_REGEX") from None
-        sel = usable.filter(pl.col("text").str.contains(regex) | full.str.contains(regex))
+        sel = usable.filter(pl.col("range").str.contains(regex) | full.str.contains(regex))
         how = f"ranges matching {regex!r}"
     else:
         sel = usable.filter(pl.col("domain") == ph.DOMAIN)
         how = f"ranges of the {ph.DOMAIN!r} NVTX domain"
         if sel.height == 0:
             rx = ph.prefixed_phase_regex()
-            sel = usable.filter(pl.col("text").str.contains(rx))
+            sel = usable.filter(pl.col("range").str.contains(rx))
             how = f"ranges named after spectrace phases, any prefix (no {ph.DOMAIN!r} NVTX domain in this trace)"
     return sel, how
 
 
 def nest(sel: pl.DataFrame) -> pl.DataFrame:
-    """Selected ranges with ``depth`` (1 = outermost) and ``parent`` (row_id of the enclosing one).
+    """Selected ranges with ``depth`` (1 = outermost) and ``parent`` (range_id of the enclosing one).
 
     Zero-length ranges take no part in nesting (they can hold no API call); they get depth 0.
     """
-    r = sel.select("row_id", "gtid", "start", "end")
+    r = sel.select("range_id", "gtid", "start", "end")
     pos = r.filter(pl.col("end") > pl.col("start"))
     ev = pl.concat([
-        pos.select("gtid", t="start", k=pl.lit(1, pl.Int8), tie=-pl.col("end"), row_id="row_id", d=pl.lit(1)),
-        pos.select("gtid", t="end", k=pl.lit(0, pl.Int8), tie=-pl.col("start"), row_id="row_id", d=pl.lit(-1)),
-    ]).sort("gtid", "t", "k", "tie", "row_id")
+        pos.select("gtid", t="start", k=pl.lit(1, pl.Int8), tie=-pl.col("end"), range_id="range_id", d=pl.lit(1)),
+        pos.select("gtid", t="end", k=pl.lit(0, pl.Int8), tie=-pl.col("start"), range_id="range_id", d=pl.lit(-1)),
+    ]).sort("gtid", "t", "k", "tie", "range_id")
     ev = ev.with_columns(seq=pl.int_range(pl.len()), depth=pl.col("d").cum_sum().over("gtid"))
-    starts = ev.filter(pl.col("k") == 1).select("gtid", "seq", "depth", "row_id")
-    look = starts.select("gtid", "seq", "depth", parent="row_id")
+    starts = ev.filter(pl.col("k") == 1).select("gtid", "seq", "depth", "range_id")
+    look = starts.select("gtid", "seq", "depth", parent="range_id")
     with_parent = (
         starts.with_columns(pdepth=pl.col("depth") - 1)
         .sort("seq")
         .join_asof(look.sort("seq"), on="seq", by_left=["gtid", "pdepth"], by_right=["gtid", "depth"],
                    strategy="backward", allow_exact_matches=False, check_sortedness=False)
-        .select("row_id", "depth", "parent")
+        .select("range_id", "depth", "parent")
     )
-    out = sel.join(with_parent, on="row_id", how="left").with_columns(pl.col("depth").fill_null(0))
+    out = sel.join(with_parent, on="range_id", how="left").with_columns(pl.col("depth").fill_null(0))
     return out
 
 
@@ -74,7 +74,7 @@ def timeline(nested: pl.DataFrame) -> pl.DataFrame:
     """Per thread, the innermost open selected range from each time on: ``gtid, t, current``."""
     pos = nested.filter(pl.col("end") > pl.col("start"))
     ev = pl.concat([
-        pos.select("gtid", t="start", k=pl.lit(1, pl.Int8), tie=-pl.col("end"), current="row_id"),
+        pos.select("gtid", t="start", k=pl.lit(1, pl.Int8), tie=-pl.col("end"), current="range_id"),
         pos.select("gtid", t="end", k=pl.lit(0, pl.Int8), tie=-pl.col("start"), current="parent"),
     ]).sort("gtid", "t", "k", "tie")
     # Several boundaries at one instant: the last one in push/pop order holds from then on.
@@ -82,28 +82,28 @@ def timeline(nested: pl.DataFrame) -> pl.DataFrame:
 
 
 def innermost(api: pl.DataFrame, nested: pl.DataFrame) -> pl.DataFrame:
-    """API calls with ``rid``: the innermost selected range open on their thread when they ran."""
+    """API calls with ``range_id``: the innermost selected range open on their thread when they ran."""
     tl = timeline(nested)
-    ends = nested.select(rid="row_id", _rend="end")
+    ends = nested.select(range_id="range_id", _rend="end")
     return (
         api.sort("start")
         .join_asof(tl.rename({"t": "_t"}), left_on="start", right_on="_t", by="gtid", strategy="backward",
                    check_sortedness=False)
-        .rename({"current": "rid"})
-        .join(ends, on="rid", how="left")
+        .rename({"current": "range_id"})
+        .join(ends, on="range_id", how="left")
         # A call must end inside the range too (only broken nesting or clock ties violate this).
-        .with_columns(rid=pl.when(pl.col("end") <= pl.col("_rend")).then("rid"))
+        .with_columns(range_id=pl.when(pl.col("end") <= pl.col("_rend")).then("range_id"))
         .drop("_t", "_rend")
     )
 
 
 def ancestors(nested: pl.DataFrame) -> pl.DataFrame:
-    """Every (range, ancestor-or-self) pair of the selected nesting: ``rid, anc``."""
-    par = nested.select(pl.col("row_id").alias("anc"), pl.col("parent").alias("_up"))
-    level = nested.select(rid="row_id", anc="row_id")
+    """Every (range, ancestor-or-self) pair of the selected nesting: ``range_id, anc``."""
+    par = nested.select(pl.col("range_id").alias("anc"), pl.col("parent").alias("_up"))
+    level = nested.select(range_id="range_id", anc="range_id")
     out = [level]
     for _ in range(int(nested["depth"].max() or 0)):
-        level = level.join(par, on="anc").select("rid", anc="_up").drop_nulls("anc")
+        level = level.join(par, on="anc").select("range_id", anc="_up").drop_nulls("anc")
         if level.height == 0:
             break
         out.append(level)
@@ -111,7 +111,7 @@ def ancestors(nested: pl.DataFrame) -> pl.DataFrame:
 
 
 def attribute_ops(ops: pl.DataFrame, api: pl.DataFrame, nested: pl.DataFrame) -> pl.DataFrame:
-    """GPU ops with their launching call's thread (``gtid``), ``api_name_id`` and range ``rid``.
+    """GPU ops with their launching call's thread (``gtid``), ``api_name_id`` and range ``range_id``.
 
     The join is on (pid, correlation id): correlation ids are unique only within a process (on the
     correlation id alone when everything is one process: a one-key join is ~3x cheaper).
@@ -124,6 +124,6 @@ def attribute_ops(ops: pl.DataFrame, api: pl.DataFrame, nested: pl.DataFrame) ->
         on = ["pid", "corr"]
         calls = api.join(ops.select(on).unique(), on=on, how="semi")
     calls = innermost(calls, nested).select(
-        "pid", "corr", "gtid", "rid", api_start="start", api_name_id="name_id"
+        "pid", "corr", "gtid", "range_id", api_start="start", api_name_id="name_id"
     ).unique(on, keep="first")
     return ops.join(calls.drop("pid") if on == ["corr"] else calls, on=on, how="left")

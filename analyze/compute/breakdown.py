@@ -1,6 +1,6 @@
 """Per-rank, per-phase time: span = compute + comm + idle, per instance and summed.
 
-Small pure functions over the frames of :mod:`analyze.attribute`. ``ops`` carries ``rid`` (the
+Small pure functions over the frames of :mod:`analyze.attribute`. ``ops`` carries ``range_id`` (the
 innermost selected range) and ``comm`` (communication family or null).
 """
 
@@ -69,25 +69,25 @@ def instances(nested: pl.DataFrame, ops: pl.DataFrame, anc: pl.DataFrame) -> pl.
     Exclusive: the ops whose innermost selected range it is (the phase view). Inclusive: the ops
     launched anywhere inside it, nested ranges included (NVIDIA's projection).
     """
-    ex = instance_metrics(ops, "rid").rename({"rid": "row_id"})
+    ex = instance_metrics(ops, "range_id").rename({"range_id": "range_id"})
     # Inclusive metrics differ from exclusive ones only for ranges with selected children: compute
     # those from their whole subtree, and copy the exclusive ones for leaves.
-    proper = anc.filter(pl.col("anc") != pl.col("rid"))
-    internal = proper.select(pl.col("anc").alias("rid")).unique()
-    sub = pl.concat([proper, internal.with_columns(anc=pl.col("rid"))])
+    proper = anc.filter(pl.col("anc") != pl.col("range_id"))
+    internal = proper.select(pl.col("anc").alias("range_id")).unique()
+    sub = pl.concat([proper, internal.with_columns(anc=pl.col("range_id"))])
     inc_ops = (
-        ops.filter(pl.col("rid").is_not_null())
-        .join(sub, on="rid", maintain_order="left")  # keeps ops sorted by start
-        .drop("rid")
-        .rename({"anc": "rid"})
+        ops.filter(pl.col("range_id").is_not_null())
+        .join(sub, on="range_id", maintain_order="left")  # keeps ops sorted by start
+        .drop("range_id")
+        .rename({"anc": "range_id"})
     )
-    inner = instance_metrics(inc_ops, "rid").rename({"rid": "row_id"})
-    is_internal = pl.col("row_id").is_in(internal["rid"].implode())
+    inner = instance_metrics(inc_ops, "range_id").rename({"range_id": "range_id"})
+    is_internal = pl.col("range_id").is_in(internal["range_id"].implode())
     inc = pl.concat([ex.filter(~is_internal), inner], how="vertical_relaxed")
     cols = ["first", "last", *METRICS, "first_launch"]
     out = (
-        nested.join(ex.select("row_id", *[pl.col(c).alias(f"x_{c}") for c in cols]), on="row_id", how="left")
-        .join(inc.select("row_id", *[pl.col(c).alias(f"i_{c}") for c in cols]), on="row_id", how="left")
+        nested.join(ex.select("range_id", *[pl.col(c).alias(f"x_{c}") for c in cols]), on="range_id", how="left")
+        .join(inc.select("range_id", *[pl.col(c).alias(f"i_{c}") for c in cols]), on="range_id", how="left")
     )
     return out.with_columns(pl.col(f"x_{c}").fill_null(0) for c in METRICS).with_columns(
         pl.col(f"i_{c}").fill_null(0) for c in METRICS
@@ -102,7 +102,7 @@ def phases(inst: pl.DataFrame) -> pl.DataFrame:
     """Per rank and phase name, summed over the instances that received GPU work (exclusive view)."""
     x = inst.filter(pl.col("x_ops") > 0)
     return (
-        x.group_by("rank", "domain", "text")
+        x.group_by("rank", "domain", "range")
         .agg(
             pl.len().alias("instances"),
             *_sum_metrics("x_"),
@@ -112,7 +112,7 @@ def phases(inst: pl.DataFrame) -> pl.DataFrame:
             span_p90_ns=pl.col("x_span_ns").quantile(0.9, "nearest"),
             span_max_ns=pl.col("x_span_ns").max(),
         )
-        .rename({"text": "phase"})
+        .rename({"range": "phase"})
         .sort("rank", "span_ns", descending=[False, True])
     )
 
@@ -121,7 +121,7 @@ def projections(inst: pl.DataFrame) -> pl.DataFrame:
     """Per rank and range name, NVIDIA-style inclusive projection: instances with GPU work, span sums."""
     i = inst.filter(pl.col("i_ops") > 0)
     return (
-        i.group_by("rank", "domain", "text")
+        i.group_by("rank", "domain", "range")
         .agg(
             pl.len().alias("instances"),
             pl.col("i_span_ns").sum().alias("proj_span_ns"),
@@ -129,9 +129,8 @@ def projections(inst: pl.DataFrame) -> pl.DataFrame:
             pl.col("i_gpu_idle_ns").sum().alias("gpu_idle_ns"),
             (pl.col("end") - pl.col("start")).sum().alias("range_ns"),
         )
-        .rename({"text": "range"})
         .join(
-            inst.group_by("rank", "domain", "text").agg(range_instances=pl.len()).rename({"text": "range"}),
+            inst.group_by("rank", "domain", "range").agg(range_instances=pl.len()),
             on=["rank", "domain", "range"],
         )
         .sort("rank", "proj_span_ns", descending=[False, True])
@@ -171,15 +170,15 @@ def seam_instances(inst: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:
     """
     sib = (
         inst.filter(pl.col("i_ops") > 0)
-        .select("rank", "pid", "gtid", "parent", "row_id", "start", "text", "i_first", "i_last")
+        .select("rank", "pid", "gtid", "parent", "range_id", "start", "range", "i_first", "i_last")
         .sort("gtid", "parent", "start")
         .with_columns(
-            prev_text=pl.col("text").shift(1).over("gtid", "parent"),
+            prev_range=pl.col("range").shift(1).over("gtid", "parent"),
             a=pl.col("i_last").shift(1).over("gtid", "parent"),
-            prev_id=pl.col("row_id").shift(1).over("gtid", "parent"),
+            prev_range_id=pl.col("range_id").shift(1).over("gtid", "parent"),
         )
         .filter(pl.col("a").is_not_null())
-        .select("rank", "pid", "parent", "prev_id", "row_id", "prev_text", "text", "a", b="i_first")
+        .select("rank", "pid", "parent", "prev_range_id", "range_id", "prev_range", "range", "a", b="i_first")
     )
     out = busy_between(blocks, sib, ["pid"], "a", "b", "busy_ns").collect()
     return out.with_columns(
@@ -190,10 +189,10 @@ def seam_instances(inst: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:
 
 def seams(seam_inst: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
     """Seams summed per rank and transition (parent, from, to)."""
-    parents = inst.select(parent="row_id", parent_text="text")
+    parents = inst.select(parent="range_id", parent_range="range")
     return (
         seam_inst.join(parents, on="parent", how="left")
-        .group_by("rank", "parent_text", "prev_text", "text")
+        .group_by("rank", "parent_range", "prev_range", "range")
         .agg(
             instances=pl.len(),
             gap_ns=pl.col("gap_ns").sum(),
@@ -203,7 +202,7 @@ def seams(seam_inst: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
             idle_p50_ns=pl.col("idle_ns").median(),
             idle_max_ns=pl.col("idle_ns").max(),
         )
-        .rename({"parent_text": "parent", "prev_text": "from", "text": "to"})
+        .rename({"parent_range": "parent", "prev_range": "from", "range": "to"})
         .sort("rank", "idle_ns", descending=[False, True])
     )
 
@@ -213,7 +212,7 @@ def coverage(inst: pl.DataFrame, ops: pl.DataFrame, blocks: pl.DataFrame) -> pl.
     tops = inst.filter((pl.col("i_ops") > 0) & pl.col("parent").is_null())
     win = tops.group_by("rank", "pid").agg(a=pl.col("i_first").min(), b=pl.col("i_last").max())
     gpu = busy_between(blocks, win, ["pid"], "a", "b", "gpu_ns").collect()
-    att = union_length(ops.filter(pl.col("rid").is_not_null()), ["pid"], "attributed_ns", presorted=True).collect()
+    att = union_length(ops.filter(pl.col("range_id").is_not_null()), ["pid"], "attributed_ns", presorted=True).collect()
     return (
         gpu.join(att, on="pid", how="left")
         .with_columns(pl.col("attributed_ns").fill_null(0), window_ns=pl.col("b") - pl.col("a"))

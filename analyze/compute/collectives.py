@@ -2,7 +2,7 @@
 
 Small pure functions over frames. The input is ``kernels``: one row per communication *kernel*
 (comm family not null; peer-to-peer memcpy rows are left out, one rank issues them) with ``rank,
-domain, phase, rid, start, end, corr, name, comm`` on one clock.
+domain, phase, range_id, start, end, corr, name, comm`` on one clock.
 
 Matching. Per rank and phase name, the phase instances that launched communication are numbered
 ``k = 0, 1, ...`` by start; in instance ``k`` the ``j``-th kernel of a name (by GPU start) is one
@@ -24,10 +24,9 @@ from typing import Any
 
 import polars as pl
 
-from ..model import CommReport, Diagnostic
+from ..model import CommResult, Diagnostic
 from . import align
 
-NONE_PHASE = "(none)"
 GROUP = ["domain", "phase", "k", "name"]
 KEY = [*GROUP, "j"]
 SPLIT = ("comm_wait_ns", "comm_transfer_ns")  # the columns ``spectrace analyze`` gains per phase
@@ -41,30 +40,26 @@ def comm_kernels(ops: pl.DataFrame, instances: pl.DataFrame) -> pl.DataFrame:
     Everything here is per rank: the kernels of each process can be done on their own and concatenated.
     """
     c = ops.filter((pl.col("kind") == "kernel") & pl.col("comm").is_not_null()).select(
-        "rank", "rid", "corr", "start", "end", "name", "comm"
+        "rank", "range_id", "corr", "start", "end", "name", "comm"
     )
     # Instance numbers on the instances that launched communication (a small frame), then one join.
-    inst = instances.select(rid="row_id", domain="domain", phase="text", _istart="start")
+    inst = instances.select(range_id="range_id", domain="domain", phase="range", _istart="start")
     ks = (
-        c.filter(pl.col("rid").is_not_null())
-        .select("rank", "rid")
-        .unique("rid")
-        .join(inst, on="rid", how="left")
-        .sort("_istart", "rid")
+        c.filter(pl.col("range_id").is_not_null())
+        .select("rank", "range_id")
+        .unique("range_id")
+        .join(inst, on="range_id", how="left")
+        .sort("_istart", "range_id")
         .with_columns(k=pl.int_range(pl.len(), dtype=pl.Int64).over("rank", "domain", "phase"))
-        .select("rid", "domain", "phase", "k")
+        .select("range_id", "domain", "phase", "k")
     )
-    c = c.join(ks, on="rid", how="left").with_columns(
-        domain=pl.col("domain").fill_null(""),
-        phase=pl.col("phase").fill_null(""),
-        k=pl.col("k").fill_null(-1),
-    )
-    # (rank, rid, name) is the group (rank, domain, phase, k, name): a range instance is one rank's
-    # (domain, phase, k); kernels outside phases (rid null) group per rank and name.
+    c = c.join(ks, on="range_id", how="left").with_columns(k=pl.col("k").fill_null(-1))  # phase null: no phase
+    # (rank, range_id, name) is the group (rank, domain, phase, k, name): a range instance is one rank's
+    # (domain, phase, k); kernels outside phases (range_id null) group per rank and name.
     return (
         c.sort("start", "corr")
-        .with_columns(j=pl.int_range(pl.len(), dtype=pl.Int64).over("rank", "rid", "name"))
-        .select("rank", *KEY, "rid", "corr", "comm", "start", "end")
+        .with_columns(j=pl.int_range(pl.len(), dtype=pl.Int64).over("rank", "range_id", "name"))
+        .select("rank", *KEY, "range_id", "corr", "comm", "start", "end")
     )
 
 
@@ -80,7 +75,7 @@ def with_group_ids(kernels: pl.DataFrame) -> pl.DataFrame:
         return kernels.with_columns(_g=pl.lit(0, pl.Int64))
     dp = kernels.select("domain", "phase").unique().with_row_index("_p")
     names = kernels.select("name").unique().with_row_index("_n")
-    c = kernels.join(dp, on=["domain", "phase"], how="left").join(names, on="name", how="left")
+    c = kernels.join(dp, on=["domain", "phase"], how="left", nulls_equal=True).join(names, on="name", how="left")
     bits = [int(x).bit_length() for x in (dp.height, c["k"].max() + 1, names.height)]
     if sum(bits) <= 62:
         g = (pl.col("_p").cast(pl.Int64) * 2 ** (bits[1] + bits[2]) + (pl.col("k") + 1) * 2 ** bits[2]
@@ -204,7 +199,7 @@ def stragglers(matched: pl.DataFrame) -> pl.DataFrame:
     )
     return (
         totals.join(ranks, how="cross")
-        .join(per, on=["domain", "phase", "outside", "rank"], how="left")
+        .join(per, on=["domain", "phase", "outside", "rank"], how="left", nulls_equal=True)
         .with_columns(
             pl.col("last_arrivals", "total_delay_ns", "max_delay_ns").fill_null(0).cast(pl.Int64),
         )
@@ -310,7 +305,7 @@ def phase_comm_split(phases: pl.DataFrame, kernels: pl.DataFrame) -> tuple[pl.Da
     return out, [d for d in diagnostics(kernels, matched, counts) if d.code not in ("COMM_NONE", "COMM_ONE_RANK")]
 
 
-def cross_rank(results: list) -> CommReport:
+def cross_rank(results: list) -> CommResult:
     """Match, align and split the communication of one or several analysed reports (ranks numbered in order)."""
     parts, rank_rows, base = [], [], 0
     for i, r in enumerate(results):
@@ -352,7 +347,7 @@ def cross_rank(results: list) -> CommReport:
     clock.update(align.end_spread(matched, ["_g", "j"]))
     diags = diagnostics(kernels, matched, counts)
     diags.insert(0, _diag("info", "COMM_CLOCK", f"clock: {clock['alignment']}"))
-    return CommReport(
+    return CommResult(
         reports=[r.trace.path for r in results],
         selection=results[0].selection if results else "",
         ranks=ranks,

@@ -26,7 +26,7 @@ def per_cycle(res) -> tuple[pl.DataFrame, int]:
 
 def seams_per_cycle(res, n: int) -> pl.DataFrame:
     """``phase`` (``seam:from→to`` by base names), GPU idle per cycle."""
-    s = res.seam_instances.with_columns(f=base_expr("prev_text"), t=base_expr("text"))
+    s = res.seam_instances.with_columns(f=base_expr("prev_range"), t=base_expr("range"))
     return s.group_by("f", "t").agg(pl.col("idle_ns").sum()).select(
         phase=pl.format("seam:{}→{}", "f", "t"), ns_per_cycle=pl.col("idle_ns") / max(n, 1))
 

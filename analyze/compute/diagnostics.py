@@ -35,19 +35,19 @@ def diagnose(t: Trace, nested: pl.DataFrame, facts: dict[str, int], ranks: pl.Da
                               f"{t.dropped_ops} GPU operations with invalid timestamps (start <= 0 or end < start) dropped"))
     unclosed = t.ranges.filter("unclosed")
     if unclosed.height:
-        sel_ids = nested["row_id"].implode()
-        per = (unclosed.with_columns(_sel=pl.col("row_id").is_in(sel_ids))
-               .group_by("domain", "text").agg(pl.len(), pl.col("_sel").any()).sort("text", "domain"))
+        sel_ids = nested["range_id"].implode()
+        per = (unclosed.with_columns(_sel=pl.col("range_id").is_in(sel_ids))
+               .group_by("domain", "range").agg(pl.len(), pl.col("_sel").any()).sort("range", "domain"))
         for row in per.iter_rows(named=True):
             out.append(Diagnostic(
                 "warning" if row["_sel"] else "info", "UNCLOSED_RANGE",
-                f"{row['len']} {label(row['domain'], row['text'])} range(s) never closed; their end is the session end",
+                f"{row['len']} {label(row['domain'], row['range'])} range(s) never closed; their end is the session end",
             ))
     cross = t.ranges.filter("cross_thread")
     if cross.height:
         out.append(Diagnostic("info", "CROSS_THREAD_RANGE",
                               f"{cross.height} start/end ranges ended on another thread are not used for attribution"))
-    bad_nest = nested.join(nested.select(parent="row_id", _pend="end"), on="parent").filter(pl.col("end") > pl.col("_pend"))
+    bad_nest = nested.join(nested.select(parent="range_id", _pend="end"), on="parent").filter(pl.col("end") > pl.col("_pend"))
     if bad_nest.height:
         out.append(Diagnostic("warning", "NONNESTED_RANGES",
                               f"{bad_nest.height} selected ranges end after their enclosing range; innermost-range attribution is approximate"))
@@ -72,11 +72,11 @@ def diagnose(t: Trace, nested: pl.DataFrame, facts: dict[str, int], ranks: pl.Da
     for row in multi.iter_rows(named=True):
         out.append(Diagnostic("warning", "MULTI_DEVICE_PROCESS",
                               f"pid {row['pid']} ran work on devices {row['devices']}; its rank uses device {row['device']}"))
-    per_name = inst.group_by("domain", "text").agg(n=pl.len(), empty=(pl.col("i_ops") == 0).sum())
-    nowork = per_name.filter(pl.col("empty") > 0).sort("empty", "domain", "text", descending=[True, False, False])
+    per_name = inst.group_by("domain", "range").agg(n=pl.len(), empty=(pl.col("i_ops") == 0).sum())
+    nowork = per_name.filter(pl.col("empty") > 0).sort("empty", "domain", "range", descending=[True, False, False])
     if nowork.height:
         dead = nowork.filter(pl.col("empty") == pl.col("n"))
-        names = [label(d, t) for d, t in dead.select("domain", "text").rows()]
+        names = [label(d, t) for d, t in dead.select("domain", "range").rows()]
         shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
         msg = f"{int(nowork['empty'].sum())} of {int(per_name['n'].sum())} selected range instances launched no GPU work"
         out.append(Diagnostic("warning" if names else "info", "RANGE_NO_GPU",

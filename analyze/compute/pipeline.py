@@ -51,8 +51,8 @@ def select_phases(path: str, ranges_df: pl.DataFrame, has_ops: bool, regex: str 
         )
     sel, how = attribute.select_ranges(ranges_df, regex)
     if sel.height == 0:
-        top = (ranges_df.group_by("domain", "text").len().sort("len", "domain", "text", descending=[True, False, False])
-               .head(8).select(pl.format("{}:{}", "domain", "text")).to_series().to_list())
+        top = (ranges_df.group_by("domain", "range").len().sort("len", "domain", "range", descending=[True, False, False])
+               .head(8).select(pl.format("{}:{}", "domain", "range")).to_series().to_list())
         raise InputError(
             f"{path}: no NVTX ranges selected ({how}); pass --ranges REGEX, e.g. one of: {', '.join(top)}",
             "NO_PHASES",
@@ -128,7 +128,7 @@ def process(source, pid: int, ctx: Context) -> dict:
         out["ops"] = add_kinds(ops, ctx.kinds, ["name"]).select(
             *cols[: cols.index("comm")], pl.col("name").cast(pl.String), *cols[cols.index("comm"):])
     # The interval steps read only these columns: a narrow copy halves the memory of the inclusive view.
-    ops = ops.select("pid", "rank", "rid", "corr", "start", "end", "comm", "api_start").sort("start")
+    ops = ops.select("pid", "rank", "range_id", "corr", "start", "end", "comm", "api_start").sort("start")
     if ops.height:
         anc = attribute.ancestors(nested)
         inst = breakdown.instances(nested, ops, anc)
@@ -222,7 +222,7 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
     def renumber(df: pl.DataFrame) -> pl.DataFrame:
         return df.join(rank_of, on="pid", how="left", maintain_order="left").with_columns(rank=pl.col("_r")).drop("_r")
 
-    inst = renumber(pl.concat(parts["inst"], how="diagonal_relaxed")).sort("row_id")
+    inst = renumber(pl.concat(parts["inst"], how="diagonal_relaxed")).sort("range_id")
     nested = renumber(nested_all.with_columns(rank=pl.lit(None, pl.Int64)))
     seam_inst = renumber(pl.concat(parts["seam"])) if parts["seam"] else pl.DataFrame()
     cov = renumber(pl.concat(parts["cov"])).sort("rank") if parts["cov"] else pl.DataFrame()
@@ -258,13 +258,13 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
 
 def _empty_ops(schema_of: pl.DataFrame) -> pl.DataFrame:
     return schema_of.head(0).with_columns(
-        pl.lit(None, pl.Int64).alias(c) for c in ("gtid", "rid", "api_start", "api_name_id", "rank")
+        pl.lit(None, pl.Int64).alias(c) for c in ("gtid", "range_id", "api_start", "api_name_id", "rank")
     ).with_columns(comm=pl.lit(None, pl.String), name=pl.lit(None, pl.String))
 
 
 def _no_kernels() -> pl.DataFrame:
     return pl.DataFrame(schema={"rank": pl.Int64, "domain": pl.String, "phase": pl.String, "k": pl.Int64,
-                                "name": pl.Categorical, "j": pl.Int64, "rid": pl.Int64, "corr": pl.Int64,
+                                "name": pl.Categorical, "j": pl.Int64, "range_id": pl.Int64, "corr": pl.Int64,
                                 "comm": pl.String, "start": pl.Int64, "end": pl.Int64})
 
 

@@ -27,7 +27,7 @@ CYCLE_NAMES = ("cycle", "decode_step")
 _U = pl.UInt64
 
 
-def base_expr(col: str = "text") -> pl.Expr:
+def base_expr(col: str = "range") -> pl.Expr:
     """``base_name`` as a polars expression (phase name after the last ``.:/ `` separator when known)."""
     tail = pl.col(col).str.extract(r"([^.:/ ]+)$", 1)
     return pl.when(pl.col(col).is_in(ph.NAMES)).then(pl.col(col)).when(tail.is_in(ph.NAMES)).then(tail) \
@@ -98,7 +98,7 @@ def cycles(res) -> pl.DataFrame:
     tokens = (pl.when(pl.col("kind") == "decode_step").then(pl.col("batch_size"))
               .otherwise(pl.col("accept_length") + pl.col("batch_size")))
     return cyc.with_columns(tokens=tokens).select(
-        "rank", "pid", "row_id", "n", "kind", "text", "start", "end", "i_first", "i_last", "i_span_ns",
+        "rank", "pid", "range_id", "n", "kind", "range", "start", "end", "i_first", "i_last", "i_span_ns",
         "period_ns", "batch_size", "cycle_index", "accept_length", "tokens")
 
 

@@ -42,7 +42,7 @@ MAX_STEPS = 10
 
 def cycle_phases(res) -> pl.DataFrame:
     """Per rank and cycle (``n``): each child phase's GPU span (``x_span_ns``) by base name, one row each."""
-    c = cycles(res).filter(pl.col("kind") == "cycle").select("rank", "n", parent="row_id", tokens="tokens",
+    c = cycles(res).filter(pl.col("kind") == "cycle").select("rank", "n", parent="range_id", tokens="tokens",
                                                                 accept_length="accept_length",
                                                                 batch_size="batch_size")
     kids = res.instances.with_columns(phase=base_expr()).select("parent", "phase", "x_span_ns", "x_ops")

@@ -49,7 +49,7 @@ def _save(fig, out: Path, name: str) -> str:
 PHASE_COLS = ("phase", "instances", "span_ns", "compute_ns", "comm_ns", "idle_ns", "span_mean_ns", "span_p90_ns")
 
 
-def write_report(res, out: str | Path, baseline=None, steps_now: int | None = None) -> Path:
+def write_page(res, out: str | Path, baseline=None, steps_now: int | None = None) -> Path:
     """Write ``out/index.html`` and its figures for an analysed trace (and an analysed baseline); returns the page."""
     out = Path(out)
     if out.exists() and not out.is_dir():

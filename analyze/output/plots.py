@@ -21,7 +21,7 @@ WAIT_COLOR = "#f4a259"  # comm wait (a rank waiting for the others); transfer us
 def _order(names: list[str]) -> list[str]:
     """Phase texts in cycle order (by base name), others after, alphabetically."""
     idx = {n: i for i, n in enumerate(CYCLE_ORDER)}
-    base = pl.Series(names, dtype=pl.String).to_frame("text").with_columns(b=base_expr())["b"].to_list()
+    base = pl.Series(names, dtype=pl.String).to_frame("range").with_columns(b=base_expr())["b"].to_list()
     return [n for _, n in sorted(zip(base, names), key=lambda t: (idx.get(t[0], 99), t[1]))]
 
 
@@ -97,8 +97,8 @@ def timeline(res, cycles_shown: int = 3, first: int | None = None) -> Figure:
     us = 1e3
     for lane, rk in enumerate(ranks):
         y = len(ranks) - 1 - lane
-        for name in _order(inst["text"].unique().to_list()):
-            r = inst.filter((pl.col("rank") == rk) & (pl.col("text") == name))
+        for name in _order(inst["range"].unique().to_list()):
+            r = inst.filter((pl.col("rank") == rk) & (pl.col("range") == name))
             bars = [((a - t0) / us, (b - a) / us) for a, b in r.select("x_first", "x_last").rows()]
             ax.broken_barh(bars, (y + 0.35, 0.5), facecolors=color_of(name), edgecolor="none", label=name)
         s = seams.filter(pl.col("rank") == rk)
@@ -129,8 +129,8 @@ def distributions(res) -> Figure:
     a1, a2 = fig.subplots(1, 2)
     inst = res.instances.filter(pl.col("x_ops") > 0).with_columns(base=base_expr())
     inst = inst.filter(~pl.col("base").is_in(["cycle", "decode_step"])) if inst.height else inst
-    names = _order(inst["text"].unique().to_list())
-    data = [(inst.filter(pl.col("text") == n)["x_idle_ns"] / 1e3).to_list() for n in names]
+    names = _order(inst["range"].unique().to_list())
+    data = [(inst.filter(pl.col("range") == n)["x_idle_ns"] / 1e3).to_list() for n in names]
     if names:
         bp = a1.boxplot(data, patch_artist=True, showfliers=True, flierprops={"markersize": 3})
         for patch, n in zip(bp["boxes"], names):
@@ -140,7 +140,7 @@ def distributions(res) -> Figure:
     a1.set_ylabel("µs idle inside one instance (symlog)")
     a1.set_title("Idle gaps inside phases (per instance, all ranks)")
     a1.grid(axis="y", alpha=0.3)
-    s = res.seam_instances.with_columns(tr=pl.format("{} → {}", "prev_text", "text"))
+    s = res.seam_instances.with_columns(tr=pl.format("{} → {}", "prev_range", "range"))
     trs = s.group_by("tr").agg(pl.col("idle_ns").median()).sort("idle_ns", descending=True)["tr"].to_list()
     if trs:
         bp = a2.boxplot([(s.filter(pl.col("tr") == t)["idle_ns"] / 1e3).to_list() for t in trs], orientation="horizontal",
@@ -161,10 +161,10 @@ def per_cycle(res) -> Figure:
     fig = Figure(figsize=(12, 6.5), layout="constrained")
     a1, a2 = fig.subplots(2, 1, sharex=True)
     cyc = cycles(res)
-    kids = (res.instances.filter(pl.col("x_ops") > 0).join(cyc.select("rank", "n", parent="row_id"), on=["rank", "parent"])
-            .group_by("n", "text").agg(pl.col("x_span_ns").mean()).sort("n"))
-    for name in _order(kids["text"].unique().to_list()):
-        k = kids.filter(pl.col("text") == name)
+    kids = (res.instances.filter(pl.col("x_ops") > 0).join(cyc.select("rank", "n", parent="range_id"), on=["rank", "parent"])
+            .group_by("n", "range").agg(pl.col("x_span_ns").mean()).sort("n"))
+    for name in _order(kids["range"].unique().to_list()):
+        k = kids.filter(pl.col("range") == name)
         a1.plot(k["n"], k["x_span_ns"] / 1e3, color=color_of(name), lw=1.4, marker=".", ms=3, label=name)
     a1.set_ylabel("µs GPU span (mean over ranks)")
     a1.set_title("Per-cycle phase time over the run (warm-up, drift; log scale)")

@@ -8,9 +8,12 @@ import polars as pl
 
 from nvtx_hooks.phases import CYCLE_ORDER, base_name
 
-from ..compute.collectives import NONE_PHASE, short_name
+from ..compute.collectives import short_name
 from ..compute.whatif import MAX_STEPS, Model
-from ..model import CommReport, Result
+from ..model import CommResult, Result
+
+
+NO_PHASE = "(none)"  # how a null phase (GPU work outside every selected range) is shown
 
 
 def _ms(ns) -> str:
@@ -130,7 +133,7 @@ def _pct1(a, b) -> str:
     return f"{100 * a / b:.1f}" if b else "-"
 
 
-def comm_table(res: CommReport) -> str:
+def comm_table(res: CommResult) -> str:
     """``spectrace comm``: collectives per phase, rank and kernel; stragglers; diagnostics."""
     c = res.clock
     out = [f"spectrace comm · {', '.join(Path(p).name for p in res.reports)} · {res.ranks.height} rank(s)",
@@ -146,14 +149,14 @@ def comm_table(res: CommReport) -> str:
     out.append("wait = kernel time before the last rank arrived (latest start); transfer = the rest; "
                "skew = last arrival - own start")
     out.append("")
-    s = res.collectives.with_columns(short_name(pl.col("name")).alias("name"), pl.col("phase").fill_null(NONE_PHASE))
+    s = res.collectives.with_columns(short_name(pl.col("name")).alias("name"), pl.col("phase").fill_null(NO_PHASE))
     rows = [[r["phase"], str(r["rank"]), r["name"], str(r["count"]), _ms(r["duration_ns"]), _ms(r["wait_ns"]),
              _pct1(r["wait_ns"], r["duration_ns"]), _ms(r["transfer_ns"]), _us_or_dash(r["skew_p50_ns"]),
              _us_or_dash(r["skew_p99_ns"]), str(r["last_arrivals"])] for r in s.iter_rows(named=True)]
     out.append("Per phase, rank and kernel")
     out += _grid(["phase", "rank", "kernel", "count", "dur ms", "wait ms", "%wait", "transfer ms", "skew p50 µs",
                   "skew p99 µs", "last"], rows, 3)
-    st = res.stragglers.with_columns(pl.col("phase").fill_null(NONE_PHASE))
+    st = res.stragglers.with_columns(pl.col("phase").fill_null(NO_PHASE))
     rows = [[r["phase"], str(r["rank"]), f"{r['last_arrivals']}/{r['collectives']}", _pct1(r["last_arrivals"],
              r["collectives"]), _us_or_dash(r["mean_delay_ns"]), _us_or_dash(r["max_delay_ns"]), _ms(r["total_delay_ns"])]
             for r in st.iter_rows(named=True)]

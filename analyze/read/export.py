@@ -72,8 +72,8 @@ def _check_schema(path: str, r: Reader, export: dict[str, str]) -> None:
 def _ranges(r: Reader, duration: int | None) -> tuple[pl.DataFrame, pl.DataFrame]:
     cols = r.columns(NVTX)
     empty = pl.DataFrame(
-        schema={"row_id": pl.Int64, "pid": pl.Int64, "gtid": pl.Int64, "start": pl.Int64, "end": pl.Int64,
-                "event_type": pl.Int64, "domain": pl.String, "text": pl.String, "color": pl.Int64,
+        schema={"range_id": pl.Int64, "pid": pl.Int64, "gtid": pl.Int64, "start": pl.Int64, "end": pl.Int64,
+                "event_type": pl.Int64, "domain": pl.String, "range": pl.String, "color": pl.Int64,
                 "uint64": pl.Int64, "int64": pl.Int64, "unclosed": pl.Boolean, "cross_thread": pl.Boolean}
     )
     if not cols:
@@ -86,18 +86,18 @@ def _ranges(r: Reader, duration: int | None) -> tuple[pl.DataFrame, pl.DataFrame
 
     types = ",".join(str(t) for t in (*RANGE_TYPES, DOMAIN_CREATE))
     raw = r.frame(
-        f"""SELECT n.rowid AS row_id, n.start AS start, n."end" AS "end", n.eventType AS event_type,
+        f"""SELECT n.rowid AS range_id, n.start AS start, n."end" AS "end", n.eventType AS event_type,
                    n.globalTid AS gtid, {opt('endGlobalTid', 'end_gtid')}, {opt('domainId', 'domain_id')},
-                   {text} AS text, {opt('color', 'color')}, {opt('uint64Value', 'uint64')},
+                   {text} AS "range", {opt('color', 'color')}, {opt('uint64Value', 'uint64')},
                    {opt('int64Value', 'int64')}
             FROM {NVTX} n {join} WHERE n.eventType IN ({types})""",
-        schema={"row_id": pl.Int64, "start": pl.Int64, "end": pl.Int64, "event_type": pl.Int64,
-                "gtid": pl.Int64, "end_gtid": pl.Int64, "domain_id": pl.Int64, "text": pl.String,
+        schema={"range_id": pl.Int64, "start": pl.Int64, "end": pl.Int64, "event_type": pl.Int64,
+                "gtid": pl.Int64, "end_gtid": pl.Int64, "domain_id": pl.Int64, "range": pl.String,
                 "color": pl.Int64, "uint64": pl.Int64, "int64": pl.Int64},
     ).with_columns(pid=pid_of("gtid"), domain_id=pl.col("domain_id").fill_null(0))
     domains = (
         raw.filter(pl.col("event_type") == DOMAIN_CREATE)
-        .select("pid", "domain_id", domain=pl.col("text"))
+        .select("pid", "domain_id", domain=pl.col("range"))
         .unique(["pid", "domain_id"], keep="last")
     )
     # Exports sliced to a window may lack the domain-create rows: fall back to the id alone.

@@ -50,7 +50,7 @@ from .export import (
     read_meta,
 )
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: ranges have ``range_id`` and ``range`` (were row_id, text)
 FLUSH_ROWS = 2_000_000
 PIECE_ROWS = 2_000_000  # a large table is read in row ranges of this size, by READ_THREADS threads
 READ_THREADS = max(2, min(4, os.cpu_count() or 2))
@@ -329,7 +329,6 @@ def open_store(report: str | os.PathLike, progress: bool | None = None, cache_di
 
 def temporary_store(report: str | os.PathLike, progress: bool | None = None) -> tuple[Store, Path]:
     """A store in a temporary directory (the caller removes it): streaming without keeping a cache."""
-    base = os.environ.get("SPECTRACE_TMPDIR") or None
-    tmp = Path(tempfile.mkdtemp(prefix="spectrace-", dir=base))
+    tmp = Path(tempfile.mkdtemp(prefix="spectrace-"))
     build(report, tmp / "c", progress)
     return Store(tmp / "c"), tmp

@@ -2,7 +2,7 @@
 
 ``python -m nvtx_hooks.capture.samples [NAME]`` prints the path of the decompressed export
 (default ``tp1_node``); ``make demo`` uses it. Decompressed copies go to
-``$SPECTRACE_CACHE`` or ``.cache/samples`` in the checkout and are reused while newer than the .xz.
+``$SPECTRACE_CACHE_DIR/samples`` or ``.cache/samples`` in the checkout and are reused while newer than the .xz.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ def names() -> list[str]:
 
 def cache_dir() -> Path:
     """Where decompressed samples are kept."""
-    return Path(os.environ.get("SPECTRACE_CACHE") or ROOT / ".cache" / "samples")
+    env = os.environ.get("SPECTRACE_CACHE_DIR")
+    return Path(env) / "samples" if env else ROOT / ".cache" / "samples"
 
 
 def path(name: str = DEFAULT, cache: Path | None = None) -> Path:
