@@ -12,7 +12,6 @@ from ..compute.collectives import short_name
 from ..compute.whatif import MAX_STEPS, Model
 from ..model import CommResult, Result
 
-
 NO_PHASE = "(none)"  # how a null phase (GPU work outside every selected range) is shown
 
 
