@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -219,8 +220,13 @@ def check_tree(root: Path, version: str | None = None) -> Report:
 
 _WANT = re.compile(
     r"^(sglang/(version|_version)\.py|sglang/srt/speculative/[^/]+\.py|sglang/srt/managers/tp_worker\.py"
+    r"|sglang/srt/managers/scheduler_output_processor_mixin\.py"
+    r"|sglang/srt/managers/scheduler_components/[^/]+\.py"
     r"|sglang-[^/]+\.dist-info/METADATA)$"
 )
+# Bumped whenever _WANT grows: a cached tree unpacked with another file set is fetched again.
+_FILESET = "2"
+_STAMP = "SPECTRACE_FILESET"
 
 
 def cache_dir() -> Path:
@@ -238,7 +244,7 @@ class FetchError(RuntimeError):
 def fetch_sglang(version: str, cache: Path | None = None, timeout: float = 120) -> Path:
     """Download ``sglang==version`` (wheel, no deps) once and unpack only the files the check reads."""
     dest = (cache or cache_dir()) / version
-    if (dest / "SGLANG_VERSION").is_file():
+    if _fresh(dest):
         return dest
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [
@@ -262,7 +268,19 @@ def fetch_sglang(version: str, cache: Path | None = None, timeout: float = 120) 
                 if _WANT.match(n):
                     z.extract(n, part)
         (part / "SGLANG_VERSION").write_text(version + "\n")
-        if dest.exists():  # another process won the race
+        (part / _STAMP).write_text(_FILESET + "\n")
+        if _fresh(dest):  # another process won the race
+            shutil.rmtree(part, ignore_errors=True)
             return dest
+        if dest.exists():  # unpacked by an older spectrace with fewer files: replace it
+            old = dest.with_name(f"{dest.name}.old-{os.getpid()}")
+            dest.rename(old)
+            shutil.rmtree(old, ignore_errors=True)
         part.rename(dest)
     return dest
+
+
+def _fresh(dest: Path) -> bool:
+    """True if ``dest`` is a complete unpacked tree with the current file set."""
+    stamp = dest / _STAMP
+    return (dest / "SGLANG_VERSION").is_file() and stamp.is_file() and stamp.read_text().strip() == _FILESET

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 
 from analyze.cli import main
+from nvtx_hooks import check
 from nvtx_hooks.check import FetchError, check_tree, detect_version, fetch_sglang
 from nvtx_hooks.targets import parse_version, supported, targets_for
 
@@ -70,7 +73,7 @@ def test_real_source_outside_range_is_unsupported(real, capsys):
 def test_fake_tree_passes(capsys):
     assert main(["hooks", "check", "--sglang-root", str(FAKE)]) == 0
     out = capsys.readouterr().out
-    assert "15/15 ok" in out and "SGLang 0.5.5" in out
+    assert "16/16 ok" in out and "SGLang 0.5.5" in out
 
 
 def _broken(tmp_path: Path, file: str, old: str, new: str) -> Path:
@@ -107,6 +110,28 @@ def test_broken_tree_names_the_target_and_exits_1(tmp_path, capsys, file, old, n
     assert fails and all(f"[{status}]" in f for f in fails), out
     assert name in fails[0], out
     assert len(fails) == (2 if status == "missing class" else 1), out  # class gone: its 2 required methods
+
+
+def test_a_stale_cache_is_fetched_again(tmp_path, monkeypatch):
+    """A tree unpacked by an older spectrace (no scheduler files, no file-set stamp) is replaced, not reused."""
+    old = tmp_path / "sglang" / "0.5.23"
+    (old / "sglang").mkdir(parents=True)
+    (old / "SGLANG_VERSION").write_text("0.5.23\n")
+
+    def fake_pip(cmd, **kw):  # stands for ``pip download``: writes a wheel with the files the check reads
+        with zipfile.ZipFile(Path(cmd[cmd.index("-d") + 1]) / "sglang-0.5.23-py3-none-any.whl", "w") as z:
+            z.writestr("sglang/version.py", '__version__ = "0.5.23"\n')
+            z.writestr("sglang/srt/managers/scheduler_components/batch_result_processor.py", "X = 1\n")
+            z.writestr("sglang/srt/managers/scheduler.py", "not wanted\n")
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(check.subprocess, "run", fake_pip)
+    got = fetch_sglang("0.5.23", cache=tmp_path / "sglang")
+    assert got == old and (got / "sglang/srt/managers/scheduler_components/batch_result_processor.py").is_file()
+    assert not (got / "sglang/srt/managers/scheduler.py").exists()
+    assert [p.name for p in (tmp_path / "sglang").iterdir()] == ["0.5.23"]  # no leftovers
+    monkeypatch.setattr(check.subprocess, "run", lambda *a, **k: pytest.fail("fresh cache fetched again"))
+    assert fetch_sglang("0.5.23", cache=tmp_path / "sglang") == old
 
 
 def test_missing_module(tmp_path, capsys):
