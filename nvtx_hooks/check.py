@@ -4,8 +4,9 @@ Never imports SGLang or torch: it parses the ``.py`` files of an SGLang tree
 (an installed package, an unpacked wheel, or a wheel fetched from PyPI into a
 cache by :func:`fetch_sglang`) and checks, for each target row that applies to
 the version, that the module, class and method exist, that the leading
-parameters match, and that the body still calls what the range must enclose
-(the CUDA-graph replay, the target forward).
+parameters match, that the body still calls what the range must enclose
+(the CUDA-graph replay, the target forward), and, for the ``accept`` mark, that
+the body still stores the accepted-draft count the hook reads on its result.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .targets import ANY, STANDALONE, Target, parse_version, supported, targets_for
+from .targets import ACCEPT, ANY, STANDALONE, Target, parse_version, supported, targets_for
 
 OK, ABSENT_OPTIONAL = "ok", "absent (optional)"
 
@@ -128,6 +129,19 @@ def _calls(fn: ast.AST) -> set[str]:
     return out
 
 
+def _assigned(fn: ast.AST, obj: str) -> set[str]:
+    """Attributes stored on the name ``obj`` in a function body (``obj.x = …``, ``obj.x += …``)."""
+    out: set[str] = set()
+    for node in ast.walk(fn):
+        targets = node.targets if isinstance(node, ast.Assign) else (
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+        for t in targets:
+            for sub in ast.walk(t):  # tuple targets too: ``a.x, b = …``
+                if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id == obj:
+                    out.add(sub.attr)
+    return out
+
+
 def _check_params(fn: ast.FunctionDef | ast.AsyncFunctionDef, want: tuple[tuple[str, ...], ...]) -> str:
     """Empty if the leading positional parameters match ``want``, else what differs."""
     names = [a.arg for a in fn.args.posonlyargs + fn.args.args]
@@ -178,6 +192,12 @@ def _check_target(trees: _Trees, t: Target) -> Finding:
         return Finding(what, "changed signature", bad, fn.lineno)
     if t.encloses and not (_calls(fn) & set(t.encloses)):
         return Finding(what, "changed body", f"calls none of {', '.join(t.encloses)}", fn.lineno)
+    if t.assigns:
+        obj = [a.arg for a in fn.args.posonlyargs + fn.args.args][1]
+        if not (_assigned(fn, obj) & set(t.assigns)):
+            return Finding(what, "changed body", f"assigns none of {obj}.{' / '.join(t.assigns)}", fn.lineno)
+    if t.kind == ACCEPT:
+        return Finding(what, OK, f"mark {t.phase} reads {t.assigns[0]}", fn.lineno)
     return Finding(what, OK, f"range {t.phase}", fn.lineno)
 
 
