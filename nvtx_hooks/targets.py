@@ -119,8 +119,10 @@ def _accept() -> list[Target]:
 
     ``process_batch_result_decode`` waits on ``result.copy_done`` (SGLang's own event after its
     non-blocking D2H copy), then calls this method, which does ``accept_lens = result.accept_lens.tolist()``
-    and sets ``result.<assigns> = sum(accept_lens) - len(batch.reqs)``: accepted draft tokens, bonus
-    excluded. Method and attribute were renamed twice; the class moved to a scheduler component in 0.5.13.
+    and sets ``result.<assigns> = sum(accept_lens) - len(batch.reqs)`` (0.5.23: minus
+    ``num_non_draft_tokens_per_req``, 1 for EAGLE, per request): accepted draft tokens, bonus excluded.
+    Method and attribute were renamed twice; the class moved to a scheduler component in 0.5.13. Verified
+    on the wheels of 0.5.4, 0.5.5, 0.5.8, 0.5.10, 0.5.11, 0.5.12, 0.5.13, 0.5.18, 0.5.21, 0.5.23.
     """
     rb = (_S, ("result",), ("batch",))
     mixin = "SchedulerOutputProcessorMixin"
