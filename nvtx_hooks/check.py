@@ -4,8 +4,9 @@ Never imports SGLang or torch: it parses the ``.py`` files of an SGLang tree
 (an installed package, an unpacked wheel, or a wheel fetched from PyPI into a
 cache by :func:`fetch_sglang`) and checks, for each target row that applies to
 the version, that the module, class and method exist, that the leading
-parameters match, and that the body still calls what the range must enclose
-(the CUDA-graph replay, the target forward).
+parameters match, that the body still calls what the range must enclose
+(the CUDA-graph replay, the target forward), and, for the ``accept`` mark, that
+the body still stores the accepted-draft count the hook reads on its result.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -20,7 +22,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .targets import ANY, STANDALONE, Target, parse_version, supported, targets_for
+from .targets import ACCEPT, ANY, STANDALONE, Target, parse_version, supported, targets_for
 
 OK, ABSENT_OPTIONAL = "ok", "absent (optional)"
 
@@ -127,6 +129,19 @@ def _calls(fn: ast.AST) -> set[str]:
     return out
 
 
+def _assigned(fn: ast.AST, obj: str) -> set[str]:
+    """Attributes stored on the name ``obj`` in a function body (``obj.x = …``, ``obj.x += …``)."""
+    out: set[str] = set()
+    for node in ast.walk(fn):
+        targets = node.targets if isinstance(node, ast.Assign) else (
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+        for t in targets:
+            for sub in ast.walk(t):  # tuple targets too: ``a.x, b = …``
+                if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id == obj:
+                    out.add(sub.attr)
+    return out
+
+
 def _check_params(fn: ast.FunctionDef | ast.AsyncFunctionDef, want: tuple[tuple[str, ...], ...]) -> str:
     """Empty if the leading positional parameters match ``want``, else what differs."""
     names = [a.arg for a in fn.args.posonlyargs + fn.args.args]
@@ -177,6 +192,12 @@ def _check_target(trees: _Trees, t: Target) -> Finding:
         return Finding(what, "changed signature", bad, fn.lineno)
     if t.encloses and not (_calls(fn) & set(t.encloses)):
         return Finding(what, "changed body", f"calls none of {', '.join(t.encloses)}", fn.lineno)
+    if t.assigns:
+        obj = [a.arg for a in fn.args.posonlyargs + fn.args.args][1]
+        if not (_assigned(fn, obj) & set(t.assigns)):
+            return Finding(what, "changed body", f"assigns none of {obj}.{' / '.join(t.assigns)}", fn.lineno)
+    if t.kind == ACCEPT:
+        return Finding(what, OK, f"mark {t.phase} reads {t.assigns[0]}", fn.lineno)
     return Finding(what, OK, f"range {t.phase}", fn.lineno)
 
 
@@ -219,8 +240,13 @@ def check_tree(root: Path, version: str | None = None) -> Report:
 
 _WANT = re.compile(
     r"^(sglang/(version|_version)\.py|sglang/srt/speculative/[^/]+\.py|sglang/srt/managers/tp_worker\.py"
+    r"|sglang/srt/managers/scheduler_output_processor_mixin\.py"
+    r"|sglang/srt/managers/scheduler_components/[^/]+\.py"
     r"|sglang-[^/]+\.dist-info/METADATA)$"
 )
+# Bumped whenever _WANT grows: a cached tree unpacked with another file set is fetched again.
+_FILESET = "2"
+_STAMP = "SPECTRACE_FILESET"
 
 
 def cache_dir() -> Path:
@@ -238,7 +264,7 @@ class FetchError(RuntimeError):
 def fetch_sglang(version: str, cache: Path | None = None, timeout: float = 120) -> Path:
     """Download ``sglang==version`` (wheel, no deps) once and unpack only the files the check reads."""
     dest = (cache or cache_dir()) / version
-    if (dest / "SGLANG_VERSION").is_file():
+    if _fresh(dest):
         return dest
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [
@@ -262,7 +288,19 @@ def fetch_sglang(version: str, cache: Path | None = None, timeout: float = 120) 
                 if _WANT.match(n):
                     z.extract(n, part)
         (part / "SGLANG_VERSION").write_text(version + "\n")
-        if dest.exists():  # another process won the race
+        (part / _STAMP).write_text(_FILESET + "\n")
+        if _fresh(dest):  # another process won the race
+            shutil.rmtree(part, ignore_errors=True)
             return dest
+        if dest.exists():  # unpacked by an older spectrace with fewer files: replace it
+            old = dest.with_name(f"{dest.name}.old-{os.getpid()}")
+            dest.rename(old)
+            shutil.rmtree(old, ignore_errors=True)
         part.rename(dest)
     return dest
+
+
+def _fresh(dest: Path) -> bool:
+    """True if ``dest`` is a complete unpacked tree with the current file set."""
+    stamp = dest / _STAMP
+    return (dest / "SGLANG_VERSION").is_file() and stamp.is_file() and stamp.read_text().strip() == _FILESET

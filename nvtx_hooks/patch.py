@@ -7,7 +7,10 @@ right after they are first imported (SGLang imports its workers lazily).
 Unknown versions: one warning, nothing patched. :func:`uninstall` restores
 the original functions. Wrappers push/pop through :mod:`nvtx_hooks.ranges`,
 always pop (also on exceptions), never touch the device, do nothing while
-``torch.compiler.is_compiling()``, and swallow their own errors.
+``torch.compiler.is_compiling()``, and swallow their own errors. One kind
+(``ACCEPT``) opens no range: after SGLang's v2 result processing has put a
+decode batch's accept lengths on the host, it emits an ``accept`` mark whose
+cycle index the entry wrapper attached to that result object (:data:`TAG`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import threading
 from . import ranges
 from .phases import encode_payload
 from .targets import (
+    ACCEPT,
     DRAFT_EXTEND,
     ENTRY,
     IN_PREFILL,
@@ -57,6 +61,10 @@ class _State(threading.local):
 
 _tls = _State()
 _cycle = [0]  # per-process decode-cycle counter (shared by threads)
+# Attribute the v2 entry wrapper sets on the result object of a decode cycle: that cycle's index. SGLang
+# queues the same object and processes it later (overlap: after the next cycle started), so the ``accept``
+# mark names the cycle whose accept lengths it carries, not the one running when it is emitted.
+TAG = "_spectrace_cycle"
 
 
 # --- torch.compile guard, resolved lazily (never imports torch) -------------------------------
@@ -110,6 +118,20 @@ def _is_prefill(b) -> bool:
     return bool(fm is not None and fm.is_extend())
 
 
+def _arg(args: tuple, kwargs: dict, i: int, name: str):
+    """Parameter ``i`` (after self, i >= 1) of a method call, positional or by keyword."""
+    return args[i] if len(args) > i else kwargs.get(name)
+
+
+def _accepted(result, attrs: tuple[str, ...]) -> int:
+    """The accepted-draft count SGLang's own call stored on ``result`` (a host int; never a tensor read)."""
+    for a in attrs:
+        v = getattr(result, a, None)
+        if type(v) is int:
+            return v
+    raise TypeError(f"{type(result).__name__} has no int {' / '.join(attrs)} after the call")
+
+
 def _accept_from_verify(result) -> int | None:
     """Sum of accepted draft tokens if verify already put them on the host (v1: a list)."""
     if isinstance(result, tuple) and len(result) >= 2:
@@ -131,40 +153,42 @@ def _report_error(where: str, e: BaseException) -> None:
 
 def _make_wrapper(orig, t: Target):
     """A function that runs ``orig`` inside the range ``t`` describes."""
-    phase, kind, site = t.phase, t.kind, t.qualname
+    phase, kind, site, tags = t.phase, t.kind, t.qualname, t.tags_result
 
     def _open(args, kwargs):
-        """Push the range; returns True if something was pushed (so it must be popped)."""
+        """Push the range; returns (pushed, tag): pushed means it must be popped, tag is the cycle
+        index to attach to the result (an entry that opened a decode cycle, ``tags_result`` rows)."""
+        if _compiling():
+            return False, None
         st = _tls.stack
         top = st[-1] if st else None
+        tag = None
         if kind == IN_PREFILL:
             if top != "prefill":
-                return False
+                return False, None
             name, payload = phase, None
         elif kind == ENTRY:
             b = _batch_arg(args, kwargs)
-            if _is_prefill(b):
-                name = "prefill"
-            else:
-                name = "cycle"
+            name = "prefill" if _is_prefill(b) else "cycle"
+            if top == name:  # a subclass override calling super(): one range, one index
+                return False, None
+            if name == "cycle":
                 _cycle[0] += 1
-            if top == name:
-                return False
+                if tags:
+                    tag = _cycle[0]
             bs = _tls.batch_size = _batch_size(b)
             _tls.accept = None
             payload = encode_payload(bs, _cycle[0])
         else:
             name = phase
             if top == name:  # a subclass override calling super(): one range
-                return False
+                return False, None
             payload = None
             if kind == DRAFT_EXTEND:
                 payload = encode_payload(_tls.batch_size, _cycle[0], _tls.accept)
-        if _compiling():
-            return False
         ranges.push(name, payload)
         st.append(name)
-        return True
+        return True, tag
 
     def _close():
         try:
@@ -175,7 +199,26 @@ def _make_wrapper(orig, t: Target):
     r = ranges
     tls = _tls
 
-    if kind == PHASE:  # the common case, kept short: fixed name, no payload
+    if kind == ACCEPT:  # no range: one mark after SGLang's own call put the accept lengths on the host
+        attrs = t.assigns
+
+        @functools.wraps(orig)
+        def wrapper(*args, **kwargs):
+            out = orig(*args, **kwargs)  # raises through: nothing was opened
+            if not r._on:
+                return out
+            try:
+                result = _arg(args, kwargs, 1, "result")
+                cyc = getattr(result, TAG, None)
+                if cyc is not None and not _compiling():  # None: not a cycle spectrace opened (prefill, ngram…)
+                    acc = _accepted(result, attrs)
+                    bs = _batch_size(_arg(args, kwargs, 2, "batch"))
+                    r.mark(phase, encode_payload(bs, cyc, acc))
+            except Exception as e:  # never break the server
+                _report_error(site, e)
+            return out
+
+    elif kind == PHASE:  # the common case, kept short: fixed name, no payload
 
         @functools.wraps(orig)
         def wrapper(*args, **kwargs):
@@ -206,10 +249,10 @@ def _make_wrapper(orig, t: Target):
             if not r._on:
                 return orig(*args, **kwargs)
             try:
-                pushed = _open(args, kwargs)
+                pushed, tag = _open(args, kwargs)
             except Exception as e:  # never break the server
                 _report_error(site, e)
-                pushed = False
+                pushed, tag = False, None
             if not pushed:
                 return orig(*args, **kwargs)
             try:
@@ -224,6 +267,11 @@ def _make_wrapper(orig, t: Target):
                     tls.accept = _accept_from_verify(result)
                 except Exception as e:
                     _report_error(site + " (accept)", e)
+            elif tag is not None:
+                try:
+                    setattr(result, TAG, tag)  # SGLang sets attributes on this dataclass itself (copy_done)
+                except Exception as e:
+                    _report_error(site + " (tag)", e)
             return result
 
     wrapper.__spectrace_wrapped__ = orig
@@ -257,7 +305,8 @@ def _apply_module(module, targets: list[Target]) -> list[str]:
                 continue
             setattr(cls, name, _make_wrapper(orig, t))
             _applied[key] = (cls, orig)
-            done.append(f"{t.cls}.{name}→{t.phase if t.kind != ENTRY else 'cycle|prefill'}")
+            label = {ENTRY: "cycle|prefill", ACCEPT: f"{t.phase} (mark)"}.get(t.kind, t.phase)
+            done.append(f"{t.cls}.{name}→{label}")
         except Exception as e:
             _report_error(f"patching {t.qualname}", e)
     return done

@@ -20,7 +20,7 @@ class Phase:
     name: str  # the range text, without domain
     color: int  # ARGB, as nsys stores it
     doc: str
-    role: str  # "cycle" (a parent range), "phase" (a leaf of a cycle) or "prefill"
+    role: str  # "cycle" (a parent range), "phase" (a leaf of a cycle), "prefill", or "mark" (an instant)
 
     @property
     def hex(self) -> str:
@@ -41,6 +41,9 @@ PREFILL_DRAFT_EXTEND = Phase(
     "prefill_draft_extend", 0xFF8C8C8C, "draft model extend over the prompt's hidden states", "prefill"
 )
 DECODE_STEP = Phase("decode_step", 0xFF64B5CD, "one plain (non-speculative) decode step: baseline runs", "cycle")
+ACCEPT = Phase(
+    "accept", 0xFFCCB974, "a decode batch's accept lengths reached the host (SGLang v2 result processing)", "mark"
+)
 
 PHASES: tuple[Phase, ...] = (
     CYCLE,
@@ -55,6 +58,10 @@ PHASES: tuple[Phase, ...] = (
 )
 BY_NAME: dict[str, Phase] = {p.name: p for p in PHASES}
 NAMES: tuple[str, ...] = tuple(p.name for p in PHASES)
+# Instant NVTX marks (``nvtxDomainMarkEx``, nsys eventType 34, no end): not ranges, so not phases.
+MARKS: tuple[Phase, ...] = (ACCEPT,)
+# Every name spectrace emits, ranges and marks (the strings ``ranges`` registers, with their colours).
+EMITTED: dict[str, Phase] = {p.name: p for p in PHASES + MARKS}
 # Order in which a decode cycle's phases run; used to order tables and plots.
 CYCLE_ORDER: tuple[str, ...] = ("draft", "verify", "draft_extend", "host_overhead")
 
@@ -106,14 +113,19 @@ def prefixed_phase_regex() -> str:
 #                                (saturates at 2**20 - 2)
 #   bits 60..62  version         PAYLOAD_VERSION (1); 0 means "not a spectrace payload"
 #
-# Which range carries what (SGLang hooks): ``cycle`` and ``prefill`` carry
+# Which event carries what (SGLang hooks): ``cycle`` and ``prefill`` carry
 # batch_size and cycle_index (accept length is not known yet when they are
 # pushed; prefill does not advance cycle_index); ``draft``, ``verify`` and the
 # prefill sub-ranges carry no payload; ``draft_extend`` (pushed after verify)
 # carries all three when the accept length is already on the host (SGLang v1
 # ``verify`` does ``.tolist()``), else accept_length is unknown (v2 keeps it on
-# the GPU). The analyzer joins on (process, cycle_index) to put the accept
-# length on the cycle.
+# the GPU). In v2 the ``accept`` mark carries all three: it is emitted on the
+# scheduler thread when SGLang's result processing has copied the batch's
+# accept lengths to the host (after the cycle range closed; with the overlap
+# scheduler after the *next* cycle's range), with the cycle_index of the cycle
+# that produced them and batch_size = the requests whose lengths were summed.
+# The analyzer joins on (process, cycle_index) to put the accept length on the
+# cycle.
 
 PAYLOAD_VERSION = 1
 _BS_BITS, _CYC_BITS, _ACC_BITS = 16, 24, 20

@@ -12,14 +12,15 @@ Everything is a silent no-op when the ``nvtx`` package is missing, when no
 NVTX tool (nsys) is attached to the process, when ``NVTX_DISABLE`` is set,
 or when ``SPECTRACE_NVTX=0``. :func:`set_enabled` toggles emission at run time
 (for on/off comparisons). Names are phase names from :mod:`nvtx_hooks.phases`;
-other names work too (registered on first use, grey).
+marks (``accept``) come from ``phases.MARKS``; other names work too (registered
+on first use, grey).
 """
 
 from __future__ import annotations
 
 import os
 
-from .phases import BY_NAME, DOMAIN
+from .phases import DOMAIN, EMITTED
 
 _GREY = 0xFF999999
 
@@ -46,7 +47,7 @@ def _load(force: bool = False) -> bool:
         return False
 
     def make(name: str):
-        phase = BY_NAME.get(name)
+        phase = EMITTED.get(name)
         color = phase.color if phase else _GREY
         msg = _lib.RegisteredString(handle, name)
         return _lib.EventAttributes(handle, msg, color, None, None)
@@ -55,7 +56,7 @@ def _load(force: bool = False) -> bool:
     _handle, _make_attrs = handle, make
     _attrs.clear()
     _pattrs.clear()
-    for name in BY_NAME:  # pre-register the phase vocabulary
+    for name in EMITTED:  # pre-register the phase and mark vocabulary
         _attrs[name] = make(name)
     _available = True
     return True

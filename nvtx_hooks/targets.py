@@ -22,6 +22,10 @@ PHASE = "phase"  # a fixed phase name, no payload
 VERIFY = "verify"  # "verify"; afterwards reads the host-side accept lengths (v1) for draft_extend
 DRAFT_EXTEND = "draft_extend"  # "draft_extend" with batch size, cycle index, accept length
 IN_PREFILL = "in_prefill"  # the phase only when the innermost spectrace range is "prefill"
+# After the call: an ``accept`` *mark* (no range) with the batch's accepted draft tokens, read from the
+# result attribute in ``assigns`` (set by the call from a host list SGLang made itself), and the cycle
+# index that the entry wrapper attached to that result object (``tags_result``).
+ACCEPT = "accept"
 
 ANY = "*"  # any parameter name
 
@@ -40,6 +44,8 @@ class Target:
     params: tuple[tuple[str, ...], ...]  # leading parameters: allowed names per position
     encloses: tuple[str, ...] = ()  # the body must call one of these (graph replay / target forward)
     optional: bool = False  # absent in some versions of the range: patched only if present
+    assigns: tuple[str, ...] = ()  # the body must assign one of these on its parameter 1 (ACCEPT reads it)
+    tags_result: bool = False  # ENTRY: attach the decode cycle's index to the returned result object
 
     @property
     def qualname(self) -> str:
@@ -57,6 +63,8 @@ V2 = _SPEC + "eagle_worker_v2"
 ML1 = _SPEC + "multi_layer_eagle_worker"
 ML2 = _SPEC + "multi_layer_eagle_worker_v2"
 TP = "sglang.srt.managers.tp_worker"
+MIXIN = "sglang.srt.managers.scheduler_output_processor_mixin"
+RESULTS = "sglang.srt.managers.scheduler_components.batch_result_processor"
 
 _B = ("batch",)
 _MWB = ("batch", "model_worker_batch")
@@ -92,7 +100,8 @@ def _v2(module: str, worker: str, draft: str, lo: Version, draft_calls: tuple[st
     """The v2 (``EAGLEWorkerV2`` + draft worker) rows for one worker pair."""
     hi = MAX_VERSION
     return [
-        Target(module, worker, ("forward_batch_generation",), "cycle", ENTRY, lo, hi, (_S, _MWB)),
+        Target(module, worker, ("forward_batch_generation",), "cycle", ENTRY, lo, hi, (_S, _MWB),
+               tags_result=True),
         Target(module, worker, ("verify",), "verify", VERIFY, lo, hi, (_S, _MWB),
                ("forward_batch_generation", "run_eagle_verify")),
         Target(module, worker, ("_forward_prefill_batch",), "prefill", PHASE, lo, hi, (_S, _B),
@@ -102,6 +111,30 @@ def _v2(module: str, worker: str, draft: str, lo: Version, draft_calls: tuple[st
                (_S, _MWB, ("batch_result",)), _EXT),
         Target(module, draft, ("_draft_extend_for_prefill",), "prefill_draft_extend", PHASE, lo, hi,
                (_S, _MWB, ("target_hidden_states",), ("next_token_ids",)), ("forward",)),
+    ]
+
+
+def _accept() -> list[Target]:
+    """The v2 scheduler's first host-side use of a decode batch's accept lengths, one row per shape.
+
+    ``process_batch_result_decode`` waits on ``result.copy_done`` (SGLang's own event after its
+    non-blocking D2H copy), then calls this method, which does ``accept_lens = result.accept_lens.tolist()``
+    and sets ``result.<assigns> = sum(accept_lens) - len(batch.reqs)`` (0.5.23: minus
+    ``num_non_draft_tokens_per_req``, 1 for EAGLE, per request): accepted draft tokens, bonus excluded.
+    Method and attribute were renamed twice; the class moved to a scheduler component in 0.5.13. Verified
+    on the wheels of 0.5.4, 0.5.5, 0.5.8, 0.5.10, 0.5.11, 0.5.12, 0.5.13, 0.5.18, 0.5.21, 0.5.23.
+    """
+    rb = (_S, ("result",), ("batch",))
+    mixin = "SchedulerOutputProcessorMixin"
+    return [
+        Target(MIXIN, mixin, ("_resolve_spec_overlap_token_ids",), "accept", ACCEPT, _V2_LO, (0, 5, 10), rb,
+               assigns=("num_accepted_tokens",)),
+        Target(MIXIN, mixin, ("_resolve_spec_overlap_token_ids",), "accept", ACCEPT, (0, 5, 11), (0, 5, 11), rb,
+               assigns=("num_accepted_drafts",)),
+        Target(MIXIN, mixin, ("_resolve_spec_overlap_tokens",), "accept", ACCEPT, (0, 5, 12), (0, 5, 12), rb,
+               assigns=("num_correct_drafts",)),
+        Target(RESULTS, "SchedulerBatchResultProcessor", ("_resolve_spec_v2_tokens",), "accept", ACCEPT,
+               (0, 5, 13), MAX_VERSION, rb, assigns=("num_correct_drafts",)),
     ]
 
 
@@ -115,6 +148,7 @@ TARGETS: tuple[Target, ...] = tuple(
         Target(TP, "TpModelWorker", ("forward_batch_generation",), "prefill_target_extend", IN_PREFILL,
                MIN_VERSION, MAX_VERSION, (_S, (ANY,))),
     ]
+    + _accept()
 )
 
 # Standalone workers (StandaloneWorker(EAGLEWorker), StandaloneWorkerV2(EAGLEWorkerV2),

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 
 from analyze.cli import main
+from nvtx_hooks import check
 from nvtx_hooks.check import FetchError, check_tree, detect_version, fetch_sglang
 from nvtx_hooks.targets import parse_version, supported, targets_for
 
 FAKE = Path(__file__).parent / "fake_sglang"
-VERSIONS = ["0.4.6", "0.4.10.post2", "0.5.3", "0.5.5", "0.5.10", "0.5.12", "0.5.13", "0.5.23"]
+VERSIONS = ["0.4.6", "0.4.10.post2", "0.5.3", "0.5.4", "0.5.5", "0.5.10", "0.5.11", "0.5.12", "0.5.13", "0.5.23"]
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +62,32 @@ def test_real_sources_facts(real):
     assert v23["sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2._forward_prefill_batch"].status == "ok"
 
 
+# Where a v2 decode batch's accept lengths first reach the host (``accept_lens.tolist()`` after SGLang's own
+# ``copy_done.synchronize()``), and the host int the ``accept`` mark reads, per version.
+MIXIN = "sglang.srt.managers.scheduler_output_processor_mixin.SchedulerOutputProcessorMixin."
+RESULTS = "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor."
+ACCEPT_SITES = {
+    "0.5.4": (MIXIN + "_resolve_spec_overlap_token_ids", 229, "num_accepted_tokens"),
+    "0.5.5": (MIXIN + "_resolve_spec_overlap_token_ids", 259, "num_accepted_tokens"),
+    "0.5.10": (MIXIN + "_resolve_spec_overlap_token_ids", 334, "num_accepted_tokens"),
+    "0.5.11": (MIXIN + "_resolve_spec_overlap_token_ids", 356, "num_accepted_drafts"),
+    "0.5.12": (MIXIN + "_resolve_spec_overlap_tokens", 409, "num_correct_drafts"),
+    "0.5.13": (RESULTS + "_resolve_spec_v2_tokens", 527, "num_correct_drafts"),
+    "0.5.23": (RESULTS + "_resolve_spec_v2_tokens", 770, "num_correct_drafts"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", sorted(ACCEPT_SITES))
+def test_real_sources_accept_site(real, version):
+    what, line, attr = ACCEPT_SITES[version]
+    f = {f.what: f for f in check_tree(real(version)).findings}[what]
+    assert (f.status, f.line, f.detail) == ("ok", line, f"mark accept reads {attr}")
+    for old in ("0.4.6", "0.5.3"):  # v1 only: no accept target before the v2 worker exists
+        assert not any("result_processor" in w or "output_processor" in w for w in
+                       (x.what for x in check_tree(real(old)).findings))
+
+
 @pytest.mark.slow
 def test_real_source_outside_range_is_unsupported(real, capsys):
     root = real("0.5.23")
@@ -70,7 +99,8 @@ def test_real_source_outside_range_is_unsupported(real, capsys):
 def test_fake_tree_passes(capsys):
     assert main(["hooks", "check", "--sglang-root", str(FAKE)]) == 0
     out = capsys.readouterr().out
-    assert "15/15 ok" in out and "SGLang 0.5.5" in out
+    assert "16/16 ok" in out and "SGLang 0.5.5" in out
+    assert "_resolve_spec_overlap_token_ids:" in out and "mark accept reads num_accepted_tokens" in out
 
 
 def _broken(tmp_path: Path, file: str, old: str, new: str) -> Path:
@@ -107,6 +137,57 @@ def test_broken_tree_names_the_target_and_exits_1(tmp_path, capsys, file, old, n
     assert fails and all(f"[{status}]" in f for f in fails), out
     assert name in fails[0], out
     assert len(fails) == (2 if status == "missing class" else 1), out  # class gone: its 2 required methods
+
+
+MIXIN_FILE = "sglang/srt/managers/scheduler_output_processor_mixin.py"
+
+
+@pytest.mark.parametrize(
+    "old,new,status,detail",
+    [
+        ("result.num_accepted_tokens = sum(accept_lens) - len(batch.reqs)",
+         "result.num_correct_drafts = sum(accept_lens) - len(batch.reqs)",
+         "changed body", "assigns none of result.num_accepted_tokens"),
+        ("def _resolve_spec_overlap_token_ids(self, result, batch)",
+         "def _resolve_spec_overlap_token_ids(self, res, batch)", "changed signature", "parameter 1 is 'res'"),
+        ("def _resolve_spec_overlap_token_ids(", "def _resolve_spec_overlap_tokens(", "missing method",
+         "none of _resolve_spec_overlap_token_ids"),
+    ],
+)
+def test_broken_accept_site_names_it_and_exits_1(tmp_path, capsys, old, new, status, detail):
+    root = tmp_path / "tree"
+    shutil.copytree(FAKE, root)
+    p = root / MIXIN_FILE
+    text = p.read_text()
+    assert old in text
+    p.write_text(text.replace(old, new))
+    assert main(["hooks", "check", "--sglang-root", str(root)]) == 1
+    fails = [line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("FAIL")]
+    assert len(fails) == 1, fails
+    assert "SchedulerOutputProcessorMixin._resolve_spec_overlap_token_ids" in fails[0]
+    assert f"[{status}]" in fails[0] and detail in fails[0], fails[0]
+
+
+def test_a_stale_cache_is_fetched_again(tmp_path, monkeypatch):
+    """A tree unpacked by an older spectrace (no scheduler files, no file-set stamp) is replaced, not reused."""
+    old = tmp_path / "sglang" / "0.5.23"
+    (old / "sglang").mkdir(parents=True)
+    (old / "SGLANG_VERSION").write_text("0.5.23\n")
+
+    def fake_pip(cmd, **kw):  # stands for ``pip download``: writes a wheel with the files the check reads
+        with zipfile.ZipFile(Path(cmd[cmd.index("-d") + 1]) / "sglang-0.5.23-py3-none-any.whl", "w") as z:
+            z.writestr("sglang/version.py", '__version__ = "0.5.23"\n')
+            z.writestr("sglang/srt/managers/scheduler_components/batch_result_processor.py", "X = 1\n")
+            z.writestr("sglang/srt/managers/scheduler.py", "not wanted\n")
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(check.subprocess, "run", fake_pip)
+    got = fetch_sglang("0.5.23", cache=tmp_path / "sglang")
+    assert got == old and (got / "sglang/srt/managers/scheduler_components/batch_result_processor.py").is_file()
+    assert not (got / "sglang/srt/managers/scheduler.py").exists()
+    assert [p.name for p in (tmp_path / "sglang").iterdir()] == ["0.5.23"]  # no leftovers
+    monkeypatch.setattr(check.subprocess, "run", lambda *a, **k: pytest.fail("fresh cache fetched again"))
+    assert fetch_sglang("0.5.23", cache=tmp_path / "sglang") == old
 
 
 def test_missing_module(tmp_path, capsys):
