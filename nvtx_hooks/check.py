@@ -250,8 +250,8 @@ _STAMP = "SPECTRACE_FILESET"
 
 
 def cache_dir() -> Path:
-    """Where fetched SGLang sources live: ``$SPECTRACE_CACHE`` or ``~/.cache/spectrace``, ``/sglang``."""
-    base = os.environ.get("SPECTRACE_CACHE") or os.path.join(
+    """Where fetched SGLang sources live: ``$SPECTRACE_CACHE_DIR`` or ``~/.cache/spectrace``, ``/sglang``."""
+    base = os.environ.get("SPECTRACE_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "spectrace"
     )
     return Path(base) / "sglang"
