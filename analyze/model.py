@@ -105,7 +105,10 @@ class Result:
     ``ops``: all GPU operations (with rank, range_id, name, comm) only when the analysis was asked to keep them
     (``keep_ops=True``); otherwise None, and :meth:`ops_between` reads a time window from the source.
     ``reports``: the input files, in rank order (several when reports were merged); ``clock``: how they
-    were put on one clock.
+    were put on one clock. ``kernels``: GPU operations summed per (rank, range instance, name): ``rank,
+    range_id, name, count, kernel_ns`` (the top-kernels tables). ``cycle_choice``: which cycles are the
+    steady state (``skip_cycles``/``window``; empty = detected, :mod:`analyze.compute.tokens`).
+    ``memo``: results derived from this one, kept by the functions that computed them.
     """
 
     trace: Trace
@@ -123,6 +126,9 @@ class Result:
     reports: list[str] = field(default_factory=list)
     clock: dict[str, Any] = field(default_factory=dict)
     window: Any = field(default=None, repr=False)  # reads ops by time window: analyze.read.source.OpsWindow
+    kernels: pl.DataFrame | None = None
+    cycle_choice: dict[str, Any] = field(default_factory=dict)
+    memo: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def phases_all(self) -> pl.DataFrame:

@@ -123,6 +123,7 @@ def process(source, pid: int, ctx: Context) -> dict:
     }
     out["ranks"] = rk
     comm = add_kinds(ops.filter((pl.col("kind") == "kernel") & pl.col("comm").is_not_null()), ctx.kinds, ["name"])
+    out["kstat"] = kernel_stats(ops, ctx.kinds)
     if ctx.keep_ops:
         cols = ops.columns
         out["ops"] = add_kinds(ops, ctx.kinds, ["name"]).select(
@@ -142,6 +143,15 @@ def process(source, pid: int, ctx: Context) -> dict:
     elif nested.height:  # API calls but no GPU work: its ranges still count as instances
         out["inst"] = _without_gpu(nested, ops)
     return out
+
+
+def kernel_stats(ops: pl.DataFrame, kinds: pl.DataFrame) -> pl.DataFrame:
+    """GPU operations inside selected ranges summed per (process, range instance, name): ``count, kernel_ns``."""
+    per = (ops.filter(pl.col("range_id").is_not_null())
+           .group_by("pid", "rank", "range_id", "name_id", "label")
+           .agg(count=pl.len(), kernel_ns=(pl.col("end") - pl.col("start")).sum()))
+    return (add_kinds(per, kinds, ["name"]).group_by("pid", "rank", "range_id", "name")
+            .agg(pl.col("count").sum().cast(pl.Int64), pl.col("kernel_ns").sum()))
 
 
 def _without_gpu(nested: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
@@ -189,7 +199,7 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
     launch_ids = head.names.filter(pl.col("name").str.contains(GRAPH_LAUNCH))["name_id"]
     ctx = Context(nested_all, kinds, head.devices, launch_ids, keep_ops)
 
-    parts: dict[str, list] = {k: [] for k in ("ranks", "inst", "seam", "cov", "ops", "kern", "facts")}
+    parts: dict[str, list] = {k: [] for k in ("ranks", "inst", "seam", "cov", "ops", "kern", "kstat", "facts")}
     pids = source.pids
     bar = Progress(sum(source.ops_rows.values()), "spectrace: analysing", progress)
 
@@ -228,6 +238,8 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
     cov = renumber(pl.concat(parts["cov"])).sort("rank") if parts["cov"] else pl.DataFrame()
     kern = renumber(pl.concat(parts["kern"])).drop("pid") if parts["kern"] else _no_kernels()
     ops = renumber(pl.concat(parts["ops"])).sort("start") if keep_ops and parts["ops"] else None
+    kstat = (renumber(pl.concat(parts["kstat"])).drop("pid").with_columns(pl.col("name").cast(pl.String))
+             if parts["kstat"] else None)
     parts.clear()
     graph_rows = "Graph" if facts["graph_ops"] else ("Node" if facts["node_ops"] else None)
     head = dataclasses.replace(head, graph_rows=graph_rows)
@@ -253,6 +265,7 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
         diagnostics=diags,
         reports=[head.path],
         window=window,
+        kernels=kstat,
     )
 
 
@@ -289,12 +302,13 @@ def merge(results: list[Result]) -> Result:
         return results[0]
     comm = collectives.cross_rank(results)
     parts: dict[str, list[pl.DataFrame]] = {k: [] for k in ("ranks", "instances", "seam_instances", "coverage",
-                                                             "phases", "ranges")}
+                                                             "phases", "ranges", "kernels")}
     diags: list[Diagnostic] = []
     seams, windows, base = [], [], 0
     for i, r in enumerate(results):
         for k in parts:
-            parts[k].append(_offset(getattr(r, k), base, i))
+            if getattr(r, k) is not None:
+                parts[k].append(_offset(getattr(r, k), base, i))
         # Instance ids are per report: seams find their parent range within their own report.
         seams.append(_offset(breakdown.seams(r.seam_instances, r.instances), base, i))
         if r.window is not None:
@@ -302,7 +316,7 @@ def merge(results: list[Result]) -> Result:
         diags += [Diagnostic(d.level, d.code, f"report {i} ({Path(r.trace.path).name}): {d.message}")
                   for d in r.diagnostics if not d.code.startswith("COMM_")]
         base += r.ranks.height
-    cat = {k: pl.concat(v, how="diagonal_relaxed") for k, v in parts.items()}
+    cat = {k: pl.concat(v, how="diagonal_relaxed") if v else None for k, v in parts.items()}
     split = collectives.phase_split(comm.matched)
     phases = cat["phases"].drop(*collectives.SPLIT).join(split, on=["rank", "domain", "phase"], how="left",
                                                           maintain_order="left")
@@ -325,6 +339,7 @@ def merge(results: list[Result]) -> Result:
         reports=[r.trace.path for r in results],
         clock=comm.clock,
         window=ManyWindows(windows) if windows else None,
+        kernels=cat["kernels"],
     )
 
 
