@@ -2,7 +2,7 @@
 
 Input: the cycles of a trace (:func:`analyze.compute.tokens.cycles`: ``rank, n, kind, i_first, i_last,
 period_ns, cycle_index``); output: the same rows with ``steady`` (bool) and ``why`` (null, ``warm-up``,
-``stall``, ``skipped``, ``outside window``), and a small dict saying what was left out and why.
+``stall``, ``pause``, ``skipped``, ``outside window``), and a small dict saying what was left out and why.
 
 Detection (the default), on each rank's cycle periods (first GPU op of a cycle → first of the next):
 
@@ -11,7 +11,9 @@ Detection (the default), on each rank's cycle periods (first GPU op of a cycle �
 - *warm-up*: the cycles before the first run of :data:`SETTLE` consecutive periods inside the band (looked
   for in the first half of the run; if the period never settles, nothing is called warm-up). Ranks of one
   job run the same cycles, so the longest warm-up over ranks is left out on every rank;
-- *stall*: after warm-up, a cycle whose period is above the band on any rank; left out on every rank.
+- *stall*: after warm-up, a cycle whose period is above the band on any rank; left out on every rank;
+  a *pause* when the period is more than :data:`PAUSE` × the median (the GPU had nothing to do for that
+  long: no requests, a prefill burst, a copy stitched in time), left out the same way but not a stall.
 
 Cycles are identified across ranks by the payload's cycle index when every cycle has one, else by their
 order ``n`` on each rank. ``skip_cycles=N`` leaves out exactly the first N cycles of each rank (0: none);
@@ -31,6 +33,7 @@ from ..model import InputError
 SETTLE = 3  # consecutive in-band periods that end the warm-up
 MIN_TOL = 0.10  # the band is at least this far above the median period
 MAD_K = 5.0  # ... or this many robust standard deviations
+PAUSE = 10.0  # a period this many times the median is a pause, not a stall
 UNITS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
 
 
@@ -128,14 +131,19 @@ def flag_cycles(cyc: pl.DataFrame, choice: dict | None = None) -> tuple[pl.DataF
     else:
         warm = pl.lit(False) if warm_key is None else pl.col("key") < warm_key
         stall_keys = c.filter(pl.col("out") & ~warm)["key"].unique().implode()
-        why = pl.when(is_main & warm).then(pl.lit("warm-up")).when(is_main & pl.col("key").is_in(stall_keys)) \
-            .then(pl.lit("stall"))
+        pause_keys = c.filter(pl.col("out") & ~warm & (pl.col("period_ns") > PAUSE * pl.col("median_ns")))["key"]
+        why = (pl.when(is_main & warm).then(pl.lit("warm-up"))
+               .when(is_main & pl.col("key").is_in(pause_keys.unique().implode())).then(pl.lit("pause"))
+               .when(is_main & pl.col("key").is_in(stall_keys)).then(pl.lit("stall")))
     c = c.with_columns(why=why.otherwise(pl.lit(None, pl.String))).with_columns(steady=pl.col("why").is_null())
     if how == "detected":
         stalls = c.filter(pl.col("why") == "stall")
     else:  # named, but kept: the user chose the cycles
         warm = pl.lit(False) if warm_key is None else pl.col("key") < warm_key
-        stalls = c.filter(pl.col("out") & ~warm & pl.col("steady"))
+        stalls = c.filter(pl.col("out") & ~warm & pl.col("steady")
+                          & (pl.col("period_ns") <= PAUSE * pl.col("median_ns")))
+    pauses = c.filter(pl.col("why") == "pause").group_by("key").agg(n=pl.col("n").min(),
+                                                                     period_ns=pl.col("period_ns").max())
     per_rank = c.filter(is_main).group_by("rank").agg(total=pl.len(), steady=pl.col("steady").sum())
     if how != "detected" and int(per_rank["steady"].max()) == 0:
         m = c.filter(is_main)
@@ -160,6 +168,7 @@ def flag_cycles(cyc: pl.DataFrame, choice: dict | None = None) -> tuple[pl.DataF
         "stalls": stalls.group_by("key").agg(n=pl.col("n").min(), period_ns=pl.col("period_ns").max(),
                                              excess_ns=(pl.col("period_ns") - pl.col("median_ns")).max())
         .sort("key").to_dicts(),
+        "pauses": pauses.sort("key").to_dicts(),
         "choice": {k: (v["text"] if k == "window" else v) for k, v in choice.items()},
     }
     info["text"] = describe(info)
@@ -187,12 +196,18 @@ def describe(info: dict) -> str:
         return f"{head} ({chosen}){tail}."
     left = []
     if info["warmup"]:
-        left.append(f"{info['warmup']} warm-up (cycles {_span(list(range(info['warmup'])))}: before the period "
+        left.append(f"{info['warmup']} warm-up (cycle{'s' if info['warmup'] > 1 else ''} "
+                    f"{_span(list(range(info['warmup'])))}: before the period "
                     f"settles within {info['tolerance']:.0%} of its median {info['median_ns'] / 1e3:,.1f} µs)")
     if st:
         left.append(f"{len(st)} stall{'s' if len(st) > 1 else ''} (period above {info['limit_ns'] / 1e3:,.1f} µs: "
                     f"cycle {st_txt})")
-    text = head + ("; left out: " + " and ".join(left) if left else "; nothing left out")
+    pa = info.get("pauses") or []
+    if pa:
+        left.append(f"{len(pa)} pause{'s' if len(pa) > 1 else ''} (period over {PAUSE:.0f} × the median: cycle "
+                    + ", ".join(f"{p['n']} ({p['period_ns'] / 1e6:,.1f} ms)" for p in pa[:5]) + ")")
+    text = head + ("; left out: " + ", ".join(left[:-1]) + (" and " if len(left) > 1 else "") + left[-1] if left
+                   else "; nothing left out")
     if not info["settled"]:
         text += " (the period never settled: no warm-up detected)"
     return text + ". Choose with --skip-cycles N or --window START:END (--skip-cycles 0: the whole run)."

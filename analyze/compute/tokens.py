@@ -44,6 +44,12 @@ def base_expr(col: str = "range") -> pl.Expr:
         .otherwise(pl.col(col))
 
 
+def cycle_order(col: str = "phase") -> pl.Expr:
+    """Where a phase runs in a decode cycle (:data:`nvtx_hooks.phases.CYCLE_ORDER`, by base name); others 99."""
+    return base_expr(col).replace_strict(list(ph.CYCLE_ORDER), list(range(len(ph.CYCLE_ORDER))), default=99,
+                                         return_dtype=pl.Int64)
+
+
 def decode_exprs(uint64: str = "uint64", int64: str = "int64") -> list[pl.Expr]:
     """``batch_size``, ``cycle_index``, ``accept_length`` decoded from the payload columns (null if none)."""
     v = pl.coalesce(pl.col(uint64).cast(_U, strict=False), pl.col(int64).cast(_U, strict=False))

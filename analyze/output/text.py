@@ -8,12 +8,12 @@ from pathlib import Path
 
 import polars as pl
 
-from nvtx_hooks.phases import CYCLE_ORDER, base_name
+from nvtx_hooks.phases import base_name
 
 from ..compute import headline as hl
 from ..compute.collectives import short_name
 from ..compute.headline import budget
-from ..compute.tokens import DEFINITION, selection, summary
+from ..compute.tokens import DEFINITION, cycle_order, selection, summary
 from ..compute.whatif import MAX_STEPS, Model
 from ..model import CommResult, Result
 
@@ -59,10 +59,8 @@ PHASE_HEADER = ["phase", "inst", "span ms", "%all", "µs/inst", "compute ms", "%
 
 def _order(df: pl.DataFrame, col: str) -> pl.DataFrame:
     """Phases in cycle order when they are cycle phases, else by time."""
-    order = {n: i for i, n in enumerate(CYCLE_ORDER)}
-    key = pl.col(col).map_elements(lambda t: order.get(base_name(t), 99), return_dtype=pl.Int64)
-    return df.with_columns(_o=key).sort("_o", "span_ns" if "span_ns" in df.columns else col,
-                                        descending=[False, True]).drop("_o")
+    return df.with_columns(_o=cycle_order(col)).sort("_o", "span_ns" if "span_ns" in df.columns else col,
+                                                     descending=[False, True]).drop("_o")
 
 
 def _comm_split(res: Result) -> list[str]:
