@@ -38,7 +38,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--layers", type=int, default=16, help="target layers")
     p.add_argument("--draft-layers", type=int, default=1, help="draft layers per draft step")
     p.add_argument("--batch", type=int, default=4, help="decode batch size (requests)")
-    p.add_argument("--hidden", type=int, default=4096)
+    p.add_argument("--hidden", type=int, default=4096, help="hidden size of the target and draft layers")
     p.add_argument("--ffn", type=int, default=14336, help="FFN width, split across TP ranks")
     p.add_argument("--graphs", action=argparse.BooleanOptionalAction, default=True,
                    help="CUDA graphs for draft and verify (baseline: for the decode step)")
@@ -49,7 +49,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--delay-rank", type=int, default=None, help="rank that sleeps before each verify")
     p.add_argument("--delay-us", type=int, default=0, help="that sleep, µs")
     p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda when available")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the accept lengths and weights")
     p.add_argument("--profiler-api", action=argparse.BooleanOptionalAction, default=True,
                    help="bracket the measured loop with cudaProfilerStart/Stop")
     p.add_argument("--nproc", type=int, default=None,
