@@ -22,7 +22,7 @@ from __future__ import annotations
 import polars as pl
 
 from . import headline
-from .tokens import DEFINITION, base_expr, cycles, selection, summary
+from .tokens import DEFINITION, base_expr, selection, summary
 
 BOOT = 1000
 MAX_DRAWS = 2_000_000  # resamples × cycles, at most (fewer resamples for very long runs)
@@ -60,9 +60,8 @@ def per_cycle(res, by_rank: bool = False) -> pl.DataFrame:
     """Per phase and seam (base names; per rank with ``by_rank``): ``ns, compute_ns, comm_ns, idle_ns`` per cycle."""
     t = _phase_totals(res, by_rank)
     if by_rank:
-        c = cycles(res)
-        cyc = c.filter("steady").group_by("rank").agg(_n=pl.len()) if c.height else None
-        if cyc is None or cyc.height == 0:
+        cyc = headline.cycles_per_rank(res).rename({"cycles": "_n"})
+        if cyc.height == 0:
             cyc = t.select("rank").unique().with_columns(_n=pl.lit(max(_n_cycles(res), 1)))
         t = t.join(cyc, on="rank", how="left").with_columns(pl.col("_n").fill_null(1))
     else:

@@ -21,7 +21,7 @@ import polars as pl
 
 from ..model import InputError
 from . import headline
-from .tokens import cycles, selection, summary
+from .tokens import selection, summary
 
 HIGH, MEDIUM, FLOOR = 0.10, 0.03, 0.01
 COMM_SHARE = 0.10  # a phase's communication share of its span worth a finding
@@ -290,9 +290,7 @@ def context(res, model=None) -> Context:
             model = whatif.fit(res)
         except InputError:
             model = None
-    c = cycles(res)
-    ncyc = (c.filter("steady").group_by("rank").agg(ncyc=pl.len()) if c.height else
-            pl.DataFrame(schema={"rank": pl.Int64, "ncyc": pl.UInt32}))
+    ncyc = headline.cycles_per_rank(res).rename({"cycles": "ncyc"})
     return Context(res=res, period_ns=float(summary(res).period_ns or 0.0), budget=headline.budget(res),
                    phases=headline.phases(res), seams=launch_timing(res), stragglers=headline.stragglers(res),
                    info=selection(res), model=model, cycles=ncyc)

@@ -180,13 +180,20 @@ def kernels(res, top: int | None = None) -> pl.DataFrame:
     return k.group_by("phase", maintain_order=True).head(top) if top else k
 
 
+def cycles_per_rank(res) -> pl.DataFrame:
+    """``rank, cycles``: steady cycles of the trace's cycle kind on each rank (the divisor of per-cycle numbers)."""
+    def run():
+        c = cycles(res)
+        if c.height == 0:
+            return pl.DataFrame(schema={"rank": pl.Int64, "cycles": pl.UInt32})
+        main = c["kind"].mode().sort()[0]
+        return c.filter(pl.col("steady") & (pl.col("kind") == main)).group_by("rank").agg(cycles=pl.len()).sort("rank")
+    return _memo(res, "cycles_per_rank", run)
+
+
 def steady_cycles(res) -> int:
-    """Steady cycles of the trace's cycle kind, summed over ranks (the divisor of every per-cycle number)."""
-    c = cycles(res)
-    if c.height == 0:
-        return 0
-    main = c["kind"].mode().sort()[0]
-    return int(c.filter(pl.col("steady") & (pl.col("kind") == main)).height)
+    """Steady cycles of the trace's cycle kind, summed over ranks."""
+    return int(cycles_per_rank(res)["cycles"].sum())
 
 
 def budget(res) -> pl.DataFrame:

@@ -17,7 +17,7 @@ import polars as pl
 
 from ..compute import compare as cmp
 from ..compute import findings, headline, whatif
-from ..compute.tokens import DEFINITION, cycle_order, cycles, selection, summary
+from ..compute.tokens import DEFINITION, cycle_order, selection, summary
 from ..model import InputError
 from . import plots
 from .text import compare_table, kernel_label, whatif_table
@@ -181,9 +181,7 @@ def _stragglers(res, st: pl.DataFrame) -> pl.DataFrame:
     """One row per phase: its most frequent last-arriving rank and the wait it costs the others, per cycle."""
     top = (st.filter(pl.col("phase").is_not_null()).sort("last_arrivals", "rank", descending=[True, False])
            .group_by("phase", maintain_order=True).first())
-    c = cycles(res)
-    n = c.filter("steady").group_by("rank").agg(_n=pl.len()) if c.height else pl.DataFrame(
-        schema={"rank": pl.Int64, "_n": pl.UInt32})
+    n = headline.cycles_per_rank(res).rename({"cycles": "_n"})
     waits = headline.phases(res).join(n, on="rank", how="left").select("phase", "rank", w=pl.col("comm_wait_ns") / pl.col("_n"))
     top = top.join(waits.rename({"rank": "_r"}), on="phase", how="left").filter(pl.col("_r") != pl.col("rank")) \
         .group_by("phase", maintain_order=True).agg(pl.exclude("_r", "w").first(), wait_ns=pl.col("w").mean())
