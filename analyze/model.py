@@ -140,7 +140,7 @@ class Result:
         """GPU operations overlapping ``[t0, t1)`` on the result's clock: ``rank, start, end, kind, comm``."""
         if self.ops is not None:
             return self.ops.filter((pl.col("end") > t0) & (pl.col("start") < t1)).select(
-                "rank", "start", "end", "kind", "comm")
+                "rank", "start", "end", "kind", "comm").sort("start", "rank", "end")
         if self.window is None:
             return pl.DataFrame(schema={"rank": pl.Int64, "start": pl.Int64, "end": pl.Int64, "kind": pl.String,
                                         "comm": pl.String})
