@@ -238,6 +238,7 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
     phases, comm_diags = collectives.phase_comm_split(phases, kern)
     diags.extend(comm_diags)
     kern = kern.with_columns(pl.col("name").cast(pl.String))
+    marks = head.marks.with_columns(rank=pl.col("pid").replace_strict(pid_rank, default=None, return_dtype=pl.Int64))
     window = OpsWindow(head.path, str(source.store_root) if source.store_root else None,
                        rk.select("pid", "rank"), kinds.select("name_id", "label", "comm"))
     return Result(
@@ -252,6 +253,7 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
         coverage=cov,
         comm_kernels=kern,
         ops=ops,
+        marks=marks.select("rank", *head.marks.columns),
         diagnostics=diags,
         reports=[head.path],
         window=window,
@@ -291,7 +293,7 @@ def merge(results: list[Result]) -> Result:
         return results[0]
     comm = collectives.cross_rank(results)
     parts: dict[str, list[pl.DataFrame]] = {k: [] for k in ("ranks", "instances", "seam_instances", "coverage",
-                                                             "phases", "ranges")}
+                                                             "phases", "ranges", "marks")}
     diags: list[Diagnostic] = []
     seams, windows, base = [], [], 0
     for i, r in enumerate(results):
@@ -323,6 +325,7 @@ def merge(results: list[Result]) -> Result:
         coverage=cat["coverage"],
         comm_kernels=comm.kernels.drop("_g", "report", strict=False),
         ops=None,
+        marks=cat["marks"],
         diagnostics=diags,
         reports=[r.trace.path for r in results],
         clock=comm.clock,
