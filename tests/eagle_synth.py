@@ -47,7 +47,9 @@ def _manifest(path: Path, spec: dict) -> None:
 def eagle(path, steps: int | None = 3, prefix: str = "", accept_on: str = "cycle",
           manifest: bool = True, cycles: int = 4, starts: list[int] | None = None,
           verify_comm: int | None = None, straggler: int | None = None, accept: tuple = ACCEPT) -> Path:
-    """The EAGLE trace; ``accept_on='draft_extend'`` puts the accept length there (SGLang style)."""
+    """The EAGLE trace; ``accept_on='draft_extend'`` puts the accept length there (SGLang v1 style);
+    ``accept_on='mark'`` in an ``accept`` mark instead (SGLang v2 via the hooks): cycle i's mark after cycle
+    i+1's range closed (the overlap scheduler), the last one right after its own cycle."""
     path = Path(path)
     starts = starts or [10_000 + 10_000 * i for i in range(cycles)]
     s = Synth(path, duration=max(100_000, starts[-1] + 60_000))
@@ -68,6 +70,9 @@ def eagle(path, steps: int | None = 3, prefix: str = "", accept_on: str = "cycle
             s.range(pid, pid, prefix + "draft_extend", b + 2000, b + 3000, domain_id=1,
                     payload=known if accept_on == "draft_extend" else bare)
             s.range(pid, pid, prefix + "host_overhead", b + 3000, b + 9000, domain_id=1)
+            if accept_on == "mark":
+                t = (starts[i + 1] if i + 1 < len(starts) else b) + 9700
+                s.range(pid, pid, "accept", t, None, domain_id=1, event_type=34, payload=known)
             e = 100 + 25 * tokens
             draft = [(b + 1000, b + 1600, "gemm"), (b + 1600, b + 1600 + w, NCCL)]
             if straggler is not None:

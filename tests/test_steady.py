@@ -122,7 +122,7 @@ def test_cli_text_json_and_tables(path, capsys):
     import json
 
     d = json.loads(capsys.readouterr().out)
-    assert d["steady"]["warmup"] == 2 and d["cycle"]["period_ns"] == 10_000
+    assert d["steady"]["warmup"] == 2 and d["tokens"]["period_ns"] == 10_000
     v = next(p for p in d["phases_steady"] if p["rank"] == 0 and p["phase"] == "verify")
     assert {"span_mean_ns", "span_p50_ns", "span_p90_ns", "idle_p50_ns", "compute_p90_ns"} <= set(v)
     assert {f["code"] for f in d["findings"]} >= {"GAP_HOST_BOUND", "STALLS"}

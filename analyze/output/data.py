@@ -17,12 +17,12 @@ FINDING_KEYS = ("code", "severity", "phase", "rank", "evidence", "action", "impa
 
 def document(res: Result, found: list[dict] | None = None) -> dict:
     """The JSON document: :meth:`Result.to_dict` (every captured instance) plus the headline numbers over the
-    steady state: ``steady`` (which cycles and why), ``cycle`` (period and tokens, one definition),
-    ``budget``, ``phases_steady``, ``phases_steady_all_ranks``, ``seams_steady``, ``kernels``, ``findings``."""
+    steady state: ``steady`` (which cycles and why, and the cycle period's ``definition``), ``tokens`` (the cycle
+    period with p50/p90, tokens per cycle, tokens/s, acceptance), ``budget``, ``phases_steady``,
+    ``phases_steady_all_ranks``, ``seams_steady``, ``kernels``, ``findings``."""
     d = res.to_dict()
-    tk = summary(res)
-    d["steady"] = {k: v for k, v in selection(res).items()}
-    d["cycle"] = {"definition": DEFINITION, **tk.as_dict()}
+    d["steady"] = {**selection(res), "definition": DEFINITION}
+    d["tokens"] = summary(res).as_dict()
     d["budget"] = headline.budget(res).to_dicts()
     d["phases_steady"] = headline.phases(res).to_dicts()
     d["phases_steady_all_ranks"] = headline.phases_all(res).to_dicts()

@@ -85,6 +85,10 @@ def _summary(res, steps_now) -> Section:
             line += (f" · <b>{tk.tokens_per_cycle:.2f}</b> tokens per {tk.kind} ({html.escape(str(tk.source))}) · "
                      f"<b>{tk.tokens_per_s:,.1f}</b> tokens/s")
         body.append(f'<p class="head">{line}</p>' + _p(DEFINITION))
+    if tk.accepted_per_request is not None:
+        body.append(_p(f"Acceptance: {tk.accepted_per_request:.2f} accepted draft tokens per request per cycle (p50 "
+                       f"{tk.accepted_p50:g}, p90 {tk.accepted_p90:g}; {tk.accepted_cycles} steady cycles, from the "
+                       f"{'accept marks' if tk.acceptance_source == 'marks' else 'range payload'})."))
     return Section("summary", "Steady state", "".join(body))
 
 

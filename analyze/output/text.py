@@ -96,6 +96,10 @@ def selection_lines(res: Result) -> list[str]:
             line += (f" · {tk.tokens_per_cycle:.2f} tokens per {tk.kind} ({tk.source}) · "
                      f"{tk.tokens_per_s:,.1f} tokens/s")
         out += [line, f"  ({DEFINITION})"]
+    if tk.accepted_per_request is not None:
+        out.append(f"Acceptance: {tk.accepted_per_request:.2f} accepted draft tokens per request per cycle (p50 "
+                   f"{tk.accepted_p50:g}, p90 {tk.accepted_p90:g}; measured on {tk.accepted_cycles} steady cycles "
+                   f"from the {'accept marks' if tk.acceptance_source == 'marks' else 'range payload'})")
     return out
 
 
