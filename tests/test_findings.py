@@ -100,3 +100,25 @@ def test_phase_idle_and_gpu_bound_gap(tmp_path):
     # the last op ended → the wait is on the GPU side
     g = f["GAP_GPU_BOUND"][0]
     assert (g["impact_ns"], g["severity"]) == (800, "medium") and "GAP_HOST_BOUND" not in f
+
+
+def test_no_straggler_when_collectives_do_not_end_together(tmp_path):
+    """tp2_rank0_window: rank 1's window opens a cycle late, so instance k on rank 0 pairs with k on rank 1 a cycle
+    apart and rank 1 looks 2.2 ms late everywhere. The pairing is refused, not reported as a straggler."""
+    from paths import TRACES, need
+
+    from analyze.cli import main
+    from analyze.compute import headline
+
+    res = analyze(need(TRACES / "tp2_rank0_window.sqlite"))
+    m = headline.matching(res)
+    assert not m["trusted"].any() and (m["end_spread_p50_ns"] > 2_000_000).all()
+    f = by_code(findings.find(res))
+    assert "STRAGGLER_RANK" not in f
+    assert all("no wait/transfer split" in x["evidence"] for x in f["COMM_SHARE"])
+    out = tmp_path / "rep"
+    assert main(["report", str(need(TRACES / "tp2_rank0_window.sqlite")), "-o", str(out)]) == 0
+    page = (out / "index.html").read_text()
+    notes = page[page.index('<div id="comm-notes">'):]
+    assert "eagle3.draft: no wait/transfer split and no stragglers shown" in notes
+    assert "<h3>Stragglers</h3>" not in page

@@ -6,6 +6,10 @@ cycle time (ns per cycle, mean over ranks unless the rule names a rank) it expla
 ranked by impact, and the severity is the impact's share of the cycle period: ``high`` from
 :data:`HIGH`, ``medium`` from :data:`MEDIUM`, ``low`` below (hits under :data:`FLOOR` are dropped).
 
+Collectives whose matched kernels do not end together across ranks (:func:`analyze.compute.headline.matching`)
+give no straggler finding and no wait/transfer split: their pairing is suspect, and a wrong straggler sends an
+engineer after a problem that does not exist.
+
 Host late vs blocked (seams and the gap between cycles): for each transition, the next range's first
 launch call (its CUDA API start, ``i_first_launch``) is compared with the end of the earlier GPU work.
 Launched after it: the GPU waited for the CPU (*host-bound*). Launched before it, yet the GPU started
@@ -43,6 +47,7 @@ class Context:
     info: dict
     model: object | None  # the what-if model, when it could be fitted
     cycles: pl.DataFrame  # rank, ncyc: steady cycles per rank
+    untrusted: set  # phases whose matched collectives do not end together: no straggler or wait findings
 
 
 @dataclass(frozen=True)
@@ -157,7 +162,7 @@ def _comm(ctx: Context) -> list[dict]:
         grp = _per_cycle(ctx, grp, "comm_ns").with_columns(
             transfer=pl.col("comm_transfer_ns") / pl.col("ncyc"), wait=pl.col("comm_wait_ns") / pl.col("ncyc"))
         # What a faster collective could save: the transfer, when wait/transfer are known, else the union.
-        split = float(grp["transfer"].sum() + grp["wait"].sum()) > 0
+        split = float(grp["transfer"].sum() + grp["wait"].sum()) > 0 and name not in ctx.untrusted
         impact = float(grp["transfer"].mean()) if split else float(grp["per"].mean())
         o = _over_ranks(grp, "per")
         ev = (f"{name}: communication {_us(o['mean'])} per cycle = {_pct(share)} of its GPU span, "
@@ -165,6 +170,8 @@ def _comm(ctx: Context) -> list[dict]:
         if split:
             ev += (f"; of the collectives' kernel time {_us(float(grp['transfer'].mean()))} is transfer and "
                    f"{_us(float(grp['wait'].mean()))} waiting for the last rank")
+        elif name in ctx.untrusted:
+            ev += "; no wait/transfer split: its matched collectives do not end together (matching suspect)"
         out.append({"phase": name, "rank": None, "impact_ns": impact, "evidence": ev})
     return out
 
@@ -181,7 +188,8 @@ def _straggler(ctx: Context) -> list[dict]:
     out = []
     waits = _per_cycle(ctx, ctx.phases.select("rank", "phase", "comm_wait_ns"), "comm_wait_ns")
     for r in st.filter((pl.col("share") >= STRAGGLER_SHARE) & (pl.col("collectives") >= 5)
-                       & pl.col("phase").is_not_null()).iter_rows(named=True):
+                       & pl.col("phase").is_not_null() & ~pl.col("phase").is_in(list(ctx.untrusted))
+                       ).iter_rows(named=True):
         others = waits.filter((pl.col("phase") == r["phase"]) & (pl.col("rank") != r["rank"]))
         wait = float(others["per"].mean()) if others.height else 0.0
         if wait <= 0:
@@ -293,7 +301,8 @@ def context(res, model=None) -> Context:
     ncyc = headline.cycles_per_rank(res).rename({"cycles": "ncyc"})
     return Context(res=res, period_ns=float(summary(res).period_ns or 0.0), budget=headline.budget(res),
                    phases=headline.phases(res), seams=launch_timing(res), stragglers=headline.stragglers(res),
-                   info=selection(res), model=model, cycles=ncyc)
+                   info=selection(res), model=model, cycles=ncyc,
+                   untrusted=set(headline.matching(res).filter(~pl.col("trusted"))["phase"].to_list()))
 
 
 def find(res, model=None) -> list[dict]:

@@ -149,6 +149,22 @@ def seams_all(res) -> pl.DataFrame:
     return _memo(res, "seams_all", run)
 
 
+def matching(res) -> pl.DataFrame:
+    """Per phase: ``collectives`` matched and the p50 spread of their end times across ranks (``end_spread_p50_ns``);
+    ``trusted`` when it is within :data:`analyze.compute.collectives.END_SPREAD_WARN_NS` (collectives of one job
+    end together; far more means instances were paired wrongly, and wait/straggler numbers are not shown)."""
+    def run():
+        m = matched(res)
+        if m.height == 0:
+            return pl.DataFrame(schema={"phase": pl.String, "collectives": pl.UInt32, "end_spread_p50_ns": pl.Int64,
+                                        "trusted": pl.Boolean})
+        per = collectives.per_collective(m)
+        return (per.group_by("phase").agg(collectives=pl.len(),
+                                          end_spread_p50_ns=pl.col("end_spread_ns").quantile(0.5, "nearest"))
+                .with_columns(trusted=pl.col("end_spread_p50_ns") <= collectives.END_SPREAD_WARN_NS).sort("phase"))
+    return _memo(res, "matching", run)
+
+
 def stragglers(res) -> pl.DataFrame:
     """Per phase and rank over the steady state: last arrivals at matched collectives (see collectives)."""
     return _memo(res, "stragglers", lambda: collectives.stragglers(matched(res)) if matched(res).height

@@ -153,13 +153,21 @@ def _phases(res, out: Path) -> Section:
 
 
 def _comm(res, out: Path) -> Section | None:
-    p = headline.phases(res)
+    mt = headline.matching(res)
+    bad = mt.filter(~pl.col("trusted"))
+    refused = set(bad["phase"].to_list())
+    p = headline.phases(res).filter(~pl.col("phase").is_in(list(refused)))
     split = plots.comm_split(p)
     st = headline.stragglers(res)
+    st = st.filter(~pl.col("phase").is_in(list(refused))) if st.height else st
     notes = [d for d in res.diagnostics if d.code.startswith("COMM")]
-    if split is None and st.height == 0 and not notes:
+    if split is None and st.height == 0 and not notes and not refused:
         return None
-    body = []
+    body: list[str] = []
+    refusals = [_p(f"{r['phase']}: no wait/transfer split and no stragglers shown: its {r['collectives']:,} matched "
+               f"collectives end {r['end_spread_p50_ns'] / 1e3:,.1f} µs apart across ranks (p50), so instances "
+               "were probably paired wrongly (e.g. one rank's capture window starts a cycle later).", "warn")
+            for r in bad.iter_rows(named=True)]
     if split is not None:
         body.append(_save(split, out, "comm_split.png", "communication transfer vs wait per rank"))
     if st.height:
@@ -175,7 +183,7 @@ def _comm(res, out: Path) -> Section | None:
                                                                       descending=[False, False, True, False])
                                .select("phase", "rank", "collectives", "last_arrivals", "share", "mean_delay_ns",
                                        "max_delay_ns", "total_delay_ns"), {"share": "% last"}))
-    body.append('<div id="comm-notes">' + "".join(
+    body.append('<div id="comm-notes">' + "".join(refusals) + "".join(
         f'<p class="{"warn" if d.level != "info" else "note"}"><code>{html.escape(d.code)}</code> '
         f"{html.escape(d.message)}</p>" for d in notes) + "</div>")
     return Section("communication", "Communication: transfer, waiting, stragglers", "".join(body))
