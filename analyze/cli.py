@@ -106,7 +106,7 @@ def run_analyze(a) -> int:
         elif a.table == "findings":
             out = "\n".join(text.findings_text(find(res))) + "\n"
         else:
-            out = text.table_text(data.frame(res, a.table))
+            out = text.table_text(data.frame(res, a.table).drop("order", strict=False))
     elif a.format == "json":
         out = data.to_json(res)
     elif a.format == "csv":
