@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import polars as pl
 
+from ..model import bound_expr
+from . import host
 from .intervals import busy_between, busy_function, group_parts, merge, union_length
 
 METRICS = ("span_ns", "busy_ns", "compute_ns", "comm_ns", "idle_ns", "kernel_ns", "ops", "launches")
@@ -188,23 +190,27 @@ def seam_instances(inst: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:
 
 
 def seams(seam_inst: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
-    """Seams summed per rank and transition (parent, from, to)."""
+    """Seams summed per rank and transition (parent, from, to), with their causes when the instances have them
+    (:func:`analyze.compute.host.seam_causes`: ``bound`` and per-cause time)."""
     parents = inst.select(parent="range_id", parent_range="range")
-    return (
+    causes = host.seam_aggs() if "cause" in seam_inst.columns else []
+    out = (
         seam_inst.join(parents, on="parent", how="left")
         .group_by("rank", "parent_range", "prev_range", "range")
         .agg(
-            instances=pl.len(),
-            gap_ns=pl.col("gap_ns").sum(),
-            idle_ns=pl.col("idle_ns").sum(),
-            busy_ns=pl.col("busy_ns").sum(),
-            overlap_ns=pl.col("overlap_ns").sum(),
-            idle_p50_ns=pl.col("idle_ns").median(),
-            idle_max_ns=pl.col("idle_ns").max(),
+            pl.len().alias("instances"),
+            pl.col("gap_ns").sum(),
+            pl.col("idle_ns").sum(),
+            pl.col("busy_ns").sum(),
+            pl.col("overlap_ns").sum(),
+            pl.col("idle_ns").median().alias("idle_p50_ns"),
+            pl.col("idle_ns").max().alias("idle_max_ns"),
+            *causes,
         )
         .rename({"parent_range": "parent", "prev_range": "from", "range": "to"})
         .sort("rank", "idle_ns", descending=[False, True])
     )
+    return out.with_columns(bound_expr()) if causes else out
 
 
 def coverage(inst: pl.DataFrame, ops: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:

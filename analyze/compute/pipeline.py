@@ -27,7 +27,7 @@ import polars as pl
 from ..model import Diagnostic, InputError, Result, Trace
 from ..read.source import ManyWindows, OpsWindow, open_source
 from ..read.store import Progress
-from . import attribute, breakdown, collectives
+from . import attribute, breakdown, collectives, host
 from .comm_patterns import PATTERNS, CommPattern, family_expr
 from .diagnostics import FACTS, diagnose
 
@@ -94,13 +94,15 @@ class Context:
     devices: pl.DataFrame
     launch_ids: pl.Series
     keep_ops: bool
+    sync_ids: pl.Series = dataclasses.field(default_factory=lambda: pl.Series("name_id", [], pl.Int64))
 
 
 def process(source, pid: int, ctx: Context) -> dict:
     """The per-process body: attribute one process's GPU ops to its ranges and measure every instance.
 
-    Returns small frames (``ranks``, ``inst``, ``seam``, ``cov``, ``kern``; ``ops`` only with
-    ``keep_ops``) and the counts of :data:`FACTS`. Ranks are provisional (renumbered globally).
+    Returns small frames (``ranks``, ``inst``, ``seam``, ``cov``, ``kern``, ``calls``: the key host calls of
+    :mod:`analyze.compute.host`; ``ops`` only with ``keep_ops``) and the counts of :data:`FACTS`. Ranks are
+    provisional (renumbered globally).
     """
     out: dict = {}
     ops, api = source.ops(pid), source.api(pid)
@@ -113,6 +115,8 @@ def process(source, pid: int, ctx: Context) -> dict:
     nested = nested.join(rank_of, on="pid", how="left")
     launches = api.filter(pl.col("name_id").is_in(ctx.launch_ids.implode()))
     orphans = launches.join(ops.select("corr").unique(), on="corr", how="anti").height if launches.height else 0
+    calls, firsts, per_inst = host.calls(ops, api, nested, ctx.sync_ids, ctx.launch_ids) if ops.height else (
+        None, None, None)
     del api
     out["facts"] = {
         "graph_ops": int((ops["kind"] == "graph").sum()),
@@ -134,9 +138,10 @@ def process(source, pid: int, ctx: Context) -> dict:
         inst = breakdown.instances(nested, ops, anc)
         blocks = breakdown.gpu_blocks(ops)
         inst = breakdown.add_gpu_idle(inst, blocks)
-        out["seam"] = breakdown.seam_instances(inst, blocks)
+        out["seam"] = host.seam_causes(breakdown.seam_instances(inst, blocks), firsts)
         out["cov"] = breakdown.coverage(inst, ops, blocks)
-        out["inst"] = inst
+        out["inst"] = host.add_instance_cols(inst, per_inst)
+        out["calls"] = calls
         # Collective matching is global, but each kernel's group (instance k, ordinal j) is per rank.
         out["kern"] = collectives.comm_kernels(comm, inst).with_columns(pid=pl.lit(pid, pl.Int64))
     elif nested.height:  # API calls but no GPU work: its ranges still count as instances
@@ -146,8 +151,8 @@ def process(source, pid: int, ctx: Context) -> dict:
 
 def _without_gpu(nested: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
     """Instances of ranges whose process ran no GPU work (every metric zero)."""
-    return breakdown.instances(nested, ops, attribute.ancestors(nested)).with_columns(
-        x_gpu_idle_ns=pl.lit(0, pl.Int64), i_gpu_idle_ns=pl.lit(0, pl.Int64))
+    return host.add_instance_cols(breakdown.instances(nested, ops, attribute.ancestors(nested)).with_columns(
+        x_gpu_idle_ns=pl.lit(0, pl.Int64), i_gpu_idle_ns=pl.lit(0, pl.Int64)), None)
 
 
 def analyze(
@@ -187,9 +192,10 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
     # Kernel names are long and repeat millions of times: Categorical until the Result is handed out.
     kinds = kinds.with_columns(pl.col("name").cast(pl.Categorical))
     launch_ids = head.names.filter(pl.col("name").str.contains(GRAPH_LAUNCH))["name_id"]
-    ctx = Context(nested_all, kinds, head.devices, launch_ids, keep_ops)
+    sync_ids = head.names.filter(pl.col("name").str.contains(host.SYNC_API))["name_id"]
+    ctx = Context(nested_all, kinds, head.devices, launch_ids, keep_ops, sync_ids)
 
-    parts: dict[str, list] = {k: [] for k in ("ranks", "inst", "seam", "cov", "ops", "kern", "facts")}
+    parts: dict[str, list] = {k: [] for k in ("ranks", "inst", "seam", "cov", "ops", "kern", "facts", "calls")}
     pids = source.pids
     bar = Progress(sum(source.ops_rows.values()), "spectrace: analysing", progress)
 
@@ -228,10 +234,12 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
     cov = renumber(pl.concat(parts["cov"])).sort("rank") if parts["cov"] else pl.DataFrame()
     kern = renumber(pl.concat(parts["kern"])).drop("pid") if parts["kern"] else _no_kernels()
     ops = renumber(pl.concat(parts["ops"])).sort("start") if keep_ops and parts["ops"] else None
+    calls = renumber(pl.concat(parts["calls"])) if parts["calls"] else pl.DataFrame(schema=host.CALL_SCHEMA)
     parts.clear()
     graph_rows = "Graph" if facts["graph_ops"] else ("Node" if facts["node_ops"] else None)
     head = dataclasses.replace(head, graph_rows=graph_rows)
-    phases = breakdown.phases(inst)
+    phases = breakdown.phases(inst).join(host.phase_host(inst), on=["rank", "domain", "phase"], how="left",
+                                         maintain_order="left")
     diags.extend(diagnose(head, nested, facts, rk, inst, cov, phases))
     phases, comm_diags = collectives.phase_comm_split(phases, kern)
     diags.extend(comm_diags)
@@ -253,6 +261,7 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
         diagnostics=diags,
         reports=[head.path],
         window=window,
+        host_calls=calls,
     )
 
 
@@ -308,6 +317,8 @@ def merge(results: list[Result]) -> Result:
                                                           maintain_order="left")
     phases = phases.with_columns(pl.col(*collectives.SPLIT).fill_null(0).cast(pl.Int64))
     diags += comm.diagnostics
+    calls = [_offset(r.host_calls, base_i, i) for i, (r, base_i) in enumerate(zip(results, _bases(results)))
+             if r.host_calls is not None]
     first = results[0]
     return Result(
         trace=first.trace,
@@ -325,7 +336,17 @@ def merge(results: list[Result]) -> Result:
         reports=[r.trace.path for r in results],
         clock=comm.clock,
         window=ManyWindows(windows) if windows else None,
+        host_calls=pl.concat(calls, how="diagonal_relaxed") if calls else None,
     )
+
+
+def _bases(results: list[Result]) -> list[int]:
+    """The rank offset of each result in :func:`merge` (ranks numbered across reports in order)."""
+    out, base = [], 0
+    for r in results:
+        out.append(base)
+        base += r.ranks.height
+    return out
 
 
 def analyze_each(

@@ -10,7 +10,7 @@ from nvtx_hooks.phases import CYCLE_ORDER, base_name
 
 from ..compute.collectives import short_name
 from ..compute.whatif import MAX_STEPS, Model
-from ..model import CommResult, Result
+from ..model import SEAM_CAUSES, CommResult, Result
 
 NO_PHASE = "(none)"  # how a null phase (GPU work outside every selected range) is shown
 
@@ -99,10 +99,8 @@ def analyze_table(res: Result) -> str:
     if sa.height:
         out.append("")
         out.append("Seams: GPU idle between consecutive phases (last op of one → first op of the next), all ranks")
-        rows = [[r["parent"] or "(top level)", f"{r['from']} → {r['to']}", str(r["instances"]), _ms(r["idle_ns"]),
-                 _us(r["idle_ns"] / max(r["instances"], 1)), _ms(r["busy_ns"]), _ms(r["overlap_ns"])]
-                for r in sa.iter_rows(named=True)]
-        out += _grid(["within", "transition", "inst", "idle ms", "µs/inst", "other work ms", "overlap ms"], rows, 2)
+        out += _seam_rows(sa)
+    out += _host_waits(pa)
     parents = res.ranges_all.join(res.seams_all.select(pl.col("parent").alias("range")).unique(), on="range",
                                   how="semi")
     if parents.height:
@@ -122,6 +120,45 @@ def analyze_table(res: Result) -> str:
         out.append("Diagnostics")
         out += [f"  {d.level:<7} {d.code}: {d.message}" for d in res.diagnostics]
     return "\n".join(out) + "\n"
+
+
+def _seam_rows(sa: pl.DataFrame) -> list[str]:
+    """The seams table; with causes (analyze.compute.host): the dominant one and the idle time of each."""
+    causes = "bound" in sa.columns
+    rows = []
+    for r in sa.iter_rows(named=True):
+        n = max(r["instances"], 1)
+        row = [r["parent"] or "(top level)", f"{r['from']} → {r['to']}", str(r["instances"]), _ms(r["idle_ns"]),
+               _us(r["idle_ns"] / n), _ms(r["busy_ns"]), _ms(r["overlap_ns"])]
+        if causes:
+            b = r["bound"]
+            row += [f"{b} {r[f'{b}_bound_inst']}/{r['instances']}" if b else "-",
+                    *(_ms(r[f"{c}_bound_ns"]) for c in SEAM_CAUSES),
+                    _us_or_dash(r["launch_block_ns"] / r["launch_bound_inst"] if r["launch_bound_inst"] else None),
+                    _us_or_dash(r["host_late_ns"] / r["host_bound_inst"] if r["host_bound_inst"] else None)]
+        rows.append(row)
+    head = ["within", "transition", "inst", "idle ms", "µs/inst", "other work ms", "overlap ms"]
+    if causes:
+        head += ["bound", "gpu ms", "launch ms", "host ms", "block µs", "late µs"]
+    out = _grid(head, rows, 2)
+    if causes:
+        out.append("bound: why the GPU waited, per instance: gpu = the next phase's first op was queued before the "
+                   "earlier work ended; launch = its launch call returned after that (block µs: how long after, "
+                   "mean); host = the launch began after it (late µs: how late, mean). gpu/launch/host ms: idle "
+                   "time of the instances of each cause.")
+    return out
+
+
+def _host_waits(pa: pl.DataFrame) -> list[str]:
+    """Per phase: the host's time in launching calls and waiting in sync-like calls (all ranks)."""
+    if "host_wait_ns" not in pa.columns or not int(pa["launch_api_ns"].sum() + pa["host_wait_ns"].sum()):
+        return []
+    rows = [[r["phase"], str(r["instances"]), _ms(r["launch_api_ns"]), _us(r["launch_api_ns"] / max(r["instances"], 1)),
+             str(r["syncs"]), _ms(r["host_wait_ns"]), _us(r["host_wait_ns"] / max(r["instances"], 1))]
+            for r in _order(pa, "phase").iter_rows(named=True)]
+    return ["", "Host side per phase, all ranks: time in the API calls that launched its GPU work, and time waiting "
+                "for the GPU in sync-like calls (synchronize, .item()/DtoH copies)",
+            *_grid(["phase", "inst", "launch API ms", "µs/inst", "syncs", "host wait ms", "µs/inst"], rows)]
 
 
 def _us_or_dash(ns) -> str:
