@@ -79,16 +79,18 @@ def compare(a: Reports, b: Reports, ranges: str | None = None, comm_patterns=Non
 
 
 def whatif(reports: Reports, steps_now: int | None = None, baseline: Reports | None = None,
-           acceptance: float | None = None, ranges: str | None = None, comm_patterns=None, **kw):
+           acceptance: float | None = None, ranges: str | None = None, comm_patterns=None, *,
+           as_traced: bool = False, **kw):
     """The cost model fitted on one speculative run (:class:`analyze.compute.whatif.Model`): predictions
-    for other draft-step counts. ``baseline``: a run without speculation (calibrates verify's slope)."""
+    for other draft-step counts. ``baseline``: a run without speculation (calibrates verify's slope).
+    ``as_traced``: keep node-level graph tracing's launch cost in the prediction (default: removed)."""
     from .compute import whatif as wi
 
     if acceptance is not None and not 0 <= acceptance <= 1:
         raise InputError(f"--acceptance must be in [0, 1], not {acceptance}")
     res = analyze(reports, ranges, comm_patterns, **kw)
     base = analyze(baseline, ranges, comm_patterns, **kw) if baseline is not None else None
-    return wi.fit(res, steps_now, baseline=base, alpha=acceptance)
+    return wi.fit(res, steps_now, baseline=base, alpha=acceptance, as_traced=as_traced)
 
 
 def report(reports: Reports, output: str | os.PathLike, baseline: Reports | None = None,

@@ -129,8 +129,10 @@ def run_whatif(a) -> int:
 
     if a.max_steps < 1:
         raise InputError(f"--max-steps must be >= 1, not {a.max_steps}")
-    m = whatif(a.report, a.steps_now, baseline=a.baseline, acceptance=a.acceptance, **_options(a))
-    sys.stdout.write(data.doc_json(to_dict(m, a.max_steps)) if a.format == "json" else text.whatif_table(m, a.max_steps))
+    m = whatif(a.report, a.steps_now, baseline=a.baseline, acceptance=a.acceptance, as_traced=a.as_traced,
+               **_options(a))
+    sys.stdout.write(data.doc_json(to_dict(m, a.max_steps)) if a.format == "json"
+                     else text.whatif_table(m, a.max_steps, explain=a.explain))
     return 0
 
 
@@ -238,8 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=run_compare)
 
     p = sub.add_parser("whatif", help="predict cycle time and tokens/s for 1..10 draft steps from one trace",
-                       description="Fit per-phase costs on one EAGLE trace and predict other step counts "
-                                   "(assumptions: see analyze/compute/whatif.py and the README).")
+                       description="Fit per-phase costs on one EAGLE trace and predict other step counts by "
+                                   "replaying each cycle on the trace's CPU and GPU timelines (assumptions: "
+                                   "--explain, analyze/compute/whatif.py and the README).")
     p.add_argument("report", nargs="+", help=REPORTS_HELP)
     p.add_argument("--steps-now", type=int, metavar="N", help="draft steps of this trace (default: its manifest)")
     p.add_argument("--baseline", metavar="OTHER", help="a decode_step (no speculation) export: calibrates how "
@@ -248,6 +251,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="per-token acceptance probability (default: fitted on the accept-length payload)")
     p.add_argument("--max-steps", type=int, default=10, metavar="N")
     p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--explain", action="store_true",
+                   help="also print the model's assumptions, with this trace's numbers (JSON: model.assumptions)")
+    p.add_argument("--as-traced", action="store_true",
+                   help="predict the traced program: keep node-level graph tracing's launch cost (default: removed)")
     add_selection_args(p)
     add_source_args(p)
     p.set_defaults(func=run_whatif)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import eagle_synth as es
+import polars as pl
 import pytest
 
 from analyze import analyze
@@ -36,14 +37,17 @@ def test_alpha_and_predictions(traces):
     p1 = m.predict(1)
     tok1 = 2 * (1 + a)
     assert p1["tokens_per_cycle"] == pytest.approx(tok1)
-    # draft 700/3; verify flat; extend 225 + 25 (tok1 − 5). Seams are launch-bound: verify's first launch is
-    # 100 ns after draft's first GPU op, its smallest launch→GPU latency 1400 ns → ready 1500, seam
-    # max(400, 1500 − draft): 800 now, 1500 − 700/3 at 1 step; verify→extend: ready −400 + 3500 < 3000 → floor
-    # 100. other = 10 000 − 700 − 3000 − 225 − 800 − 100 = 5175.
-    assert m.ready["draft→verify"] == 1500 and m.seam_floor["draft→verify"] == 400
-    assert m.seams(3) == {"draft→verify": 800, "verify→draft_extend": 100}
-    assert m.other_ns == 5175
-    assert p1["cycle_ns"] == pytest.approx(700 / 3 + 3000 + 225 + 25 * (tok1 - 5) + (1500 - 700 / 3) + 100 + 5175)
+    # The replay (issue 13): every launch call of this trace is at a fixed host time (no sync), and each
+    # cycle's draft launch (B + 200, returns at B + 250) finds the GPU idle: the draft starts 750 ns after
+    # it, every cycle, so the period stays 10 000 whatever the phases cost. Inside the cycle the GPU is
+    # the bound: verify starts at draft end + 400 (rank 0) / 800 (rank 1), draft_extend 100 after verify,
+    # host_overhead 1400 − E after draft_extend (E = 150, 200, 250 in the 3 replayed cycles), at 1 step too.
+    assert p1["cycle_ns"] == pytest.approx(10_000)
+    seams = {"draft→verify": 600, "verify→draft_extend": 100, "draft_extend→host_overhead": 1200}
+    assert m.seams(3) == pytest.approx(seams) and m.seams(1) == pytest.approx(seams)
+    # seams per cycle: 500 + 1400 − E (rank 0) and 900 + 1400 − E (rank 1): median (1750 + 2050) / 2;
+    # other = 10 000 − 700 − 3000 − 225 − 1900
+    assert m.seams_total(3) == 1900 and m.other_ns == 4175
     assert m.predict(3)["cycle_ns"] == pytest.approx(10_000) and m.predict(3)["measured"]
     assert p1["tokens_per_s"] == pytest.approx(tok1 / p1["cycle_ns"] * 1e9)
 
@@ -88,3 +92,52 @@ def test_cli(traces, capsys):
     assert main(["whatif", str(d / "e.sqlite"), "--acceptance", "0.5", "--max-steps", "4"]) == 0
     out = capsys.readouterr().out
     assert "α = 0.500" in out and "best:" in out
+
+
+@pytest.fixture(scope="module")
+def chained(tmp_path_factory):
+    d = tmp_path_factory.mktemp("chain")
+    return {m: analyze(es.chained(d / f"{m}.sqlite", m)) for m in ("Node", "Graph")}
+
+
+def test_replay_moves_the_gpu_bound_chain(chained):
+    """Graph-mode trace: verify queued behind draft, the host waits for the copy in host_overhead, so a
+    shorter draft moves everything after it: 1895 − 200 ns per step fewer (eagle_synth.chained)."""
+    m = fit(chained["Graph"])
+    assert [m.cycle(s) for s in (1, 2, 3)] == [1695, 1795, 1895]
+    assert m.seams(1) == {"draft→verify": 5, "verify→draft_extend": 5, "draft_extend→host_overhead": 5}
+    assert m.launch_cut_ns == 0 and fit(chained["Graph"], as_traced=True).cycle(1) == 1695
+
+
+def test_replay_slow_launch_and_node_tracing_cost(chained):
+    """Node-mode trace of the same program: the verify launch takes 400 ns (node tracing) and returns after
+    the draft: a slow launch, not a blocked one, so as traced a shorter draft changes nothing (2000); with
+    node tracing's launch cost removed ((400 − 20) / (10 − 3) ns per node beyond the draft's 3), the
+    verify launch takes 20 ns and the model is the graph-mode program: 1895, 1795, 1695."""
+    r = chained["Node"]
+    traced = fit(r, as_traced=True)
+    assert [traced.cycle(s) for s in (1, 2, 3)] == [2000, 2000, 2000]
+    m = fit(r)
+    assert m.launch_cut_ns == pytest.approx(380 / 7) and m.launch_cut_from == 3
+    assert [m.cycle(s) for s in (1, 2, 3)] == pytest.approx([1695, 1795, 1895])
+    assert m.period_ns == 2000 and m.predict(3)["measured"]
+    assert any("the model's cycle at 3 steps" in n for n in m.notes)
+    seam = r.seams.filter(pl.col("from") == "draft").row(0, named=True)
+    assert (seam["bound"], seam["launch_block_ns"]) == ("launch", 5 * 105)
+    assert r.seams.filter(pl.col("from") == "cycle")["bound"][0] == "host"
+    g = chained["Graph"].seams.filter(pl.col("from") == "draft")["bound"][0]
+    assert g == "gpu"
+
+
+def test_explain(chained, capsys):
+    m = fit(chained["Node"])
+    text = "\n".join(m.assumptions())
+    assert "slow, not blocked" in text and "0.05 µs per graph node" in text
+    path = chained["Node"].trace.path
+    assert main(["whatif", path, "--explain"]) == 0
+    out = capsys.readouterr().out
+    assert "Assumptions" in out and "median over 4 replayed cycles" in out
+    assert main(["whatif", path, "--format", "json", "--as-traced"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["model"]["launch_cut_per_node_ns"] == 0 and doc["predictions"][0]["cycle_ns"] == 2000
+    assert doc["model"]["assumptions"]

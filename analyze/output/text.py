@@ -243,12 +243,16 @@ def compare_table(doc: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def whatif_table(m: Model, max_steps: int = MAX_STEPS) -> str:
-    """``spectrace whatif``: the fitted costs and the predictions per step count."""
-    out = [f"what-if from {m.steps_now} draft steps: measured cycle {m.period_ns / 1e3:.1f} µs = draft "
-           f"{m.cost_ns.get('draft', 0) / 1e3:.1f} + verify {m.cost_ns.get('verify', 0) / 1e3:.1f} + draft_extend "
-           f"{m.cost_ns.get('draft_extend', 0) / 1e3:.1f} + seams {sum(m.seams(m.steps_now).values()) / 1e3:.1f} + other "
-           f"{m.other_ns / 1e3:.1f} µs"]
+def whatif_table(m: Model, max_steps: int = MAX_STEPS, explain: bool = False) -> str:
+    """``spectrace whatif``: the fitted costs and the predictions per step count (``explain``: the assumptions)."""
+    now = m.predict(m.steps_now)
+    out = [f"what-if from {m.steps_now} draft steps: measured cycle {m.period_ns / 1e3:.1f} µs (median); model "
+           f"{now['cycle_ns'] / 1e3:.1f} µs = draft {now['draft_ns'] / 1e3:.1f} + verify {now['verify_ns'] / 1e3:.1f} "
+           f"+ draft_extend {now['draft_extend_ns'] / 1e3:.1f} + seams {now['seams_ns'] / 1e3:.1f} + other "
+           f"{now['other_ns'] / 1e3:.1f} µs"]
+    seams = m.seams(m.steps_now)
+    if seams:
+        out.append("seams inside a cycle (median µs): " + ", ".join(f"{k} {v / 1e3:.1f}" for k, v in seams.items()))
     if m.alpha is not None:
         acc = f"{m.accepted_now:.2f}" if m.accepted_now is not None else "given"
         out.append(f"acceptance: {acc} accepted draft tokens/request/cycle → α = {m.alpha:.3f}")
@@ -259,11 +263,13 @@ def whatif_table(m: Model, max_steps: int = MAX_STEPS) -> str:
     for p in m.predictions(max_steps):
         tok = f"{p['tokens_per_cycle']:9.2f}" if p["tokens_per_cycle"] is not None else f"{'-':>9}"
         tps = f"{p['tokens_per_s']:9.1f}" if p["tokens_per_s"] is not None else f"{'-':>9}"
-        mark = " ← now (measured)" if p["measured"] else ""
+        mark = " ← now" if p["measured"] else ""
         out.append(f"{p['steps']:5d}  {p['cycle_ns'] / 1e3:9.1f}  {p['draft_ns'] / 1e3:8.1f}  {p['verify_ns'] / 1e3:8.1f}  "
                    f"{p['draft_extend_ns'] / 1e3:8.1f}  {p['seams_ns'] / 1e3:8.1f}  {p['other_ns'] / 1e3:8.1f}  {tok}  {tps}{mark}")
     best = m.best(max_steps)
     out.append("")
     out.append(f"best: {best['steps']} steps, {best['tokens_per_s']:.1f} tok/s predicted" if best
                else "best: unknown without acceptance (shortest cycle is always 1 step)")
+    if explain:
+        out += ["", "Assumptions"] + [f"  - {a}" for a in m.assumptions()]
     return "\n".join(out) + "\n"
