@@ -49,12 +49,30 @@ def add_source_args(p: argparse.ArgumentParser) -> None:
                    help="parallel processes for several reports (default: one per CPU)")
 
 
+def add_timing_args(p: argparse.ArgumentParser) -> None:
+    """Options of the verbs that take a two-pass capture (``spectrace trace --passes graph,node``)."""
+    p.add_argument("--timing", metavar="GRAPH", nargs="+",
+                   help="a graph-level pass of the same workload (REPORT being the node-level pass): phase spans, "
+                        "seams and cycle period from it, the compute/comm/idle split inside graphs from REPORT, "
+                        "and a probe-effect section")
+    p.add_argument("--unprofiled-cycles-per-s", type=float, metavar="X",
+                   help="with --timing: the workload's throughput without a profiler, to say how far each pass is "
+                        "from it (default: the plain pass recorded beside a --passes capture)")
+
+
 def _options(a) -> dict:
     """Keyword arguments of the analysis functions from the shared options."""
     from .compute.comm_patterns import load_patterns
 
-    return {"ranges": a.ranges, "comm_patterns": load_patterns(a.comm_pattern, a.comm_patterns_file),
-            "store": a.store, "cache": a.cache, "jobs": a.jobs}
+    out = {"ranges": a.ranges, "comm_patterns": load_patterns(a.comm_pattern, a.comm_patterns_file),
+           "store": a.store, "cache": a.cache, "jobs": a.jobs}
+    if getattr(a, "timing", None):
+        out |= {"timing": a.timing, "unprofiled_cycles_per_s": a.unprofiled_cycles_per_s}
+    elif getattr(a, "unprofiled_cycles_per_s", None) is not None:
+        from .model import InputError
+
+        raise InputError("--unprofiled-cycles-per-s needs --timing GRAPH (a two-pass capture)")
+    return out
 
 
 def _warn(diagnostics, quiet: bool) -> None:
@@ -200,9 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_selection_args(p)
     p.add_argument("--format", choices=("table", "json", "csv"), default="table")
     p.add_argument("--table", default="phases", help="with --format csv: phases, ranges, seams, ranks, coverage, "
-                                                     "instances")
+                                                     "instances, host_calls")
     p.add_argument("--db", metavar="RESULTS.db", help="also write every result table into this SQLite file")
     p.add_argument("-q", "--quiet", action="store_true", help="no diagnostics or progress bar on stderr")
+    add_timing_args(p)
     add_source_args(p)
     p.set_defaults(func=run_analyze)
 
@@ -226,6 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", metavar="DIR", required=True, help="output directory (created)")
     p.add_argument("--steps-now", type=int, metavar="N", help="draft steps of this trace (default: its manifest)")
     add_selection_args(p)
+    add_timing_args(p)
     add_source_args(p)
     p.set_defaults(func=run_report)
 
@@ -256,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--as-traced", action="store_true",
                    help="predict the traced program: keep node-level graph tracing's launch cost (default: removed)")
     add_selection_args(p)
+    add_timing_args(p)
     add_source_args(p)
     p.set_defaults(func=run_whatif)
 

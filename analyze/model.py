@@ -143,6 +143,8 @@ class Result:
     window: Any = field(default=None, repr=False)  # reads ops by time window: analyze.read.source.OpsWindow
     # The key CUDA API calls of each rank (analyze.compute.host.CALL_SCHEMA): what the what-if replays.
     host_calls: pl.DataFrame | None = field(default=None, repr=False)
+    # With a graph-level timing pass (analyze.compute.probe): what node-level tracing cost.
+    probe_effect: dict[str, Any] | None = None
 
     @property
     def phases_all(self) -> pl.DataFrame:
@@ -194,6 +196,8 @@ class Result:
         if len(self.reports) > 1:
             d["reports"] = self.reports
             d["clock"] = self.clock
+        if self.probe_effect is not None:
+            d["probe_effect"] = self.probe_effect
         return d
 
 

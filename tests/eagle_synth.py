@@ -98,7 +98,7 @@ def chained(path, mode: str = "Node", cycles: int = 5, steps: int = 3) -> Path:
     Per cycle, ns from its base B (B += period):
 
     - draft: cudaGraphLaunch [0, 20] → 3 nodes of 100 ns (one graph row in Graph mode) [25, 325];
-    - verify: cudaGraphLaunch [30, 30 + Lv] → 10 nodes of 100 ns from Lv + 35; Node: Lv = 400 (node tracing's
+    - verify: cudaGraphLaunch [30, 30 + Lv] → 10 nodes of 100 ns (the 6th an all-reduce); Node: Lv = 400 (node tracing's
       launch cost: the call returns 105 ns after draft ended, the verify GPU starts at 435); Graph: Lv = 20,
       queued, the verify GPU starts at 330 (5 ns after draft);
     - draft_extend: cudaLaunchKernel [x, x + 10] with x = Lv + 40 → op of 100 ns, 5 ns after verify;
@@ -118,9 +118,10 @@ def chained(path, mode: str = "Node", cycles: int = 5, steps: int = 3) -> Path:
     def graph_launch(t0, t1, op0, nodes):
         nonlocal corr
         corr += 1
-        if mode == "Node":
+        if mode == "Node":  # verify's 6th node is an all-reduce: 100 of its 1000 ns are communication
             s.launch(1, 1, "cudaGraphLaunch_v10000", (t0, t1), corr,
-                     [(op0 + 100 * i, op0 + 100 * (i + 1), "gemm") for i in range(nodes)])
+                     [(op0 + 100 * i, op0 + 100 * (i + 1), NCCL if (nodes, i) == (10, 5) else "gemm")
+                      for i in range(nodes)])
         else:
             s.api(1, 1, "cudaGraphLaunch_v10000", t0, t1, corr)
             s.graph(1, 0, 7, corr, op0, op0 + 100 * nodes, graph_id=nodes)

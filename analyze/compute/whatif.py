@@ -288,6 +288,7 @@ class Model:
     launch_cut_ns: float = 0.0  # per graph node beyond the smallest graph's, taken off each graph launch
     launch_cut_from: int = 0  # that smallest graph's node count
     graph_mode: str | None = None
+    probe: dict | None = None  # fitted on the graph-level pass of a pair: the probe effect (analyze.compute.probe)
 
     @property
     def _cut(self) -> tuple[float, int]:
@@ -521,6 +522,7 @@ def to_dict(m: Model, max_steps: int = MAX_STEPS) -> dict:
             "replayed_cycles": m.replay.windows if m.replay is not None else 0,
             "assumptions": m.assumptions(), "notes": m.notes,
         },
+        **({"probe_effect": m.probe} if m.probe is not None else {}),
     }
 
 

@@ -15,7 +15,7 @@ def to_json(res: Result) -> str:
     return json.dumps(res.to_dict(), indent=2, default=str) + "\n"
 
 
-CSV_TABLES = ("phases", "ranges", "seams", "ranks", "coverage", "instances")
+CSV_TABLES = ("phases", "ranges", "seams", "ranks", "coverage", "instances", "host_calls")
 
 
 def frame(res: Result, name: str) -> pl.DataFrame:
@@ -32,6 +32,8 @@ def frame(res: Result, name: str) -> pl.DataFrame:
         return res.coverage
     if name == "instances":
         return res.instances
+    if name == "host_calls":  # the key CUDA API calls (analyze.compute.host.CALL_SCHEMA)
+        return res.host_calls if res.host_calls is not None else pl.DataFrame()
     raise InputError(f"unknown table {name!r}; one of {', '.join(CSV_TABLES)}", "BAD_TABLE")
 
 

@@ -12,7 +12,7 @@ from ..compute import whatif
 from ..compute.tokens import summary
 from ..model import InputError
 from . import plots
-from .text import compare_table, whatif_table
+from .text import compare_table, probe_lines, whatif_table
 
 CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;color:#222}
 table{border-collapse:collapse;margin:.5em 0 1.5em;font-size:13px}th,td{padding:3px 8px;border-bottom:1px solid #ddd}
@@ -60,6 +60,8 @@ def write_page(res, out: str | Path, baseline=None, steps_now: int | None = None
     parts = [f"<h1>spectrace · {html.escape(name)}</h1>",
              f'<p class="note">nsys {html.escape(str(t.nsys_version))} · {res.ranks.height} rank(s) · CUDA graph '
              f"trace: {html.escape(str(t.graph_trace_mode or 'none'))} · phases: {html.escape(res.selection)}</p>"]
+    if res.probe_effect is not None:
+        parts.append(f"<h2>Probe effect</h2><pre>{html.escape(chr(10).join(probe_lines(res.probe_effect)))}</pre>")
     tk = summary(res, steps=steps_now)
     if tk.tokens_per_cycle is not None:
         parts.append(f"<p><b>{tk.tokens_per_cycle:.2f}</b> tokens per {tk.kind} ({tk.source}), "
@@ -73,8 +75,9 @@ def write_page(res, out: str | Path, baseline=None, steps_now: int | None = None
     parts.append("<h2>Timeline</h2>" + _save(plots.timeline(res), out, "timeline.png"))
     parts.append("<h2>Seams and idle gaps</h2>")
     if res.seams_all.height:
+        causes = [c for c in ("bound", "gpu_bound_ns", "launch_bound_ns", "host_bound_ns") if c in res.seams_all.columns]
         parts.append(_table(res.seams_all.select("parent", "from", "to", "instances", "idle_ns", "busy_ns",
-                                                 "overlap_ns")))
+                                                 "overlap_ns", *causes)))
     parts.append(_save(plots.distributions(res), out, "distributions.png"))
     parts.append("<h2>Over the run</h2>" + _save(plots.per_cycle(res), out, "per_cycle.png"))
     split = plots.comm_split(res.phases)

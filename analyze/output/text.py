@@ -78,7 +78,10 @@ def _comm_split(res: Result) -> list[str]:
 def analyze_table(res: Result) -> str:
     """``spectrace analyze``: all ranks, each rank, comm split, seams, parent ranges, coverage, diagnostics."""
     t, out = res.trace, []
-    out.append(f"spectrace · {Path(t.path).name} · nsys {t.nsys_version} (schema {t.schema_version}) · "
+    pe = res.probe_effect
+    name = (f"{Path(pe['node']).name} (split) + {Path(pe['graph']).name} (timing)" if pe is not None
+            else Path(t.path).name)
+    out.append(f"spectrace · {name} · nsys {t.nsys_version} (schema {t.schema_version}) · "
                f"{res.ranks.height} rank(s) · CUDA graph trace: {t.graph_trace_mode or 'none'}")
     out.append(f"phases: {res.selection}")
     out.append("Each phase: span (first op start → last op end, per instance, summed) = compute + comm + idle;")
@@ -110,6 +113,8 @@ def analyze_table(res: Result) -> str:
                  _ms(r["busy_ns"] - r["comm_ns"]), _ms(r["comm_ns"]), _ms(r["idle_ns"]), _pct(r["idle_ns"], r["proj_span_ns"])]
                 for r in parents.iter_rows(named=True)]
         out += _grid(["range", "inst", "span ms", "µs/inst", "compute ms", "comm ms", "idle ms", "%idle"], rows)
+    if res.probe_effect is not None:
+        out += ["", *probe_lines(res.probe_effect)]
     cov = res.coverage
     gpu, att = int(cov["gpu_ns"].sum()), int(cov["attributed_ns"].sum())
     out.append("")
@@ -159,6 +164,34 @@ def _host_waits(pa: pl.DataFrame) -> list[str]:
     return ["", "Host side per phase, all ranks: time in the API calls that launched its GPU work, and time waiting "
                 "for the GPU in sync-like calls (synchronize, .item()/DtoH copies)",
             *_grid(["phase", "inst", "launch API ms", "µs/inst", "syncs", "host wait ms", "µs/inst"], rows)]
+
+
+def probe_lines(pe: dict) -> list[str]:
+    """The probe-effect section: cycle period under the graph- and node-level passes, per phase and seam."""
+    def pct(x) -> str:
+        return "-" if x is None else f"{x:+.1f}%"
+
+    p = pe["period_ns"]
+    out = [f"Probe effect: graph-level pass {Path(pe['graph']).name} vs node-level pass {Path(pe['node']).name}",
+           f"median cycle period: graph {_us_or_dash(p['graph'])} µs, node {_us_or_dash(p['node'])} µs: node-level "
+           f"tracing {pct(pe['inflation'])}"]
+    u = pe.get("unprofiled")
+    if u:
+        own = u["own_cycles_per_s"]
+        out.append(f"without a profiler ({u['source']}): {u['cycles_per_s']:,.1f} cycles/s = {_us_or_dash(u['period_ns'])} "
+                   f"µs per cycle; trace median period vs that: graph {pct(u['period_vs_unprofiled']['graph'])}, node "
+                   f"{pct(u['period_vs_unprofiled']['node'])}")
+        if any(v is not None for v in own.values()):
+            out.append("the workload's own cycles/s under each pass: " + ", ".join(
+                f"{k} {v:,.1f} ({pct(u['own_vs_unprofiled'][k])} slower)" for k, v in own.items() if v is not None))
+    rows = [[r["phase"], _us_or_dash(r["span_ns"]["graph"]), _us_or_dash(r["span_ns"]["node"]), pct(r["span_inflation"]),
+             _us_or_dash(r["launch_ns"]["graph"]), _us_or_dash(r["launch_ns"]["node"])] for r in pe["phases"]]
+    rows += [[f"seam {r['transition']}", _us_or_dash(r["idle_ns"]["graph"]), _us_or_dash(r["idle_ns"]["node"]), "",
+              r["bound"]["graph"] or "-", r["bound"]["node"] or "-"] for r in pe["seams"]]
+    out += _grid(["phase / seam", "graph µs", "node µs", "Δ", "launch µs graph / bound", "node"], rows)
+    out.append("per instance, medians: phases' GPU span and the time in the API calls that launched them; seams' "
+               "GPU idle and dominant cause")
+    return out
 
 
 def _us_or_dash(ns) -> str:
@@ -270,6 +303,8 @@ def whatif_table(m: Model, max_steps: int = MAX_STEPS, explain: bool = False) ->
     out.append("")
     out.append(f"best: {best['steps']} steps, {best['tokens_per_s']:.1f} tok/s predicted" if best
                else "best: unknown without acceptance (shortest cycle is always 1 step)")
+    if m.probe is not None:
+        out += ["", "Fitted on the graph-level pass (--timing).", *probe_lines(m.probe)]
     if explain:
         out += ["", "Assumptions"] + [f"  - {a}" for a in m.assumptions()]
     return "\n".join(out) + "\n"
