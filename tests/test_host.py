@@ -94,3 +94,20 @@ def test_bound_ties():
                                        ("cudaLaunchKernel_v7000", False), ("cudaStreamWaitEvent_v3020", False)])
 def test_sync_names(name, sync):
     assert pl.select(pl.lit(name).str.contains(SYNC_API)).item() is sync
+
+
+@pytest.mark.parametrize("name,frm,bound", [("tp1_graph", "draft", "gpu"), ("tp1_node", "draft", "gpu"),
+                                            ("tp1_steps1", "draft", "launch"), ("tp1_node", "cycle", "host"),
+                                            ("tp1_graph", "cycle", "host")])
+def test_real_seam_causes(name, frm, bound):
+    """The bundled H200 captures: between cycles the host syncs (.item()), sleeps and launches late; at 1 draft
+    step under node-level tracing the 168 µs verify launch returns after the 64 µs draft."""
+    from nvtx_hooks.capture import samples
+
+    if name not in samples.names():
+        pytest.skip("bundled capture absent")
+    res = analyze(samples.path(name))
+    row = res.seams_all.filter(pl.col("from") == frm).row(0, named=True)
+    assert row["bound"] == bound and row[f"{bound}_bound_inst"] >= 0.95 * row["instances"]
+    ho = res.phases_all.filter(pl.col("phase") == "host_overhead").row(0, named=True)
+    assert ho["syncs"] == ho["instances"] and ho["host_wait_ns"] > 0

@@ -4,8 +4,6 @@ chained pair (tests/eagle_synth.py) and on the bundled real pair tp1_graph + tp1
 from __future__ import annotations
 
 import json
-import sqlite3
-import statistics
 
 import eagle_synth as es
 import polars as pl
@@ -15,6 +13,7 @@ from analyze import analyze, probe_effect
 from analyze.cli import main
 from analyze.compute import probe
 from analyze.compute.whatif import fit
+from bench.probe_check import median_cycle_period
 from nvtx_hooks.capture import samples
 
 
@@ -100,28 +99,6 @@ def test_mismatched_pair(pair, tmp_path, capsys):
 
 
 # ---- the bundled real pair ----------------------------------------------------------------------------
-
-
-def median_cycle_period(path) -> float:
-    """Straight from the SQLite: per ``cycle`` range, the earliest GPU op (kernel, graph, memcpy, memset)
-    launched by a CUDA call inside it on its thread; the median of the differences of consecutive ones."""
-    con = sqlite3.connect(path)
-    calls = con.execute('SELECT correlationId, globalTid, start, "end" FROM CUPTI_ACTIVITY_KIND_RUNTIME').fetchall()
-    call = {c: (t, s, e) for c, t, s, e in calls}
-    first_op: dict[int, int] = {}
-    for table in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_GRAPH_TRACE", "CUPTI_ACTIVITY_KIND_MEMCPY",
-                  "CUPTI_ACTIVITY_KIND_MEMSET"):
-        if con.execute("SELECT 1 FROM sqlite_master WHERE name=?", (table,)).fetchone():
-            for c, s in con.execute(f"SELECT correlationId, start FROM {table}"):
-                first_op[c] = min(s, first_op.get(c, s))
-    cyc = con.execute("""SELECT n.start, n."end", n.globalTid FROM NVTX_EVENTS n LEFT JOIN StringIds s ON s.id = n.textId
-                         WHERE COALESCE(n.text, s.value) = 'cycle' ORDER BY n.start""").fetchall()
-    firsts = []
-    for a, b, tid in cyc:
-        ops = [first_op[c] for c, (t, s, e) in call.items() if t == tid and a <= s and e <= b and c in first_op]
-        if ops:
-            firsts.append(min(ops))
-    return statistics.median(y - x for x, y in zip(firsts, firsts[1:]))
 
 
 @pytest.fixture(scope="module")
