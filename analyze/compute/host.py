@@ -42,57 +42,61 @@ CALL_SCHEMA = {"pid": pl.Int64, "gtid": pl.Int64, "corr": pl.Int64, "start": pl.
 INSTANCE_COLS = ("x_launch_api_ns", "x_host_wait_ns", "x_syncs")
 
 
-def first_launches(ops: pl.DataFrame, api: pl.DataFrame) -> pl.DataFrame:
-    """Per range instance with GPU work (exclusive view): its earliest op's start and the call that launched it:
-    ``range_id, first, corr, launch_start, launch_end``."""
-    first = (ops.filter(pl.col("range_id").is_not_null()).sort("start", "corr")
-             .group_by("range_id").agg(first=pl.col("start").first(), corr=pl.col("corr").first()))
-    return first.join(api.select("corr", launch_start="start", launch_end="end"), on="corr", how="left")
+def per_call(ops: pl.DataFrame, api: pl.DataFrame) -> pl.DataFrame:
+    """One row per launching call (``corr``): its op count, range, start and end, first op start, last op end."""
+    return (ops.group_by("corr").agg(ops=pl.len().cast(pl.UInt32), range_id=pl.col("range_id").first(),
+                                     first=pl.col("start").min(), last=pl.col("end").max())
+            .join(api.select("corr", "start", "end"), on="corr", how="left"))
 
 
-def waits(calls: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
+def first_launches(per_corr: pl.DataFrame) -> pl.DataFrame:
+    """Per range instance with GPU work (exclusive view): its earliest op's start, the call that launched it
+    (``corr, launch_start, launch_end``) and ``x_launch_api_ns``, the time in all the calls that launched its
+    ops (a call's ops share its range: the innermost one open while it ran)."""
+    at = pl.col("first").arg_min()
+    return (per_corr.filter(pl.col("range_id").is_not_null()).group_by("range_id")
+            .agg(pl.col("first").min(), corr=pl.col("corr").get(at), launch_start=pl.col("start").get(at),
+                 launch_end=pl.col("end").get(at), x_launch_api_ns=(pl.col("end") - pl.col("start")).sum()))
+
+
+def waits(calls: pl.DataFrame, per_corr: pl.DataFrame) -> pl.DataFrame:
     """``calls`` with ``wait_end`` (latest end of the ops launched by calls that started no later) and
     ``wait_range_id`` (the range of that op), both null before the first launch."""
-    launched = (ops.filter(pl.col("api_start").is_not_null()).sort("api_start", "end")
-                .select("api_start", "end", "range_id")
+    launched = (per_corr.filter(pl.col("start").is_not_null()).sort("start", "last")
+                .select("start", "range_id", end="last")
                 .with_columns(wait_end=pl.col("end").cum_max()))
     launched = launched.with_columns(
         wait_range_id=pl.when(pl.col("end") == pl.col("wait_end")).then("range_id").forward_fill())
-    last = launched.group_by("api_start", maintain_order=True).agg(pl.col("wait_end", "wait_range_id").last())
-    return calls.sort("start").join_asof(last, left_on="start", right_on="api_start", strategy="backward",
-                                         check_sortedness=False).drop("api_start")
+    last = launched.group_by("start", maintain_order=True).agg(pl.col("wait_end", "wait_range_id").last())
+    return calls.sort("start").join_asof(last.rename({"start": "_s"}), left_on="start", right_on="_s",
+                                         strategy="backward", check_sortedness=False).drop("_s")
 
 
 def calls(ops: pl.DataFrame, api: pl.DataFrame, nested: pl.DataFrame, sync_ids: pl.Series,
           launch_ids: pl.Series) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """One process's key calls (:data:`CALL_SCHEMA`), the first launch of each range instance
-    (:func:`first_launches`) and per range instance ``x_launch_api_ns`` (time in the calls that launched
-    its ops), ``x_host_wait_ns`` and ``x_syncs`` (its sync-like calls' wait and count)."""
-    firsts = first_launches(ops, api)
-    per_corr = ops.group_by("corr").agg(ops=pl.len().cast(pl.UInt32), range_id=pl.col("range_id").first())
-    sync = api.filter(pl.col("name_id").is_in(sync_ids.implode()))
-    graph = api.filter(pl.col("name_id").is_in(launch_ids.implode()))
-    unit_calls = api.join(firsts.select("corr", unit="range_id"), on="corr", how="semi")
-    key = pl.concat([sync, graph, unit_calls]).unique("corr", keep="first")
-    key = (key.join(per_corr, on="corr", how="left")
+    (:func:`first_launches`) and per range instance ``x_launch_api_ns``, ``x_host_wait_ns`` and ``x_syncs``
+    (its sync-like calls' wait and count)."""
+    per_corr = per_call(ops, api)
+    firsts = first_launches(per_corr)
+    is_sync, is_graph = pl.col("name_id").is_in(sync_ids.implode()), pl.col("name_id").is_in(launch_ids.implode())
+    key = (api.filter(is_sync | is_graph | pl.col("corr").is_in(firsts["corr"].implode()))
+           .join(per_corr.select("corr", "ops", "range_id"), on="corr", how="left")
            .join(firsts.select("corr", unit="range_id"), on="corr", how="left")
-           .with_columns(sync=pl.col("name_id").is_in(sync_ids.implode()),
-                         graph=pl.col("name_id").is_in(launch_ids.implode()),
-                         ops=pl.col("ops").fill_null(0)))
-    # A sync-like call launches nothing itself (a synchronous memcpy does): its range is the one open around it.
-    open_at = innermost(key.select("pid", "gtid", "corr", "start", "end"), nested).select("corr", _open="range_id")
-    key = key.join(open_at, on="corr", how="left").with_columns(range_id=pl.coalesce("range_id", "_open"))
-    key = waits(key, ops).with_columns(
+           .with_columns(sync=is_sync, graph=is_graph, ops=pl.col("ops").fill_null(0)))
+    # A call that launched nothing (a stream synchronize) belongs to the range open around it.
+    bare = key.filter(pl.col("range_id").is_null())
+    if bare.height:
+        open_at = innermost(bare.select("pid", "gtid", "corr", "start", "end"), nested).select("corr", _open="range_id")
+        key = key.join(open_at, on="corr", how="left").with_columns(range_id=pl.coalesce("range_id", "_open"))
+    key = waits(key, per_corr).with_columns(
         wait_ns=pl.when("sync").then((pl.min_horizontal("wait_end", "end") - pl.col("start")).clip(lower_bound=0))
         .otherwise(0).fill_null(0))
     key = key.select(list(CALL_SCHEMA)).cast(CALL_SCHEMA).sort("start")
-    launch = (ops.filter(pl.col("range_id").is_not_null()).select("range_id", "corr").unique()
-              .join(api.select("corr", d=pl.col("end") - pl.col("start")), on="corr")
-              .group_by("range_id").agg(x_launch_api_ns=pl.col("d").sum()))
     waited = (key.filter(pl.col("sync") & pl.col("range_id").is_not_null()).group_by("range_id")
               .agg(x_host_wait_ns=pl.col("wait_ns").sum(), x_syncs=pl.len().cast(pl.UInt32)))
-    per_inst = launch.join(waited, on="range_id", how="full", coalesce=True)
-    return key, firsts, per_inst
+    per_inst = firsts.select("range_id", "x_launch_api_ns").join(waited, on="range_id", how="full", coalesce=True)
+    return key, firsts.drop("x_launch_api_ns"), per_inst
 
 
 def add_instance_cols(inst: pl.DataFrame, per_inst: pl.DataFrame | None) -> pl.DataFrame:

@@ -128,12 +128,6 @@ class Replay:
         seams = np.nansum(np.maximum(gap, 0.0), axis=1) if n_w else np.zeros(0)
         return period, seams, gap
 
-    def periods(self, delta: dict[str, float], cut: tuple[float, int] = (0.0, 0)) -> np.ndarray:
-        """Predicted period of every cycle: replayed, or measured + the median replayed shift."""
-        p, _, _ = self.run(delta, cut)
-        shift = float(np.median(p - self.period)) if len(p) else 0.0
-        return np.concatenate([p, self.rest + shift])
-
 
 def at2(arr: np.ndarray, ref: np.ndarray) -> np.ndarray:
     """``arr[w, ref[w, k]]`` per slot (NaN where ``ref`` is -1)."""
@@ -289,6 +283,7 @@ class Model:
     launch_cut_from: int = 0  # that smallest graph's node count
     graph_mode: str | None = None
     probe: dict | None = None  # fitted on the graph-level pass of a pair: the probe effect (analyze.compute.probe)
+    _runs: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def _cut(self) -> tuple[float, int]:
@@ -319,25 +314,33 @@ class Model:
         k = self.expected_accepted(steps)
         return None if k is None or self.batch_size is None else self.batch_size * (1 + k)
 
+    def _replayed(self, steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`Replay.run` at ``steps`` (kept: predict, cycle and seams ask for the same replay)."""
+        key = (tuple(sorted(self.deltas(steps).items())), self._cut)
+        if key not in self._runs:
+            self._runs[key] = self.replay.run(dict(key[0]), self._cut)
+        return self._runs[key]
+
     def cycle(self, steps: int) -> float:
         """Predicted cycle period: the median of the replayed periods (the measured one without a replay)."""
         if self.replay is None or self.replay.windows == 0:
             return self.period_ns + sum(self.deltas(steps).values())
-        return float(np.median(self.replay.periods(self.deltas(steps), self._cut)))
+        p = self._replayed(steps)[0]
+        shift = float(np.median(p - self.replay.period))
+        return float(np.median(np.concatenate([p, self.replay.rest + shift])))
 
     def seams(self, steps: int) -> dict[str, float]:
         """Predicted GPU idle of each seam inside a cycle (median over cycles and ranks)."""
         if self.replay is None or self.replay.windows == 0:
             return {}
-        _, _, gap = self.replay.run(self.deltas(steps), self._cut)
-        tr = self.replay.a["trans"]
+        gap, tr = self._replayed(steps)[2], self.replay.a["trans"]
         return {lab: float(np.median(np.maximum(gap[tr == i], 0.0))) for i, lab in enumerate(self.replay.labels)
                 if (tr == i).any()}
 
     def seams_total(self, steps: int) -> float:
         if self.replay is None or self.replay.windows == 0:
             return 0.0
-        return float(np.median(self.replay.run(self.deltas(steps), self._cut)[1]))
+        return float(np.median(self._replayed(steps)[1]))
 
     def predict(self, steps: int) -> dict:
         s0 = self.steps_now
