@@ -141,3 +141,11 @@ def test_explain(chained, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert doc["model"]["launch_cut_per_node_ns"] == 0 and doc["predictions"][0]["cycle_ns"] == 2000
     assert doc["model"]["assumptions"]
+
+
+def test_merged_reports_replay_per_rank(tmp_path):
+    """Two reports merged (one rank each, the same range ids in both): the same model as one of them."""
+    paths = [es.chained(tmp_path / f"{n}.sqlite", "Graph") for n in ("a", "b")]
+    m = fit(analyze(paths, jobs=1))
+    assert m.cost_ns == {"draft": 300, "verify": 1000, "draft_extend": 100}
+    assert [m.cycle(s) for s in (1, 3)] == [1695, 1895] and m.replay.windows == 8

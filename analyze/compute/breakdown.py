@@ -198,14 +198,14 @@ def seams(seam_inst: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
         seam_inst.join(parents, on="parent", how="left")
         .group_by("rank", "parent_range", "prev_range", "range")
         .agg(
-            pl.len().alias("instances"),
-            pl.col("gap_ns").sum(),
-            pl.col("idle_ns").sum(),
-            pl.col("busy_ns").sum(),
-            pl.col("overlap_ns").sum(),
-            pl.col("idle_ns").median().alias("idle_p50_ns"),
-            pl.col("idle_ns").max().alias("idle_max_ns"),
             *causes,
+            instances=pl.len(),
+            gap_ns=pl.col("gap_ns").sum(),
+            idle_ns=pl.col("idle_ns").sum(),
+            busy_ns=pl.col("busy_ns").sum(),
+            overlap_ns=pl.col("overlap_ns").sum(),
+            idle_p50_ns=pl.col("idle_ns").median(),
+            idle_max_ns=pl.col("idle_ns").max(),
         )
         .rename({"parent_range": "parent", "prev_range": "from", "range": "to"})
         .sort("rank", "idle_ns", descending=[False, True])

@@ -300,12 +300,14 @@ def merge(results: list[Result]) -> Result:
     parts: dict[str, list[pl.DataFrame]] = {k: [] for k in ("ranks", "instances", "seam_instances", "coverage",
                                                              "phases", "ranges")}
     diags: list[Diagnostic] = []
-    seams, windows, base = [], [], 0
+    seams, windows, calls, base = [], [], [], 0
     for i, r in enumerate(results):
         for k in parts:
             parts[k].append(_offset(getattr(r, k), base, i))
         # Instance ids are per report: seams find their parent range within their own report.
         seams.append(_offset(breakdown.seams(r.seam_instances, r.instances), base, i))
+        if r.host_calls is not None:
+            calls.append(_offset(r.host_calls, base, i))
         if r.window is not None:
             windows.append(dataclasses.replace(r.window, rank_offset=base))
         diags += [Diagnostic(d.level, d.code, f"report {i} ({Path(r.trace.path).name}): {d.message}")
@@ -317,8 +319,6 @@ def merge(results: list[Result]) -> Result:
                                                           maintain_order="left")
     phases = phases.with_columns(pl.col(*collectives.SPLIT).fill_null(0).cast(pl.Int64))
     diags += comm.diagnostics
-    calls = [_offset(r.host_calls, base_i, i) for i, (r, base_i) in enumerate(zip(results, _bases(results)))
-             if r.host_calls is not None]
     first = results[0]
     return Result(
         trace=first.trace,
@@ -338,15 +338,6 @@ def merge(results: list[Result]) -> Result:
         window=ManyWindows(windows) if windows else None,
         host_calls=pl.concat(calls, how="diagonal_relaxed") if calls else None,
     )
-
-
-def _bases(results: list[Result]) -> list[int]:
-    """The rank offset of each result in :func:`merge` (ranks numbered across reports in order)."""
-    out, base = [], 0
-    for r in results:
-        out.append(base)
-        base += r.ranks.height
-    return out
 
 
 def analyze_each(

@@ -58,8 +58,9 @@ def cycle_phases(res) -> pl.DataFrame:
     c = cycles(res).filter(pl.col("kind") == "cycle").select("rank", "n", parent="range_id", tokens="tokens",
                                                                 accept_length="accept_length",
                                                                 batch_size="batch_size")
-    kids = res.instances.with_columns(phase=base_expr()).select("parent", "phase", "x_span_ns", "x_ops")
-    return (c.join(kids, on="parent").filter(pl.col("x_ops") > 0)
+    kids = res.instances.with_columns(phase=base_expr()).select("rank", "parent", "phase", "x_span_ns", "x_ops")
+    # on the rank too: range ids are unique per report only, and a merged result has several
+    return (c.join(kids, on=["rank", "parent"]).filter(pl.col("x_ops") > 0)
             .group_by("rank", "n", "phase").agg(pl.col("x_span_ns").sum(), pl.col("tokens").first(),
                                                 pl.col("accept_length").first(), pl.col("batch_size").first()))
 
@@ -147,13 +148,20 @@ def _median_by(df: pl.DataFrame, col: str, ok: pl.Expr, keys: list[str]) -> tupl
 def build_replay(res) -> Replay:
     """The :class:`Replay` of an analysed trace (its cycles, phase instances and key host calls)."""
     empty = Replay(np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64), {}, [], np.zeros(0))
-    cyc = cycles(res).filter(pl.col("kind") == "cycle")
+    # Range ids are unique per report only (a merged result has several): qualified by rank here.
+
+    def uid(col: str) -> pl.Expr:
+        return pl.col("rank") * (1 << 40) + pl.col(col)
+
+    cyc = cycles(res).filter(pl.col("kind") == "cycle").with_columns(range_id=uid("range_id"))
     periods = cyc.filter(pl.col("period_ns").is_not_null())
     calls = res.host_calls
     if cyc.height == 0 or calls is None or calls.height == 0:
         return Replay(empty.rank, empty.period, empty.n_items, {}, [], periods["period_ns"].cast(pl.Float64).to_numpy())
+    calls = calls.with_columns(unit=uid("unit"), wait_range_id=uid("wait_range_id"))
+    inst = res.instances.with_columns(range_id=uid("range_id"), parent=uid("parent"))
     cyc_ids = cyc["range_id"].implode()
-    units = (res.instances.filter(pl.col("x_ops") > 0)
+    units = (inst.filter(pl.col("x_ops") > 0)
              .select("rank", "gtid", "range_id", "parent", "range", S="x_first", A="x_last", G="x_span_ns")
              .with_columns(phase=base_expr(),
                            cyc=pl.when(pl.col("range_id").is_in(cyc_ids)).then("range_id")
@@ -163,7 +171,7 @@ def build_replay(res) -> Replay:
                            pred_phase=pl.col("phase").shift(1).over("rank"), pred_cyc=pl.col("cyc").shift(1).over("rank")))
     code = {p: i for i, p in enumerate(MODEL_PHASES)}
     units = units.with_columns(code=pl.col("phase").replace_strict(code, default=-1, return_dtype=pl.Int64))
-    threads = res.instances.filter(pl.col("range_id").is_in(cyc_ids)).select("rank", "gtid").unique()
+    threads = inst.filter(pl.col("range_id").is_in(cyc_ids)).select("rank", "gtid").unique()
     items = (calls.filter(pl.col("sync") | pl.col("unit").is_not_null()).join(threads, on=["rank", "gtid"], how="semi")
              .select("rank", "name_id", "sync", "unit", "ops", "graph", "wait_end", "wait_range_id",
                      s="start", e="end")
