@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 
 import eagle_synth as es
+import numpy as np
 import polars as pl
 import pytest
 
 from analyze import analyze
 from analyze.cli import main
-from analyze.compute.whatif import fit, solve_alpha, validate
+from analyze.compute.whatif import Replay, fit, solve_alpha, validate
 from analyze.model import InputError
 
 
@@ -149,3 +150,35 @@ def test_merged_reports_replay_per_rank(tmp_path):
     m = fit(analyze(paths, jobs=1))
     assert m.cost_ns == {"draft": 300, "verify": 1000, "draft_extend": 100}
     assert [m.cycle(s) for s in (1, 3)] == [1695, 1895] and m.replay.windows == 8
+
+
+def _one_window(wait: int, own: float = 0, rho: float = 50) -> Replay:
+    """A window of three key calls (ns): a 3-node draft graph launch [0, 20] (GPU [25, 325]); a sync
+    [100, 400] waiting for GPU work ending at 350 (= draft end + 25), either as traced (wait -1: launched
+    before the window) or on slot 0's phase; 80 ns of host time before it, in which a 10-node graph was
+    launched; the next cycle's draft launch [450, 470] (GPU at 475): period 450. The sync returns at
+    max(start + ``own``, the work's end + ``rho``)."""
+    nan = np.nan
+    cols = {"s": [0, 100, 450], "e": [20, 400, 470], "sync": [False, True, False], "has_unit": [True, False, True],
+            "code": [0, -1, 0], "lam": [5, nan, 5], "dlt": [5, nan, 5], "g": [300, nan, 300], "pred": [-1, -1, 0],
+            "a_pred": [nan, nan, nan], "wait": [-1, wait, -1], "w_off": [0, 25, 0], "w_ext": [nan, 325, nan],
+            "own": [nan, own, nan], "rho": [nan, rho, nan], "trans": [-1, -1, -1], "nodes": [3, 0, 3],
+            "graph": [True, False, True], "gap_nodes": [0, 10, 0], "gap_launches": [0, 1, 0]}
+    a = {k: np.array([v], dtype=bool if k in ("sync", "has_unit", "graph") else
+                     (np.int64 if k in ("code", "pred", "wait", "trans") else float)) for k, v in cols.items()}
+    return Replay(np.array([0]), np.array([450.0]), np.array([3]), a, [], np.zeros(0))
+
+
+def test_replay_mechanics():
+    ext, own = _one_window(-1), _one_window(0)
+    for r in (ext, own):
+        assert r.run({})[0][0] == 450  # the trace, unchanged
+    # 2 ns per node beyond 3 off the 10-node launch in the gap: the sync starts 14 ns earlier; waiting, it still
+    # returns at 400; host-bound (300 ns of its own, the work done at 350), it returns 14 ns earlier
+    assert ext.run({}, (2.0, 3))[0][0] == 450
+    host = _one_window(-1, own=300, rho=0)
+    assert host.run({})[0][0] == 450 and host.run({}, (2.0, 3))[0][0] == 436
+    # a draft 100 ns shorter: a sync waiting on work launched before the window does not move; one waiting on
+    # the draft returns 100 ns earlier, and the next cycle's launch (host-bound) with it
+    assert ext.run({"draft": -100})[0][0] == 450
+    assert own.run({"draft": -100})[0][0] == 350

@@ -68,7 +68,7 @@ def cycle_phases(res) -> pl.DataFrame:
 # ---- the replay ----------------------------------------------------------------------------------------
 
 _ITEM_COLS = ("s", "e", "sync", "has_unit", "code", "lam", "dlt", "g", "pred", "a_pred", "wait", "w_off", "w_ext",
-              "own", "rho", "trans", "nodes", "graph")
+              "own", "rho", "trans", "nodes", "graph", "gap_nodes", "gap_launches")
 
 
 @dataclass
@@ -113,7 +113,11 @@ class Replay:
             return np.where(ref >= 0, arr[rows, np.maximum(ref, 0)], ext)
 
         for k in range(k_max):
-            sk = a["s"][:, 0] if k == 0 else e_[:, k - 1] + (a["s"][:, k] - a["e"][:, k - 1])
+            if k == 0:
+                sk = a["s"][:, 0]
+            else:  # the host's own time since the previous key call, less node tracing's cost of launches in it
+                traced = cut[0] * (a["gap_nodes"][:, k] - cut[1] * a["gap_launches"][:, k])
+                sk = e_[:, k - 1] + np.maximum(a["s"][:, k] - a["e"][:, k - 1] - traced, 0.0)
             plain = sk + dur[:, k]
             sync = a["sync"][:, k]
             sub = np.where(sync, sk, plain)  # a sync call's own op is submitted at its start, a launch's at its end
@@ -201,8 +205,17 @@ def build_replay(res) -> Replay:
         dlt=pl.when("gb").then("dlt_obs").otherwise(pl.min_horizontal("def_dlt_obs", "dlt_obs")),
         rho=pl.when("waited").then("rho_obs").otherwise(pl.min_horizontal("def_rho_obs", "rho_obs")),
         own=pl.when("waited").then(pl.min_horizontal("def_own_obs", "own_obs")).otherwise("own_obs"),
-        w_off=pl.col("wait_end") - pl.col("_wa"),
+        w_off=(pl.col("wait_end") - pl.col("_wa")).fill_null(0),
     )
+    # Graph launches between two key calls (not the first launch of a phase) are part of the host's time
+    # between them: node tracing's cost of each is taken off that time too.
+    extra = (calls.filter(pl.col("graph") & ~pl.col("sync") & pl.col("unit").is_null())
+             .join(threads, on=["rank", "gtid"], how="semi").select("rank", "ops", t="start").sort("t"))
+    gaps = (extra.join_asof(items.select("rank", "s").unique().sort("s"), left_on="t", right_on="s", by="rank",
+                            strategy="forward", check_sortedness=False)
+            .group_by("rank", "s").agg(gap_nodes=pl.col("ops").sum().cast(pl.Float64),
+                                       gap_launches=pl.len().cast(pl.Float64)))
+    items = items.join(gaps, on=["rank", "s"], how="left").with_columns(pl.col("gap_nodes", "gap_launches").fill_null(0))
     # Windows: cycle n of a rank runs from the launch call of its first phase to that of cycle n + 1's.
     first = (units.filter(pl.col("cyc").is_not_null()).sort("S").group_by("cyc").agg(pl.col("range_id").first())
              .join(items.select("unit", "s"), left_on="range_id", right_on="unit")
@@ -230,7 +243,7 @@ def build_replay(res) -> Replay:
         .then(pl.format("{}→{}", "pred_phase", "phase").replace_strict(
             {lab: i for i, lab in enumerate(labels)}, default=-1, return_dtype=pl.Int64)).otherwise(-1),
         has_unit=pl.col("unit").is_not_null(), pred=pl.col("pred_k").fill_null(-1), wait=pl.col("wait_k").fill_null(-1),
-        w_ext=pl.col("wait_end"), nodes=pl.col("ops"), code=pl.col("code").fill_null(-1), g=pl.col("G"))
+        w_ext=pl.col("wait_end") - pl.col("w_off"), nodes=pl.col("ops"), code=pl.col("code").fill_null(-1), g=pl.col("G"))
     n_w = win.height
     k_max = int(long["k"].max()) + 1 if long.height else 0
     arrays = {}
