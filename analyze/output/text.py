@@ -188,9 +188,9 @@ def probe_lines(pe: dict) -> list[str]:
              _us_or_dash(r["launch_ns"]["graph"]), _us_or_dash(r["launch_ns"]["node"])] for r in pe["phases"]]
     rows += [[f"seam {r['transition']}", _us_or_dash(r["idle_ns"]["graph"]), _us_or_dash(r["idle_ns"]["node"]), "",
               r["bound"]["graph"] or "-", r["bound"]["node"] or "-"] for r in pe["seams"]]
-    out += _grid(["phase / seam", "graph µs", "node µs", "Δ", "launch µs graph / bound", "node"], rows)
-    out.append("per instance, medians: phases' GPU span and the time in the API calls that launched them; seams' "
-               "GPU idle and dominant cause")
+    out += _grid(["phase / seam", "span/idle µs: graph", "node", "Δ", "launch µs/bound: graph", "node"], rows)
+    out.append("per instance, medians: a phase's GPU span and the time in the API calls that launched its work; a "
+               "seam's GPU idle and dominant cause")
     return out
 
 

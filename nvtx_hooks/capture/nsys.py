@@ -177,7 +177,7 @@ class OutputRecords:
         stream.close()
 
     def join(self) -> list[dict]:
-        self._thread.join(timeout=30)
+        self._thread.join(timeout=10)  # a leftover grandchild may hold the pipe open: do not wait for it
         return self.records
 
 
