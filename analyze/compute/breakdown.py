@@ -210,7 +210,10 @@ def seams(seam_inst: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
         .rename({"parent_range": "parent", "prev_range": "from", "range": "to"})
         .sort("rank", "idle_ns", descending=[False, True])
     )
-    return out.with_columns(bound_expr()) if causes else out
+    if not causes:
+        return out
+    names = [e.meta.output_name() for e in causes]  # after the columns every seam row has
+    return out.select(pl.exclude(names), *names).with_columns(bound_expr())
 
 
 def coverage(inst: pl.DataFrame, ops: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:
