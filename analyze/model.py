@@ -15,12 +15,16 @@ from . import __version__
 
 # Sums over ranks: the columns of each per-rank table that add up (the first one orders the rows).
 PHASE_SUMS = ("span_ns", "busy_ns", "compute_ns", "comm_ns", "idle_ns", "kernel_ns", "ops", "launches",
-              "gpu_idle_ns", "instances", "comm_wait_ns", "comm_transfer_ns")
+              "gpu_idle_ns", "instances", "comm_wait_ns", "comm_transfer_ns", "launch_api_ns", "host_wait_ns", "syncs")
 RANGE_SUMS = ("proj_span_ns", "instances", "range_instances", "ops", "launches", "busy_ns", "comm_ns", "idle_ns",
               "range_ns")
-SEAM_SUMS = ("idle_ns", "gap_ns", "busy_ns", "overlap_ns", "instances")
 MARKS_SCHEMA = {"pid": pl.Int64, "gtid": pl.Int64, "time": pl.Int64, "domain": pl.String, "mark": pl.String,
                 "uint64": pl.Int64, "int64": pl.Int64}
+# Why the GPU waited at a seam (analyze.compute.host): the next phase's first op was queued in time (gpu), its
+# launch call returned after the earlier work ended (launch), or the launch began after it (host).
+SEAM_CAUSES = ("gpu", "launch", "host")
+SEAM_SUMS = ("idle_ns", "gap_ns", "busy_ns", "overlap_ns", "instances",
+             *(f"{c}_bound_{k}" for c in SEAM_CAUSES for k in ("ns", "inst")), "launch_block_ns", "host_late_ns")
 
 
 class InputError(Exception):
@@ -91,6 +95,20 @@ class Trace:
         return None
 
 
+def bound_expr() -> pl.Expr:
+    """A seam row's dominant cause from its ``<cause>_bound_inst``/``_ns`` columns: the cause with the most
+    instances (ties: the most idle time, then the order of :data:`SEAM_CAUSES`); null when none is known."""
+    n = {c: pl.col(f"{c}_bound_inst") for c in SEAM_CAUSES}
+    t = {c: pl.col(f"{c}_bound_ns") for c in SEAM_CAUSES}
+
+    def beats(x: str, y: str) -> pl.Expr:
+        return (n[x] > n[y]) | ((n[x] == n[y]) & (t[x] >= t[y]))
+
+    g, la, h = SEAM_CAUSES
+    pick = pl.when(beats(g, la) & beats(g, h)).then(pl.lit(g)).when(beats(la, h)).then(pl.lit(la)).otherwise(pl.lit(h))
+    return pl.when(pl.max_horizontal(*n.values()) > 0).then(pick).alias("bound")
+
+
 def sum_over_ranks(per_rank: pl.DataFrame, keys: list[str], sums: tuple[str, ...]) -> pl.DataFrame:
     """Sum a per-rank table over ranks (``ranks`` = how many ranks had the row)."""
     have = [c for c in sums if c in per_rank.columns]
@@ -135,6 +153,10 @@ class Result:
     kernels: pl.DataFrame | None = None
     cycle_choice: dict[str, Any] = field(default_factory=dict)
     memo: dict[str, Any] = field(default_factory=dict, repr=False)
+    # The key CUDA API calls of each rank (analyze.compute.host.CALL_SCHEMA): what the what-if replays.
+    host_calls: pl.DataFrame | None = field(default=None, repr=False)
+    # With a graph-level timing pass (analyze.compute.probe): what node-level tracing cost.
+    probe_effect: dict[str, Any] | None = None
 
     @property
     def phases_all(self) -> pl.DataFrame:
@@ -146,7 +168,8 @@ class Result:
 
     @property
     def seams_all(self) -> pl.DataFrame:
-        return sum_over_ranks(self.seams, ["parent", "from", "to"], SEAM_SUMS)
+        out = sum_over_ranks(self.seams, ["parent", "from", "to"], SEAM_SUMS)
+        return out.with_columns(bound_expr()) if "gpu_bound_inst" in out.columns else out
 
     def ops_between(self, t0: int, t1: int) -> pl.DataFrame:
         """GPU operations overlapping ``[t0, t1)`` on the result's clock: ``rank, start, end, kind, comm``."""
@@ -185,6 +208,8 @@ class Result:
         if len(self.reports) > 1:
             d["reports"] = self.reports
             d["clock"] = self.clock
+        if self.probe_effect is not None:
+            d["probe_effect"] = self.probe_effect
         return d
 
 

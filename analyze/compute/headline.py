@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from . import breakdown, collectives
+from ..model import bound_expr
+from . import breakdown, collectives, host
 from .tokens import base_expr, cycles
 
 GAP = "between cycles"
@@ -140,12 +141,14 @@ def seams_all(res) -> pl.DataFrame:
             return pl.DataFrame()
         parents = res.instances.filter(pl.col("rank").is_not_null()).select("rank", parent="range_id",
                                                                             parent_range="range")
-        return (s.join(parents, on=["rank", "parent"], how="left")
-                .group_by(parent="parent_range", **{"from": "prev_range"}, to="range")
-                .agg(pl.col("rank").n_unique().alias("ranks"), pl.len().alias("instances"),
-                     *[pl.col(c).sum() for c in ("gap_ns", "idle_ns", "busy_ns", "overlap_ns")],
-                     *breakdown.spread("idle_ns", "idle"))
-                .sort("idle_ns", "from", "to", descending=[True, False, False]))
+        causes = host.seam_aggs() if "cause" in s.columns else []
+        out = (s.join(parents, on=["rank", "parent"], how="left")
+               .group_by(parent="parent_range", **{"from": "prev_range"}, to="range")
+               .agg(pl.col("rank").n_unique().alias("ranks"), pl.len().alias("instances"),
+                    *[pl.col(c).sum() for c in ("gap_ns", "idle_ns", "busy_ns", "overlap_ns")],
+                    *breakdown.spread("idle_ns", "idle"), *causes)
+               .sort("idle_ns", "from", "to", descending=[True, False, False]))
+        return out.with_columns(bound_expr()) if causes else out
     return _memo(res, "seams_all", run)
 
 

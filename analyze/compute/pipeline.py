@@ -27,7 +27,7 @@ import polars as pl
 from ..model import Diagnostic, InputError, Result, Trace
 from ..read.source import ManyWindows, OpsWindow, open_source
 from ..read.store import Progress
-from . import attribute, breakdown, collectives
+from . import attribute, breakdown, collectives, host
 from .comm_patterns import PATTERNS, CommPattern, family_expr
 from .diagnostics import FACTS, diagnose
 
@@ -94,13 +94,15 @@ class Context:
     devices: pl.DataFrame
     launch_ids: pl.Series
     keep_ops: bool
+    sync_ids: pl.Series = dataclasses.field(default_factory=lambda: pl.Series("name_id", [], pl.Int64))
 
 
 def process(source, pid: int, ctx: Context) -> dict:
     """The per-process body: attribute one process's GPU ops to its ranges and measure every instance.
 
-    Returns small frames (``ranks``, ``inst``, ``seam``, ``cov``, ``kern``; ``ops`` only with
-    ``keep_ops``) and the counts of :data:`FACTS`. Ranks are provisional (renumbered globally).
+    Returns small frames (``ranks``, ``inst``, ``seam``, ``cov``, ``kern``, ``calls``: the key host calls of
+    :mod:`analyze.compute.host`; ``ops`` only with ``keep_ops``) and the counts of :data:`FACTS`. Ranks are
+    provisional (renumbered globally).
     """
     out: dict = {}
     ops, api = source.ops(pid), source.api(pid)
@@ -115,7 +117,10 @@ def process(source, pid: int, ctx: Context) -> dict:
     is_launch = pl.col("name_id").is_in(ctx.launch_ids.implode())
     launches = int(api.select(is_launch.sum()).item())
     launched = calls.filter(pl.col("api_name_id").is_in(ctx.launch_ids.implode())).height
-    del api, calls
+    del calls
+    key_calls, firsts, per_inst = host.calls(ops, api, nested, ctx.sync_ids, ctx.launch_ids) if ops.height else (
+        None, None, None)
+    del api
     out["facts"] = {
         "graph_ops": int((ops["kind"] == "graph").sum()),
         "node_ops": int(ops["graph_node"].is_not_null().sum()),
@@ -137,9 +142,10 @@ def process(source, pid: int, ctx: Context) -> dict:
         inst = breakdown.instances(nested, ops, anc)
         blocks = breakdown.gpu_blocks(ops)
         inst = breakdown.add_gpu_idle(inst, blocks)
-        out["seam"] = breakdown.seam_instances(inst, blocks)
+        out["seam"] = host.seam_causes(breakdown.seam_instances(inst, blocks), firsts)
         out["cov"] = breakdown.coverage(inst, ops, blocks)
-        out["inst"] = inst
+        out["inst"] = host.add_instance_cols(inst, per_inst)
+        out["calls"] = key_calls
         # Collective matching is global, but each kernel's group (instance k, ordinal j) is per rank.
         out["kern"] = collectives.comm_kernels(comm, inst).with_columns(pid=pl.lit(pid, pl.Int64))
     elif nested.height:  # API calls but no GPU work: its ranges still count as instances
@@ -158,8 +164,8 @@ def kernel_stats(ops: pl.DataFrame, kinds: pl.DataFrame) -> pl.DataFrame:
 
 def _without_gpu(nested: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
     """Instances of ranges whose process ran no GPU work (every metric zero)."""
-    return breakdown.instances(nested, ops, attribute.ancestors(nested)).with_columns(
-        x_gpu_idle_ns=pl.lit(0, pl.Int64), i_gpu_idle_ns=pl.lit(0, pl.Int64))
+    return host.add_instance_cols(breakdown.instances(nested, ops, attribute.ancestors(nested)).with_columns(
+        x_gpu_idle_ns=pl.lit(0, pl.Int64), i_gpu_idle_ns=pl.lit(0, pl.Int64)), None)
 
 
 def analyze(
@@ -199,9 +205,11 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
     # Kernel names are long and repeat millions of times: Categorical until the Result is handed out.
     kinds = kinds.with_columns(pl.col("name").cast(pl.Categorical))
     launch_ids = head.names.filter(pl.col("name").str.contains(GRAPH_LAUNCH))["name_id"]
-    ctx = Context(nested_all, kinds, head.devices, launch_ids, keep_ops)
+    sync_ids = head.names.filter(pl.col("name").str.contains(host.SYNC_API))["name_id"]
+    ctx = Context(nested_all, kinds, head.devices, launch_ids, keep_ops, sync_ids)
 
-    parts: dict[str, list] = {k: [] for k in ("ranks", "inst", "seam", "cov", "ops", "kern", "kstat", "facts")}
+    parts: dict[str, list] = {k: [] for k in ("ranks", "inst", "seam", "cov", "ops", "kern", "kstat", "facts",
+                                               "calls")}
     pids = source.pids
     bar = Progress(sum(source.ops_rows.values()), "spectrace: analysing", progress)
 
@@ -242,10 +250,12 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
     ops = renumber(pl.concat(parts["ops"])).sort("start") if keep_ops and parts["ops"] else None
     kstat = (renumber(pl.concat(parts["kstat"])).drop("pid").with_columns(pl.col("name").cast(pl.String))
              if parts["kstat"] else None)
+    calls = renumber(pl.concat(parts["calls"])) if parts["calls"] else pl.DataFrame(schema=host.CALL_SCHEMA)
     parts.clear()
     graph_rows = "Graph" if facts["graph_ops"] else ("Node" if facts["node_ops"] else None)
     head = dataclasses.replace(head, graph_rows=graph_rows)
-    phases = breakdown.phases(inst)
+    phases = breakdown.phases(inst).join(host.phase_host(inst), on=["rank", "domain", "phase"], how="left",
+                                         maintain_order="left")
     diags.extend(diagnose(head, nested, facts, rk, inst, cov, phases))
     phases, comm_diags = collectives.phase_comm_split(phases, kern)
     diags.extend(comm_diags)
@@ -270,6 +280,7 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
         reports=[head.path],
         window=window,
         kernels=kstat,
+        host_calls=calls,
     )
 
 
@@ -308,13 +319,15 @@ def merge(results: list[Result]) -> Result:
     parts: dict[str, list[pl.DataFrame]] = {k: [] for k in ("ranks", "instances", "seam_instances", "coverage",
                                                              "phases", "ranges", "marks", "kernels")}
     diags: list[Diagnostic] = []
-    seams, windows, base = [], [], 0
+    seams, windows, calls, base = [], [], [], 0
     for i, r in enumerate(results):
         for k in parts:
             if getattr(r, k) is not None:
                 parts[k].append(_offset(getattr(r, k), base, i))
         # Instance ids are per report: seams find their parent range within their own report.
         seams.append(_offset(breakdown.seams(r.seam_instances, r.instances), base, i))
+        if r.host_calls is not None:
+            calls.append(_offset(r.host_calls, base, i))
         if r.window is not None:
             windows.append(dataclasses.replace(r.window, rank_offset=base))
         diags += [Diagnostic(d.level, d.code, f"report {i} ({Path(r.trace.path).name}): {d.message}")
@@ -345,6 +358,7 @@ def merge(results: list[Result]) -> Result:
         clock=comm.clock,
         window=ManyWindows(windows) if windows else None,
         kernels=cat["kernels"],
+        host_calls=pl.concat(calls, how="diagonal_relaxed") if calls else None,
     )
 
 
