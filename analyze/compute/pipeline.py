@@ -251,7 +251,7 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
         ranks=rk,
         instances=inst,
         phases=phases,
-        ranges=breakdown.projections(inst),
+        ranges=breakdown.projections(counted),
         seam_instances=seam_inst,
         seams=breakdown.seams(seam_inst, inst),
         coverage=cov,
@@ -306,7 +306,7 @@ def merge(results: list[Result]) -> Result:
     # Instances paired across the ranks of every report again; phases and seams summed over the counted ones.
     paired = windows.pair_reports(results)
     comm = collectives.cross_rank(results, paired)
-    parts: dict[str, list[pl.DataFrame]] = {k: [] for k in ("ranks", "seam_instances", "coverage", "ranges")}
+    parts: dict[str, list[pl.DataFrame]] = {k: [] for k in ("ranks", "seam_instances", "coverage")}
     diags: list[Diagnostic] = []
     windows_, base = [], 0
     mine = ("INSTANCE_PAIRING", *windows.CODES, "COMM_")
@@ -329,7 +329,8 @@ def merge(results: list[Result]) -> Result:
                              inst.filter(pl.col("report") == i)).with_columns(report=pl.lit(i, pl.Int32))
              for i in range(len(results))]
     report_of = cat["ranks"].select("rank", "report")
-    phases = breakdown.phases(inst.filter(pl.col("left_out").is_null())).join(report_of, on="rank", how="left")
+    counted = inst.filter(pl.col("left_out").is_null())
+    phases = breakdown.phases(counted).join(report_of, on="rank", how="left")
     phases = collectives.with_split(phases, comm.matched, comm.refused)
     diags += comm.diagnostics  # the pairing diagnostics of every rank, then matching
     first = results[0]
@@ -339,7 +340,7 @@ def merge(results: list[Result]) -> Result:
         ranks=cat["ranks"],
         instances=inst,
         phases=phases,
-        ranges=cat["ranges"],
+        ranges=breakdown.projections(counted).join(report_of, on="rank", how="left"),
         seam_instances=seam_inst,
         seams=pl.concat(seams, how="diagonal_relaxed"),
         coverage=cat["coverage"],

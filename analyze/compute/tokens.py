@@ -83,7 +83,8 @@ def cycles(res) -> pl.DataFrame:
     """One row per cycle instance with GPU work: rank, n (order on its rank), kind, GPU first/last, period,
     batch_size, cycle_index, accept_length, tokens (null when unknown)."""
     inst = decode_frame(res.instances).with_columns(base=base_expr())
-    cyc = inst.filter(pl.col("base").is_in(CYCLE_NAMES) & (pl.col("i_ops") > 0))
+    counted = pl.col("left_out").is_null() if "left_out" in inst.columns else pl.lit(True)  # as in res.phases
+    cyc = inst.filter(pl.col("base").is_in(CYCLE_NAMES) & (pl.col("i_ops") > 0) & counted)
     acc = (inst.filter(pl.col("accept_length").is_not_null() & pl.col("cycle_index").is_not_null())
            .group_by("pid", "cycle_index").agg(acc_any=pl.col("accept_length").max()))
     cyc = cyc.join(acc, on=["pid", "cycle_index"], how="left").sort("rank", "i_first")

@@ -19,7 +19,8 @@ and summing a cut rank with a whole one mixes different cycles. Here:
 - **Keys** (:func:`keys`, column ``key``): equal on every rank for the same instance of a phase. From
   the hooks' payload when present: the cycle index of the instance or its nearest ancestor (24 bits,
   unwrapped) and the order in that cycle. Otherwise by time, per phase and rank: the instance offset under
-  which the collectives launched inside the instances end together (the kernels of up to
+  which the collectives launched inside the instances (the first :data:`ALIGN_KERNELS` of each kernel
+  name in each innermost instance) end together (the kernels of up to
   :data:`VOTE_INSTANCES` reference-rank instances each vote for the offset to the other rank's instance
   holding the same-name kernel that ends nearest), checked per instance (median end difference of its
   paired collectives within :data:`END_SPREAD_BOUND_NS`, else ``misaligned``). One clock is assumed (one
@@ -49,6 +50,7 @@ WRAP = 1 << ph._CYC_BITS  # the payload's cycle index counts modulo this
 END_SPREAD_BOUND_NS = 50_000
 ALWAYS_GPU = 0.9  # share of a phase's instances with GPU work above which a range without any means lost rows
 VOTE_INSTANCES = 64  # reference-rank instances per phase whose collectives vote for the time offset
+ALIGN_KERNELS = 4  # collectives per kernel name and innermost instance that take part in the time alignment
 CODES = ("INSTANCE_PAIRING", "WINDOW_CUT", "GPU_TAIL_LOST", "UNPAIRED_INSTANCES", "MISALIGNED_INSTANCES")
 WINDOW_COLS = ("window_start_ns", "window_end_ns", "ranges_start_ns", "ranges_end_ns")
 PHASE = ["domain", "range"]
@@ -145,14 +147,16 @@ class TimeAlignment:
     offsets: pl.DataFrame
 
 
-def time_keys(cand: pl.DataFrame, x: pl.DataFrame, kern: pl.DataFrame, bound: int = END_SPREAD_BOUND_NS
+def time_keys(cand: pl.DataFrame, anc: pl.DataFrame, kern: pl.DataFrame, bound: int = END_SPREAD_BOUND_NS
               ) -> TimeAlignment:
     """Keys by time for the instances ``cand`` (no payload) that have communication inside (see module doc).
 
-    ``x``: every instance (for the nesting); ``kern``: communication kernels with ``range_id`` (innermost).
+    ``anc``: the nesting (:func:`attribute.ancestors`); ``kern``: communication kernels with ``range_id``
+    (innermost).
     """
-    anc = attribute.ancestors(x.select("range_id", "parent", "depth"))
-    inc = (kern.filter(pl.col("range_id").is_not_null()).select("range_id", "name", "start", "end")
+    # the first few collectives of each name in each instance are enough to pair and check it
+    inc = (kern.filter(pl.col("range_id").is_not_null() & (pl.col("j") < ALIGN_KERNELS))
+           .select("range_id", "name", "start", "end")
            .join(anc, on="range_id").drop("range_id").rename({"anc": "range_id"})
            .join(cand.select("range_id", "rank", *PHASE, _is="start"), on="range_id"))
     io = (inc.select("range_id", "rank", *PHASE, "_is").unique("range_id").sort("_is", "range_id")
@@ -192,37 +196,43 @@ def time_keys(cand: pl.DataFrame, x: pl.DataFrame, kern: pl.DataFrame, bound: in
 
 @dataclass
 class Keys:
-    instances: pl.DataFrame  # range_id, key (null: unpaired), misaligned
+    instances: pl.DataFrame  # range_id, cycle (on the lowest rank's wrap count), key (null: unpaired), misaligned
     payload_phases: list[str]
     offsets: pl.DataFrame  # TimeAlignment.offsets
 
 
-def keys(x: pl.DataFrame, kern: pl.DataFrame, bound: int = END_SPREAD_BOUND_NS) -> Keys:
-    """Cross-rank keys of the instances ``x`` (of ranked processes; see the module docstring)."""
+def keys(x: pl.DataFrame, anc: pl.DataFrame, kern: pl.DataFrame, bound: int = END_SPREAD_BOUND_NS) -> Keys:
+    """Cross-rank keys of the instances ``x`` (of ranked processes; see the module docstring); ``anc``: their
+    nesting (:func:`attribute.ancestors`)."""
+    ordered = x.sort("start", "range_id")
+    if x["rank"].n_unique() < 2:  # nothing to pair: each instance's order in its phase
+        out = ordered.select("range_id", "cycle", key=pl.int_range(pl.len(), dtype=pl.Int64).over(PHASE),
+                             misaligned=pl.lit(False))
+        return Keys(out, [], pl.DataFrame())
     x = _epochs(x)
     ordered = x.sort("start", "range_id")
     pay = (ordered.filter(pl.col("cycle").is_not_null())
            .with_columns(_b=pl.int_range(pl.len(), dtype=pl.Int64).over("rank", *PHASE, "cycle"))
            .select("range_id", *PHASE, _src=pl.lit(0), _a="cycle", _b="_b", _p=pl.lit("")))
-    ta = time_keys(x.filter(pl.col("cycle").is_null()), x, kern, bound)
-    tk = (ta.keys.filter(~pl.col("_mis")).join(x.select("range_id", *PHASE), on="range_id")
+    ta = time_keys(x.filter(pl.col("cycle").is_null()), anc, kern, bound)
+    # misaligned instances keep the key of their offset: their partners learn that they are bad
+    tk = (ta.keys.filter(pl.col("_a").is_not_null()).join(x.select("range_id", *PHASE), on="range_id")
           .select("range_id", *PHASE, _src=pl.lit(1), _a="_a", _b=pl.lit(0, pl.Int64), _p=pl.lit("")))
     mis = ta.keys.filter("_mis").select("range_id")
-    raw = pl.concat([pay, tk])
-    k = raw.with_columns(key=_dense(raw, PHASE, ["_src", "_a", "_b", "_p"]))
-    # Instances without communication inside: their parent's key and their order in the parent.
-    for depth in sorted(x["depth"].unique().drop_nulls().to_list()):
-        lvl = ordered.filter((pl.col("depth") == depth) & pl.col("parent").is_not_null()).join(
-            k.select("range_id"), on="range_id", how="anti").join(mis, on="range_id", how="anti")
-        lvl = lvl.join(k.select(parent="range_id", _pa="key", _pp=pl.format("{}:{}", "domain", "range")),
-                       on="parent")
+    known = pl.concat([pay, tk])
+    # Instances without communication inside: their parent's identity and their order in the parent.
+    ident = pl.format("{}:{}#{}#{}#{}#{}", "domain", "range", "_src", "_a", "_b", "_p")
+    rest = ordered.filter(pl.col("parent").is_not_null()).join(known.select("range_id"), on="range_id", how="anti")
+    for depth in sorted(rest["depth"].unique().drop_nulls().to_list()):
+        lvl = rest.filter(pl.col("depth") == depth).join(
+            known.select(parent="range_id", _pp=ident), on="parent")
         if lvl.height == 0:
             continue
         lvl = lvl.with_columns(_b=pl.int_range(pl.len(), dtype=pl.Int64).over("parent", *PHASE)).select(
-            "range_id", *PHASE, _src=pl.lit(2), _a="_pa", _b="_b", _p="_pp")
-        raw = pl.concat([raw, lvl])
-        k = raw.with_columns(key=_dense(raw, PHASE, ["_src", "_a", "_b", "_p"]))
-    out = (x.select("range_id").join(k.select("range_id", "key"), on="range_id", how="left")
+            "range_id", *PHASE, _src=pl.lit(2), _a=pl.lit(0, pl.Int64), _b="_b", _p="_pp")
+        known = pl.concat([known, lvl])
+    k = known.with_columns(key=_dense(known, PHASE, ["_src", "_a", "_b", "_p"]))
+    out = (x.select("range_id", "cycle").join(k.select("range_id", "key"), on="range_id", how="left")
            .with_columns(misaligned=pl.col("range_id").is_in(mis["range_id"].implode())))
     phases_by_payload = sorted(x.filter(pl.col("cycle").is_not_null())["range"].unique().to_list())
     return Keys(out, phases_by_payload, ta.offsets)
@@ -244,13 +254,15 @@ def pair(inst: pl.DataFrame, kern: pl.DataFrame, ranks: pl.DataFrame, bound: int
         inst = inst.with_columns(cycle=pl.lit(None, pl.Int64))
     x = edges(inst.drop("key", "left_out", "misaligned", strict=False), ranks)
     ranked = x.filter(pl.col("rank").is_not_null())
-    ks = keys(ranked.select("range_id", "rank", *PHASE, "start", "parent", "depth", "cycle"), kern, bound)
-    x = x.join(ks.instances, on="range_id", how="left").with_columns(pl.col("misaligned").fill_null(False))
+    anc = attribute.ancestors(ranked.select("range_id", "parent", "depth"))
+    ks = keys(ranked.select("range_id", "rank", *PHASE, "start", "parent", "depth", "cycle"), anc, kern, bound)
+    x = (x.drop("cycle").join(ks.instances, on="range_id", how="left")
+         .with_columns(pl.col("misaligned").fill_null(False)))
     x = x.join(presence(x, ranks), on="range_id", how="left")
     left_out = (pl.when(pl.col("cut").is_not_null()).then("cut")
                 .when(pl.col("misaligned")).then(pl.lit("misaligned"))
                 .when(pl.col("_gone").fill_null(False)).then(pl.lit("unpaired")))
-    x = whole_cycles(x.with_columns(left_out=left_out))
+    x = whole_cycles(x.with_columns(left_out=left_out), anc)
     diags = _diagnostics(x, ranks, ks)
     x = x.drop("_tail", "_gone", "_solo", "misaligned")
     m = x.select("range_id", "key", "left_out")
@@ -321,21 +333,20 @@ def presence(x: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
         _solo=(pl.col("_ok").is_null() & ~outside).any())
 
 
-def whole_cycles(x: pl.DataFrame) -> pl.DataFrame:
+def whole_cycles(x: pl.DataFrame, anc: pl.DataFrame) -> pl.DataFrame:
     """Left out whole: a cycle (a range of a ``cycle``-role phase: cycle, prefill, decode_step) with any part
-    left out on any rank is left out on every rank with everything inside it (``left_out`` = ``cycle``
-    where nothing else applies), so every phase's all-rank row covers the same cycles as the cycle count."""
-    is_cycle = base_expr().is_in(CYCLE_PHASES)
-    ranked = x.filter(pl.col("rank").is_not_null())
-    anc = attribute.ancestors(ranked.select("range_id", "parent", "depth"))
-    cyc = ranked.filter(is_cycle & pl.col("key").is_not_null()).select(*PHASE, "key", anc="range_id")
+    left out is left out with everything inside it, and so is the same cycle (key) on every other rank
+    (``left_out`` = ``cycle`` where nothing else applies): every phase's all-rank row covers the same cycles
+    as the cycle count."""
+    cyc = x.filter(pl.col("rank").is_not_null() & base_expr().is_in(CYCLE_PHASES)).select(*PHASE, "key", anc="range_id")
     if cyc.height == 0:
         return x
     inside = anc.join(cyc, on="anc").join(x.select("range_id", "left_out"), on="range_id")
-    bad = inside.group_by(*PHASE, "key").agg(_bad=pl.col("left_out").is_not_null().any()).filter("_bad")
-    dropped = cyc.join(bad, on=[*PHASE, "key"]).select("anc")
-    gone = anc.join(dropped, on="anc").select("range_id").unique()
-    return x.with_columns(left_out=pl.when(pl.col("range_id").is_in(gone["range_id"].implode()))
+    bad = inside.group_by("anc", *PHASE, "key").agg(_bad=pl.col("left_out").is_not_null().any()).filter("_bad")
+    keys_ = bad.filter(pl.col("key").is_not_null()).select(*PHASE, "key").unique()
+    dropped = pl.concat([bad.select("anc"), cyc.join(keys_, on=[*PHASE, "key"]).select("anc")])
+    gone = anc.join(dropped.unique(), on="anc")["range_id"].unique()
+    return x.with_columns(left_out=pl.when(pl.col("range_id").is_in(gone.implode()))
                           .then(pl.coalesce("left_out", pl.lit("cycle"))).otherwise("left_out"))
 
 

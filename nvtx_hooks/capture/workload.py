@@ -14,6 +14,12 @@ each verify launch, so that rank's verify starts late and the others wait in the
 The measured loop is bracketed by ``cudaProfilerStart/Stop`` (use nsys
 ``--capture-range=cudaProfilerApi``); one JSON line with the loop's throughput goes to stdout.
 
+Every rank hands its buffered CUDA events to the profiler before it stops (``cuptiActivityFlushAll``
+when a CUPTI is loaded, e.g. by nsys) and ends with a normal exit, where CUDA and the profiler flush
+what is left; NCCL's teardown gets :data:`TEARDOWN_S` seconds, then the rank ends anyway (``--exit os``:
+``os._exit`` right after the final barrier, as before, which loses the last CUPTI buffers of a
+whole-run capture).
+
 Run: ``python -m nvtx_hooks.capture.workload --help`` or ``spectrace demo-workload``.
 """
 
@@ -24,9 +30,12 @@ import json
 import os
 import random
 import sys
+import threading
 import time
 
 from ..phases import encode_payload
+
+TEARDOWN_S = 60.0  # NCCL teardown after the final barrier normally takes well under a second
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -54,7 +63,29 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    help="bracket the measured loop with cudaProfilerStart/Stop")
     p.add_argument("--nproc", type=int, default=None,
                    help="ranks to start with torchrun when not already under it (default: visible GPUs)")
+    p.add_argument("--exit", choices=("flush", "os"), default="flush", dest="exit_mode",
+                   help="how each rank of several ends: flush (CUPTI flush, NCCL teardown, normal exit; default) "
+                        "or os (os._exit after the final barrier: a whole-run capture loses its last CUDA events)")
     return p
+
+
+def flush_cupti() -> int:
+    """Hand the CUDA events CUPTI still buffers in this process to the profiler now (``cuptiActivityFlushAll``
+    of every libcupti loaded here, e.g. by nsys's injection); the number of libraries flushed."""
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as f:
+            libs = sorted({line.split()[-1] for line in f if "libcupti" in line})
+    except OSError:
+        return 0
+    done = 0
+    for lib in libs:
+        try:
+            done += ctypes.CDLL(lib).cuptiActivityFlushAll(1) == 0  # CUPTI_ACTIVITY_FLAG_FLUSH_FORCED
+        except (OSError, AttributeError):
+            continue
+    return done
 
 
 def accept_lengths(n: int, steps: int, seed: int) -> list[int]:
@@ -222,6 +253,7 @@ def run(args: argparse.Namespace) -> dict:
         torch.cuda.synchronize()
     wall = time.perf_counter() - t0
     if use_cuda and args.profiler_api:
+        flush_cupti()  # this rank's events reach the profiler before its window closes
         torch.cuda.cudart().cudaProfilerStop()
     measured = sched[args.warmup:]
     rec = {
@@ -312,14 +344,29 @@ def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) 
     rec = run(args)
     print(json.dumps(rec), flush=True)
     if rec["world"] > 1:
-        # NCCL teardown can hang; collection already stopped at cudaProfilerStop (flushed there).
-        import torch.distributed as dist
-
-        dist.barrier()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        end_rank(args.exit_mode)
     return 0
+
+
+def end_rank(mode: str) -> None:
+    """End one rank of several: GPU idle and CUPTI flushed, all ranks done, then NCCL torn down (bounded by
+    :data:`TEARDOWN_S`: it can hang) and a normal exit; ``mode='os'``: ``os._exit`` after the barrier."""
+    import torch
+    import torch.distributed as dist
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    if mode != "os":
+        flush_cupti()
+    dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if mode == "os":
+        os._exit(0)
+    watchdog = threading.Timer(TEARDOWN_S, os._exit, (0,))
+    watchdog.daemon = True
+    watchdog.start()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
