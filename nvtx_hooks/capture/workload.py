@@ -61,6 +61,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profiler-api", action=argparse.BooleanOptionalAction, default=True,
                    help="bracket the measured loop with cudaProfilerStart/Stop")
+    p.add_argument("--profiler-rank", type=int, default=None,
+                   help="only this rank calls cudaProfilerStart/Stop (as SGLang's first scheduler does; "
+                        "default: every rank)")
     p.add_argument("--nproc", type=int, default=None,
                    help="ranks to start with torchrun when not already under it (default: visible GPUs)")
     p.add_argument("--exit", choices=("flush", "os"), default="flush", dest="exit_mode",
@@ -244,7 +247,8 @@ def run(args: argparse.Namespace) -> dict:
         torch.cuda.synchronize()
     if world > 1:
         dist.barrier()
-    if use_cuda and args.profiler_api:
+    bracket = use_cuda and args.profiler_api and args.profiler_rank in (None, rank)
+    if bracket:
         torch.cuda.cudart().cudaProfilerStart()
     t0 = time.perf_counter()
     for i in range(args.warmup, args.warmup + args.cycles):
@@ -252,8 +256,9 @@ def run(args: argparse.Namespace) -> dict:
     if use_cuda:
         torch.cuda.synchronize()
     wall = time.perf_counter() - t0
-    if use_cuda and args.profiler_api:
+    if use_cuda:
         flush_cupti()  # this rank's events reach the profiler before its window closes
+    if bracket:
         torch.cuda.cudart().cudaProfilerStop()
     measured = sched[args.warmup:]
     rec = {
