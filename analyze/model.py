@@ -19,6 +19,8 @@ PHASE_SUMS = ("span_ns", "busy_ns", "compute_ns", "comm_ns", "idle_ns", "kernel_
 RANGE_SUMS = ("proj_span_ns", "instances", "range_instances", "ops", "launches", "busy_ns", "comm_ns", "idle_ns",
               "range_ns")
 SEAM_SUMS = ("idle_ns", "gap_ns", "busy_ns", "overlap_ns", "instances")
+MARKS_SCHEMA = {"pid": pl.Int64, "gtid": pl.Int64, "time": pl.Int64, "domain": pl.String, "mark": pl.String,
+                "uint64": pl.Int64, "int64": pl.Int64}
 
 
 class InputError(Exception):
@@ -50,6 +52,7 @@ class Trace:
       (kind: kernel, memcpy, memset, graph)
     - ``names``: ``name_id, name`` for kernels and API calls
     - ``devices``: ``device, device_name``; ``nsys_diagnostics``: DIAGNOSTIC_EVENT rows
+    - ``marks``: NVTX marks (instantaneous events): ``pid, gtid, time, domain, mark, uint64, int64``
 
     A Trace inside a :class:`Result` is the export's *head*: everything but ``ops`` and ``api``, which
     stay where they were read from (empty frames here) unless the analysis was asked to keep them.
@@ -67,6 +70,7 @@ class Trace:
     names: pl.DataFrame
     devices: pl.DataFrame
     nsys_diagnostics: pl.DataFrame
+    marks: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=MARKS_SCHEMA))
     tables: set[str] = field(default_factory=set)
     dropped_ops: int = 0
     utc_epoch_ns: int | None = None
@@ -106,6 +110,7 @@ class Result:
     ``comm_kernels``: every communication kernel with its matching key (:mod:`analyze.compute.collectives`).
     ``ops``: all GPU operations (with rank, range_id, name, comm) only when the analysis was asked to keep them
     (``keep_ops=True``); otherwise None, and :meth:`ops_between` reads a time window from the source.
+    ``marks``: the NVTX marks of the ranks' processes (``rank`` added), e.g. the hooks' ``accept`` marks.
     ``reports``: the input files, in rank order (several when reports were merged); ``clock``: how they
     were put on one clock. ``comm_refused``: phases whose matched collectives do not end together
     (``domain, phase, collectives, end_spread_p50_ns, bound_ns``): their ``comm_wait_ns``/``comm_transfer_ns``
@@ -124,6 +129,7 @@ class Result:
     coverage: pl.DataFrame
     comm_kernels: pl.DataFrame
     ops: pl.DataFrame | None = None
+    marks: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema={"rank": pl.Int64, **MARKS_SCHEMA}))
     diagnostics: list[Diagnostic] = field(default_factory=list)
     reports: list[str] = field(default_factory=list)
     clock: dict[str, Any] = field(default_factory=dict)
@@ -146,7 +152,7 @@ class Result:
         """GPU operations overlapping ``[t0, t1)`` on the result's clock: ``rank, start, end, kind, comm``."""
         if self.ops is not None:
             return self.ops.filter((pl.col("end") > t0) & (pl.col("start") < t1)).select(
-                "rank", "start", "end", "kind", "comm")
+                "rank", "start", "end", "kind", "comm").sort("start", "rank", "end")
         if self.window is None:
             return pl.DataFrame(schema={"rank": pl.Int64, "start": pl.Int64, "end": pl.Int64, "kind": pl.String,
                                         "comm": pl.String})

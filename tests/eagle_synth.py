@@ -39,7 +39,9 @@ def _manifest(path: Path, spec: dict) -> None:
 
 def eagle(path, steps: int | None = 3, prefix: str = "", accept_on: str = "cycle",
           manifest: bool = True) -> Path:
-    """The EAGLE trace; ``accept_on='draft_extend'`` puts the accept length there (SGLang style)."""
+    """The EAGLE trace; ``accept_on='draft_extend'`` puts the accept length there (SGLang v1 style);
+    ``accept_on='mark'`` in an ``accept`` mark instead (SGLang v2 via the hooks): cycle i's mark after cycle
+    i+1's range closed (the overlap scheduler), the last one right after its own cycle."""
     path = Path(path)
     s = Synth(path, duration=100_000)
     corr = 0
@@ -57,6 +59,9 @@ def eagle(path, steps: int | None = 3, prefix: str = "", accept_on: str = "cycle
             s.range(pid, pid, prefix + "draft_extend", b + 2000, b + 3000, domain_id=1,
                     payload=known if accept_on == "draft_extend" else bare)
             s.range(pid, pid, prefix + "host_overhead", b + 3000, b + 9000, domain_id=1)
+            if accept_on == "mark":
+                t = b + 9700 + (10_000 if i + 1 < len(ACCEPT) else 0)
+                s.range(pid, pid, "accept", t, None, domain_id=1, event_type=34, payload=known)
             e = 100 + 25 * tokens
             for api, ops in ((b + 200, [(b + 1000, b + 1600, "gemm"), (b + 1600, b + 1600 + w, NCCL)]),
                              (b + 1100, [(b + 2500, b + 5500, "gemm")]),

@@ -143,14 +143,15 @@ def add_gpu_idle(inst: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:
     ``idle_ns`` counts gaps between the phase's own ops; some of those gaps may be filled by other
     work (another phase's ops on another stream, other threads). ``gpu_idle_ns <= idle_ns``.
     """
-    out = inst
-    for p in ("x", "i"):
-        w = out.select("pid", a=pl.col(f"{p}_first"), b=pl.col(f"{p}_last"))
-        busy = busy_between(blocks, w.with_columns(pl.col("a", "b").fill_null(0)), ["pid"], "a", "b", "_all")
-        out = out.with_columns(busy.collect()["_all"]).with_columns(
-            (pl.col(f"{p}_span_ns") - pl.col("_all")).clip(lower_bound=0).alias(f"{p}_gpu_idle_ns")
-        ).drop("_all")
-    return out
+    # Both views' windows in one query: exclusive rows first, then inclusive.
+    w = pl.concat([inst.select("pid", a=pl.col(f"{p}_first"), b=pl.col(f"{p}_last")) for p in ("x", "i")])
+    busy = busy_between(blocks, w.with_columns(pl.col("a", "b").fill_null(0)), ["pid"], "a", "b", "_all")
+    busy = busy.collect()["_all"]
+    n = inst.height
+    return inst.with_columns(
+        (pl.col(f"{p}_span_ns") - busy.slice(k * n, n)).clip(lower_bound=0).alias(f"{p}_gpu_idle_ns")
+        for k, p in enumerate(("x", "i"))
+    )
 
 
 def gpu_blocks(ops: pl.DataFrame) -> pl.DataFrame:

@@ -325,7 +325,8 @@ def phase_comm_split(phases: pl.DataFrame, kernels: pl.DataFrame) -> tuple[pl.Da
     ``kernels``: :func:`comm_kernels` of the report (of all its processes, ranks numbered, keyed by
     :func:`analyze.compute.windows.pair`).
     """
-    kernels = with_group_ids(usable(kernels))
+    # Only what matching, the split and the diagnostics read: at 10 M kernels every copy of the frame counts.
+    kernels = with_group_ids(usable(kernels).select("rank", *KEY, "start", "end"))
     counts = group_counts(kernels)
     matched = match(kernels, counts, ordered=False)
     ref = refused(matched)

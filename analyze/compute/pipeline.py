@@ -106,20 +106,22 @@ def process(source, pid: int, ctx: Context) -> dict:
     ops, api = source.ops(pid), source.api(pid)
     nested = ctx.nested.filter(pl.col("pid") == pid)
     ops = add_kinds(ops, ctx.kinds, ["comm"])
-    ops = attribute.attribute_ops(ops, api, nested)
+    calls = attribute.launching_calls(ops, api, nested)
+    ops = attribute.join_calls(ops, calls)
     rk = breakdown.ranks(ops, ctx.devices)  # one row (or none): its rank is fixed once all processes are in
     rk = rk.with_columns(pl.lit(v, pl.Int64).alias(k) for k, v in windows.rank_window(ops, api, nested).items())
-    rank_of = rk.select("pid", "rank")
-    ops = ops.join(rank_of, on="pid", how="left")
-    nested = nested.join(rank_of, on="pid", how="left")
-    launches = api.filter(pl.col("name_id").is_in(ctx.launch_ids.implode()))
-    orphans = launches.join(ops.select("corr").unique(), on="corr", how="anti").height if launches.height else 0
-    del api
+    rank = rk["rank"][0] if rk.height else None
+    ops = ops.with_columns(rank=pl.lit(rank, pl.Int64))
+    nested = nested.with_columns(rank=pl.lit(rank, pl.Int64))
+    is_launch = pl.col("name_id").is_in(ctx.launch_ids.implode())
+    launches = int(api.select(is_launch.sum()).item())
+    launched = calls.filter(pl.col("api_name_id").is_in(ctx.launch_ids.implode())).height
+    del api, calls
     out["facts"] = {
         "graph_ops": int((ops["kind"] == "graph").sum()),
         "node_ops": int(ops["graph_node"].is_not_null().sum()),
-        "graph_launches": launches.height,
-        "orphan_launches": orphans,
+        "graph_launches": launches,
+        "orphan_launches": launches - launched,
         "unmatched_ops": int(ops["gtid"].null_count()),
     }
     out["ranks"] = rk
@@ -218,10 +220,10 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
     # Global: rank numbers in device order.
     rk = pl.concat(parts["ranks"]).filter(pl.col("gpu_ops") > 0)
     rk = rk.sort("device", "pid").with_columns(rank=pl.int_range(pl.len()).cast(pl.Int64))
-    rank_of = rk.select("pid", _r="rank")
+    pid_rank = dict(zip(rk["pid"].to_list(), rk["rank"].to_list()))
 
     def renumber(df: pl.DataFrame) -> pl.DataFrame:
-        return df.join(rank_of, on="pid", how="left", maintain_order="left").with_columns(rank=pl.col("_r")).drop("_r")
+        return df.with_columns(rank=pl.col("pid").replace_strict(pid_rank, default=None, return_dtype=pl.Int64))
 
     inst = renumber(pl.concat(parts["inst"], how="diagonal_relaxed")).sort("range_id")
     nested = renumber(nested_all.with_columns(rank=pl.lit(None, pl.Int64)))
@@ -243,6 +245,7 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
     phases, comm_diags, refused = collectives.phase_comm_split(phases, kern)
     diags.extend(comm_diags)
     kern = kern.with_columns(pl.col("name").cast(pl.String))
+    marks = head.marks.with_columns(rank=pl.col("pid").replace_strict(pid_rank, default=None, return_dtype=pl.Int64))
     window = OpsWindow(head.path, str(source.store_root) if source.store_root else None,
                        rk.select("pid", "rank"), kinds.select("name_id", "label", "comm"))
     return Result(
@@ -257,6 +260,7 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
         coverage=cov,
         comm_kernels=kern,
         ops=ops,
+        marks=marks.select("rank", *head.marks.columns),
         diagnostics=diags,
         reports=[head.path],
         window=window,
@@ -306,7 +310,7 @@ def merge(results: list[Result]) -> Result:
     # Instances paired across the ranks of every report again; phases and seams summed over the counted ones.
     paired = windows.pair_reports(results)
     comm = collectives.cross_rank(results, paired)
-    parts: dict[str, list[pl.DataFrame]] = {k: [] for k in ("ranks", "seam_instances", "coverage")}
+    parts: dict[str, list[pl.DataFrame]] = {k: [] for k in ("ranks", "seam_instances", "coverage", "marks")}
     diags: list[Diagnostic] = []
     windows_, base = [], 0
     mine = ("INSTANCE_PAIRING", *windows.CODES, "COMM_")
@@ -346,6 +350,7 @@ def merge(results: list[Result]) -> Result:
         coverage=cat["coverage"],
         comm_kernels=comm.kernels.drop("_g", "report", strict=False),
         ops=None,
+        marks=cat["marks"],
         diagnostics=diags,
         reports=[r.trace.path for r in results],
         clock=comm.clock,

@@ -85,14 +85,21 @@ def cycles(res) -> pl.DataFrame:
     inst = decode_frame(res.instances).with_columns(base=base_expr())
     counted = pl.col("left_out").is_null() if "left_out" in inst.columns else pl.lit(True)  # as in res.phases
     cyc = inst.filter(pl.col("base").is_in(CYCLE_NAMES) & (pl.col("i_ops") > 0) & counted)
-    acc = (inst.filter(pl.col("accept_length").is_not_null() & pl.col("cycle_index").is_not_null())
-           .group_by("pid", "cycle_index").agg(acc_any=pl.col("accept_length").max()))
+    known = pl.col("accept_length").is_not_null() & pl.col("cycle_index").is_not_null()
+    acc = pl.concat([
+        inst.filter(known).select("pid", "cycle_index", "accept_length", src=pl.lit("payload")),
+        accept_marks(res).filter(known).select("pid", "cycle_index", "accept_length", src=pl.lit("marks")),
+    ]).sort("src", descending=True)  # a range's payload first, then the marks
+    acc = acc.group_by("pid", "cycle_index").agg(acc_any=pl.col("accept_length").first(),
+                                                 acc_src=pl.col("src").first())
     cyc = cyc.join(acc, on=["pid", "cycle_index"], how="left").sort("rank", "i_first")
     batch = _manifest_batch(res)
     cyc = cyc.with_columns(
         kind=pl.col("base"),
         n=pl.int_range(pl.len()).over("rank"),
         period_ns=(pl.col("i_first").shift(-1) - pl.col("i_first")).over("rank"),
+        accept_source=pl.when(pl.col("accept_length").is_not_null()).then(pl.lit("payload"))
+        .otherwise(pl.col("acc_src")),
         accept_length=pl.coalesce("accept_length", "acc_any"),
         batch_size=pl.coalesce("batch_size", pl.lit(batch, pl.Int64)),
     )
@@ -100,7 +107,17 @@ def cycles(res) -> pl.DataFrame:
               .otherwise(pl.col("accept_length") + pl.col("batch_size")))
     return cyc.with_columns(tokens=tokens).select(
         "rank", "pid", "range_id", "n", "kind", "range", "start", "end", "i_first", "i_last", "i_span_ns",
-        "period_ns", "batch_size", "cycle_index", "accept_length", "tokens")
+        "period_ns", "batch_size", "cycle_index", "accept_length", "accept_source", "tokens")
+
+
+def accept_marks(res) -> pl.DataFrame:
+    """The hooks' ``accept`` marks decoded: ``rank, pid, time, batch_size, cycle_index, accept_length``.
+
+    SGLang's v2 worker keeps accept lengths on the GPU; the hooks mark them where the scheduler has them on
+    the host anyway, one or two cycles later, with the cycle index of the batch they belong to (join by index).
+    """
+    m = res.marks.filter((pl.col("domain") == ph.DOMAIN) & (pl.col("mark") == ph.ACCEPT.name))
+    return decode_frame(m).select("rank", "pid", "time", "batch_size", "cycle_index", "accept_length")
 
 
 def _manifest_batch(res) -> int | None:
@@ -123,6 +140,10 @@ class Tokens:
     tokens_per_cycle: float | None
     accepted_per_request: float | None  # accepted draft tokens per request per cycle (bonus excluded)
     tokens_per_s: float | None
+    acceptance_source: str | None = None  # "payload" (a range's payload), "marks" (the hooks' accept marks)
+    accepted_cycles: int = 0  # cycles (first rank) whose accepted tokens are known
+    accepted_p50: float | None = None  # accepted draft tokens per request per cycle: median, p90
+    accepted_p90: float | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -151,13 +172,19 @@ def summary(res, steps: int | None = None) -> Tokens:
         bs = float(known["batch_size"].mean())
         src = "payload" if payload_bs else "manifest"
         if kind == "cycle":
-            acc = float((known["accept_length"] / known["batch_size"]).mean())
+            per = known["accept_length"] / known["batch_size"]
+            acc = float(per.mean())
+            dist = (float(per.quantile(0.5, "nearest")), float(per.quantile(0.9, "nearest")))
+            how = known["accept_source"].drop_nulls().unique().sort().to_list()
     elif r0["batch_size"].is_not_null().any():
         bs = float(r0["batch_size"].mean())
     if steps is None and kind == "decode_step":
         steps = 0
     tps = tpc / period * 1e9 if tpc is not None and period else None
-    return Tokens(kind, src, c.height, steps, bs, period, p50, tpc, acc, tps)
+    if acc is None:
+        return Tokens(kind, src, c.height, steps, bs, period, p50, tpc, acc, tps)
+    return Tokens(kind, src, c.height, steps, bs, period, p50, tpc, acc, tps, "+".join(how) or None, known.height,
+                  *dist)
 
 
 def _has_payload(res) -> bool:

@@ -215,6 +215,11 @@ def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = 
     ext = per.filter((pl.col("phase") == "draft_extend") & pl.col("tokens").is_not_null())
     if ext.height >= 3 and ext["tokens"].n_unique() > 1:
         e1 = theil_sen(ext.select(x="tokens", y="x_span_ns"))
+    if tk.accepted_per_request is not None:
+        where = "the hooks' accept marks" if tk.acceptance_source == "marks" else "the range payload"
+        notes.append(f"acceptance measured on {tk.accepted_cycles} cycles ({where}): mean {tk.accepted_per_request:.2f}, "
+                     f"p50 {tk.accepted_p50:g}, p90 {tk.accepted_p90:g} accepted "
+                     "draft tokens per request")
     if alpha is None and tk.accepted_per_request is not None:
         alpha = solve_alpha(tk.accepted_per_request, s0)
     elif alpha is None:

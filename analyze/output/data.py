@@ -12,7 +12,10 @@ from ..model import InputError, Result
 
 
 def to_json(res: Result) -> str:
-    return json.dumps(res.to_dict(), indent=2, default=str) + "\n"
+    """The analysis as JSON: :meth:`Result.to_dict` and ``tokens`` (tokens per cycle, tokens/s, acceptance)."""
+    from ..compute.tokens import summary
+
+    return json.dumps({**res.to_dict(), "tokens": summary(res).as_dict()}, indent=2, default=str) + "\n"
 
 
 CSV_TABLES = ("phases", "ranges", "seams", "ranks", "coverage", "instances")

@@ -124,6 +124,7 @@ def analyze_table(res: Result) -> str:
                  _ms(r["busy_ns"] - r["comm_ns"]), _ms(r["comm_ns"]), _ms(r["idle_ns"]), _pct(r["idle_ns"], r["proj_span_ns"])]
                 for r in parents.iter_rows(named=True)]
         out += _grid(["range", "inst", "span ms", "µs/inst", "compute ms", "comm ms", "idle ms", "%idle"], rows)
+    out += _tokens(res)
     cov = res.coverage
     gpu, att = int(cov["gpu_ns"].sum()), int(cov["attributed_ns"].sum())
     out.append("")
@@ -134,6 +135,21 @@ def analyze_table(res: Result) -> str:
         out.append("Diagnostics")
         out += [f"  {d.level:<7} {d.code}: {d.message}" for d in res.diagnostics]
     return "\n".join(out) + "\n"
+
+
+def _tokens(res: Result) -> list[str]:
+    """Tokens per cycle and measured acceptance (when the trace knows them)."""
+    from ..compute.tokens import summary
+
+    t = summary(res)
+    if t.tokens_per_cycle is None:
+        return []
+    out = ["", f"Tokens: {t.tokens_per_cycle:.2f} per {t.kind} ({t.source}), {t.tokens_per_s:,.1f} tokens/s"]
+    if t.accepted_per_request is not None:
+        out[-1] += (f"; acceptance {t.accepted_per_request:.2f} accepted draft tokens per request per cycle "
+                    f"(p50 {t.accepted_p50:g}, p90 {t.accepted_p90:g}; measured on {t.accepted_cycles} cycles "
+                    f"from the {'accept marks' if t.acceptance_source == 'marks' else 'range payload'})")
+    return out
 
 
 def _us_or_dash(ns) -> str:
