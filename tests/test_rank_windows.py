@@ -12,6 +12,7 @@ has no wait. Both ranks make a CUDA call at t = 5 (process start), before any ra
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import subprocess
 import sys
@@ -303,3 +304,14 @@ def test_flush_cupti_calls_every_loaded_libcupti(tmp_path):
     none = subprocess.run([sys.executable, "-c", "from nvtx_hooks.capture.workload import flush_cupti; "
                            "print(flush_cupti())"], capture_output=True, text=True, check=True).stdout.strip()
     assert none == "0"
+
+
+@pytest.mark.parametrize("mode", ["flush", "os"])
+def test_two_ranks_end_either_way(mode):
+    """Both endings of a rank of several (NCCL teardown then a normal exit, or os._exit) finish cleanly (gloo)."""
+    pytest.importorskip("torch", reason="the workload needs torch")
+    cmd = [sys.executable, "-m", "nvtx_hooks.capture.workload", "--device", "cpu", "--hidden", "32", "--ffn", "64",
+           "--layers", "2", "--cycles", "2", "--warmup", "1", "--host-us", "0", "--nproc", "2", "--exit", mode]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert sorted(int(x) for x in re.findall(r"\{\"rank\": (\d)", r.stdout)) == [0, 1]

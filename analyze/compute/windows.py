@@ -10,26 +10,29 @@ and summing a cut rank with a whole one mixes different cycles. Here:
   start and last end of its selected ranges.
 - **Cuts** (:func:`edges`, column ``cut``): an instance with GPU work whose range began before
   ``window_start_ns`` may have lost launches (``window_start``) when the window evidently opened mid-run:
-  another rank was already recording at the range's start, or an earlier instance of the phase ran on
-  this rank before its window (a run whose ranges begin before its first CUDA call is not cut). A rank's
-  GPU tail is lost when its
-  ranges go on after its GPU rows stop: a range of a phase that nearly always has GPU work on that rank
-  (:data:`ALWAYS_GPU`) starts after ``window_end_ns`` without any. Then instances with GPU work still open
-  at ``window_end_ns`` or holding its last op are ``window_end``, the ones after it ``tail_lost``.
+  another rank of the report was already recording at the range's start, or an earlier instance of the
+  phase ran on this rank before its window (a run whose ranges begin before its first CUDA call is not
+  cut). A rank's GPU tail is lost when its ranges go on after its GPU rows stop: a range of a phase that
+  nearly always has GPU work on that rank (:data:`ALWAYS_GPU`) starts after ``window_end_ns`` without any.
+  Then instances with GPU work still open at ``window_end_ns`` or holding its last op are
+  ``window_end``, the ones after it ``tail_lost``.
 - **Keys** (:func:`keys`, column ``key``): equal on every rank for the same instance of a phase. From
   the hooks' payload when present: the cycle index of the instance or its nearest ancestor (24 bits,
   unwrapped) and the order in that cycle. Otherwise by time, per phase and rank: the instance offset under
   which the collectives launched inside the instances (the first :data:`ALIGN_KERNELS` of each kernel
-  name in each innermost instance) end together (the kernels of up to
-  :data:`VOTE_INSTANCES` reference-rank instances each vote for the offset to the other rank's instance
-  holding the same-name kernel that ends nearest), checked per instance (median end difference of its
-  paired collectives within :data:`END_SPREAD_BOUND_NS`, else ``misaligned``). One clock is assumed (one
-  report; several reports shifted by their session start). Instances without communication inside take
-  their parent's key and their order in it.
-- **Presence** (:func:`pair`, column ``left_out``): in a phase keyed on several ranks, an instance is
-  counted only when its key has uncut GPU work on every rank with GPU work in that phase; otherwise it is
-  left out on every rank (``left_out`` = its ``cut``, ``misaligned`` or ``unpaired``), so all-rank rows sum
-  the same cycles on every rank and collectives are matched only between instances of one cycle.
+  name in each innermost instance) end together (the kernels of up to :data:`VOTE_INSTANCES`
+  reference-rank instances each vote for the offset to the other rank's instance holding the same-name
+  kernel that ends nearest), checked per instance (median end difference of its paired collectives
+  within :data:`END_SPREAD_BOUND_NS`, else ``misaligned``). One clock is assumed (one report; several
+  reports shifted by their session start). Instances without communication inside take their parent's
+  identity and their order in it.
+- **Presence** (:func:`presence`, :func:`whole_cycles`, column ``left_out``): in a phase keyed on several
+  ranks, an instance is left out (``unpaired``) when another rank with GPU work in that phase has the same
+  key cut, misaligned or without GPU work, or lacks it while not recording (before its window, after its
+  last GPU op); an instance missing on another rank that was recording stays counted (its collectives have
+  no partner). A cycle with any part left out is left out, with everything inside it, on every rank
+  (``cycle``). So all-rank rows sum the same cycles on every rank, and collectives are matched only
+  between instances of one cycle.
 """
 
 from __future__ import annotations

@@ -20,11 +20,11 @@ each verify launch, so that rank's verify starts late and the others wait in the
 The measured loop is bracketed by ``cudaProfilerStart/Stop`` (use nsys
 ``--capture-range=cudaProfilerApi``); one JSON line with the loop's throughput goes to stdout.
 
-Every rank hands its buffered CUDA events to the profiler before it stops (``cuptiActivityFlushAll``
-when a CUPTI is loaded, e.g. by nsys) and ends with a normal exit, where CUDA and the profiler flush
-what is left; NCCL's teardown gets :data:`TEARDOWN_S` seconds, then the rank ends anyway (``--exit os``:
-``os._exit`` right after the final barrier, as before, which loses the last CUPTI buffers of a
-whole-run capture).
+Every rank hands its buffered CUDA events to the profiler after the loop and before it ends
+(``cuptiActivityFlushAll`` when a CUPTI is loaded, e.g. by nsys) and ends with a normal exit, where CUDA
+and the profiler flush what is left; NCCL's teardown gets :data:`TEARDOWN_S` seconds, then the rank ends
+anyway. ``--exit os`` keeps the old ending (no flush, ``os._exit`` right after the final barrier), which
+lost the last CUPTI buffers of a whole-run capture.
 
 Run: ``python -m nvtx_hooks.capture.workload --help`` or ``spectrace demo-workload``.
 """
@@ -76,7 +76,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    help="ranks to start with torchrun when not already under it (default: visible GPUs)")
     p.add_argument("--exit", choices=("flush", "os"), default="flush", dest="exit_mode",
                    help="how each rank of several ends: flush (CUPTI flush, NCCL teardown, normal exit; default) "
-                        "or os (os._exit after the final barrier: a whole-run capture loses its last CUDA events)")
+                        "or os (no flush, os._exit after the final barrier: a whole-run capture loses its last "
+                        "CUDA events)")
     return p
 
 
@@ -294,7 +295,7 @@ def run(args: argparse.Namespace) -> dict:
     if use_cuda:
         torch.cuda.synchronize()
     wall = time.perf_counter() - t0
-    if use_cuda:
+    if use_cuda and args.exit_mode != "os":
         flush_cupti()  # this rank's events reach the profiler before its window closes
     if bracket:
         torch.cuda.cudart().cudaProfilerStop()
