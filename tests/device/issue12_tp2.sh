@@ -38,9 +38,9 @@ cap() {
   local targs=()
   while [ "$1" != "--" ]; do targs+=("$1"); shift; done; shift
   log "capture $name: trace --strict ${targs[*]} -- workload --nproc 2 --cycles 30 --warmup 3 $*"
-  timeout 150 python3 -m nvtx_hooks.capture trace --strict --force -o "$W/$name" "${targs[@]}" -- \
+  timeout 120 python3 -m nvtx_hooks.capture trace --strict --force -o "$W/$name" "${targs[@]}" -- \
     python3 -m nvtx_hooks.capture.workload --nproc 2 --cycles 30 --warmup 3 "$@" > "$W/$name.stdout" 2>&1
-  log "  $name: trace exit $? (0 = complete on every rank, 3 = a GPU tail lost)"
+  log "  $name: trace exit $? (0 = complete on every rank, 3 = a GPU tail lost, 124 = timed out)"
   grep -h '^spectrace: \(rank\|pid\|--strict\)' "$W/$name.stdout" | tee -a "$OUT/log.txt"
   python3 - "$W/$name.sqlite" >> "$OUT/log.txt" 2>&1 <<'EOF'
 import sqlite3, sys
