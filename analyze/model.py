@@ -112,9 +112,11 @@ def bound_expr() -> pl.Expr:
 def sum_over_ranks(per_rank: pl.DataFrame, keys: list[str], sums: tuple[str, ...]) -> pl.DataFrame:
     """Sum a per-rank table over ranks (``ranks`` = how many ranks had the row)."""
     have = [c for c in sums if c in per_rank.columns]
+    # a column null on every rank (a refused split) stays null rather than summing to 0
     return (
         per_rank.group_by(keys)
-        .agg(pl.col("rank").n_unique().alias("ranks"), *[pl.col(c).sum() for c in have])
+        .agg(pl.col("rank").n_unique().alias("ranks"),
+             *[pl.when(pl.col(c).is_not_null().any()).then(pl.col(c).sum()).alias(c) for c in have])
         .sort(have[0], *keys, descending=[True] + [False] * len(keys))
     )
 
@@ -132,6 +134,10 @@ class Result:
     range_id, name, count, kernel_ns`` (the top-kernels tables). ``cycle_choice``: which cycles are the
     steady state (``skip_cycles``/``window``; empty = detected, :mod:`analyze.compute.tokens`).
     ``memo``: results derived from this one, kept by the functions that computed them.
+    were put on one clock. ``comm_refused``: phases whose matched collectives do not end together
+    (``domain, phase, collectives, end_spread_p50_ns, bound_ns``): their ``comm_wait_ns``/``comm_transfer_ns``
+    are null. ``instances`` rows with ``left_out`` set (cut by a capture window, GPU tail lost, or without
+    a counterpart on every rank) are not in ``phases`` or ``seams``.
     """
 
     trace: Trace
@@ -157,6 +163,7 @@ class Result:
     host_calls: pl.DataFrame | None = field(default=None, repr=False)
     # With a graph-level timing pass (analyze.compute.probe): what node-level tracing cost.
     probe_effect: dict[str, Any] | None = None
+    comm_refused: pl.DataFrame = field(default_factory=pl.DataFrame)
 
     @property
     def phases_all(self) -> pl.DataFrame:
@@ -198,6 +205,7 @@ class Result:
             "ranges_all_ranks": self.ranges_all.to_dicts(),
             "seams": self.seams.to_dicts(),
             "seams_all_ranks": self.seams_all.to_dicts(),
+            "comm_refused": self.comm_refused.to_dicts(),
             "diagnostics": [d.as_dict() for d in self.diagnostics],
             "coverage": {
                 "gpu_ns": int(cov["gpu_ns"].sum()) if cov.height else 0,
@@ -227,6 +235,8 @@ class CommResult:
     mismatches: pl.DataFrame
     clock: dict[str, Any]
     diagnostics: list[Diagnostic] = field(default_factory=list)
+    refused: pl.DataFrame = field(default_factory=pl.DataFrame)  # phases without wait/straggler numbers, and why
+    left_out_kernels: int = 0  # kernels of instances left out by the cross-rank pairing (not matched)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document: ``collectives`` and ``stragglers`` keys as in the README."""
@@ -238,11 +248,13 @@ class CommResult:
             "clock": self.clock,
             "ranks": self.ranks.to_dicts(),
             "matching": {
-                "comm_kernels": self.kernels.height,
+                "comm_kernels": self.kernels.height + self.left_out_kernels,
                 "matched_kernels": self.matched.height,
                 "matched_collectives": n_coll,
                 "unmatched_kernels": self.kernels.height - self.matched.height,
+                "left_out_kernels": self.left_out_kernels,
             },
+            "refused": self.refused.to_dicts(),
             "collectives": self.collectives.to_dicts(),
             "stragglers": self.stragglers.to_dicts(),
             "mismatches": self.mismatches.with_columns(

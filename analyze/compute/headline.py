@@ -18,7 +18,7 @@ from __future__ import annotations
 import polars as pl
 
 from ..model import bound_expr
-from . import breakdown, collectives, host
+from . import breakdown, collectives, host, windows
 from .tokens import base_expr, cycles
 
 GAP = "between cycles"
@@ -154,8 +154,9 @@ def seams_all(res) -> pl.DataFrame:
 
 def matching(res) -> pl.DataFrame:
     """Per phase: ``collectives`` matched and the p50 spread of their end times across ranks (``end_spread_p50_ns``);
-    ``trusted`` when it is within :data:`analyze.compute.collectives.END_SPREAD_WARN_NS` (collectives of one job
-    end together; far more means instances were paired wrongly, and wait/straggler numbers are not shown)."""
+    ``trusted`` when it is within :data:`analyze.compute.windows.END_SPREAD_BOUND_NS`, the bound of
+    :func:`analyze.compute.collectives.refused` (collectives of one job end together; far more means instances
+    were paired wrongly, and wait/straggler numbers are not shown)."""
     def run():
         m = matched(res)
         if m.height == 0:
@@ -164,7 +165,7 @@ def matching(res) -> pl.DataFrame:
         per = collectives.per_collective(m)
         return (per.group_by("phase").agg(collectives=pl.len(),
                                           end_spread_p50_ns=pl.col("end_spread_ns").quantile(0.5, "nearest"))
-                .with_columns(trusted=pl.col("end_spread_p50_ns") <= collectives.END_SPREAD_WARN_NS).sort("phase"))
+                .with_columns(trusted=pl.col("end_spread_p50_ns") <= windows.END_SPREAD_BOUND_NS).sort("phase"))
     return _memo(res, "matching", run)
 
 

@@ -63,19 +63,31 @@ def _order(df: pl.DataFrame, col: str) -> pl.DataFrame:
                                                      descending=[False, True]).drop("_o")
 
 
+def _refusals(refused: pl.DataFrame) -> list[str]:
+    """One line per phase whose matched collectives do not end together (no wait/straggler numbers for it)."""
+    return [f"  {r['phase'] if r['phase'] is not None else NO_PHASE}: {r['collectives']} matched collectives end "
+            f"{_us(r['end_spread_p50_ns'])} µs apart (p50) > {_us(r['bound_ns'])} µs: they are not the same "
+            "collectives on every rank, or the clocks disagree" for r in refused.iter_rows(named=True)]
+
+
 def _comm_split(res: Result) -> list[str]:
     """Matched collectives per rank and phase: waiting for the last rank vs transfer (more in ``spectrace comm``)."""
-    p = res.phases
-    if "comm_wait_ns" not in p.columns or not int((p["comm_wait_ns"] + p["comm_transfer_ns"]).sum()):
+    p, refused = res.phases, res.comm_refused
+    if "comm_wait_ns" not in p.columns:
         return []
     p = _order(p.filter((pl.col("comm_wait_ns") + pl.col("comm_transfer_ns")) > 0), "phase").sort("rank",
                                                                                                   maintain_order=True)
+    if not p.height and not refused.height:
+        return []
     rows = [[r["phase"], str(r["rank"]), _ms(r["comm_wait_ns"] + r["comm_transfer_ns"]), _ms(r["comm_wait_ns"]),
              _pct(r["comm_wait_ns"], r["comm_wait_ns"] + r["comm_transfer_ns"]), _ms(r["comm_transfer_ns"])]
             for r in p.iter_rows(named=True)]
-    return ["", "Collectives matched across ranks: kernel time spent waiting for the last rank vs transferring "
-                "(spectrace comm for stragglers)",
-            *_grid(["phase", "rank", "collective ms", "wait ms", "%", "transfer ms"], rows, 2)]
+    out = ["", "Collectives matched across ranks: kernel time spent waiting for the last rank vs transferring "
+               "(spectrace comm for stragglers)",
+           *_grid(["phase", "rank", "collective ms", "wait ms", "%", "transfer ms"], rows, 2)]
+    if refused.height:
+        out += ["No wait/transfer split (refused) for:", *_refusals(refused)]
+    return out
 
 
 def kernel_label(name: str, width: int = 60) -> str:
@@ -365,8 +377,12 @@ def _us_or_dash(ns) -> str:
     return "-" if ns is None else f"{ns / 1e3:,.1f}"
 
 
+def _ms_or_dash(ns) -> str:
+    return "-" if ns is None else _ms(ns)
+
+
 def _pct1(a, b) -> str:
-    return f"{100 * a / b:.1f}" if b else "-"
+    return f"{100 * a / b:.1f}" if b and a is not None else "-"
 
 
 def comm_table(res: CommResult) -> str:
@@ -381,14 +397,17 @@ def comm_table(res: CommResult) -> str:
                    f"session offset {_us_or_dash(r['session_offset_ns'])} µs, refined by {_us_or_dash(r.get('refine_ns'))} µs")
     d = res.to_dict()["matching"]
     out.append(f"matched {d['matched_collectives']} collectives ({d['matched_kernels']} of {d['comm_kernels']} "
-               f"communication kernels; {d['unmatched_kernels']} unmatched)")
+               f"communication kernels; {d['unmatched_kernels']} unmatched"
+               + (f"; {d['left_out_kernels']} in instances left out: cut, lost or unpaired" if d["left_out_kernels"]
+                  else "") + ")")
     out.append("wait = kernel time before the last rank arrived (latest start); transfer = the rest; "
                "skew = last arrival - own start")
     out.append("")
     s = res.collectives.with_columns(short_name(pl.col("name")).alias("name"), pl.col("phase").fill_null(NO_PHASE))
-    rows = [[r["phase"], str(r["rank"]), r["name"], str(r["count"]), _ms(r["duration_ns"]), _ms(r["wait_ns"]),
-             _pct1(r["wait_ns"], r["duration_ns"]), _ms(r["transfer_ns"]), _us_or_dash(r["skew_p50_ns"]),
-             _us_or_dash(r["skew_p99_ns"]), str(r["last_arrivals"])] for r in s.iter_rows(named=True)]
+    rows = [[r["phase"], str(r["rank"]), r["name"], str(r["count"]), _ms(r["duration_ns"]), _ms_or_dash(r["wait_ns"]),
+             _pct1(r["wait_ns"], r["duration_ns"]), _ms_or_dash(r["transfer_ns"]), _us_or_dash(r["skew_p50_ns"]),
+             _us_or_dash(r["skew_p99_ns"]), "-" if r["last_arrivals"] is None else str(r["last_arrivals"])]
+            for r in s.iter_rows(named=True)]
     out.append("Per phase, rank and kernel")
     out += _grid(["phase", "rank", "kernel", "count", "dur ms", "wait ms", "%wait", "transfer ms", "skew p50 µs",
                   "skew p99 µs", "last"], rows, 3)
@@ -399,6 +418,10 @@ def comm_table(res: CommResult) -> str:
     out.append("")
     out.append("Stragglers: who arrived last (strictly), and how much later than the next-latest rank")
     out += _grid(["phase", "rank", "last", "%", "mean delay µs", "max delay µs", "total delay ms"], rows, 2)
+    if res.refused.height:
+        out.append("")
+        out.append("Refused: no wait, skew or straggler numbers for these phases")
+        out += _refusals(res.refused)
     if res.diagnostics:
         out.append("")
         out.append("Diagnostics")

@@ -7,25 +7,29 @@ Defaults: ``-t cuda,nvtx --cuda-graph-trace=node --trace-fork-before-exec=true -
 NAME.manifest.json (and NAME_<report>.csv with ``--stats``). ``--passes graph,node[,plain]`` runs the
 command once per pass: graph- and node-level CUDA-graph tracing (NAME_graph.*, NAME_node.*) and, for
 ``plain``, without any profiler (NAME_plain.manifest.json); the JSON-object lines the program prints
-(e.g. the embedded workload's cycles/s) are kept in each manifest. Also runs ``spectrace demo-workload``.
+(e.g. the embedded workload's cycles/s) are kept in each manifest. Each export is checked: one line per
+rank with its cycles with GPU work and any lost GPU tail (``--strict``: exit 3 when one is lost, or the
+export has no GPU rows). Also runs ``spectrace demo-workload``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
 import shlex
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
-from . import CaptureError
+from . import CaptureError, complete
 from . import manifest as mf
 
 MIN_NSYS = (2024, 2)  # DIAGNOSTIC_EVENT, GRAPH_TRACE and CUDA_GRAPH_NODE_EVENTS exist from here on
@@ -300,6 +304,9 @@ def _capture(a: argparse.Namespace, nsys: str, base: Path, added: dict[str, str]
     rec["exported"] = exported
     rec["program_output"] = records
     rec.update(extra or {})
+    ranks = _check(files["sqlite"]) if exported else None
+    if ranks is not None:
+        rec["ranks"] = [dataclasses.asdict(r) for r in ranks]
     mf.write(files["manifest"], rec)
     if not files["report"].exists():
         print(f"spectrace: nsys wrote no report {files['report']} (exit {rc})", file=sys.stderr)
@@ -308,6 +315,9 @@ def _capture(a: argparse.Namespace, nsys: str, base: Path, added: dict[str, str]
           file=sys.stderr)
     if interrupted:
         return 130
+    if rc == 0 and exported and a.strict and not (ranks and all(r.complete for r in ranks)):
+        print("spectrace: --strict: the capture is not complete on every rank", file=sys.stderr)
+        return 3
     return rc if exported else (rc or 1)
 
 
@@ -336,6 +346,18 @@ def _plain(a: argparse.Namespace, base: Path, added: dict[str, str], names: dict
     mf.write(manifest, rec)
     print(f"spectrace: wrote {manifest} ({len(records)} JSON line(s) of the program's output)", file=sys.stderr)
     return 130 if interrupted else rc
+
+
+def _check(sqlite: Path) -> list[complete.Rank] | None:
+    """Print one line per rank of the fresh export (cycles with GPU work, lost tail); None if unreadable."""
+    try:
+        ranks = complete.ranks(sqlite)
+    except sqlite3.Error as e:
+        print(f"spectrace: could not check {sqlite}: {e}", file=sys.stderr)
+        return None
+    for line in complete.lines(ranks):
+        print(f"spectrace: {line}", file=sys.stderr)
+    return ranks
 
 
 def add_trace_arguments(p: argparse.ArgumentParser) -> None:
@@ -368,6 +390,9 @@ def add_trace_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stats", action="store_true",
                    help=f"also write NAME_<report>.csv for {', '.join(STATS_REPORTS)} (nsys stats)")
     p.add_argument("-f", "--force", action="store_true", help="overwrite an existing report")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 3 when a rank's GPU rows stop while its cycle ranges go on (lost GPU tail) "
+                        "or the export has no GPU rows")
     p.add_argument("-n", "--dry-run", action="store_true", help="print the commands and environment; run nothing")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
 
