@@ -1,8 +1,7 @@
 """compare on a real TP2 pair that differs only in NCCL_PROTO (Simple → LL), captured by
 tests/device/issue14_nccl.sh: the verify change is attributed to communication.
 
-Looks for ``tp2_nccl_simple`` / ``tp2_nccl_ll`` as ``tests/data/h200_tp2/NAME.sqlite.xz`` or in the shared traces
-(``NAME.sqlite``); skipped until they exist. Ground truth: the change in the NCCL kernels' summed time per steady
+The pair is bundled (``tests/data/h200_tp2/tp2_nccl_{simple,ll}.sqlite.xz``). Ground truth: the change in the NCCL kernels' summed time per steady
 cycle in verify (from the kernel table, independent of the interval unions behind ``comm_ns``).
 """
 
@@ -14,7 +13,6 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from paths import TRACES
 
 from analyze import analyze
 from analyze.compute import headline
@@ -24,11 +22,8 @@ DATA = Path(__file__).parent / "data" / "h200_tp2"
 
 
 def capture(name: str, tmp: Path) -> Path:
-    if (TRACES / f"{name}.sqlite").exists():
-        return TRACES / f"{name}.sqlite"
+    """The bundled capture (tests/data/h200_tp2, made by tests/device/issue14_nccl.sh), decompressed into ``tmp``."""
     xz = DATA / f"{name}.sqlite.xz"
-    if not xz.exists():
-        pytest.skip(f"{name}: run tests/device/issue14_nccl.sh on 2 GPUs and put its output in {DATA}")
     out = tmp / f"{name}.sqlite"
     with lzma.open(xz) as f, open(out, "wb") as g:
         shutil.copyfileobj(f, g)

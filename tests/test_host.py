@@ -104,8 +104,6 @@ def test_real_seam_causes(name, frm, bound):
     step under node-level tracing the 168 µs verify launch returns after the 64 µs draft."""
     from nvtx_hooks.capture import samples
 
-    if name not in samples.names():
-        pytest.skip("bundled capture absent")
     res = analyze(samples.path(name))
     row = res.seams_all.filter(pl.col("from") == frm).row(0, named=True)
     assert row["bound"] == bound and row[f"{bound}_bound_inst"] >= 0.95 * row["instances"]

@@ -100,7 +100,7 @@ def read_manifest(report: str | Path) -> dict | None:
         from nvtx_hooks.capture import samples
 
         if Path(report).resolve().parent == samples.cache_dir().resolve():
-            p = samples.DATA / p.name
+            p = samples.data_dir(Path(report).name.removesuffix(".sqlite")) / p.name
     try:
         return json.loads(p.read_text())
     except (OSError, ValueError):

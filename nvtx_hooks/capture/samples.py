@@ -1,4 +1,5 @@
-"""The bundled real captures (``tests/data/h200_tp1/*.sqlite.xz``), decompressed on first use.
+"""The bundled real captures (``tests/data/h200_tp1/*.sqlite.xz``: one H200; ``tests/data/h200_tp2``: two),
+decompressed on first use.
 
 ``python -m nvtx_hooks.capture.samples [NAME]`` prints the path of the decompressed export
 (default ``tp1_node``; ``--list`` names them); ``make demo`` uses it. Decompressed copies go to
@@ -16,12 +17,21 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "h200_tp1"
+DATA_DIRS = (DATA, ROOT / "tests" / "data" / "h200_tp2")
 DEFAULT = "tp1_node"
 
 
 def names() -> list[str]:
     """The bundled capture names."""
-    return sorted(p.name[: -len(".sqlite.xz")] for p in DATA.glob("*.sqlite.xz"))
+    return sorted(p.name[: -len(".sqlite.xz")] for d in DATA_DIRS for p in d.glob("*.sqlite.xz"))
+
+
+def data_dir(name: str) -> Path:
+    """The folder that holds bundled capture ``name`` (its .sqlite.xz, manifest and nsys stats CSVs)."""
+    for d in DATA_DIRS:
+        if (d / f"{name}.sqlite.xz").exists():
+            return d
+    return DATA
 
 
 def cache_dir() -> Path:
@@ -32,7 +42,7 @@ def cache_dir() -> Path:
 
 def path(name: str = DEFAULT, cache: Path | None = None) -> Path:
     """The decompressed SQLite export of bundled capture ``name``."""
-    src = DATA / f"{name}.sqlite.xz"
+    src = data_dir(name) / f"{name}.sqlite.xz"
     if not src.exists():
         raise FileNotFoundError(f"no bundled capture {name!r}; have: {', '.join(names())}")
     out = (cache or cache_dir()) / f"{name}.sqlite"
@@ -47,7 +57,7 @@ def path(name: str = DEFAULT, cache: Path | None = None) -> Path:
 
 def stats_csv(name: str, report: str = "nvtx_gpu_proj_sum") -> Path:
     """NVIDIA's ``nsys stats`` CSV for bundled capture ``name``."""
-    return DATA / f"{name}_{report}.csv"
+    return data_dir(name) / f"{name}_{report}.csv"
 
 
 def main(argv: list[str] | None = None) -> int:
