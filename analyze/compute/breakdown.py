@@ -113,7 +113,7 @@ def phases(inst: pl.DataFrame) -> pl.DataFrame:
             span_max_ns=pl.col("x_span_ns").max(),
         )
         .rename({"range": "phase"})
-        .sort("rank", "span_ns", descending=[False, True])
+        .sort("rank", "span_ns", "domain", "phase", descending=[False, True, False, False])
     )
 
 
@@ -133,7 +133,7 @@ def projections(inst: pl.DataFrame) -> pl.DataFrame:
             inst.group_by("rank", "domain", "range").agg(range_instances=pl.len()),
             on=["rank", "domain", "range"],
         )
-        .sort("rank", "proj_span_ns", descending=[False, True])
+        .sort("rank", "proj_span_ns", "domain", "range", descending=[False, True, False, False])
     )
 
 
@@ -203,7 +203,7 @@ def seams(seam_inst: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
             idle_max_ns=pl.col("idle_ns").max(),
         )
         .rename({"parent_range": "parent", "prev_range": "from", "range": "to"})
-        .sort("rank", "idle_ns", descending=[False, True])
+        .sort("rank", "idle_ns", "parent", "from", "to", descending=[False, True, False, False, False])
     )
 
 

@@ -73,15 +73,15 @@ def with_group_ids(kernels: pl.DataFrame) -> pl.DataFrame:
     kernels = kernels.drop("_g", strict=False)
     if kernels.height == 0:
         return kernels.with_columns(_g=pl.lit(0, pl.Int64))
-    dp = kernels.select("domain", "phase").unique().with_row_index("_p")
-    names = kernels.select("name").unique().with_row_index("_n")
+    dp = kernels.select("domain", "phase").unique(maintain_order=True).with_row_index("_p")
+    names = kernels.select("name").unique(maintain_order=True).with_row_index("_n")
     c = kernels.join(dp, on=["domain", "phase"], how="left", nulls_equal=True).join(names, on="name", how="left")
     bits = [int(x).bit_length() for x in (dp.height, c["k"].max() + 1, names.height)]
     if sum(bits) <= 62:
         g = (pl.col("_p").cast(pl.Int64) * 2 ** (bits[1] + bits[2]) + (pl.col("k") + 1) * 2 ** bits[2]
              + pl.col("_n").cast(pl.Int64))
         return c.with_columns(_g=g).drop("_p", "_n")
-    ids = c.select("_p", "k", "_n").unique().with_row_index("_g").with_columns(pl.col("_g").cast(pl.Int64))
+    ids = c.select("_p", "k", "_n").unique(maintain_order=True).with_row_index("_g").with_columns(pl.col("_g").cast(pl.Int64))
     return c.join(ids, on=["_p", "k", "_n"], how="left").drop("_p", "_n")
 
 
@@ -137,7 +137,7 @@ def match(kernels: pl.DataFrame, counts: pl.DataFrame | None = None, ordered: bo
         )
         .with_columns(is_last=(pl.col("start") == pl.col("last")) & (pl.col("delay_ns") > 0))
         .drop("_second", "_new", "_last", "_c")
-        .pipe(lambda df: df.sort("first_arrival", "rank") if ordered else df)
+        .pipe(lambda df: df.sort("first_arrival", "_g", "j", "rank") if ordered else df)
     )
 
 
@@ -156,8 +156,8 @@ def per_collective(matched: pl.DataFrame) -> pl.DataFrame:
             max_wait_ns=pl.col("wait_ns").max(),
         )
         .with_columns(start_spread_ns=pl.col("last_arrival") - pl.col("first_arrival"), name=pl.col("name").cast(pl.String))
+        .sort("first_arrival", "_g", "j")
         .select(*KEY, pl.exclude(*KEY, "_g"))
-        .sort("first_arrival")
     )
 
 
@@ -183,7 +183,7 @@ def summary(matched: pl.DataFrame) -> pl.DataFrame:
         )
         .with_columns(phase=pl.when(~pl.col("outside")).then("phase"), name=pl.col("name").cast(pl.String))
         .drop("outside")
-        .sort("phase", "name", "rank", nulls_last=True)
+        .sort("phase", "name", "rank", "domain", nulls_last=True)
     )
 
 
@@ -214,7 +214,7 @@ def stragglers(matched: pl.DataFrame) -> pl.DataFrame:
         .drop("outside")
         .select("domain", "phase", "rank", "collectives", "last_arrivals", "share", "mean_delay_ns",
                 "total_delay_ns", "max_delay_ns")
-        .sort(["phase", "last_arrivals", "rank"], descending=[False, True, False], nulls_last=True)
+        .sort(["phase", "last_arrivals", "rank", "domain"], descending=[False, True, False, False], nulls_last=True)
     )
 
 
@@ -276,7 +276,7 @@ def diagnostics(kernels: pl.DataFrame, matched: pl.DataFrame, counts: pl.DataFra
     inst = kernels.filter(pl.col("k") >= 0).group_by("domain", "phase", "rank").agg(n=pl.col("k").n_unique())
     bad = inst.group_by("domain", "phase").agg(lo=pl.col("n").min(), hi=pl.col("n").max(),
                                               counts=pl.struct("rank", "n").sort_by("rank"))
-    for row in bad.filter(pl.col("lo") != pl.col("hi")).sort("phase").iter_rows(named=True):
+    for row in bad.filter(pl.col("lo") != pl.col("hi")).sort("phase", "domain").iter_rows(named=True):
         counts = ", ".join(f"rank {c['rank']}: {c['n']}" for c in row["counts"])
         out.append(_diag("warning", "COMM_PHASE_COUNT",
                          f"phase {row['phase']!r}: instances that launched communication differ across ranks "

@@ -12,6 +12,7 @@ from ..compute import whatif
 from ..compute.tokens import summary
 from ..model import InputError
 from . import plots
+from .targets import os_error, refuse_input
 from .text import compare_table, whatif_table
 
 CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;color:#222}
@@ -52,9 +53,15 @@ PHASE_COLS = ("phase", "instances", "span_ns", "compute_ns", "comm_ns", "idle_ns
 def write_page(res, out: str | Path, baseline=None, steps_now: int | None = None) -> Path:
     """Write ``out/index.html`` and its figures for an analysed trace (and an analysed baseline); returns the page."""
     out = Path(out)
+    inputs = [*res.reports, *(baseline.reports if baseline is not None else [])] or [res.trace.path]
+    refuse_input(out, inputs, "-o")
+    refuse_input(out / "index.html", inputs, "-o")
     if out.exists() and not out.is_dir():
         raise InputError(f"{out}: not a directory", "BAD_OUTPUT")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise os_error(e, out, "the report folder") from None
     t = res.trace
     name = Path(t.path).name
     parts = [f"<h1>spectrace · {html.escape(name)}</h1>",
