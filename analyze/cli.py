@@ -324,6 +324,8 @@ def _detach_stdout() -> None:
 
 
 def _main(argv: list[str] | None) -> int:
+    if hasattr(sys.stdout, "reconfigure"):  # file names that are not UTF-8 are printed as the bytes they are
+        sys.stdout.reconfigure(errors="surrogateescape")
     user_malloc = os.environ.get(MALLOC_VAR)
     if user_malloc is None:
         os.environ[MALLOC_VAR] = MALLOC_CONF

@@ -141,6 +141,7 @@ NODE = "tp1_node"  # the bundled capture most rows start from (65 EAGLE cycles, 
 KERNEL, NVTX, RUNTIME = "CUPTI_ACTIVITY_KIND_KERNEL", "NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_RUNTIME"
 NUMBERS = ("ranks", "phases", "phases_all_ranks", "ranges", "ranges_all_ranks", "seams", "seams_all_ranks")
 NOBODY = 65534
+ODD = os.fsdecode(b"we ird?#%\xff.sqlite")  # URI characters, a space, a byte that is not UTF-8
 
 
 @pytest.fixture(scope="module")
@@ -753,11 +754,13 @@ CASES = [
     Case("comm_pattern_look_behind", make_plain("analyze", "--comm-pattern", "x=(?<=a)b"), says="bad regex"),
     Case("comm_patterns_file_is_a_folder", make_patterns(None), says="is a directory"),
     Case("comm_patterns_file_not_utf8", make_patterns(b"nccl=\xff\xfe\n"), says="not UTF-8"),
-    Case("db_in_a_missing_folder", make_db(lambda e, p: e.root / "nowhere" / "r.db"), says="no folder"),
+    # (--db: the results are on stdout before the one line: ``expect`` checks them)
+    Case("db_in_a_missing_folder", make_db(lambda e, p: e.root / "nowhere" / "r.db"), says="no folder",
+         expect="clean"),
     Case("db_in_a_read_only_folder", make_db(lambda e, p: readonly_dir(e, "ro") / "r.db"),
-         says="Permission denied", proc=proc_as_nobody),
+         says="Permission denied", proc=proc_as_nobody, expect="clean"),
     Case("db_not_a_database", make_db(lambda e, p: (e.other("t") / "r.db", (e.other("t") / "r.db").write_text(
-        "text, not SQLite\n" * 400))[0]), says="cannot write the results database"),
+        "text, not SQLite\n" * 400))[0]), says="cannot write the results database", expect="clean"),
     Case("report_o_in_a_read_only_folder", make_report_o(lambda e, p: readonly_dir(e, "ro") / "rep"),
          says="Permission denied", proc=proc_as_nobody),
     Case("report_o_under_a_file", make_report_o(lambda e, p: p / "rep"), says="Not a directory"),
@@ -772,6 +775,9 @@ CASES = [
                                                    opts=("--store", "--no-cache")), rc=0,
          says="API_WITHOUT_PROCESS", expect=edited(f"DELETE FROM {RUNTIME} WHERE rowid % 50 = 0")),
     Case("parquet_dir_without_stringids", make_no_stringids, says="no StringIds"),
+    Case("odd_file_name", lambda e: ["analyze", e.copy(NODE, ODD), "--format", "json"], rc=0, expect="clean"),
+    Case("odd_file_name_cached", lambda e: ["analyze", e.copy(NODE, ODD), "--format", "json", "--cache"], rc=0,
+         expect="clean", later="clean"),
     Case("dev_stdin_redirected_from_the_file", make_plain("analyze", "--cache", "--format", "json"), rc=0,
          expect="clean", proc=proc_stdin_file, keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
     Case("dev_stdin_a_pipe", make_plain("analyze", "--cache"), says="not a regular file", proc=proc_stdin_pipe),
@@ -1032,6 +1038,20 @@ def test_cache_lists_every_file_with_rows_size_and_checksum(env):
         assert tail == zlib.crc32(data[-st.TAIL:]) and whole == zlib.crc32(data)
     assert sum(meta["ops_rows"].values()) == sum(v[0] for k, v in meta["files"].items() if k.startswith("ops/"))
     assert json.loads((cache_of(p) / st.MARKER).read_text())["pid"] == os.getpid()
+
+
+def test_concurrent_runs_build_one_cache(env, clean):
+    """Two runs building the same cache at once: both give the clean numbers, one cache, nothing else left."""
+    p = env.copy()
+    cmd = [sys.executable, "-m", "analyze.cli", "analyze", str(p), "--cache", "--format", "json", "-q"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, **env.env}) for _ in range(2)]
+    for q in procs:
+        out, err = q.communicate(timeout=120)
+        assert q.returncode == 0 and not err, err
+        assert numbers(out) == clean
+    assert {q.name for q in env.inp.iterdir()} == {p.name, p.name + st.SUFFIX}
+    assert st.problem(cache_of(p), st.fingerprint(p)) is None and not leftovers(env)
 
 
 def test_a_live_build_folder_is_not_removed(env, capsys):

@@ -162,7 +162,7 @@ class Reader:
         self.mode = open_mode(real, self.path)
         self.state = file_state(real)
         args = "mode=ro&immutable=1" if self.mode == "immutable" else "mode=ro&vfs=unix-none"
-        self._uri = f"file:{quote(str(real))}?{args}"
+        self._uri = f"file:{quote(os.fsencode(real))}?{args}"  # bytes: any file name, UTF-8 or not
         self.lossy = 0  # strings that were not valid UTF-8 (decoded with U+FFFD)
         self._lock = threading.Lock()
         try:

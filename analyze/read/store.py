@@ -111,11 +111,20 @@ def cache_dir_for(report: str | os.PathLike) -> Path:
     variables are ignored, as the XDG spec says)."""
     p = Path(report).resolve()
     env = os.environ.get("SPECTRACE_CACHE_DIR") or None
-    if not env and _writable(p.parent):
+    if not env and _writable(p.parent) and _utf8(p):  # polars reads and writes only UTF-8 paths
         return p.parent / (p.name + SUFFIX)
     xdg = os.environ.get("XDG_CACHE_HOME") or ""
     base = Path(env) if env else (Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache") / "spectrace"
-    return base / (hashlib.sha1(str(p).encode()).hexdigest()[:16] + "_" + p.name + SUFFIX)
+    name = os.fsencode(p.name).decode(errors="replace")
+    return base / (hashlib.sha1(os.fsencode(p)).hexdigest()[:16] + "_" + name + SUFFIX)
+
+
+def _utf8(p: Path) -> bool:
+    try:
+        str(p).encode()
+        return True
+    except UnicodeEncodeError:
+        return False
 
 
 def _writable(d: Path) -> bool:
@@ -235,6 +244,8 @@ def problem(root: Path, key: dict | None = None) -> str | None:
         return "stale"
     if meta.get("check") != _digest(meta):
         return "meta.json does not match its digest (edited?)"
+    if not all(isinstance(v, list) and len(v) == 4 for v in meta.get("files", {}).values()):
+        return "stale"  # files listed in another layout
     if not (root / MARKER).is_file():
         return f"no {MARKER} marker"
     try:
