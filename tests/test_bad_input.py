@@ -183,7 +183,7 @@ class Env:
 
 
 @pytest.fixture
-def env(tmp_path_factory, monkeypatch, pristine):
+def env(monkeypatch, pristine):
     # Under /tmp with open permissions: some rows run as another user (nobody).
     root = Path(tempfile.mkdtemp(prefix="spectrace-faults-", dir="/tmp"))
     root.chmod(0o755)
@@ -686,18 +686,6 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def proc_sigint_after(delay: float):
-    def run(argv, e: Env):
-        env = {**os.environ, **e.env}
-        p = subprocess.Popen([sys.executable, "-m", "analyze.cli", *map(str, argv)], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=env, cwd=e.root / "cwd")
-        time.sleep(delay)
-        p.send_signal(signal.SIGINT)
-        out, err = p.communicate(timeout=120)
-        return p.returncode, out, err
-    return run
-
-
 def make_plain(verb: str = "analyze", *opts: str) -> Callable[[Env], list]:
     return lambda e: [verb, e.copy(), *opts]
 
@@ -1115,3 +1103,16 @@ def test_input_error_keeps_its_code_across_processes():
 
     e = pickle.loads(pickle.dumps(InputError("x: broken", "NO_STRINGS")))
     assert str(e) == "x: broken" and e.code == "NO_STRINGS"
+
+
+def test_db_keeps_its_other_tables_and_is_replaced_whole(env, capsys, clean):
+    db = env.other("db") / "r.db"
+    sql(db, "CREATE TABLE mine (x)", "INSERT INTO mine VALUES (42)")
+    db.chmod(0o640)
+    rc, out, err = run_here(["analyze", env.copy(), "--format", "json", "-q", "--db", db], capsys)
+    assert rc == 0 and numbers(out) == clean
+    con = sqlite3.connect(db)
+    assert con.execute("SELECT x FROM mine").fetchall() == [(42,)]
+    assert con.execute("SELECT COUNT(*) FROM phases WHERE rank IS NOT NULL").fetchone()[0] == len(clean["phases"])
+    con.close()
+    assert stat.S_IMODE(db.stat().st_mode) == 0o640 and [q.name for q in db.parent.iterdir()] == ["r.db"]

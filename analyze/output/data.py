@@ -7,7 +7,7 @@ import json
 import os
 import shutil
 import sqlite3
-import tempfile
+import uuid
 from pathlib import Path
 
 import polars as pl
@@ -57,16 +57,12 @@ def to_db(res: Result, path: str | Path) -> None:
     dest = p.resolve() if p.is_symlink() else p
     tmp = None
     try:
-        fd, name = tempfile.mkstemp(prefix=f".{dest.name}.tmp-", dir=dest.parent)
-        os.close(fd)
-        tmp = Path(name)
+        name = dest.with_name(f".{dest.name}.tmp-{uuid.uuid4().hex[:12]}")
+        os.close(os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))  # the umask applies, as for any file
+        tmp = name
         if dest.exists():
             shutil.copyfile(dest, tmp)
             shutil.copymode(dest, tmp)
-        else:
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)
         _write_db(res, tmp)
         os.replace(tmp, dest)
         tmp = None

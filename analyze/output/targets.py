@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from ..model import InputError
+from ..read.sqlite import sidecar
 
 
 def _same(a: Path, b: Path) -> bool:
@@ -26,7 +27,7 @@ def refuse_input(target: str | os.PathLike, inputs, option: str) -> None:
         if not src.exists():
             continue
         inside = src.is_dir() and (t.resolve() == src.resolve() or src.resolve() in t.resolve().parents)
-        side = [src.with_name(src.name + s) for s in ("-wal", "-journal", "-shm")]
+        side = [sidecar(src, s) for s in ("-wal", "-journal", "-shm")]
         if inside or (t.exists() and _same(t, src)) or any(t.resolve() == s.resolve() for s in side):
             raise InputError(f"{t}: {option} must not be the input report {src} or in it (spectrace never writes "
                              "to its input)", "OUTPUT_IS_INPUT")
