@@ -10,7 +10,7 @@ ARGS    ?=
 
 $(BIN)/spectrace: pyproject.toml
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,cluster]'
 	@touch $@
 
 install: $(BIN)/spectrace

@@ -11,10 +11,13 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from .model import CommResult, InputError, Result, Trace
+from .model import CommResult, Diagnostic, InputError, Result, Trace
 
 Report = str | os.PathLike | Trace
 Reports = Report | Sequence[Report]
+
+
+REP_SUFFIXES = (".nsys-rep", ".qdrep")
 
 
 def _many(reports: Reports) -> list:
@@ -24,6 +27,24 @@ def _many(reports: Reports) -> list:
     if not out:
         raise InputError("no report given", "NO_FILE")
     return out
+
+
+def _exported(reports: list) -> tuple[list, list[Diagnostic]]:
+    """``NAME.nsys-rep`` → ``NAME.sqlite`` when that export sits beside it (a note says so; a warning when it is
+    older than the .nsys-rep). Anything else is passed on unchanged."""
+    out, notes = [], []
+    for r in reports:
+        p = Path(r) if isinstance(r, str | os.PathLike) else None
+        sib = p.with_suffix(".sqlite") if p is not None and p.suffix in REP_SUFFIXES else None
+        if sib is not None and sib.is_file():
+            stale = p.exists() and sib.stat().st_mtime < p.stat().st_mtime
+            notes.append(Diagnostic("warning" if stale else "info", "REPORT_EXPORT",
+                                    f"{p.name} is nsys's own format: analysed the export {sib.name} beside it"
+                                    + (" (older than the .nsys-rep: export it again if the capture changed)"
+                                       if stale else "")))
+            r = sib
+        out.append(r)
+    return out, notes
 
 
 def analyze(
@@ -37,6 +58,8 @@ def analyze(
     jobs: int | None = None,
     executor=None,
     progress: bool | None = None,
+    skip_cycles: int | None = None,
+    window: str | tuple | None = None,
 ) -> Result:
     """Per rank and phase: GPU compute, communication and idle time, seams, projections, coverage.
 
@@ -46,17 +69,29 @@ def analyze(
     ``store``/``cache``: where the rows live (default: by size; a valid cache is reused).
     ``keep_ops``: keep every GPU operation in ``Result.ops`` (one report). ``jobs``/``executor``: how
     several reports are analysed in parallel (worker processes, or e.g. a Dask ``Client.get_executor()``).
+    ``skip_cycles``/``window``: which cycles are the steady state of the headline numbers (default: warm-up
+    and stalls detected and left out; :mod:`analyze.compute.steady`); ``Result.phases`` etc. always count
+    every captured instance, :mod:`analyze.compute.headline` has the steady-state tables.
     """
-    from .compute import pipeline
+    from .compute import pipeline, steady
 
-    many = _many(reports)
+    choice = steady.check_choice(skip_cycles, window)
+    many, notes = _exported(_many(reports))
     if len(many) == 1 and executor is None:
-        return pipeline.analyze(many[0], ranges, comm_patterns, store=store, cache=cache, keep_ops=keep_ops,
-                                progress=progress)
-    if keep_ops:
+        res = pipeline.analyze(many[0], ranges, comm_patterns, store=store, cache=cache, keep_ops=keep_ops,
+                               progress=progress)
+    elif keep_ops:
         raise InputError("keep_ops needs a single report", "BAD_OPTION")
-    return pipeline.merge(pipeline.analyze_each(many, ranges, comm_patterns, store=store, cache=cache, jobs=jobs,
-                                                executor=executor))
+    else:
+        res = pipeline.merge(pipeline.analyze_each(many, ranges, comm_patterns, store=store, cache=cache,
+                                                   jobs=jobs, executor=executor))
+    res.cycle_choice = choice
+    res.diagnostics[:0] = notes
+    if choice:
+        from .compute.tokens import selection
+
+        selection(res)  # a choice that leaves no cycle fails here, not later
+    return res
 
 
 def comm(reports: Reports, ranges: str | None = None, comm_patterns=None, **kw) -> CommResult:
@@ -67,12 +102,14 @@ def comm(reports: Reports, ranges: str | None = None, comm_patterns=None, **kw) 
     """
     from .compute import collectives, pipeline
 
-    many = _many(reports)
+    many, _ = _exported(_many(reports))
     return collectives.cross_rank(pipeline.analyze_each(many, ranges, comm_patterns, **kw))
 
 
 def compare(a: Reports, b: Reports, ranges: str | None = None, comm_patterns=None, **kw) -> dict:
-    """Phase by phase, GPU time per cycle (and per token) of runs A and B and the difference B − A."""
+    """Phase by phase and seam by seam, GPU time per cycle (and per token) of runs A and B over their steady
+    cycles, the difference B − A split into compute / comm / idle, and a noise-aware verdict
+    (:mod:`analyze.compute.compare`). ``a``/``b``: one report or several each (multi-node runs)."""
     from .compute import compare as cmp
 
     return cmp.compare(analyze(a, ranges, comm_patterns, **kw), analyze(b, ranges, comm_patterns, **kw))

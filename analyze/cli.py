@@ -54,12 +54,26 @@ def add_source_args(p: argparse.ArgumentParser) -> None:  # noqa: F821
                    help="parallel processes for several reports (default: one per CPU)")
 
 
+def add_steady_args(p: argparse.ArgumentParser) -> None:  # noqa: F821
+    """Which decode cycles the headline numbers use (README: *Steady state*)."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--skip-cycles", type=int, metavar="N",
+                   help="leave out exactly the first N cycles of each rank (0: the whole run); default: warm-up "
+                        "and stalls are detected and left out, and the output says how many and why")
+    g.add_argument("--window", metavar="START:END",
+                   help="use only cycles START <= n < END (e.g. 5:50, open ends allowed), or the cycles whose "
+                        "first GPU op lies in a time range on the capture's clock (e.g. 1.5s:3s; ns, us, ms, s)")
+
+
 def _options(a) -> dict:
     """Keyword arguments of the analysis functions from the shared options."""
     from .compute.comm_patterns import load_patterns
 
-    return {"ranges": a.ranges, "comm_patterns": load_patterns(a.comm_pattern, a.comm_patterns_file),
-            "store": a.store, "cache": a.cache, "jobs": a.jobs}
+    out = {"ranges": a.ranges, "comm_patterns": load_patterns(a.comm_pattern, a.comm_patterns_file),
+           "store": a.store, "cache": a.cache, "jobs": a.jobs}
+    if hasattr(a, "skip_cycles"):
+        out |= {"skip_cycles": a.skip_cycles, "window": a.window}
+    return out
 
 
 def _out(text: str) -> None:
@@ -92,20 +106,36 @@ REPORTS_HELP = ("nsys SQLite export(s) (`nsys export --type sqlite`, opened read
 
 def run_analyze(a) -> int:
     from .api import analyze
+    from .compute.findings import find
     from .output import data, text
     from .output.targets import refuse_input
 
+    if a.table is not None and a.table not in data.CSV_TABLES:
+        from .model import InputError
+
+        raise InputError(f"unknown table {a.table!r}; one of {', '.join(data.CSV_TABLES)}", "BAD_TABLE")
     if a.db:  # before the analysis: a --db that is the input is refused at once
         refuse_input(a.db, a.report, "--db")
     res = analyze(a.report, **_options(a), progress=False if a.quiet else None)
-    if a.format == "json":
+    if a.table is not None:  # one table, in the chosen format
+        if a.format == "csv":
+            out = data.to_csv(res, a.table)
+        elif a.format == "json":
+            out = data.doc_json({a.table: data.frame(res, a.table).to_dicts()})
+        elif a.table == "kernels":
+            out = text.kernels_text(res, a.top)
+        elif a.table == "findings":
+            out = "\n".join(text.findings_text(find(res))) + "\n"
+        else:
+            out = text.table_text(data.frame(res, a.table).drop("order", strict=False))
+    elif a.format == "json":
         out = data.to_json(res)
     elif a.format == "csv":
-        out = data.to_csv(res, a.table)
+        out = data.to_csv(res, "phases")
     else:
-        out = text.analyze_table(res)
+        out = text.analyze_table(res, find(res))
     _out(out)
-    if a.format != "table":
+    if a.format != "table" or a.table is not None:
         _warn(res.diagnostics, a.quiet)
     if a.db:
         data.to_db(res, a.db)
@@ -137,10 +167,23 @@ def run_report(a) -> int:
 
 def run_compare(a) -> int:
     from .api import compare
+    from .compute.compare import slower_than
+    from .model import InputError
     from .output import data, text
 
-    doc = compare(a.a, a.b, **_options(a))
+    if a.vs:
+        side_a, side_b = a.a, a.vs
+    elif len(a.a) == 2:
+        side_a, side_b = a.a[:1], a.a[1:]
+    else:
+        raise InputError("give two reports (A B), or A's reports then --vs and B's (several per side for "
+                         "multi-node runs)", "BAD_OPTION")
+    doc = compare(side_a, side_b, **_options(a))
     _out(data.doc_json(doc) if a.format == "json" else text.compare_table(doc))
+    if a.fail_if_slower is not None and slower_than(doc, a.fail_if_slower):
+        print(f"spectrace: B is slower than A by {doc['verdict']['change_pct']:.1f} % (more than "
+              f"{a.fail_if_slower} %, outside the noise): exit 1", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -223,9 +266,16 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: F821
                                    "plus seams between phases and NVIDIA-style projections.")
     p.add_argument("report", nargs="+", help=REPORTS_HELP)
     add_selection_args(p)
-    p.add_argument("--format", choices=("table", "json", "csv"), default="table")
-    p.add_argument("--table", default="phases", help="with --format csv: phases, ranges, seams, ranks, coverage, "
-                                                     "instances")
+    add_steady_args(p)
+    p.add_argument("--format", choices=("table", "json", "csv"), default="table",
+                   help="table: text for people (default); json: every table and the findings; csv: one table "
+                        "(--table, default phases)")
+    p.add_argument("--table", metavar="NAME",
+                   help="print only this table, in the chosen format: phases, ranges, seams, ranks, coverage, "
+                        "instances (whole run); phases_steady, seams_steady, budget, kernels (top GPU operations "
+                        "per phase), cycles, findings (steady state)")
+    p.add_argument("--top", type=int, default=5, metavar="N", help="with --table kernels as text: operations per "
+                                                                   "phase (default 5)")
     p.add_argument("--db", metavar="RESULTS.db", help="also write every result table into this SQLite file")
     p.add_argument("-q", "--quiet", action="store_true", help="no diagnostics or progress bar on stderr")
     add_source_args(p)
@@ -238,29 +288,43 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: F821
                                    "or rank) are aligned by utcEpochNs, then by collective end times.")
     p.add_argument("report", nargs="+", help=REPORTS_HELP)
     add_selection_args(p)
-    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--format", choices=("table", "json"), default="table",
+                   help="table: text for people (default); json: the collectives, stragglers, clock and matching")
     p.add_argument("-q", "--quiet", action="store_true", help="no diagnostics on stderr")
     add_source_args(p)
     p.set_defaults(func=run_comm)
 
     p = sub.add_parser("report", help="HTML report (tables and figures) of an nsys SQLite export",
-                       description="Write DIR/index.html with the per-phase tables, figures (PNG beside it), "
-                                   "the what-if model and, with --baseline, the comparison.")
+                       description="Write DIR/index.html: the cycle budget and ranked findings first, then the "
+                                   "per-phase tables, figures (PNG beside it), stragglers, the what-if model and, "
+                                   "with --baseline, the comparison.")
     p.add_argument("report", nargs="+", help=REPORTS_HELP)
-    p.add_argument("--baseline", metavar="OTHER", help="another export to compare with (e.g. a no-speculation run)")
+    p.add_argument("--baseline", metavar="OTHER", nargs="+",
+                   help="another run to compare with (e.g. a no-speculation run); several exports for a "
+                        "multi-node run")
     p.add_argument("-o", "--output", metavar="DIR", required=True, help="output directory (created)")
     p.add_argument("--steps-now", type=int, metavar="N", help="draft steps of this trace (default: its manifest)")
     add_selection_args(p)
+    add_steady_args(p)
     add_source_args(p)
     p.set_defaults(func=run_report)
 
-    p = sub.add_parser("compare", help="phase-by-phase time per cycle (and per token) of two exports, B − A",
-                       description="Match phases by name (any prefix), GPU time per cycle in A and B and the "
-                                   "difference, biggest movers first; per generated token when both know tokens.")
-    p.add_argument("a", help="export A (e.g. the baseline)")
-    p.add_argument("b", help="export B")
-    p.add_argument("--format", choices=("table", "json"), default="table")
+    p = sub.add_parser("compare", help="phase-by-phase time per cycle (and per token) of two runs, B − A, "
+                                       "split into compute / comm / idle, with a noise-aware verdict",
+                       description="Match phases and seams by name (any prefix); GPU time per steady cycle in A "
+                                   "and B and the difference split into compute, communication and idle, one "
+                                   "ranking by |Δ| (per generated token when both know tokens), per rank, the "
+                                   "GPU operations that moved, and a verdict on the cycle period from a bootstrap "
+                                   "over cycles. `compare A B`, or `compare A1 A2 --vs B1 B2` for multi-node runs.")
+    p.add_argument("a", nargs="+", metavar="A", help="run A (e.g. the baseline); with --vs, all of A's exports")
+    p.add_argument("--vs", nargs="+", metavar="B", help="run B's exports (when A or B has several)")
+    p.add_argument("--format", choices=("table", "json"), default="table",
+                   help="table: text for people (default); json: every row, per rank, kernels, verdict")
+    p.add_argument("--fail-if-slower", type=float, metavar="PCT",
+                   help="exit 1 when B is slower than A by more than PCT %% (per token when both know tokens, "
+                        "else per cycle) and the 95 %% bootstrap interval excludes no change: a CI gate")
     add_selection_args(p)
+    add_steady_args(p)
     add_source_args(p)
     p.set_defaults(func=run_compare)
 
@@ -273,9 +337,12 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: F821
                                                        "verify cost grows with verified tokens")
     p.add_argument("--acceptance", type=float, metavar="ALPHA",
                    help="per-token acceptance probability (default: fitted on the accept-length payload)")
-    p.add_argument("--max-steps", type=int, default=10, metavar="N")
-    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--max-steps", type=int, default=10, metavar="N",
+                   help="predict 1..N draft steps (default %(default)s)")
+    p.add_argument("--format", choices=("table", "json"), default="table",
+                   help="table: text for people (default); json: predictions, best step count and the model")
     add_selection_args(p)
+    add_steady_args(p)
     add_source_args(p)
     p.set_defaults(func=run_whatif)
 

@@ -19,6 +19,8 @@ PHASE_SUMS = ("span_ns", "busy_ns", "compute_ns", "comm_ns", "idle_ns", "kernel_
 RANGE_SUMS = ("proj_span_ns", "instances", "range_instances", "ops", "launches", "busy_ns", "comm_ns", "idle_ns",
               "range_ns")
 SEAM_SUMS = ("idle_ns", "gap_ns", "busy_ns", "overlap_ns", "instances")
+MARKS_SCHEMA = {"pid": pl.Int64, "gtid": pl.Int64, "time": pl.Int64, "domain": pl.String, "mark": pl.String,
+                "uint64": pl.Int64, "int64": pl.Int64}
 
 
 class InputError(Exception):
@@ -53,6 +55,7 @@ class Trace:
       (kind: kernel, memcpy, memset, graph)
     - ``names``: ``name_id, name`` for kernels and API calls
     - ``devices``: ``device, device_name``; ``nsys_diagnostics``: DIAGNOSTIC_EVENT rows
+    - ``marks``: NVTX marks (instantaneous events): ``pid, gtid, time, domain, mark, uint64, int64``
     - ``read_warnings``: counts of oddities met while reading (``lossy_strings``, ``missing_strings``,
       ``reversed_ranges``, ``long_ranges``, ``api_without_pid``); each non-zero one becomes a warning
 
@@ -72,6 +75,7 @@ class Trace:
     names: pl.DataFrame
     devices: pl.DataFrame
     nsys_diagnostics: pl.DataFrame
+    marks: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=MARKS_SCHEMA))
     tables: set[str] = field(default_factory=set)
     dropped_ops: int = 0
     utc_epoch_ns: int | None = None
@@ -110,8 +114,12 @@ class Result:
     ``comm_kernels``: every communication kernel with its matching key (:mod:`analyze.compute.collectives`).
     ``ops``: all GPU operations (with rank, range_id, name, comm) only when the analysis was asked to keep them
     (``keep_ops=True``); otherwise None, and :meth:`ops_between` reads a time window from the source.
+    ``marks``: the NVTX marks of the ranks' processes (``rank`` added), e.g. the hooks' ``accept`` marks.
     ``reports``: the input files, in rank order (several when reports were merged); ``clock``: how they
-    were put on one clock.
+    were put on one clock. ``kernels``: GPU operations summed per (rank, range instance, name): ``rank,
+    range_id, name, count, kernel_ns`` (the top-kernels tables). ``cycle_choice``: which cycles are the
+    steady state (``skip_cycles``/``window``; empty = detected, :mod:`analyze.compute.tokens`).
+    ``memo``: results derived from this one, kept by the functions that computed them.
     """
 
     trace: Trace
@@ -125,10 +133,14 @@ class Result:
     coverage: pl.DataFrame
     comm_kernels: pl.DataFrame
     ops: pl.DataFrame | None = None
+    marks: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema={"rank": pl.Int64, **MARKS_SCHEMA}))
     diagnostics: list[Diagnostic] = field(default_factory=list)
     reports: list[str] = field(default_factory=list)
     clock: dict[str, Any] = field(default_factory=dict)
     window: Any = field(default=None, repr=False)  # reads ops by time window: analyze.read.source.OpsWindow
+    kernels: pl.DataFrame | None = None
+    cycle_choice: dict[str, Any] = field(default_factory=dict)
+    memo: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def phases_all(self) -> pl.DataFrame:
@@ -146,7 +158,7 @@ class Result:
         """GPU operations overlapping ``[t0, t1)`` on the result's clock: ``rank, start, end, kind, comm``."""
         if self.ops is not None:
             return self.ops.filter((pl.col("end") > t0) & (pl.col("start") < t1)).select(
-                "rank", "start", "end", "kind", "comm")
+                "rank", "start", "end", "kind", "comm").sort("start", "rank", "end")
         if self.window is None:
             return pl.DataFrame(schema={"rank": pl.Int64, "start": pl.Int64, "end": pl.Int64, "kind": pl.String,
                                         "comm": pl.String})

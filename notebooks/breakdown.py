@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -14,8 +16,9 @@
 # %% [markdown]
 # # Where the time goes: one trace
 #
-# Per rank and per phase GPU compute / communication / idle, a few cycles on the timeline, the seams
-# between phases, the run over time, tokens, and the what-if over draft steps.
+# The steady state (warm-up and stalls left out), the cycle budget, the ranked findings, then per rank and
+# per phase GPU compute / communication / idle, a few cycles on the timeline, the seams between phases, the
+# run over time, and the what-if over draft steps.
 # Reads `$SPECTRACE_REPORT` (an nsys SQLite export), else the bundled H200 capture `tp1_node`
 # (`--steps-now` comes from the manifest; set `SPECTRACE_STEPS` for a trace without one).
 
@@ -25,26 +28,48 @@ import os
 import polars as pl
 
 from analyze import analyze
-from analyze.compute.tokens import summary
+from analyze.compute import headline
+from analyze.compute.findings import find
+from analyze.compute.tokens import selection, summary
 from analyze.compute.whatif import fit
 from analyze.model import InputError
 from analyze.output import plots
-from analyze.output.text import whatif_table
+from analyze.output.text import findings_text, whatif_table
 from nvtx_hooks.capture import samples
 
 REPORT = os.environ.get("SPECTRACE_REPORT") or str(samples.path("tp1_node"))
 STEPS = int(os.environ["SPECTRACE_STEPS"]) if os.environ.get("SPECTRACE_STEPS") else None
 res = analyze(REPORT)
 print(REPORT, "·", res.ranks.height, "rank(s) ·", res.selection)
+print(selection(res)["text"])
 
 # %% [markdown]
-# ## Phases (all ranks; span = compute + comm + idle, ns)
+# ## The cycle budget: where one steady cycle goes, per rank
 
 # %%
-res.phases_all.select("phase", "ranks", "instances", "span_ns", "compute_ns", "comm_ns", "idle_ns")
+plots.budget(res)
+
+# %%
+headline.budget(res).select("rank", "segment", "kind", "ns", "share", "gpu_idle_ns")
+
+# %% [markdown]
+# ## What to change first: ranked findings
+
+# %%
+print("\n".join(findings_text(find(res))))
+
+# %% [markdown]
+# ## Phases per instance, steady state (ns; span = compute + comm + idle)
+
+# %%
+headline.phases_all(res).select("phase", "ranks", "instances", "span_mean_ns", "span_p50_ns", "span_p90_ns",
+                                "compute_mean_ns", "comm_mean_ns", "idle_mean_ns")
 
 # %%
 plots.phase_bars(res)
+
+# %%
+plots.rank_heatmap(res)  # None with one rank
 
 # %% [markdown]
 # ## A few cycles on the GPU
@@ -56,19 +81,19 @@ plots.timeline(res)
 # ## Idle inside phases and in the seams between them
 
 # %%
-res.seams_all.select("parent", "from", "to", "instances", "idle_ns", "busy_ns")
+headline.seams_all(res).select("parent", "from", "to", "instances", "idle_mean_ns", "idle_p50_ns", "idle_p90_ns")
 
 # %%
 plots.distributions(res)
 
 # %% [markdown]
-# ## Over the run: warm-up and drift
+# ## Over the run: warm-up, stalls and drift (shaded: left out of the steady state)
 
 # %%
 plots.per_cycle(res)
 
 # %%
-split = plots.comm_split(res.phases)  # None without issue 5's wait/transfer columns or without communication
+split = plots.comm_split(headline.phases(res))  # None without communication
 split
 
 # %% [markdown]

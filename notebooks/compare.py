@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -33,7 +35,8 @@ doc = compare(A, B)
 print(compare_table(doc))
 
 # %%
-pl.DataFrame(doc["phases"])
+pl.DataFrame(doc["rows"]).select("phase", "kind", "a_ns_per_cycle", "b_ns_per_cycle", "delta_ns", "delta_compute_ns",
+                                 "delta_comm_ns", "delta_idle_ns", "ci_low_ns", "ci_high_ns")
 
 # %% [markdown]
 # ## What-if validation on the bundled steps sweep (1..4 draft steps)

@@ -12,6 +12,13 @@ batch 2, 3 draft steps (manifest), cycle ``i`` at ``B = 10_000 + 10_000 i``; GPU
 
 So the cycle period (first GPU op → next cycle's first) is 10 000 on both ranks.
 
+Variants (defaults give the trace above): ``cycles=N`` runs N cycles, accept lengths repeating ``accept``
+(default ``ACCEPT``: cycle i has ``ACCEPT[i % 4]``); ``starts=[B_0, B_1, ...]`` puts the cycles there instead (periods =
+differences); ``verify_comm=c`` makes verify a gemm [2500, 5000] then an NCCL all-reduce [5000, 5000 + c]
+on both ranks (c ≤ 500: verify span 2500 + c, compute 2500, comm c, no wait); ``straggler=d`` (d ≤ 700) makes
+rank 1 late to draft's all-reduce: its gemm runs [1000, 1600 + d], both ranks' all-reduces end at 1700 + d
+(rank 0 [1600, 1700 + d]: waits d, transfers 100; rank 1 [1600 + d, 1700 + d]).
+
 Baseline trace (``baseline``): same ranks, 4 ``decode_step`` ranges at ``B = 10_000 + 3_000 i``, one gemm
 [B + 500, B + 2000] → 1500 each, payload batch 2 (or none, with a manifest saying batch 2).
 """
@@ -38,16 +45,22 @@ def _manifest(path: Path, spec: dict) -> None:
 
 
 def eagle(path, steps: int | None = 3, prefix: str = "", accept_on: str = "cycle",
-          manifest: bool = True) -> Path:
-    """The EAGLE trace; ``accept_on='draft_extend'`` puts the accept length there (SGLang style)."""
+          manifest: bool = True, cycles: int = 4, starts: list[int] | None = None,
+          verify_comm: int | None = None, straggler: int | None = None, accept: tuple = ACCEPT) -> Path:
+    """The EAGLE trace; ``accept_on='draft_extend'`` puts the accept length there (SGLang v1 style);
+    ``accept_on='mark'`` in an ``accept`` mark instead (SGLang v2 via the hooks): cycle i's mark after cycle
+    i+1's range closed (the overlap scheduler), the last one right after its own cycle."""
     path = Path(path)
-    s = Synth(path, duration=100_000)
+    starts = starts or [10_000 + 10_000 * i for i in range(cycles)]
+    s = Synth(path, duration=max(100_000, starts[-1] + 60_000))
     corr = 0
+    verify = ([(2500, 5500, "gemm")] if verify_comm is None
+              else [(2500, 5000, "gemm"), (5000, 5000 + verify_comm, NCCL)])
     for pid, dev, w in RANKS:
         s.device(dev)
         s.domain(pid, pid, "spectrace", 1)
-        for i, acc in enumerate(ACCEPT):
-            b = 10_000 + 10_000 * i
+        for i, b in enumerate(starts):
+            acc = accept[i % len(accept)]
             tokens = acc + BATCH
             known, bare = encode_payload(BATCH, i, acc), encode_payload(BATCH, i)
             s.range(pid, pid, prefix + "cycle", b, b + 9500, domain_id=1,
@@ -57,9 +70,16 @@ def eagle(path, steps: int | None = 3, prefix: str = "", accept_on: str = "cycle
             s.range(pid, pid, prefix + "draft_extend", b + 2000, b + 3000, domain_id=1,
                     payload=known if accept_on == "draft_extend" else bare)
             s.range(pid, pid, prefix + "host_overhead", b + 3000, b + 9000, domain_id=1)
+            if accept_on == "mark":
+                t = (starts[i + 1] if i + 1 < len(starts) else b) + 9700
+                s.range(pid, pid, "accept", t, None, domain_id=1, event_type=34, payload=known)
             e = 100 + 25 * tokens
-            for api, ops in ((b + 200, [(b + 1000, b + 1600, "gemm"), (b + 1600, b + 1600 + w, NCCL)]),
-                             (b + 1100, [(b + 2500, b + 5500, "gemm")]),
+            draft = [(b + 1000, b + 1600, "gemm"), (b + 1600, b + 1600 + w, NCCL)]
+            if straggler is not None:
+                d = straggler if pid == RANKS[1][0] else 0
+                draft = [(b + 1000, b + 1600 + d, "gemm"), (b + 1600 + d, b + 1700 + straggler, NCCL)]
+            for api, ops in ((b + 200, draft),
+                             (b + 1100, [(b + x, b + y, k) for x, y, k in verify]),
                              (b + 2100, [(b + 5600, b + 5600 + e, "gemm")]),
                              (b + 3100, [(b + 7000, b + 7100, "gemm")])):
                 corr += 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -56,3 +57,62 @@ def test_table_is_readable():
     assert "All ranks (2)" in out and "Rank 1 (pid 1413" in out
     assert "eagle3.draft → eagle3.verify" in out
     assert "Diagnostics" in out
+
+
+def _parsers(p):
+    """Every parser under the ``spectrace`` parser (subcommands, nested)."""
+    import argparse
+
+    yield p
+    for a in p._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for sub in a.choices.values():
+                yield from _parsers(sub)
+
+
+def test_every_option_has_help():
+    from analyze.cli import build_parser
+
+    missing = [(p.prog, a.dest) for p in _parsers(build_parser()) for a in p._actions
+               if a.help is None and a.dest not in ("help",) and not a.dest.endswith("command")]
+    assert missing == []
+
+
+def test_nsys_rep_uses_the_export_beside_it(tmp_path, capsys):
+    import shutil
+
+    from analyze.cli import main
+
+    rep = tmp_path / "run.nsys-rep"
+    rep.write_bytes(b"NSYS report, not SQLite")
+    assert main(["analyze", str(rep), "-q"]) == 2
+    assert "export it first" in capsys.readouterr().err
+    shutil.copy(need(PROBE), tmp_path / "run.sqlite")  # exported after the capture: a note
+    assert main(["analyze", str(rep), "--format", "json"]) == 0
+    out = capsys.readouterr()
+    d = json.loads(out.out)
+    assert d["report"] == str(tmp_path / "run.sqlite") and "REPORT_EXPORT" not in out.err
+    assert [x["level"] for x in d["diagnostics"] if x["code"] == "REPORT_EXPORT"] == ["info"]
+    os.utime(tmp_path / "run.sqlite", (1, 1))  # older than the .nsys-rep: a warning
+    assert main(["analyze", str(rep), "--format", "json"]) == 0
+    assert "warning: REPORT_EXPORT" in capsys.readouterr().err
+
+
+def test_samples_outside_a_checkout(tmp_path):
+    """An installed copy has no tests/data: one line and exit 2 (and --help works)."""
+    import shutil
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "nvtx_hooks" / "capture" / "samples.py"
+    pkg = tmp_path / "site" / "nvtx_hooks" / "capture"
+    pkg.mkdir(parents=True)
+    (pkg.parent / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    shutil.copy(src, pkg / "samples.py")
+    env = {"PYTHONPATH": str(tmp_path / "site"), "PATH": "/usr/bin:/bin"}
+    p = subprocess.run([sys.executable, "-m", "nvtx_hooks.capture.samples"], capture_output=True, text=True,
+                       env=env, cwd=tmp_path)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "source checkout" in p.stderr and not p.stdout
+    p = subprocess.run([sys.executable, "-m", "nvtx_hooks.capture.samples", "--help"], capture_output=True,
+                       text=True, env=env, cwd=tmp_path)
+    assert p.returncode == 0 and "usage:" in p.stdout

@@ -10,6 +10,7 @@ import pytest
 from analyze import analyze
 from analyze.cli import main
 from analyze.compute.compare import compare
+from analyze.output.text import compare_table
 
 
 @pytest.fixture(scope="module")
@@ -54,3 +55,75 @@ def test_cli_table_and_bad_input(paths, capsys, tmp_path):
     assert main(["compare", str(paths[0]), str(paths[1])]) == 0
     assert "cycle period" in capsys.readouterr().out
     assert main(["compare", str(paths[0]), str(tmp_path / "missing.sqlite")]) == 2
+
+
+@pytest.fixture(scope="module")
+def comm_pair(tmp_path_factory):
+    """The same EAGLE trace with verify's all-reduce 100 ns (A) and 400 ns (B) long: the change is communication."""
+    d = tmp_path_factory.mktemp("nccl")
+    return es.eagle(d / "simple.sqlite", verify_comm=400, cycles=8), es.eagle(d / "ll.sqlite", verify_comm=100, cycles=8)
+
+
+def test_change_split_into_compute_comm_idle(comm_pair):
+    doc = compare(analyze(comm_pair[0]), analyze(comm_pair[1]))
+    r = rows(doc, "rows")
+    v = r["verify"]
+    # verify: gemm 2500 + all-reduce 400 → 100: the whole −300 ns per cycle is communication
+    assert (v["a_ns_per_cycle"], v["b_ns_per_cycle"], v["delta_ns"]) == (2_900, 2_600, -300)
+    assert (v["delta_compute_ns"], v["delta_comm_ns"], v["delta_idle_ns"]) == (0, -300, 0)
+    assert v["delta_comm_ns_per_token"] == pytest.approx(-300 / 5)  # 5 tokens per cycle on both sides
+    assert v["ci_low_ns"] == v["ci_high_ns"] == -300 and v["significant"]
+    # the GPU then idles 300 ns longer before draft_extend: a seam, all idle, ranked with the phases
+    s = r["seam:verify→draft_extend"]
+    assert (s["kind"], s["delta_ns"], s["delta_idle_ns"], s["delta_comm_ns"]) == ("seam", 300, 300, 0)
+    assert [x["phase"] for x in doc["rows"][:2]] == ["seam:verify→draft_extend", "verify"]  # |Δ| ties: by name
+    for x in doc["rows"]:
+        assert x["delta_ns"] == pytest.approx(x["delta_compute_ns"] + x["delta_comm_ns"] + x["delta_idle_ns"])
+    per = {(x["phase"], x["rank"]): x for x in doc["per_rank"]}
+    assert per[("verify", 0)]["delta_comm_ns"] == per[("verify", 1)]["delta_comm_ns"] == -300
+    assert doc["verdict"]["result"] == "no clear change" and doc["verdict"]["change_pct"] == 0
+    k = {(x["phase"], x["name"]): x for x in doc["kernels"]}
+    assert k[("verify", es.NCCL)]["delta_ns"] == -300 and k[("verify", es.NCCL)]["b_count_per_cycle"] == 1
+
+
+def test_missing_side_shows_a_dash(paths):
+    doc = compare(analyze(paths[0]), analyze(paths[1]))
+    r = rows(doc, "rows")
+    assert (r["draft"]["in_a"], r["draft"]["in_b"], r["decode_step"]["in_b"]) == (False, True, False)
+    line = next(ln for ln in compare_table(doc).splitlines() if ln.startswith("draft "))
+    assert line.split()[1] == "–"
+
+
+def _periodic(path, periods):
+    """Cycles with these periods and a constant accept length (so per token = per cycle / 6)."""
+    return es.eagle(path, cycles=len(periods) + 1, starts=[10_000 + sum(periods[:i]) for i in range(len(periods) + 1)],
+                    accept=(4,))
+
+
+def test_verdict_and_fail_if_slower(tmp_path, capsys):
+    jitter = [10_000, 10_400] * 6
+    a = _periodic(tmp_path / "a.sqlite", jitter)
+    same = _periodic(tmp_path / "same.sqlite", jitter[1:] + jitter[:1])  # the same periods in another order
+    slow = _periodic(tmp_path / "slow.sqlite", [p + 600 for p in jitter])  # +5.9 %
+    doc = compare(analyze(a), analyze(same))
+    assert doc["verdict"]["result"] == "no clear change" and doc["verdict"]["ci_low_pct"] < 0 < doc["verdict"]["ci_high_pct"]
+    doc = compare(analyze(a), analyze(slow))
+    assert doc["verdict"]["result"] == "slower" and doc["verdict"]["change_pct"] == pytest.approx(100 * 600 / 10_200)
+    assert main(["compare", str(a), str(slow), "--fail-if-slower", "3"]) == 1
+    assert "exit 1" in capsys.readouterr().err
+    assert main(["compare", str(a), str(slow), "--fail-if-slower", "8"]) == 0
+    assert main(["compare", str(a), str(same), "--fail-if-slower", "0"]) == 0
+
+
+def test_several_reports_per_side(tmp_path, capsys):
+    """compare A1 A2 --vs B1 B2: each side merged (ranks numbered across its reports), then compared."""
+    from paths import PROBE, need
+    from test_scale import split_probe
+
+    need(PROBE)
+    a0, a1 = split_probe(tmp_path, 1412), split_probe(tmp_path, 1413)
+    assert main(["compare", str(a0), str(a1), "--vs", str(PROBE), "--format", "json", "-j", "1"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["a"].count(",") == 1 and {x["rank"] for x in doc["per_rank"]} == {0, 1}
+    assert all(abs(x["delta_ns"]) < 1e-6 for x in doc["rows"] if x["kind"] == "phase")
+    assert main(["compare", str(a0)]) == 2  # one report and no --vs: nothing to compare with

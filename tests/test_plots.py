@@ -19,21 +19,24 @@ def res(tmp_path_factory):
     return analyze(es.eagle(tmp_path_factory.mktemp("pl") / "e.sqlite", prefix="eagle3."))
 
 
-def bars(ax):
-    return [(round(p.get_x() + p.get_width() / 2, 3), p.get_height(), mc.to_hex(p.get_facecolor()))
-            for p in ax.patches if p.get_height() > 0]
+def hbars(ax):
+    """Horizontal bars of a small-multiples panel: (rank row, length, colour)."""
+    return [(round(p.get_y() + p.get_height() / 2, 3), p.get_width(), mc.to_hex(p.get_facecolor()))
+            for p in ax.patches if p.get_width() > 0]
 
 
 def test_phase_bars_heights_and_colours(res):
     fig = plots.phase_bars(res)
-    got = bars(fig.axes[0])
-    # draft is the first group (x = 0), ranks at ∓0.2: rank 0 compute 0.6 µs, comm 0.5 µs; rank 1 0.6, 0.1
-    assert (-0.2, pytest.approx(0.6), color_of("draft")) in got
-    assert (-0.2, pytest.approx(0.5), COMM_COLOR) in got and (0.2, pytest.approx(0.1), COMM_COLOR) in got
-    # verify group (x = 1): compute 3.0 µs, no idle; draft_extend (x = 2): mean (150..300) = 0.225 µs
-    assert (0.8, pytest.approx(3.0), color_of("verify")) in got
-    assert (1.8, pytest.approx(0.225), color_of("draft_extend")) in got
-    assert not any(c == IDLE_COLOR for *_, c in got)  # no idle inside any synthetic phase
+    panels = {ax.get_title(): hbars(ax) for ax in fig.axes if ax.get_visible()}
+    assert list(panels) == ["eagle3.draft", "eagle3.verify", "eagle3.draft_extend", "eagle3.host_overhead"]
+    got = panels["eagle3.draft"]
+    # draft: rank 0 (row 0) compute 0.6 µs, comm 0.5 µs; rank 1 (row 1) 0.6, 0.1
+    assert (0, pytest.approx(0.6), color_of("draft")) in got and (1, pytest.approx(0.6), color_of("draft")) in got
+    assert (0, pytest.approx(0.5), COMM_COLOR) in got and (1, pytest.approx(0.1), COMM_COLOR) in got
+    # verify: compute 3.0 µs, no idle; draft_extend: mean (150..300) = 0.225 µs
+    assert (0, pytest.approx(3.0), color_of("verify")) in panels["eagle3.verify"]
+    assert (1, pytest.approx(0.225), color_of("draft_extend")) in panels["eagle3.draft_extend"]
+    assert not any(c == IDLE_COLOR for g in panels.values() for *_, c in g)  # no idle inside any synthetic phase
 
 
 def test_timeline_draws_phase_spans(res):
@@ -61,6 +64,7 @@ def test_other_figures(res):
 def test_comm_split():
     df = pl.DataFrame({"rank": [0, 1], "phase": ["draft", "draft"], "instances": [2, 2],
                        "comm_wait_ns": [4000, 0], "comm_transfer_ns": [2000, 2000]})
-    got = bars(plots.comm_split(df).axes[0])
-    assert (-0.2, pytest.approx(1.0), COMM_COLOR) in got and (-0.2, pytest.approx(2.0), plots.WAIT_COLOR) in got
+    got = hbars(plots.comm_split(df).axes[0])
+    assert (0, pytest.approx(1.0), COMM_COLOR) in got and (0, pytest.approx(2.0), plots.WAIT_COLOR) in got
+    assert (1, pytest.approx(1.0), COMM_COLOR) in got and not any(r == 1 and c == plots.WAIT_COLOR for r, _, c in got)
     assert plots.comm_split(df.drop("comm_wait_ns")) is None

@@ -27,3 +27,46 @@ def test_report_bad_output(tmp_path):
     f = tmp_path / "file"
     f.write_text("x")
     assert main(["report", str(e), "-o", str(f)]) == 2
+
+
+def png_size(path) -> tuple[int, int]:
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+
+
+def test_report_at_8_ranks(tmp_path):
+    """The probe inflated to 8 ranks (bench/inflate.py): every figure at most 2400 px wide, findings, stragglers."""
+    from paths import PROBE, need
+
+    from bench.inflate import inflate
+
+    src = tmp_path / "tp8.sqlite"
+    inflate(need(PROBE), src, 4, 1)
+    out = tmp_path / "rep8"
+    assert main(["report", str(src), "-o", str(out)]) == 0
+    page = (out / "index.html").read_text()
+    imgs = re.findall(r'<img src="([^"]+)"', page)
+    assert {"budget.png", "phase_bars.png", "rank_phase.png", "comm_split.png", "timeline.png"} <= set(imgs)
+    for i in imgs:
+        w, h = png_size(out / i)
+        assert w <= 2400 and h <= 2400, (i, w, h)
+    assert page.index('id="budget"') < page.index('id="findings"') < page.index('id="whole-run"')
+    assert re.search(r"<code>GAP_HOST_BOUND</code>", page) and "<h3>Stragglers</h3>" in page
+    assert 'id="comm-notes"' in page and 'id="parents"' in page and "eagle3.cycle" in page
+    # the budget lists all 8 ranks; the stragglers table names draft and its last-arriving ranks
+    assert all(f"rank {r} µs" in page for r in range(8))
+    strag = page[page.index("<h3>Stragglers</h3>"):]
+    assert "eagle3.draft" in strag[: strag.index("</table>")]
+
+
+def test_report_of_several_reports(tmp_path):
+    from paths import PROBE, need
+    from test_scale import split_probe
+
+    need(PROBE)
+    a, b = split_probe(tmp_path, 1412), split_probe(tmp_path, 1413)
+    out = tmp_path / "two"
+    assert main(["report", str(a), str(b), "-o", str(out), "-j", "1"]) == 0
+    page = (out / "index.html").read_text()
+    assert "probe_1412.sqlite, probe_1413.sqlite" in page and "rank 1 µs" in page

@@ -197,3 +197,30 @@ def test_inflated_million_kernel_trace_projection_equals_nsys_stats(tmp_path):
         assert (o["proj_span_ns"], o["launches"], o["instances"], o["range_ns"]) == (
             int(row["Total Proj Time (ns)"]), int(row["Total GPU Ops"]), int(row["Range Instances"]),
             int(row["Total Range Time (ns)"])), name
+
+
+@pytest.mark.parametrize("name", ["tp1_steps3", "tp1_node"])
+def test_whatif_and_plot_inputs_same_from_memory_and_store(tmp_path, name):
+    """One Result shape (issue 11): the what-if fit and the figures' op windows do not depend on where rows live.
+
+    Before issue 11 the streamed Result kept only communication kernels, and on tp1_steps3 its fit lost the
+    verify→draft_extend launch seam."""
+    from analyze.compute.whatif import fit
+    from analyze.output import plots
+    from nvtx_hooks.capture import samples
+
+    p = samples.path(name)
+    mem = analyze(p, store=False)
+    sto = analyze_store(open_store(p, cache_dir=tmp_path / "c"))
+    kept = analyze(p, store=False, keep_ops=True)
+    fm, fs = fit(mem, 3), fit(sto, 3)  # both samples ran the workload at 3 draft steps
+    assert "verify→draft_extend" in fm.ready and fm.ready == fs.ready and fm.seam_floor == fs.seam_floor
+    assert fm.predictions() == fs.predictions()
+    t0 = int(mem.instances["start"].median())
+    t1 = t0 + 5_000_000
+    win = mem.ops_between(t0, t1)
+    assert win.height > 0
+    assert win.equals(sto.ops_between(t0, t1))
+    assert win.equals(kept.ops_between(t0, t1))
+    for r in (mem, sto):
+        assert plots.timeline(r).axes[0].has_data()

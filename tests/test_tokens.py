@@ -33,7 +33,7 @@ def test_uint64_column_is_read_too():
     assert got.row(0, named=True)["accept_length"] == 9 and got["batch_size"].to_list() == [4, None]
 
 
-@pytest.mark.parametrize("accept_on", ["cycle", "draft_extend"])
+@pytest.mark.parametrize("accept_on", ["cycle", "draft_extend", "mark"])
 def test_tokens_per_cycle_from_payload(tmp_path, accept_on):
     res = analyze(es.eagle(tmp_path / "e.sqlite", accept_on=accept_on, prefix="eagle3."))
     c = cycles(res).sort("rank", "n")
@@ -44,6 +44,10 @@ def test_tokens_per_cycle_from_payload(tmp_path, accept_on):
     assert (t.kind, t.source, t.cycles, t.steps) == ("cycle", "payload", 8, 3)
     assert t.tokens_per_cycle == 5.0 and t.accepted_per_request == 1.5  # (0+1+2+3)/4 per request
     assert t.tokens_per_s == pytest.approx(5 / 10_000e-9)
+    # accepted per request 0, 1, 2, 3: nearest-rank median index round(1.5) = 2, p90 index round(2.7) = 3
+    assert (t.acceptance_source, t.accepted_cycles, t.accepted_p50, t.accepted_p90) == (
+        "marks" if accept_on == "mark" else "payload", 4, 2.0, 3.0)
+    assert c["accept_source"].to_list() == ["marks" if accept_on == "mark" else "payload"] * 8
 
 
 def test_baseline_tokens_per_step(tmp_path):

@@ -88,3 +88,12 @@ def test_cli(traces, capsys):
     assert main(["whatif", str(d / "e.sqlite"), "--acceptance", "0.5", "--max-steps", "4"]) == 0
     out = capsys.readouterr().out
     assert "α = 0.500" in out and "best:" in out
+
+
+def test_acceptance_from_v2_accept_marks(tmp_path, traces):
+    """SGLang v2 (issue 17): the accept lengths arrive in ``accept`` marks, one cycle late; the what-if fits the
+    same α and extend slope from them as from the range payload."""
+    m = fit(analyze(es.eagle(tmp_path / "v2.sqlite", prefix="eagle3.", accept_on="mark")))
+    ref = fit(traces[0])
+    assert m.accepted_now == 1.5 and m.alpha == ref.alpha
+    assert m.extend_per_token_ns == pytest.approx(25) and m.predictions() == ref.predictions()

@@ -29,6 +29,9 @@ class Recorder:
     def pop(self):
         self.depth -= 1
 
+    def mark(self, name, payload=None):
+        self.events.append((self.depth, "mark:" + name, payload))
+
 
 @pytest.fixture
 def torch():
@@ -55,6 +58,24 @@ def test_cycle_structure_and_payloads(torch, monkeypatch):
     assert all(c["batch_size"] == 4 for c in cycles)
     assert out["mode"] == "eagle" and out["cycles"] == 4 and out["graphs"] is False
     assert out["tokens_per_cycle"] == 4 * sum(sched[1:]) / 4
+
+
+def test_v2_mode_marks_acceptance_one_cycle_later(torch, monkeypatch):
+    """SGLang v2-like: no range payload carries the accept length; cycle i's ``accept`` mark comes after cycle
+    i+1's ranges (outside them), with cycle i's index; the marks equal the workload's own record."""
+    out, rec = run([*TINY, "--steps", "2", "--v2"], monkeypatch)
+    assert rec.depth == 0
+    ranges = [decode_payload(p) for _, n, p in rec.events if n in ("cycle", "draft_extend")]
+    assert ranges and all(r["accept_length"] is None for r in ranges)
+    order = [(d, n) for d, n, _ in rec.events if n in ("cycle", "mark:accept")]
+    # warm-up cycle 0, then measured 1..4: marks trail their cycle by one, the last one after the loop
+    assert order == [(0, "cycle"), (0, "mark:accept"), (0, "cycle"), (0, "cycle"), (0, "mark:accept"),
+                     (0, "cycle"), (0, "mark:accept"), (0, "cycle"), (0, "mark:accept"), (0, "mark:accept")]
+    marks = [decode_payload(p) for _, n, p in rec.events if n == "mark:accept"]
+    assert [m["cycle_index"] for m in marks] == [0, 1, 2, 3, 4]
+    sched = workload.accept_lengths(5, 2, 0)
+    assert [m["accept_length"] for m in marks] == [4 * (a - 1) for a in sched]
+    assert out["accept_lengths"] == {1: sched[1], 2: sched[2], 3: sched[3], 4: sched[4]}
 
 
 def test_baseline_emits_decode_steps(torch, monkeypatch):

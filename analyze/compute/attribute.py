@@ -105,11 +105,12 @@ def ancestors(nested: pl.DataFrame) -> pl.DataFrame:
     return pl.concat(out)
 
 
-def attribute_ops(ops: pl.DataFrame, api: pl.DataFrame, nested: pl.DataFrame) -> pl.DataFrame:
-    """GPU ops with their launching call's thread (``gtid``), ``api_name_id`` and range ``range_id``.
+def launching_calls(ops: pl.DataFrame, api: pl.DataFrame, nested: pl.DataFrame) -> pl.DataFrame:
+    """The API calls that launched ``ops``, one per (pid, correlation id), with their innermost range:
+    ``pid, corr, gtid, range_id, api_start, api_name_id``.
 
-    The join is on (pid, correlation id): correlation ids are unique only within a process (on the
-    correlation id alone when everything is one process: a one-key join is ~3x cheaper).
+    Correlation ids are unique only within a process: the match is on (pid, corr), on corr alone when
+    everything is one process (a one-key match is ~3x cheaper).
     """
     pids = pl.concat([ops["pid"].unique(), api["pid"].unique()]).unique()
     if pids.len() <= 1:
@@ -118,7 +119,18 @@ def attribute_ops(ops: pl.DataFrame, api: pl.DataFrame, nested: pl.DataFrame) ->
     else:
         on = ["pid", "corr"]
         calls = api.join(ops.select(on).unique(), on=on, how="semi")
-    calls = innermost(calls, nested).select(
+    return innermost(calls, nested).select(
         "pid", "corr", "gtid", "range_id", api_start="start", api_name_id="name_id"
     ).unique(on, keep="first")
-    return ops.join(calls.drop("pid") if on == ["corr"] else calls, on=on, how="left")
+
+
+def join_calls(ops: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
+    """``ops`` with their launching call's ``gtid, range_id, api_start, api_name_id`` (:func:`launching_calls`)."""
+    if calls["pid"].n_unique() <= 1 and ops["pid"].n_unique() <= 1:
+        return ops.join(calls.drop("pid"), on="corr", how="left")
+    return ops.join(calls, on=["pid", "corr"], how="left")
+
+
+def attribute_ops(ops: pl.DataFrame, api: pl.DataFrame, nested: pl.DataFrame) -> pl.DataFrame:
+    """GPU ops with their launching call's thread (``gtid``), ``api_name_id`` and range ``range_id``."""
+    return join_calls(ops, launching_calls(ops, api, nested))

@@ -98,22 +98,32 @@ def _sum_metrics(prefix: str) -> list[pl.Expr]:
     return [pl.col(f"{prefix}{c}").sum().alias(c) for c in METRICS]
 
 
-def phases(inst: pl.DataFrame) -> pl.DataFrame:
-    """Per rank and phase name, summed over the instances that received GPU work (exclusive view)."""
+# Per-instance figures that get a mean, p50 and p90 over instances (``span_mean_ns``, ``span_p50_ns``, ...).
+STAT_METRICS = ("span", "compute", "comm", "idle", "gpu_idle")
+
+
+def spread(col: str, name: str) -> list[pl.Expr]:
+    """Mean, median and 90th percentile (nearest rank) of ``col`` as ``{name}_mean_ns`` etc."""
+    c = pl.col(col)
+    return [c.mean().alias(f"{name}_mean_ns"), c.median().alias(f"{name}_p50_ns"),
+            c.quantile(0.9, "nearest").alias(f"{name}_p90_ns")]
+
+
+def phases(inst: pl.DataFrame, by: tuple[str, ...] = ("rank",)) -> pl.DataFrame:
+    """Per rank (``by``) and phase name, summed over the instances that received GPU work (exclusive view),
+    with each per-instance figure's mean, p50 and p90."""
     x = inst.filter(pl.col("x_ops") > 0)
     return (
-        x.group_by("rank", "domain", "range")
+        x.group_by(*by, "domain", "range")
         .agg(
             pl.len().alias("instances"),
             *_sum_metrics("x_"),
             pl.col("x_gpu_idle_ns").sum().alias("gpu_idle_ns"),
-            span_mean_ns=pl.col("x_span_ns").mean(),
-            span_p50_ns=pl.col("x_span_ns").median(),
-            span_p90_ns=pl.col("x_span_ns").quantile(0.9, "nearest"),
+            *[e for m in STAT_METRICS for e in spread(f"x_{m}_ns", m)],
             span_max_ns=pl.col("x_span_ns").max(),
         )
         .rename({"range": "phase"})
-        .sort("rank", "span_ns", "domain", "phase", descending=[False, True, False, False])
+        .sort(*by, "span_ns", "domain", "phase", descending=[False] * len(by) + [True, False, False])
     )
 
 
@@ -143,14 +153,15 @@ def add_gpu_idle(inst: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:
     ``idle_ns`` counts gaps between the phase's own ops; some of those gaps may be filled by other
     work (another phase's ops on another stream, other threads). ``gpu_idle_ns <= idle_ns``.
     """
-    out = inst
-    for p in ("x", "i"):
-        w = out.select("pid", a=pl.col(f"{p}_first"), b=pl.col(f"{p}_last"))
-        busy = busy_between(blocks, w.with_columns(pl.col("a", "b").fill_null(0)), ["pid"], "a", "b", "_all")
-        out = out.with_columns(busy.collect()["_all"]).with_columns(
-            (pl.col(f"{p}_span_ns") - pl.col("_all")).clip(lower_bound=0).alias(f"{p}_gpu_idle_ns")
-        ).drop("_all")
-    return out
+    # Both views' windows in one query: exclusive rows first, then inclusive.
+    w = pl.concat([inst.select("pid", a=pl.col(f"{p}_first"), b=pl.col(f"{p}_last")) for p in ("x", "i")])
+    busy = busy_between(blocks, w.with_columns(pl.col("a", "b").fill_null(0)), ["pid"], "a", "b", "_all")
+    busy = busy.collect()["_all"]
+    n = inst.height
+    return inst.with_columns(
+        (pl.col(f"{p}_span_ns") - busy.slice(k * n, n)).clip(lower_bound=0).alias(f"{p}_gpu_idle_ns")
+        for k, p in enumerate(("x", "i"))
+    )
 
 
 def gpu_blocks(ops: pl.DataFrame) -> pl.DataFrame:
@@ -189,18 +200,17 @@ def seam_instances(inst: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:
 
 def seams(seam_inst: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
     """Seams summed per rank and transition (parent, from, to)."""
-    parents = inst.select(parent="range_id", parent_range="range")
+    # A seam's parent runs on its thread, so in its process and rank: (rank, parent) also tells merged reports apart.
+    parents = inst.filter(pl.col("rank").is_not_null()).select("rank", parent="range_id", parent_range="range")
     return (
-        seam_inst.join(parents, on="parent", how="left")
+        seam_inst.join(parents, on=["rank", "parent"], how="left")
         .group_by("rank", "parent_range", "prev_range", "range")
         .agg(
-            instances=pl.len(),
-            gap_ns=pl.col("gap_ns").sum(),
-            idle_ns=pl.col("idle_ns").sum(),
-            busy_ns=pl.col("busy_ns").sum(),
-            overlap_ns=pl.col("overlap_ns").sum(),
-            idle_p50_ns=pl.col("idle_ns").median(),
-            idle_max_ns=pl.col("idle_ns").max(),
+            pl.len().alias("instances"),
+            *[pl.col(c).sum() for c in ("gap_ns", "idle_ns", "busy_ns", "overlap_ns")],
+            *spread("idle_ns", "idle"),
+            *spread("gap_ns", "gap"),
+            pl.col("idle_ns").max().alias("idle_max_ns"),
         )
         .rename({"parent_range": "parent", "prev_range": "from", "range": "to"})
         .sort("rank", "idle_ns", "parent", "from", "to", descending=[False, True, False, False, False])

@@ -295,7 +295,8 @@ def phase_comm_split(phases: pl.DataFrame, kernels: pl.DataFrame) -> tuple[pl.Da
 
     ``kernels``: :func:`comm_kernels` of the report (of all its processes, ranks numbered).
     """
-    kernels = with_group_ids(kernels)
+    # Only what matching, the split and the diagnostics read: at 10 M kernels every copy of the frame counts.
+    kernels = with_group_ids(kernels.select("rank", *KEY, "start", "end"))
     counts = group_counts(kernels)
     matched = match(kernels, counts, ordered=False)
     split = phase_split(matched)

@@ -110,23 +110,26 @@ def process(source, pid: int, ctx: Context) -> dict:
     ops, api = source.ops(pid), source.api(pid)
     nested = ctx.nested.filter(pl.col("pid") == pid)
     ops = add_kinds(ops, ctx.kinds, ["comm"])
-    ops = attribute.attribute_ops(ops, api, nested)
+    calls = attribute.launching_calls(ops, api, nested)
+    ops = attribute.join_calls(ops, calls)
     rk = breakdown.ranks(ops, ctx.devices)  # one row (or none): its rank is fixed once all processes are in
-    rank_of = rk.select("pid", "rank")
-    ops = ops.join(rank_of, on="pid", how="left")
-    nested = nested.join(rank_of, on="pid", how="left")
-    launches = api.filter(pl.col("name_id").is_in(ctx.launch_ids.implode()))
-    orphans = launches.join(ops.select("corr").unique(), on="corr", how="anti").height if launches.height else 0
-    del api
+    rank = rk["rank"][0] if rk.height else None
+    ops = ops.with_columns(rank=pl.lit(rank, pl.Int64))
+    nested = nested.with_columns(rank=pl.lit(rank, pl.Int64))
+    is_launch = pl.col("name_id").is_in(ctx.launch_ids.implode())
+    launches = int(api.select(is_launch.sum()).item())
+    launched = calls.filter(pl.col("api_name_id").is_in(ctx.launch_ids.implode())).height
+    del api, calls
     out["facts"] = {
         "graph_ops": int((ops["kind"] == "graph").sum()),
         "node_ops": int(ops["graph_node"].is_not_null().sum()),
-        "graph_launches": launches.height,
-        "orphan_launches": orphans,
+        "graph_launches": launches,
+        "orphan_launches": launches - launched,
         "unmatched_ops": int(ops["gtid"].null_count()),
     }
     out["ranks"] = rk
     comm = add_kinds(ops.filter((pl.col("kind") == "kernel") & pl.col("comm").is_not_null()), ctx.kinds, ["name"])
+    out["kstat"] = kernel_stats(ops, ctx.kinds)
     if ctx.keep_ops:
         cols = ops.columns
         out["ops"] = add_kinds(ops, ctx.kinds, ["name"]).select(
@@ -157,6 +160,15 @@ def duplicate_ops(ops: pl.DataFrame) -> int:
     if cand.height == 0:
         return 0
     return cand.height - cand.select("corr", "start", "end").unique().height
+
+
+def kernel_stats(ops: pl.DataFrame, kinds: pl.DataFrame) -> pl.DataFrame:
+    """GPU operations inside selected ranges summed per (process, range instance, name): ``count, kernel_ns``."""
+    per = (ops.filter(pl.col("range_id").is_not_null())
+           .group_by("pid", "rank", "range_id", "name_id", "label")
+           .agg(count=pl.len(), kernel_ns=(pl.col("end") - pl.col("start")).sum()))
+    return (add_kinds(per, kinds, ["name"]).group_by("pid", "rank", "range_id", "name")
+            .agg(pl.col("count").sum().cast(pl.Int64), pl.col("kernel_ns").sum()))
 
 
 def _without_gpu(nested: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
@@ -224,7 +236,7 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
     launch_ids = head.names.filter(pl.col("name").str.contains(GRAPH_LAUNCH))["name_id"]
     ctx = Context(nested_all, kinds, head.devices, launch_ids, keep_ops)
 
-    parts: dict[str, list] = {k: [] for k in ("ranks", "inst", "seam", "cov", "ops", "kern", "facts")}
+    parts: dict[str, list] = {k: [] for k in ("ranks", "inst", "seam", "cov", "ops", "kern", "kstat", "facts")}
     pids = source.pids
     bar = Progress(sum(source.ops_rows.values()), "spectrace: analysing", progress)
 
@@ -252,10 +264,10 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
     # Global: rank numbers in device order.
     rk = pl.concat(parts["ranks"]).filter(pl.col("gpu_ops") > 0)
     rk = rk.sort("device", "pid").with_columns(rank=pl.int_range(pl.len()).cast(pl.Int64))
-    rank_of = rk.select("pid", _r="rank")
+    pid_rank = dict(zip(rk["pid"].to_list(), rk["rank"].to_list()))
 
     def renumber(df: pl.DataFrame) -> pl.DataFrame:
-        return df.join(rank_of, on="pid", how="left", maintain_order="left").with_columns(rank=pl.col("_r")).drop("_r")
+        return df.with_columns(rank=pl.col("pid").replace_strict(pid_rank, default=None, return_dtype=pl.Int64))
 
     inst = renumber(pl.concat(parts["inst"], how="diagonal_relaxed")).sort("range_id")
     nested = renumber(nested_all.with_columns(rank=pl.lit(None, pl.Int64)))
@@ -263,6 +275,8 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
     cov = renumber(pl.concat(parts["cov"])).sort("rank") if parts["cov"] else pl.DataFrame()
     kern = renumber(pl.concat(parts["kern"])).drop("pid") if parts["kern"] else _no_kernels()
     ops = renumber(pl.concat(parts["ops"])).sort("start") if keep_ops and parts["ops"] else None
+    kstat = (renumber(pl.concat(parts["kstat"])).drop("pid").with_columns(pl.col("name").cast(pl.String))
+             if parts["kstat"] else None)
     parts.clear()
     graph_rows = "Graph" if facts["graph_ops"] else ("Node" if facts["node_ops"] else None)
     head = dataclasses.replace(head, graph_rows=graph_rows)
@@ -271,6 +285,7 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
     phases, comm_diags = collectives.phase_comm_split(phases, kern)
     diags.extend(comm_diags)
     kern = kern.with_columns(pl.col("name").cast(pl.String))
+    marks = head.marks.with_columns(rank=pl.col("pid").replace_strict(pid_rank, default=None, return_dtype=pl.Int64))
     window = OpsWindow(head.path, str(source.store_root) if source.store_root else None,
                        rk.select("pid", "rank"), kinds.select("name_id", "label", "comm"))
     return Result(
@@ -285,9 +300,11 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
         coverage=cov,
         comm_kernels=kern,
         ops=ops,
+        marks=marks.select("rank", *head.marks.columns),
         diagnostics=diags,
         reports=[head.path],
         window=window,
+        kernels=kstat,
     )
 
 
@@ -324,12 +341,13 @@ def merge(results: list[Result]) -> Result:
         return results[0]
     comm = collectives.cross_rank(results)
     parts: dict[str, list[pl.DataFrame]] = {k: [] for k in ("ranks", "instances", "seam_instances", "coverage",
-                                                             "phases", "ranges")}
+                                                             "phases", "ranges", "marks", "kernels")}
     diags: list[Diagnostic] = []
     seams, windows, base = [], [], 0
     for i, r in enumerate(results):
         for k in parts:
-            parts[k].append(_offset(getattr(r, k), base, i))
+            if getattr(r, k) is not None:
+                parts[k].append(_offset(getattr(r, k), base, i))
         # Instance ids are per report: seams find their parent range within their own report.
         seams.append(_offset(breakdown.seams(r.seam_instances, r.instances), base, i))
         if r.window is not None:
@@ -337,7 +355,7 @@ def merge(results: list[Result]) -> Result:
         diags += [Diagnostic(d.level, d.code, f"report {i} ({Path(r.trace.path).name}): {d.message}")
                   for d in r.diagnostics if not d.code.startswith("COMM_")]
         base += r.ranks.height
-    cat = {k: pl.concat(v, how="diagonal_relaxed") for k, v in parts.items()}
+    cat = {k: pl.concat(v, how="diagonal_relaxed") if v else None for k, v in parts.items()}
     split = collectives.phase_split(comm.matched)
     phases = cat["phases"].drop(*collectives.SPLIT).join(split, on=["rank", "domain", "phase"], how="left",
                                                           maintain_order="left")
@@ -361,10 +379,12 @@ def merge(results: list[Result]) -> Result:
         coverage=cat["coverage"],
         comm_kernels=comm.kernels.drop("_g", "report", strict=False),
         ops=None,
+        marks=cat["marks"],
         diagnostics=diags,
         reports=[r.trace.path for r in results],
         clock=comm.clock,
         window=ManyWindows(windows) if windows else None,
+        kernels=cat["kernels"],
     )
 
 

@@ -10,7 +10,12 @@ A *cycle* is one ``cycle`` range (EAGLE) or one ``decode_step`` range (baseline)
   manifest's ``speculative.batch``;
 - EAGLE without a known accept length: unknown (null).
 
-The cycle period is the time from one cycle's first GPU op to the next one's, per rank.
+**Cycle period and tokens/s, the one definition** (:data:`DEFINITION`; CLI, JSON, report, compare and
+what-if all use :func:`summary`): a cycle's period is the time from its first GPU op to the next cycle's
+first GPU op on the same rank; the trace's cycle period is the mean of those over the steady-state
+cycles (:mod:`analyze.compute.steady`: warm-up and stalls left out) of each rank, averaged over ranks,
+i.e. steady time per cycle; tokens per cycle is the mean over the same cycles (first rank); tokens/s =
+tokens per cycle / cycle period.
 """
 
 from __future__ import annotations
@@ -23,7 +28,12 @@ import polars as pl
 
 from nvtx_hooks import phases as ph
 
+from . import steady
+
 CYCLE_NAMES = ("cycle", "decode_step")
+DEFINITION = ("cycle period = first GPU op of a cycle → first GPU op of the next, mean over the steady-state "
+              "cycles of each rank, averaged over ranks; tokens/s = tokens per cycle (mean over the same cycles) "
+              "/ cycle period")
 _U = pl.UInt64
 
 
@@ -32,6 +42,12 @@ def base_expr(col: str = "range") -> pl.Expr:
     tail = pl.col(col).str.extract(r"([^.:/ ]+)$", 1)
     return pl.when(pl.col(col).is_in(ph.NAMES)).then(pl.col(col)).when(tail.is_in(ph.NAMES)).then(tail) \
         .otherwise(pl.col(col))
+
+
+def cycle_order(col: str = "phase") -> pl.Expr:
+    """Where a phase runs in a decode cycle (:data:`nvtx_hooks.phases.CYCLE_ORDER`, by base name); others 99."""
+    return base_expr(col).replace_strict(list(ph.CYCLE_ORDER), list(range(len(ph.CYCLE_ORDER))), default=99,
+                                         return_dtype=pl.Int64)
 
 
 def decode_exprs(uint64: str = "uint64", int64: str = "int64") -> list[pl.Expr]:
@@ -65,6 +81,18 @@ def manifest_path(report: str | Path) -> Path:
     return p.with_name(name + ".manifest.json")
 
 
+def speculative(report: str | Path) -> dict:
+    """The manifest's ``speculative`` settings; for the embedded workload, completed from its command line
+    with the workload's defaults (manifests written before every setting was recorded lack them)."""
+    m = read_manifest(report) or {}
+    spec = dict(m.get("speculative") or {})
+    if spec.get("workload") and isinstance(m.get("command"), list):
+        from nvtx_hooks.capture.manifest import speculative_config
+
+        spec = {**speculative_config([str(t) for t in m["command"]]), **spec}
+    return spec
+
+
 def read_manifest(report: str | Path) -> dict | None:
     """The capture's manifest (beside it, or a bundled sample's), or None when there is none or it is not JSON."""
     p = manifest_path(report)
@@ -81,17 +109,38 @@ def read_manifest(report: str | Path) -> dict | None:
 
 def cycles(res) -> pl.DataFrame:
     """One row per cycle instance with GPU work: rank, n (order on its rank), kind, GPU first/last, period,
-    batch_size, cycle_index, accept_length, tokens (null when unknown)."""
+    batch_size, cycle_index, accept_length, tokens (null when unknown), and whether it is in the steady
+    state (``steady``, ``why`` not, ``key`` = its identity across ranks; :mod:`analyze.compute.steady`)."""
+    key = ("cycles", repr(sorted(res.cycle_choice.items())))
+    if key not in res.memo:
+        res.memo[key] = steady.flag_cycles(_cycles(res), res.cycle_choice)
+    return res.memo[key][0]
+
+
+def selection(res) -> dict:
+    """What :func:`cycles` decided: counts of cycles, warm-up and stalls, the text that says so."""
+    cycles(res)
+    return res.memo[("cycles", repr(sorted(res.cycle_choice.items())))][1]
+
+
+def _cycles(res) -> pl.DataFrame:
     inst = decode_frame(res.instances).with_columns(base=base_expr())
     cyc = inst.filter(pl.col("base").is_in(CYCLE_NAMES) & (pl.col("i_ops") > 0))
-    acc = (inst.filter(pl.col("accept_length").is_not_null() & pl.col("cycle_index").is_not_null())
-           .group_by("pid", "cycle_index").agg(acc_any=pl.col("accept_length").max()))
+    known = pl.col("accept_length").is_not_null() & pl.col("cycle_index").is_not_null()
+    acc = pl.concat([
+        inst.filter(known).select("pid", "cycle_index", "accept_length", src=pl.lit("payload")),
+        accept_marks(res).filter(known).select("pid", "cycle_index", "accept_length", src=pl.lit("marks")),
+    ]).sort("src", descending=True)  # a range's payload first, then the marks
+    acc = acc.group_by("pid", "cycle_index").agg(acc_any=pl.col("accept_length").first(),
+                                                 acc_src=pl.col("src").first())
     cyc = cyc.join(acc, on=["pid", "cycle_index"], how="left").sort("rank", "i_first")
     batch = _manifest_batch(res)
     cyc = cyc.with_columns(
         kind=pl.col("base"),
         n=pl.int_range(pl.len()).over("rank"),
         period_ns=(pl.col("i_first").shift(-1) - pl.col("i_first")).over("rank"),
+        accept_source=pl.when(pl.col("accept_length").is_not_null()).then(pl.lit("payload"))
+        .otherwise(pl.col("acc_src")),
         accept_length=pl.coalesce("accept_length", "acc_any"),
         batch_size=pl.coalesce("batch_size", pl.lit(batch, pl.Int64)),
     )
@@ -99,12 +148,21 @@ def cycles(res) -> pl.DataFrame:
               .otherwise(pl.col("accept_length") + pl.col("batch_size")))
     return cyc.with_columns(tokens=tokens).select(
         "rank", "pid", "range_id", "n", "kind", "range", "start", "end", "i_first", "i_last", "i_span_ns",
-        "period_ns", "batch_size", "cycle_index", "accept_length", "tokens")
+        "period_ns", "batch_size", "cycle_index", "accept_length", "accept_source", "tokens")
+
+
+def accept_marks(res) -> pl.DataFrame:
+    """The hooks' ``accept`` marks decoded: ``rank, pid, time, batch_size, cycle_index, accept_length``.
+
+    SGLang's v2 worker keeps accept lengths on the GPU; the hooks mark them where the scheduler has them on
+    the host anyway, one or two cycles later, with the cycle index of the batch they belong to (join by index).
+    """
+    m = res.marks.filter((pl.col("domain") == ph.DOMAIN) & (pl.col("mark") == ph.ACCEPT.name))
+    return decode_frame(m).select("rank", "pid", "time", "batch_size", "cycle_index", "accept_length")
 
 
 def _manifest_batch(res) -> int | None:
-    m = read_manifest(res.trace.path) or {}
-    b = (m.get("speculative") or {}).get("batch")
+    b = speculative(res.trace.path).get("batch")
     return b if isinstance(b, int) else None
 
 
@@ -117,30 +175,39 @@ class Tokens:
     cycles: int  # cycle instances on the ranks, summed
     steps: int | None  # speculative draft steps (payload cannot carry it: manifest or caller)
     batch_size: float | None
-    period_ns: float | None  # mean cycle period (throughput over the whole run, warm-up included)
-    period_p50_ns: float | None  # median cycle period (steady state)
+    period_ns: float | None  # the cycle period (DEFINITION: mean over the steady-state cycles)
+    period_p50_ns: float | None  # median over the same cycles
     tokens_per_cycle: float | None
     accepted_per_request: float | None  # accepted draft tokens per request per cycle (bonus excluded)
     tokens_per_s: float | None
+    acceptance_source: str | None = None  # "payload" (a range's payload), "marks" (the hooks' accept marks)
+    accepted_cycles: int = 0  # cycles (first rank) whose accepted tokens are known
+    accepted_p50: float | None = None  # accepted draft tokens per request per cycle: median, p90
+    accepted_p90: float | None = None
+    steady_cycles: int = 0  # cycles the numbers use, summed over ranks
+    period_p90_ns: float | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
 def summary(res, steps: int | None = None) -> Tokens:
-    """Tokens per cycle, tokens/s and the acceptance of a trace (first rank's cycles; ranks run the same)."""
+    """Tokens per cycle, tokens/s and the acceptance of a trace over its steady-state cycles (:data:`DEFINITION`;
+    first rank's cycles for tokens: ranks run the same)."""
     c = cycles(res)
-    m = read_manifest(res.trace.path) or {}
-    spec = m.get("speculative") or {}
+    spec = speculative(res.trace.path)
     if steps is None and isinstance(spec.get("steps"), int) and not spec.get("baseline"):
         steps = spec["steps"]
     if c.height == 0:
         return Tokens(None, None, 0, steps, None, None, None, None, None, None)
     kind = c["kind"].mode().sort()[0]
-    c = c.filter(pl.col("kind") == kind)
+    every = c.filter(pl.col("kind") == kind)
+    c = every.filter("steady")
+    if c.height == 0:
+        c = every  # the choice left no cycle: numbers over all (the selection text says so)
     r0 = c.filter(pl.col("rank") == c["rank"].min())
     period = c.group_by("rank").agg(pl.col("period_ns").mean())["period_ns"].mean()
-    p50 = c["period_ns"].median()
+    p50, p90 = c["period_ns"].median(), c["period_ns"].quantile(0.9, "nearest")
     known = r0.filter(pl.col("tokens").is_not_null())
     payload_bs = r0["batch_size"].is_not_null().any() and _has_payload(res)
     src = None
@@ -150,13 +217,20 @@ def summary(res, steps: int | None = None) -> Tokens:
         bs = float(known["batch_size"].mean())
         src = "payload" if payload_bs else "manifest"
         if kind == "cycle":
-            acc = float((known["accept_length"] / known["batch_size"]).mean())
+            per = known["accept_length"] / known["batch_size"]
+            acc = float(per.mean())
+            dist = (float(per.quantile(0.5, "nearest")), float(per.quantile(0.9, "nearest")))
+            how = known["accept_source"].drop_nulls().unique().sort().to_list()
     elif r0["batch_size"].is_not_null().any():
         bs = float(r0["batch_size"].mean())
     if steps is None and kind == "decode_step":
         steps = 0
     tps = tpc / period * 1e9 if tpc is not None and period else None
-    return Tokens(kind, src, c.height, steps, bs, period, p50, tpc, acc, tps)
+    steadiness = {"steady_cycles": c.height, "period_p90_ns": float(p90) if p90 is not None else None}
+    if acc is None:
+        return Tokens(kind, src, every.height, steps, bs, period, p50, tpc, acc, tps, **steadiness)
+    return Tokens(kind, src, every.height, steps, bs, period, p50, tpc, acc, tps, "+".join(how) or None,
+                  known.height, *dist, **steadiness)
 
 
 def _has_payload(res) -> bool:

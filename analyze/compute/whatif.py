@@ -6,8 +6,11 @@ prefix: ``draft``, ``verify``, ``draft_extend``; a cycle is a ``cycle`` range):
 - each phase's cost is its GPU span (first op → last op) per cycle, taking for each cycle the *smallest*
   span over the TP ranks (a rank that arrived late does not wait in its first all-reduce, so its span is
   the work; the others' extra span is skew, which stays in *other* below), then the median over cycles;
-- the cycle period ``P0``: first GPU op of a cycle → first of the next, median over cycles and ranks
-  (steady state: warm-up cycles and stalls do not move a median);
+- every number comes from the steady-state cycles (:mod:`analyze.compute.steady`: warm-up and stalls
+  left out, or the user's ``--skip-cycles``/``--window``);
+- the cycle period ``P0``: the one definition of :data:`analyze.compute.tokens.DEFINITION` (first GPU op of
+  a cycle → first GPU op of the next, mean over the steady cycles), the number ``analyze``, ``compare``
+  and the report print;
 - ``other = P0 − draft − verify − draft_extend``: host overhead, the seams between phases, the gap between
   cycles and rank skew. Assumed not to depend on the step count.
 
@@ -34,7 +37,8 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from ..model import InputError
-from .tokens import base_expr, cycles, read_manifest, summary
+from . import headline
+from .tokens import base_expr, cycles, speculative, summary
 
 MODEL_PHASES = ("draft", "verify", "draft_extend")
 MAX_STEPS = 10
@@ -42,7 +46,8 @@ MAX_STEPS = 10
 
 def cycle_phases(res) -> pl.DataFrame:
     """Per rank and cycle (``n``): each child phase's GPU span (``x_span_ns``) by base name, one row each."""
-    c = cycles(res).filter(pl.col("kind") == "cycle").select("rank", "n", parent="range_id", tokens="tokens",
+    c = cycles(res).filter((pl.col("kind") == "cycle") & pl.col("steady")).select(
+        "rank", "n", parent="range_id", tokens="tokens",
                                                                 accept_length="accept_length",
                                                                 batch_size="batch_size")
     kids = res.instances.with_columns(phase=base_expr()).select("parent", "phase", "x_span_ns", "x_ops")
@@ -145,7 +150,7 @@ def launch_bounds(res) -> tuple[dict[str, float], dict[str, float]]:
     """Per transition X→Y of consecutive model phases: when Y can start at the earliest because of the CPU,
     relative to X's first GPU op (median over cycles of [Y's first launch call − X's first GPU op] + the
     smallest launch-to-GPU latency of Y seen), and the smallest GPU gap X → Y (both ns)."""
-    inst = (res.instances.filter(pl.col("x_ops") > 0).with_columns(phase=base_expr())
+    inst = (headline.instances(res).filter(pl.col("steady") & (pl.col("x_ops") > 0)).with_columns(phase=base_expr())
             .filter(pl.col("phase").is_in(MODEL_PHASES))
             .select("rank", "parent", "phase", "x_first", "x_last", a="x_first_launch"))
     ready, floor = {}, {}
@@ -166,8 +171,8 @@ def steps_of(res, steps_now: int | None) -> int:
         if steps_now < 1:
             raise InputError(f"--steps-now must be >= 1, not {steps_now}")
         return steps_now
-    spec = (read_manifest(res.trace.path) or {}).get("speculative") or {}
-    if isinstance(spec.get("steps"), int) and spec["steps"] >= 1:
+    spec = speculative(res.trace.path)
+    if isinstance(spec.get("steps"), int) and spec["steps"] >= 1 and not spec.get("baseline"):
         return spec["steps"]
     raise InputError(f"{res.trace.path}: the number of draft steps is not recorded (no manifest with "
                      "speculative.steps beside it); pass --steps-now N", "NO_STEPS")
@@ -185,7 +190,8 @@ def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = 
     cost = dict(per.group_by("phase").agg(pl.col("x_span_ns").median()).sort("phase").iter_rows())
     if "verify" not in cost:
         raise InputError(f"{res.trace.path}: no verify phase inside the cycles", "NO_VERIFY")
-    period = cycles(res).filter(pl.col("kind") == "cycle")["period_ns"].median()
+    tk = summary(res, steps=s0)
+    period = tk.period_ns if tk.kind == "cycle" else None
     if period is None:
         raise InputError(f"{res.trace.path}: fewer than two cycles per rank; no cycle period", "NO_PERIOD")
     notes = []
@@ -194,11 +200,10 @@ def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = 
                   ready=ready, seam_floor=floor)
     seams0 = sum(model.seams(s0).values())
     other = period - sum(cost.get(p, 0.0) for p in MODEL_PHASES) - seams0
-    tk = summary(res, steps=s0)
     b = 0.0
     if baseline is not None:
         bt = summary(baseline)
-        step = cycles(baseline).filter(pl.col("kind") == "decode_step").group_by("n") \
+        step = cycles(baseline).filter((pl.col("kind") == "decode_step") & pl.col("steady")).group_by("n") \
             .agg(pl.col("i_span_ns").min())["i_span_ns"].median()
         if step is None:
             notes.append(f"{baseline.trace.path} has no decode_step ranges: not used for the verify slope")
@@ -215,6 +220,11 @@ def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = 
     ext = per.filter((pl.col("phase") == "draft_extend") & pl.col("tokens").is_not_null())
     if ext.height >= 3 and ext["tokens"].n_unique() > 1:
         e1 = theil_sen(ext.select(x="tokens", y="x_span_ns"))
+    if tk.accepted_per_request is not None:
+        where = "the hooks' accept marks" if tk.acceptance_source == "marks" else "the range payload"
+        notes.append(f"acceptance measured on {tk.accepted_cycles} cycles ({where}): mean {tk.accepted_per_request:.2f}, "
+                     f"p50 {tk.accepted_p50:g}, p90 {tk.accepted_p90:g} accepted "
+                     "draft tokens per request")
     if alpha is None and tk.accepted_per_request is not None:
         alpha = solve_alpha(tk.accepted_per_request, s0)
     elif alpha is None:

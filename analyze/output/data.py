@@ -12,19 +12,57 @@ from pathlib import Path
 
 import polars as pl
 
+from ..compute import findings, headline
+from ..compute.tokens import DEFINITION, cycles, selection, summary
 from ..model import InputError, Result
 from .targets import os_error, refuse_input
 
-
-def to_json(res: Result) -> str:
-    return json.dumps(res.to_dict(), indent=2, default=str) + "\n"
+FINDING_KEYS = ("code", "severity", "phase", "rank", "evidence", "action", "impact_ns", "share", "rank_is")
 
 
-CSV_TABLES = ("phases", "ranges", "seams", "ranks", "coverage", "instances")
+def document(res: Result, found: list[dict] | None = None) -> dict:
+    """The JSON document: :meth:`Result.to_dict` (every captured instance) plus the headline numbers over the
+    steady state: ``steady`` (which cycles and why, and the cycle period's ``definition``), ``tokens`` (the cycle
+    period with p50/p90, tokens per cycle, tokens/s, acceptance), ``budget``, ``phases_steady``,
+    ``phases_steady_all_ranks``, ``seams_steady``, ``kernels``, ``findings``."""
+    d = res.to_dict()
+    d["steady"] = {**selection(res), "definition": DEFINITION}
+    d["tokens"] = summary(res).as_dict()
+    d["budget"] = headline.budget(res).to_dicts()
+    d["phases_steady"] = headline.phases(res).to_dicts()
+    d["phases_steady_all_ranks"] = headline.phases_all(res).to_dicts()
+    d["seams_steady"] = headline.seams(res).to_dicts()
+    d["kernels"] = headline.kernels(res, TOP_KERNELS).to_dicts()
+    d["findings"] = findings.find(res) if found is None else found
+    return d
+
+
+def to_json(res: Result, found: list[dict] | None = None) -> str:
+    return json.dumps(document(res, found), indent=2, default=str) + "\n"
+
+
+TOP_KERNELS = 10  # per phase, in the JSON document
+CSV_TABLES = ("phases", "ranges", "seams", "ranks", "coverage", "instances", "phases_steady", "seams_steady",
+              "budget", "kernels", "cycles", "findings")
 
 
 def frame(res: Result, name: str) -> pl.DataFrame:
-    """One result table by name; ``phases``/``ranges``/``seams`` include all-ranks rows (rank null)."""
+    """One result table by name; ``phases``/``ranges``/``seams`` include all-ranks rows (rank null), and so do
+    ``phases_steady``/``seams_steady`` (the steady state, :mod:`analyze.compute.headline`)."""
+    if name == "phases_steady":
+        return pl.concat([headline.phases(res), headline.phases_all(res).drop("ranks")], how="diagonal_relaxed")
+    if name == "seams_steady":
+        s = headline.seams(res)
+        return pl.concat([s, headline.seams_all(res).drop("ranks")], how="diagonal_relaxed") if s.height else s
+    if name == "budget":
+        return headline.budget(res)
+    if name == "kernels":
+        return headline.kernels(res)
+    if name == "cycles":
+        return cycles(res)
+    if name == "findings":
+        f = findings.find(res)
+        return pl.DataFrame(f) if f else pl.DataFrame(schema={k: pl.String for k in FINDING_KEYS})
     if name == "phases":
         return pl.concat([res.phases, res.phases_all.drop("ranks")], how="diagonal_relaxed")
     if name == "ranges":

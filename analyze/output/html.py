@@ -1,57 +1,276 @@
-"""``DIR/index.html``: one self-contained page (tables inline, PNG figures beside it) for a browser."""
+"""``DIR/index.html``: one self-contained page (tables inline, PNG figures beside it) for a browser.
+
+The page is a list of :class:`Section` (id, title, body), in the order a reader needs them: the steady state
+and the cycle budget, the ranked findings, then the evidence. Other analyses add sections with
+``write_page(..., extra=[Section(...)])`` (placed before the whole-run tables and diagnostics); the
+communication section keeps a ``<div id="comm-notes">`` for notes about collectives that could not be
+matched or were refused.
+"""
 
 from __future__ import annotations
 
 import html
+from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
 
 from ..compute import compare as cmp
-from ..compute import whatif
-from ..compute.tokens import summary
+from ..compute import findings, headline, whatif
+from ..compute.tokens import DEFINITION, cycle_order, selection, summary
 from ..model import InputError
 from . import plots
 from .targets import os_error, refuse_input
-from .text import compare_table, whatif_table
+from .text import compare_table, kernel_label, whatif_table
 
-CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;color:#222}
-table{border-collapse:collapse;margin:.5em 0 1.5em;font-size:13px}th,td{padding:3px 8px;border-bottom:1px solid #ddd}
-td.n{text-align:right;font-variant-numeric:tabular-nums}th{background:#f3f3f3;text-align:left}
-img{max-width:100%;border:1px solid #eee;margin:.5em 0}code{background:#f5f5f5;padding:1px 4px}
-.note{color:#555;font-size:13px}.warn{color:#a4441b}"""
+CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1250px;color:#222;padding:0 1em}
+table{border-collapse:collapse;margin:.5em 0 1.5em;font-size:13px}th,td{padding:3px 8px;border-bottom:1px solid #ddd;
+vertical-align:top}td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+th{background:#f3f3f3;text-align:left}img{max-width:100%;border:1px solid #eee;margin:.5em 0}
+code{background:#f5f5f5;padding:1px 4px}.note{color:#555;font-size:13px}.warn{color:#a4441b}
+nav{font-size:13px;margin:.5em 0 1.5em}nav a{margin-right:.9em}.head{font-size:15px}
+.sev-high{background:#f8d7d3}.sev-medium{background:#fbe9c8}.sev-low{background:#eef2f5}
+td.ev{max-width:520px}td.act{max-width:380px;color:#333}"""
 
 
-def _table(df: pl.DataFrame, ns_cols: tuple[str, ...] = ()) -> str:
-    """An HTML table; ``*_ns`` columns shown in µs."""
-    heads = [c.replace("_ns", " µs") if c.endswith("_ns") or c in ns_cols else c for c in df.columns]
+@dataclass
+class Section:
+    """One part of the page: an anchor ``id``, a heading and its HTML."""
+
+    id: str
+    title: str
+    body: str
+
+
+def _cell(c: str, v) -> str:
+    if v is None:
+        return '<td class="n">-</td>'
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        if c.endswith("_ns"):
+            return f'<td class="n">{v / 1e3:,.1f}</td>'
+        if c in ("share",) or c.startswith("%"):
+            return f'<td class="n">{100 * v:.1f} %</td>'
+        return f'<td class="n">{v:,.1f}</td>' if isinstance(v, float) else f'<td class="n">{v:,}</td>'
+    return f"<td>{html.escape(str(v))}</td>"
+
+
+def _table(df: pl.DataFrame, heads: dict[str, str] | None = None) -> str:
+    """An HTML table; ``*_ns`` columns shown in µs, ``share`` in %; ``heads`` renames columns."""
+    heads = heads or {}
+    th = "".join(f"<th>{html.escape(heads.get(c, c.replace('_ns', ' µs') if c.endswith('_ns') else c))}</th>"
+                 for c in df.columns)
+    rows = "".join("<tr>" + "".join(_cell(c, v) for c, v in zip(df.columns, r)) + "</tr>" for r in df.iter_rows())
+    return f"<table><tr>{th}</tr>{rows}</table>"
+
+
+def _save(fig, out: Path, name: str, alt: str) -> str:
+    fig.savefig(out / name, dpi=plots.DPI)
+    return f'<img src="{name}" alt="{html.escape(alt)}">'
+
+
+def _p(text: str, cls: str = "note") -> str:
+    return f'<p class="{cls}">{html.escape(text)}</p>'
+
+
+def _summary(res, steps_now) -> Section:
+    t = res.trace
+    tk = summary(res, steps=steps_now)
+    bits = [f"nsys {t.nsys_version}", f"{res.ranks.height} rank(s)", f"CUDA graph trace: {t.graph_trace_mode or 'none'}",
+            f"phases: {res.selection}"]
+    body = [_p(" · ".join(bits))]
+    info = selection(res)
+    body.append(_p(info["text"][0].upper() + info["text"][1:], "head"))
+    if tk.period_ns:
+        line = f"<b>{tk.period_ns / 1e3:,.1f} µs</b> cycle period (p50 {tk.period_p50_ns / 1e3:,.1f} µs)"
+        if tk.tokens_per_cycle is not None:
+            line += (f" · <b>{tk.tokens_per_cycle:.2f}</b> tokens per {tk.kind} ({html.escape(str(tk.source))}) · "
+                     f"<b>{tk.tokens_per_s:,.1f}</b> tokens/s")
+        body.append(f'<p class="head">{line}</p>' + _p(DEFINITION))
+    if tk.accepted_per_request is not None:
+        body.append(_p(f"Acceptance: {tk.accepted_per_request:.2f} accepted draft tokens per request per cycle (p50 "
+                       f"{tk.accepted_p50:g}, p90 {tk.accepted_p90:g}; {tk.accepted_cycles} steady cycles, from the "
+                       f"{'accept marks' if tk.acceptance_source == 'marks' else 'range payload'})."))
+    return Section("summary", "Steady state", "".join(body))
+
+
+def _budget(res, out: Path) -> Section:
+    b = headline.budget(res)
+    if b.height == 0:
+        return Section("budget", "Cycle budget", _p("No steady cycles with a period: no cycle budget."))
+    ranks = sorted(b["rank"].unique().to_list())
+    wide = (b.group_by("segment", "kind").agg(pl.col("order").mean(), pl.col("ns").mean().alias("mean_ns"),
+                                              pl.col("share").mean(), pl.col("gpu_idle_ns").mean())
+            .sort("order", "segment"))
+    per = b.pivot(on="rank", index="segment", values="ns")
+    per = per.rename({str(r): f"rank {r} µs" for r in ranks if str(r) in per.columns})
+    tab = wide.join(per, on="segment", how="left").drop("order").rename({"mean_ns": "mean over ranks_ns"})
+    if len(ranks) == 1:
+        tab = tab.drop(f"rank {ranks[0]} µs", strict=False)
+    tab = tab.with_columns(pl.col(c) * 1e3 for c in tab.columns if c.startswith("rank "))
+    tab = tab.rename({c: c.replace(" µs", "_ns") for c in tab.columns if c.startswith("rank ")})
+    note = ("The mean steady cycle on each rank's GPU clock, cut into consecutive pieces that add up to the cycle "
+            "period: each phase (first → last GPU op of what it launched), the seams between phases (negative when "
+            "they overlap) and the gap between cycles. In seams and between cycles the GPU waits for the host.")
+    return Section("budget", "Cycle budget",
+                   _p(note) + _save(plots.budget(res), out, "budget.png", "cycle budget per rank")
+                   + _table(tab, {"share": "% of cycle", "gpu_idle_ns": "GPU idle µs"}))
+
+
+def _findings(found: list[dict]) -> Section:
+    if not found:
+        return Section("findings", "Findings", _p("Nothing above 1 % of the cycle."))
     rows = []
-    for r in df.iter_rows():
-        cells = []
-        for c, v in zip(df.columns, r):
-            if v is None:
-                cells.append('<td class="n">-</td>')
-            elif isinstance(v, int | float) and not isinstance(v, bool):
-                x = v / 1e3 if c.endswith("_ns") else v
-                s = f"{x:,.1f}" if c.endswith("_ns") or isinstance(v, float) else f"{x:,}"
-                cells.append(f'<td class="n">{s}</td>')
-            else:
-                cells.append(f"<td>{html.escape(str(v))}</td>")
-        rows.append("<tr>" + "".join(cells) + "</tr>")
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in heads)
-    return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+    for i, f in enumerate(found, 1):
+        where = ", ".join(x for x in (f["phase"], None if f["rank"] is None else
+                                      ("worst rank " if f.get("rank_is") == "worst" else "rank ") + str(f["rank"]))
+                          if x)
+        rows.append(f'<tr class="sev-{f["severity"]}"><td class="n">{i}</td><td>{f["severity"]}</td>'
+                    f"<td><code>{f['code']}</code></td><td>{html.escape(where or '-')}</td>"
+                    f'<td class="n">{f["impact_ns"] / 1e3:,.1f} ({100 * f["share"]:.1f} %)</td>'
+                    f'<td class="ev">{html.escape(f["evidence"])}</td><td class="act">{html.escape(f["action"])}</td></tr>')
+    head = ("<tr><th>#</th><th>severity</th><th>finding</th><th>where</th><th>µs per cycle (% of cycle)</th>"
+            "<th>evidence</th><th>what to try</th></tr>")
+    return Section("findings", "Findings, ranked",
+                   _p("Ranked by the cycle time each explains; severity: high ≥ 10 % of the cycle, medium ≥ 3 %.")
+                   + f"<table>{head}{''.join(rows)}</table>")
 
 
-def _save(fig, out: Path, name: str) -> str:
-    fig.savefig(out / name, dpi=100)
-    return f'<img src="{name}" alt="{html.escape(name)}">'
+PHASE_COLS = ("phase", "instances", "span_mean_ns", "span_p50_ns", "span_p90_ns", "compute_mean_ns", "comm_mean_ns",
+              "idle_mean_ns", "idle_p50_ns", "idle_p90_ns")
 
 
-PHASE_COLS = ("phase", "instances", "span_ns", "compute_ns", "comm_ns", "idle_ns", "span_mean_ns", "span_p90_ns")
+def _phases(res, out: Path) -> Section:
+    body = [_p("Per instance over the steady state (µs; mean unless p50/p90); span = compute + comm + idle."),
+            "<h3>All ranks</h3>", _table(headline.phases_all(res).with_columns(_o=cycle_order()).sort("_o", "phase")
+                                         .select("ranks", *PHASE_COLS))]
+    if res.ranks.height > 1:
+        per = headline.phases(res).with_columns(_o=cycle_order()).sort("_o", "phase", "rank")
+        body += ["<h3>Per rank</h3>", _table(per.select("rank", *PHASE_COLS))]
+        hm = plots.rank_heatmap(res)
+        if hm is not None:
+            body.append(_save(hm, out, "rank_phase.png", "median span per rank and phase"))
+    body.append(_save(plots.phase_bars(res), out, "phase_bars.png", "per-phase compute, comm, idle per rank"))
+    return Section("phases", "Phases", "".join(body))
 
 
-def write_page(res, out: str | Path, baseline=None, steps_now: int | None = None) -> Path:
-    """Write ``out/index.html`` and its figures for an analysed trace (and an analysed baseline); returns the page."""
+def _comm(res, out: Path) -> Section | None:
+    mt = headline.matching(res)
+    bad = mt.filter(~pl.col("trusted"))
+    refused = set(bad["phase"].to_list())
+    p = headline.phases(res).filter(~pl.col("phase").is_in(list(refused)))
+    split = plots.comm_split(p)
+    st = headline.stragglers(res)
+    st = st.filter(~pl.col("phase").is_in(list(refused))) if st.height else st
+    notes = [d for d in res.diagnostics if d.code.startswith("COMM")]
+    if split is None and st.height == 0 and not notes and not refused:
+        return None
+    body: list[str] = []
+    refusals = [_p(f"{r['phase']}: no wait/transfer split and no stragglers shown: its {r['collectives']:,} matched "
+               f"collectives end {r['end_spread_p50_ns'] / 1e3:,.1f} µs apart across ranks (p50), so instances "
+               "were probably paired wrongly (e.g. one rank's capture window starts a cycle later).", "warn")
+            for r in bad.iter_rows(named=True)]
+    if split is not None:
+        body.append(_save(split, out, "comm_split.png", "communication transfer vs wait per rank"))
+    if st.height:
+        body.append("<h3>Stragglers</h3>" + _p(
+            "Per phase: the rank that most often started a matched collective strictly last (\"–\" when the "
+            "latest ranks always arrived together), how often, how much later than the next-latest rank, and how "
+            "long the other ranks waited in that phase's collectives (steady state). Every rank that was ever last "
+            "is listed below it."))
+        body.append(_table(_stragglers(res, st), {"share": "% last", "wait_ns": "others' wait µs/cycle"}))
+        ever = st.filter(pl.col("last_arrivals") > 0)
+        if ever.height:
+            body.append(_table(ever.with_columns(_o=cycle_order()).sort("_o", "phase", "last_arrivals", "rank",
+                                                                      descending=[False, False, True, False])
+                               .select("phase", "rank", "collectives", "last_arrivals", "share", "mean_delay_ns",
+                                       "max_delay_ns", "total_delay_ns"), {"share": "% last"}))
+    body.append('<div id="comm-notes">' + "".join(refusals) + "".join(
+        f'<p class="{"warn" if d.level != "info" else "note"}"><code>{html.escape(d.code)}</code> '
+        f"{html.escape(d.message)}</p>" for d in notes) + "</div>")
+    return Section("communication", "Communication: transfer, waiting, stragglers", "".join(body))
+
+
+def _stragglers(res, st: pl.DataFrame) -> pl.DataFrame:
+    """One row per phase: its most frequent last-arriving rank and the wait it costs the others, per cycle."""
+    top = (st.filter(pl.col("phase").is_not_null()).sort("last_arrivals", "rank", descending=[True, False])
+           .group_by("phase", maintain_order=True).first())
+    n = headline.cycles_per_rank(res).rename({"cycles": "_n"})
+    waits = headline.phases(res).join(n, on="rank", how="left").select("phase", "rank", w=pl.col("comm_wait_ns") / pl.col("_n"))
+    top = top.join(waits.rename({"rank": "_r"}), on="phase", how="left").filter(pl.col("_r") != pl.col("rank")) \
+        .group_by("phase", maintain_order=True).agg(pl.exclude("_r", "w").first(), wait_ns=pl.col("w").mean())
+    return (top.with_columns(rank=pl.when(pl.col("last_arrivals") > 0).then(pl.col("rank").cast(pl.String))
+                             .otherwise(pl.lit("–")), _o=cycle_order())
+            .sort("_o", "phase").select("phase", "collectives", pl.col("rank").alias("most often last"),
+                                        "last_arrivals", "share", "mean_delay_ns", "max_delay_ns", "wait_ns"))
+
+
+def _seams(res, out: Path) -> Section:
+    sa = headline.seams_all(res)
+    body = [_p("GPU idle between consecutive ranges (last op of one → first op of the next), steady state, all ranks.")]
+    if sa.height:
+        body.append(_table(sa.select("parent", "from", "to", "instances", "idle_mean_ns", "idle_p50_ns",
+                                     "idle_p90_ns", "busy_ns", "overlap_ns"), {"busy_ns": "other work µs"}))
+    body.append(_save(plots.distributions(res), out, "distributions.png", "idle inside phases and in seams"))
+    return Section("seams", "Seams and idle gaps", "".join(body))
+
+
+def _parents(res) -> Section:
+    parents = headline.seams_all(res)
+    names = parents["parent"].drop_nulls().unique() if parents.height else pl.Series([], dtype=pl.String)
+    pr = headline.ranges(res)
+    body = [_p("Ranges with selected ranges inside them, inclusive (NVIDIA-style projection of everything launched "
+               "inside), steady state, per rank.")]
+    rows = pr.filter(pl.col("range").is_in(names.implode())) if names.len() else pr.head(0)
+    if rows.height:
+        body.append(_table(rows.with_columns(compute_ns=pl.col("busy_ns") - pl.col("comm_ns")).select(
+            "rank", "range", "instances", "proj_span_ns", "compute_ns", "comm_ns", "idle_ns", "gpu_idle_ns")
+            .sort("range", "rank"), {"proj_span_ns": "span µs (sum)"}))
+    cov = res.coverage
+    if cov.height:
+        body.append("<h3>Coverage</h3>" + _p("GPU busy time inside the phased window and how much of it phases "
+                                             "received, whole run.")
+                    + _table(cov.select("rank", "window_ns", "gpu_ns", "attributed_ns")))
+    return Section("parents", "Parent ranges and coverage", "".join(body))
+
+
+def _kernels(res) -> Section:
+    k = headline.kernels(res, 5)
+    if k.height == 0:
+        return Section("kernels", "Top GPU operations", _p("No GPU operations in phases."))
+    k = k.with_columns(pl.col("name").map_elements(kernel_label, return_dtype=pl.String))
+    return Section("kernels", "Top GPU operations per phase",
+                   _p("Per phase, the 5 GPU operations with the most time, steady state, all ranks (per cycle = per "
+                      "rank per steady cycle).")
+                   + _table(k.select("phase", "name", "count_per_cycle", "per_cycle_ns", "share", "ranks"),
+                            {"name": "operation", "count_per_cycle": "count/cycle", "per_cycle_ns": "µs/cycle",
+                             "share": "% of phase"}))
+
+
+def _whatif(res, baseline, steps_now, out: Path, model) -> Section:
+    if isinstance(model, InputError):
+        return Section("whatif", "What if: draft steps", _p(f"No what-if model: {model}"))
+    return Section("whatif", "What if: draft steps", f"<pre>{html.escape(whatif_table(model))}</pre>"
+                   + _save(plots.whatif_curve(model), out, "whatif.png", "what-if over draft steps"))
+
+
+def _whole_run(res) -> Section:
+    body = [_p("Every captured instance, warm-up and stalls included: these sums equal nsys stats' projections."),
+            _table(res.phases_all.select("ranks", "phase", "instances", "span_ns", "compute_ns", "comm_ns", "idle_ns",
+                                         (pl.col("span_ns") / pl.col("instances")).alias("span_mean_ns")),
+                   {"span_ns": "span µs (sum)", "compute_ns": "compute µs (sum)", "comm_ns": "comm µs (sum)",
+                    "idle_ns": "idle µs (sum)"})]
+    if res.ranks.height > 1:
+        body.append(_table(res.phases.with_columns(_o=cycle_order()).sort("_o", "phase", "rank").select(
+            "rank", "phase", "instances", "span_ns", "compute_ns", "comm_ns", "idle_ns", "span_p50_ns"),
+                           {"span_ns": "span µs (sum)", "compute_ns": "compute µs (sum)", "comm_ns": "comm µs (sum)",
+                            "idle_ns": "idle µs (sum)"}))
+    return Section("whole-run", "Whole run", "".join(body))
+
+
+def write_page(res, out: str | Path, baseline=None, steps_now: int | None = None,
+               extra: list[Section] | tuple = ()) -> Path:
+    """Write ``out/index.html`` and its figures for an analysed trace (and an analysed baseline); returns the page.
+    ``extra``: more sections, placed before the whole-run tables."""
     out = Path(out)
     inputs = [*res.reports, *(baseline.reports if baseline is not None else [])] or [res.trace.path]
     refuse_input(out, inputs, "-o")
@@ -62,50 +281,32 @@ def write_page(res, out: str | Path, baseline=None, steps_now: int | None = None
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise os_error(e, out, "the report folder") from None
-    t = res.trace
-    name = Path(t.path).name
-    parts = [f"<h1>spectrace · {html.escape(name)}</h1>",
-             f'<p class="note">nsys {html.escape(str(t.nsys_version))} · {res.ranks.height} rank(s) · CUDA graph '
-             f"trace: {html.escape(str(t.graph_trace_mode or 'none'))} · phases: {html.escape(res.selection)}</p>"]
-    tk = summary(res, steps=steps_now)
-    if tk.tokens_per_cycle is not None:
-        parts.append(f"<p><b>{tk.tokens_per_cycle:.2f}</b> tokens per {tk.kind} ({tk.source}), "
-                     f"<b>{tk.tokens_per_s:.1f}</b> tokens/s over the run.</p>")
-    parts.append("<h2>Phases, all ranks</h2><p class=note>span = first GPU op → last GPU op per instance, summed; "
-                 "span = compute + comm + idle.</p>")
-    parts.append(_table(res.phases_all.select("ranks", *PHASE_COLS[:-2])))
-    parts.append(_save(plots.phase_bars(res), out, "phase_bars.png"))
-    parts.append("<h2>Per rank</h2>")
-    parts.append(_table(res.phases.select("rank", *PHASE_COLS).sort("rank", "phase")))
-    parts.append("<h2>Timeline</h2>" + _save(plots.timeline(res), out, "timeline.png"))
-    parts.append("<h2>Seams and idle gaps</h2>")
-    if res.seams_all.height:
-        parts.append(_table(res.seams_all.select("parent", "from", "to", "instances", "idle_ns", "busy_ns",
-                                                 "overlap_ns")))
-    parts.append(_save(plots.distributions(res), out, "distributions.png"))
-    parts.append("<h2>Over the run</h2>" + _save(plots.per_cycle(res), out, "per_cycle.png"))
-    split = plots.comm_split(res.phases)
-    if split is not None:
-        parts.append("<h2>Communication: wait vs transfer</h2>" + _save(split, out, "comm_split.png"))
-    parts.append(_whatif(res, baseline, steps_now, out))
+    name = ", ".join(Path(p).name for p in res.reports) or Path(res.trace.path).name
+    try:
+        model = whatif.fit(res, steps_now, baseline=baseline)
+    except InputError as e:
+        model = e
+    found = findings.find(res, None if isinstance(model, InputError) else model)
+    secs = [_summary(res, steps_now), _budget(res, out), _findings(found), _phases(res, out)]
+    secs += [s for s in (_comm(res, out),) if s is not None]
+    secs += [Section("timeline", "Timeline", _save(plots.timeline(res), out, "timeline.png", "a few cycles on the GPU")),
+             _seams(res, out),
+             Section("run", "Over the run", _save(plots.per_cycle(res), out, "per_cycle.png", "per-cycle times")),
+             _parents(res), _kernels(res), _whatif(res, baseline, steps_now, out, model)]
     if baseline is not None:
         doc = cmp.compare(baseline, res)
-        parts.append(f"<h2>Compared with the baseline</h2><p class=note>A = {html.escape(doc['a'])}, "
-                     f"B = {html.escape(doc['b'])} (this report); Δ = B − A.</p>")
-        parts.append(f"<pre>{html.escape(compare_table(doc))}</pre>")
-    parts.append("<h2>Diagnostics</h2><ul>" + "".join(
+        secs.append(Section("compare", "Compared with the baseline",
+                            _p(f"A = {doc['a']}, B = {doc['b']} (this report); Δ = B − A.")
+                            + f"<pre>{html.escape(compare_table(doc))}</pre>"))
+    secs += list(extra)
+    secs.append(_whole_run(res))
+    secs.append(Section("diagnostics", "Diagnostics", "<ul>" + "".join(
         f'<li class="{"warn" if d.level != "info" else ""}">{html.escape(d.level)} <code>{html.escape(d.code)}</code>: '
-        f"{html.escape(d.message)}</li>" for d in res.diagnostics) + "</ul>")
+        f"{html.escape(d.message)}</li>" for d in res.diagnostics) + "</ul>"))
+    nav = "<nav>" + "".join(f'<a href="#{s.id}">{html.escape(s.title)}</a>' for s in secs) + "</nav>"
+    body = "".join(f'<section id="{s.id}"><h2>{html.escape(s.title)}</h2>{s.body}</section>' for s in secs)
     page = out / "index.html"
     page.write_text(f"<!doctype html><html><head><meta charset=utf-8><title>spectrace · {html.escape(name)}</title>"
-                    f"<style>{CSS}</style></head><body>{''.join(parts)}</body></html>\n")
+                    f"<style>{CSS}</style></head><body><h1>spectrace · {html.escape(name)}</h1>{nav}{body}"
+                    "</body></html>\n")
     return page
-
-
-def _whatif(res, baseline, steps_now, out: Path) -> str:
-    head = "<h2>What if: draft steps</h2>"
-    try:
-        m = whatif.fit(res, steps_now, baseline=baseline)
-    except InputError as e:
-        return head + f"<p class=note>No what-if model: {html.escape(str(e))}</p>"
-    return head + f"<pre>{html.escape(whatif_table(m))}</pre>" + _save(plots.whatif_curve(m), out, "whatif.png")

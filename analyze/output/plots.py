@@ -1,18 +1,27 @@
 """Figures of an analysis :class:`~analyze.model.Result` (matplotlib).
 
-Each function returns a :class:`matplotlib.figure.Figure` and saves nothing. Figures are made without
-pyplot (no backend is chosen, no global figure list): a notebook shows them inline, a script saves them. Colours come from
-:mod:`nvtx_hooks.phases` (phase colours, ``SEAM_COLOR``, ``IDLE_COLOR``, ``COMM_COLOR``).
+Each function returns a :class:`matplotlib.figure.Figure` (an :class:`InlineFigure`, which Jupyter shows as a
+PNG by itself) and saves nothing. Figures are made without pyplot (no backend is chosen, no global figure
+list): a notebook shows them inline, a script saves them. None is wider than :data:`MAX_WIDTH_IN` inches
+(1400 px at the report's 100 dpi) at any number of ranks: ranks go down the page (small multiples, one bar or
+lane per rank), never across it. Headline figures use the steady-state cycles
+(:mod:`analyze.compute.headline`). Colours come from :mod:`nvtx_hooks.phases` (phase colours,
+``SEAM_COLOR``, ``IDLE_COLOR``, ``COMM_COLOR``).
 """
 
 from __future__ import annotations
 
+import io
+
+import numpy as np
 import polars as pl
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from nvtx_hooks.phases import COMM_COLOR, CYCLE_ORDER, IDLE_COLOR, SEAM_COLOR, color_of
+from nvtx_hooks.phases import COMM_COLOR, CYCLE_ORDER, IDLE_COLOR, SEAM_COLOR, base_name, color_of
 
+from ..compute import headline
 from ..compute.tokens import base_expr, cycles
 
 WAIT_COLOR = "#f4a259"  # comm wait (a rank waiting for the others); transfer uses COMM_COLOR
@@ -25,67 +34,166 @@ def _order(names: list[str]) -> list[str]:
     return [n for _, n in sorted(zip(base, names), key=lambda t: (idx.get(t[0], 99), t[1]))]
 
 
-def _leaf_phases(res) -> pl.DataFrame:
-    """Per rank and phase: totals of the phases that are not cycles (exclusive view)."""
-    p = res.phases.with_columns(base=base_expr("phase"))
+def _leaf_phases(phases: pl.DataFrame) -> pl.DataFrame:
+    """The rows of a per-rank phases frame that are not cycles (all of them when there is nothing else)."""
+    p = phases.with_columns(base=base_expr("phase"))
     leaf = p.filter(~pl.col("base").is_in(["cycle", "prefill"]))
     return leaf if leaf.height else p
 
 
-def _rank_bars(p: pl.DataFrame):
-    """A figure with one slot per (phase, rank) of ``p``: ``fig, ax, width, names, [(x, phase, rank, row)]``."""
+class InlineFigure(Figure):
+    """A matplotlib Figure that Jupyter shows as a PNG by itself (``_repr_png_``), with no pyplot and no backend."""
+
+    def _repr_png_(self) -> bytes:
+        buf = io.BytesIO()
+        self.savefig(buf, format="png", dpi=DPI)
+        return buf.getvalue()
+
+
+DPI = 100  # what the report saves at; every figure is at most MAX_WIDTH_IN wide, so <= 1400 px
+MAX_WIDTH_IN = 14.0
+GAP_COLOR = "#9a9a9a"  # GPU idle between cycles
+
+
+def _figure(width: float, height: float) -> InlineFigure:
+    return InlineFigure(figsize=(min(width, MAX_WIDTH_IN), height), layout="constrained")
+
+
+def _small_multiples(p: pl.DataFrame, stacks: list[tuple[str, str, str | None, str]], title: str, xlabel: str,
+                     marker: str | None = None) -> Figure:
+    """One panel per phase (cycle order), one horizontal bar per rank, stacked from ``stacks`` = ``[(column,
+    colour or "phase", hatch, label)]`` (values already in the unit shown); ``marker``: a column drawn as a tick."""
     names = _order(p["phase"].unique().to_list())
     ranks = sorted(p["rank"].unique().to_list())
-    fig = Figure(figsize=(max(6.0, 1.1 * len(names) * max(len(ranks), 1) + 2), 4.2), layout="constrained")
-    ax = fig.subplots()
-    width = 0.8 / max(len(ranks), 1)
-    slots = []
-    for i, name in enumerate(names):
-        for j, rk in enumerate(ranks):
-            r = p.filter((pl.col("phase") == name) & (pl.col("rank") == rk))
-            if r.height:
-                slots.append((i + (j - (len(ranks) - 1) / 2) * width, name, rk, r.row(0, named=True)))
-    return fig, ax, width, names, slots
+    ncols = min(len(names), 4)
+    nrows = -(-len(names) // ncols)
+    fig = _figure(3.2 * ncols + 0.8, nrows * (1.1 + 0.3 * len(ranks)) + 1.0)
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    for k, name in enumerate(names):
+        ax = axes[k // ncols][k % ncols]
+        q = p.filter(pl.col("phase") == name)
+        for row in q.iter_rows(named=True):
+            y, left = ranks.index(row["rank"]), 0.0
+            for col, color, hatch, _ in stacks:
+                ax.barh(y, row[col], 0.75, left=left, color=color_of(name) if color == "phase" else color,
+                        hatch=hatch, edgecolor="#555555", linewidth=0.4)
+                left += row[col]
+            if marker:
+                ax.plot([row[marker]], [y], marker="|", color="#111111", ms=12, mew=1.6)
+        ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks], fontsize=8)
+        ax.set_ylim(len(ranks) - 0.5, -0.5)
+        ax.set_title(name, fontsize=9, color=color_of(name, "#333333"))
+        ax.set_xlabel(xlabel, fontsize=8)
+        ax.grid(axis="x", alpha=0.3)
+        ax.tick_params(axis="x", labelsize=8)
+        ax.set_xlim(left=0)
+    for k in range(len(names), nrows * ncols):
+        axes[k // ncols][k % ncols].set_visible(False)
+    handles = [Patch(facecolor="#999999" if c == "phase" else c, hatch=h, edgecolor="#555555", label=lab)
+               for _, c, h, lab in stacks]
+    if marker:
+        handles.append(Line2D([], [], marker="|", color="#111111", ls="none", ms=10, mew=1.6, label="span p50"))
+    fig.suptitle(title, fontsize=10)
+    fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=8, frameon=False)
+    return fig
 
 
 def phase_bars(res) -> Figure:
-    """Per phase, one stacked bar per rank: compute (phase colour), comm and idle, µs per instance."""
-    p = _leaf_phases(res).with_columns(
-        (pl.col(c) / pl.col("instances") / 1e3).alias(c) for c in ("compute_ns", "comm_ns", "idle_ns"))
-    fig, ax, width, names, slots = _rank_bars(p)
-    for x, name, rk, row in slots:
-        bottom = 0.0
-        for col, color, hatch in (("compute_ns", color_of(name), None), ("comm_ns", COMM_COLOR, None),
-                                  ("idle_ns", IDLE_COLOR, "//")):
-            ax.bar(x, row[col], width * 0.92, bottom=bottom, color=color, edgecolor="#555555", linewidth=0.4,
-                   hatch=hatch)
-            bottom += row[col]
-        ax.text(x, bottom, f"r{rk}", ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(range(len(names)), names, rotation=0 if len(names) < 6 else 30)
-    ax.set_ylabel("µs per instance (mean)")
-    ax.set_title("Per-phase GPU span per rank: compute + comm + idle")
-    ax.legend(handles=[Patch(facecolor="#999999", label="compute (phase colour)"),
-                       Patch(facecolor=COMM_COLOR, label="communication"),
-                       Patch(facecolor=IDLE_COLOR, hatch="//", edgecolor="#555555", label="idle")],
-              loc="upper right", fontsize=8)
-    ax.grid(axis="y", alpha=0.3)
+    """Small multiples, one panel per phase: per rank, µs per instance (steady-state mean) stacked compute (phase
+    colour), communication, idle; a tick at the median span. Legible at any number of ranks."""
+    p = _leaf_phases(headline.phases(res)).with_columns(
+        *[(pl.col(c) / pl.col("instances") / 1e3).alias(c) for c in ("compute_ns", "comm_ns", "idle_ns")],
+        span_p50=pl.col("span_p50_ns") / 1e3)
+    return _small_multiples(p, [("compute_ns", "phase", None, "compute (phase colour)"),
+                                ("comm_ns", COMM_COLOR, None, "communication"),
+                                ("idle_ns", IDLE_COLOR, "//", "idle")],
+                            "Per-phase GPU span per instance, steady state: compute + comm + idle (mean)",
+                            "µs per instance", marker="span_p50")
+
+
+def rank_heatmap(res) -> Figure | None:
+    """Rank × phase: median span per instance, coloured by how far above the fastest rank (stragglers stand out).
+    None with one rank."""
+    p = _leaf_phases(headline.phases(res))
+    ranks = sorted(p["rank"].unique().to_list())
+    if len(ranks) < 2:
+        return None
+    names = _order(p["phase"].unique().to_list())
+    p = p.with_columns(rel=pl.col("span_p50_ns") / pl.col("span_p50_ns").min().over("phase") - 1)
+    grid = [[None] * len(names) for _ in ranks]
+    vals = [[""] * len(names) for _ in ranks]
+    for r in p.iter_rows(named=True):
+        i, j = ranks.index(r["rank"]), names.index(r["phase"])
+        grid[i][j] = r["rel"]
+        vals[i][j] = f"{r['span_p50_ns'] / 1e3:,.1f}\n+{100 * r['rel']:.0f} %"
+    fig = _figure(2.0 * len(names) + 2.5, 0.9 + 0.45 * len(ranks))
+    ax = fig.subplots()
+    data = np.array([[np.nan if v is None else v for v in row] for row in grid], dtype=float)
+    im = ax.imshow(data, cmap="Oranges", vmin=0, vmax=max(0.2, float(np.nanmax(data)) if data.size else 0.2),
+                   aspect="auto")
+    for i in range(len(ranks)):
+        for j in range(len(names)):
+            ax.text(j, i, vals[i][j], ha="center", va="center", fontsize=7)
+    ax.set_xticks(range(len(names)), names, fontsize=8)
+    ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks], fontsize=8)
+    ax.set_title("Median span per instance by rank (µs) and how far above the fastest rank, steady state",
+                 fontsize=10)
+    fig.colorbar(im, ax=ax, label="above the fastest rank", format=lambda x, _: f"{100 * x:.0f} %")
+    return fig
+
+
+def budget(res) -> Figure:
+    """The cycle budget: one horizontal bar per rank, the mean steady cycle cut into phases, seams and the gap
+    between cycles (µs; labels give % of the cycle)."""
+    b = headline.budget(res)
+    ranks = sorted(b["rank"].unique().to_list()) if b.height else []
+    fig = _figure(12, 2.3 + 0.5 * max(len(ranks), 1))
+    ax = fig.subplots()
+    if not ranks:
+        ax.text(0.5, 0.5, "no steady cycles with a period: no cycle budget", ha="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return fig
+    seen: dict[str, Patch] = {}
+    for y, rk in enumerate(ranks):
+        left = 0.0
+        r = b.filter(pl.col("rank") == rk).sort("order", "segment")
+        for row in r.iter_rows(named=True):
+            w = max(row["ns"], 0.0) / 1e3
+            kind = row["kind"]
+            color = (color_of(row["segment"]) if kind == "phase" else GAP_COLOR if kind == "gap" else SEAM_COLOR)
+            hatch = None if kind == "phase" else ("//" if kind == "gap" else "..")
+            ax.barh(y, w, 0.7, left=left, color=color, hatch=hatch, edgecolor="#555555", linewidth=0.4)
+            if row["share"] >= 0.06:
+                ax.text(left + w / 2, y, f"{base_name(row['segment']) if kind == 'phase' else row['segment']}\n"
+                        f"{w:,.0f} µs · {100 * row['share']:.0f} %", ha="center", va="center", fontsize=7)
+            label = base_name(row["segment"]) if kind == "phase" else {"gap": "between cycles"}.get(kind, "seam")
+            seen.setdefault(label, Patch(facecolor=color, hatch=hatch, edgecolor="#555555", label=label))
+            left += w
+        ax.text(left, y, f"  {left:,.0f} µs", va="center", fontsize=8)
+    ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks], fontsize=8)
+    ax.set_ylim(len(ranks) - 0.5, -0.5)
+    ax.set_xlabel("µs of the mean steady cycle, on the GPU clock (first GPU op of a cycle → first of the next)")
+    ax.set_title("Cycle budget per rank: phases, seams between them, and the gap between cycles", fontsize=10)
+    ax.margins(x=0.08)
+    fig.legend(handles=list(seen.values()), loc="outside lower center", ncol=min(len(seen), 7), fontsize=8,
+               frameon=False)
     return fig
 
 
 def timeline(res, cycles_shown: int = 3, first: int | None = None) -> Figure:
     """A few cycles on the GPU clock: one lane per rank; phase spans, seams, and the GPU ops below them.
 
-    ``first``: the first cycle (0-based, rank 0's order); default: the middle of the run (past warm-up).
+    ``first``: the first cycle (0-based, rank 0's order); default: the middle of the steady state.
     """
     cyc = cycles(res)
     ranks = sorted(res.ranks["rank"].to_list())
-    fig = Figure(figsize=(12, 1.4 + 1.1 * len(ranks)), layout="constrained")
+    fig = _figure(12, 1.6 + (1.1 if len(ranks) <= 4 else 0.75) * len(ranks))
     ax = fig.subplots()
     if cyc.height == 0:
         ax.text(0.5, 0.5, "no cycle ranges", ha="center", transform=ax.transAxes)
         return fig
-    n_max = int(cyc["n"].max())
-    first = max(0, (n_max + 1) // 2 - cycles_shown // 2) if first is None else first
+    steady = cyc.filter("steady")["n"] if cyc["steady"].any() else cyc["n"]
+    first = max(0, int(steady.median()) - cycles_shown // 2) if first is None else first
     win = cyc.filter(pl.col("n").is_between(first, first + cycles_shown - 1))
     t0, t1 = int(win["i_first"].min()), int(win["i_last"].max())
     pad = (t1 - t0) // 50
@@ -124,10 +232,11 @@ def timeline(res, cycles_shown: int = 3, first: int | None = None) -> Figure:
 
 
 def distributions(res) -> Figure:
-    """Left: idle time inside each phase instance; right: GPU idle in each seam (transition), µs, boxplots."""
-    fig = Figure(figsize=(12, 4.2), layout="constrained")
+    """Left: idle time inside each phase instance; right: GPU idle in each seam (transition), µs, boxplots over
+    the steady-state instances of all ranks (symlog axes starting at 0)."""
+    fig = _figure(12, 4.4)
     a1, a2 = fig.subplots(1, 2)
-    inst = res.instances.filter(pl.col("x_ops") > 0).with_columns(base=base_expr())
+    inst = headline.instances(res).filter(pl.col("steady") & (pl.col("x_ops") > 0)).with_columns(base=base_expr())
     inst = inst.filter(~pl.col("base").is_in(["cycle", "decode_step"])) if inst.height else inst
     names = _order(inst["range"].unique().to_list())
     data = [(inst.filter(pl.col("range") == n)["x_idle_ns"] / 1e3).to_list() for n in names]
@@ -137,11 +246,14 @@ def distributions(res) -> Figure:
             patch.set_facecolor(color_of(n))
         a1.set_xticks(range(1, len(names) + 1), names, rotation=20, fontsize=8)
     a1.set_yscale("symlog", linthresh=1)
+    a1.set_ylim(0, 1.8 * max([max(d, default=0) for d in data], default=1) + 1)
     a1.set_ylabel("µs idle inside one instance (symlog)")
-    a1.set_title("Idle gaps inside phases (per instance, all ranks)")
+    a1.set_title("Idle gaps inside phases (per instance, steady state, all ranks)", fontsize=10)
     a1.grid(axis="y", alpha=0.3)
-    s = res.seam_instances.with_columns(tr=pl.format("{} → {}", "prev_range", "range"))
-    trs = s.group_by("tr").agg(pl.col("idle_ns").median()).sort("idle_ns", descending=True)["tr"].to_list()
+    s = headline.seam_instances(res)
+    s = s.with_columns(tr=pl.format("{} → {}", "prev_range", "range")) if s.height else s
+    trs = s.group_by("tr").agg(pl.col("idle_ns").median()).sort("idle_ns", descending=True)["tr"].to_list() \
+        if s.height else []
     if trs:
         bp = a2.boxplot([(s.filter(pl.col("tr") == t)["idle_ns"] / 1e3).to_list() for t in trs], orientation="horizontal",
                         patch_artist=True, flierprops={"markersize": 3})
@@ -150,15 +262,17 @@ def distributions(res) -> Figure:
         a2.set_yticks(range(1, len(trs) + 1), trs, fontsize=8)
         a2.invert_yaxis()
     a2.set_xscale("symlog", linthresh=1)
+    a2.set_xlim(0, 1.8 * float(s["idle_ns"].max() or 0) / 1e3 + 1 if s.height else 10)
     a2.set_xlabel("µs GPU idle in the seam (symlog)")
-    a2.set_title("Seams: GPU idle between consecutive phases")
+    a2.set_title("Seams: GPU idle between consecutive ranges (steady state)", fontsize=10)
     a2.grid(axis="x", alpha=0.3)
     return fig
 
 
 def per_cycle(res) -> Figure:
-    """Each phase's GPU span per cycle over the run (mean over ranks), and the cycle period per rank."""
-    fig = Figure(figsize=(12, 6.5), layout="constrained")
+    """Each phase's GPU span per cycle over the run (mean over ranks), and the cycle period per rank; the cycles
+    left out of the steady state shaded (warm-up grey, stalls red)."""
+    fig = _figure(12, 6.5)
     a1, a2 = fig.subplots(2, 1, sharex=True)
     cyc = cycles(res)
     kids = (res.instances.filter(pl.col("x_ops") > 0).join(cyc.select("rank", "n", parent="range_id"), on=["rank", "parent"])
@@ -167,19 +281,24 @@ def per_cycle(res) -> Figure:
         k = kids.filter(pl.col("range") == name)
         a1.plot(k["n"], k["x_span_ns"] / 1e3, color=color_of(name), lw=1.4, marker=".", ms=3, label=name)
     a1.set_ylabel("µs GPU span (mean over ranks)")
-    a1.set_title("Per-cycle phase time over the run (warm-up, drift; log scale)")
-    a1.legend(fontsize=8, ncol=4, loc="upper right")
+    a1.set_title("Per-cycle phase time over the run (warm-up, stalls, drift; log scale)", fontsize=10)
     a1.grid(alpha=0.3, which="both")
     a1.set_yscale("log")
     for rk in sorted(cyc["rank"].unique().to_list()):
         c = cyc.filter((pl.col("rank") == rk) & pl.col("period_ns").is_not_null())
         a2.plot(c["n"], c["period_ns"] / 1e3, lw=1.2, marker=".", ms=3, label=f"rank {rk}")
+    left = cyc.filter(pl.col("why").is_not_null()).group_by("n").agg(pl.col("why").first()) if cyc.height else cyc
+    shade = {"warm-up": "#cccccc", "stall": "#f2b8b5", "skipped": "#cccccc", "outside window": "#cccccc"}
+    for n, why in left.rows() if left.height else []:
+        for ax in (a1, a2):
+            ax.axvspan(n - 0.5, n + 0.5, color=shade.get(why, "#cccccc"), alpha=0.6, lw=0, zorder=0)
     a2.set_ylabel("µs cycle period")
-    a2.set_xlabel("cycle (order on each rank)")
-    a2.set_title("Cycle period: first GPU op of a cycle → first GPU op of the next")
-    a2.legend(fontsize=8)
+    a2.set_xlabel("cycle (order on each rank); shaded: left out of the steady state (grey warm-up or skipped, red stall)")
+    a2.set_title("Cycle period: first GPU op of a cycle → first GPU op of the next", fontsize=10)
     a2.grid(alpha=0.3, which="both")
     a2.set_yscale("log")
+    for ax in (a1, a2):
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
     return fig
 
 
@@ -189,54 +308,49 @@ def has_comm_split(frame: pl.DataFrame) -> bool:
 
 
 def comm_split(phases: pl.DataFrame) -> Figure | None:
-    """Per phase and rank: communication time split into waiting for other ranks vs transfer (µs per instance).
-
-    ``phases``: a frame with ``rank, phase, instances, comm_wait_ns, comm_transfer_ns``; None without the split
-    or without communication.
-    """
+    """Small multiples, one panel per phase: per rank, communication time split into transfer vs waiting for the
+    other ranks (µs per instance). ``phases``: a frame with ``rank, phase, instances, comm_wait_ns,
+    comm_transfer_ns`` (e.g. :func:`analyze.compute.headline.phases`); None without the split or communication."""
     if not has_comm_split(phases):
         return None
     p = phases.filter((pl.col("comm_wait_ns") + pl.col("comm_transfer_ns")) > 0)
     if p.height == 0:
         return None
-    fig, ax, width, names, slots = _rank_bars(p)
-    for x, _name, rk, row in slots:
-        n = max(row["instances"], 1)
-        w, t = row["comm_wait_ns"] / n / 1e3, row["comm_transfer_ns"] / n / 1e3
-        ax.bar(x, t, width * 0.92, color=COMM_COLOR, edgecolor="#555555", linewidth=0.4)
-        ax.bar(x, w, width * 0.92, bottom=t, color=WAIT_COLOR, edgecolor="#555555", linewidth=0.4)
-        ax.text(x, t + w, f"r{rk}", ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(range(len(names)), names)
-    ax.set_ylabel("µs per instance (mean)")
-    ax.set_title("Communication: transfer vs waiting for the other ranks")
-    ax.legend(handles=[Patch(facecolor=COMM_COLOR, label="transfer"), Patch(facecolor=WAIT_COLOR, label="wait")],
-              fontsize=8)
-    ax.grid(axis="y", alpha=0.3)
-    return fig
+    n = pl.max_horizontal(pl.col("instances"), pl.lit(1))
+    p = p.with_columns(transfer=pl.col("comm_transfer_ns") / n / 1e3, wait=pl.col("comm_wait_ns") / n / 1e3)
+    return _small_multiples(p, [("transfer", COMM_COLOR, None, "transfer"), ("wait", WAIT_COLOR, None, "wait")],
+                            "Communication per instance: transfer vs waiting for the other ranks",
+                            "µs per instance (matched collectives' kernel time)")
 
 
 def whatif_curve(model, max_steps: int = 10) -> Figure:
-    """Predicted cycle time (stacked by phase) and tokens/s against the number of draft steps."""
+    """Predicted cycle time (stacked: draft, verify, draft_extend, the seams between them, other) and tokens/s
+    against the number of draft steps; the bars add up to the predicted cycle."""
     preds = pl.DataFrame(model.predictions(max_steps))
-    fig = Figure(figsize=(8, 4.2), layout="constrained")
+    fig = _figure(9, 4.8)
     ax = fig.subplots()
     bottom = [0.0] * preds.height
-    for col, name in (("draft_ns", "draft"), ("verify_ns", "verify"), ("draft_extend_ns", "draft_extend"),
-                      ("other_ns", "other (host, seams, gaps)")):
+    for col, name, color, hatch in (("draft_ns", "draft", color_of("draft"), None),
+                                    ("verify_ns", "verify", color_of("verify"), None),
+                                    ("draft_extend_ns", "draft_extend", color_of("draft_extend"), None),
+                                    ("seams_ns", "seams between them", SEAM_COLOR, ".."),
+                                    ("other_ns", "other (host, other seams, gap between cycles)", IDLE_COLOR, "//")):
         vals = (preds[col] / 1e3).to_list()
-        ax.bar(preds["steps"], vals, bottom=bottom, color=color_of(name.split()[0], SEAM_COLOR), label=name,
-               edgecolor="#555555", linewidth=0.4)
+        ax.bar(preds["steps"], vals, bottom=bottom, color=color, hatch=hatch, label=name, edgecolor="#555555",
+               linewidth=0.4)
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.axvline(model.steps_now, color="#333333", ls=":", lw=1)
     ax.set_xlabel("draft steps")
     ax.set_ylabel("predicted µs per cycle")
     ax.set_xticks(preds["steps"].to_list())
-    ax.set_title(f"What-if from a trace at {model.steps_now} steps (dotted)")
-    ax.legend(fontsize=8, loc="upper left")
+    ax.set_title(f"What-if from a trace at {model.steps_now} steps (dotted)", fontsize=10)
+    handles, labels = ax.get_legend_handles_labels()
     if preds["tokens_per_s"].is_not_null().any():
         a2 = ax.twinx()
-        a2.plot(preds["steps"], preds["tokens_per_s"], color="#222222", marker="o", label="tokens/s")
+        a2.plot(preds["steps"], preds["tokens_per_s"], color="#222222", marker="o", label="tokens/s (right axis)")
         a2.set_ylabel("predicted tokens/s")
         a2.set_ylim(bottom=0)
-        a2.legend(fontsize=8, loc="upper right")
+        h2, l2 = a2.get_legend_handles_labels()
+        handles, labels = handles + h2, labels + l2
+    fig.legend(handles, labels, loc="outside lower center", ncol=3, fontsize=8, frameon=False)
     return fig

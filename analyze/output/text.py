@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import re
+import textwrap
 from pathlib import Path
 
 import polars as pl
 
-from nvtx_hooks.phases import CYCLE_ORDER, base_name
+from nvtx_hooks.phases import base_name
 
+from ..compute import headline as hl
 from ..compute.collectives import short_name
+from ..compute.headline import budget
+from ..compute.tokens import DEFINITION, cycle_order, selection, summary
 from ..compute.whatif import MAX_STEPS, Model
 from ..model import CommResult, Result
 
@@ -54,10 +59,8 @@ PHASE_HEADER = ["phase", "inst", "span ms", "%all", "µs/inst", "compute ms", "%
 
 def _order(df: pl.DataFrame, col: str) -> pl.DataFrame:
     """Phases in cycle order when they are cycle phases, else by time."""
-    order = {n: i for i, n in enumerate(CYCLE_ORDER)}
-    key = pl.col(col).map_elements(lambda t: order.get(base_name(t), 99), return_dtype=pl.Int64)
-    return df.with_columns(_o=key).sort("_o", "span_ns" if "span_ns" in df.columns else col,
-                                        descending=[False, True]).drop("_o")
+    return df.with_columns(_o=cycle_order(col)).sort("_o", "span_ns" if "span_ns" in df.columns else col,
+                                                     descending=[False, True]).drop("_o")
 
 
 def _comm_split(res: Result) -> list[str]:
@@ -75,45 +78,206 @@ def _comm_split(res: Result) -> list[str]:
             *_grid(["phase", "rank", "collective ms", "wait ms", "%", "transfer ms"], rows, 2)]
 
 
-def analyze_table(res: Result) -> str:
-    """``spectrace analyze``: all ranks, each rank, comm split, seams, parent ranges, coverage, diagnostics."""
+def kernel_label(name: str, width: int = 60) -> str:
+    """A kernel name for tables: no ``void``, template and argument lists shortened, at most ``width`` chars."""
+    n = re.sub(r"^void\s+", "", name or "")
+    n = re.sub(r"\(.*$", "", re.sub(r"<.*", "<…>", n)) or n
+    return n if len(n) <= width else n[: width - 1] + "…"
+
+
+def selection_lines(res: Result) -> list[str]:
+    """The steady-state statement and the cycle period / tokens headline (one definition, stated once)."""
+    info = selection(res)
+    out = [info["text"][0].upper() + info["text"][1:]]
+    tk = summary(res)
+    if tk.period_ns:
+        line = (f"Cycle period {_us(tk.period_ns)} µs (p50 {_us(tk.period_p50_ns)}, p90 {_us(tk.period_p90_ns)})")
+        if tk.tokens_per_cycle is not None:
+            line += (f" · {tk.tokens_per_cycle:.2f} tokens per {tk.kind} ({tk.source}) · "
+                     f"{tk.tokens_per_s:,.1f} tokens/s")
+        out += [line, f"  ({DEFINITION})"]
+    if tk.accepted_per_request is not None:
+        out.append(f"Acceptance: {tk.accepted_per_request:.2f} accepted draft tokens per request per cycle (p50 "
+                   f"{tk.accepted_p50:g}, p90 {tk.accepted_p90:g}; measured on {tk.accepted_cycles} steady cycles "
+                   f"from the {'accept marks' if tk.acceptance_source == 'marks' else 'range payload'})")
+    return out
+
+
+def _symbols(names: list[str]) -> dict[str, str]:
+    """One letter per phase for the text bars: the first free letter of its base name."""
+    out: dict[str, str] = {}
+    for n in names:
+        b = base_name(n)
+        letters = [c.upper() for c in b if c.isalpha()] + list("XYZQWK")
+        if base_name(n).endswith("_extend"):
+            letters.insert(0, "E")
+        out[n] = next(c for c in letters if c not in out.values())
+    return out
+
+
+def budget_text(res: Result, width: int = 64) -> list[str]:
+    """The cycle budget: one text bar per rank and a table of the pieces (µs per cycle, % of the cycle)."""
+    b = budget(res)
+    if b.height == 0:
+        return []
+    ranks = sorted(b["rank"].unique().to_list())
+    order = (b.group_by("segment", "kind").agg(pl.col("order").mean(), pl.col("ns").mean())
+             .sort("order", "segment"))
+    sym = _symbols(order.filter(pl.col("kind") == "phase")["segment"].to_list())
+    mark = {"seam": "·", "head": "·", "tail": "·", "gap": "-"}
+    periods = b.group_by("rank").agg(pl.col("ns").sum())
+    scale = width / float(periods["ns"].max())
+    out = ["Cycle budget: the mean steady cycle on each rank's GPU clock, piece by piece (they add up to the period)"]
+    for rk in ranks:
+        r = b.filter(pl.col("rank") == rk).sort("order", "segment")
+        cells, acc, drawn = [], 0.0, 0
+        for row in r.iter_rows(named=True):
+            acc += max(row["ns"], 0.0) * scale
+            k = round(acc) - drawn
+            drawn += k
+            cells.append((sym.get(row["segment"]) or mark.get(row["kind"], "?")) * k)
+        total = float(r["ns"].sum())
+        out.append(f"  rank {rk:<3} |{''.join(cells).ljust(width)}| {_us(total)} µs")
+    out.append("           " + "  ".join(f"{v} {k}" for k, v in sym.items()) + "  · seam  - between cycles")
+    head = ["piece", *[f"rank {r} µs" for r in ranks], "% of cycle", "GPU idle µs"]
+    rows = []
+    mean_period = float(periods["ns"].mean())
+    for seg in order.iter_rows(named=True):
+        per = b.filter(pl.col("segment") == seg["segment"])
+        vals = dict(zip(per["rank"].to_list(), per["ns"].to_list()))
+        gi = per["gpu_idle_ns"].drop_nulls()
+        rows.append([seg["segment"], *[_us(vals[r]) if r in vals else "-" for r in ranks],
+                     f"{100 * float(per['ns'].sum()) / len(ranks) / mean_period:5.1f} %",
+                     _us(float(gi.mean())) if gi.len() else "-"])
+    out += _grid(head, rows)
+    idle = b.filter(pl.col("kind").is_in(["seam", "gap"]))["gpu_idle_ns"].fill_null(0).sum() / len(ranks)
+    inside = b.filter(pl.col("kind") == "phase")["gpu_idle_ns"].fill_null(0).sum() / len(ranks)
+    gap = b.filter(pl.col("kind") == "gap")["gpu_idle_ns"].fill_null(0).sum() / len(ranks)
+    out.append(f"GPU idle per cycle (mean over ranks): {_us(idle + inside)} µs = "
+               f"{100 * (idle + inside) / mean_period:.1f} % of the cycle: {_us(gap)} between cycles and "
+               f"{_us(idle - gap)} in seams (waiting for the host to launch), {_us(inside)} inside phases.")
+    return out
+
+
+STEADY_HEADER = ["phase", "rank", "inst", "span µs", "p50", "p90", "compute µs", "comm µs", "idle µs", "p50",
+                 "p90", "%comm", "%idle"]
+
+
+def steady_phase_text(res: Result) -> list[str]:
+    """Per phase (all ranks, then each rank when there are several): per-instance mean / p50 / p90, steady state."""
+    pa = _order(hl.phases_all(res).with_columns(rank=pl.lit(None, pl.Int64)), "phase")
+    pr = hl.phases(res)
+    multi = res.ranks.height > 1
+    rows = []
+    for a in pa.iter_rows(named=True):
+        group = [a] + (pr.filter(pl.col("phase") == a["phase"]).sort("rank").to_dicts() if multi else [])
+        for r in group:
+            rows.append([r["phase"] if r is a else "", "all" if r["rank"] is None else str(r["rank"]),
+                         str(r["instances"]), _us(r["span_mean_ns"]), _us(r["span_p50_ns"]), _us(r["span_p90_ns"]),
+                         _us(r["compute_mean_ns"]), _us(r["comm_mean_ns"]), _us(r["idle_mean_ns"]),
+                         _us(r["idle_p50_ns"]), _us(r["idle_p90_ns"]), _pct(r["comm_ns"], r["span_ns"]),
+                         _pct(r["idle_ns"], r["span_ns"])])
+    return ["Phases per instance, steady state (µs; mean unless p50/p90; span = compute + comm + idle)",
+            *_grid(STEADY_HEADER, rows, 2)]
+
+
+def findings_text(found: list[dict], width: int = 110) -> list[str]:
+    """Ranked findings with their evidence and what to try."""
+    out = ["Findings, ranked by the cycle time they explain (what to change first)"]
+    if not found:
+        return [*out, "  none above 1 % of the cycle."]
+    for i, f in enumerate(found, 1):
+        rk = None if f["rank"] is None else ("worst rank " if f.get("rank_is") == "worst" else "rank ") + str(f["rank"])
+        where = " · ".join(x for x in (f["phase"], rk) if x)
+        out.append(f"{i:>2}. [{f['severity']}] {f['code']}" + (f" · {where}" if where else "")
+                   + f" · {_us(f['impact_ns'])} µs per cycle ({100 * f['share']:.1f} %)")
+        out += textwrap.wrap(f["evidence"], width, initial_indent="    ", subsequent_indent="    ")
+        out += textwrap.wrap("try: " + f["action"], width, initial_indent="    ", subsequent_indent="         ")
+    return out
+
+
+def table_text(df: pl.DataFrame) -> str:
+    """Any result table as aligned text (``*_ns`` columns in µs)."""
+    if df.height == 0:
+        return "(no rows)\n"
+    head = [c[:-3] + " µs" if c.endswith("_ns") else c for c in df.columns]
+    rows = []
+    for r in df.iter_rows():
+        cells = []
+        for c, v in zip(df.columns, r):
+            if v is None:
+                cells.append("-")
+            elif c.endswith("_ns") and isinstance(v, int | float):
+                cells.append(_us(v))
+            elif isinstance(v, float):
+                cells.append(f"{v:,.3f}")
+            elif c == "name":
+                cells.append(kernel_label(str(v)))
+            else:
+                cells.append(str(v))
+        rows.append(cells)
+    left = sum(1 for c in df.columns if df[c].dtype == pl.String)
+    return "\n".join(_grid(head, rows, max(left, 1))) + "\n"
+
+
+def kernels_text(res: Result, top: int = 5) -> str:
+    """``analyze --table kernels``: the top GPU operations of each phase, steady state."""
+    k = _order(hl.kernels(res, top), "phase")
+    out = [f"Top {top} GPU operations per phase, steady state, all ranks (per cycle = per rank per steady cycle)"]
+    rows = [[r["phase"], kernel_label(r["name"]), f"{r['count_per_cycle']:,.1f}", _us(r["per_cycle_ns"]),
+             f"{100 * r['share']:.1f}", str(r["ranks"])] for r in k.iter_rows(named=True)]
+    out += _grid(["phase", "operation", "count/cycle", "µs/cycle", "% of phase", "ranks"], rows, 2)
+    return "\n".join(out) + "\n"
+
+
+def analyze_table(res: Result, found: list[dict] | None = None) -> str:
+    """``spectrace analyze``: steady state and cycle budget first, per-instance phases, the whole run's totals,
+    comm split, seams, parent ranges, coverage, diagnostics, then the ranked findings."""
     t, out = res.trace, []
-    out.append(f"spectrace · {Path(t.path).name} · nsys {t.nsys_version} (schema {t.schema_version}) · "
-               f"{res.ranks.height} rank(s) · CUDA graph trace: {t.graph_trace_mode or 'none'}")
+    out.append(f"spectrace · {', '.join(Path(p).name for p in res.reports) or Path(t.path).name} · nsys "
+               f"{t.nsys_version} (schema {t.schema_version}) · {res.ranks.height} rank(s) · CUDA graph trace: "
+               f"{t.graph_trace_mode or 'none'}")
     out.append(f"phases: {res.selection}")
+    for rk in res.ranks.iter_rows(named=True):
+        dev = f"GPU {rk['device']}" + (f" {rk['device_name']}" if rk["device_name"] else "")
+        out.append(f"Rank {rk['rank']} (pid {rk['pid']}, {dev})")
+    out.append("")
+    out += selection_lines(res)
+    bt = budget_text(res)
+    if bt:
+        out += ["", *bt]
+    out += ["", *steady_phase_text(res)]
+    out.append("")
+    out.append("Whole run: every captured instance, warm-up included (these sums equal nsys stats' projections).")
     out.append("Each phase: span (first op start → last op end, per instance, summed) = compute + comm + idle;")
     out.append("GPU-idle is the part of idle in which the GPU ran nothing at all (no other phase's work either).")
-    out.append("")
     pa = res.phases_all
     total = int(pa["span_ns"].sum()) if pa.height else 0
     out.append(f"All ranks ({res.ranks.height}), times summed over ranks")
     out += _grid(PHASE_HEADER, _phase_rows(_order(pa, "phase"), total))
-    for rk in res.ranks.iter_rows(named=True):
-        df = res.phases.filter(pl.col("rank") == rk["rank"])
-        out.append("")
-        dev = f"GPU {rk['device']}" + (f" {rk['device_name']}" if rk["device_name"] else "")
-        out.append(f"Rank {rk['rank']} (pid {rk['pid']}, {dev})")
-        out += _grid(PHASE_HEADER, _phase_rows(_order(df, "phase"), int(df["span_ns"].sum())))
     out += _comm_split(res)
-    sa = res.seams_all
+    sa = hl.seams_all(res)
     if sa.height:
         out.append("")
-        out.append("Seams: GPU idle between consecutive phases (last op of one → first op of the next), all ranks")
+        out.append("Seams, steady state: GPU idle between consecutive ranges (last op of one → first op of the next), "
+                   "all ranks")
         rows = [[r["parent"] or "(top level)", f"{r['from']} → {r['to']}", str(r["instances"]), _ms(r["idle_ns"]),
-                 _us(r["idle_ns"] / max(r["instances"], 1)), _ms(r["busy_ns"]), _ms(r["overlap_ns"])]
+                 _us(r["idle_mean_ns"]), _us(r["idle_p50_ns"]), _us(r["idle_p90_ns"]), _ms(r["busy_ns"]),
+                 _ms(r["overlap_ns"])]
                 for r in sa.iter_rows(named=True)]
-        out += _grid(["within", "transition", "inst", "idle ms", "µs/inst", "other work ms", "overlap ms"], rows, 2)
+        out += _grid(["within", "transition", "inst", "idle ms", "µs/inst", "p50", "p90", "other work ms",
+                      "overlap ms"], rows, 2)
     parents = res.ranges_all.join(res.seams_all.select(pl.col("parent").alias("range")).unique(), on="range",
                                   how="semi")
     if parents.height:
         out.append("")
-        out.append("Parent ranges, inclusive (NVIDIA-style projection of everything launched inside), all ranks")
+        out.append("Parent ranges, inclusive (NVIDIA-style projection of everything launched inside), all ranks, whole run")
         rows = [[r["range"], str(r["instances"]), _ms(r["proj_span_ns"]), _us(r["proj_span_ns"] / max(r["instances"], 1)),
                  _ms(r["busy_ns"] - r["comm_ns"]), _ms(r["comm_ns"]), _ms(r["idle_ns"]), _pct(r["idle_ns"], r["proj_span_ns"])]
                 for r in parents.iter_rows(named=True)]
         out += _grid(["range", "inst", "span ms", "µs/inst", "compute ms", "comm ms", "idle ms", "%idle"], rows)
     cov = res.coverage
-    gpu, att = int(cov["gpu_ns"].sum()), int(cov["attributed_ns"].sum())
+    gpu, att = (int(cov["gpu_ns"].sum()), int(cov["attributed_ns"].sum())) if cov.height else (0, 0)
     out.append("")
     out.append(f"Coverage: phases received {_ms(att)} of {_ms(gpu)} ms of GPU busy time inside the phased window "
                f"({_pct(att, gpu).strip()}%).")
@@ -121,6 +285,8 @@ def analyze_table(res: Result) -> str:
         out.append("")
         out.append("Diagnostics")
         out += [f"  {d.level:<7} {d.code}: {d.message}" for d in res.diagnostics]
+    if found is not None:
+        out += ["", *findings_text(found)]
     return "\n".join(out) + "\n"
 
 
@@ -173,36 +339,63 @@ def _f(v, scale=1e3, fmt="{:,.1f}") -> str:
     return "-" if v is None else fmt.format(v / scale)
 
 
+def _d(v, fmt="{:+,.1f}") -> str:
+    return "-" if v is None else fmt.format(v / 1e3)
+
+
 def compare_table(doc: dict) -> str:
-    """``spectrace compare``: per cycle (and per token) A, B and B − A, µs."""
+    """``spectrace compare``: the verdict, then phases and seams in one ranking (µs per cycle, B − A split into
+    compute / comm / idle, 95 % interval), per rank, and the kernels that moved."""
     tok = doc["per_token"]
-    out = [f"A: {doc['a']} ({doc['a_cycles']} cycles over ranks)", f"B: {doc['b']} ({doc['b_cycles']} cycles over ranks)"]
+    out = [f"A: {doc['a']} ({doc['a_cycles']} steady cycles over ranks)",
+           f"   {doc['steady']['a']}",
+           f"B: {doc['b']} ({doc['b_cycles']} steady cycles over ranks)",
+           f"   {doc['steady']['b']}"]
+    p = doc["cycle_period"]
     for k in ("a", "b"):
         t = doc["tokens"][k]
+        line = f"{k.upper()}: cycle period {_f(p[f'{k}_ns'])} µs"
         if t["tokens_per_cycle"] is not None:
-            out.append(f"{k.upper()}: {t['tokens_per_cycle']:.2f} tokens per {t['kind']} ({t['source']}), "
-                       f"{t['tokens_per_s']:.1f} tokens/s")
-    out.append("")
-    head = ["phase", "A µs/cycle", "B µs/cycle", "Δ µs"] + (["A µs/token", "B µs/token", "Δ µs/token"] if tok else [])
-    rows = []
-    for section in ("phases", "seams"):
-        for r in doc[section]:
-            cells = [r["phase"], _f(r["a_ns_per_cycle"]), _f(r["b_ns_per_cycle"]), _f(r["delta_ns"], fmt="{:+,.1f}")]
-            if tok:
-                cells += [_f(r["a_ns_per_token"]), _f(r["b_ns_per_token"]), _f(r["delta_ns_per_token"], fmt="{:+,.1f}")]
-            rows.append(cells)
-    p = doc["cycle_period"]
-    cells = ["cycle period", _f(p["a_ns"]), _f(p["b_ns"]), _f(p["delta_ns"], fmt="{:+,.1f}")]
+            line += (f", {t['tokens_per_cycle']:.2f} tokens per {t['kind']} ({t['source']}), "
+                     f"{t['tokens_per_s']:,.1f} tokens/s")
+        out.append(line)
+    out.append(f"   ({doc['definition']})")
+    out += ["", f"Verdict: {doc['verdict']['text']}", ""]
+    head = ["phase or seam", "A µs/cycle", "B µs/cycle", "Δ µs", "= compute", "+ comm", "+ idle", "95 % interval"]
     if tok:
-        d = p["b_ns_per_token"] - p["a_ns_per_token"]
-        cells += [_f(p["a_ns_per_token"]), _f(p["b_ns_per_token"]), _f(d, fmt="{:+,.1f}")]
+        head.append("Δ µs/token")
+    rows = []
+    for r in doc["rows"]:
+        ci = (f"{_d(r.get('ci_low_ns'))} … {_d(r.get('ci_high_ns'))}" + (" *" if r.get("significant") else "  ")
+              if r.get("ci_low_ns") is not None else "-")
+        cells = [r["phase"], _f(r["a_ns_per_cycle"]) if r["in_a"] else "–", _f(r["b_ns_per_cycle"]) if r["in_b"] else "–",
+                 _d(r["delta_ns"]), _d(r["delta_compute_ns"]), _d(r["delta_comm_ns"]), _d(r["delta_idle_ns"]), ci]
+        if tok:
+            cells.append(_d(r["delta_ns_per_token"]))
+        rows.append(cells)
+    cells = ["cycle period", _f(p["a_ns"]), _f(p["b_ns"]), _d(p["delta_ns"]), "", "", "",
+             f"{_d(p.get('ci_low_ns'))} … {_d(p.get('ci_high_ns'))}" if p.get("ci_low_ns") is not None else "-"]
+    if tok:
+        cells.append(_d(p["b_ns_per_token"] - p["a_ns_per_token"]))
     rows.append(cells)
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
-    fmt = lambda cs: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cs, widths)))  # noqa: E731
-    out += [fmt(head), fmt(["-" * w for w in widths]), *[fmt(r) for r in rows]]
+    out += _grid(head, rows)
+    ranks = sorted({r["rank"] for r in doc["per_rank"] if r["rank"] is not None})
+    if len(ranks) > 1:
+        top = [r["phase"] for r in doc["rows"][:8]]
+        by = {(r["phase"], r["rank"]): r for r in doc["per_rank"]}
+        out += ["", "Δ per rank, µs per cycle (compute / comm / idle of the change in the JSON's per_rank)"]
+        out += _grid(["phase or seam", *[f"rank {k}" for k in ranks]],
+                     [[ph, *[_d(by[(ph, k)]["delta_ns"]) if (ph, k) in by else "–" for k in ranks]] for ph in top])
+    if doc.get("kernels"):
+        out += ["", "GPU operations that moved most, per phase (µs per cycle; count per cycle)"]
+        rows = [[k["phase"], kernel_label(k["name"], 56), _f(k["a_ns_per_cycle"]), _f(k["b_ns_per_cycle"]),
+                 _d(k["delta_ns"]), f"{k['a_count_per_cycle']:,.1f} → {k['b_count_per_cycle']:,.1f}"]
+                for k in doc["kernels"] if k["phase"] in {r["phase"] for r in doc["rows"][:6]}]
+        out += _grid(["phase", "operation", "A µs", "B µs", "Δ µs", "count"], rows, 2)
     out.append("")
-    out.append("Δ = B − A; per cycle = summed over ranks / cycles over ranks; rows: biggest movers first"
-               + (" per token" if tok else ""))
+    out.append("Δ = B − A over the steady cycles; per cycle = summed over ranks / cycles over ranks; one ranking of "
+               "phases and seams by |Δ|" + (" per token" if tok else "") + "; – = not in that trace; * = the 95 % "
+               "interval (bootstrap over cycles) excludes 0")
     return "\n".join(out) + "\n"
 
 

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import polars as pl
 
-from ..model import InputError, Trace
+from ..model import MARKS_SCHEMA, InputError, Trace
 from .sqlite import Reader
 
 KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
@@ -23,7 +23,9 @@ RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
 NVTX = "NVTX_EVENTS"
 
 RANGE_TYPES = (59, 60, 70, 71)  # push/pop, start/end, and their NVTXT imports
+MARK = 34  # an instantaneous event ("end" is NULL)
 DOMAIN_CREATE = 75
+
 KNOWN_SCHEMA_MAJOR = 3
 MEMCPY_KINDS = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA", 8: "DtoD",
                 9: "HtoH", 10: "PtoP", 11: "Unknown"}
@@ -74,10 +76,10 @@ def _check_schema(path: str, r: Reader, export: dict[str, str]) -> None:
 
 
 def _ranges(r: Reader, duration: int | None, notes: dict[str, int] | None = None
-            ) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """NVTX ranges and domains. ``notes`` gets the counts of odd rows: ``missing_strings`` (a ``textId``
-    StringIds lacks: name ''), ``long_ranges`` (longer than the session: end = session end) and
-    ``reversed_ranges`` (end before start: left out)."""
+            ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """NVTX ranges, domains and marks (frames ``ranges`` and ``marks`` of a Trace). ``notes`` gets the counts
+    of odd ranges: ``missing_strings`` (a ``textId`` StringIds lacks: name ''), ``long_ranges`` (longer than
+    the session: end = session end) and ``reversed_ranges`` (end before start: left out)."""
     cols = r.columns(NVTX)
     empty = pl.DataFrame(
         schema={"range_id": pl.Int64, "pid": pl.Int64, "gtid": pl.Int64, "start": pl.Int64, "end": pl.Int64,
@@ -85,7 +87,8 @@ def _ranges(r: Reader, duration: int | None, notes: dict[str, int] | None = None
                 "uint64": pl.Int64, "int64": pl.Int64, "unclosed": pl.Boolean, "cross_thread": pl.Boolean}
     )
     if not cols:
-        return empty, pl.DataFrame(schema={"pid": pl.Int64, "domain_id": pl.Int64, "domain": pl.String})
+        return (empty, pl.DataFrame(schema={"pid": pl.Int64, "domain_id": pl.Int64, "domain": pl.String}),
+                pl.DataFrame(schema=MARKS_SCHEMA))
     strings = "textId" in cols and r.has("StringIds", "id", "value")
     text = "COALESCE(n.text, s.value, '')" if strings else "COALESCE(n.text, '')"
     join = "LEFT JOIN StringIds s ON s.id = n.textId" if strings else ""
@@ -95,7 +98,7 @@ def _ranges(r: Reader, duration: int | None, notes: dict[str, int] | None = None
     def opt(c: str, alias: str) -> str:
         return f"n.{c} AS {alias}" if c in cols else f"NULL AS {alias}"
 
-    types = ",".join(str(t) for t in (*RANGE_TYPES, DOMAIN_CREATE))
+    types = ",".join(str(t) for t in (*RANGE_TYPES, MARK, DOMAIN_CREATE))
     raw = r.frame(
         f"""SELECT n.rowid AS range_id, n.start AS start, n."end" AS "end", n.eventType AS event_type,
                    n.globalTid AS gtid, {opt('endGlobalTid', 'end_gtid')}, {opt('domainId', 'domain_id')},
@@ -115,14 +118,18 @@ def _ranges(r: Reader, duration: int | None, notes: dict[str, int] | None = None
     by_id = domains.group_by("domain_id").agg(pl.col("domain").first().alias("domain_any"))
     rng = (
         raw.filter(pl.col("event_type") != DOMAIN_CREATE)
-        .join(domains, on=["pid", "domain_id"], how="left")
-        .join(by_id, on="domain_id", how="left")
+        .join(domains, on=["pid", "domain_id"], how="left", maintain_order="left")
+        .join(by_id, on="domain_id", how="left", maintain_order="left")
         .with_columns(
             domain=pl.when(pl.col("domain_id") == 0)
             .then(pl.lit(""))
             .otherwise(pl.coalesce("domain", "domain_any", pl.format("domain{}", pl.col("domain_id"))))
         )
     )
+    is_mark = pl.col("event_type") == MARK
+    marks = rng.filter(is_mark).select("pid", "gtid", "domain", "uint64", "int64", time="start", mark="range")
+    marks = marks.select(list(MARKS_SCHEMA))
+    rng = rng.filter(~is_mark)
     end_cap = duration if duration is not None else rng["end"].max()
     long = (pl.col("end") - pl.col("start") > duration) if duration else pl.lit(False)
     rng = rng.with_columns(
@@ -138,7 +145,7 @@ def _ranges(r: Reader, duration: int | None, notes: dict[str, int] | None = None
         for k, v in odd.items():
             notes[k] = notes.get(k, 0) + int(v or 0)
     rng = rng.filter(~reversed_.fill_null(False)).select(empty.columns)
-    return rng.cast(empty.schema), domains
+    return rng.cast(empty.schema), domains, marks.cast(MARKS_SCHEMA)
 
 
 API_SCHEMA = {"pid": pl.Int64, "gtid": pl.Int64, "corr": pl.Int64, "start": pl.Int64, "end": pl.Int64,
@@ -301,7 +308,8 @@ def load(path: str | os.PathLike) -> Trace:
         with ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 2))) as ex:
             f_ops, f_api = ex.submit(_ops, r), ex.submit(_api, r)
             f_rng, f_str = ex.submit(_ranges, r, duration, notes), ex.submit(_strings, r)
-            ops, api, (ranges, _domains), strings = f_ops.result(), f_api.result(), f_rng.result(), f_str.result()
+            ops, api, (ranges, _domains, marks), strings = (f_ops.result(), f_api.result(), f_rng.result(),
+                                                            f_str.result())
         bad = bad_op(duration)
         dropped = int(ops.select(bad.sum()).item() or 0)
         ops = ops.filter(~bad)
@@ -319,6 +327,7 @@ def load(path: str | os.PathLike) -> Trace:
             capture_meta=capture,
             duration_ns=duration,
             ranges=ranges,
+            marks=marks,
             api=api,
             ops=ops,
             names=names,

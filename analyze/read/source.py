@@ -140,7 +140,7 @@ class OpsWindow:
         ops = ops.join(self.kinds.select("name_id", "label", "comm"), on=["name_id", "label"], how="left",
                        nulls_equal=True)
         return (ops.join(self.rank_of, on="pid", how="inner")
-                .select(pl.col("rank") + self.rank_offset, "start", "end", "kind", "comm").sort("start"))
+                .select(pl.col("rank") + self.rank_offset, "start", "end", "kind", "comm").sort("start", "rank", "end"))
 
 
 @dataclasses.dataclass

@@ -5,7 +5,7 @@ polars scans) writes the frames :func:`analyze.read.export.load` would build, al
 
     <report>.spectrace/            (or $SPECTRACE_CACHE_DIR / ~/.cache/spectrace/<hash>/ if the
       meta.json                     report's directory is not writable; the report is never touched)
-      ranges.parquet names.parquet devices.parquet diagnostics.parquet
+      ranges.parquet marks.parquet names.parquet devices.parquet diagnostics.parquet
       ops/<pid>/<part>.parquet     GPU operations of one process, parts in read order
       api/<pid>/<part>.parquet     CUDA API calls of one process
 
@@ -65,7 +65,7 @@ from .export import (
 )
 from .sqlite import check_file, file_state
 
-CACHE_VERSION = 3  # 3: marker file, files listed with rows/size/CRC, read_warnings (2: range_id, range)
+CACHE_VERSION = 4  # 2: ranges have ``range_id`` and ``range``; 3: marks.parquet; 4: marker, files listed, checks
 FLUSH_ROWS = 2_000_000
 PIECE_ROWS = 2_000_000  # a large table is read in row ranges of this size, by READ_THREADS threads
 READ_THREADS = max(2, min(4, os.cpu_count() or 2))
@@ -335,7 +335,7 @@ class Store:
 
     def head(self, ops: pl.DataFrame | None = None, api: pl.DataFrame | None = None) -> Trace:
         """A :class:`Trace` with the small frames, and the given (or no) ops and API calls."""
-        for name in ("ranges", "names", "devices", "diagnostics"):
+        for name in ("ranges", "marks", "names", "devices", "diagnostics"):
             self.check(f"{name}.parquet")
         return self.reading(lambda: self._head(ops, api))
 
@@ -350,6 +350,7 @@ class Store:
             capture_meta=m["capture"],
             duration_ns=m["duration"],
             ranges=pl.read_parquet(self.root / "ranges.parquet"),
+            marks=pl.read_parquet(self.root / "marks.parquet"),
             api=api if api is not None else self.scan("api", []).collect(),
             ops=ops if ops is not None else self.scan("ops", []).collect(),
             names=pl.read_parquet(self.root / "names.parquet"),
@@ -429,7 +430,9 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
                 spill.flush()
 
         def read_ranges() -> None:  # NVTX ranges, beside the pieces (its own connection)
-            _ranges(r, m["duration"], notes)[0].write_parquet(dest / "ranges.parquet")
+            ranges, _domains, marks = _ranges(r, m["duration"], notes)
+            ranges.write_parquet(dest / "ranges.parquet")
+            marks.write_parquet(dest / "marks.parquet")
 
         def guard(fn) -> None:
             try:

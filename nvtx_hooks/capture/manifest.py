@@ -64,7 +64,7 @@ def speculative_config(command: list[str]) -> dict:
         cfg["workload"] = "nvtx_hooks.capture.workload"
         wl, _ = build_parser().parse_known_args(command[at[0] + 1:])
         cfg.update(steps=wl.steps, layers=wl.layers, batch=wl.batch, cycles=wl.cycles, graphs=wl.graphs,
-                   baseline=wl.baseline, ranges=wl.ranges)
+                   baseline=wl.baseline, ranges=wl.ranges, v2=wl.v2)
         if wl.nproc is not None:
             cfg["tp"] = wl.nproc
         if wl.delay_us:

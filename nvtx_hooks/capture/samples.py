@@ -1,8 +1,9 @@
 """The bundled real captures (``tests/data/h200_tp1/*.sqlite.xz``), decompressed on first use.
 
 ``python -m nvtx_hooks.capture.samples [NAME]`` prints the path of the decompressed export
-(default ``tp1_node``); ``make demo`` uses it. Decompressed copies go to
+(default ``tp1_node``; ``--list`` names them); ``make demo`` uses it. Decompressed copies go to
 ``$SPECTRACE_CACHE_DIR/samples`` or ``.cache/samples`` in the checkout and are reused while newer than the .xz.
+The captures live in the source checkout, not in an installed wheel.
 """
 
 from __future__ import annotations
@@ -49,5 +50,30 @@ def stats_csv(name: str, report: str = "nvtx_gpu_proj_sum") -> Path:
     return DATA / f"{name}_{report}.csv"
 
 
+def main(argv: list[str] | None = None) -> int:
+    """Print the decompressed path of a bundled capture; one line on stderr and exit 2 when there is none."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m nvtx_hooks.capture.samples",
+                                description="Print the path of a bundled real H200 capture (an nsys SQLite export), "
+                                            "decompressed on first use.")
+    p.add_argument("name", nargs="?", default=DEFAULT, help=f"capture name (default {DEFAULT}; --list names them)")
+    p.add_argument("--list", action="store_true", help="print the bundled capture names and exit")
+    a = p.parse_args(argv)
+    if not DATA.is_dir():
+        print(f"samples: error: the bundled captures ship with the source checkout ({DATA.relative_to(ROOT)}), not "
+              "with an installed package: clone the repository and run `make demo` there", file=sys.stderr)
+        return 2
+    if a.list:
+        print("\n".join(names()))
+        return 0
+    try:
+        print(path(a.name))
+    except (FileNotFoundError, OSError) as e:
+        print(f"samples: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 if __name__ == "__main__":
-    print(path(sys.argv[1] if len(sys.argv) > 1 else DEFAULT))
+    sys.exit(main())

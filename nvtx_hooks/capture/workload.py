@@ -7,6 +7,12 @@ Each decode cycle (range ``cycle``, payload: batch size, cycle index, accept len
 - ``draft_extend``: one draft layer over the accepted tokens, always eager (its shape varies);
 - ``host_overhead``: a host sync that reads the accept length, then a short host sleep.
 
+With ``--v2`` the accept lengths stay on the GPU, as in SGLang's v2 (overlap) EAGLE worker: no payload
+carries them and ``host_overhead`` does not sync; each cycle's accept length is copied to the host
+asynchronously (an event recorded after the copy), and the *next* cycle, once launched, waits on that
+event and emits the ``accept`` mark with the earlier cycle's index — what the hooks do in SGLang's
+result processing. The JSON record then lists the accept lengths it used (``accept_lengths``).
+
 With ``--baseline`` each iteration is one ``decode_step``: the target over BATCH tokens.
 Every layer all-reduces over NCCL when run by torchrun (tensor parallel: the FFN is split
 across ranks). ``--delay-rank R --delay-us N`` sleeps N µs on the host of rank R just before
@@ -38,18 +44,20 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--layers", type=int, default=16, help="target layers")
     p.add_argument("--draft-layers", type=int, default=1, help="draft layers per draft step")
     p.add_argument("--batch", type=int, default=4, help="decode batch size (requests)")
-    p.add_argument("--hidden", type=int, default=4096)
+    p.add_argument("--hidden", type=int, default=4096, help="hidden size of the target and draft layers")
     p.add_argument("--ffn", type=int, default=14336, help="FFN width, split across TP ranks")
     p.add_argument("--graphs", action=argparse.BooleanOptionalAction, default=True,
                    help="CUDA graphs for draft and verify (baseline: for the decode step)")
     p.add_argument("--baseline", action="store_true", help="no speculation: decode_step ranges only")
+    p.add_argument("--v2", action="store_true",
+                   help="SGLang v2-like: accept lengths stay on the GPU, read one cycle later, 'accept' marks")
     p.add_argument("--ranges", action=argparse.BooleanOptionalAction, default=True,
                    help="emit the NVTX phase ranges (off: same work, no ranges; for overhead runs)")
     p.add_argument("--host-us", type=int, default=300, help="host sleep in host_overhead, µs")
     p.add_argument("--delay-rank", type=int, default=None, help="rank that sleeps before each verify")
     p.add_argument("--delay-us", type=int, default=0, help="that sleep, µs")
     p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda when available")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the accept lengths and weights")
     p.add_argument("--profiler-api", action=argparse.BooleanOptionalAction, default=True,
                    help="bracket the measured loop with cudaProfilerStart/Stop")
     p.add_argument("--nproc", type=int, default=None,
@@ -72,6 +80,10 @@ class _NoRanges:
 
     @staticmethod
     def pop():
+        return None
+
+    @staticmethod
+    def mark(name, payload=None):
         return None
 
 
@@ -141,6 +153,10 @@ def run(args: argparse.Namespace) -> dict:
     bs, ntok = args.batch, args.batch * (args.steps + 1)
     xv, xd = mk(ntok, H), mk(bs, H)
     acc_dev = torch.zeros(1, dtype=torch.int64, device=dev)
+    # v2: two host buffers and events, so cycle i's copy lands while cycle i-1's is read
+    acc_host = [torch.zeros(1, dtype=torch.int64, pin_memory=use_cuda) for _ in range(2)]
+    copied = [torch.cuda.Event() if use_cuda else None for _ in range(2)]
+    pending: list[int] = []  # cycles whose accept length is on its way to the host
     sched = accept_lengths(args.warmup + args.cycles, args.steps, args.seed)
 
     if use_cuda:
@@ -175,7 +191,14 @@ def run(args: argparse.Namespace) -> dict:
 
     delay_s = args.delay_us / 1e6 if (args.delay_rank == rank and args.delay_us > 0) else 0.0
     host_s = args.host_us / 1e6
-    push, pop = R.push, R.pop
+    push, pop, mark = R.push, R.pop, R.mark
+
+    def accept_result(j: int) -> None:
+        """Cycle j's result on the host (SGLang v2: after its copy-done event), and the hooks' mark."""
+        if copied[j % 2] is not None:
+            copied[j % 2].synchronize()
+        a = int(acc_host[j % 2].item())  # a CPU tensor: no device sync
+        mark("accept", encode_payload(bs, j, bs * (a - 1)))
 
     def one_cycle(i: int) -> None:
         if args.baseline:
@@ -187,6 +210,8 @@ def run(args: argparse.Namespace) -> dict:
             return
         a = sched[i]
         p_known, p_cycle = cycle_payload(bs, i, a), cycle_payload(bs, i)
+        if args.v2:
+            p_known = p_cycle  # the accept length stays on the GPU
         push("cycle", p_known)
         push("draft", p_cycle)
         run_d()
@@ -201,14 +226,25 @@ def run(args: argparse.Namespace) -> dict:
         xd.copy_(layer(xv[: bs * a], Wd[0])[:bs])
         pop()
         push("host_overhead")
-        int(acc_dev.item())
+        if args.v2:
+            acc_host[i % 2].copy_(acc_dev, non_blocking=use_cuda)
+            if copied[i % 2] is not None:
+                copied[i % 2].record()
+        else:
+            int(acc_dev.item())
         if host_s:
             time.sleep(host_s)
         pop()
         pop()
+        if args.v2:  # the previous cycle's result, processed while this one runs
+            if pending:
+                accept_result(pending.pop())
+            pending.append(i)
 
     for i in range(args.warmup):
         one_cycle(i)
+    while pending:
+        accept_result(pending.pop())
     if use_cuda:
         torch.cuda.synchronize()
     if world > 1:
@@ -218,6 +254,8 @@ def run(args: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     for i in range(args.warmup, args.warmup + args.cycles):
         one_cycle(i)
+    while pending:  # the last cycle's result
+        accept_result(pending.pop())
     if use_cuda:
         torch.cuda.synchronize()
     wall = time.perf_counter() - t0
@@ -240,6 +278,8 @@ def run(args: argparse.Namespace) -> dict:
         "cycles_per_s": args.cycles / wall if wall > 0 else None,
         "tokens_per_cycle": (bs if args.baseline else bs * sum(measured) / max(1, len(measured))),
     }
+    if args.v2:  # per cycle index: accepted tokens per request, the bonus token included
+        rec["accept_lengths"] = dict(zip(range(args.warmup, args.warmup + args.cycles), measured))
     return rec
 
 

@@ -1,0 +1,327 @@
+"""Ranked findings: what in a trace costs cycle time, the evidence, and what to try.
+
+Every rule is one row of :data:`RULES`: a code, what it looks at, what to try, and a check over the
+steady-state numbers (:mod:`analyze.compute.headline`) that returns hits. A hit's *impact* is the
+cycle time (ns per cycle, mean over ranks unless the rule names a rank) it explains; findings are
+ranked by impact, and the severity is the impact's share of the cycle period: ``high`` from
+:data:`HIGH`, ``medium`` from :data:`MEDIUM`, ``low`` below (hits under :data:`FLOOR` are dropped).
+
+Collectives whose matched kernels do not end together across ranks (:func:`analyze.compute.headline.matching`)
+give no straggler finding and no wait/transfer split: their pairing is suspect, and a wrong straggler sends an
+engineer after a problem that does not exist.
+
+Host late vs blocked (seams and the gap between cycles): for each transition, the next range's first
+launch call (its CUDA API start, ``i_first_launch``) is compared with the end of the earlier GPU work.
+Launched after it: the GPU waited for the CPU (*host-bound*). Launched before it, yet the GPU started
+later: the launch or the GPU queue held it (*blocked*: a synchronous call, an event wait, a launch queue).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import polars as pl
+
+from ..model import InputError
+from . import headline
+from .tokens import CYCLE_NAMES, base_expr, selection, summary
+
+HIGH, MEDIUM, FLOOR = 0.10, 0.03, 0.01
+COMM_SHARE = 0.10  # a phase's communication share of its span worth a finding
+IDLE_SHARE = 0.15  # idle between a phase's own ops, as a share of its span
+STRAGGLER_SHARE = 0.5  # a rank arriving last at this share of a phase's collectives
+GAIN = 0.03  # a what-if step count predicted this much faster is worth trying
+
+
+@dataclass
+class Context:
+    """What the rules read: the steady-state tables of one analysed trace."""
+
+    res: object
+    period_ns: float
+    budget: pl.DataFrame
+    phases: pl.DataFrame  # per rank, steady
+    seams: pl.DataFrame  # seam instances, steady, with launch timing
+    stragglers: pl.DataFrame
+    info: dict
+    model: object | None  # the what-if model, when it could be fitted
+    cycles: pl.DataFrame  # rank, ncyc: steady cycles per rank
+    untrusted: set  # phases whose matched collectives do not end together: no straggler or wait findings
+
+
+@dataclass(frozen=True)
+class Rule:
+    code: str
+    looks_at: str
+    action: str
+    check: Callable[[Context], list[dict]]
+
+
+def _us(ns: float) -> str:
+    return f"{ns / 1e3:,.1f} µs"
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f} %" if x >= 0.1 else f"{100 * x:.1f} %"
+
+
+SAME = 0.02  # ranks within this fraction of each other count as "the same on every rank"
+
+
+def _over_ranks(df: pl.DataFrame, col: str) -> dict:
+    """Mean over ranks of ``col``, the rank with the most (None when all ranks are about the same) and the range."""
+    w = df.sort(col, "rank", descending=[True, False]).row(0, named=True)
+    mean, lo, hi = float(df[col].mean()), float(df[col].min()), float(w[col])
+    same = df.height > 1 and hi - lo <= SAME * abs(mean)
+    return {"mean": mean, "rank": None if same else w["rank"], "max": hi, "min": lo, "ranks": df.height,
+            "worst": df.height > 1 and not same}
+
+
+def _ranks_txt(o: dict) -> str:
+    if o["ranks"] == 1:
+        return f"rank {o['rank']}"
+    if o["rank"] is None:
+        return f"about the same on all {o['ranks']} ranks"
+    return f"mean over {o['ranks']} ranks; most on rank {o['rank']} ({_us(o['max'])}), least {_us(o['min'])}"
+
+
+# ---- the launch side of seams --------------------------------------------------------------------------
+
+
+def launch_timing(res) -> pl.DataFrame:
+    """Steady seam instances with ``late_ns`` (the GPU idle before the next range's first launch call began:
+    the CPU was late) and ``held_ns`` (the rest of the gap: launched in time, started later)."""
+    s = headline.seam_instances(res)
+    if s.height == 0:
+        return s
+    nxt = res.instances.filter(pl.col("rank").is_not_null()).select("rank", "range_id", launch="i_first_launch")
+    gap = (pl.col("b") - pl.col("a")).clip(lower_bound=0)
+    return (s.join(nxt, on=["rank", "range_id"], how="left")
+            .with_columns(late_ns=(pl.col("launch") - pl.col("a")).clip(lower_bound=0).fill_null(0))
+            .with_columns(late_ns=pl.min_horizontal("late_ns", gap))
+            .with_columns(held_ns=gap - pl.col("late_ns"), host_late=pl.col("launch") > pl.col("a")))
+
+
+# ---- the rules --------------------------------------------------------------------------------------------
+
+
+def _gap(ctx: Context) -> list[dict]:
+    g = ctx.budget.filter(pl.col("kind") == "gap")
+    if g.height == 0:
+        return []
+    o = _over_ranks(g, "ns")
+    s = ctx.seams.filter(pl.col("parent").is_null() & base_expr("prev_range").is_in(CYCLE_NAMES)
+                         & base_expr("range").is_in(CYCLE_NAMES))
+    late = float(s["host_late"].mean()) if s.height else None
+    ev = (f"the GPU is idle {_us(o['mean'])} between the last GPU op of a cycle and the first of the next = "
+          f"{_pct(o['mean'] / ctx.period_ns)} of the {_us(ctx.period_ns)} cycle ({_ranks_txt(o)})")
+    if late is not None:
+        ev += (f"; the next cycle's first launch call came after the previous cycle's GPU work had finished in "
+               f"{_pct(late)} of cycles (host-bound)" if late >= 0.5 else
+               f"; in {_pct(1 - late)} of cycles the next cycle was launched before the GPU finished, so the "
+               "wait is on the GPU side (a sync or event), not the CPU")
+    return [{"phase": None, "rank": o["rank"], "worst": o["worst"], "impact_ns": o["mean"],
+             "evidence": ev, "host_bound": late is None or late >= 0.5}]
+
+
+def _seam(ctx: Context, blocked: bool) -> list[dict]:
+    s = ctx.seams.filter(pl.col("parent").is_not_null())
+    if s.height == 0:
+        return []
+    per = (s.group_by("rank", "prev_range", "range")
+           .agg(late=pl.col("late_ns").sum(), held=pl.col("held_ns").sum(), n=pl.len(),
+                share=pl.col("host_late").mean(), idle=pl.col("idle_ns").sum()))
+    # per cycle: instances are one per cycle on each rank
+    per = per.with_columns(late=pl.col("late") / pl.col("n"), held=pl.col("held") / pl.col("n"),
+                           idle=pl.col("idle") / pl.col("n"))
+    col = "held" if blocked else "late"
+    out = []
+    for (f, t), grp in per.group_by("prev_range", "range", maintain_order=True):
+        o = _over_ranks(grp, col)
+        if o["mean"] <= 0:
+            continue
+        if blocked:
+            ev = (f"between {f} and {t} the GPU waits {_us(o['mean'])} per cycle after the next launch call was "
+                  f"already made ({_ranks_txt(o)}): the launch or the GPU queue held it")
+        else:
+            ev = (f"between {f} and {t} the GPU waits {_us(o['mean'])} per cycle for the CPU to launch {t} "
+                  f"({_ranks_txt(o)}; launched after {f}'s GPU work ended in {_pct(float(grp['share'].mean()))} "
+                  "of cycles)")
+        out.append({"phase": f"{f} → {t}", "rank": o["rank"], "worst": o["worst"], "impact_ns": o["mean"],
+                    "evidence": ev})
+    return out
+
+
+def _comm(ctx: Context) -> list[dict]:
+    p = ctx.phases.filter(pl.col("comm_ns") > 0)
+    out = []
+    for (name,), grp in p.group_by("phase", maintain_order=True):
+        share = float(grp["comm_ns"].sum() / grp["span_ns"].sum())
+        if share < COMM_SHARE:
+            continue
+        grp = _per_cycle(ctx, grp, "comm_ns").with_columns(
+            transfer=pl.col("comm_transfer_ns") / pl.col("ncyc"), wait=pl.col("comm_wait_ns") / pl.col("ncyc"))
+        # What a faster collective could save: the transfer, when wait/transfer are known, else the union.
+        split = float(grp["transfer"].sum() + grp["wait"].sum()) > 0 and name not in ctx.untrusted
+        impact = float(grp["transfer"].mean()) if split else float(grp["per"].mean())
+        o = _over_ranks(grp, "per")
+        ev = (f"{name}: communication {_us(o['mean'])} per cycle = {_pct(share)} of its GPU span, "
+              f"{_pct(o['mean'] / ctx.period_ns)} of the cycle ({_ranks_txt(o)})")
+        if split:
+            ev += (f"; of the collectives' kernel time {_us(float(grp['transfer'].mean()))} is transfer and "
+                   f"{_us(float(grp['wait'].mean()))} waiting for the last rank")
+        elif name in ctx.untrusted:
+            ev += "; no wait/transfer split: its matched collectives do not end together (matching suspect)"
+        out.append({"phase": name, "rank": None, "impact_ns": impact, "evidence": ev})
+    return out
+
+
+def _per_cycle(ctx: Context, df: pl.DataFrame, col: str) -> pl.DataFrame:
+    """``df`` (per rank) with ``per``: ``col`` summed over the steady state / the rank's steady cycles."""
+    return df.join(ctx.cycles, on="rank", how="left").with_columns(per=pl.col(col) / pl.col("ncyc"))
+
+
+def _straggler(ctx: Context) -> list[dict]:
+    st = ctx.stragglers
+    if st.height == 0:
+        return []
+    out = []
+    waits = _per_cycle(ctx, ctx.phases.select("rank", "phase", "comm_wait_ns"), "comm_wait_ns")
+    for r in st.filter((pl.col("share") >= STRAGGLER_SHARE) & (pl.col("collectives") >= 5)
+                       & pl.col("phase").is_not_null() & ~pl.col("phase").is_in(list(ctx.untrusted))
+                       ).iter_rows(named=True):
+        others = waits.filter((pl.col("phase") == r["phase"]) & (pl.col("rank") != r["rank"]))
+        wait = float(others["per"].mean()) if others.height else 0.0
+        if wait <= 0:
+            continue
+        out.append({"phase": r["phase"], "rank": r["rank"], "impact_ns": wait, "evidence": (
+            f"rank {r['rank']} arrives last at {r['last_arrivals']} of {r['collectives']} {r['phase']} collectives "
+            f"({_pct(r['share'])}), on average {_us(r['mean_delay_ns'])} after the next-latest rank; the other "
+            f"ranks wait {_us(wait)} per cycle in {r['phase']}'s collectives")})
+    return out
+
+
+def _idle(ctx: Context) -> list[dict]:
+    p = ctx.phases.filter(pl.col("idle_ns") > 0)
+    out = []
+    for (name,), grp in p.group_by("phase", maintain_order=True):
+        share = float(grp["idle_ns"].sum() / grp["span_ns"].sum())
+        if share < IDLE_SHARE:
+            continue
+        o = _over_ranks(_per_cycle(ctx, grp, "idle_ns"), "per")
+        out.append({"phase": name, "rank": o["rank"], "worst": o["worst"], "impact_ns": o["mean"], "evidence": (
+            f"{name}: the GPU is idle {_us(o['mean'])} per cycle between {name}'s own operations = {_pct(share)} "
+            f"of its span ({_ranks_txt(o)})")})
+    return out
+
+
+def _stalls(ctx: Context) -> list[dict]:
+    st = ctx.info.get("stalls") or []
+    if not st or not ctx.info.get("steady"):
+        return []
+    excess = sum(s["excess_ns"] for s in st)
+    per = excess / max(ctx.info["steady"], 1)
+    kept = ctx.info["how"] != "detected"
+    worst = max(st, key=lambda s: s["period_ns"])
+    return [{"phase": None, "rank": None, "impact_ns": per, "evidence": (
+        f"{len(st)} cycle(s) took longer than {_us(ctx.info['limit_ns'])} (median period "
+        f"{_us(ctx.info['median_ns'])}), the worst cycle {worst['n']} at {_us(worst['period_ns'])}; together "
+        f"{_us(excess)} more than median cycles, {_us(per)} per steady cycle"
+        + (" (kept in the numbers: you chose the cycles)" if kept else " (left out of the numbers above)"))}]
+
+
+def _whatif(ctx: Context) -> list[dict]:
+    m = ctx.model
+    if m is None:
+        return []
+    best = m.best()
+    now = m.predict(m.steps_now)
+    if best is None or best["steps"] == m.steps_now or not now["tokens_per_s"]:
+        return []
+    gain = best["tokens_per_s"] / now["tokens_per_s"] - 1
+    if gain < GAIN:
+        return []
+    return [{"phase": None, "rank": None, "impact_ns": gain * ctx.period_ns, "steps": best["steps"], "evidence": (
+        f"the what-if model predicts {best['tokens_per_s']:,.0f} tokens/s at {best['steps']} draft steps against "
+        f"{now['tokens_per_s']:,.0f} at the current {m.steps_now} (+{_pct(gain)}; acceptance α = {m.alpha:.2f} "
+        "fitted on this trace, model assumptions in `spectrace whatif`)")}]
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("GAP_HOST_BOUND", "GPU idle between cycles, the next cycle launched late by the CPU",
+         "Cut the CPU work between decode iterations: scheduler bookkeeping, sampling, `.tolist()`/`.item()` "
+         "syncs, logging, Python overhead; keep SGLang's overlap scheduler on; check the CUDA-graph launch "
+         "latency. `nsys profile -s cpu` shows where the host thread is.",
+         lambda c: [h for h in _gap(c) if h.pop("host_bound")]),
+    Rule("GAP_GPU_BOUND", "GPU idle between cycles although the next cycle was already launched",
+         "The next cycle waits on something on the GPU side: a device sync, an event wait or a copy before its "
+         "first kernel; look at the first API calls of a cycle in the nsys timeline.",
+         lambda c: [h for h in _gap(c) if not h.pop("host_bound")]),
+    Rule("SEAM_HOST_BOUND", "GPU idle between two phases of a cycle, the next phase launched late by the CPU",
+         "Move host work out of the transition (syncs, allocations, Python between the two launches) or capture "
+         "both phases in one CUDA graph.", lambda c: _seam(c, blocked=False)),
+    Rule("SEAM_BLOCKED_LAUNCH", "GPU idle between two phases although the next was launched in time",
+         "A blocked launch or a queued dependency: a synchronous call, an event wait, a full launch queue; "
+         "node-level CUDA-graph tracing also blocks graph launches (compare with a graph-level capture).",
+         lambda c: _seam(c, blocked=True)),
+    Rule("COMM_SHARE", "communication share of a phase's GPU span",
+         "For small all-reduces try NCCL_PROTO=LL or LL128 and NCCL_ALGO (measure with `spectrace compare`), "
+         "SGLang's custom all-reduce (do not pass --disable-custom-all-reduce; needs NVLink/P2P), NVLS or "
+         "symmetric-memory all-reduce on NVSwitch, or a smaller TP size for this model.", _comm),
+    Rule("STRAGGLER_RANK", "one rank arriving last at a phase's collectives while the others wait",
+         "Find what delays that rank before the phase: its host thread (CPU affinity / NUMA binding, a busy "
+         "core, GC), an extra sync or print on that rank only, a slower or throttled GPU (`nvidia-smi -q -d "
+         "CLOCK,PERFORMANCE`), uneven work across ranks.", _straggler),
+    Rule("PHASE_IDLE", "GPU idle between a phase's own operations",
+         "The GPU waits for launches inside the phase: eager kernel launches, host syncs (`.item()`, DtoH "
+         "copies), allocations; capture the phase in a CUDA graph or remove the syncs.", _idle),
+    Rule("STALLS", "cycles much slower than the median (stalls in time)",
+         "Intermittent host stalls: Python GC (`gc.freeze()` after warm-up), logging, the scheduler's periodic "
+         "work, other processes on the cores, CPU frequency; line the stalled cycles' times up with a CPU-sampled "
+         "capture.", _stalls),
+    Rule("WHATIF_STEPS", "a draft-step count the what-if model predicts to be faster",
+         "Try --speculative-num-steps at the predicted count (for top-k 1, --speculative-num-draft-tokens = "
+         "steps + 1) and measure it against this run with `spectrace compare`.", _whatif),
+)
+
+
+def severity(share: float) -> str:
+    return "high" if share >= HIGH else "medium" if share >= MEDIUM else "low"
+
+
+def context(res, model=None) -> Context:
+    """The rules' inputs for one analysed trace (``model``: a fitted what-if model, else one is tried)."""
+    if model is None:
+        from . import whatif
+
+        try:
+            model = whatif.fit(res)
+        except InputError:
+            model = None
+    ncyc = headline.cycles_per_rank(res).rename({"cycles": "ncyc"})
+    return Context(res=res, period_ns=float(summary(res).period_ns or 0.0), budget=headline.budget(res),
+                   phases=headline.phases(res), seams=launch_timing(res), stragglers=headline.stragglers(res),
+                   info=selection(res), model=model, cycles=ncyc,
+                   untrusted=set(headline.matching(res).filter(~pl.col("trusted"))["phase"].to_list()))
+
+
+def find(res, model=None) -> list[dict]:
+    """Ranked findings: ``{code, severity, phase, rank, evidence, action, impact_ns, share, rank_is}``, biggest
+    first (``rank_is``: ``worst`` when the finding holds on several ranks and ``rank`` has the most of it,
+    ``only`` when it is about that rank alone; ``rank`` is None when all ranks are about the same)."""
+    ctx = context(res, model)
+    if not ctx.period_ns:
+        return []
+    out = []
+    for rule in RULES:
+        for hit in rule.check(ctx):
+            share = hit["impact_ns"] / ctx.period_ns
+            if share < FLOOR:
+                continue
+            out.append({"code": rule.code, "severity": severity(share), "phase": hit.get("phase"),
+                        "rank": hit.get("rank"), "evidence": hit["evidence"], "action": rule.action,
+                        "impact_ns": hit["impact_ns"], "share": share,
+                        "rank_is": "worst" if hit.get("worst") else "only" if hit.get("rank") is not None
+                        else None})
+    return sorted(out, key=lambda f: -f["impact_ns"])

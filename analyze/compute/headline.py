@@ -1,0 +1,337 @@
+"""The headline numbers: a Result's tables over its steady-state cycles only, and the cycle budget.
+
+The Result's own ``phases``, ``ranges`` and ``seams`` count everything captured (they equal NVIDIA's
+``nsys stats`` projections); the functions here recompute them over the steady state chosen by
+:func:`analyze.compute.tokens.cycles` (warm-up and stalls left out, or the user's ``--skip-cycles`` /
+``--window``). An instance counts when its outermost selected range is a steady cycle, or, outside any
+cycle (prefill, unknown ranges), when it starts between the first and the last steady cycle of its rank.
+
+**Cycle budget** (:func:`budget`): per rank, the mean steady cycle cut into consecutive pieces on the
+GPU clock that add up to the cycle period exactly: each phase inside the cycle (first → last GPU op of
+what it launched), each seam between consecutive phases (last op of one → first op of the next;
+negative when they overlap), the cycle's head and tail (cycle's first op → first phase, last phase →
+cycle's last op) and the gap between cycles (cycle's last op → the next cycle's first op).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from . import breakdown, collectives
+from .tokens import base_expr, cycles
+
+GAP = "between cycles"
+
+
+def _memo(res, name: str, fn):
+    key = (name, repr(sorted(res.cycle_choice.items())))
+    if key not in res.memo:
+        res.memo[key] = fn()
+    return res.memo[key]
+
+
+def _ids(inst: pl.DataFrame) -> list[str]:
+    """Columns that identify a range instance: ``range_id`` within a report (``report`` when merged)."""
+    return ["report", "range_id"] if "report" in inst.columns else ["range_id"]
+
+
+def instances(res) -> pl.DataFrame:
+    """``res.instances`` with ``steady`` (bool) and ``top`` (the range_id of its outermost selected range)."""
+    return _memo(res, "instances", lambda: _instances(res))
+
+
+def _instances(res) -> pl.DataFrame:
+    inst = res.instances
+    ids = _ids(inst)
+    rep = ids[:-1]
+    # Outermost ancestor: one join per nesting level (a handful), never a loop over instances.
+    cur = inst.select(*ids, top=pl.col("range_id"), up=pl.col("parent"))
+    up = inst.select(*rep, up="range_id", _up2="parent")
+    for _ in range(64):
+        if cur["up"].null_count() == cur.height:
+            break
+        cur = (cur.join(up, on=[*rep, "up"], how="left")
+               .with_columns(top=pl.coalesce("up", "top"), up=pl.col("_up2")).drop("_up2"))
+    inst = inst.join(cur.select(*ids, "top"), on=ids, how="left", maintain_order="left")
+    cyc = cycles(res)
+    if cyc.height == 0:
+        return inst.with_columns(steady=pl.lit(True))
+    flags = cyc.select("rank", top="range_id", _cyc=pl.col("steady"))
+    env = (cyc.filter("steady").group_by("rank")
+           .agg(_a=pl.col("start").min(), _b=pl.col("end").max()))
+    tops = inst.select("rank", *rep, top="range_id", _tstart="start")
+    inst = (inst.join(flags, on=["rank", "top"], how="left", maintain_order="left")
+            .join(tops, on=["rank", *rep, "top"], how="left", maintain_order="left")
+            .join(env, on="rank", how="left", maintain_order="left")
+            .with_columns(_has=pl.col("rank").is_in(cyc["rank"].unique().implode())))
+    inside = (pl.col("_tstart") >= pl.col("_a")) & (pl.col("_tstart") <= pl.col("_b"))
+    steady = (pl.when(pl.col("_cyc").is_not_null()).then(pl.col("_cyc"))
+              .when(pl.col("rank").is_null() | ~pl.col("_has")).then(True)
+              .otherwise(inside.fill_null(False)))
+    return inst.with_columns(steady=steady).drop("_cyc", "_tstart", "_a", "_b", "_has")
+
+
+def keys(res) -> pl.DataFrame:
+    """``rank, range_id`` of the steady instances with GPU work (ranks are unique across merged reports)."""
+    return _memo(res, "keys", lambda: instances(res).filter(pl.col("steady") & pl.col("rank").is_not_null())
+                 .select("rank", "range_id"))
+
+
+def matched(res) -> pl.DataFrame:
+    """The matched collectives (:func:`analyze.compute.collectives.match`) of steady phase instances."""
+    def run():
+        k = res.comm_kernels
+        if k.height == 0:
+            return collectives.match(collectives.with_group_ids(k))
+        m = collectives.match(collectives.with_group_ids(k))
+        return m.join(keys(res), on=["rank", "range_id"], how="semi")
+    return _memo(res, "matched", run)
+
+
+def phases(res) -> pl.DataFrame:
+    """Per rank and phase over the steady state: sums, per-instance mean/p50/p90, the comm wait/transfer split."""
+    def run():
+        p = breakdown.phases(instances(res).filter("steady"))
+        split = collectives.phase_split(matched(res)) if res.comm_kernels.height else None
+        if split is None or split.height == 0:
+            return p.with_columns(pl.lit(0, pl.Int64).alias(c) for c in collectives.SPLIT)
+        return p.join(split, on=["rank", "domain", "phase"], how="left", maintain_order="left").with_columns(
+            pl.col(*collectives.SPLIT).fill_null(0).cast(pl.Int64))
+    return _memo(res, "phases", run)
+
+
+def phases_all(res) -> pl.DataFrame:
+    """Per phase over all ranks' steady instances: sums and per-instance mean/p50/p90 (``ranks`` = ranks with it)."""
+    def run():
+        inst = instances(res).filter("steady")
+        p = breakdown.phases(inst, by=())
+        n = inst.filter(pl.col("x_ops") > 0).group_by("domain", range="range").agg(ranks=pl.col("rank").n_unique())
+        return p.join(n.rename({"range": "phase"}), on=["domain", "phase"], how="left")
+    return _memo(res, "phases_all", run)
+
+
+def seam_instances(res) -> pl.DataFrame:
+    """Seam instances whose both sides are steady."""
+    def run():
+        s = res.seam_instances
+        if s.height == 0:
+            return s
+        k = keys(res)
+        return (s.join(k, on=["rank", "range_id"], how="semi")
+                .join(k.rename({"range_id": "prev_range_id"}), on=["rank", "prev_range_id"], how="semi"))
+    return _memo(res, "seam_instances", run)
+
+
+def seams(res) -> pl.DataFrame:
+    """Seams per rank over the steady state (as :func:`analyze.compute.breakdown.seams`)."""
+    def run():
+        s = seam_instances(res)
+        if s.height == 0:
+            return res.seams.head(0)
+        return breakdown.seams(s, res.instances)
+    return _memo(res, "seams", run)
+
+
+def seams_all(res) -> pl.DataFrame:
+    """Seams over all ranks, steady state: sums and per-instance idle mean/p50/p90."""
+    def run():
+        s = seam_instances(res)
+        if s.height == 0:
+            return pl.DataFrame()
+        parents = res.instances.filter(pl.col("rank").is_not_null()).select("rank", parent="range_id",
+                                                                            parent_range="range")
+        return (s.join(parents, on=["rank", "parent"], how="left")
+                .group_by(parent="parent_range", **{"from": "prev_range"}, to="range")
+                .agg(pl.col("rank").n_unique().alias("ranks"), pl.len().alias("instances"),
+                     *[pl.col(c).sum() for c in ("gap_ns", "idle_ns", "busy_ns", "overlap_ns")],
+                     *breakdown.spread("idle_ns", "idle"))
+                .sort("idle_ns", "from", "to", descending=[True, False, False]))
+    return _memo(res, "seams_all", run)
+
+
+def matching(res) -> pl.DataFrame:
+    """Per phase: ``collectives`` matched and the p50 spread of their end times across ranks (``end_spread_p50_ns``);
+    ``trusted`` when it is within :data:`analyze.compute.collectives.END_SPREAD_WARN_NS` (collectives of one job
+    end together; far more means instances were paired wrongly, and wait/straggler numbers are not shown)."""
+    def run():
+        m = matched(res)
+        if m.height == 0:
+            return pl.DataFrame(schema={"phase": pl.String, "collectives": pl.UInt32, "end_spread_p50_ns": pl.Int64,
+                                        "trusted": pl.Boolean})
+        per = collectives.per_collective(m)
+        return (per.group_by("phase").agg(collectives=pl.len(),
+                                          end_spread_p50_ns=pl.col("end_spread_ns").quantile(0.5, "nearest"))
+                .with_columns(trusted=pl.col("end_spread_p50_ns") <= collectives.END_SPREAD_WARN_NS).sort("phase"))
+    return _memo(res, "matching", run)
+
+
+def stragglers(res) -> pl.DataFrame:
+    """Per phase and rank over the steady state: last arrivals at matched collectives (see collectives)."""
+    return _memo(res, "stragglers", lambda: collectives.stragglers(matched(res)) if matched(res).height
+                 else pl.DataFrame())
+
+
+def ranges(res) -> pl.DataFrame:
+    """NVIDIA-style inclusive projections (:func:`analyze.compute.breakdown.projections`) over the steady state."""
+    return _memo(res, "ranges", lambda: breakdown.projections(instances(res).filter("steady")))
+
+
+def kernels(res, top: int | None = None) -> pl.DataFrame:
+    """GPU operations per phase over the steady state, all ranks: ``phase, name, count, kernel_ns, ranks,
+    per_cycle_ns, count_per_cycle, share`` (of the phase's kernel time), biggest first; ``top`` per phase."""
+    def run():
+        k = res.kernels
+        if k is None or k.height == 0:
+            return pl.DataFrame(schema={"phase": pl.String, "name": pl.String, "count": pl.Int64,
+                                        "kernel_ns": pl.Int64, "ranks": pl.UInt32})
+        names = res.instances.filter(pl.col("rank").is_not_null()).select("rank", "range_id", phase="range")
+        return (k.join(keys(res), on=["rank", "range_id"], how="semi").join(names, on=["rank", "range_id"])
+                .group_by("phase", "name").agg(pl.col("count").sum(), pl.col("kernel_ns").sum(),
+                                               ranks=pl.col("rank").n_unique()))
+    k = _memo(res, "kernels", run)
+    n = max(steady_cycles(res), 1)
+    k = k.with_columns(per_cycle_ns=pl.col("kernel_ns") / n, count_per_cycle=pl.col("count") / n,
+                       share=pl.col("kernel_ns") / pl.col("kernel_ns").sum().over("phase"))
+    k = k.sort("phase", "kernel_ns", "name", descending=[False, True, False])
+    return k.group_by("phase", maintain_order=True).head(top) if top else k
+
+
+def cycles_per_rank(res) -> pl.DataFrame:
+    """``rank, cycles``: steady cycles of the trace's cycle kind on each rank (the divisor of per-cycle numbers)."""
+    def run():
+        c = cycles(res)
+        if c.height == 0:
+            return pl.DataFrame(schema={"rank": pl.Int64, "cycles": pl.UInt32})
+        main = c["kind"].mode().sort()[0]
+        return c.filter(pl.col("steady") & (pl.col("kind") == main)).group_by("rank").agg(cycles=pl.len()).sort("rank")
+    return _memo(res, "cycles_per_rank", run)
+
+
+def steady_cycles(res) -> int:
+    """Steady cycles of the trace's cycle kind, summed over ranks."""
+    return int(cycles_per_rank(res)["cycles"].sum())
+
+
+def budget(res) -> pl.DataFrame:
+    """Per rank and piece of the mean steady cycle (module docstring): ``rank, segment, kind, order, ns, share,
+    compute_ns, comm_ns, idle_ns, gpu_idle_ns, cycles``; a rank's ``ns`` add up to its mean cycle period."""
+    return _memo(res, "budget", lambda: _budget(res))
+
+
+def _budget(res) -> pl.DataFrame:
+    empty = pl.DataFrame(schema={"rank": pl.Int64, "segment": pl.String, "kind": pl.String, "order": pl.Float64,
+                                 "ns": pl.Float64, "share": pl.Float64, "compute_ns": pl.Float64,
+                                 "comm_ns": pl.Float64, "idle_ns": pl.Float64, "gpu_idle_ns": pl.Float64,
+                                 "cycles": pl.UInt32})
+    c = cycles(res)
+    if c.height == 0:
+        return empty
+    main = c["kind"].mode().sort()[0]
+    cyc = c.filter(pl.col("steady") & (pl.col("kind") == main) & pl.col("period_ns").is_not_null()).select(
+        "rank", cid="range_id", crange="range", c0="i_first", c1="i_last", period="period_ns")
+    if cyc.height == 0:
+        return empty
+    inst = res.instances.filter((pl.col("i_ops") > 0) & pl.col("rank").is_not_null())
+    kids = (inst.join(cyc.select("rank", parent="cid"), on=["rank", "parent"], how="semi")
+            .select("rank", "range_id", cid="parent", name="range", start="start", a="i_first", b="i_last",
+                    compute=pl.col("i_busy_ns") - pl.col("i_comm_ns"), comm="i_comm_ns", idle="i_idle_ns",
+                    gidle="i_gpu_idle_ns"))
+    # A cycle without child phases is one piece: itself (a baseline decode step).
+    alone = (cyc.join(kids.select("rank", "cid").unique(), on=["rank", "cid"], how="anti")
+             .join(inst.select("rank", cid="range_id", start="start", compute=pl.col("i_busy_ns") - pl.col("i_comm_ns"),
+                               comm="i_comm_ns", idle="i_idle_ns", gidle="i_gpu_idle_ns"), on=["rank", "cid"])
+             .select("rank", range_id="cid", cid="cid", name="crange", start="start", a="c0", b="c1",
+                     compute="compute", comm="comm", idle="idle", gidle="gidle"))
+    kids = pl.concat([kids, alone], how="vertical_relaxed").sort("rank", "cid", "start")
+    kids = kids.with_columns(pos=pl.int_range(pl.len()).over("rank", "cid"),
+                             n_kids=pl.len().over("rank", "cid"))
+    ph = kids.select("rank", "cid", segment="name", kind=pl.lit("phase"), order=2.0 * pl.col("pos"),
+                     ns=(pl.col("b") - pl.col("a")).cast(pl.Float64), compute_ns="compute", comm_ns="comm",
+                     idle_ns="idle", gpu_idle_ns="gidle")
+    # Seams between consecutive children: b(next) − a(last of previous), signed, so pieces telescope.
+    nxt = kids.with_columns(prev_name=pl.col("name").shift(1).over("rank", "cid"),
+                            prev_b=pl.col("b").shift(1).over("rank", "cid")).filter(pl.col("prev_b").is_not_null())
+    si = res.seam_instances
+    idle_of = (si.select("rank", "range_id", sidle="idle_ns") if si.height else
+               pl.DataFrame(schema={"rank": pl.Int64, "range_id": pl.Int64, "sidle": pl.Int64}))
+    sm = (nxt.join(idle_of, on=["rank", "range_id"], how="left")
+          .select("rank", "cid", segment=pl.format("{} → {}", "prev_name", "name"), kind=pl.lit("seam"),
+                  order=2.0 * pl.col("pos") - 1, ns=(pl.col("a") - pl.col("prev_b")).cast(pl.Float64),
+                  compute_ns=pl.lit(None, pl.Float64), comm_ns=pl.lit(None, pl.Float64),
+                  idle_ns=(pl.col("a") - pl.col("prev_b")).clip(lower_bound=0).cast(pl.Float64),
+                  gpu_idle_ns=pl.col("sidle").cast(pl.Float64)))
+    ends = kids.group_by("rank", "cid").agg(first_a=pl.col("a").first(), last_b=pl.col("b").last(),
+                                            first=pl.col("name").first(), last=pl.col("name").last())
+    cc = cyc.join(ends, on=["rank", "cid"])
+    top_idle = (si.filter(pl.col("parent").is_null()).select("rank", cid="prev_range_id", gidle="idle_ns")
+                if si.height else pl.DataFrame(schema={"rank": pl.Int64, "cid": pl.Int64, "gidle": pl.Int64}))
+    cc = cc.join(top_idle, on=["rank", "cid"], how="left")
+    none = pl.lit(None, pl.Float64)
+    head = cc.select("rank", "cid", segment=pl.format("cycle start → {}", "first"), kind=pl.lit("head"),
+                     order=pl.lit(-1.0), ns=(pl.col("first_a") - pl.col("c0")).cast(pl.Float64), compute_ns=none,
+                     comm_ns=none, idle_ns=none, gpu_idle_ns=none)
+    tail = cc.select("rank", "cid", segment=pl.format("{} → cycle end", "last"), kind=pl.lit("tail"),
+                     order=pl.lit(1e6), ns=(pl.col("c1") - pl.col("last_b")).cast(pl.Float64), compute_ns=none,
+                     comm_ns=none, idle_ns=none, gpu_idle_ns=none)
+    gap = cc.select("rank", "cid", segment=pl.lit(GAP), kind=pl.lit("gap"), order=pl.lit(1e6 + 1),
+                    ns=(pl.col("period") - (pl.col("c1") - pl.col("c0"))).cast(pl.Float64), compute_ns=none,
+                    comm_ns=none, idle_ns=(pl.col("period") - (pl.col("c1") - pl.col("c0"))).cast(pl.Float64),
+                    gpu_idle_ns=pl.col("gidle").cast(pl.Float64))
+    pieces = pl.concat([head, ph, sm, tail, gap], how="vertical_relaxed")
+    n = cyc.group_by("rank").agg(cycles=pl.len(), period=pl.col("period").mean())
+    out = (pieces.group_by("rank", "segment", "kind")
+           .agg(order=pl.col("order").mean(), ns=pl.col("ns").sum(), compute_ns=pl.col("compute_ns").sum(),
+                comm_ns=pl.col("comm_ns").sum(), idle_ns=pl.col("idle_ns").sum(),
+                gpu_idle_ns=pl.col("gpu_idle_ns").sum(), _cmp=pl.col("compute_ns").is_not_null().any(),
+                _gi=pl.col("gpu_idle_ns").is_not_null().any(), _id=pl.col("idle_ns").is_not_null().any())
+           .join(n, on="rank")
+           .with_columns(pl.col("ns", "compute_ns", "comm_ns", "idle_ns", "gpu_idle_ns") / pl.col("cycles"))
+           .with_columns(compute_ns=pl.when("_cmp").then("compute_ns"), comm_ns=pl.when("_cmp").then("comm_ns"),
+                         idle_ns=pl.when("_id").then("idle_ns"), gpu_idle_ns=pl.when("_gi").then("gpu_idle_ns"),
+                         share=pl.col("ns") / pl.col("period"))
+           .filter((pl.col("ns") != 0) | (pl.col("kind") == "phase"))
+           .sort("rank", "order", "segment")
+           .select("rank", "segment", "kind", "order", "ns", "share", "compute_ns", "comm_ns", "idle_ns",
+                   "gpu_idle_ns", "cycles"))
+    return out
+
+
+def cycle_values(res) -> pl.DataFrame:
+    """Per steady cycle (``key``, its identity across ranks) and rank: its period and tokens, and per phase
+    (base name, the instances under that cycle) and per seam the span split ``compute, comm, idle``.
+
+    Long format: ``rank, key, kind ("phase"|"seam"), name, ns, compute_ns, comm_ns, idle_ns``; the
+    ``period``/``tokens`` of each cycle in rows of kind ``cycle``.
+    """
+    def run():
+        c = cycles(res)
+        if c.height == 0:
+            return pl.DataFrame(schema={"rank": pl.Int64, "key": pl.Int64, "kind": pl.String, "name": pl.String,
+                                        "ns": pl.Float64, "compute_ns": pl.Float64, "comm_ns": pl.Float64,
+                                        "idle_ns": pl.Float64, "tokens": pl.Float64})
+        main = c["kind"].mode().sort()[0]
+        cyc = c.filter(pl.col("steady") & (pl.col("kind") == main)).select("rank", "key", top="range_id",
+                                                                             period="period_ns", tok="tokens")
+        inst = instances(res).filter((pl.col("x_ops") > 0) & pl.col("steady"))
+        ph = (inst.join(cyc.select("rank", "top", "key"), on=["rank", "top"])
+              .with_columns(name=base_expr())
+              .group_by("rank", "key", "name")
+              .agg(ns=pl.col("x_span_ns").sum(), compute_ns=pl.col("x_compute_ns").sum(),
+                   comm_ns=pl.col("x_comm_ns").sum(), idle_ns=pl.col("x_idle_ns").sum())
+              .with_columns(kind=pl.lit("phase")))
+        si = seam_instances(res)
+        parts = [ph]
+        if si.height:
+            tops = instances(res).select("rank", "range_id", "top")
+            s = (si.join(tops, on=["rank", "range_id"]).join(cyc.select("rank", "top", "key"), on=["rank", "top"])
+                 .with_columns(f=base_expr("prev_range"), t=base_expr("range"))
+                 .with_columns(name=pl.format("seam:{}→{}", "f", "t"))
+                 .group_by("rank", "key", "name").agg(ns=pl.col("idle_ns").sum(), idle_ns=pl.col("idle_ns").sum())
+                 .with_columns(kind=pl.lit("seam"), compute_ns=pl.lit(0), comm_ns=pl.lit(0)))
+            parts.append(s)
+        per = cyc.select("rank", "key", kind=pl.lit("cycle"), name=pl.lit("period"), ns="period",
+                         tokens=pl.col("tok").cast(pl.Float64))
+        parts.append(per)
+        return pl.concat(parts, how="diagonal_relaxed").with_columns(
+            pl.col("ns", "compute_ns", "comm_ns", "idle_ns").cast(pl.Float64))
+    return _memo(res, "cycle_values", run)

@@ -1,0 +1,51 @@
+"""compare on a real TP2 pair that differs only in NCCL_PROTO (Simple → LL), captured by
+tests/device/issue14_nccl.sh: the verify change is attributed to communication.
+
+Looks for ``tp2_nccl_simple`` / ``tp2_nccl_ll`` as ``tests/data/h200_tp2/NAME.sqlite.xz`` or in the shared traces
+(``NAME.sqlite``); skipped until they exist. Ground truth: the change in the NCCL kernels' summed time per steady
+cycle in verify (from the kernel table, independent of the interval unions behind ``comm_ns``).
+"""
+
+from __future__ import annotations
+
+import lzma
+import shutil
+from pathlib import Path
+
+import polars as pl
+import pytest
+from paths import TRACES
+
+from analyze import analyze
+from analyze.compute import headline
+from analyze.compute.compare import compare
+
+DATA = Path(__file__).parent / "data" / "h200_tp2"
+
+
+def capture(name: str, tmp: Path) -> Path:
+    if (TRACES / f"{name}.sqlite").exists():
+        return TRACES / f"{name}.sqlite"
+    xz = DATA / f"{name}.sqlite.xz"
+    if not xz.exists():
+        pytest.skip(f"{name}: run tests/device/issue14_nccl.sh on 2 GPUs and put its output in {DATA}")
+    out = tmp / f"{name}.sqlite"
+    with lzma.open(xz) as f, open(out, "wb") as g:
+        shutil.copyfileobj(f, g)
+    return out
+
+
+def nccl_per_cycle(res, phase: str) -> float:
+    k = headline.kernels(res).filter(pl.col("phase").str.ends_with(phase) & pl.col("name").str.starts_with("nccl"))
+    return float(k["per_cycle_ns"].sum())
+
+
+def test_simple_to_ll_is_communication(tmp_path):
+    a = analyze(capture("tp2_nccl_simple", tmp_path))
+    b = analyze(capture("tp2_nccl_ll", tmp_path))
+    doc = compare(a, b)
+    v = next(r for r in doc["rows"] if r["phase"] == "verify")
+    truth = nccl_per_cycle(b, "verify") - nccl_per_cycle(a, "verify")
+    assert v["delta_comm_ns"] == pytest.approx(truth, rel=0.05)
+    assert abs(v["delta_compute_ns"]) <= 0.05 * abs(v["delta_ns"])  # the compute did not change
+    assert v["significant"]

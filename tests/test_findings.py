@@ -1,0 +1,124 @@
+"""Findings on hand-computed synthetic traces (tests/eagle_synth.py): each rule's hit, impact and rank."""
+
+from __future__ import annotations
+
+import eagle_synth as es
+import pytest
+
+from analyze import analyze
+from analyze.compute import findings
+from analyze.compute.whatif import fit
+
+PERIODS = [30_000, 20_000] + [10_000] * 5 + [25_000] + [10_000] * 3
+STARTS = [10_000 + sum(PERIODS[:i]) for i in range(12)]
+STEADY = [2, 3, 4, 5, 6, 8, 9, 10, 11]
+TOKENS = [es.ACCEPT[i % 4] + es.BATCH for i in range(12)]
+
+
+def by_code(found):
+    out: dict = {}
+    for f in found:
+        out.setdefault(f["code"], []).append(f)
+    return out
+
+
+@pytest.fixture(scope="module")
+def res(tmp_path_factory):
+    return analyze(es.eagle(tmp_path_factory.mktemp("fd") / "w.sqlite", cycles=12, starts=STARTS))
+
+
+def test_rules_on_the_synthetic_cycle(res):
+    found = findings.find(res)
+    f = by_code(found)
+    # gap between cycles: last op at +7100, next cycle's first at +10 000 → 3900 of 10 000 ns; the next cycle's
+    # first launch call (+200) comes after the last op: host-bound; the same on both ranks
+    gap = f["GAP_HOST_BOUND"][0]
+    assert (gap["impact_ns"], gap["severity"], gap["rank"], gap["phase"]) == (3_900, "high", None, None)
+    assert "GAP_GPU_BOUND" not in f
+    # seams: every next phase was launched (API at +1100/+2100/+3100) before the earlier one's GPU work ended,
+    # so the GPU-side wait is "blocked": draft→verify 2500 − (1600 + w): 400 (rank 0), 800 (rank 1)
+    seams = {x["phase"]: x for x in f["SEAM_BLOCKED_LAUNCH"]}
+    dv = seams["draft → verify"]
+    assert (dv["impact_ns"], dv["rank"], dv["rank_is"], dv["severity"]) == (600, 1, "worst", "medium")
+    ext = sum(100 + 25 * TOKENS[i] for i in STEADY) / len(STEADY)  # draft_extend span over the steady cycles
+    assert seams["draft_extend → host_overhead"]["impact_ns"] == pytest.approx(1_400 - ext)
+    assert seams["verify → draft_extend"]["impact_ns"] == 100 and "SEAM_HOST_BOUND" not in f
+    # draft: comm 500 + 100 of span 1100 + 700 (33 %); no wait (both ranks start together): impact = transfer
+    c = f["COMM_SHARE"][0]
+    assert (c["phase"], c["impact_ns"], c["severity"]) == ("draft", 300, "medium")
+    # one stall of 25 000 against a median of 10 000: 15 000 over 9 steady cycles
+    assert f["STALLS"][0]["impact_ns"] == pytest.approx(15_000 / 9)
+    assert "STRAGGLER_RANK" not in f and "PHASE_IDLE" not in f
+    # ranked by impact, severity from the share of the 10 000 ns cycle
+    assert [x["impact_ns"] for x in found] == sorted((x["impact_ns"] for x in found), reverse=True)
+    assert all(x["share"] == pytest.approx(x["impact_ns"] / 10_000) for x in found)
+    assert all(set(x) >= {"code", "severity", "phase", "rank", "evidence", "action"} for x in found)
+    assert all(x["action"] == next(r.action for r in findings.RULES if r.code == x["code"]) for x in found)
+
+
+def test_whatif_finding_follows_the_model(res):
+    m = fit(res)
+    best, now = m.best(), m.predict(m.steps_now)
+    f = by_code(findings.find(res, m)).get("WHATIF_STEPS")
+    gain = best["tokens_per_s"] / now["tokens_per_s"] - 1
+    if best["steps"] == m.steps_now or gain < findings.GAIN:
+        assert f is None
+    else:
+        assert f[0]["impact_ns"] == pytest.approx(gain * 10_000) and f"{best['steps']} draft steps" in f[0]["evidence"]
+
+
+def test_straggler_rank(tmp_path):
+    r = analyze(es.eagle(tmp_path / "s.sqlite", cycles=8, straggler=600))
+    f = by_code(findings.find(r))
+    s = f["STRAGGLER_RANK"][0]
+    # rank 1 starts every draft all-reduce 600 ns after rank 0, which waits 600 ns per cycle
+    assert (s["rank"], s["phase"], s["impact_ns"], s["rank_is"]) == (1, "draft", 600, "only")
+    assert "8 of 8" in s["evidence"]
+
+
+def test_phase_idle_and_gpu_bound_gap(tmp_path):
+    """Idle inside a phase, and a gap between cycles whose next cycle was launched before the GPU finished."""
+    from synth import Synth
+
+    path = tmp_path / "i.sqlite"
+    s = Synth(path, duration=200_000)
+    corr = 0
+    for i in range(8):
+        b = 10_000 + 10_000 * i
+        s.range(100, 100, "cycle", b, b + 9_000)
+        s.range(100, 100, "verify", b + 100, b + 8_000)
+        # two kernels inside verify, 2000 apart (span 9200, idle 2000); the second runs past the cycle's end,
+        # until b + 10 200, after the next cycle's first launch call (b + 10 150)
+        for api, (k0, k1) in ((b + 150, (1_000, 2_500)), (b + 300, (4_500, 10_200))):
+            corr += 1
+            s.launch(100, 100, "cudaLaunchKernel_v7000", (api, api + 50), corr, [(b + k0, b + k1, "gemm")])
+    r = analyze(s.save(), ranges="cycle|verify")
+    f = by_code(findings.find(r))
+    idle = f["PHASE_IDLE"][0]
+    assert (idle["phase"], idle["impact_ns"], idle["rank"], idle["severity"]) == ("verify", 2_000, 0, "high")
+    # gap: last op at +10 200, next first at +11 000 → 800; the next cycle's first launch (+10 150) came before
+    # the last op ended → the wait is on the GPU side
+    g = f["GAP_GPU_BOUND"][0]
+    assert (g["impact_ns"], g["severity"]) == (800, "medium") and "GAP_HOST_BOUND" not in f
+
+
+def test_no_straggler_when_collectives_do_not_end_together(tmp_path):
+    """tp2_rank0_window: rank 1's window opens a cycle late, so instance k on rank 0 pairs with k on rank 1 a cycle
+    apart and rank 1 looks 2.2 ms late everywhere. The pairing is refused, not reported as a straggler."""
+    from paths import TRACES, need
+
+    from analyze.cli import main
+    from analyze.compute import headline
+
+    res = analyze(need(TRACES / "tp2_rank0_window.sqlite"))
+    m = headline.matching(res)
+    assert not m["trusted"].any() and (m["end_spread_p50_ns"] > 2_000_000).all()
+    f = by_code(findings.find(res))
+    assert "STRAGGLER_RANK" not in f
+    assert all("no wait/transfer split" in x["evidence"] for x in f["COMM_SHARE"])
+    out = tmp_path / "rep"
+    assert main(["report", str(need(TRACES / "tp2_rank0_window.sqlite")), "-o", str(out)]) == 0
+    page = (out / "index.html").read_text()
+    notes = page[page.index('<div id="comm-notes">'):]
+    assert "eagle3.draft: no wait/transfer split and no stragglers shown" in notes
+    assert "<h3>Stragglers</h3>" not in page
