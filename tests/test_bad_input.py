@@ -567,6 +567,13 @@ def make_db(where: Callable[[Env, Path], Path], fmt: str = "json") -> Callable[[
     return make
 
 
+def _rep_beside(p: Path) -> Path:
+    """``NAME.nsys-rep`` beside ``NAME.sqlite`` (what spectrace then analyses)."""
+    rep = p.with_suffix(".nsys-rep")
+    rep.write_bytes(b"\x00NSYS")
+    return rep
+
+
 def hard_link(e: Env, p: Path) -> Path:
     q = e.other("links") / "results.db"
     os.link(p, q)
@@ -725,6 +732,8 @@ CASES = [
     Case("db_hard_link_to_the_input", make_db(hard_link), says="must not be the input"),
     Case("db_symlink_to_the_input", make_db(symlink), says="must not be the input"),
     Case("db_is_the_input_wal", make_db(lambda e, p: p.with_name(p.name + "-wal")), says="must not be the input"),
+    Case("db_is_the_export_of_the_nsys_rep", lambda e: ["analyze", _rep_beside(e.copy()), "--db", e.inp / f"{NODE}.sqlite"],
+         says="must not be the input"),
     Case("report_o_is_the_input", make_report_o(lambda e, p: p), says="must not be the input"),
     Case("report_o_hard_link_to_the_input", make_report_o(hard_link), says="must not be the input"),
     # One line, exit 2, instead of a traceback.

@@ -20,10 +20,9 @@ def _same(a: Path, b: Path) -> bool:
 def refuse_input(target: str | os.PathLike, inputs, option: str) -> None:
     """Raise a one-line :class:`InputError` if writing ``target`` could write into one of ``inputs``."""
     t = Path(target)
-    for i in inputs:
-        if not isinstance(i, str | os.PathLike):
-            continue
-        src = Path(i)
+    paths = [Path(i) for i in inputs if isinstance(i, str | os.PathLike)]
+    paths += [q.with_suffix(".sqlite") for q in paths if q.suffix in (".nsys-rep", ".qdrep")]  # what is analysed
+    for src in paths:
         if not src.exists():
             continue
         inside = src.is_dir() and (t.resolve() == src.resolve() or src.resolve() in t.resolve().parents)
