@@ -421,15 +421,19 @@ def analyze_each(
     if n == 1:
         return [analyze_for_merge(p, *args) for p in paths]
     ex = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_start)
+    futures = None
     try:
         with _workers_start_deaf():
             futures = [ex.submit(_in_worker, analyze_for_merge, p, *args) for p in paths]
         return [f.result() for f in futures]
-    except BrokenProcessPool:
-        # End the other workers too: one started while the pool broke is not always ended by the pool (3.11).
+    except (BrokenProcessPool, OSError) as e:
+        if isinstance(e, OSError) and futures is not None:  # an I/O error of a report, raised in its worker
+            raise
+        # A worker died (or one broke the pool while it was being filled: "handle is closed"). End the other
+        # workers too: one started while the pool broke is not always ended by the pool (3.11).
         _signal_workers(ex, signal.SIGTERM)
-        raise InputError("a worker process analysing the reports ended abruptly (killed, or out of memory?); "
-                         "try -j 1 to analyse one report at a time", "WORKER_DIED") from None
+        raise InputError("a worker process analysing the reports ended abruptly (killed, or out of memory?) or "
+                         "could not start; try -j 1 to analyse one report at a time", "WORKER_DIED") from None
     except KeyboardInterrupt:  # pass it on, so that each worker cleans up (its cache build) before the pool ends
         _signal_workers(ex, signal.SIGINT)
         raise

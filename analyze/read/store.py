@@ -599,8 +599,8 @@ def open_store(report: str | os.PathLike, progress: bool | None = None, cache_di
     why = problem(root, key)
     if why is not None:  # not kept: a cache that does not verify is never used
         remove_tree(root)
-        raise CacheError(f"{root}: the cache does not verify right after it was built ({why}); remove the folder, "
-                         "or set SPECTRACE_CACHE_DIR to another place", "CACHE_BROKEN")
+        raise CacheError(f"{root}: the cache does not verify right after it was built ({why}), so it was removed; "
+                         "check the disk, or set SPECTRACE_CACHE_DIR to another place", "CACHE_BROKEN")
     return Store(root)
 
 
