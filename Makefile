@@ -3,10 +3,11 @@ PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 SAMPLE  ?= .cache/samples/tp1_node.sqlite
+PAIR    ?= tp1
 RANGES  ?=
 ARGS    ?=
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo demo-pair test lint bench clean
 
 $(BIN)/spectrace: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -17,6 +18,11 @@ install: $(BIN)/spectrace
 
 demo: install $(SAMPLE)
 	$(BIN)/spectrace analyze $(SAMPLE) $(if $(RANGES),--ranges '$(RANGES)') $(ARGS)
+
+# a bundled two-pass pair (PAIR_node + PAIR_graph): the analysis with the probe-effect section
+demo-pair: install
+	$(BIN)/spectrace analyze $$($(BIN)/python -m nvtx_hooks.capture.samples $(PAIR)_node) \
+	  --timing $$($(BIN)/python -m nvtx_hooks.capture.samples $(PAIR)_graph) $(ARGS)
 
 test: install
 	$(BIN)/python -m pytest -q --nbmake tests notebooks

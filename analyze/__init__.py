@@ -2,7 +2,7 @@
 
 The public API (each a thin call into the layers below; see the README, *Architecture*)::
 
-    from analyze import analyze, comm, compare, whatif, report
+    from analyze import analyze, comm, compare, whatif, report, probe_effect
     res = analyze("run.sqlite")          # a Result: res.phases, res.seams, res.instances, ...
 
 Layers, dependencies pointing down only: :mod:`analyze.cli` → :mod:`analyze.api` → ``analyze.output``
@@ -17,7 +17,7 @@ __version__ = "0.1.0"
 
 _API = {
     "analyze": "analyze.api", "comm": "analyze.api", "compare": "analyze.api", "whatif": "analyze.api",
-    "report": "analyze.api",
+    "report": "analyze.api", "probe_effect": "analyze.api",
     "Result": "analyze.model", "Trace": "analyze.model", "Diagnostic": "analyze.model", "InputError": "analyze.model",
     "CommResult": "analyze.model",
     "load": "analyze.read.export", "open_store": "analyze.read.store",

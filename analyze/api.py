@@ -60,6 +60,8 @@ def analyze(
     progress: bool | None = None,
     skip_cycles: int | None = None,
     window: str | tuple | None = None,
+    timing: Reports | None = None,
+    unprofiled_cycles_per_s: float | None = None,
 ) -> Result:
     """Per rank and phase: GPU compute, communication and idle time, seams, projections, coverage.
 
@@ -72,10 +74,19 @@ def analyze(
     ``skip_cycles``/``window``: which cycles are the steady state of the headline numbers (default: warm-up
     and stalls detected and left out; :mod:`analyze.compute.steady`); ``Result.phases`` etc. always count
     every captured instance, :mod:`analyze.compute.headline` has the steady-state tables.
+    ``timing``: a graph-level pass of the same workload (``reports`` then being the node-level pass): spans,
+    seams and cycle period from it, the split inside graphs from ``reports``, and ``Result.probe_effect``
+    (:mod:`analyze.compute.probe`; ``unprofiled_cycles_per_s``: the workload's throughput without a profiler).
     """
     from .compute import pipeline, steady
 
     choice = steady.check_choice(skip_cycles, window)
+    if timing is not None:
+        kw = dict(store=store, cache=cache, jobs=jobs, executor=executor, progress=progress, skip_cycles=skip_cycles,
+                  window=window)
+        node = analyze(reports, ranges, comm_patterns, **kw)
+        graph = analyze(timing, ranges, comm_patterns, **kw)
+        return _combined(node, graph, unprofiled_cycles_per_s)
     many, notes = _exported(_many(reports))
     if len(many) == 1 and executor is None:
         res = pipeline.analyze(many[0], ranges, comm_patterns, store=store, cache=cache, keep_ops=keep_ops,
@@ -92,6 +103,25 @@ def analyze(
 
         selection(res)  # a choice that leaves no cycle fails here, not later
     return res
+
+
+def _combined(node: Result, graph: Result, unprofiled_cycles_per_s: float | None) -> Result:
+    from .compute import probe
+
+    if unprofiled_cycles_per_s is not None and unprofiled_cycles_per_s <= 0:
+        raise InputError(f"--unprofiled-cycles-per-s must be > 0, not {unprofiled_cycles_per_s}")
+    res = probe.combine(node, graph)
+    res.probe_effect = probe.probe_effect(node, graph, unprofiled_cycles_per_s)
+    return res
+
+
+def probe_effect(node: Reports, graph: Reports, unprofiled_cycles_per_s: float | None = None, ranges: str | None = None,
+                 comm_patterns=None, **kw) -> dict:
+    """What node-level graph tracing costs: a node-level and a graph-level pass of one workload compared
+    (cycle period under each and their ratio, per-phase span and launch time, seams; how far each is from
+    the unprofiled throughput when known). The ``probe_effect`` JSON document."""
+    return analyze(node, ranges, comm_patterns, timing=graph, unprofiled_cycles_per_s=unprofiled_cycles_per_s,
+                   **kw).probe_effect
 
 
 def comm(reports: Reports, ranges: str | None = None, comm_patterns=None, **kw) -> CommResult:
@@ -116,23 +146,33 @@ def compare(a: Reports, b: Reports, ranges: str | None = None, comm_patterns=Non
 
 
 def whatif(reports: Reports, steps_now: int | None = None, baseline: Reports | None = None,
-           acceptance: float | None = None, ranges: str | None = None, comm_patterns=None, **kw):
+           acceptance: float | None = None, ranges: str | None = None, comm_patterns=None, *,
+           as_traced: bool = False, timing: Reports | None = None, unprofiled_cycles_per_s: float | None = None,
+           **kw):
     """The cost model fitted on one speculative run (:class:`analyze.compute.whatif.Model`): predictions
-    for other draft-step counts. ``baseline``: a run without speculation (calibrates verify's slope)."""
+    for other draft-step counts. ``baseline``: a run without speculation (calibrates verify's slope).
+    ``as_traced``: keep node-level graph tracing's launch cost in the prediction (default: removed).
+    ``timing``: a graph-level pass of the same run: the model is fitted on it (``Model.probe``: the probe effect)."""
     from .compute import whatif as wi
 
     if acceptance is not None and not 0 <= acceptance <= 1:
         raise InputError(f"--acceptance must be in [0, 1], not {acceptance}")
-    res = analyze(reports, ranges, comm_patterns, **kw)
+    res = analyze(reports, ranges, comm_patterns, timing=timing, unprofiled_cycles_per_s=unprofiled_cycles_per_s,
+                  **kw)
     base = analyze(baseline, ranges, comm_patterns, **kw) if baseline is not None else None
-    return wi.fit(res, steps_now, baseline=base, alpha=acceptance)
+    m = wi.fit(res, steps_now, baseline=base, alpha=acceptance, as_traced=as_traced)
+    m.probe = res.probe_effect
+    return m
 
 
 def report(reports: Reports, output: str | os.PathLike, baseline: Reports | None = None,
-           steps_now: int | None = None, ranges: str | None = None, comm_patterns=None, **kw) -> Path:
-    """Write ``output/index.html`` (tables, figures, what-if; the comparison with ``baseline``); its path."""
+           steps_now: int | None = None, ranges: str | None = None, comm_patterns=None, *,
+           timing: Reports | None = None, unprofiled_cycles_per_s: float | None = None, **kw) -> Path:
+    """Write ``output/index.html`` (tables, figures, what-if; the comparison with ``baseline``; the probe effect
+    with a graph-level ``timing`` pass); its path."""
     from .output import html
 
-    res = analyze(reports, ranges, comm_patterns, **kw)
+    res = analyze(reports, ranges, comm_patterns, timing=timing, unprofiled_cycles_per_s=unprofiled_cycles_per_s,
+                  **kw)
     base = analyze(baseline, ranges, comm_patterns, **kw) if baseline is not None else None
     return html.write_page(res, output, baseline=base, steps_now=steps_now)

@@ -65,6 +65,17 @@ def add_steady_args(p: argparse.ArgumentParser) -> None:  # noqa: F821
                         "first GPU op lies in a time range on the capture's clock (e.g. 1.5s:3s; ns, us, ms, s)")
 
 
+def add_timing_args(p: argparse.ArgumentParser) -> None:  # noqa: F821
+    """Options of the verbs that take a two-pass capture (``spectrace trace --passes graph,node``)."""
+    p.add_argument("--timing", metavar="GRAPH", nargs="+",
+                   help="a graph-level pass of the same workload (REPORT being the node-level pass): phase spans, "
+                        "seams and cycle period from it, the compute/comm/idle split inside graphs from REPORT, "
+                        "and a probe-effect section")
+    p.add_argument("--unprofiled-cycles-per-s", type=float, metavar="X",
+                   help="with --timing: the workload's throughput without a profiler, to say how far each pass is "
+                        "from it (default: the plain pass recorded beside a --passes capture)")
+
+
 def _options(a) -> dict:
     """Keyword arguments of the analysis functions from the shared options."""
     from .compute.comm_patterns import load_patterns
@@ -73,6 +84,12 @@ def _options(a) -> dict:
            "store": a.store, "cache": a.cache, "jobs": a.jobs}
     if hasattr(a, "skip_cycles"):
         out |= {"skip_cycles": a.skip_cycles, "window": a.window}
+    if getattr(a, "timing", None):
+        out |= {"timing": a.timing, "unprofiled_cycles_per_s": a.unprofiled_cycles_per_s}
+    elif getattr(a, "unprofiled_cycles_per_s", None) is not None:
+        from .model import InputError
+
+        raise InputError("--unprofiled-cycles-per-s needs --timing GRAPH (a two-pass capture)")
     return out
 
 
@@ -195,8 +212,10 @@ def run_whatif(a) -> int:
 
     if a.max_steps < 1:
         raise InputError(f"--max-steps must be >= 1, not {a.max_steps}")
-    m = whatif(a.report, a.steps_now, baseline=a.baseline, acceptance=a.acceptance, **_options(a))
-    _out(data.doc_json(to_dict(m, a.max_steps)) if a.format == "json" else text.whatif_table(m, a.max_steps))
+    m = whatif(a.report, a.steps_now, baseline=a.baseline, acceptance=a.acceptance, as_traced=a.as_traced,
+               **_options(a))
+    _out(data.doc_json(to_dict(m, a.max_steps)) if a.format == "json"
+         else text.whatif_table(m, a.max_steps, explain=a.explain))
     return 0
 
 
@@ -272,12 +291,13 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: F821
                         "(--table, default phases)")
     p.add_argument("--table", metavar="NAME",
                    help="print only this table, in the chosen format: phases, ranges, seams, ranks, coverage, "
-                        "instances (whole run); phases_steady, seams_steady, budget, kernels (top GPU operations "
-                        "per phase), cycles, findings (steady state)")
+                        "instances, host_calls (whole run); phases_steady, seams_steady, budget, kernels (top GPU "
+                        "operations per phase), cycles, findings (steady state)")
     p.add_argument("--top", type=int, default=5, metavar="N", help="with --table kernels as text: operations per "
                                                                    "phase (default 5)")
     p.add_argument("--db", metavar="RESULTS.db", help="also write every result table into this SQLite file")
     p.add_argument("-q", "--quiet", action="store_true", help="no diagnostics or progress bar on stderr")
+    add_timing_args(p)
     add_source_args(p)
     p.set_defaults(func=run_analyze)
 
@@ -306,6 +326,7 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: F821
     p.add_argument("--steps-now", type=int, metavar="N", help="draft steps of this trace (default: its manifest)")
     add_selection_args(p)
     add_steady_args(p)
+    add_timing_args(p)
     add_source_args(p)
     p.set_defaults(func=run_report)
 
@@ -329,8 +350,9 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: F821
     p.set_defaults(func=run_compare)
 
     p = sub.add_parser("whatif", help="predict cycle time and tokens/s for 1..10 draft steps from one trace",
-                       description="Fit per-phase costs on one EAGLE trace and predict other step counts "
-                                   "(assumptions: see analyze/compute/whatif.py and the README).")
+                       description="Fit per-phase costs on one EAGLE trace and predict other step counts by "
+                                   "replaying each cycle on the trace's CPU and GPU timelines (assumptions: "
+                                   "--explain, analyze/compute/whatif.py and the README).")
     p.add_argument("report", nargs="+", help=REPORTS_HELP)
     p.add_argument("--steps-now", type=int, metavar="N", help="draft steps of this trace (default: its manifest)")
     p.add_argument("--baseline", metavar="OTHER", help="a decode_step (no speculation) export: calibrates how "
@@ -341,8 +363,13 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: F821
                    help="predict 1..N draft steps (default %(default)s)")
     p.add_argument("--format", choices=("table", "json"), default="table",
                    help="table: text for people (default); json: predictions, best step count and the model")
-    add_selection_args(p)
     add_steady_args(p)
+    p.add_argument("--explain", action="store_true",
+                   help="also print the model's assumptions, with this trace's numbers (JSON: model.assumptions)")
+    p.add_argument("--as-traced", action="store_true",
+                   help="predict the traced program: keep node-level graph tracing's launch cost (default: removed)")
+    add_selection_args(p)
+    add_timing_args(p)
     add_source_args(p)
     p.set_defaults(func=run_whatif)
 

@@ -15,12 +15,16 @@ from . import __version__
 
 # Sums over ranks: the columns of each per-rank table that add up (the first one orders the rows).
 PHASE_SUMS = ("span_ns", "busy_ns", "compute_ns", "comm_ns", "idle_ns", "kernel_ns", "ops", "launches",
-              "gpu_idle_ns", "instances", "comm_wait_ns", "comm_transfer_ns")
+              "gpu_idle_ns", "instances", "comm_wait_ns", "comm_transfer_ns", "launch_api_ns", "host_wait_ns", "syncs")
 RANGE_SUMS = ("proj_span_ns", "instances", "range_instances", "ops", "launches", "busy_ns", "comm_ns", "idle_ns",
               "range_ns")
-SEAM_SUMS = ("idle_ns", "gap_ns", "busy_ns", "overlap_ns", "instances")
 MARKS_SCHEMA = {"pid": pl.Int64, "gtid": pl.Int64, "time": pl.Int64, "domain": pl.String, "mark": pl.String,
                 "uint64": pl.Int64, "int64": pl.Int64}
+# Why the GPU waited at a seam (analyze.compute.host): the next phase's first op was queued in time (gpu), its
+# launch call returned after the earlier work ended (launch), or the launch began after it (host).
+SEAM_CAUSES = ("gpu", "launch", "host")
+SEAM_SUMS = ("idle_ns", "gap_ns", "busy_ns", "overlap_ns", "instances",
+             *(f"{c}_bound_{k}" for c in SEAM_CAUSES for k in ("ns", "inst")), "launch_block_ns", "host_late_ns")
 
 
 class InputError(Exception):
@@ -97,12 +101,28 @@ class Trace:
         return None
 
 
+def bound_expr() -> pl.Expr:
+    """A seam row's dominant cause from its ``<cause>_bound_inst``/``_ns`` columns: the cause with the most
+    instances (ties: the most idle time, then the order of :data:`SEAM_CAUSES`); null when none is known."""
+    n = {c: pl.col(f"{c}_bound_inst") for c in SEAM_CAUSES}
+    t = {c: pl.col(f"{c}_bound_ns") for c in SEAM_CAUSES}
+
+    def beats(x: str, y: str) -> pl.Expr:
+        return (n[x] > n[y]) | ((n[x] == n[y]) & (t[x] >= t[y]))
+
+    g, la, h = SEAM_CAUSES
+    pick = pl.when(beats(g, la) & beats(g, h)).then(pl.lit(g)).when(beats(la, h)).then(pl.lit(la)).otherwise(pl.lit(h))
+    return pl.when(pl.max_horizontal(*n.values()) > 0).then(pick).alias("bound")
+
+
 def sum_over_ranks(per_rank: pl.DataFrame, keys: list[str], sums: tuple[str, ...]) -> pl.DataFrame:
     """Sum a per-rank table over ranks (``ranks`` = how many ranks had the row)."""
     have = [c for c in sums if c in per_rank.columns]
+    # a column null on every rank (a refused split) stays null rather than summing to 0
     return (
         per_rank.group_by(keys)
-        .agg(pl.col("rank").n_unique().alias("ranks"), *[pl.col(c).sum() for c in have])
+        .agg(pl.col("rank").n_unique().alias("ranks"),
+             *[pl.when(pl.col(c).is_not_null().any()).then(pl.col(c).sum()).alias(c) for c in have])
         .sort(have[0], *keys, descending=[True] + [False] * len(keys))
     )
 
@@ -120,6 +140,10 @@ class Result:
     range_id, name, count, kernel_ns`` (the top-kernels tables). ``cycle_choice``: which cycles are the
     steady state (``skip_cycles``/``window``; empty = detected, :mod:`analyze.compute.tokens`).
     ``memo``: results derived from this one, kept by the functions that computed them.
+    were put on one clock. ``comm_refused``: phases whose matched collectives do not end together
+    (``domain, phase, collectives, end_spread_p50_ns, bound_ns``): their ``comm_wait_ns``/``comm_transfer_ns``
+    are null. ``instances`` rows with ``left_out`` set (cut by a capture window, GPU tail lost, or without
+    a counterpart on every rank) are not in ``phases`` or ``seams``.
     """
 
     trace: Trace
@@ -141,6 +165,11 @@ class Result:
     kernels: pl.DataFrame | None = None
     cycle_choice: dict[str, Any] = field(default_factory=dict)
     memo: dict[str, Any] = field(default_factory=dict, repr=False)
+    # The key CUDA API calls of each rank (analyze.compute.host.CALL_SCHEMA): what the what-if replays.
+    host_calls: pl.DataFrame | None = field(default=None, repr=False)
+    # With a graph-level timing pass (analyze.compute.probe): what node-level tracing cost.
+    probe_effect: dict[str, Any] | None = None
+    comm_refused: pl.DataFrame = field(default_factory=pl.DataFrame)
 
     @property
     def phases_all(self) -> pl.DataFrame:
@@ -152,7 +181,8 @@ class Result:
 
     @property
     def seams_all(self) -> pl.DataFrame:
-        return sum_over_ranks(self.seams, ["parent", "from", "to"], SEAM_SUMS)
+        out = sum_over_ranks(self.seams, ["parent", "from", "to"], SEAM_SUMS)
+        return out.with_columns(bound_expr()) if "gpu_bound_inst" in out.columns else out
 
     def ops_between(self, t0: int, t1: int) -> pl.DataFrame:
         """GPU operations overlapping ``[t0, t1)`` on the result's clock: ``rank, start, end, kind, comm``."""
@@ -181,6 +211,7 @@ class Result:
             "ranges_all_ranks": self.ranges_all.to_dicts(),
             "seams": self.seams.to_dicts(),
             "seams_all_ranks": self.seams_all.to_dicts(),
+            "comm_refused": self.comm_refused.to_dicts(),
             "diagnostics": [d.as_dict() for d in self.diagnostics],
             "coverage": {
                 "gpu_ns": int(cov["gpu_ns"].sum()) if cov.height else 0,
@@ -191,6 +222,8 @@ class Result:
         if len(self.reports) > 1:
             d["reports"] = self.reports
             d["clock"] = self.clock
+        if self.probe_effect is not None:
+            d["probe_effect"] = self.probe_effect
         return d
 
 
@@ -208,6 +241,8 @@ class CommResult:
     mismatches: pl.DataFrame
     clock: dict[str, Any]
     diagnostics: list[Diagnostic] = field(default_factory=list)
+    refused: pl.DataFrame = field(default_factory=pl.DataFrame)  # phases without wait/straggler numbers, and why
+    left_out_kernels: int = 0  # kernels of instances left out by the cross-rank pairing (not matched)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document: ``collectives`` and ``stragglers`` keys as in the README."""
@@ -219,11 +254,13 @@ class CommResult:
             "clock": self.clock,
             "ranks": self.ranks.to_dicts(),
             "matching": {
-                "comm_kernels": self.kernels.height,
+                "comm_kernels": self.kernels.height + self.left_out_kernels,
                 "matched_kernels": self.matched.height,
                 "matched_collectives": n_coll,
                 "unmatched_kernels": self.kernels.height - self.matched.height,
+                "left_out_kernels": self.left_out_kernels,
             },
+            "refused": self.refused.to_dicts(),
             "collectives": self.collectives.to_dicts(),
             "stragglers": self.stragglers.to_dicts(),
             "mismatches": self.mismatches.with_columns(

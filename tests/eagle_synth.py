@@ -109,3 +109,64 @@ def baseline(path, payload: bool = True, manifest: bool = False) -> Path:
     if manifest:
         _manifest(out, {"algorithm": "none", "baseline": True, "batch": BATCH})
     return out
+
+
+def chained(path, mode: str = "Node", cycles: int = 5, steps: int = 3) -> Path:
+    """One rank whose host waits for the GPU every cycle (the embedded workload's shape), at ``steps`` draft
+    steps, traced with node-level (``mode="Node"``) or graph-level (``"Graph"``) CUDA-graph tracing.
+
+    Per cycle, ns from its base B (B += period):
+
+    - draft: cudaGraphLaunch [0, 20] → 3 nodes of 100 ns (one graph row in Graph mode) [25, 325];
+    - verify: cudaGraphLaunch [30, 30 + Lv] → 10 nodes of 100 ns (the 6th an all-reduce); Node: Lv = 400 (node tracing's
+      launch cost: the call returns 105 ns after draft ended, the verify GPU starts at 435); Graph: Lv = 20,
+      queued, the verify GPU starts at 330 (5 ns after draft);
+    - draft_extend: cudaLaunchKernel [x, x + 10] with x = Lv + 40 → op of 100 ns, 5 ns after verify;
+    - host_overhead: cudaMemcpyAsync [x + 20, x + 30] → DtoH copy of 5 ns, 5 ns after draft_extend;
+      cudaStreamSynchronize [x + 40, copy end + 10]; then 440 ns of host work before the next cycle.
+
+    Period: Node 2000 (copy ends at 1550), Graph 1895 (copy ends at 1445). Draft runs ``100 · steps`` ns.
+    """
+    path = Path(path)
+    s = Synth(path, duration=10_000_000, mode=mode)
+    s.device(0)
+    s.domain(1, 1, "spectrace", 1)
+    lv = 400 if mode == "Node" else 20
+    d = 100 * steps
+    b, corr = 1000, 0
+
+    def graph_launch(t0, t1, op0, nodes):
+        nonlocal corr
+        corr += 1
+        if mode == "Node":  # verify's 6th node is an all-reduce: 100 of its 1000 ns are communication
+            s.launch(1, 1, "cudaGraphLaunch_v10000", (t0, t1), corr,
+                     [(op0 + 100 * i, op0 + 100 * (i + 1), NCCL if (nodes, i) == (10, 5) else "gemm")
+                      for i in range(nodes)])
+        else:
+            s.api(1, 1, "cudaGraphLaunch_v10000", t0, t1, corr)
+            s.graph(1, 0, 7, corr, op0, op0 + 100 * nodes, graph_id=nodes)
+
+    for i in range(cycles):
+        v0 = max(30 + lv + 5, 25 + d + 5)
+        x = 30 + lv + 10
+        e0 = v0 + 1000 + 5
+        m0 = e0 + 100 + 5
+        sync_end = m0 + 5 + 10
+        s.range(1, 1, "cycle", b - 5, b + sync_end + 430, domain_id=1, payload=encode_payload(2, i))
+        s.range(1, 1, "draft", b - 2, b + 22, domain_id=1)
+        graph_launch(b, b + 20, b + 25, steps)
+        s.range(1, 1, "verify", b + 28, b + 30 + lv + 2, domain_id=1)
+        graph_launch(b + 30, b + 30 + lv, b + v0, 10)
+        s.range(1, 1, "draft_extend", b + x - 2, b + x + 12, domain_id=1)
+        corr += 1
+        s.launch(1, 1, "cudaLaunchKernel_v7000", (b + x, b + x + 10), corr, [(b + e0, b + e0 + 100, "gemm")])
+        s.range(1, 1, "host_overhead", b + x + 18, b + sync_end + 420, domain_id=1)
+        corr += 1
+        s.api(1, 1, "cudaMemcpyAsync_v3020", b + x + 20, b + x + 30, corr)
+        s.memcpy(1, 0, 7, corr, b + m0, b + m0 + 5, kind=2)
+        corr += 1
+        s.api(1, 1, "cudaStreamSynchronize_v3020", b + x + 40, b + sync_end, corr)
+        b += sync_end + 440
+    out = s.save()
+    _manifest(out, {"algorithm": "eagle-shaped", "steps": steps, "batch": BATCH})
+    return out

@@ -15,3 +15,21 @@ def need(path: Path) -> Path:
     if not path.exists():
         pytest.skip(f"{path} not present (the shared traces live beside the checkout)")
     return path
+
+
+TP2 = Path(__file__).parent / "data" / "h200_tp2"
+
+
+def tp2(name: str, dest: Path) -> Path:
+    """Bundled TP=2 capture ``name`` (tests/data/h200_tp2) decompressed into ``dest``, with its manifest."""
+    import lzma
+    import shutil
+
+    out = dest / f"{name}.sqlite"
+    if not out.exists():
+        with lzma.open(TP2 / f"{name}.sqlite.xz") as f, open(out, "wb") as g:
+            shutil.copyfileobj(f, g)
+        man = TP2 / f"{name}.manifest.json"
+        if man.exists():
+            shutil.copyfile(man, dest / man.name)
+    return out

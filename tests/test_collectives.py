@@ -190,17 +190,29 @@ def test_cli_json_and_table(tmp_path):
     assert "twice" in err
 
 
-def test_extra_phase_instance_on_one_rank_is_flagged(tmp_path):
-    """Rank 1 runs one more communicating draft first: instance pairing shifts, so nothing in draft matches."""
+def test_extra_phase_instance_on_one_rank_is_flagged(tmp_path, rep):
+    """Rank 1 runs one more communicating draft first, while rank 0 is already recording (both ranks' first
+    CUDA calls, at 50 and 60, come before any range, as in a real run): the instances are paired by time (rank 1's second draft is rank 0's first), so every other
+    draft collective matches as in the two-rank fixture; the extra one is named, counted in rank 1's sums,
+    and its collective has no partner."""
     s = Synth(tmp_path / "x.sqlite", duration=100_000)
     rank_rows(s, 100, 0, R0)
     rank_rows(s, 200, 1, R1)
+    s.api(100, 100, "cudaGetDevice_v3020", 50, 55, 99)
+    s.api(200, 200, "cudaGetDevice_v3020", 60, 65, 99)
     s.range(200, 200, "draft", 100, 900, domain_id=1)
     s.launch(200, 200, "cudaLaunchKernel_v7000", (200, 300), 9, [(500, 600, NCCL)], device=1)
-    rep = cross_rank([analyze(s.save())])
-    codes = {d.code: d.message for d in rep.diagnostics}
-    assert "rank 0: 2, rank 1: 3" in codes["COMM_PHASE_COUNT"]
-    # draft k=0: rank 0 has 2 kernels, rank 1 (its extra instance) 1; k=1: 1 vs 2; k=2: rank 1 only
-    assert rep.mismatches.select("phase", "k").rows() == [("draft", 0), ("draft", 1), ("draft", 2)]
+    res = analyze(s.save())
+    x = cross_rank([res])
+    codes = {d.code: d.message for d in x.diagnostics}
+    assert "rank 1: 1 instance(s) missing on another rank while it was recording: 'draft' ×1 (0.000–0.001 ms)" \
+        in codes["UNPAIRED_INSTANCES"]
+    assert "rank 1's n-th = rank 0's (n-1)-th" in codes["INSTANCE_PAIRING"]
+    # the extra instance is the first key (0); its one kernel is the only unmatched one
+    assert x.mismatches.select("phase", "k").rows() == [("draft", 0)]
     assert "phase 'draft' instance 0" in codes["COMM_MISMATCH"] and "at 0.000500 ms" in codes["COMM_MISMATCH"]
-    assert set(rep.matched["phase"].unique().to_list()) == {None, "verify"}
+    assert x.kernels.height - x.matched.height == 1 and x.left_out_kernels == 0
+    cols = ["rank", "phase", "name", "count", "duration_ns", "wait_ns", "transfer_ns", "skew_p50_ns", "skew_p99_ns"]
+    assert x.collectives.select(cols).equals(rep.collectives.select(cols))
+    assert x.stragglers.equals(rep.stragglers)
+    assert [row(res.phases, rank=r, phase="draft")["instances"] for r in (0, 1)] == [2, 3]

@@ -214,7 +214,7 @@ def test_whatif_and_plot_inputs_same_from_memory_and_store(tmp_path, name):
     sto = analyze_store(open_store(p, cache_dir=tmp_path / "c"))
     kept = analyze(p, store=False, keep_ops=True)
     fm, fs = fit(mem, 3), fit(sto, 3)  # both samples ran the workload at 3 draft steps
-    assert "verify→draft_extend" in fm.ready and fm.ready == fs.ready and fm.seam_floor == fs.seam_floor
+    assert "verify→draft_extend" in fm.seams(1) and fm.seams(1) == fs.seams(1) and fm.seams(3) == fs.seams(3)
     assert fm.predictions() == fs.predictions()
     t0 = int(mem.instances["start"].median())
     t1 = t0 + 5_000_000

@@ -187,3 +187,43 @@ def test_traced_command_gets_the_environment_unchanged_by_spectrace(tmp_path, ns
              "import polars; print(os.environ['_RJEM_MALLOC_CONF'])")
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True).stdout
     assert out.strip().endswith(preset or "dirty_decay_ms:2000,muzzy_decay_ms:0")
+
+
+def test_passes_dry_run(tmp_path, capsys):
+    assert main(["trace", "-n", "--nsys", "nsys", "--passes", "graph,node,plain", "-o", str(tmp_path / "w"),
+                 "--", "prog", "--x"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 5
+    assert "--cuda-graph-trace=graph" in out[0] and f"{tmp_path / 'w_graph.nsys-rep'}" in out[0]
+    assert "--cuda-graph-trace=node" in out[2] and f"{tmp_path / 'w_node.sqlite'}" in out[3]
+    assert out[4] == "SPECTRACE_HOOKS=1 prog --x"
+
+
+def test_passes_run_each_pass_and_keep_the_program_output(tmp_path, nsys, capfd):
+    prog = ("import json, os; print('warming up'); "
+            "print(json.dumps({'rank': 0, 'cycles_per_s': 321.5, 'hooks': os.environ.get('SPECTRACE_HOOKS')}))")
+    rc = main(["trace", "--nsys", str(nsys), "--passes", "graph,node,plain", "-o", str(tmp_path / "w"), "--",
+               sys.executable, "-c", prog])
+    assert rc == 0
+    assert capfd.readouterr().out.count("warming up") == 3  # the program's output still reaches the terminal
+    c = [x for x in calls(tmp_path) if x["kind"] == "profile"]
+    assert [next(a for a in x["argv"] if a.startswith("--cuda-graph-trace")) for x in c] == [
+        "--cuda-graph-trace=graph", "--cuda-graph-trace=node"]
+    names = {"graph": "w_graph", "node": "w_node", "plain": "w_plain"}
+    for p in ("graph", "node", "plain"):
+        m = json.loads((tmp_path / f"w_{p}.manifest.json").read_text())
+        assert m["pass"] == p and m["passes"] == names and m["exit_code"] == 0
+        assert m["program_output"] == [{"rank": 0, "cycles_per_s": 321.5, "hooks": "1"}]
+    assert (tmp_path / "w_graph.sqlite").exists() and (tmp_path / "w_node.sqlite").exists()
+    assert not (tmp_path / "w_plain.sqlite").exists()
+    assert json.loads((tmp_path / "w_plain.manifest.json").read_text())["nsys"] is None
+
+
+def test_passes_errors(tmp_path, nsys, capsys):
+    for bad in ("graph,graph", "node,eager", ","):
+        assert main(["trace", "--nsys", str(nsys), "--passes", bad, "-o", str(tmp_path / "w"), "--", "x"]) == 2
+        assert "--passes" in capsys.readouterr().err
+    rc = main(["trace", "--nsys", str(nsys), "--passes", "node,plain", "-o", str(tmp_path / "f"), "--",
+               sys.executable, "-c", "raise SystemExit(4)"])
+    assert rc == 4
+    assert json.loads((tmp_path / "f_plain.manifest.json").read_text())["exit_code"] == 4

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 
 import eagle_synth as es
+import numpy as np
+import polars as pl
 import pytest
 
 from analyze import analyze
 from analyze.cli import main
-from analyze.compute.whatif import fit, solve_alpha, validate
+from analyze.compute.whatif import Replay, fit, solve_alpha, validate
 from analyze.model import InputError
 
 
@@ -36,14 +38,17 @@ def test_alpha_and_predictions(traces):
     p1 = m.predict(1)
     tok1 = 2 * (1 + a)
     assert p1["tokens_per_cycle"] == pytest.approx(tok1)
-    # draft 700/3; verify flat; extend 225 + 25 (tok1 − 5). Seams are launch-bound: verify's first launch is
-    # 100 ns after draft's first GPU op, its smallest launch→GPU latency 1400 ns → ready 1500, seam
-    # max(400, 1500 − draft): 800 now, 1500 − 700/3 at 1 step; verify→extend: ready −400 + 3500 < 3000 → floor
-    # 100. other = 10 000 − 700 − 3000 − 225 − 800 − 100 = 5175.
-    assert m.ready["draft→verify"] == 1500 and m.seam_floor["draft→verify"] == 400
-    assert m.seams(3) == {"draft→verify": 800, "verify→draft_extend": 100}
-    assert m.other_ns == 5175
-    assert p1["cycle_ns"] == pytest.approx(700 / 3 + 3000 + 225 + 25 * (tok1 - 5) + (1500 - 700 / 3) + 100 + 5175)
+    # The replay (issue 13): every launch call of this trace is at a fixed host time (no sync), and each
+    # cycle's draft launch (B + 200, returns at B + 250) finds the GPU idle: the draft starts 750 ns after
+    # it, every cycle, so the period stays 10 000 whatever the phases cost. Inside the cycle the GPU is
+    # the bound: verify starts at draft end + 400 (rank 0) / 800 (rank 1), draft_extend 100 after verify,
+    # host_overhead 1400 − E after draft_extend (E = 150, 200, 250 in the 3 replayed cycles), at 1 step too.
+    assert p1["cycle_ns"] == pytest.approx(10_000)
+    seams = {"draft→verify": 600, "verify→draft_extend": 100, "draft_extend→host_overhead": 1200}
+    assert m.seams(3) == pytest.approx(seams) and m.seams(1) == pytest.approx(seams)
+    # seams per cycle: 500 + 1400 − E (rank 0) and 900 + 1400 − E (rank 1): median (1750 + 2050) / 2;
+    # other = 10 000 − 700 − 3000 − 225 − 1900
+    assert m.seams_total(3) == 1900 and m.other_ns == 4175
     assert m.predict(3)["cycle_ns"] == pytest.approx(10_000) and m.predict(3)["measured"]
     assert p1["tokens_per_s"] == pytest.approx(tok1 / p1["cycle_ns"] * 1e9)
 
@@ -97,3 +102,90 @@ def test_acceptance_from_v2_accept_marks(tmp_path, traces):
     ref = fit(traces[0])
     assert m.accepted_now == 1.5 and m.alpha == ref.alpha
     assert m.extend_per_token_ns == pytest.approx(25) and m.predictions() == ref.predictions()
+@pytest.fixture(scope="module")
+def chained(tmp_path_factory):
+    d = tmp_path_factory.mktemp("chain")
+    return {m: analyze(es.chained(d / f"{m}.sqlite", m)) for m in ("Node", "Graph")}
+
+
+def test_replay_moves_the_gpu_bound_chain(chained):
+    """Graph-mode trace: verify queued behind draft, the host waits for the copy in host_overhead, so a
+    shorter draft moves everything after it: 1895 − 200 ns per step fewer (eagle_synth.chained)."""
+    m = fit(chained["Graph"])
+    assert [m.cycle(s) for s in (1, 2, 3)] == [1695, 1795, 1895]
+    assert m.seams(1) == {"draft→verify": 5, "verify→draft_extend": 5, "draft_extend→host_overhead": 5}
+    assert m.launch_cut_ns == 0 and fit(chained["Graph"], as_traced=True).cycle(1) == 1695
+
+
+def test_replay_slow_launch_and_node_tracing_cost(chained):
+    """Node-mode trace of the same program: the verify launch takes 400 ns (node tracing) and returns after
+    the draft: a slow launch, not a blocked one, so as traced a shorter draft changes nothing (2000); with
+    node tracing's launch cost removed ((400 − 20) / (10 − 3) ns per node beyond the draft's 3), the
+    verify launch takes 20 ns and the model is the graph-mode program: 1895, 1795, 1695."""
+    r = chained["Node"]
+    traced = fit(r, as_traced=True)
+    assert [traced.cycle(s) for s in (1, 2, 3)] == [2000, 2000, 2000]
+    m = fit(r)
+    assert m.launch_cut_ns == pytest.approx(380 / 7) and m.launch_cut_from == 3
+    assert [m.cycle(s) for s in (1, 2, 3)] == pytest.approx([1695, 1795, 1895])
+    assert m.period_ns == 2000 and m.predict(3)["measured"]
+    assert any("the model's cycle at 3 steps" in n for n in m.notes)
+    seam = r.seams.filter(pl.col("from") == "draft").row(0, named=True)
+    assert (seam["bound"], seam["launch_block_ns"]) == ("launch", 5 * 105)
+    assert r.seams.filter(pl.col("from") == "cycle")["bound"][0] == "host"
+    g = chained["Graph"].seams.filter(pl.col("from") == "draft")["bound"][0]
+    assert g == "gpu"
+
+
+def test_explain(chained, capsys):
+    m = fit(chained["Node"])
+    text = "\n".join(m.assumptions())
+    assert "slow, not blocked" in text and "0.05 µs per graph node" in text
+    path = chained["Node"].trace.path
+    assert main(["whatif", path, "--explain"]) == 0
+    out = capsys.readouterr().out
+    assert "Assumptions" in out and "median over 4 replayed cycles" in out
+    assert main(["whatif", path, "--format", "json", "--as-traced"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["model"]["launch_cut_per_node_ns"] == 0 and doc["predictions"][0]["cycle_ns"] == 2000
+    assert doc["model"]["assumptions"]
+
+
+def test_merged_reports_replay_per_rank(tmp_path):
+    """Two reports merged (one rank each, the same range ids in both): the same model as one of them."""
+    paths = [es.chained(tmp_path / f"{n}.sqlite", "Graph") for n in ("a", "b")]
+    m = fit(analyze(paths, jobs=1))
+    assert m.cost_ns == {"draft": 300, "verify": 1000, "draft_extend": 100}
+    assert [m.cycle(s) for s in (1, 3)] == [1695, 1895] and m.replay.windows == 8
+
+
+def _one_window(wait: int, own: float = 0, rho: float = 50) -> Replay:
+    """A window of three key calls (ns): a 3-node draft graph launch [0, 20] (GPU [25, 325]); a sync
+    [100, 400] waiting for GPU work ending at 350 (= draft end + 25), either as traced (wait -1: launched
+    before the window) or on slot 0's phase; 80 ns of host time before it, in which a 10-node graph was
+    launched; the next cycle's draft launch [450, 470] (GPU at 475): period 450. The sync returns at
+    max(start + ``own``, the work's end + ``rho``)."""
+    nan = np.nan
+    cols = {"s": [0, 100, 450], "e": [20, 400, 470], "sync": [False, True, False], "has_unit": [True, False, True],
+            "code": [0, -1, 0], "lam": [5, nan, 5], "dlt": [5, nan, 5], "g": [300, nan, 300], "pred": [-1, -1, 0],
+            "a_pred": [nan, nan, nan], "wait": [-1, wait, -1], "w_off": [0, 25, 0], "w_ext": [nan, 325, nan],
+            "own": [nan, own, nan], "rho": [nan, rho, nan], "trans": [-1, -1, -1], "nodes": [3, 0, 3],
+            "graph": [True, False, True], "gap_nodes": [0, 10, 0], "gap_launches": [0, 1, 0]}
+    a = {k: np.array([v], dtype=bool if k in ("sync", "has_unit", "graph") else
+                     (np.int64 if k in ("code", "pred", "wait", "trans") else float)) for k, v in cols.items()}
+    return Replay(np.array([0]), np.array([450.0]), np.array([3]), a, [], np.zeros(0))
+
+
+def test_replay_mechanics():
+    ext, own = _one_window(-1), _one_window(0)
+    for r in (ext, own):
+        assert r.run({})[0][0] == 450  # the trace, unchanged
+    # 2 ns per node beyond 3 off the 10-node launch in the gap: the sync starts 14 ns earlier; waiting, it still
+    # returns at 400; host-bound (300 ns of its own, the work done at 350), it returns 14 ns earlier
+    assert ext.run({}, (2.0, 3))[0][0] == 450
+    host = _one_window(-1, own=300, rho=0)
+    assert host.run({})[0][0] == 450 and host.run({}, (2.0, 3))[0][0] == 436
+    # a draft 100 ns shorter: a sync waiting on work launched before the window does not move; one waiting on
+    # the draft returns 100 ns earlier, and the next cycle's launch (host-bound) with it
+    assert ext.run({"draft": -100})[0][0] == 450
+    assert own.run({"draft": -100})[0][0] == 350

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import polars as pl
 
+from ..model import bound_expr
+from . import host
 from .intervals import busy_between, busy_function, group_parts, merge, union_length
 
 METRICS = ("span_ns", "busy_ns", "compute_ns", "comm_ns", "idle_ns", "kernel_ns", "ops", "launches")
@@ -199,13 +201,16 @@ def seam_instances(inst: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:
 
 
 def seams(seam_inst: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
-    """Seams summed per rank and transition (parent, from, to)."""
+    """Seams summed per rank and transition (parent, from, to), with their causes when the instances have them
+    (:func:`analyze.compute.host.seam_causes`: ``bound`` and per-cause time)."""
     # A seam's parent runs on its thread, so in its process and rank: (rank, parent) also tells merged reports apart.
     parents = inst.filter(pl.col("rank").is_not_null()).select("rank", parent="range_id", parent_range="range")
-    return (
+    causes = host.seam_aggs() if "cause" in seam_inst.columns else []
+    out = (
         seam_inst.join(parents, on=["rank", "parent"], how="left")
         .group_by("rank", "parent_range", "prev_range", "range")
         .agg(
+            *causes,
             pl.len().alias("instances"),
             *[pl.col(c).sum() for c in ("gap_ns", "idle_ns", "busy_ns", "overlap_ns")],
             *spread("idle_ns", "idle"),
@@ -215,6 +220,10 @@ def seams(seam_inst: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
         .rename({"parent_range": "parent", "prev_range": "from", "range": "to"})
         .sort("rank", "idle_ns", "parent", "from", "to", descending=[False, True, False, False, False])
     )
+    if not causes:
+        return out
+    names = [e.meta.output_name() for e in causes]  # after the columns every seam row has
+    return out.select(pl.exclude(names), *names).with_columns(bound_expr())
 
 
 def coverage(inst: pl.DataFrame, ops: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:

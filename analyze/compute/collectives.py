@@ -4,18 +4,25 @@ Small pure functions over frames. The input is ``kernels``: one row per communic
 (comm family not null; peer-to-peer memcpy rows are left out, one rank issues them) with ``rank,
 domain, phase, range_id, start, end, corr, name, comm`` on one clock.
 
-Matching. Per rank and phase name, the phase instances that launched communication are numbered
-``k = 0, 1, ...`` by start; in instance ``k`` the ``j``-th kernel of a name (by GPU start) is one
-collective, the same on every rank: key ``(domain, phase, k, name, j)``. Kernels outside any phase
-get ``k = -1`` and are numbered per rank and name over the whole run. A group ``(domain, phase, k,
-name)`` is matched only when every participating rank (a rank with any communication kernel) has
-the same number of kernels in it; other groups are mismatches, reported with where they start.
+Matching. A phase instance's key ``k`` is the same on every rank for the same instance (the same
+cycle): :func:`analyze.compute.windows.pair` sets it from the hooks' payload cycle index or by time,
+and leaves out (``left_out``) instances cut by a rank's capture window or missing on some rank. In
+instance ``k`` the ``j``-th kernel of a name (by GPU start) is one collective, the same on every rank:
+key ``(domain, phase, k, name, j)``. Kernels outside any phase get ``k = -1`` and are numbered per rank
+and name over the whole run. A group ``(domain, phase, k, name)`` is matched only when every
+participating rank (a rank with any communication kernel) has the same number of kernels in it; other
+groups are mismatches, reported with where they start.
 
 Split. For a matched collective, ``last`` = the latest start over ranks (last arrival). A rank's
 ``skew = last - start`` (>= 0), ``wait = min(duration, skew)``, ``transfer = duration - wait``:
 integers, so ``wait + transfer == duration`` exactly. The straggler of a collective is the rank
 that started last, when it started strictly after every other rank; its ``delay`` is how much
 later than the next-latest rank.
+
+Refusal. Matched collectives end together (within µs on one node). When those of a phase do not (p50
+end spread above :data:`~analyze.compute.windows.END_SPREAD_BOUND_NS`), the pairing or the clocks are
+wrong, and wait, skew and straggler numbers of that phase would be fiction: :func:`refused` names the
+phase, and the tables give no such numbers for it.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from typing import Any
 import polars as pl
 
 from ..model import CommResult, Diagnostic
-from . import align
+from . import align, windows
 
 GROUP = ["domain", "phase", "k", "name"]
 KEY = [*GROUP, "j"]
@@ -33,34 +40,29 @@ SPLIT = ("comm_wait_ns", "comm_transfer_ns")  # the columns ``spectrace analyze`
 
 
 def comm_kernels(ops: pl.DataFrame, instances: pl.DataFrame) -> pl.DataFrame:
-    """Communication kernels with their phase instance number ``k`` and per-name ordinal ``j``.
+    """Communication kernels with their phase and per-name ordinal ``j`` in their phase instance.
 
-    ``phase`` is the innermost selected range (null outside any); ``k`` is, per (rank, domain,
-    phase), the index by start of the instance among those that launched communication (-1 outside).
-    Everything here is per rank: the kernels of each process can be done on their own and concatenated.
+    ``phase`` is the innermost selected range (null outside any); ``k``, the instance's cross-rank key, is
+    left null here and set by :func:`analyze.compute.windows.pair` once every rank is in. Everything
+    here is per rank: the kernels of each process can be done on their own and concatenated.
     """
     c = ops.filter((pl.col("kind") == "kernel") & pl.col("comm").is_not_null()).select(
         "rank", "range_id", "corr", "start", "end", "name", "comm"
     )
-    # Instance numbers on the instances that launched communication (a small frame), then one join.
-    inst = instances.select(range_id="range_id", domain="domain", phase="range", _istart="start")
-    ks = (
-        c.filter(pl.col("range_id").is_not_null())
-        .select("rank", "range_id")
-        .unique("range_id")
-        .join(inst, on="range_id", how="left")
-        .sort("_istart", "range_id")
-        .with_columns(k=pl.int_range(pl.len(), dtype=pl.Int64).over("rank", "domain", "phase"))
-        .select("range_id", "domain", "phase", "k")
-    )
-    c = c.join(ks, on="range_id", how="left").with_columns(k=pl.col("k").fill_null(-1))  # phase null: no phase
+    c = c.join(instances.select("range_id", "domain", phase="range"), on="range_id", how="left")
     # (rank, range_id, name) is the group (rank, domain, phase, k, name): a range instance is one rank's
     # (domain, phase, k); kernels outside phases (range_id null) group per rank and name.
     return (
         c.sort("start", "corr")
-        .with_columns(j=pl.int_range(pl.len(), dtype=pl.Int64).over("rank", "range_id", "name"))
+        .with_columns(j=pl.int_range(pl.len(), dtype=pl.Int64).over("rank", "range_id", "name"),
+                      k=pl.lit(None, pl.Int64))
         .select("rank", *KEY, "range_id", "corr", "comm", "start", "end")
     )
+
+
+def usable(kernels: pl.DataFrame) -> pl.DataFrame:
+    """The kernels that take part in matching: not in an instance left out by the cross-rank pairing."""
+    return kernels.filter(pl.col("left_out").is_null()) if "left_out" in kernels.columns else kernels
 
 
 def with_group_ids(kernels: pl.DataFrame) -> pl.DataFrame:
@@ -165,9 +167,20 @@ def _q(col: str, q: float) -> pl.Expr:
     return pl.col(col).quantile(q, "nearest").cast(pl.Int64)
 
 
-def summary(matched: pl.DataFrame) -> pl.DataFrame:
-    """Per rank, phase and kernel name: count, duration, wait, transfer, p50/p99 arrival skew."""
-    return (
+def _refused_flag(df: pl.DataFrame, refused_phases: pl.DataFrame | None) -> pl.DataFrame:
+    """``df`` with ``_ref``: its (domain, phase) is refused."""
+    if refused_phases is None or refused_phases.height == 0:
+        return df.with_columns(_ref=pl.lit(False))
+    r = refused_phases.select("domain", "phase", _ref=pl.lit(True))
+    return df.join(r, on=["domain", "phase"], how="left", nulls_equal=True).with_columns(pl.col("_ref").fill_null(False))
+
+
+def summary(matched: pl.DataFrame, refused_phases: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Per rank, phase and kernel name: count, duration, wait, transfer, p50/p99 arrival skew.
+
+    In a phase of ``refused_phases`` (:func:`refused`) wait, transfer, skew and last arrivals are null.
+    """
+    out = (
         matched.with_columns(outside=pl.col("k") < 0)
         .group_by("rank", "domain", "phase", "outside", "name")
         .agg(
@@ -183,12 +196,19 @@ def summary(matched: pl.DataFrame) -> pl.DataFrame:
         )
         .with_columns(phase=pl.when(~pl.col("outside")).then("phase"), name=pl.col("name").cast(pl.String))
         .drop("outside")
-        .sort("phase", "name", "rank", "domain", nulls_last=True)
     )
+    split = ("wait_ns", "transfer_ns", "skew_p50_ns", "skew_p99_ns", "last_arrivals")
+    return (_refused_flag(out, refused_phases)
+            .with_columns(pl.when(~pl.col("_ref")).then(pl.col(c)).alias(c) for c in split).drop("_ref")
+            .sort("phase", "name", "rank", "domain", nulls_last=True))
 
 
-def stragglers(matched: pl.DataFrame) -> pl.DataFrame:
-    """Per phase and rank: how often the rank arrived last (strictly) and by how much, on average."""
+def stragglers(matched: pl.DataFrame, refused_phases: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Per phase and rank: how often the rank arrived last (strictly) and by how much, on average.
+
+    Phases of ``refused_phases`` (:func:`refused`) have no rows.
+    """
+    matched = _refused_flag(matched, refused_phases).filter(~pl.col("_ref")).drop("_ref")
     coll = per_collective(matched).with_columns(outside=pl.col("k") < 0)
     totals = coll.group_by("domain", "phase", "outside").agg(collectives=pl.len())
     ranks = matched.select("rank").unique()
@@ -235,17 +255,31 @@ def phase_split(matched: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def with_split(phases: pl.DataFrame, matched: pl.DataFrame, refused_phases: pl.DataFrame) -> pl.DataFrame:
+    """``phases`` with ``comm_wait_ns``/``comm_transfer_ns`` (0 without matched collectives; null when refused)."""
+    out = phases.drop(*SPLIT, strict=False).join(phase_split(matched), on=["rank", "domain", "phase"], how="left",
+                                                  maintain_order="left")
+    out = _refused_flag(out, refused_phases)
+    return out.with_columns(pl.when(~pl.col("_ref")).then(pl.col(c).fill_null(0)).cast(pl.Int64).alias(c)
+                            for c in SPLIT).drop("_ref")
+
+
+def refused(matched: pl.DataFrame, bound: int = windows.END_SPREAD_BOUND_NS) -> pl.DataFrame:
+    """Phases whose matched collectives do not end together: ``domain, phase, collectives,
+    end_spread_p50_ns, bound_ns`` (p50 over the phase's collectives of latest end - earliest end)."""
+    pc = per_collective(matched)
+    return (pc.group_by("domain", "phase").agg(collectives=pl.len(), end_spread_p50_ns=_q("end_spread_ns", 0.5))
+            .filter(pl.col("end_spread_p50_ns") > bound)
+            .with_columns(bound_ns=pl.lit(bound, pl.Int64))
+            .sort("phase", "domain", nulls_last=True))
+
+
 def short_name(name: pl.Expr) -> pl.Expr:
     """A kernel name without its argument list and ``void`` prefix, for tables."""
     return name.str.replace(r"^void\s+", "").str.replace(r"\(.*$", "")
 
 
 # ---- diagnostics, the per-phase split, and the cross-report driver -----------------------------------
-
-# Collectives of one clock end within ~1 µs of each other on the real probe capture; far more
-# means the k-th-of-a-name matching paired different collectives, or the clocks disagree.
-END_SPREAD_WARN_NS = 100_000
-
 
 def _diag(level: str, code: str, message: str) -> Diagnostic:
     return Diagnostic(level, code, message)
@@ -257,8 +291,9 @@ def _where(row: dict) -> str:
     return f"{phase}, {row['name'][:60]!r} ({counts}) at {row['first'] / 1e6:,.6f} ms on the first report's session clock"
 
 
-def diagnostics(kernels: pl.DataFrame, matched: pl.DataFrame, counts: pl.DataFrame | None = None) -> list:
-    """Notes on matching: no communication, a single rank, count mismatches (with where they start)."""
+def diagnostics(kernels: pl.DataFrame, matched: pl.DataFrame, counts: pl.DataFrame | None = None,
+                refused_phases: pl.DataFrame | None = None) -> list:
+    """Notes on matching: no communication, a single rank, count mismatches (with where they start), refusals."""
     out = []
     if kernels.height == 0:
         return [_diag("info", "COMM_NONE", "no communication kernels: nothing to match across ranks")]
@@ -273,49 +308,51 @@ def diagnostics(kernels: pl.DataFrame, matched: pl.DataFrame, counts: pl.DataFra
             f"{mm.height} group(s) of collectives have different counts across ranks; their {left} kernels are "
             f"not matched (no wait/transfer split). First: {_where(first)}",
         ))
-    inst = kernels.filter(pl.col("k") >= 0).group_by("domain", "phase", "rank").agg(n=pl.col("k").n_unique())
-    bad = inst.group_by("domain", "phase").agg(lo=pl.col("n").min(), hi=pl.col("n").max(),
-                                              counts=pl.struct("rank", "n").sort_by("rank"))
-    for row in bad.filter(pl.col("lo") != pl.col("hi")).sort("phase", "domain").iter_rows(named=True):
-        counts = ", ".join(f"rank {c['rank']}: {c['n']}" for c in row["counts"])
-        out.append(_diag("warning", "COMM_PHASE_COUNT",
-                         f"phase {row['phase']!r}: instances that launched communication differ across ranks "
-                         f"({counts}); instances are paired by order, so pairs after the first extra one are suspect"))
-    if matched.height:
-        p50 = int(per_collective(matched)["end_spread_ns"].quantile(0.5, "nearest"))
-        if p50 > END_SPREAD_WARN_NS:
-            out.append(_diag("warning", "COMM_END_SPREAD",
-                             f"matched collectives do not end together (p50 end spread {p50 / 1e3:,.1f} µs): "
-                             "the matching or the clock alignment is suspect"))
+    for r in (refused_phases if refused_phases is not None else refused(matched)).iter_rows(named=True):
+        phase = repr(r["phase"]) if r["phase"] is not None else "outside any phase"
+        out.append(_diag(
+            "warning", "COMM_REFUSED",
+            f"{phase}: its {r['collectives']} matched collectives do not end together (p50 end spread "
+            f"{r['end_spread_p50_ns'] / 1e3:,.1f} µs > {r['bound_ns'] / 1e3:,.0f} µs): they are not the same "
+            "collectives on every rank, or the clocks disagree; no wait, skew or straggler numbers for it"))
     return out
 
 
-def phase_comm_split(phases: pl.DataFrame, kernels: pl.DataFrame) -> tuple[pl.DataFrame, list]:
-    """``phases`` with ``comm_wait_ns`` / ``comm_transfer_ns`` (matched collectives, one report) and diagnostics.
+def phase_comm_split(phases: pl.DataFrame, kernels: pl.DataFrame) -> tuple[pl.DataFrame, list, pl.DataFrame]:
+    """``phases`` with ``comm_wait_ns`` / ``comm_transfer_ns`` (matched collectives, one report), diagnostics,
+    and the refused phases (:func:`refused`).
 
-    ``kernels``: :func:`comm_kernels` of the report (of all its processes, ranks numbered).
+    ``kernels``: :func:`comm_kernels` of the report (of all its processes, ranks numbered, keyed by
+    :func:`analyze.compute.windows.pair`).
     """
     # Only what matching, the split and the diagnostics read: at 10 M kernels every copy of the frame counts.
-    kernels = with_group_ids(kernels.select("rank", *KEY, "start", "end"))
+    kernels = with_group_ids(usable(kernels).select("rank", *KEY, "start", "end"))
     counts = group_counts(kernels)
     matched = match(kernels, counts, ordered=False)
-    split = phase_split(matched)
-    out = phases.join(split, on=["rank", "domain", "phase"], how="left", maintain_order="left").with_columns(
-        pl.col(*SPLIT).fill_null(0).cast(pl.Int64)
-    )
-    return out, [d for d in diagnostics(kernels, matched, counts) if d.code not in ("COMM_NONE", "COMM_ONE_RANK")]
+    ref = refused(matched)
+    out = with_split(phases, matched, ref)
+    diags = [d for d in diagnostics(kernels, matched, counts, ref) if d.code not in ("COMM_NONE", "COMM_ONE_RANK")]
+    return out, diags, ref
 
 
-def cross_rank(results: list) -> CommResult:
-    """Match, align and split the communication of one or several analysed reports (ranks numbered in order)."""
-    parts, rank_rows, base = [], [], 0
+def cross_rank(results: list, paired: windows.Paired | None = None) -> CommResult:
+    """Match, align and split the communication of one or several analysed reports (ranks numbered in order).
+
+    Several reports' instances are paired across all their ranks again (:func:`windows.pair_reports`;
+    ``paired`` if already done); one report's come keyed from its analysis.
+    """
+    rank_rows, base = [], 0
     for i, r in enumerate(results):
-        parts.append(r.comm_kernels.drop("_g", "report", strict=False).with_columns(
-            report=pl.lit(i), rank=pl.col("rank") + base))
         rank_rows.append(r.ranks.select(rank=pl.col("rank") + base, report=pl.lit(i), path=pl.lit(r.trace.path),
                                         pid="pid", device="device"))
         base += r.ranks.height
-    kernels = with_group_ids(pl.concat(parts))  # group ids over all reports
+    if len(results) == 1:
+        every = results[0].comm_kernels.drop("_g", "report", strict=False).with_columns(report=pl.lit(0))
+        pairing = [d for d in results[0].diagnostics if d.code in windows.CODES]
+    else:
+        paired = paired or windows.pair_reports(results)
+        every, pairing = paired.kernels, paired.diagnostics
+    kernels = with_group_ids(usable(every))  # group ids over all reports
     ranks = pl.concat(rank_rows)
     clock: dict[str, Any] = {"reports": len(results)}
     if len(results) == 1:
@@ -346,17 +383,20 @@ def cross_rank(results: list) -> CommResult:
     counts = group_counts(kernels)
     matched = match(kernels, counts)
     clock.update(align.end_spread(matched, ["_g", "j"]))
-    diags = diagnostics(kernels, matched, counts)
-    diags.insert(0, _diag("info", "COMM_CLOCK", f"clock: {clock['alignment']}"))
+    ref = refused(matched)
+    diags = [_diag("info", "COMM_CLOCK", f"clock: {clock['alignment']}"), *pairing,
+             *diagnostics(kernels, matched, counts, ref)]
     return CommResult(
         reports=[r.trace.path for r in results],
         selection=results[0].selection if results else "",
         ranks=ranks,
         kernels=kernels,
         matched=matched,
-        collectives=summary(matched),
-        stragglers=stragglers(matched),
+        collectives=summary(matched, ref),
+        stragglers=stragglers(matched, ref),
         mismatches=mismatches(kernels, counts),
         clock=clock,
         diagnostics=diags,
+        refused=ref,
+        left_out_kernels=every.height - kernels.height,
     )

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from . import breakdown, collectives
+from ..model import bound_expr
+from . import breakdown, collectives, host, windows
 from .tokens import base_expr, cycles
 
 GAP = "between cycles"
@@ -140,19 +141,22 @@ def seams_all(res) -> pl.DataFrame:
             return pl.DataFrame()
         parents = res.instances.filter(pl.col("rank").is_not_null()).select("rank", parent="range_id",
                                                                             parent_range="range")
-        return (s.join(parents, on=["rank", "parent"], how="left")
-                .group_by(parent="parent_range", **{"from": "prev_range"}, to="range")
-                .agg(pl.col("rank").n_unique().alias("ranks"), pl.len().alias("instances"),
-                     *[pl.col(c).sum() for c in ("gap_ns", "idle_ns", "busy_ns", "overlap_ns")],
-                     *breakdown.spread("idle_ns", "idle"))
-                .sort("idle_ns", "from", "to", descending=[True, False, False]))
+        causes = host.seam_aggs() if "cause" in s.columns else []
+        out = (s.join(parents, on=["rank", "parent"], how="left")
+               .group_by(parent="parent_range", **{"from": "prev_range"}, to="range")
+               .agg(pl.col("rank").n_unique().alias("ranks"), pl.len().alias("instances"),
+                    *[pl.col(c).sum() for c in ("gap_ns", "idle_ns", "busy_ns", "overlap_ns")],
+                    *breakdown.spread("idle_ns", "idle"), *causes)
+               .sort("idle_ns", "from", "to", descending=[True, False, False]))
+        return out.with_columns(bound_expr()) if causes else out
     return _memo(res, "seams_all", run)
 
 
 def matching(res) -> pl.DataFrame:
     """Per phase: ``collectives`` matched and the p50 spread of their end times across ranks (``end_spread_p50_ns``);
-    ``trusted`` when it is within :data:`analyze.compute.collectives.END_SPREAD_WARN_NS` (collectives of one job
-    end together; far more means instances were paired wrongly, and wait/straggler numbers are not shown)."""
+    ``trusted`` when it is within :data:`analyze.compute.windows.END_SPREAD_BOUND_NS`, the bound of
+    :func:`analyze.compute.collectives.refused` (collectives of one job end together; far more means instances
+    were paired wrongly, and wait/straggler numbers are not shown)."""
     def run():
         m = matched(res)
         if m.height == 0:
@@ -161,7 +165,7 @@ def matching(res) -> pl.DataFrame:
         per = collectives.per_collective(m)
         return (per.group_by("phase").agg(collectives=pl.len(),
                                           end_spread_p50_ns=pl.col("end_spread_ns").quantile(0.5, "nearest"))
-                .with_columns(trusted=pl.col("end_spread_p50_ns") <= collectives.END_SPREAD_WARN_NS).sort("phase"))
+                .with_columns(trusted=pl.col("end_spread_p50_ns") <= windows.END_SPREAD_BOUND_NS).sort("phase"))
     return _memo(res, "matching", run)
 
 

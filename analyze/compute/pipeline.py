@@ -31,7 +31,7 @@ import polars as pl
 from ..model import Diagnostic, InputError, Result, Trace
 from ..read.source import ManyWindows, OpsWindow, open_source
 from ..read.store import CacheError, Progress, is_cache, open_store, remove_tree
-from . import attribute, breakdown, collectives
+from . import attribute, breakdown, collectives, host, windows
 from .comm_patterns import PATTERNS, CommPattern, family_expr
 from .diagnostics import FACTS, diagnose
 
@@ -98,13 +98,15 @@ class Context:
     devices: pl.DataFrame
     launch_ids: pl.Series
     keep_ops: bool
+    sync_ids: pl.Series = dataclasses.field(default_factory=lambda: pl.Series("name_id", [], pl.Int64))
 
 
 def process(source, pid: int, ctx: Context) -> dict:
     """The per-process body: attribute one process's GPU ops to its ranges and measure every instance.
 
-    Returns small frames (``ranks``, ``inst``, ``seam``, ``cov``, ``kern``; ``ops`` only with
-    ``keep_ops``) and the counts of :data:`FACTS`. Ranks are provisional (renumbered globally).
+    Returns small frames (``ranks``, ``inst``, ``seam``, ``cov``, ``kern``, ``calls``: the key host calls of
+    :mod:`analyze.compute.host`; ``ops`` only with ``keep_ops``) and the counts of :data:`FACTS`. Ranks are
+    provisional (renumbered globally).
     """
     out: dict = {}
     ops, api = source.ops(pid), source.api(pid)
@@ -113,13 +115,17 @@ def process(source, pid: int, ctx: Context) -> dict:
     calls = attribute.launching_calls(ops, api, nested)
     ops = attribute.join_calls(ops, calls)
     rk = breakdown.ranks(ops, ctx.devices)  # one row (or none): its rank is fixed once all processes are in
+    rk = rk.with_columns(pl.lit(v, pl.Int64).alias(k) for k, v in windows.rank_window(ops, api, nested).items())
     rank = rk["rank"][0] if rk.height else None
     ops = ops.with_columns(rank=pl.lit(rank, pl.Int64))
     nested = nested.with_columns(rank=pl.lit(rank, pl.Int64))
     is_launch = pl.col("name_id").is_in(ctx.launch_ids.implode())
     launches = int(api.select(is_launch.sum()).item())
     launched = calls.filter(pl.col("api_name_id").is_in(ctx.launch_ids.implode())).height
-    del api, calls
+    del calls
+    key_calls, firsts, per_inst = host.calls(ops, api, nested, ctx.sync_ids, ctx.launch_ids) if ops.height else (
+        None, None, None)
+    del api
     out["facts"] = {
         "graph_ops": int((ops["kind"] == "graph").sum()),
         "node_ops": int(ops["graph_node"].is_not_null().sum()),
@@ -141,11 +147,12 @@ def process(source, pid: int, ctx: Context) -> dict:
         anc = attribute.ancestors(nested)
         inst = breakdown.instances(nested, ops, anc)
         blocks = breakdown.gpu_blocks(ops)
-        inst = breakdown.add_gpu_idle(inst, blocks)
-        out["seam"] = breakdown.seam_instances(inst, blocks)
+        inst = windows.with_cycle(breakdown.add_gpu_idle(inst, blocks), anc)
+        out["seam"] = host.seam_causes(breakdown.seam_instances(inst, blocks), firsts)
         out["cov"] = breakdown.coverage(inst, ops, blocks)
-        out["inst"] = inst
-        # Collective matching is global, but each kernel's group (instance k, ordinal j) is per rank.
+        out["inst"] = host.add_instance_cols(inst, per_inst)
+        out["calls"] = key_calls
+        # Collective matching is global, but each kernel's ordinal j in its instance is per rank.
         out["kern"] = collectives.comm_kernels(comm, inst).with_columns(pid=pl.lit(pid, pl.Int64))
     elif nested.height:  # API calls but no GPU work: its ranges still count as instances
         out["inst"] = _without_gpu(nested, ops)
@@ -173,8 +180,8 @@ def kernel_stats(ops: pl.DataFrame, kinds: pl.DataFrame) -> pl.DataFrame:
 
 def _without_gpu(nested: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
     """Instances of ranges whose process ran no GPU work (every metric zero)."""
-    return breakdown.instances(nested, ops, attribute.ancestors(nested)).with_columns(
-        x_gpu_idle_ns=pl.lit(0, pl.Int64), i_gpu_idle_ns=pl.lit(0, pl.Int64))
+    return host.add_instance_cols(breakdown.instances(nested, ops, attribute.ancestors(nested)).with_columns(
+        x_gpu_idle_ns=pl.lit(0, pl.Int64), i_gpu_idle_ns=pl.lit(0, pl.Int64)), None)
 
 
 def analyze(
@@ -234,9 +241,11 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
     # Kernel names are long and repeat millions of times: Categorical until the Result is handed out.
     kinds = kinds.with_columns(pl.col("name").cast(pl.Categorical))
     launch_ids = head.names.filter(pl.col("name").str.contains(GRAPH_LAUNCH))["name_id"]
-    ctx = Context(nested_all, kinds, head.devices, launch_ids, keep_ops)
+    sync_ids = head.names.filter(pl.col("name").str.contains(host.SYNC_API))["name_id"]
+    ctx = Context(nested_all, kinds, head.devices, launch_ids, keep_ops, sync_ids)
 
-    parts: dict[str, list] = {k: [] for k in ("ranks", "inst", "seam", "cov", "ops", "kern", "kstat", "facts")}
+    parts: dict[str, list] = {k: [] for k in ("ranks", "inst", "seam", "cov", "ops", "kern", "kstat", "facts",
+                                               "calls")}
     pids = source.pids
     bar = Progress(sum(source.ops_rows.values()), "spectrace: analysing", progress)
 
@@ -277,12 +286,20 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
     ops = renumber(pl.concat(parts["ops"])).sort("start") if keep_ops and parts["ops"] else None
     kstat = (renumber(pl.concat(parts["kstat"])).drop("pid").with_columns(pl.col("name").cast(pl.String))
              if parts["kstat"] else None)
+    calls = renumber(pl.concat(parts["calls"])) if parts["calls"] else pl.DataFrame(schema=host.CALL_SCHEMA)
     parts.clear()
     graph_rows = "Graph" if facts["graph_ops"] else ("Node" if facts["node_ops"] else None)
     head = dataclasses.replace(head, graph_rows=graph_rows)
-    phases = breakdown.phases(inst)
+    # Cycles paired across ranks; instances cut by a capture window or unpaired are left out of the sums.
+    paired = windows.pair(inst, kern, rk)
+    inst, kern = paired.instances, paired.kernels
+    counted = inst.filter(pl.col("left_out").is_null())
+    seam_inst = counted_seams(seam_inst, inst)
+    phases = breakdown.phases(counted).join(host.phase_host(counted), on=["rank", "domain", "phase"], how="left",
+                                            maintain_order="left")
     diags.extend(diagnose(head, nested, facts, rk, inst, cov, phases))
-    phases, comm_diags = collectives.phase_comm_split(phases, kern)
+    diags.extend(paired.diagnostics)
+    phases, comm_diags, refused = collectives.phase_comm_split(phases, kern)
     diags.extend(comm_diags)
     kern = kern.with_columns(pl.col("name").cast(pl.String))
     marks = head.marks.with_columns(rank=pl.col("pid").replace_strict(pid_rank, default=None, return_dtype=pl.Int64))
@@ -294,7 +311,7 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
         ranks=rk,
         instances=inst,
         phases=phases,
-        ranges=breakdown.projections(inst),
+        ranges=breakdown.projections(counted),
         seam_instances=seam_inst,
         seams=breakdown.seams(seam_inst, inst),
         coverage=cov,
@@ -305,7 +322,17 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
         reports=[head.path],
         window=window,
         kernels=kstat,
+        host_calls=calls,
+        comm_refused=refused.filter(pl.col("phase").is_not_null()),
     )
+
+
+def counted_seams(seam_inst: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
+    """The seams between two counted instances (neither left out by :func:`windows.pair`)."""
+    if seam_inst.height == 0:
+        return seam_inst
+    out = inst.filter(pl.col("left_out").is_not_null())["range_id"].implode()
+    return seam_inst.filter(~pl.col("range_id").is_in(out) & ~pl.col("prev_range_id").is_in(out))
 
 
 def _empty_ops(schema_of: pl.DataFrame) -> pl.DataFrame:
@@ -339,28 +366,39 @@ def merge(results: list[Result]) -> Result:
     """One result from several reports' (see the module docstring)."""
     if len(results) == 1:
         return results[0]
-    comm = collectives.cross_rank(results)
-    parts: dict[str, list[pl.DataFrame]] = {k: [] for k in ("ranks", "instances", "seam_instances", "coverage",
-                                                             "phases", "ranges", "marks", "kernels")}
+    # Instances paired across the ranks of every report again; phases and seams summed over the counted ones.
+    paired = windows.pair_reports(results)
+    comm = collectives.cross_rank(results, paired)
+    parts: dict[str, list[pl.DataFrame]] = {k: [] for k in ("ranks", "seam_instances", "coverage", "marks", "kernels",
+                                                             "host_calls")}
     diags: list[Diagnostic] = []
-    seams, windows, base = [], [], 0
+    windows_, base = [], 0
+    mine = ("INSTANCE_PAIRING", *windows.CODES, "COMM_")
     for i, r in enumerate(results):
         for k in parts:
             if getattr(r, k) is not None:
                 parts[k].append(_offset(getattr(r, k), base, i))
-        # Instance ids are per report: seams find their parent range within their own report.
-        seams.append(_offset(breakdown.seams(r.seam_instances, r.instances), base, i))
         if r.window is not None:
-            windows.append(dataclasses.replace(r.window, rank_offset=base))
+            windows_.append(dataclasses.replace(r.window, rank_offset=base))
         diags += [Diagnostic(d.level, d.code, f"report {i} ({Path(r.trace.path).name}): {d.message}")
-                  for d in r.diagnostics if not d.code.startswith("COMM_")]
+                  for d in r.diagnostics if not d.code.startswith(mine)]
         base += r.ranks.height
     cat = {k: pl.concat(v, how="diagonal_relaxed") if v else None for k, v in parts.items()}
-    split = collectives.phase_split(comm.matched)
-    phases = cat["phases"].drop(*collectives.SPLIT).join(split, on=["rank", "domain", "phase"], how="left",
-                                                          maintain_order="left")
-    phases = phases.with_columns(pl.col(*collectives.SPLIT).fill_null(0).cast(pl.Int64))
-    diags += comm.diagnostics
+    inst = paired.instances
+    gone = inst.filter(pl.col("left_out").is_not_null()).select("report", "range_id")
+    seam_inst = cat["seam_instances"]
+    if seam_inst.height:  # instance ids are per report: seams find their instances within their own report
+        seam_inst = (seam_inst.join(gone, on=["report", "range_id"], how="anti")
+                     .join(gone.rename({"range_id": "prev_range_id"}), on=["report", "prev_range_id"], how="anti"))
+    seams = [breakdown.seams(seam_inst.filter(pl.col("report") == i).drop("report"),
+                             inst.filter(pl.col("report") == i)).with_columns(report=pl.lit(i, pl.Int32))
+             for i in range(len(results))]
+    report_of = cat["ranks"].select("rank", "report")
+    counted = inst.filter(pl.col("left_out").is_null())
+    phases = (breakdown.phases(counted).join(host.phase_host(counted), on=["rank", "domain", "phase"], how="left",
+                                             maintain_order="left").join(report_of, on="rank", how="left"))
+    phases = collectives.with_split(phases, comm.matched, comm.refused)
+    diags += comm.diagnostics  # the pairing diagnostics of every rank, then matching
     versions = sorted({str(r.trace.nsys_version) for r in results})
     if len(versions) > 1:
         diags.append(Diagnostic("warning", "MIXED_NSYS_VERSIONS",
@@ -371,10 +409,10 @@ def merge(results: list[Result]) -> Result:
         trace=first.trace,
         selection=first.selection,
         ranks=cat["ranks"],
-        instances=cat["instances"],
+        instances=inst,
         phases=phases,
-        ranges=cat["ranges"],
-        seam_instances=cat["seam_instances"],
+        ranges=breakdown.projections(counted).join(report_of, on="rank", how="left"),
+        seam_instances=seam_inst,
         seams=pl.concat(seams, how="diagonal_relaxed"),
         coverage=cat["coverage"],
         comm_kernels=comm.kernels.drop("_g", "report", strict=False),
@@ -383,8 +421,10 @@ def merge(results: list[Result]) -> Result:
         diagnostics=diags,
         reports=[r.trace.path for r in results],
         clock=comm.clock,
-        window=ManyWindows(windows) if windows else None,
+        window=ManyWindows(windows_) if windows_ else None,
         kernels=cat["kernels"],
+        host_calls=cat["host_calls"],
+        comm_refused=comm.refused.filter(pl.col("phase").is_not_null()),
     )
 
 

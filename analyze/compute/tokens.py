@@ -125,7 +125,8 @@ def selection(res) -> dict:
 
 def _cycles(res) -> pl.DataFrame:
     inst = decode_frame(res.instances).with_columns(base=base_expr())
-    cyc = inst.filter(pl.col("base").is_in(CYCLE_NAMES) & (pl.col("i_ops") > 0))
+    counted = pl.col("left_out").is_null() if "left_out" in inst.columns else pl.lit(True)  # as in res.phases
+    cyc = inst.filter(pl.col("base").is_in(CYCLE_NAMES) & (pl.col("i_ops") > 0) & counted)
     known = pl.col("accept_length").is_not_null() & pl.col("cycle_index").is_not_null()
     acc = pl.concat([
         inst.filter(known).select("pid", "cycle_index", "accept_length", src=pl.lit("payload")),

@@ -1,31 +1,43 @@
-"""What if the speculative decoder drafted N steps instead? A cost model fitted on one trace.
+"""What if the speculative decoder drafted N steps instead? A cost model fitted on one trace, replayed on
+the trace's own CPU and GPU timelines.
 
-Inputs, per decode cycle, from one trace at ``S0`` draft steps (phases recognised by base name with any
-prefix: ``draft``, ``verify``, ``draft_extend``; a cycle is a ``cycle`` range):
-
-- each phase's cost is its GPU span (first op → last op) per cycle, taking for each cycle the *smallest*
-  span over the TP ranks (a rank that arrived late does not wait in its first all-reduce, so its span is
-  the work; the others' extra span is skew, which stays in *other* below), then the median over cycles;
-- every number comes from the steady-state cycles (:mod:`analyze.compute.steady`: warm-up and stalls
-  left out, or the user's ``--skip-cycles``/``--window``);
-- the cycle period ``P0``: the one definition of :data:`analyze.compute.tokens.DEFINITION` (first GPU op of
-  a cycle → first GPU op of the next, mean over the steady cycles), the number ``analyze``, ``compare``
-  and the report print;
-- ``other = P0 − draft − verify − draft_extend``: host overhead, the seams between phases, the gap between
-  cycles and rank skew. Assumed not to depend on the step count.
-
-Model for ``S`` steps (chain drafting, top-k 1: ``S + 1`` tokens verified per request):
+**Costs** (per decode cycle, from one trace at ``S0`` draft steps; phases recognised by base name with any
+prefix: ``draft``, ``verify``, ``draft_extend``; a cycle is a ``cycle`` range): each phase's cost is its GPU
+span (first op → last op) per cycle, taking for each cycle the *smallest* span over the TP ranks (a rank that
+arrived late does not wait in its first all-reduce, so its span is the work), then the median over cycles.
+For ``S`` steps (chain drafting, top-k 1: ``S + 1`` tokens verified per request):
 
 - ``draft(S) = draft(S0) · S / S0`` (each step runs the draft model once; no fixed part);
-- ``verify(S) = a + b · (S + 1)``: with a baseline trace (``decode_step`` verifies 1 token per request),
-  the line through (1, baseline step) and (S0 + 1, verify); without one ``b = 0`` (decode is
-  memory-bound: verifying a few more tokens costs nothing), which *under*-predicts large steps;
-- ``draft_extend(S) = e0 + e1 · tokens(S)`` fitted over the cycles when accept lengths are known (least
-  squares), else constant;
-- acceptance: accepted draft tokens per request ``E[k | S] = α + α² + … + α^S`` (each draft token is
-  accepted with probability α independently, given its predecessors were); α is solved so that
-  ``E[k | S0]`` equals the measured mean; ``tokens(S) = batch · (1 + E[k | S])``; tokens/s =
-  tokens(S) / cycle(S). Without known acceptance only cycle times are predicted (``--acceptance`` sets α).
+- ``verify(S) = verify(S0) + b · (S − S0)``: ``b`` from a baseline trace (``decode_step`` verifies 1 token per
+  request: the line through (1, baseline step) and (S0 + 1, verify)); without one ``b = 0``;
+- ``draft_extend(S) = e0 + e1 · tokens(S)`` (Theil–Sen over the cycles when accept lengths are known);
+- acceptance: ``E[k | S] = α + α² + … + α^S``, α solved so that ``E[k | S0]`` is the measured mean;
+  ``tokens(S) = batch · (1 + E[k | S])``; tokens/s = tokens(S) / cycle(S).
+
+**Cycle time: a replay** (:class:`Replay`). Each measured cycle is replayed from its first GPU phase to the
+next cycle's, with every phase instance's GPU span changed by its phase's cost change (``draft(S) −
+draft(S0)``, …) and everything else as the trace recorded it:
+
+- the host runs its key calls (:mod:`analyze.compute.host`: each phase's first launch, every sync-like call) in
+  order; the time between two of them is the host's own work and does not change;
+- a launch call takes the time it took (a launch that returned after the earlier GPU work ended is slow,
+  not blocked: it does not move with the GPU); a sync-like call returns at ``max(start + own time, the GPU
+  work it waits for + return latency)``;
+- the GPU runs phases in launch order (one queue per rank): a phase starts at ``max(its launch call's
+  end + launch latency, the previous phase's end + device gap)``; which term bound it in the trace gives
+  that term's value, the other takes its median over the phases where it bound (clipped so that the
+  trace is reproduced exactly);
+- only the steady-state cycles are replayed (:mod:`analyze.compute.steady`: warm-up and stalls left out, or
+  the user's ``--skip-cycles``/``--window``); predicted cycle = the mean over them and the ranks of the
+  replayed period (first GPU op of a cycle → first of the next), the one cycle-period definition of
+  :data:`analyze.compute.tokens.DEFINITION`, so that the unchanged replay gives the period ``analyze``,
+  ``compare`` and the report print; cycles that cannot be replayed (a launch call missing) move by the mean shift.
+
+Replaying the trace unchanged reproduces every measured period exactly. On a node-level CUDA-graph trace,
+each graph launch call also carries node tracing's cost on the host, which grows with the graph's node
+count; unless ``as_traced``, it is estimated (slope of launch time over node count across the trace's graph
+launches) and removed from every graph launch before the replay, so that the prediction is for the program,
+not for the traced program (the note says how much). ``--timing GRAPH`` fits on a graph-level pass instead.
 
 Validated on real step sweeps of the embedded workload (README: "Reports, comparison and what-if").
 """
@@ -34,10 +46,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import polars as pl
 
 from ..model import InputError
-from . import headline
 from .tokens import base_expr, cycles, speculative, summary
 
 MODEL_PHASES = ("draft", "verify", "draft_extend")
@@ -50,19 +62,240 @@ def cycle_phases(res) -> pl.DataFrame:
         "rank", "n", parent="range_id", tokens="tokens",
                                                                 accept_length="accept_length",
                                                                 batch_size="batch_size")
-    kids = res.instances.with_columns(phase=base_expr()).select("parent", "phase", "x_span_ns", "x_ops")
-    return (c.join(kids, on="parent").filter(pl.col("x_ops") > 0)
+    kids = res.instances.with_columns(phase=base_expr()).select("rank", "parent", "phase", "x_span_ns", "x_ops")
+    # on the rank too: range ids are unique per report only, and a merged result has several
+    return (c.join(kids, on=["rank", "parent"]).filter(pl.col("x_ops") > 0)
             .group_by("rank", "n", "phase").agg(pl.col("x_span_ns").sum(), pl.col("tokens").first(),
                                                 pl.col("accept_length").first(), pl.col("batch_size").first()))
 
 
+# ---- the replay ----------------------------------------------------------------------------------------
+
+_ITEM_COLS = ("s", "e", "sync", "has_unit", "code", "lam", "dlt", "g", "pred", "a_pred", "wait", "w_off", "w_ext",
+              "own", "rho", "trans", "nodes", "graph", "gap_nodes", "gap_launches")
+
+
+@dataclass
+class Replay:
+    """The replayable cycles of a trace: per window (one rank's cycle, from its first phase's launch call to
+    the next cycle's), the host's key calls in order (slots) and the GPU phase each one launches.
+
+    Arrays are ``(windows, slots)``, padded with NaN. ``pred``/``wait``: the slot (same window) that launched
+    the phase this one follows on the GPU / the work a sync waits for, -1 when that was launched before the
+    window (then ``a_pred``/``w_ext`` hold its measured time). ``code``: index of the phase in
+    :data:`MODEL_PHASES` (-1: any other range). ``trans``: index into ``labels`` of the seam this phase ends
+    (-1: not a seam inside the window's cycle).
+    """
+
+    rank: np.ndarray
+    period: np.ndarray  # measured period per window
+    n_items: np.ndarray
+    a: dict[str, np.ndarray]
+    labels: list[str]
+    rest: np.ndarray  # measured periods of the cycles that could not be replayed
+    defaults: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def windows(self) -> int:
+        return len(self.period)
+
+    def run(self, delta: dict[str, float], cut: tuple[float, int] = (0.0, 0)) -> tuple[np.ndarray, np.ndarray,
+                                                                                       np.ndarray]:
+        """Replay with each phase's GPU span changed by ``delta[phase]`` (ns) and ``cut = (ns, n0)``: ns per graph
+        node beyond ``n0`` taken off every graph launch call. Returns the period per window, the within-cycle
+        seams per window and the seam ending at each slot."""
+        a, n_w = self.a, self.windows
+        k_max = a["s"].shape[1] if n_w else 0
+        d = np.array([delta.get(p, 0.0) for p in MODEL_PHASES] + [0.0])
+        g = np.maximum(a["g"] + d[a["code"]], 0.0)
+        dur = a["e"] - a["s"] - np.where(a["graph"], cut[0] * np.maximum(a["nodes"] - cut[1], 0.0), 0.0)
+        dur = np.maximum(dur, 0.0)
+        e_, s_gpu, a_gpu = (np.full((n_w, k_max), np.nan) for _ in range(3))
+        rows = np.arange(n_w)
+
+        def at(arr: np.ndarray, ref: np.ndarray, ext: np.ndarray) -> np.ndarray:
+            return np.where(ref >= 0, arr[rows, np.maximum(ref, 0)], ext)
+
+        for k in range(k_max):
+            if k == 0:
+                sk = a["s"][:, 0]
+            else:  # the host's own time since the previous key call, less node tracing's cost of launches in it
+                traced = cut[0] * (a["gap_nodes"][:, k] - cut[1] * a["gap_launches"][:, k])
+                sk = e_[:, k - 1] + np.maximum(a["s"][:, k] - a["e"][:, k - 1] - traced, 0.0)
+            plain = sk + dur[:, k]
+            sync = a["sync"][:, k]
+            sub = np.where(sync, sk, plain)  # a sync call's own op is submitted at its start, a launch's at its end
+            start = np.fmax(sub + a["lam"][:, k], at(a_gpu, a["pred"][:, k], a["a_pred"][:, k]) + a["dlt"][:, k])
+            unit = a["has_unit"][:, k]
+            s_gpu[:, k] = np.where(unit, start, np.nan)
+            a_gpu[:, k] = np.where(unit, start + g[:, k], np.nan)
+            waited = at(a_gpu, a["wait"][:, k], a["w_ext"][:, k]) + a["w_off"][:, k]
+            e_[:, k] = np.where(sync, np.fmax(sk + a["own"][:, k], waited + a["rho"][:, k]), plain)
+        last = self.n_items - 1
+        period = s_gpu[rows, last] - s_gpu[:, 0] if n_w else np.zeros(0)
+        gap = np.where(a["trans"] >= 0, s_gpu - at2(a_gpu, a["pred"]), np.nan) if n_w else np.zeros((0, 0))
+        seams = np.nansum(np.maximum(gap, 0.0), axis=1) if n_w else np.zeros(0)
+        return period, seams, gap
+
+
+def at2(arr: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """``arr[w, ref[w, k]]`` per slot (NaN where ``ref`` is -1)."""
+    rows = np.arange(arr.shape[0])[:, None]
+    return np.where(ref >= 0, arr[rows, np.maximum(ref, 0)], np.nan)
+
+
+def _median_by(df: pl.DataFrame, col: str, ok: pl.Expr, keys: list[str]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Medians of ``col`` over the rows where ``ok`` holds, per ``keys`` (e.g. rank and phase) and per
+    ``keys[0]`` (rank): the defaults where ``col`` was not observed."""
+    obs = df.filter(ok)
+    fine = obs.group_by(keys).agg(pl.col(col).median().alias(f"_{col}_1"))
+    coarse = obs.group_by(keys[:1]).agg(pl.col(col).median().alias(f"_{col}_2"))
+    return fine, coarse
+
+
+def build_replay(res) -> Replay:
+    """The :class:`Replay` of an analysed trace (its cycles, phase instances and key host calls)."""
+    empty = Replay(np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64), {}, [], np.zeros(0))
+    # Range ids are unique per report only (a merged result has several): qualified by rank here.
+
+    def uid(col: str) -> pl.Expr:
+        return pl.col("rank") * (1 << 40) + pl.col(col)
+
+    cyc = cycles(res).filter((pl.col("kind") == "cycle") & pl.col("steady")).with_columns(range_id=uid("range_id"))
+    periods = cyc.filter(pl.col("period_ns").is_not_null())
+    calls = res.host_calls
+    if cyc.height == 0 or calls is None or calls.height == 0:
+        return Replay(empty.rank, empty.period, empty.n_items, {}, [], periods["period_ns"].cast(pl.Float64).to_numpy())
+    calls = calls.with_columns(unit=uid("unit"), wait_range_id=uid("wait_range_id"))
+    inst = res.instances.with_columns(range_id=uid("range_id"), parent=uid("parent"))
+    cyc_ids = cyc["range_id"].implode()
+    units = (inst.filter(pl.col("x_ops") > 0)
+             .select("rank", "gtid", "range_id", "parent", "range", S="x_first", A="x_last", G="x_span_ns")
+             .with_columns(phase=base_expr(),
+                           cyc=pl.when(pl.col("range_id").is_in(cyc_ids)).then("range_id")
+                           .when(pl.col("parent").is_in(cyc_ids)).then("parent"))
+             .sort("rank", "S")
+             .with_columns(pred=pl.col("range_id").shift(1).over("rank"), a_pred=pl.col("A").shift(1).over("rank"),
+                           pred_phase=pl.col("phase").shift(1).over("rank"), pred_cyc=pl.col("cyc").shift(1).over("rank")))
+    code = {p: i for i, p in enumerate(MODEL_PHASES)}
+    units = units.with_columns(code=pl.col("phase").replace_strict(code, default=-1, return_dtype=pl.Int64))
+    threads = inst.filter(pl.col("range_id").is_in(cyc_ids)).select("rank", "gtid").unique()
+    items = (calls.filter(pl.col("sync") | pl.col("unit").is_not_null()).join(threads, on=["rank", "gtid"], how="semi")
+             .select("rank", "name_id", "sync", "unit", "ops", "graph", "wait_end", "wait_range_id",
+                     s="start", e="end")
+             .join(units.select("range_id", "S", "A", "G", "code", "pred", "a_pred", "cyc", "phase", "pred_phase",
+                                "pred_cyc"), left_on="unit", right_on="range_id", how="left")
+             .join(units.select(wait_range_id="range_id", _wa="A"), on="wait_range_id", how="left"))
+    # Which term bound each phase's GPU start in the trace, and the defaults for the other term.
+    sub = pl.when("sync").then("s").otherwise("e")
+    host_bound = pl.col("a_pred").is_null() | (pl.col("e") > pl.col("a_pred"))
+    items = items.with_columns(lam_obs=pl.col("S") - sub, dlt_obs=pl.col("S") - pl.col("a_pred"),
+                               hb=pl.col("unit").is_not_null() & host_bound,
+                               gb=pl.col("unit").is_not_null() & ~host_bound,
+                               waited=pl.col("sync") & (pl.col("s") < pl.col("wait_end"))
+                               & (pl.col("e") >= pl.col("wait_end")),
+                               rho_obs=pl.col("e") - pl.col("wait_end"), own_obs=pl.col("e") - pl.col("s"))
+    items = items.with_columns(key=pl.when("sync").then(pl.lit("sync")).otherwise("phase"))
+    defaults = {}
+    for col, ok in (("lam_obs", pl.col("hb")), ("dlt_obs", pl.col("gb")), ("rho_obs", pl.col("waited")),
+                    ("own_obs", pl.col("sync") & ~pl.col("waited"))):
+        fine, coarse = _median_by(items, col, ok, ["rank", "key"])
+        items = items.join(fine, on=["rank", "key"], how="left").join(coarse, on="rank", how="left")
+        items = items.with_columns(pl.coalesce(f"_{col}_1", f"_{col}_2", pl.lit(0.0)).alias(f"def_{col}"))
+        obs = items.filter(ok)[col]
+        defaults[col[:-4]] = float(obs.median()) if obs.len() else 0.0
+    items = items.with_columns(
+        lam=pl.when("hb").then("lam_obs").otherwise(pl.min_horizontal("def_lam_obs", "lam_obs")),
+        dlt=pl.when("gb").then("dlt_obs").otherwise(pl.min_horizontal("def_dlt_obs", "dlt_obs")),
+        rho=pl.when("waited").then("rho_obs").otherwise(pl.min_horizontal("def_rho_obs", "rho_obs")),
+        own=pl.when("waited").then(pl.min_horizontal("def_own_obs", "own_obs")).otherwise("own_obs"),
+        w_off=(pl.col("wait_end") - pl.col("_wa")).fill_null(0),
+    )
+    # Graph launches between two key calls (not the first launch of a phase) are part of the host's time
+    # between them: node tracing's cost of each is taken off that time too.
+    extra = (calls.filter(pl.col("graph") & ~pl.col("sync") & pl.col("unit").is_null())
+             .join(threads, on=["rank", "gtid"], how="semi").select("rank", "ops", t="start").sort("t"))
+    gaps = (extra.join_asof(items.select("rank", "s").unique().sort("s"), left_on="t", right_on="s", by="rank",
+                            strategy="forward", check_sortedness=False)
+            .group_by("rank", "s").agg(gap_nodes=pl.col("ops").sum().cast(pl.Float64),
+                                       gap_launches=pl.len().cast(pl.Float64)))
+    items = items.join(gaps, on=["rank", "s"], how="left").with_columns(pl.col("gap_nodes", "gap_launches").fill_null(0))
+    # Windows: cycle n of a rank runs from the launch call of its first phase to that of cycle n + 1's.
+    first = (units.filter(pl.col("cyc").is_not_null()).sort("S").group_by("cyc").agg(pl.col("range_id").first())
+             .join(items.select("unit", "s"), left_on="range_id", right_on="unit")
+             .join(cyc.select("rank", "n", cyc="range_id", period="period_ns"), on="cyc")
+             .select("rank", "n", "cyc", "period", L="s").sort("rank", "n"))
+    first = first.with_columns(L_next=pl.col("L").shift(-1).over("rank"), n_next=pl.col("n").shift(-1).over("rank"))
+    win = first.filter(pl.col("period").is_not_null() & (pl.col("n_next") == pl.col("n") + 1)).with_row_index("w")
+    inside = (items.sort("s").join_asof(win.select("rank", "w", "L", "L_next", wcyc="cyc").sort("L"),
+                                        left_on="s", right_on="L", by="rank", strategy="backward",
+                                        check_sortedness=False)
+              .filter(pl.col("w").is_not_null() & (pl.col("s") < pl.col("L_next"))))
+    closing = items.join(win.select("rank", "w", wcyc="cyc", s="L_next"), on=["rank", "s"]).filter(
+        pl.col("unit").is_not_null())
+    long = pl.concat([inside.drop("L", "L_next"), closing.select(inside.drop("L", "L_next").columns)],
+                     how="vertical_relaxed").sort("w", "s")
+    long = long.with_columns(k=pl.int_range(pl.len()).over("w"))
+    slot_of = long.filter(pl.col("unit").is_not_null()).select("w", ref="unit", ref_k="k")
+    long = (long.join(slot_of.rename({"ref": "pred", "ref_k": "pred_k"}), on=["w", "pred"], how="left")
+            .join(slot_of.rename({"ref": "wait_range_id", "ref_k": "wait_k"}), on=["w", "wait_range_id"], how="left"))
+    labels = sorted(long.filter(pl.col("pred_cyc") == pl.col("wcyc"))
+                    .select(pl.format("{}→{}", "pred_phase", "phase")).unique().to_series().drop_nulls().to_list())
+    long = long.with_columns(
+        trans=pl.when((pl.col("cyc") == pl.col("wcyc")) & (pl.col("pred_cyc") == pl.col("wcyc"))
+                      & pl.col("pred_k").is_not_null())
+        .then(pl.format("{}→{}", "pred_phase", "phase").replace_strict(
+            {lab: i for i, lab in enumerate(labels)}, default=-1, return_dtype=pl.Int64)).otherwise(-1),
+        has_unit=pl.col("unit").is_not_null(), pred=pl.col("pred_k").fill_null(-1), wait=pl.col("wait_k").fill_null(-1),
+        w_ext=pl.col("wait_end") - pl.col("w_off"), nodes=pl.col("ops"), code=pl.col("code").fill_null(-1), g=pl.col("G"))
+    n_w = win.height
+    k_max = int(long["k"].max()) + 1 if long.height else 0
+    arrays = {}
+    w_idx, k_idx = long["w"].to_numpy(), long["k"].to_numpy()
+    for c in _ITEM_COLS:
+        col = long[c]
+        if col.dtype == pl.Boolean:
+            arr = np.zeros((n_w, k_max), bool)
+            arr[w_idx, k_idx] = col.fill_null(False).to_numpy()
+        elif c in ("pred", "wait", "trans", "code"):
+            arr = np.full((n_w, k_max), -1, np.int64)
+            arr[w_idx, k_idx] = col.to_numpy()
+        else:
+            arr = np.full((n_w, k_max), np.nan)
+            arr[w_idx, k_idx] = col.cast(pl.Float64).to_numpy()
+        arrays[c] = arr
+    n_items = long.group_by("w").agg(pl.len()).sort("w")["len"].to_numpy() if n_w else np.zeros(0, np.int64)
+    done = win["cyc"].implode()
+    rest = periods.filter(~pl.col("range_id").is_in(done))["period_ns"].cast(pl.Float64).to_numpy()
+    return Replay(win["rank"].to_numpy(), win["period"].cast(pl.Float64).to_numpy(), n_items, arrays, labels, rest,
+                  defaults)
+
+
+def graph_launch_cost(res) -> tuple[float, int] | None:
+    """Node tracing's host cost per node of a graph launch and the smallest graph (nodes) of the trace: the
+    slope of the median launch time of each node count (Theil–Sen over node counts), or None with fewer
+    than two counts. Launches of that smallest graph are the reference: a larger graph's launch is assumed
+    to cost the same but for node tracing's cost per extra node."""
+    calls = res.host_calls
+    if calls is None or calls.height == 0:
+        return None
+    g = (calls.filter(pl.col("graph") & (pl.col("ops") > 0))
+         .group_by("ops").agg(y=(pl.col("end") - pl.col("start")).median()).select(x="ops", y="y").sort("x"))
+    if g.height < 2:
+        return None
+    return max(theil_sen(g.cast({"x": pl.Float64})), 0.0), int(g["x"][0])
+
+
+# ---- the model ----------------------------------------------------------------------------------------
+
+
 @dataclass
 class Model:
-    """The fitted costs (ns per cycle) and acceptance of one trace."""
+    """The fitted costs (ns per cycle), acceptance and replay of one trace."""
 
     steps_now: int
-    period_ns: float
-    cost_ns: dict[str, float]  # phase → min-over-ranks span per cycle, mean over cycles
+    period_ns: float  # measured: the cycle period (tokens.DEFINITION: mean over the steady cycles)
+    cost_ns: dict[str, float]  # phase → min-over-ranks span per cycle, median over cycles
     other_ns: float
     verify_per_token_ns: float  # b: per verified token per request
     extend_per_token_ns: float  # e1
@@ -70,16 +303,24 @@ class Model:
     alpha: float | None  # per-token acceptance; None = unknown
     accepted_now: float | None  # accepted draft tokens per request per cycle, measured
     notes: list[str] = field(default_factory=list)
-    ready: dict[str, float] = field(default_factory=dict)  # "X→Y": CPU-bound start of Y after X's GPU start
-    seam_floor: dict[str, float] = field(default_factory=dict)  # "X→Y": smallest GPU gap X end → Y start
+    replay: Replay | None = None
+    launch_cut_ns: float = 0.0  # per graph node beyond the smallest graph's, taken off each graph launch
+    launch_cut_from: int = 0  # that smallest graph's node count
+    graph_mode: str | None = None
+    probe: dict | None = None  # fitted on the graph-level pass of a pair: the probe effect (analyze.compute.probe)
+    _runs: dict = field(default_factory=dict, repr=False, compare=False)
 
-    def seams(self, steps: int) -> dict[str, float]:
-        """Predicted GPU idle between consecutive model phases: max(floor, ready − span of the earlier)."""
-        spans = {"draft": self.draft(steps), "verify": self.verify(steps)}
-        out = {}
-        for key, r in self.ready.items():
-            x = key.split("→")[0]
-            out[key] = max(self.seam_floor.get(key, 0.0), r - spans.get(x, self.cost_ns.get(x, 0.0)))
+    @property
+    def _cut(self) -> tuple[float, int]:
+        return self.launch_cut_ns, self.launch_cut_from
+
+    def deltas(self, steps: int) -> dict[str, float]:
+        """Change of each model phase's GPU span per cycle from ``steps_now`` to ``steps``."""
+        out = {"draft": self.draft(steps) - self.draft(self.steps_now),
+               "verify": self.verify(steps) - self.verify(self.steps_now), "draft_extend": 0.0}
+        tok, tok0 = self.tokens_per_cycle(steps), self.tokens_per_cycle(self.steps_now)
+        if tok is not None and tok0 is not None:
+            out["draft_extend"] = self.extend_per_token_ns * (tok - tok0)
         return out
 
     def draft(self, steps: int) -> float:
@@ -98,18 +339,44 @@ class Model:
         k = self.expected_accepted(steps)
         return None if k is None or self.batch_size is None else self.batch_size * (1 + k)
 
+    def _replayed(self, steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`Replay.run` at ``steps`` (kept: predict, cycle and seams ask for the same replay)."""
+        key = (tuple(sorted(self.deltas(steps).items())), self._cut)
+        if key not in self._runs:
+            self._runs[key] = self.replay.run(dict(key[0]), self._cut)
+        return self._runs[key]
+
+    def cycle(self, steps: int) -> float:
+        """Predicted cycle period: the mean of the replayed steady periods (the measured one without a replay)."""
+        if self.replay is None or self.replay.windows == 0:
+            return self.period_ns + sum(self.deltas(steps).values())
+        p = self._replayed(steps)[0]
+        shift = float(np.mean(p - self.replay.period))
+        return float(np.mean(np.concatenate([p, self.replay.rest + shift])))
+
+    def seams(self, steps: int) -> dict[str, float]:
+        """Predicted GPU idle of each seam inside a cycle (median over cycles and ranks)."""
+        if self.replay is None or self.replay.windows == 0:
+            return {}
+        gap, tr = self._replayed(steps)[2], self.replay.a["trans"]
+        return {lab: float(np.median(np.maximum(gap[tr == i], 0.0))) for i, lab in enumerate(self.replay.labels)
+                if (tr == i).any()}
+
+    def seams_total(self, steps: int) -> float:
+        if self.replay is None or self.replay.windows == 0:
+            return 0.0
+        return float(np.median(self._replayed(steps)[1]))
+
     def predict(self, steps: int) -> dict:
         s0 = self.steps_now
         d, v = self.draft(steps), self.verify(steps)
-        e = self.cost_ns.get("draft_extend", 0.0)
-        tok, tok0 = self.tokens_per_cycle(steps), self.tokens_per_cycle(s0)
-        if tok is not None and tok0 is not None:
-            e += self.extend_per_token_ns * (tok - tok0)
-        seam = sum(self.seams(steps).values())
-        cyc = d + v + e + seam + self.other_ns
+        e = self.cost_ns.get("draft_extend", 0.0) + self.deltas(steps)["draft_extend"]
+        tok = self.tokens_per_cycle(steps)
+        cyc = self.cycle(steps)
+        seam = self.seams_total(steps)
         return {
             "steps": steps, "cycle_ns": cyc, "draft_ns": d, "verify_ns": v, "draft_extend_ns": e,
-            "seams_ns": seam, "other_ns": self.other_ns, "tokens_per_cycle": tok,
+            "seams_ns": seam, "other_ns": cyc - d - v - e - seam, "tokens_per_cycle": tok,
             "tokens_per_s": tok / cyc * 1e9 if tok is not None and cyc > 0 else None,
             "measured": steps == s0,
         }
@@ -121,6 +388,41 @@ class Model:
         """The step count with the most tokens/s, or None when acceptance is unknown."""
         rows = [p for p in self.predictions(max_steps) if p["tokens_per_s"] is not None]
         return max(rows, key=lambda p: p["tokens_per_s"]) if rows else None
+
+    def assumptions(self) -> list[str]:
+        """What the predictions assume, with this trace's numbers (``whatif --explain``)."""
+        r = self.replay
+        dflt = (r.defaults if r is not None else {}) | {}
+        n = r.windows if r is not None else 0
+        rest = len(r.rest) if r is not None else 0
+        out = [
+            f"draft GPU time ∝ steps: {self.cost_ns.get('draft', 0) / 1e3:.1f} µs at {self.steps_now} steps "
+            "(smallest span over ranks per cycle, median over cycles; no fixed part)",
+            f"verify GPU time {self.verify_per_token_ns / 1e3:+.2f} µs per extra verified token per request "
+            "(0 without a --baseline trace: decode is memory-bound)",
+            f"draft_extend GPU time {self.extend_per_token_ns / 1e3:+.2f} µs per generated token",
+            "each cycle is replayed on the trace's own timelines: host calls in their order, the time between "
+            "them unchanged (the host's own work does not depend on the step count)",
+            "launch calls take the time they took; a launch that returned after the earlier GPU work ended is "
+            "slow, not blocked: it does not move with the GPU (README: what the bundled sweep shows)",
+            "sync-like calls return at max(start + own time, end of the GPU work they wait for + return latency)"
+            f" (median return latency {dflt.get('rho', 0) / 1e3:.1f} µs)",
+            "the GPU runs the phases of a rank in launch order, one queue: a phase starts at max(launch end + "
+            f"launch latency, previous phase end + device gap) (medians where not bound: latency "
+            f"{dflt.get('lam', 0) / 1e3:.1f} µs, gap {dflt.get('dlt', 0) / 1e3:.1f} µs)",
+            f"predicted cycle = median over {n} replayed cycles (and {rest} moved by the median shift) of the "
+            "first GPU op of a cycle → first of the next; ranks replayed independently (their skew stays as "
+            "measured)",
+        ]
+        if self.launch_cut_ns:
+            out.append(f"node-level graph tracing adds {self.launch_cut_ns / 1e3:.2f} µs per graph node to each "
+                       "graph launch call on the host (slope of launch time over node count across this trace's "
+                       f"graph launches); removed beyond the smallest graph's {self.launch_cut_from} nodes before "
+                       "the replay (--as-traced keeps it; --timing GRAPH measures launches without it)")
+        elif self.graph_mode == "Node":
+            out.append("node-level graph trace replayed as traced: its graph launch calls keep node tracing's "
+                       "host cost")
+        return out
 
 
 def theil_sen(xy: pl.DataFrame) -> float:
@@ -146,25 +448,6 @@ def solve_alpha(accepted: float, steps: int) -> float:
     return (lo + hi) / 2
 
 
-def launch_bounds(res) -> tuple[dict[str, float], dict[str, float]]:
-    """Per transition X→Y of consecutive model phases: when Y can start at the earliest because of the CPU,
-    relative to X's first GPU op (median over cycles of [Y's first launch call − X's first GPU op] + the
-    smallest launch-to-GPU latency of Y seen), and the smallest GPU gap X → Y (both ns)."""
-    inst = (headline.instances(res).filter(pl.col("steady") & (pl.col("x_ops") > 0)).with_columns(phase=base_expr())
-            .filter(pl.col("phase").is_in(MODEL_PHASES))
-            .select("rank", "parent", "phase", "x_first", "x_last", a="x_first_launch"))
-    ready, floor = {}, {}
-    for x, y in zip(MODEL_PHASES, MODEL_PHASES[1:]):
-        j = inst.filter(pl.col("phase") == x).join(inst.filter(pl.col("phase") == y), on=["rank", "parent"],
-                                                   suffix="_y").filter(pl.col("a_y").is_not_null())
-        if j.height == 0:
-            continue
-        g = j.select(o=(pl.col("a_y") - pl.col("x_first")).median(), lam=(pl.col("x_first_y") - pl.col("a_y")).min(),
-                     gap=(pl.col("x_first_y") - pl.col("x_last")).clip(lower_bound=0).min()).row(0, named=True)
-        ready[f"{x}→{y}"], floor[f"{x}→{y}"] = float(g["o"] + g["lam"]), float(g["gap"])
-    return ready, floor
-
-
 def steps_of(res, steps_now: int | None) -> int:
     """The trace's draft step count: the caller's, else the manifest's; InputError when unknown."""
     if steps_now is not None:
@@ -178,8 +461,13 @@ def steps_of(res, steps_now: int | None) -> int:
                      "speculative.steps beside it); pass --steps-now N", "NO_STEPS")
 
 
-def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = None) -> Model:
-    """Fit the cost model on one analysed trace (``baseline``: an analysed decode_step trace, optional)."""
+def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = None,
+        as_traced: bool = False) -> Model:
+    """Fit the cost model on one analysed trace (``baseline``: an analysed decode_step trace, optional).
+
+    ``as_traced``: predict the traced program (node tracing's graph launch cost kept); by default it is
+    removed on a node-level trace.
+    """
     s0 = steps_of(res, steps_now)
     cp = cycle_phases(res)
     if cp.height == 0:
@@ -187,7 +475,7 @@ def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = 
                          "an EAGLE trace (cycle ⊃ draft, verify, draft_extend)", "NO_CYCLES")
     per = (cp.filter(pl.col("phase").is_in(MODEL_PHASES))
            .group_by("n", "phase").agg(pl.col("x_span_ns").min(), pl.col("tokens").first()))
-    cost = dict(per.group_by("phase").agg(pl.col("x_span_ns").median()).sort("phase").iter_rows())
+    cost = {k: float(v) for k, v in per.group_by("phase").agg(pl.col("x_span_ns").median()).sort("phase").iter_rows()}
     if "verify" not in cost:
         raise InputError(f"{res.trace.path}: no verify phase inside the cycles", "NO_VERIFY")
     tk = summary(res, steps=s0)
@@ -195,11 +483,6 @@ def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = 
     if period is None:
         raise InputError(f"{res.trace.path}: fewer than two cycles per rank; no cycle period", "NO_PERIOD")
     notes = []
-    ready, floor = launch_bounds(res)
-    model = Model(s0, float(period), {k: float(v) for k, v in cost.items()}, 0.0, 0.0, 0.0, None, None, None,
-                  ready=ready, seam_floor=floor)
-    seams0 = sum(model.seams(s0).values())
-    other = period - sum(cost.get(p, 0.0) for p in MODEL_PHASES) - seams0
     b = 0.0
     if baseline is not None:
         bt = summary(baseline)
@@ -233,8 +516,28 @@ def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = 
     if alpha is not None and batch is None:
         batch = 1.0
         notes.append("batch size unknown: tokens and tokens/s are per request")
-    return Model(s0, float(period), {k: float(v) for k, v in cost.items()}, float(other), b, e1,
-                 batch, alpha, tk.accepted_per_request, notes, ready, floor)
+    replay = build_replay(res)
+    mode = res.trace.graph_trace_mode
+    cut = (0.0, 0)
+    if mode == "Node" and not as_traced:
+        lc = graph_launch_cost(res)
+        if lc is None:
+            notes.append("node-level graph trace with one graph size only: node tracing's launch cost cannot be "
+                         "estimated; replayed as traced")
+        else:
+            cut = lc
+    if replay.windows == 0:
+        notes.append("no cycle could be replayed (no key host calls: an older result?): phase cost changes are "
+                     "added to the measured period")
+    m = Model(s0, float(period), cost, 0.0, b, e1, batch, alpha, tk.accepted_per_request, notes, replay, *cut, mode)
+    m.other_ns = m.predict(s0)["other_ns"]
+    if cut[0]:
+        now = m.cycle(s0)
+        notes.append(f"node tracing's graph launch cost removed ({cut[0] / 1e3:.2f} µs per node beyond {cut[1]}): "
+                     f"the model's cycle at "
+                     f"{s0} steps is {now / 1e3:.1f} µs against {period / 1e3:.1f} µs traced "
+                     f"({100 * (now / period - 1):+.1f} %)")
+    return m
 
 
 def to_dict(m: Model, max_steps: int = MAX_STEPS) -> dict:
@@ -247,18 +550,23 @@ def to_dict(m: Model, max_steps: int = MAX_STEPS) -> dict:
             "steps_now": m.steps_now, "period_ns": m.period_ns, "cost_ns": m.cost_ns, "other_ns": m.other_ns,
             "verify_per_token_ns": m.verify_per_token_ns, "extend_per_token_ns": m.extend_per_token_ns,
             "batch_size": m.batch_size, "alpha": m.alpha, "accepted_per_request": m.accepted_now,
-            "seam_ready_ns": m.ready, "seam_floor_ns": m.seam_floor,
-            "notes": m.notes,
+            "seams_ns": m.seams(m.steps_now), "launch_cut_per_node_ns": m.launch_cut_ns,
+            "launch_cut_from_nodes": m.launch_cut_from,
+            "replayed_cycles": m.replay.windows if m.replay is not None else 0,
+            "assumptions": m.assumptions(), "notes": m.notes,
         },
+        **({"probe_effect": m.probe} if m.probe is not None else {}),
     }
 
 
-def validate(results: dict[int, object], baseline=None) -> pl.DataFrame:
-    """Predicted vs measured cycle time: a model from each trace (steps → analysed Result) predicts the others."""
+def validate(results: dict[int, object], baseline=None, as_traced: bool = True) -> pl.DataFrame:
+    """Predicted vs measured cycle time: a model from each trace (steps → analysed Result) predicts the others.
+
+    ``as_traced`` (default): models keep the traces' own probe effect, so that like is compared with like."""
     measured = {s: (fit(r, s).period_ns, summary(r, steps=s).tokens_per_cycle) for s, r in results.items()}
     rows = []
     for s0, r in results.items():
-        m = fit(r, s0, baseline=baseline)
+        m = fit(r, s0, baseline=baseline, as_traced=as_traced)
         for s, (meas, tok) in measured.items():
             p = m.predict(s)
             pred, ptok = p["cycle_ns"], p["tokens_per_cycle"]

@@ -42,8 +42,8 @@ def to_json(res: Result, found: list[dict] | None = None) -> str:
 
 
 TOP_KERNELS = 10  # per phase, in the JSON document
-CSV_TABLES = ("phases", "ranges", "seams", "ranks", "coverage", "instances", "phases_steady", "seams_steady",
-              "budget", "kernels", "cycles", "findings")
+CSV_TABLES = ("phases", "ranges", "seams", "ranks", "coverage", "instances", "host_calls", "phases_steady",
+              "seams_steady", "budget", "kernels", "cycles", "findings")
 
 
 def frame(res: Result, name: str) -> pl.DataFrame:
@@ -75,6 +75,8 @@ def frame(res: Result, name: str) -> pl.DataFrame:
         return res.coverage
     if name == "instances":
         return res.instances
+    if name == "host_calls":  # the key CUDA API calls (analyze.compute.host.CALL_SCHEMA)
+        return res.host_calls if res.host_calls is not None else pl.DataFrame()
     raise InputError(f"unknown table {name!r}; one of {', '.join(CSV_TABLES)}", "BAD_TABLE")
 
 

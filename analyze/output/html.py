@@ -21,7 +21,7 @@ from ..compute.tokens import DEFINITION, cycle_order, selection, summary
 from ..model import InputError
 from . import plots
 from .targets import os_error, refuse_input
-from .text import compare_table, kernel_label, whatif_table
+from .text import compare_table, kernel_label, probe_lines, whatif_table
 
 CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1250px;color:#222;padding:0 1em}
 table{border-collapse:collapse;margin:.5em 0 1.5em;font-size:13px}th,td{padding:3px 8px;border-bottom:1px solid #ddd;
@@ -208,8 +208,14 @@ def _seams(res, out: Path) -> Section:
     sa = headline.seams_all(res)
     body = [_p("GPU idle between consecutive ranges (last op of one → first op of the next), steady state, all ranks.")]
     if sa.height:
+        causes = [c for c in ("bound", "gpu_bound_ns", "launch_bound_ns", "host_bound_ns", "launch_block_ns",
+                              "host_late_ns") if c in sa.columns]
         body.append(_table(sa.select("parent", "from", "to", "instances", "idle_mean_ns", "idle_p50_ns",
-                                     "idle_p90_ns", "busy_ns", "overlap_ns"), {"busy_ns": "other work µs"}))
+                                     "idle_p90_ns", "busy_ns", "overlap_ns", *causes), {"busy_ns": "other work µs"}))
+        if causes:
+            body.append(_p("bound: why the GPU waited, over the instances (gpu: the next phase was queued in time; "
+                           "launch: its launch call returned after the earlier work ended; host: the launch began "
+                           "after it), with the idle time of each cause."))
     body.append(_save(plots.distributions(res), out, "distributions.png", "idle inside phases and in seams"))
     return Section("seams", "Seams and idle gaps", "".join(body))
 
@@ -288,6 +294,8 @@ def write_page(res, out: str | Path, baseline=None, steps_now: int | None = None
         model = e
     found = findings.find(res, None if isinstance(model, InputError) else model)
     secs = [_summary(res, steps_now), _budget(res, out), _findings(found), _phases(res, out)]
+    if res.probe_effect is not None:  # a two-pass capture (--timing): what node-level tracing cost
+        secs.insert(1, Section("probe", "Probe effect", f"<pre>{html.escape(chr(10).join(probe_lines(res.probe_effect)))}</pre>"))
     secs += [s for s in (_comm(res, out),) if s is not None]
     secs += [Section("timeline", "Timeline", _save(plots.timeline(res), out, "timeline.png", "a few cycles on the GPU")),
              _seams(res, out),

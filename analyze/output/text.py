@@ -15,7 +15,7 @@ from ..compute.collectives import short_name
 from ..compute.headline import budget
 from ..compute.tokens import DEFINITION, cycle_order, selection, summary
 from ..compute.whatif import MAX_STEPS, Model
-from ..model import CommResult, Result
+from ..model import SEAM_CAUSES, CommResult, Result
 
 NO_PHASE = "(none)"  # how a null phase (GPU work outside every selected range) is shown
 
@@ -63,19 +63,31 @@ def _order(df: pl.DataFrame, col: str) -> pl.DataFrame:
                                                      descending=[False, True]).drop("_o")
 
 
+def _refusals(refused: pl.DataFrame) -> list[str]:
+    """One line per phase whose matched collectives do not end together (no wait/straggler numbers for it)."""
+    return [f"  {r['phase'] if r['phase'] is not None else NO_PHASE}: {r['collectives']} matched collectives end "
+            f"{_us(r['end_spread_p50_ns'])} µs apart (p50) > {_us(r['bound_ns'])} µs: they are not the same "
+            "collectives on every rank, or the clocks disagree" for r in refused.iter_rows(named=True)]
+
+
 def _comm_split(res: Result) -> list[str]:
     """Matched collectives per rank and phase: waiting for the last rank vs transfer (more in ``spectrace comm``)."""
-    p = res.phases
-    if "comm_wait_ns" not in p.columns or not int((p["comm_wait_ns"] + p["comm_transfer_ns"]).sum()):
+    p, refused = res.phases, res.comm_refused
+    if "comm_wait_ns" not in p.columns:
         return []
     p = _order(p.filter((pl.col("comm_wait_ns") + pl.col("comm_transfer_ns")) > 0), "phase").sort("rank",
                                                                                                   maintain_order=True)
+    if not p.height and not refused.height:
+        return []
     rows = [[r["phase"], str(r["rank"]), _ms(r["comm_wait_ns"] + r["comm_transfer_ns"]), _ms(r["comm_wait_ns"]),
              _pct(r["comm_wait_ns"], r["comm_wait_ns"] + r["comm_transfer_ns"]), _ms(r["comm_transfer_ns"])]
             for r in p.iter_rows(named=True)]
-    return ["", "Collectives matched across ranks: kernel time spent waiting for the last rank vs transferring "
-                "(spectrace comm for stragglers)",
-            *_grid(["phase", "rank", "collective ms", "wait ms", "%", "transfer ms"], rows, 2)]
+    out = ["", "Collectives matched across ranks: kernel time spent waiting for the last rank vs transferring "
+               "(spectrace comm for stragglers)",
+           *_grid(["phase", "rank", "collective ms", "wait ms", "%", "transfer ms"], rows, 2)]
+    if refused.height:
+        out += ["No wait/transfer split (refused) for:", *_refusals(refused)]
+    return out
 
 
 def kernel_label(name: str, width: int = 60) -> str:
@@ -234,9 +246,11 @@ def analyze_table(res: Result, found: list[dict] | None = None) -> str:
     """``spectrace analyze``: steady state and cycle budget first, per-instance phases, the whole run's totals,
     comm split, seams, parent ranges, coverage, diagnostics, then the ranked findings."""
     t, out = res.trace, []
-    out.append(f"spectrace · {', '.join(Path(p).name for p in res.reports) or Path(t.path).name} · nsys "
-               f"{t.nsys_version} (schema {t.schema_version}) · {res.ranks.height} rank(s) · CUDA graph trace: "
-               f"{t.graph_trace_mode or 'none'}")
+    pe = res.probe_effect
+    name = (f"{Path(pe['node']).name} (split) + {Path(pe['graph']).name} (timing)" if pe is not None
+            else ", ".join(Path(p).name for p in res.reports) or Path(t.path).name)
+    out.append(f"spectrace · {name} · nsys {t.nsys_version} (schema {t.schema_version}) · "
+               f"{res.ranks.height} rank(s) · CUDA graph trace: {t.graph_trace_mode or 'none'}")
     out.append(f"phases: {res.selection}")
     for rk in res.ranks.iter_rows(named=True):
         dev = f"GPU {rk['device']}" + (f" {rk['device_name']}" if rk["device_name"] else "")
@@ -261,12 +275,8 @@ def analyze_table(res: Result, found: list[dict] | None = None) -> str:
         out.append("")
         out.append("Seams, steady state: GPU idle between consecutive ranges (last op of one → first op of the next), "
                    "all ranks")
-        rows = [[r["parent"] or "(top level)", f"{r['from']} → {r['to']}", str(r["instances"]), _ms(r["idle_ns"]),
-                 _us(r["idle_mean_ns"]), _us(r["idle_p50_ns"]), _us(r["idle_p90_ns"]), _ms(r["busy_ns"]),
-                 _ms(r["overlap_ns"])]
-                for r in sa.iter_rows(named=True)]
-        out += _grid(["within", "transition", "inst", "idle ms", "µs/inst", "p50", "p90", "other work ms",
-                      "overlap ms"], rows, 2)
+        out += _seam_rows(sa)
+    out += _host_waits(pa)
     parents = res.ranges_all.join(res.seams_all.select(pl.col("parent").alias("range")).unique(), on="range",
                                   how="semi")
     if parents.height:
@@ -276,6 +286,8 @@ def analyze_table(res: Result, found: list[dict] | None = None) -> str:
                  _ms(r["busy_ns"] - r["comm_ns"]), _ms(r["comm_ns"]), _ms(r["idle_ns"]), _pct(r["idle_ns"], r["proj_span_ns"])]
                 for r in parents.iter_rows(named=True)]
         out += _grid(["range", "inst", "span ms", "µs/inst", "compute ms", "comm ms", "idle ms", "%idle"], rows)
+    if res.probe_effect is not None:
+        out += ["", *probe_lines(res.probe_effect)]
     cov = res.coverage
     gpu, att = (int(cov["gpu_ns"].sum()), int(cov["attributed_ns"].sum())) if cov.height else (0, 0)
     out.append("")
@@ -290,12 +302,87 @@ def analyze_table(res: Result, found: list[dict] | None = None) -> str:
     return "\n".join(out) + "\n"
 
 
+def _seam_rows(sa: pl.DataFrame) -> list[str]:
+    """The seams table; with causes (analyze.compute.host): the dominant one and the idle time of each."""
+    causes = "bound" in sa.columns
+    rows = []
+    spread = "idle_p50_ns" in sa.columns
+    for r in sa.iter_rows(named=True):
+        n = max(r["instances"], 1)
+        row = [r["parent"] or "(top level)", f"{r['from']} → {r['to']}", str(r["instances"]), _ms(r["idle_ns"]),
+               _us(r["idle_ns"] / n)]
+        row += [_us(r["idle_p50_ns"]), _us(r["idle_p90_ns"])] if spread else []
+        row += [_ms(r["busy_ns"]), _ms(r["overlap_ns"])]
+        if causes:
+            b = r["bound"]
+            row += [f"{b} {r[f'{b}_bound_inst']}/{r['instances']}" if b else "-",
+                    *(_ms(r[f"{c}_bound_ns"]) for c in SEAM_CAUSES),
+                    _us_or_dash(r["launch_block_ns"] / r["launch_bound_inst"] if r["launch_bound_inst"] else None),
+                    _us_or_dash(r["host_late_ns"] / r["host_bound_inst"] if r["host_bound_inst"] else None)]
+        rows.append(row)
+    head = ["within", "transition", "inst", "idle ms", "µs/inst", *(["p50", "p90"] if spread else []),
+            "other work ms", "overlap ms"]
+    if causes:
+        head += ["bound", "gpu ms", "launch ms", "host ms", "block µs", "late µs"]
+    out = _grid(head, rows, 2)
+    if causes:
+        out.append("bound: why the GPU waited, per instance: gpu = the next phase's first op was queued before the "
+                   "earlier work ended; launch = its launch call returned after that (block µs: how long after, "
+                   "mean); host = the launch began after it (late µs: how late, mean). gpu/launch/host ms: idle "
+                   "time of the instances of each cause.")
+    return out
+
+
+def _host_waits(pa: pl.DataFrame) -> list[str]:
+    """Per phase: the host's time in launching calls and waiting in sync-like calls (all ranks)."""
+    if "host_wait_ns" not in pa.columns or not int(pa["launch_api_ns"].sum() + pa["host_wait_ns"].sum()):
+        return []
+    rows = [[r["phase"], str(r["instances"]), _ms(r["launch_api_ns"]), _us(r["launch_api_ns"] / max(r["instances"], 1)),
+             str(r["syncs"]), _ms(r["host_wait_ns"]), _us(r["host_wait_ns"] / max(r["instances"], 1))]
+            for r in _order(pa, "phase").iter_rows(named=True)]
+    return ["", "Host side per phase, all ranks: time in the API calls that launched its GPU work, and time waiting "
+                "for the GPU in sync-like calls (synchronize, .item()/DtoH copies)",
+            *_grid(["phase", "inst", "launch API ms", "µs/inst", "syncs", "host wait ms", "µs/inst"], rows)]
+
+
+def probe_lines(pe: dict) -> list[str]:
+    """The probe-effect section: cycle period under the graph- and node-level passes, per phase and seam."""
+    def pct(x) -> str:
+        return "-" if x is None else f"{x:+.1f}%"
+
+    p = pe["period_ns"]
+    out = [f"Probe effect: graph-level pass {Path(pe['graph']).name} vs node-level pass {Path(pe['node']).name}",
+           f"median cycle period: graph {_us_or_dash(p['graph'])} µs, node {_us_or_dash(p['node'])} µs: node-level "
+           f"tracing {pct(pe['inflation'])}"]
+    u = pe.get("unprofiled")
+    if u:
+        own = u["own_cycles_per_s"]
+        out.append(f"without a profiler ({u['source']}): {u['cycles_per_s']:,.1f} cycles/s = {_us_or_dash(u['period_ns'])} "
+                   f"µs per cycle; trace median period vs that: graph {pct(u['period_vs_unprofiled']['graph'])}, node "
+                   f"{pct(u['period_vs_unprofiled']['node'])}")
+        if any(v is not None for v in own.values()):
+            out.append("the workload's own cycles/s under each pass: " + ", ".join(
+                f"{k} {v:,.1f} ({pct(u['own_vs_unprofiled'][k])} slower)" for k, v in own.items() if v is not None))
+    rows = [[r["phase"], _us_or_dash(r["span_ns"]["graph"]), _us_or_dash(r["span_ns"]["node"]), pct(r["span_inflation"]),
+             _us_or_dash(r["launch_ns"]["graph"]), _us_or_dash(r["launch_ns"]["node"])] for r in pe["phases"]]
+    rows += [[f"seam {r['transition']}", _us_or_dash(r["idle_ns"]["graph"]), _us_or_dash(r["idle_ns"]["node"]), "",
+              r["bound"]["graph"] or "-", r["bound"]["node"] or "-"] for r in pe["seams"]]
+    out += _grid(["phase / seam", "span/idle µs: graph", "node", "Δ", "launch µs/bound: graph", "node"], rows)
+    out.append("per instance, medians: a phase's GPU span and the time in the API calls that launched its work; a "
+               "seam's GPU idle and dominant cause")
+    return out
+
+
 def _us_or_dash(ns) -> str:
     return "-" if ns is None else f"{ns / 1e3:,.1f}"
 
 
+def _ms_or_dash(ns) -> str:
+    return "-" if ns is None else _ms(ns)
+
+
 def _pct1(a, b) -> str:
-    return f"{100 * a / b:.1f}" if b else "-"
+    return f"{100 * a / b:.1f}" if b and a is not None else "-"
 
 
 def comm_table(res: CommResult) -> str:
@@ -310,14 +397,17 @@ def comm_table(res: CommResult) -> str:
                    f"session offset {_us_or_dash(r['session_offset_ns'])} µs, refined by {_us_or_dash(r.get('refine_ns'))} µs")
     d = res.to_dict()["matching"]
     out.append(f"matched {d['matched_collectives']} collectives ({d['matched_kernels']} of {d['comm_kernels']} "
-               f"communication kernels; {d['unmatched_kernels']} unmatched)")
+               f"communication kernels; {d['unmatched_kernels']} unmatched"
+               + (f"; {d['left_out_kernels']} in instances left out: cut, lost or unpaired" if d["left_out_kernels"]
+                  else "") + ")")
     out.append("wait = kernel time before the last rank arrived (latest start); transfer = the rest; "
                "skew = last arrival - own start")
     out.append("")
     s = res.collectives.with_columns(short_name(pl.col("name")).alias("name"), pl.col("phase").fill_null(NO_PHASE))
-    rows = [[r["phase"], str(r["rank"]), r["name"], str(r["count"]), _ms(r["duration_ns"]), _ms(r["wait_ns"]),
-             _pct1(r["wait_ns"], r["duration_ns"]), _ms(r["transfer_ns"]), _us_or_dash(r["skew_p50_ns"]),
-             _us_or_dash(r["skew_p99_ns"]), str(r["last_arrivals"])] for r in s.iter_rows(named=True)]
+    rows = [[r["phase"], str(r["rank"]), r["name"], str(r["count"]), _ms(r["duration_ns"]), _ms_or_dash(r["wait_ns"]),
+             _pct1(r["wait_ns"], r["duration_ns"]), _ms_or_dash(r["transfer_ns"]), _us_or_dash(r["skew_p50_ns"]),
+             _us_or_dash(r["skew_p99_ns"]), "-" if r["last_arrivals"] is None else str(r["last_arrivals"])]
+            for r in s.iter_rows(named=True)]
     out.append("Per phase, rank and kernel")
     out += _grid(["phase", "rank", "kernel", "count", "dur ms", "wait ms", "%wait", "transfer ms", "skew p50 µs",
                   "skew p99 µs", "last"], rows, 3)
@@ -328,6 +418,10 @@ def comm_table(res: CommResult) -> str:
     out.append("")
     out.append("Stragglers: who arrived last (strictly), and how much later than the next-latest rank")
     out += _grid(["phase", "rank", "last", "%", "mean delay µs", "max delay µs", "total delay ms"], rows, 2)
+    if res.refused.height:
+        out.append("")
+        out.append("Refused: no wait, skew or straggler numbers for these phases")
+        out += _refusals(res.refused)
     if res.diagnostics:
         out.append("")
         out.append("Diagnostics")
@@ -399,12 +493,16 @@ def compare_table(doc: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def whatif_table(m: Model, max_steps: int = MAX_STEPS) -> str:
-    """``spectrace whatif``: the fitted costs and the predictions per step count."""
-    out = [f"what-if from {m.steps_now} draft steps: measured cycle {m.period_ns / 1e3:.1f} µs = draft "
-           f"{m.cost_ns.get('draft', 0) / 1e3:.1f} + verify {m.cost_ns.get('verify', 0) / 1e3:.1f} + draft_extend "
-           f"{m.cost_ns.get('draft_extend', 0) / 1e3:.1f} + seams {sum(m.seams(m.steps_now).values()) / 1e3:.1f} + other "
-           f"{m.other_ns / 1e3:.1f} µs"]
+def whatif_table(m: Model, max_steps: int = MAX_STEPS, explain: bool = False) -> str:
+    """``spectrace whatif``: the fitted costs and the predictions per step count (``explain``: the assumptions)."""
+    now = m.predict(m.steps_now)
+    out = [f"what-if from {m.steps_now} draft steps: measured cycle {m.period_ns / 1e3:.1f} µs (median); model "
+           f"{now['cycle_ns'] / 1e3:.1f} µs = draft {now['draft_ns'] / 1e3:.1f} + verify {now['verify_ns'] / 1e3:.1f} "
+           f"+ draft_extend {now['draft_extend_ns'] / 1e3:.1f} + seams {now['seams_ns'] / 1e3:.1f} + other "
+           f"{now['other_ns'] / 1e3:.1f} µs"]
+    seams = m.seams(m.steps_now)
+    if seams:
+        out.append("seams inside a cycle (median µs): " + ", ".join(f"{k} {v / 1e3:.1f}" for k, v in seams.items()))
     if m.alpha is not None:
         acc = f"{m.accepted_now:.2f}" if m.accepted_now is not None else "given"
         out.append(f"acceptance: {acc} accepted draft tokens/request/cycle → α = {m.alpha:.3f}")
@@ -415,11 +513,15 @@ def whatif_table(m: Model, max_steps: int = MAX_STEPS) -> str:
     for p in m.predictions(max_steps):
         tok = f"{p['tokens_per_cycle']:9.2f}" if p["tokens_per_cycle"] is not None else f"{'-':>9}"
         tps = f"{p['tokens_per_s']:9.1f}" if p["tokens_per_s"] is not None else f"{'-':>9}"
-        mark = " ← now (measured)" if p["measured"] else ""
+        mark = " ← now" if p["measured"] else ""
         out.append(f"{p['steps']:5d}  {p['cycle_ns'] / 1e3:9.1f}  {p['draft_ns'] / 1e3:8.1f}  {p['verify_ns'] / 1e3:8.1f}  "
                    f"{p['draft_extend_ns'] / 1e3:8.1f}  {p['seams_ns'] / 1e3:8.1f}  {p['other_ns'] / 1e3:8.1f}  {tok}  {tps}{mark}")
     best = m.best(max_steps)
     out.append("")
     out.append(f"best: {best['steps']} steps, {best['tokens_per_s']:.1f} tok/s predicted" if best
                else "best: unknown without acceptance (shortest cycle is always 1 step)")
+    if m.probe is not None:
+        out += ["", "Fitted on the graph-level pass (--timing).", *probe_lines(m.probe)]
+    if explain:
+        out += ["", "Assumptions"] + [f"  - {a}" for a in m.assumptions()]
     return "\n".join(out) + "\n"

@@ -4,29 +4,39 @@ Defaults: ``-t cuda,nvtx --cuda-graph-trace=node --trace-fork-before-exec=true -
 --cpuctxsw=none``, capture window = the program's cudaProfilerStart/Stop range
 (``--capture all`` for the whole run, ``--delay``/``--duration`` for a timed window),
 ``SPECTRACE_HOOKS=1`` in the environment. Writes NAME.nsys-rep, NAME.sqlite and
-NAME.manifest.json (and NAME_<report>.csv with ``--stats``). Also runs
-``spectrace demo-workload``.
+NAME.manifest.json (and NAME_<report>.csv with ``--stats``). ``--passes graph,node[,plain]`` runs the
+command once per pass: graph- and node-level CUDA-graph tracing (NAME_graph.*, NAME_node.*) and, for
+``plain``, without any profiler (NAME_plain.manifest.json); the JSON-object lines the program prints
+(e.g. the embedded workload's cycles/s) are kept in each manifest. Each export is checked: one line per
+rank with its cycles with GPU work and any lost GPU tail (``--strict``: exit 3 when one is lost, or the
+export has no GPU rows). Also runs ``spectrace demo-workload``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import re
 import shlex
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
-from . import CaptureError
+from . import CaptureError, complete
 from . import manifest as mf
 
 MIN_NSYS = (2024, 2)  # DIAGNOSTIC_EVENT, GRAPH_TRACE and CUDA_GRAPH_NODE_EVENTS exist from here on
 STATS_REPORTS = ("nvtx_gpu_proj_sum", "nvtx_sum")
 HOOKS_ENV = {"SPECTRACE_HOOKS": "1"}
+PASSES = ("graph", "node", "plain")  # --passes: CUDA-graph trace level, or no profiler at all
+MAX_RECORDS, MAX_RECORD_BYTES = 64, 4096  # JSON-object lines of the program's output kept in the manifest
 
 
 def find_nsys(explicit: str | None = None, env: dict[str, str] | None = None) -> str:
@@ -139,9 +149,48 @@ def commands(nsys: str, a: argparse.Namespace, base: Path) -> dict[str, list[str
     return cmds
 
 
-def _run_profile(cmd: list[str], env: dict[str, str]) -> tuple[int, bool]:
-    """Run nsys profile; Ctrl-C is forwarded to nsys (which stops the app and writes the report)."""
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+class OutputRecords:
+    """Copies a child's stdout to ours line by line and keeps the lines that are JSON objects (the
+    embedded workload prints its throughput as one): at most :data:`MAX_RECORDS`, each shorter than
+    :data:`MAX_RECORD_BYTES`."""
+
+    def __init__(self, stream):
+        self.records: list[dict] = []
+        self._thread = threading.Thread(target=self._copy, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _copy(self, stream) -> None:
+        out = getattr(sys.stdout, "buffer", None)
+        for line in iter(stream.readline, b""):
+            try:
+                if out is not None:
+                    out.write(line)
+                    out.flush()
+                else:
+                    sys.stdout.write(line.decode(errors="replace"))
+            except (OSError, ValueError):
+                out = None
+            text = line.strip()
+            if text.startswith(b"{") and len(text) < MAX_RECORD_BYTES and len(self.records) < MAX_RECORDS:
+                try:
+                    rec = json.loads(text)
+                except ValueError:
+                    continue
+                if isinstance(rec, dict):
+                    self.records.append(rec)
+        stream.close()
+
+    def join(self) -> list[dict]:
+        self._thread.join(timeout=10)  # a leftover grandchild may hold the pipe open: do not wait for it
+        return self.records
+
+
+def _run_profile(cmd: list[str], env: dict[str, str], records: list | None = None) -> tuple[int, bool]:
+    """Run nsys profile (or the plain command); Ctrl-C is forwarded to it (nsys then stops the app and writes
+    the report). ``records``: gets the JSON-object lines of its output (which still reach our stdout)."""
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True,
+                            stdout=subprocess.PIPE if records is not None else None)
+    tee = OutputRecords(proc.stdout) if records is not None else None
     interrupted = False
 
     def forward(signum, frame):
@@ -163,11 +212,26 @@ def _run_profile(cmd: list[str], env: dict[str, str]) -> tuple[int, bool]:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+    if tee is not None:
+        records.extend(tee.join())
     return rc, interrupted
 
 
+def parse_passes(text: str | None) -> list[str]:
+    """``--passes graph,node[,plain]`` as a list (empty without the option); CaptureError if malformed."""
+    if not text:
+        return []
+    out = [p.strip() for p in text.split(",") if p.strip()]
+    bad = [p for p in out if p not in PASSES]
+    if bad or not out or len(set(out)) != len(out):
+        raise CaptureError(f"--passes wants distinct names among {', '.join(PASSES)} separated by commas, "
+                           f"got {text!r}")
+    return out
+
+
 def trace(a: argparse.Namespace) -> int:
-    """``spectrace trace``: profile, export, write the manifest; returns the command's exit code."""
+    """``spectrace trace``: profile, export, write the manifest (once per ``--passes`` pass); returns the
+    command's exit code (the first non-zero one over the passes)."""
     command = list(a.command or [])
     if command and command[0] == "--":
         command = command[1:]
@@ -175,14 +239,37 @@ def trace(a: argparse.Namespace) -> int:
     if not command:
         raise CaptureError("no command to profile: spectrace trace -o NAME -- COMMAND ...")
     base = output_base(a.output)
+    passes = parse_passes(getattr(a, "passes", None))
     added = env_added(a)
     if a.dry_run:
         try:
             nsys = find_nsys(a.nsys)
         except CaptureError:
             nsys = a.nsys or os.environ.get("NSYS") or "nsys"
+    elif passes == ["plain"]:
+        nsys = ""
     else:
         nsys = find_nsys(a.nsys)
+    if not passes:
+        return _capture(a, nsys, base, added)
+    names = {p: f"{base.name}_{p}" for p in passes}
+    rc = 0
+    for p in passes:
+        pbase = base.with_name(names[p])
+        if p == "plain":
+            r = _plain(a, pbase, added, names)
+        else:
+            r = _capture(argparse.Namespace(**{**vars(a), "cuda_graph_trace": p}), nsys, pbase, added,
+                         {"pass": p, "passes": names})
+        if r == 130:
+            return 130
+        rc = rc or r
+    return rc
+
+
+def _capture(a: argparse.Namespace, nsys: str, base: Path, added: dict[str, str], extra: dict | None = None) -> int:
+    """One capture under nsys: profile, export, write the manifest (``extra``: more manifest keys)."""
+    command = a.command
     cmds = commands(nsys, a, base)
     if a.dry_run:
         envs = " ".join(f"{k}={shlex.quote(v)}" for k, v in added.items())
@@ -201,7 +288,8 @@ def trace(a: argparse.Namespace) -> int:
     env = {**os.environ, **added}
     started, t0 = mf.utc_now(), time.monotonic()
     print(f"spectrace: {shlex.join(cmds['profile'])}", file=sys.stderr, flush=True)
-    rc, interrupted = _run_profile(cmds["profile"], env)
+    records: list[dict] = []
+    rc, interrupted = _run_profile(cmds["profile"], env, records)
     exported = False
     if files["report"].exists():
         # an interrupted capture still gets exported; a second Ctrl-C here stops only the export
@@ -214,6 +302,11 @@ def trace(a: argparse.Namespace) -> int:
                    ended=mf.utc_now(), wall_s=wall, exit_code=rc, interrupted=interrupted,
                    outputs=[p for k, p in files.items() if k != "manifest"])
     rec["exported"] = exported
+    rec["program_output"] = records
+    rec.update(extra or {})
+    ranks = _check(files["sqlite"]) if exported else None
+    if ranks is not None:
+        rec["ranks"] = [dataclasses.asdict(r) for r in ranks]
     mf.write(files["manifest"], rec)
     if not files["report"].exists():
         print(f"spectrace: nsys wrote no report {files['report']} (exit {rc})", file=sys.stderr)
@@ -222,7 +315,49 @@ def trace(a: argparse.Namespace) -> int:
           file=sys.stderr)
     if interrupted:
         return 130
+    if rc == 0 and exported and a.strict and not (ranks and all(r.complete for r in ranks)):
+        print("spectrace: --strict: the capture is not complete on every rank", file=sys.stderr)
+        return 3
     return rc if exported else (rc or 1)
+
+
+def _plain(a: argparse.Namespace, base: Path, added: dict[str, str], names: dict[str, str]) -> int:
+    """The ``plain`` pass: the command without a profiler (same environment), its output lines kept."""
+    manifest = base.with_name(base.name + ".manifest.json")
+    if a.dry_run:
+        print(f"{' '.join(f'{k}={shlex.quote(v)}' for k, v in added.items())} {shlex.join(a.command)}")
+        return 0
+    if manifest.exists() and not a.force:
+        raise CaptureError(f"{manifest} exists: pass --force to overwrite")
+    if base.parent and not base.parent.exists():
+        base.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **added}
+    started, t0 = mf.utc_now(), time.monotonic()
+    print(f"spectrace: {shlex.join(a.command)} (no profiler)", file=sys.stderr, flush=True)
+    records: list[dict] = []
+    try:
+        rc, interrupted = _run_profile(a.command, env, records)
+    except OSError as e:
+        raise CaptureError(f"cannot run {a.command[0]}: {e}") from e
+    rec = mf.build(name=base.name, command=a.command, nsys_path="", nsys_version=None, profile_cmd=[],
+                   env_added=added, env=env, started=started, ended=mf.utc_now(), wall_s=time.monotonic() - t0,
+                   exit_code=rc, interrupted=interrupted, outputs=[])
+    rec.update(nsys=None, program_output=records, **{"pass": "plain", "passes": names})
+    mf.write(manifest, rec)
+    print(f"spectrace: wrote {manifest} ({len(records)} JSON line(s) of the program's output)", file=sys.stderr)
+    return 130 if interrupted else rc
+
+
+def _check(sqlite: Path) -> list[complete.Rank] | None:
+    """Print one line per rank of the fresh export (cycles with GPU work, lost tail); None if unreadable."""
+    try:
+        ranks = complete.ranks(sqlite)
+    except sqlite3.Error as e:
+        print(f"spectrace: could not check {sqlite}: {e}", file=sys.stderr)
+        return None
+    for line in complete.lines(ranks):
+        print(f"spectrace: {line}", file=sys.stderr)
+    return ranks
 
 
 def add_trace_arguments(p: argparse.ArgumentParser) -> None:
@@ -233,6 +368,11 @@ def add_trace_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-t", "--trace", default="cuda,nvtx", help="nsys --trace (default: %(default)s)")
     p.add_argument("--cuda-graph-trace", default="node", choices=("node", "graph"),
                    help="node: every kernel of a graph replay is recorded (default); graph: one row per replay")
+    p.add_argument("--passes", metavar="LIST",
+                   help="run the command once per pass, in order: graph and/or node (that CUDA-graph trace level; "
+                        "writes NAME_graph.*, NAME_node.*), plain (no profiler: NAME_plain.manifest.json with the "
+                        "program's JSON output lines, e.g. the workload's cycles/s); e.g. graph,node,plain. "
+                        "Analyse with: spectrace analyze NAME_node.sqlite --timing NAME_graph.sqlite")
     p.add_argument("--trace-fork", default="true", choices=("true", "false"),
                    help="nsys --trace-fork-before-exec (default: true; reaches every TP rank)")
     p.add_argument("-s", "--sample", default="none", help="nsys --sample (default: none)")
@@ -250,6 +390,9 @@ def add_trace_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stats", action="store_true",
                    help=f"also write NAME_<report>.csv for {', '.join(STATS_REPORTS)} (nsys stats)")
     p.add_argument("-f", "--force", action="store_true", help="overwrite an existing report")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 3 when a rank's GPU rows stop while its cycle ranges go on (lost GPU tail) "
+                        "or the export has no GPU rows")
     p.add_argument("-n", "--dry-run", action="store_true", help="print the commands and environment; run nothing")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
 

@@ -20,6 +20,12 @@ each verify launch, so that rank's verify starts late and the others wait in the
 The measured loop is bracketed by ``cudaProfilerStart/Stop`` (use nsys
 ``--capture-range=cudaProfilerApi``); one JSON line with the loop's throughput goes to stdout.
 
+Every rank hands its buffered CUDA events to the profiler after the loop and before it ends
+(``cuptiActivityFlushAll`` when a CUPTI is loaded, e.g. by nsys) and ends with a normal exit, where CUDA
+and the profiler flush what is left; NCCL's teardown gets :data:`TEARDOWN_S` seconds, then the rank ends
+anyway. ``--exit os`` keeps the old ending (no flush, ``os._exit`` right after the final barrier), which
+lost the last CUPTI buffers of a whole-run capture.
+
 Run: ``python -m nvtx_hooks.capture.workload --help`` or ``spectrace demo-workload``.
 """
 
@@ -30,9 +36,12 @@ import json
 import os
 import random
 import sys
+import threading
 import time
 
 from ..phases import encode_payload
+
+TEARDOWN_S = 60.0  # NCCL teardown after the final barrier normally takes well under a second
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -60,9 +69,35 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--seed", type=int, default=0, help="seed of the accept lengths and weights")
     p.add_argument("--profiler-api", action=argparse.BooleanOptionalAction, default=True,
                    help="bracket the measured loop with cudaProfilerStart/Stop")
+    p.add_argument("--profiler-rank", type=int, default=None,
+                   help="only this rank calls cudaProfilerStart/Stop (as SGLang's first scheduler does; "
+                        "default: every rank)")
     p.add_argument("--nproc", type=int, default=None,
                    help="ranks to start with torchrun when not already under it (default: visible GPUs)")
+    p.add_argument("--exit", choices=("flush", "os"), default="flush", dest="exit_mode",
+                   help="how each rank of several ends: flush (CUPTI flush, NCCL teardown, normal exit; default) "
+                        "or os (no flush, os._exit after the final barrier: a whole-run capture loses its last "
+                        "CUDA events)")
     return p
+
+
+def flush_cupti() -> int:
+    """Hand the CUDA events CUPTI still buffers in this process to the profiler now (``cuptiActivityFlushAll``
+    of every libcupti loaded here, e.g. by nsys's injection); the number of libraries flushed."""
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as f:
+            libs = sorted({line.split()[-1] for line in f if "libcupti" in line})
+    except OSError:
+        return 0
+    done = 0
+    for lib in libs:
+        try:
+            done += ctypes.CDLL(lib).cuptiActivityFlushAll(1) == 0  # CUPTI_ACTIVITY_FLAG_FLUSH_FORCED
+        except (OSError, AttributeError):
+            continue
+    return done
 
 
 def accept_lengths(n: int, steps: int, seed: int) -> list[int]:
@@ -249,7 +284,8 @@ def run(args: argparse.Namespace) -> dict:
         torch.cuda.synchronize()
     if world > 1:
         dist.barrier()
-    if use_cuda and args.profiler_api:
+    bracket = use_cuda and args.profiler_api and args.profiler_rank in (None, rank)
+    if bracket:
         torch.cuda.cudart().cudaProfilerStart()
     t0 = time.perf_counter()
     for i in range(args.warmup, args.warmup + args.cycles):
@@ -259,7 +295,9 @@ def run(args: argparse.Namespace) -> dict:
     if use_cuda:
         torch.cuda.synchronize()
     wall = time.perf_counter() - t0
-    if use_cuda and args.profiler_api:
+    if use_cuda and args.exit_mode != "os":
+        flush_cupti()  # this rank's events reach the profiler before its window closes
+    if bracket:
         torch.cuda.cudart().cudaProfilerStop()
     measured = sched[args.warmup:]
     rec = {
@@ -352,14 +390,29 @@ def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) 
     rec = run(args)
     print(json.dumps(rec), flush=True)
     if rec["world"] > 1:
-        # NCCL teardown can hang; collection already stopped at cudaProfilerStop (flushed there).
-        import torch.distributed as dist
-
-        dist.barrier()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        end_rank(args.exit_mode)
     return 0
+
+
+def end_rank(mode: str) -> None:
+    """End one rank of several: GPU idle and CUPTI flushed, all ranks done, then NCCL torn down (bounded by
+    :data:`TEARDOWN_S`: it can hang) and a normal exit; ``mode='os'``: ``os._exit`` after the barrier."""
+    import torch
+    import torch.distributed as dist
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    if mode != "os":
+        flush_cupti()
+    dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if mode == "os":
+        os._exit(0)
+    watchdog = threading.Timer(TEARDOWN_S, os._exit, (0,))
+    watchdog.daemon = True
+    watchdog.start()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

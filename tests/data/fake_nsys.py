@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """A stand-in for nsys in tests: logs each call (argv + SPECTRACE_HOOKS) as JSON to $FAKE_NSYS_LOG,
-runs the profiled command, writes placeholder reports. Version from $FAKE_NSYS_VERSION."""
+runs the profiled command, writes placeholder reports (the export: a copy of $FAKE_NSYS_EXPORT_FROM when
+set). Version from $FAKE_NSYS_VERSION."""
 
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -56,6 +58,9 @@ def main():
         log("export")
         if os.path.exists(out):
             os.unlink(out)
+        if os.environ.get("FAKE_NSYS_EXPORT_FROM"):
+            shutil.copyfile(os.environ["FAKE_NSYS_EXPORT_FROM"], out)
+            return 0
         con = sqlite3.connect(out)
         con.execute("CREATE TABLE META_DATA_EXPORT(name TEXT, value TEXT)")
         con.execute("INSERT INTO META_DATA_EXPORT VALUES ('EXPORT_PRODUCT_VERSION', '2025.3.1.90')")

@@ -1,0 +1,478 @@
+"""Ranks paired by cycle: capture windows, the instances they cut, lost GPU tails, cross-rank instance keys.
+
+In tensor parallelism every rank runs the same cycles, but each process's capture opens and closes at
+its own point of its own cycle (only one rank calls ``cudaProfilerStart``; a rank exits before CUPTI
+flushed its buffers). Pairing the k-th instance of a phase on every rank then pairs different cycles,
+and summing a cut rank with a whole one mixes different cycles. Here:
+
+- **Window** (per rank, :func:`rank_window`): ``window_start_ns`` = its first CUDA event (API call or GPU
+  op), ``window_end_ns`` = the end of its last GPU op; ``ranges_start_ns``/``ranges_end_ns`` = the first
+  start and last end of its selected ranges.
+- **Cuts** (:func:`edges`, column ``cut``): an instance with GPU work whose range began before
+  ``window_start_ns`` may have lost launches (``window_start``) when the window evidently opened mid-run:
+  another rank of the report was already recording at the range's start, or an earlier instance of the
+  phase ran on this rank before its window (a run whose ranges begin before its first CUDA call is not
+  cut). A rank's GPU tail is lost when its ranges go on after its GPU rows stop: a range of a phase that
+  nearly always has GPU work on that rank (:data:`ALWAYS_GPU`) starts after ``window_end_ns`` without any.
+  Then instances with GPU work still open at ``window_end_ns`` or holding its last op are
+  ``window_end``, the ones after it ``tail_lost``.
+- **Keys** (:func:`keys`, column ``key``): equal on every rank for the same instance of a phase. From
+  the hooks' payload when present: the cycle index of the instance or its nearest ancestor (24 bits,
+  unwrapped) and the order in that cycle. Otherwise by time, per phase and rank: the instance offset under
+  which the collectives launched inside the instances (the first :data:`ALIGN_KERNELS` of each kernel
+  name in each innermost instance) end together (the kernels of up to :data:`VOTE_INSTANCES`
+  reference-rank instances each vote for the offset to the other rank's instance holding the same-name
+  kernel that ends nearest), checked per instance (median end difference of its paired collectives
+  within :data:`END_SPREAD_BOUND_NS`, else ``misaligned``). One clock is assumed (one report; several
+  reports shifted by their session start). Instances without communication inside take their parent's
+  identity and their order in it.
+- **Presence** (:func:`presence`, :func:`whole_cycles`, column ``left_out``): in a phase keyed on several
+  ranks, an instance is left out (``unpaired``) when another rank with GPU work in that phase has the same
+  key cut, misaligned or without GPU work, or lacks it while not recording (before its window, after its
+  last GPU op); an instance missing on another rank that was recording stays counted (its collectives have
+  no partner). A cycle with any part left out is left out, with everything inside it, on every rank
+  (``cycle``). So all-rank rows sum the same cycles on every rank, and collectives are matched only
+  between instances of one cycle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import polars as pl
+
+from nvtx_hooks import phases as ph
+
+from ..model import Diagnostic
+from . import align, attribute
+from .tokens import base_expr, decode_exprs
+
+WRAP = 1 << ph._CYC_BITS  # the payload's cycle index counts modulo this
+# Collectives of one cycle end within a few µs of each other on one node; paired instances (and, in
+# collectives.py, the matched collectives of a phase) whose ends are further apart than this are refused.
+END_SPREAD_BOUND_NS = 50_000
+ALWAYS_GPU = 0.9  # share of a phase's instances with GPU work above which a range without any means lost rows
+VOTE_INSTANCES = 64  # reference-rank instances per phase whose collectives vote for the time offset
+ALIGN_KERNELS = 4  # collectives per kernel name and innermost instance that take part in the time alignment
+CODES = ("INSTANCE_PAIRING", "WINDOW_CUT", "GPU_TAIL_LOST", "UNPAIRED_INSTANCES", "MISALIGNED_INSTANCES")
+WINDOW_COLS = ("window_start_ns", "window_end_ns", "ranges_start_ns", "ranges_end_ns")
+PHASE = ["domain", "range"]
+CYCLE_PHASES = [p.name for p in ph.PHASES if p.role == "cycle"]
+
+
+def rank_window(ops: pl.DataFrame, api: pl.DataFrame, nested: pl.DataFrame) -> dict[str, int | None]:
+    """One process's capture window (:data:`WINDOW_COLS`, ns; None where it has no such rows)."""
+    def first(df: pl.DataFrame, c: str):
+        return df[c].min() if df.height else None
+
+    def last(df: pl.DataFrame, c: str):
+        return df[c].max() if df.height else None
+
+    starts = [v for v in (first(api, "start"), first(ops, "start")) if v is not None]
+    return {"window_start_ns": min(starts) if starts else None, "window_end_ns": last(ops, "end"),
+            "ranges_start_ns": first(nested, "start"), "ranges_end_ns": last(nested, "end")}
+
+
+def with_cycle(inst: pl.DataFrame, anc: pl.DataFrame) -> pl.DataFrame:
+    """One process's instances with ``cycle``: the payload cycle index of the instance or of its nearest
+    ancestor that has one, unwrapped (the index counts modulo 2^24 in start order); null without any."""
+    own = (inst.select("range_id", "start", "uint64", "int64").with_columns(decode_exprs())
+           .filter(pl.col("cycle_index").is_not_null()).sort("start", "range_id"))
+    wraps = (pl.col("cycle_index").diff() < -(WRAP // 2)).fill_null(False).cum_sum()
+    own = own.select(anc="range_id", _u=pl.col("cycle_index") + wraps.cast(pl.Int64) * WRAP)
+    nearest = (anc.join(own, on="anc").join(inst.select(anc="range_id", _d="depth"), on="anc")
+               .sort("_d", descending=True).unique("range_id", keep="first"))
+    return inst.join(nearest.select("range_id", cycle="_u"), on="range_id", how="left")
+
+
+# ---- cuts -------------------------------------------------------------------------------------------------
+
+
+def edges(inst: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
+    """``inst`` with ``cut`` (``window_start``, ``window_end``, ``tail_lost`` or null) and ``_tail``
+    (the rank's ranges go on after its GPU rows stop)."""
+    w = ranks.select("rank", _w0="window_start_ns", _w1="window_end_ns",
+                     _rep=pl.col("report") if "report" in ranks.columns else pl.lit(0))
+    # The earliest window start of the other ranks of its report (one clock): were they recording while
+    # this rank was not?
+    others = (w.join(w.select(_r="rank", _o="_w0", _rep="_rep"), on="_rep").filter(pl.col("rank") != pl.col("_r"))
+              .group_by("rank").agg(_w0o=pl.col("_o").min()))
+    w = w.drop("_rep")
+    x = (inst.drop("cut", "_tail", strict=False).join(w, on="rank", how="left")
+         .join(others, on="rank", how="left"))
+    gpu = pl.col("i_ops") > 0
+    # Start: the range began before this rank's first CUDA event, while another rank was already recording
+    # or after an earlier instance of the phase ran here unrecorded (the window opened mid-run).
+    late = (pl.col("_w0o") <= pl.col("start")).fill_null(False) | (
+        (pl.col("end") < pl.col("_w0")).fill_null(False).any().over("rank", *PHASE))
+    rate = (x.filter(pl.col("start") <= pl.col("_w1")).group_by("rank", *PHASE).agg(_rate=gpu.mean()))
+    x = x.join(rate, on=["rank", *PHASE], how="left", nulls_equal=True)
+    after = ((pl.col("start") > pl.col("_w1")) & ~gpu & (pl.col("_rate") >= ALWAYS_GPU)).fill_null(False)
+    x = x.with_columns(_after=after).with_columns(_tail=pl.col("_after").any().over("rank"))
+    at_end = (pl.col("end") > pl.col("_w1")) | (pl.col("i_last") >= pl.col("_w1"))
+    cut = (pl.when(gpu & (pl.col("start") < pl.col("_w0")) & late).then(pl.lit("window_start"))
+           .when(pl.col("_tail") & gpu & at_end).then(pl.lit("window_end"))
+           .when(pl.col("_after")).then(pl.lit("tail_lost")))
+    return x.with_columns(cut=cut).drop("_w0", "_w1", "_w0o", "_rate", "_after")
+
+
+# ---- keys -------------------------------------------------------------------------------------------------
+
+
+def _dense(df: pl.DataFrame, by: list[str], cols: list[str]) -> pl.Series:
+    """Per group ``by``, a dense number of the distinct values of ``cols`` in sorted order (rows as given)."""
+    d = df.with_row_index("_i").sort(*by, *cols, nulls_last=True)
+    new = pl.any_horizontal([pl.col(c).ne_missing(pl.col(c).shift(1)) for c in [*by, *cols]]).fill_null(True)
+    first = pl.any_horizontal([pl.col(c).ne_missing(pl.col(c).shift(1)) for c in by]).fill_null(True)
+    d = d.with_columns(_n=new.cast(pl.Int64).cum_sum(), _f=first)
+    d = d.with_columns(_k=pl.col("_n") - pl.when("_f").then(pl.col("_n")).forward_fill())
+    return d.sort("_i")["_k"]
+
+
+def _epochs(x: pl.DataFrame) -> pl.DataFrame:
+    """``cycle`` of every rank on the lowest rank's wrap count (each process unwrapped its own)."""
+    firsts = (x.filter(pl.col("cycle").is_not_null()).sort("start").group_by("rank", maintain_order=True)
+              .agg(_c=pl.col("cycle").first()))
+    if firsts.height < 2:
+        return x
+    ref = firsts.sort("rank")["_c"][0]
+    firsts = firsts.with_columns(_e=((pl.col("_c") - ref) / WRAP).round(0).cast(pl.Int64))
+    return (x.join(firsts.select("rank", "_e"), on="rank", how="left")
+            .with_columns(cycle=pl.col("cycle") - pl.col("_e").fill_null(0) * WRAP).drop("_e"))
+
+
+@dataclass
+class TimeAlignment:
+    """By-time keys and how they were found: ``keys`` (range_id, _a, _mis), ``offsets`` (domain, range,
+    rank, offset, spread_p50_ns: median end difference of the paired collectives)."""
+
+    keys: pl.DataFrame
+    offsets: pl.DataFrame
+
+
+def time_keys(cand: pl.DataFrame, anc: pl.DataFrame, kern: pl.DataFrame, bound: int = END_SPREAD_BOUND_NS
+              ) -> TimeAlignment:
+    """Keys by time for the instances ``cand`` (no payload) that have communication inside (see module doc).
+
+    ``anc``: the nesting (:func:`attribute.ancestors`); ``kern``: communication kernels with ``range_id``
+    (innermost).
+    """
+    # the first few collectives of each name in each instance are enough to pair and check it
+    inc = (kern.filter(pl.col("range_id").is_not_null() & (pl.col("j") < ALIGN_KERNELS))
+           .select("range_id", "name", "start", "end")
+           .join(anc, on="range_id").drop("range_id").rename({"anc": "range_id"})
+           .join(cand.select("range_id", "rank", *PHASE, _is="start"), on="range_id"))
+    io = (inc.select("range_id", "rank", *PHASE, "_is").unique("range_id").sort("_is", "range_id")
+          .with_columns(_o=pl.int_range(pl.len(), dtype=pl.Int64).over("rank", *PHASE)))
+    ref = io.group_by(PHASE).agg(_ref=pl.col("rank").min(), _n=(pl.col("rank") == pl.col("rank").min()).sum())
+    inc = (inc.join(io.select("range_id", "_o"), on="range_id").join(ref, on=PHASE)
+           .sort("start").with_columns(_j=pl.int_range(pl.len(), dtype=pl.Int64).over("range_id", "name")))
+    is_ref = pl.col("rank") == pl.col("_ref")
+    # Votes: each kernel of a sample of reference instances, for the offset to the instance of another
+    # rank whose kernel of the same name ends nearest (within the bound).
+    step = (pl.col("_n") // VOTE_INSTANCES).clip(lower_bound=1)
+    left = inc.filter(is_ref & (pl.col("_o") % step == 0)).select(*PHASE, "name", "end", _oref="_o")
+    right = inc.filter(~is_ref).select(*PHASE, "name", "rank", "end", _or="_o", _er="end")
+    left = left.join(right.select(*PHASE, "rank").unique(), on=PHASE)
+    votes = (left.sort("end").join_asof(right.sort("end"), on="end", by=[*PHASE, "name", "rank"],
+                                        strategy="nearest", check_sortedness=False)
+             .filter((pl.col("_er") - pl.col("end")).abs() <= bound)
+             .group_by(*PHASE, "rank", offset=pl.col("_or") - pl.col("_oref")).agg(_v=pl.len()))
+    # the offset most kernels vote for (the smallest one on a tie)
+    off = votes.sort("_v", pl.col("offset").abs(), descending=[True, False]).unique([*PHASE, "rank"], keep="first")
+    offs = pl.concat([ref.select(*PHASE, rank="_ref", offset=pl.lit(0, pl.Int64)), off.select(*PHASE, "rank", pl.col("offset").cast(pl.Int64))])
+    io = io.join(offs, on=[*PHASE, "rank"], how="left").with_columns(_a=pl.col("_o") - pl.col("offset"))
+    # Check each paired instance: its collectives must end with the reference instance's.
+    paired = inc.join(io.select("range_id", "_a"), on="range_id")
+    refk = paired.filter(is_ref).select(*PHASE, "_a", "name", "_j", _eref="end")
+    diff = (paired.filter(~is_ref).join(refk, on=[*PHASE, "_a", "name", "_j"])
+            .with_columns(_x=(pl.col("end") - pl.col("_eref")).abs()))
+    per_inst = diff.group_by("range_id").agg(_spread=pl.col("_x").median())
+    io = io.join(per_inst, on="range_id", how="left").with_columns(
+        _mis=pl.col("_a").is_null() | (pl.col("_spread") > bound).fill_null(False))
+    spread = diff.group_by(*PHASE, "rank").agg(spread_p50_ns=pl.col("_x").median().cast(pl.Int64))
+    offsets = (offs.join(spread, on=[*PHASE, "rank"], how="left")
+               .join(io.group_by(*PHASE).agg(_ranks=pl.col("rank").n_unique()), on=PHASE)
+               .filter(pl.col("_ranks") > 1).drop("_ranks").sort(*PHASE, "rank"))
+    return TimeAlignment(io.select("range_id", "_a", "_mis"), offsets)
+
+
+@dataclass
+class Keys:
+    instances: pl.DataFrame  # range_id, cycle (on the lowest rank's wrap count), key (null: unpaired), misaligned
+    payload_phases: list[str]
+    offsets: pl.DataFrame  # TimeAlignment.offsets
+
+
+def keys(x: pl.DataFrame, anc: pl.DataFrame, kern: pl.DataFrame, bound: int = END_SPREAD_BOUND_NS) -> Keys:
+    """Cross-rank keys of the instances ``x`` (of ranked processes; see the module docstring); ``anc``: their
+    nesting (:func:`attribute.ancestors`)."""
+    ordered = x.sort("start", "range_id")
+    if x["rank"].n_unique() < 2:  # nothing to pair: each instance's order in its phase
+        out = ordered.select("range_id", "cycle", key=pl.int_range(pl.len(), dtype=pl.Int64).over(PHASE),
+                             misaligned=pl.lit(False))
+        return Keys(out, [], pl.DataFrame())
+    x = _epochs(x)
+    ordered = x.sort("start", "range_id")
+    pay = (ordered.filter(pl.col("cycle").is_not_null())
+           .with_columns(_b=pl.int_range(pl.len(), dtype=pl.Int64).over("rank", *PHASE, "cycle"))
+           .select("range_id", *PHASE, _src=pl.lit(0), _a="cycle", _b="_b", _p=pl.lit("")))
+    ta = time_keys(x.filter(pl.col("cycle").is_null()), anc, kern, bound)
+    # misaligned instances keep the key of their offset: their partners learn that they are bad
+    tk = (ta.keys.filter(pl.col("_a").is_not_null()).join(x.select("range_id", *PHASE), on="range_id")
+          .select("range_id", *PHASE, _src=pl.lit(1), _a="_a", _b=pl.lit(0, pl.Int64), _p=pl.lit("")))
+    mis = ta.keys.filter("_mis").select("range_id")
+    known = pl.concat([pay, tk])
+    # Instances without communication inside: their parent's identity and their order in the parent.
+    ident = pl.format("{}:{}#{}#{}#{}#{}", "domain", "range", "_src", "_a", "_b", "_p")
+    rest = ordered.filter(pl.col("parent").is_not_null()).join(known.select("range_id"), on="range_id", how="anti")
+    for depth in sorted(rest["depth"].unique().drop_nulls().to_list()):
+        lvl = rest.filter(pl.col("depth") == depth).join(
+            known.select(parent="range_id", _pp=ident), on="parent")
+        if lvl.height == 0:
+            continue
+        lvl = lvl.with_columns(_b=pl.int_range(pl.len(), dtype=pl.Int64).over("parent", *PHASE)).select(
+            "range_id", *PHASE, _src=pl.lit(2), _a=pl.lit(0, pl.Int64), _b="_b", _p="_pp")
+        known = pl.concat([known, lvl])
+    k = known.with_columns(key=_dense(known, PHASE, ["_src", "_a", "_b", "_p"]))
+    out = (x.select("range_id", "cycle").join(k.select("range_id", "key"), on="range_id", how="left")
+           .with_columns(misaligned=pl.col("range_id").is_in(mis["range_id"].implode())))
+    phases_by_payload = sorted(x.filter(pl.col("cycle").is_not_null())["range"].unique().to_list())
+    return Keys(out, phases_by_payload, ta.offsets)
+
+
+# ---- presence, and everything together ----------------------------------------------------------------
+
+
+@dataclass
+class Paired:
+    instances: pl.DataFrame  # with cycle, cut, key, left_out
+    kernels: pl.DataFrame  # with k (the instance key; -1 outside phases) and left_out
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+
+
+def pair(inst: pl.DataFrame, kern: pl.DataFrame, ranks: pl.DataFrame, bound: int = END_SPREAD_BOUND_NS) -> Paired:
+    """Cuts, keys and presence over every rank's instances (one clock); kernels keyed by their instance."""
+    if "cycle" not in inst.columns:
+        inst = inst.with_columns(cycle=pl.lit(None, pl.Int64))
+    x = edges(inst.drop("key", "left_out", "misaligned", strict=False), ranks)
+    ranked = x.filter(pl.col("rank").is_not_null())
+    anc = attribute.ancestors(ranked.select("range_id", "parent", "depth"))
+    ks = keys(ranked.select("range_id", "rank", *PHASE, "start", "parent", "depth", "cycle"), anc, kern, bound)
+    x = (x.drop("cycle").join(ks.instances, on="range_id", how="left")
+         .with_columns(pl.col("misaligned").fill_null(False)))
+    x = x.join(presence(x, ranks), on="range_id", how="left")
+    left_out = (pl.when(pl.col("cut").is_not_null()).then("cut")
+                .when(pl.col("misaligned")).then(pl.lit("misaligned"))
+                .when(pl.col("_gone").fill_null(False)).then(pl.lit("unpaired")))
+    x = whole_cycles(x.with_columns(left_out=left_out), anc)
+    diags = _diagnostics(x, ranks, ks)
+    x = x.drop("_tail", "_gone", "_solo", "misaligned")
+    m = x.select("range_id", "key", "left_out")
+    kern = kern.drop("left_out", strict=False).join(m, on="range_id", how="left")
+    inside = pl.col("range_id").is_not_null()
+    kern = kern.with_columns(
+        k=pl.when(inside).then(pl.col("key")).otherwise(-1).cast(pl.Int64),
+        left_out=pl.when(inside & pl.col("key").is_null()).then(pl.coalesce("left_out", pl.lit("unpaired")))
+        .otherwise("left_out"),
+    ).drop("key")
+    return Paired(x, kern, diags)
+
+
+def pair_reports(results: list) -> Paired:
+    """:func:`pair` over the ranks of several analysed reports (one per node or rank): ranks numbered across
+    them in order and a ``report`` column, as :func:`analyze.compute.pipeline.merge` does; times put on
+    report 0's session clock (utcEpochNs) for the pairing only, then given back as each report has them."""
+    offs = align.session_offsets([r.trace.utc_epoch_ns for r in results]) or [0] * len(results)
+    insts, kerns, rks = [], [], []
+    base = idb = 0
+    for i, (r, off) in enumerate(zip(results, offs)):
+        tag = {"report": pl.lit(i, pl.Int32), "_off": pl.lit(off, pl.Int64), "_idb": pl.lit(idb, pl.Int64)}
+        insts.append(r.instances.drop("cut", "key", "left_out", "report", strict=False).with_columns(
+            rank=pl.col("rank") + base, range_id=pl.col("range_id") + idb, parent=pl.col("parent") + idb,
+            **{c: pl.col(c) + off for c in ("start", "end", "i_last")}, **tag))
+        kerns.append(r.comm_kernels.drop("k", "left_out", "_g", "report", strict=False).with_columns(
+            rank=pl.col("rank") + base, range_id=pl.col("range_id") + idb, start=pl.col("start") + off,
+            end=pl.col("end") + off, **tag))
+        rks.append(r.ranks.with_columns(rank=pl.col("rank") + base, report=pl.lit(i, pl.Int32),
+                                        **{c: pl.col(c) + off for c in ("window_start_ns", "window_end_ns")}))
+        base += r.ranks.height
+        idb += int(r.instances["range_id"].max() or 0) + 1
+    p = pair(pl.concat(insts, how="diagonal_relaxed"), pl.concat(kerns, how="diagonal_relaxed"),
+             pl.concat(rks, how="diagonal_relaxed"))
+    back = {"range_id": pl.col("range_id") - pl.col("_idb")}
+    inst = p.instances.with_columns(**back, parent=pl.col("parent") - pl.col("_idb"),
+                                    **{c: pl.col(c) - pl.col("_off") for c in ("start", "end", "i_last")})
+    kern = p.kernels.with_columns(**back, start=pl.col("start") - pl.col("_off"), end=pl.col("end") - pl.col("_off"))
+    return Paired(inst.drop("_off", "_idb").sort("report", "range_id"), kern.drop("_off", "_idb"), p.diagnostics)
+
+
+def paired_phases(x: pl.DataFrame) -> pl.DataFrame:
+    """Phases paired across ranks (keys on several ranks) and the ranks taking part: every rank with GPU work
+    in the phase (``domain, range, rank``)."""
+    has = x.filter((pl.col("i_ops") > 0) & pl.col("rank").is_not_null())
+    multi = has.group_by(PHASE).agg(_keyed=pl.col("rank").filter(pl.col("key").is_not_null()).n_unique()).filter(
+        pl.col("_keyed") > 1)
+    return has.select(*PHASE, "rank").unique().join(multi.select(PHASE), on=PHASE)
+
+
+def presence(x: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
+    """Per keyed instance with GPU work of a paired phase: ``_gone`` when another taking-part rank has the
+    same key cut, misaligned or without GPU work, or lacks it while not recording (the instance starts
+    before that rank's window or after its last GPU op); ``_solo`` when another rank lacks it while recording
+    (counted, but its collectives have no partner)."""
+    part = paired_phases(x)
+    mine = x.filter((pl.col("i_ops") > 0) & pl.col("key").is_not_null()).select(
+        "range_id", "rank", *PHASE, "key", "start").join(part.select(PHASE).unique(), on=PHASE)
+    state = x.filter(pl.col("key").is_not_null() & pl.col("rank").is_not_null()).group_by(*PHASE, "key", "rank").agg(
+        _ok=((pl.col("i_ops") > 0) & pl.col("cut").is_null() & ~pl.col("misaligned")).all())
+    w = ranks.select(_s="rank", _w0="window_start_ns", _w1="window_end_ns")
+    other = (mine.join(part.rename({"rank": "_s"}), on=PHASE).filter(pl.col("_s") != pl.col("rank"))
+             .join(state.rename({"rank": "_s"}), on=[*PHASE, "key", "_s"], how="left")
+             .join(w, on="_s", how="left"))
+    outside = (pl.col("start") < pl.col("_w0")) | (pl.col("start") > pl.col("_w1"))
+    return other.group_by("range_id").agg(
+        _gone=((pl.col("_ok") == False) | (pl.col("_ok").is_null() & outside)).any(),  # noqa: E712
+        _solo=(pl.col("_ok").is_null() & ~outside).any())
+
+
+def whole_cycles(x: pl.DataFrame, anc: pl.DataFrame) -> pl.DataFrame:
+    """Left out whole: a cycle (a range of a ``cycle``-role phase: cycle, prefill, decode_step) with any part
+    left out is left out with everything inside it, and so is the same cycle (key) on every other rank
+    (``left_out`` = ``cycle`` where nothing else applies): every phase's all-rank row covers the same cycles
+    as the cycle count."""
+    cyc = x.filter(pl.col("rank").is_not_null() & base_expr().is_in(CYCLE_PHASES)).select(*PHASE, "key", anc="range_id")
+    if cyc.height == 0:
+        return x
+    inside = anc.join(cyc, on="anc").join(x.select("range_id", "left_out"), on="range_id")
+    bad = inside.group_by("anc", *PHASE, "key").agg(_bad=pl.col("left_out").is_not_null().any()).filter("_bad")
+    keys_ = bad.filter(pl.col("key").is_not_null()).select(*PHASE, "key").unique()
+    dropped = pl.concat([bad.select("anc"), cyc.join(keys_, on=[*PHASE, "key"]).select("anc")])
+    gone = anc.join(dropped.unique(), on="anc")["range_id"].unique()
+    return x.with_columns(left_out=pl.when(pl.col("range_id").is_in(gone.implode()))
+                          .then(pl.coalesce("left_out", pl.lit("cycle"))).otherwise("left_out"))
+
+
+# ---- diagnostics ----------------------------------------------------------------------------------------
+
+
+def _ms(ns) -> str:
+    return f"{ns / 1e6:,.3f}"
+
+
+def _names(df: pl.DataFrame, span: bool = False) -> str:
+    """``'draft' ×2 (t0–t1 ms), ...`` from rows of ``range, n[, t0, t1]``."""
+    parts = []
+    for r in df.sort("t0" if span else "range").iter_rows(named=True):
+        s = f"{r['range']!r} ×{r['n']}"
+        parts.append(s + (f" ({_ms(r['t0'])}–{_ms(r['t1'])} ms)" if span else ""))
+    return ", ".join(parts)
+
+
+def _diagnostics(x: pl.DataFrame, ranks: pl.DataFrame, ks: Keys) -> list[Diagnostic]:
+    out: list[Diagnostic] = []
+    multi = paired_phases(x).select(PHASE).unique()
+    gpu_ranks = x.filter((pl.col("i_ops") > 0) & pl.col("rank").is_not_null())["rank"].n_unique()
+    if gpu_ranks > 1 and multi.height:
+        how = []
+        if ks.payload_phases:
+            how.append("by the payload's cycle index: " + ", ".join(repr(p) for p in ks.payload_phases))
+        off = ks.offsets.join(multi.select(PHASE), on=PHASE)
+        if off.height:
+            per = []
+            for (_, rng), g in off.group_by(PHASE, maintain_order=True):
+                ref = g["rank"].min()
+                shifts = ", ".join(f"rank {r['rank']}'s n-th = rank {ref}'s (n{-r['offset']:+d})-th" + (
+                    f", ends {r['spread_p50_ns'] / 1e3:,.1f} µs apart" if r["spread_p50_ns"] is not None else "")
+                    for r in g.iter_rows(named=True) if r["offset"] is not None and r["rank"] != ref)
+                per.append(f"{rng!r} ({shifts})")
+            how.append("by time, the instance offset under which collectives end together (p50 end "
+                       "difference): " + "; ".join(per))
+        counted = (x.filter(pl.col("left_out").is_null() & (pl.col("i_ops") > 0)).join(multi, on=PHASE)
+                   .group_by(PHASE).agg(n=pl.col("key").n_unique()).sort("range"))
+        same = ", ".join(f"{r['range']!r} ×{r['n']}" for r in counted.iter_rows(named=True))
+        out.append(Diagnostic("info", "INSTANCE_PAIRING", "instances paired across ranks " + "; ".join(how)
+                              + (f". Counted on every rank: {same}" if same else "")))
+    w = ranks.select("rank", "window_start_ns", "window_end_ns", "ranges_end_ns")
+    cut = x.filter(pl.col("cut").is_in(["window_start", "window_end"]))
+    for (rank,), g in cut.group_by("rank", maintain_order=True):
+        r = w.filter(pl.col("rank") == rank).row(0, named=True)
+        sides = []
+        for side in ("window_start", "window_end"):
+            s = g.filter(pl.col("cut") == side).group_by("range").agg(n=pl.len())
+            if s.height:
+                sides.append(f"at its {side.split('_')[1]} {_names(s)}")
+        out.append(Diagnostic(
+            "info", "WINDOW_CUT",
+            f"rank {rank}: {g.height} instance(s) with GPU work cut by its capture window "
+            f"({_ms(r['window_start_ns'])}–{_ms(r['window_end_ns'])} ms): {'; '.join(sides)}; left out of per-phase "
+            "sums and cross-rank numbers on every rank"))
+    out += _tails(x, w)
+    un = x.filter(pl.col("left_out").is_in(["unpaired", "cycle"]) & (pl.col("i_ops") > 0))
+    if un.height:
+        kept = x.filter(pl.col("left_out").is_null() & (pl.col("i_ops") > 0)).group_by(PHASE).agg(
+            _lo=pl.col("start").min(), _hi=pl.col("start").max())
+        un = un.join(kept, on=PHASE, how="left").with_columns(
+            _inside=(pl.col("start") > pl.col("_lo")) & (pl.col("start") < pl.col("_hi")))
+        for (rank,), g in un.group_by("rank", maintain_order=True):
+            per = g.group_by("range").agg(n=pl.len(), t0=pl.col("start").min(), t1=pl.col("end").max())
+            inside = bool(g["_inside"].fill_null(False).any())
+            out.append(Diagnostic(
+                "warning" if inside else "info", "UNPAIRED_INSTANCES",
+                f"rank {rank}: {g.height} instance(s) whose instance or cycle is absent, cut or without GPU work on "
+                f"another rank{' (some in mid-run)' if inside else ''}: {_names(per, True)}; left out of per-phase "
+                "sums and cross-rank matching"))
+    solo = x.filter(pl.col("_solo").fill_null(False) & pl.col("left_out").is_null())
+    for (rank,), g in solo.group_by("rank", maintain_order=True):
+        per = g.group_by("range").agg(n=pl.len(), t0=pl.col("start").min(), t1=pl.col("end").max())
+        out.append(Diagnostic(
+            "warning", "UNPAIRED_INSTANCES",
+            f"rank {rank}: {g.height} instance(s) missing on another rank while it was recording: {_names(per, True)}; "
+            "counted in its per-phase sums, but its collectives have no partner (not matched)"))
+    mis = x.filter(pl.col("left_out") == "misaligned")
+    for (rank,), g in mis.group_by("rank", maintain_order=True):
+        per = g.group_by("range").agg(n=pl.len(), t0=pl.col("start").min(), t1=pl.col("end").max())
+        out.append(Diagnostic(
+            "warning", "MISALIGNED_INSTANCES",
+            f"rank {rank}: {g.height} instance(s) could not be paired by time (their collectives do not end within "
+            f"{END_SPREAD_BOUND_NS / 1e3:,.0f} µs of the reference rank's): {_names(per, True)}; left out"))
+    return sorted(out, key=lambda d: CODES.index(d.code))
+
+
+def _tails(x: pl.DataFrame, w: pl.DataFrame) -> list[Diagnostic]:
+    """GPU_TAIL_LOST: a rank's ranges go on without GPU rows, or other ranks have GPU work for cycles it lacks."""
+    out = []
+    top = x.filter(pl.col("parent").is_null() & pl.col("rank").is_not_null())
+    lost = top.filter(pl.col("cut") == "tail_lost").group_by("rank").agg(_lost=pl.len(), _names=pl.col("range").unique())
+    # Cycles (top-level keys) with whole GPU work on another rank, after this rank's last GPU op, without GPU
+    # work here.
+    have = top.filter((pl.col("i_ops") > 0) & pl.col("key").is_not_null())
+    ranks = w.select("rank", "window_end_ns")
+    pk = have.filter(pl.col("cut").is_null()).group_by(*PHASE, "key").agg(
+        _t=pl.col("start").min(), _g=pl.col("i_last").max(), _on=pl.col("rank"))
+    keyed_ranks = have.select(*PHASE, "rank").unique()
+    lack = (pk.join(keyed_ranks, on=PHASE).filter(~pl.col("_on").list.contains(pl.col("rank")))
+            .join(ranks, on="rank").filter(pl.col("_t") > pl.col("window_end_ns"))
+            .group_by("rank").agg(_lack=pl.len(), _upto=pl.col("_g").max()))
+    cut = x.filter(pl.col("cut") == "window_end").group_by("rank").agg(_cut=pl.len())
+    rows = (ranks.join(lost, on="rank", how="left").join(lack, on="rank", how="left").join(cut, on="rank", how="left")
+            .join(w.select("rank", "ranges_end_ns"), on="rank")
+            .with_columns(_lack=pl.when(pl.col("_lost").is_null() & (pl.col("_lack") >= 2)).then("_lack"))
+            .filter(pl.col("_lost").is_not_null() | pl.col("_lack").is_not_null()).sort("rank"))
+    for r in rows.iter_rows(named=True):
+        end = max(v for v in (r["ranges_end_ns"] if r["_lost"] else None, r["_upto"] if r["_lack"] else None)
+                  if v is not None)
+        what = []
+        if r["_lost"]:
+            what.append(f"{r['_lost']} top-level instance(s) ({', '.join(repr(n) for n in sorted(r['_names']))}) "
+                        "have ranges but no GPU work")
+        if r["_lack"]:
+            what.append(f"other ranks have GPU work for {r['_lack']} top-level instance(s) it lacks")
+        if r["_cut"]:
+            what.append(f"{r['_cut']} instance(s) are cut at its last GPU op")
+        out.append(Diagnostic(
+            "warning", "GPU_TAIL_LOST",
+            f"rank {r['rank']}: its GPU rows stop at {_ms(r['window_end_ns'])} ms but the run goes on to {_ms(end)} ms "
+            f"({_ms(end - r['window_end_ns'])} ms lost): {'; '.join(what)}. Those instances, and the same cycles on "
+            "every other rank, are left out (the process likely ended before CUPTI flushed its buffers)"))
+    return out

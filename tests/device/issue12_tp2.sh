@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Issue 12 on 2 GPUs (nvidia-h200-x2): are TP2 captures of the embedded workload complete on every rank, and
+# does a window opened by rank 0 alone still name the injected straggler? About 2-3 minutes.
+# Run from the repo root there: bash tests/device/issue12_tp2.sh      (results under $OUT)
+# Needs: .devdeps/*.deb (libdw/libelf for nsys's importer), .whl/nvtx-*.whl (python nvtx for cp312).
+# Captures (each: `python -m nvtx_hooks.capture trace --strict`, which prints one line per rank and exits 3
+# when a rank's GPU tail is lost), 30 measured cycles, CUDA graphs, 2 ranks over NCCL:
+#   all       whole run (--capture all), the workload's new exit (CUPTI flush, NCCL teardown, normal exit)
+#   api       cudaProfilerStart/Stop window on every rank (the default capture)
+#   all_os    whole run with --exit os (the old os._exit after the barrier): expected to lose a GPU tail
+#   straggler window opened and closed by rank 0 only (--profiler-rank 0), rank 1 sleeping 500 µs before
+#             every verify (--delay-rank 1 --delay-us 500)
+# Out: $OUT/log.txt (per-rank lines, exit codes, row counts) and $OUT/issue12.tar (scrubbed, xz-compressed
+# exports with manifests and stdout).
+set -u
+OUT=${OUT:-/tmp/spectrace-out}
+REPO=$(pwd)
+W=/tmp/issue12
+mkdir -p "$W" "$OUT"
+T0=$(date +%s)
+log() { echo "== $(( $(date +%s) - T0 ))s $*" | tee -a "$OUT/log.txt"; }
+
+for f in .devdeps/*.deb; do dpkg -x "$f" /tmp/dw; done
+export LD_LIBRARY_PATH=/tmp/dw/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1
+export PYTHONPATH=/tmp/site:$REPO
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export NSYS=${NSYS:-/opt/nvidia/nsight-compute/2025.3.1/host/target-linux-x64/nsys}
+{
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  "$NSYS" --version
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())'
+} >> "$OUT/log.txt" 2>&1
+
+# cap NAME [trace options] -- [workload options]
+cap() {
+  local name=$1; shift
+  local targs=()
+  while [ "$1" != "--" ]; do targs+=("$1"); shift; done; shift
+  log "capture $name: trace --strict ${targs[*]} -- workload --nproc 2 --cycles 30 --warmup 3 $*"
+  timeout 120 python3 -m nvtx_hooks.capture trace --strict --force -o "$W/$name" "${targs[@]}" -- \
+    python3 -m nvtx_hooks.capture.workload --nproc 2 --cycles 30 --warmup 3 "$@" > "$W/$name.stdout" 2>&1
+  log "  $name: trace exit $? (0 = complete on every rank, 3 = a GPU tail lost, 124 = timed out)"
+  grep -h '^spectrace: \(rank\|pid\|--strict\)' "$W/$name.stdout" | tee -a "$OUT/log.txt"
+  python3 - "$W/$name.sqlite" >> "$OUT/log.txt" 2>&1 <<'EOF'
+import sqlite3, sys
+con = sqlite3.connect(sys.argv[1])
+q = "SELECT (globalPid >> 24) & 16777215, COUNT(*) FROM CUPTI_ACTIVITY_KIND_KERNEL GROUP BY 1"
+print("   kernels per pid:", dict(con.execute(q).fetchall()))
+for (t,) in con.execute("SELECT text FROM DIAGNOSTIC_EVENT WHERE text LIKE '%CUPTI%' OR text LIKE 'Not all%'"):
+    print("   diag:", t[:160])
+EOF
+}
+
+cap all --capture all --
+cap api --
+cap all_os --capture all -- --exit os
+cap straggler -- --profiler-rank 0 --delay-rank 1 --delay-us 500
+
+cd "$W" || exit 1
+mkdir -p pack
+for f in all api all_os straggler; do
+  [ -f "$f.sqlite" ] || { log "no export for $f"; continue; }
+  python3 -m nvtx_hooks.capture scrub "$f.sqlite" -o "pack/tp2_$f.sqlite" --force --check PATH= --check HOME= \
+    --check "$REPO" >> "$OUT/log.txt" 2>&1 || log "scrub check failed for $f"
+  xz -T0 -9 -f "pack/tp2_$f.sqlite"
+  cp "$f.manifest.json" "pack/tp2_$f.manifest.json" 2>/dev/null
+  cp "$f.stdout" "pack/tp2_$f.stdout" 2>/dev/null
+done
+ls -la pack >> "$OUT/log.txt"
+tar -cf "$OUT/issue12.tar" -C pack .
+log "done"

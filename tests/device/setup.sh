@@ -1,0 +1,24 @@
+# Sourced by the device scripts: nsys's importer libraries, python nvtx, NCCL safety, helpers.
+# Needs (git-ignored, carried): .devdeps/*.deb (libdw/libelf from ../shared/nsys), .whl/nvtx-*.whl (cp312).
+OUT=${OUT:-/tmp/spectrace-out}
+REPO=$(pwd)
+W=${W:-/tmp/cap}
+mkdir -p "$W" "$OUT"
+T0=${T0:-$(date +%s)}
+log() { echo "== $(( $(date +%s) - T0 ))s $*" | tee -a "$OUT/log.txt"; }
+for f in .devdeps/*.deb; do dpkg -x "$f" /tmp/dw; done
+export LD_LIBRARY_PATH=/tmp/dw/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1
+export PYTHONPATH=/tmp/site:$REPO
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export NSYS=${NSYS:-/opt/nvidia/nsight-compute/2025.3.1/host/target-linux-x64/nsys}
+NP=${NP:-$(python3 -c 'import torch; print(torch.cuda.device_count())')}
+
+# pack NAME: scrub W/NAME.sqlite into OUT/NAME.sqlite.xz (with its manifest and the workload's stdout)
+pack() {
+  python3 -m nvtx_hooks.capture scrub "$W/$1.sqlite" -o "$W/$1.scrubbed.sqlite" --force --check PATH= --check HOME= \
+    >> "$OUT/log.txt" 2>&1 && xz -9 -c "$W/$1.scrubbed.sqlite" > "$OUT/$1.sqlite.xz"
+  cp "$W/$1.manifest.json" "$OUT/" 2>/dev/null
+  cp "$W/$1.stdout" "$OUT/$1.stdout.txt" 2>/dev/null
+  return 0
+}
