@@ -93,6 +93,11 @@ def _options(a) -> dict:
     return out
 
 
+def _inputs(a) -> list:
+    """Every report a verb reads (``--baseline`` and ``--timing`` ones too): outputs must be none of them."""
+    return [*a.report, *([a.baseline] if getattr(a, "baseline", None) else []), *(getattr(a, "timing", None) or [])]
+
+
 def _out(text: str) -> None:
     """Write to standard output now (a full disk is a one-line error here, not a traceback at exit)."""
     try:
@@ -132,7 +137,7 @@ def run_analyze(a) -> int:
 
         raise InputError(f"unknown table {a.table!r}; one of {', '.join(data.CSV_TABLES)}", "BAD_TABLE")
     if a.db:  # before the analysis: a --db that is the input is refused at once
-        refuse_input(a.db, a.report, "--db")
+        refuse_input(a.db, _inputs(a), "--db")
     res = analyze(a.report, **_options(a), progress=False if a.quiet else None)
     if a.table is not None:  # one table, in the chosen format
         if a.format == "csv":
@@ -176,7 +181,7 @@ def run_report(a) -> int:
     from .api import report
     from .output.targets import refuse_input
 
-    refuse_input(a.output, [*a.report, *([a.baseline] if a.baseline else [])], "-o")  # before the analysis
+    refuse_input(a.output, _inputs(a), "-o")  # before the analysis
     page = report(a.report, a.output, baseline=a.baseline, steps_now=a.steps_now, **_options(a))
     print(f"spectrace: wrote {page}", file=sys.stderr)
     return 0

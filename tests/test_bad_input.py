@@ -742,6 +742,8 @@ CASES = [
          says="must not be the input"),
     Case("report_o_is_the_input", make_report_o(lambda e, p: p), says="must not be the input"),
     Case("report_o_hard_link_to_the_input", make_report_o(hard_link), says="must not be the input"),
+    Case("report_o_is_the_baseline", lambda e: ["report", e.copy(), "--baseline", e.copy("tp1_baseline"), "-o",
+                                                e.inp / "tp1_baseline.sqlite"], says="must not be the input"),
     # One line, exit 2, instead of a traceback.
     Case("nonutf8_range_name", make_nonutf8(37), rc=0, says="NON_UTF8_STRINGS", expect=lossy_equivalent(37)),
     Case("nonutf8_range_name_streamed", make_nonutf8(37, "--store", "--no-cache"), rc=0, says="NON_UTF8_STRINGS",
