@@ -3,15 +3,18 @@
 Analysis verbs (:mod:`analyze.api`): ``analyze``, ``comm``, ``report``, ``compare``, ``whatif``.
 Capture verbs (:mod:`nvtx_hooks.capture`, no analysis stack needed): ``trace``, ``demo-workload``, ``scrub``.
 Hooks: ``hooks check`` (:mod:`nvtx_hooks.check`). Expected failures (:class:`analyze.model.InputError`,
-:class:`nvtx_hooks.capture.CaptureError`) print one line and exit 2.
+:class:`nvtx_hooks.capture.CaptureError`, and any ``OSError``: permissions, a full disk) print one line
+and exit 2; Ctrl-C, at any moment, prints one line and exits 130. Standard output is written (and
+flushed) before any output file, so a failing ``--db`` never loses it.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-from pathlib import Path
+
+# Only os and sys (loaded with the interpreter) at import: everything else loads inside main(), where a
+# Ctrl-C is caught, so that the window in which Ctrl-C means a Python traceback is the interpreter's start.
 
 # Set by main() before polars loads (only in spectrace's own process; a user's setting wins): keep freed
 # pages 2 s rather than polars' 0.5 s, so that the next step reuses them instead of faulting fresh
@@ -26,7 +29,7 @@ LAUNCHERS = {"trace", "demo-workload"}
 # ---- shared options -----------------------------------------------------------------------------------
 
 
-def add_selection_args(p: argparse.ArgumentParser) -> None:
+def add_selection_args(p: argparse.ArgumentParser) -> None:  # noqa: F821 (imported where used)
     """Options of every verb that selects phases and classifies communication."""
     p.add_argument("--ranges", metavar="REGEX",
                    help="NVTX ranges that are phases (searched in 'text' and 'domain:text'); "
@@ -37,8 +40,10 @@ def add_selection_args(p: argparse.ArgumentParser) -> None:
                    help="file of FAMILY=REGEX lines to add to the communication table")
 
 
-def add_source_args(p: argparse.ArgumentParser) -> None:
+def add_source_args(p: argparse.ArgumentParser) -> None:  # noqa: F821
     """Where the rows live and how several reports run: the same for every analysis verb."""
+    import argparse
+
     p.add_argument("--store", action=argparse.BooleanOptionalAction, default=None,
                    help="read the export once into a per-process parquet store and analyse one process at a "
                         "time from it, in bounded memory (default: for exports of 4 M GPU-op + API rows or more)")
@@ -49,7 +54,7 @@ def add_source_args(p: argparse.ArgumentParser) -> None:
                    help="parallel processes for several reports (default: one per CPU)")
 
 
-def add_steady_args(p: argparse.ArgumentParser) -> None:
+def add_steady_args(p: argparse.ArgumentParser) -> None:  # noqa: F821
     """Which decode cycles the headline numbers use (README: *Steady state*)."""
     g = p.add_mutually_exclusive_group()
     g.add_argument("--skip-cycles", type=int, metavar="N",
@@ -58,7 +63,9 @@ def add_steady_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--window", metavar="START:END",
                    help="use only cycles START <= n < END (e.g. 5:50, open ends allowed), or the cycles whose "
                         "first GPU op lies in a time range on the capture's clock (e.g. 1.5s:3s; ns, us, ms, s)")
-def add_timing_args(p: argparse.ArgumentParser) -> None:
+
+
+def add_timing_args(p: argparse.ArgumentParser) -> None:  # noqa: F821
     """Options of the verbs that take a two-pass capture (``spectrace trace --passes graph,node``)."""
     p.add_argument("--timing", metavar="GRAPH", nargs="+",
                    help="a graph-level pass of the same workload (REPORT being the node-level pass): phase spans, "
@@ -86,6 +93,24 @@ def _options(a) -> dict:
     return out
 
 
+def _inputs(a) -> list:
+    """Every report a verb reads (``--baseline`` and ``--timing`` ones too): outputs must be none of them."""
+    return [*a.report, *([a.baseline] if getattr(a, "baseline", None) else []), *(getattr(a, "timing", None) or [])]
+
+
+def _out(text: str) -> None:
+    """Write to standard output now (a full disk is a one-line error here, not a traceback at exit)."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        from .model import InputError
+
+        raise InputError(f"cannot write to standard output ({e.strerror or e})", "BAD_OUTPUT") from None
+
+
 def _warn(diagnostics, quiet: bool) -> None:
     if not quiet:
         for d in diagnostics:
@@ -105,11 +130,14 @@ def run_analyze(a) -> int:
     from .api import analyze
     from .compute.findings import find
     from .output import data, text
+    from .output.targets import refuse_input
 
     if a.table is not None and a.table not in data.CSV_TABLES:
         from .model import InputError
 
         raise InputError(f"unknown table {a.table!r}; one of {', '.join(data.CSV_TABLES)}", "BAD_TABLE")
+    if a.db:  # before the analysis: a --db that is the input is refused at once
+        refuse_input(a.db, _inputs(a), "--db")
     res = analyze(a.report, **_options(a), progress=False if a.quiet else None)
     if a.table is not None:  # one table, in the chosen format
         if a.format == "csv":
@@ -128,11 +156,11 @@ def run_analyze(a) -> int:
         out = data.to_csv(res, "phases")
     else:
         out = text.analyze_table(res, find(res))
-    if a.db:
-        data.to_db(res, a.db)
-    sys.stdout.write(out)
+    _out(out)
     if a.format != "table" or a.table is not None:
         _warn(res.diagnostics, a.quiet)
+    if a.db:
+        data.to_db(res, a.db)
     return 0
 
 
@@ -142,16 +170,18 @@ def run_comm(a) -> int:
 
     res = comm(a.report, **_options(a))
     if a.format == "json":
-        sys.stdout.write(data.doc_json(res.to_dict()))
+        _out(data.doc_json(res.to_dict()))
         _warn(res.diagnostics, a.quiet)
     else:
-        sys.stdout.write(text.comm_table(res))
+        _out(text.comm_table(res))
     return 0
 
 
 def run_report(a) -> int:
     from .api import report
+    from .output.targets import refuse_input
 
+    refuse_input(a.output, _inputs(a), "-o")  # before the analysis
     page = report(a.report, a.output, baseline=a.baseline, steps_now=a.steps_now, **_options(a))
     print(f"spectrace: wrote {page}", file=sys.stderr)
     return 0
@@ -171,7 +201,7 @@ def run_compare(a) -> int:
         raise InputError("give two reports (A B), or A's reports then --vs and B's (several per side for "
                          "multi-node runs)", "BAD_OPTION")
     doc = compare(side_a, side_b, **_options(a))
-    sys.stdout.write(data.doc_json(doc) if a.format == "json" else text.compare_table(doc))
+    _out(data.doc_json(doc) if a.format == "json" else text.compare_table(doc))
     if a.fail_if_slower is not None and slower_than(doc, a.fail_if_slower):
         print(f"spectrace: B is slower than A by {doc['verdict']['change_pct']:.1f} % (more than "
               f"{a.fail_if_slower} %, outside the noise): exit 1", file=sys.stderr)
@@ -189,17 +219,18 @@ def run_whatif(a) -> int:
         raise InputError(f"--max-steps must be >= 1, not {a.max_steps}")
     m = whatif(a.report, a.steps_now, baseline=a.baseline, acceptance=a.acceptance, as_traced=a.as_traced,
                **_options(a))
-    sys.stdout.write(data.doc_json(to_dict(m, a.max_steps)) if a.format == "json"
-                     else text.whatif_table(m, a.max_steps, explain=a.explain))
+    _out(data.doc_json(to_dict(m, a.max_steps)) if a.format == "json"
+         else text.whatif_table(m, a.max_steps, explain=a.explain))
     return 0
 
 
 # ---- hooks and capture verbs --------------------------------------------------------------------------
 
 
-def _installed_sglang() -> Path | None:
+def _installed_sglang() -> Path | None:  # noqa: F821
     """Directory holding the installed sglang package, found without importing it."""
     import importlib.util
+    from pathlib import Path
 
     try:
         spec = importlib.util.find_spec("sglang")
@@ -239,7 +270,10 @@ def run_hooks_check(a) -> int:
 # ---- the parser -----------------------------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:  # noqa: F821
+    import argparse
+    from pathlib import Path
+
     from nvtx_hooks.capture import nsys, scrub, workload
 
     from . import __version__
@@ -370,6 +404,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one verb; its exit status (0, 1 for a failed check, 2 for an expected failure, 130 on Ctrl-C)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # at any moment, imports included
+        print("spectrace: interrupted", file=sys.stderr)
+        return 130
+
+
+def _detach_stdout() -> None:
+    """Point standard output at /dev/null, so that the interpreter's last flush at exit cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
+def _main(argv: list[str] | None) -> int:
+    if hasattr(sys.stdout, "reconfigure"):  # file names that are not UTF-8 are printed as the bytes they are
+        sys.stdout.reconfigure(errors="surrogateescape")
     user_malloc = os.environ.get(MALLOC_VAR)
     if user_malloc is None:
         os.environ[MALLOC_VAR] = MALLOC_CONF
@@ -388,15 +443,32 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        rc = int(args.func(args) or 0)
+        _out("")
+        return rc
     except (InputError, CaptureError) as e:
-        print(f"spectrace: error: {e}", file=sys.stderr)
+        _detach_stdout_if_broken()
+        print(f"spectrace: error: {_one_line(e)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("spectrace: interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:
+    except BrokenPipeError:  # the reader went away (| head): not an error
+        _detach_stdout()
         return 0
+    except OSError as e:  # permissions, a full disk, ... anywhere: the path and the reason
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"spectrace: error: {where}{e.strerror or _one_line(e)}", file=sys.stderr)
+        return 2
+
+
+def _detach_stdout_if_broken() -> None:
+    """After a failed write to standard output, drop what is still buffered (it cannot be written)."""
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        _detach_stdout()
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())
 
 
 if __name__ == "__main__":

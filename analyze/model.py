@@ -34,6 +34,9 @@ class InputError(Exception):
         super().__init__(message)
         self.code = code
 
+    def __reduce__(self):  # keeps the code when raised in a worker process
+        return (type(self), (str(self), self.code))
+
 
 @dataclass
 class Diagnostic:
@@ -57,6 +60,8 @@ class Trace:
     - ``names``: ``name_id, name`` for kernels and API calls
     - ``devices``: ``device, device_name``; ``nsys_diagnostics``: DIAGNOSTIC_EVENT rows
     - ``marks``: NVTX marks (instantaneous events): ``pid, gtid, time, domain, mark, uint64, int64``
+    - ``read_warnings``: counts of oddities met while reading (``lossy_strings``, ``missing_strings``,
+      ``reversed_ranges``, ``long_ranges``, ``api_without_pid``); each non-zero one becomes a warning
 
     A Trace inside a :class:`Result` is the export's *head*: everything but ``ops`` and ``api``, which
     stay where they were read from (empty frames here) unless the analysis was asked to keep them.
@@ -78,6 +83,7 @@ class Trace:
     tables: set[str] = field(default_factory=set)
     dropped_ops: int = 0
     utc_epoch_ns: int | None = None
+    read_warnings: dict[str, int] = field(default_factory=dict)
     graph_rows: str | None = None  # "Graph"/"Node" as seen in the GPU rows of every process (set by the analysis)
 
     @property

@@ -1,16 +1,42 @@
-"""Bad input: one line on stderr, exit 2, no traceback, input unchanged."""
+"""Bad input, faults and a hostile user (issue 15): one line on stderr and exit 2 (130 on Ctrl-C), never a
+traceback, never a write to the input, nothing left behind, and correct numbers whenever there is an answer.
+
+The first tests are the original ones (the shared probe capture). :data:`CASES` is the case list: each row is
+a recipe (it prepares the inputs from a bundled capture, ``tests/data/h200_tp1``, and returns the command
+line) and what must come of it: the exit status, the one error line (or a warning), the numbers (those of
+the clean capture, or of an equivalent input built another way), the input bytes unchanged, no temporary
+file or folder left, and a later clean run giving the clean numbers. Most rows run ``spectrace`` in this
+process (fast); those that need a process of their own (signals, another user, ``/dev/full``) spawn one.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
+import io
+import json
+import os
 import shutil
+import signal
 import sqlite3
+import stat
 import subprocess
 import sys
+import tempfile
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from paths import EXTERNAL, PROBE, need
 from synth import Synth
+
+from analyze import cli
+from analyze.read import store as st
+from nvtx_hooks.capture import samples
 
 
 def run_cli(*args):
@@ -107,3 +133,1003 @@ def test_input_never_written(tmp_path, fmt):
     assert rc == 0, err
     assert digest(f) == before and f.stat().st_mtime_ns == mtime
     assert not list(tmp_path.glob("p.sqlite-*"))  # no journal or WAL beside it
+
+
+# ---- the case list (issue 15) --------------------------------------------------------------------------
+
+NODE = "tp1_node"  # the bundled capture most rows start from (65 EAGLE cycles, 6,927 kernels, one rank)
+KERNEL, NVTX, RUNTIME = "CUPTI_ACTIVITY_KIND_KERNEL", "NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_RUNTIME"
+NUMBERS = ("ranks", "phases", "phases_all_ranks", "ranges", "ranges_all_ranks", "seams", "seams_all_ranks")
+NOBODY = 65534
+ODD = os.fsdecode(b"we ird?#%\xff.sqlite")  # URI characters, a space, a byte that is not UTF-8
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory) -> Callable[[str], Path]:
+    """The decompressed bundled captures (read-only copies, never an input themselves)."""
+    d = tmp_path_factory.mktemp("pristine")
+    return lambda name=NODE: samples.path(name, d)
+
+
+@dataclasses.dataclass
+class Env:
+    """One case's world: the input folder, HOME, XDG cache, TMPDIR and working directory, all fresh."""
+
+    root: Path
+    inp: Path
+    tmp: Path
+    home: Path
+    pristine: Callable[[str], Path]
+    mp: pytest.MonkeyPatch
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    cleanup: list[Callable[[], None]] = dataclasses.field(default_factory=list)
+    writer: subprocess.Popen | None = None
+
+    def setenv(self, name: str, value: str) -> None:
+        """For this process and the case's own processes."""
+        self.env[name] = value
+        self.mp.setenv(name, value)
+
+    def copy(self, name: str = NODE, as_: str | None = None) -> Path:
+        dst = self.inp / (as_ or f"{name}.sqlite")
+        shutil.copy(self.pristine(name), dst)
+        return dst
+
+    def other(self, name: str = "x") -> Path:
+        """A folder for equivalent inputs and outputs, outside the input folder."""
+        d = self.root / "other" / name
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+
+@pytest.fixture
+def env(monkeypatch, pristine):
+    # Under /tmp with open permissions: some rows run as another user (nobody).
+    root = Path(tempfile.mkdtemp(prefix="spectrace-faults-", dir="/tmp"))
+    root.chmod(0o755)
+    e = Env(root, root / "in", root / "tmp", root / "home", pristine, monkeypatch)
+    for d in (e.inp, e.tmp, e.home, root / "cwd", root / "xdg"):
+        d.mkdir()
+        d.chmod(0o777)
+    e.env = {"HOME": str(e.home), "XDG_CACHE_HOME": str(root / "xdg"), "TMPDIR": str(e.tmp)}
+    for k, v in e.env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("SPECTRACE_CACHE_DIR", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(e.tmp))
+    monkeypatch.chdir(root / "cwd")
+    yield e
+    for f in e.cleanup:
+        f()
+    for d in root.rglob("*"):  # read-only folders made by a recipe
+        if d.is_dir() and not d.is_symlink():
+            d.chmod(0o755)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def sql(path: Path, *statements: str) -> Path:
+    """Edit a copy (never an input under test: recipes edit before the run)."""
+    con = sqlite3.connect(path)
+    for s in statements:
+        con.execute(s)
+    con.commit()
+    con.close()
+    return path
+
+
+def run_here(argv: list[str], capsys) -> tuple[int, str, str]:
+    capsys.readouterr()
+    rc = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def run_proc(argv: list[str], e: Env, user: int | None = None, **kw) -> tuple[int, str, str]:
+    cmd = [sys.executable, "-m", "analyze.cli", *map(str, argv)]
+    if user is not None and os.geteuid() == 0:  # root passes every permission check: run as ``user``
+        cmd = [shutil.which("setpriv") or pytest.skip("no setpriv"), f"--reuid={user}", f"--regid={user}",
+               "--clear-groups", *cmd]
+    env = {**os.environ, **e.env, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env.pop("SPECTRACE_CACHE_DIR", None)
+    env.update(kw.pop("env", {}))
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=e.root / "cwd", timeout=120, **kw)
+    return p.returncode, p.stdout, p.stderr
+
+
+def numbers(out: str) -> dict:
+    d = json.loads(out)
+    return {k: d[k] for k in NUMBERS} | {"coverage": d["coverage"]["per_rank"]}
+
+
+def numbers_of(path: Path) -> dict:
+    """The numbers of an input analysed in memory (the clean capture, or an equivalent input built another way)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli.main(["analyze", str(path), "--format", "json", "--no-store", "--no-cache", "-q"])
+    assert rc == 0, err.getvalue()
+    return numbers(out.getvalue())
+
+
+@pytest.fixture(scope="module")
+def clean(pristine) -> dict:
+    return numbers_of(pristine(NODE))
+
+
+def snapshot(root: Path) -> dict[str, tuple]:
+    """Every file under ``root`` (spectrace's own marked caches aside): bytes, size, mtime, type."""
+    out = {}
+    caches = [d for d in root.rglob("*") if st.is_cache(d)]
+    for f in sorted(root.rglob("*")):
+        if any(c == f or c in f.parents for c in caches):
+            continue
+        s = f.lstat()
+        out[str(f.relative_to(root))] = (_sha256(f) if f.is_file() else None, s.st_size, s.st_mtime_ns,
+                                         stat.S_IFMT(s.st_mode))
+    return out
+
+
+def _sha256(f: Path) -> str:
+    try:
+        return hashlib.sha256(f.read_bytes()).hexdigest()
+    except PermissionError:  # made unreadable by a recipe (the tests run as a user without privileges)
+        return "unreadable"
+
+
+def leftovers(e: Env) -> list[str]:
+    """Temporary files and folders that outlived the run: build folders anywhere, anything in TMPDIR."""
+    found = [str(p) for p in e.root.rglob("*") if ".tmp-" in p.name or ".old-" in p.name]
+    return found + [str(p) for p in e.tmp.iterdir()]
+
+
+@dataclasses.dataclass
+class Case:
+    """A recipe and what must come of it.
+
+    ``make(env) -> argv``; ``rc``: exit status; ``says``: in the one error line (rc 2) or in stderr (rc 0,
+    e.g. a warning code); ``expect``: ``"clean"`` (the clean capture's numbers) or ``make_equivalent(env) ->
+    path`` (an input that must give the same numbers); ``check(env)``: more assertions; ``later``: what a
+    later run of the same command gives (``"clean"`` or an equivalent input), after ``fix(env)`` (what the
+    error line told the user to do); ``keeps``: new names the run may leave in the input folder (its cache);
+    ``proc``: run in a process of its own (``argv, env -> (rc, stdout, stderr)``).
+    """
+
+    name: str
+    make: Callable[[Env], list]
+    rc: int = 2
+    says: str = ""
+    expect: str | Callable[[Env], Path] | None = None
+    check: Callable[[Env], None] | None = None
+    later: str | Callable[[Env], Path] | None = None
+    fix: Callable[[Env], None] | None = None
+    keeps: tuple[str, ...] = ()
+    proc: Callable | None = None
+
+
+def cached(e: Env, *opts: str) -> Path:
+    """A copy with its cache built (``--cache``)."""
+    p = e.copy()
+    assert cli.main(["analyze", str(p), "--cache", "-q", "--format", "json", *opts]) == 0
+    return p
+
+
+def cache_of(p: Path) -> Path:
+    return p.with_name(p.name + st.SUFFIX)
+
+
+def one_ops_file(p: Path) -> Path:
+    return sorted((cache_of(p) / "ops").rglob("*.parquet"))[0]
+
+
+# -- recipes: live and WAL SQLite --
+
+
+def wal_pair(e: Env, base: Path) -> None:
+    """Turn ``base`` into a WAL-mode file whose ``-wal`` holds a committed delete of every third kernel."""
+    sql(base, "PRAGMA journal_mode=WAL")  # the header now says WAL; no -wal left after close
+    twin = e.other("wal") / "twin.sqlite"
+    shutil.copy(base, twin)
+    con = sqlite3.connect(twin)
+    con.execute("PRAGMA wal_autocheckpoint=0")
+    con.execute(f"DELETE FROM {KERNEL} WHERE rowid % 3 = 0")
+    con.commit()
+    shutil.copy(twin.with_name("twin.sqlite-wal"), base.with_name(base.name + "-wal"))  # snapshot, writer open
+    con.close()
+
+
+def third_deleted(e: Env) -> Path:
+    return sql(shutil.copy(e.pristine(NODE), e.other("eq") / "eq.sqlite"), f"DELETE FROM {KERNEL} WHERE rowid % 3 = 0")
+
+
+def make_wal(e: Env, *opts) -> list:
+    p = e.copy()
+    wal_pair(e, p)
+    return ["analyze", p, "--format", "json", *opts]
+
+
+def make_wal_after_cache(e: Env) -> list:
+    p = e.copy()
+    sql(p, "PRAGMA journal_mode=WAL")
+    assert cli.main(["analyze", str(p), "--cache", "-q", "--format", "json"]) == 0  # cached: all kernels
+    twin = e.other("wal") / "twin.sqlite"
+    shutil.copy(p, twin)
+    con = sqlite3.connect(twin)
+    con.execute("PRAGMA wal_autocheckpoint=0")
+    con.execute(f"DELETE FROM {KERNEL} WHERE rowid % 3 = 0")
+    con.commit()
+    shutil.copy(twin.with_name("twin.sqlite-wal"), p.with_name(p.name + "-wal"))  # the file itself unchanged
+    con.close()
+    return ["analyze", p, "--format", "json", "--cache"]
+
+
+def make_hot_journal(e: Env) -> list:
+    """What a writer killed mid-transaction leaves: pages already spilled into the file and a hot journal."""
+    w = e.other("w") / "w.sqlite"
+    shutil.copy(e.pristine(NODE), w)
+    con = sqlite3.connect(w, isolation_level=None)
+    con.execute("PRAGMA cache_size=5")  # spill changed pages into the file before the commit
+    con.execute("BEGIN")
+    con.execute(f"DELETE FROM {KERNEL} WHERE rowid % 2 = 0")
+    p = e.inp / f"{NODE}.sqlite"
+    shutil.copy(w, p)
+    shutil.copy(w.with_name("w.sqlite-journal"), p.with_name(p.name + "-journal"))
+    con.execute("ROLLBACK")
+    con.close()
+    assert p.read_bytes() != e.pristine(NODE).read_bytes()  # half-written: reading it would be wrong
+    return ["analyze", p, "--format", "json"]
+
+
+def fix_hot_journal(e: Env) -> None:
+    """What the error line says to do: open it once with sqlite3 (which rolls the journal back)."""
+    p = e.inp / f"{NODE}.sqlite"
+    con = sqlite3.connect(p)
+    con.execute("SELECT COUNT(*) FROM sqlite_master").fetchall()
+    con.close()
+    assert not p.with_name(p.name + "-journal").exists()
+
+
+def hold(e: Env, path: Path, script: str) -> None:
+    """A writer in another process, running ``script`` on ``path`` until the case ends."""
+    code = f"import sqlite3, sys, time\ncon = sqlite3.connect({str(path)!r}, isolation_level=None)\n{script}\n" \
+           "print('ready', flush=True)\ntime.sleep(120)\n"
+    w = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    e.cleanup.append(lambda: (w.kill(), w.wait()))
+    assert w.stdout.readline().strip() == "ready"
+    e.writer = w
+
+
+def make_live_writer(e: Env) -> list:
+    p = e.copy()
+    hold(e, p, "con.execute('PRAGMA journal_mode=MEMORY')\ncon.execute('BEGIN IMMEDIATE')\n"
+               f"con.execute('DELETE FROM {KERNEL} WHERE rowid % 2 = 0')")
+    return ["analyze", p, "--format", "json"]
+
+
+def make_live_wal(e: Env) -> list:
+    p = e.copy()
+    hold(e, p, "con.execute('PRAGMA journal_mode=WAL')\ncon.execute('PRAGMA wal_autocheckpoint=0')\n"
+               f"con.execute('DELETE FROM {KERNEL} WHERE rowid % 2 = 0')")
+    return ["analyze", p, "--format", "json"]
+
+
+def stop_writer(e: Env) -> None:
+    """The writer ends (killed: the uncommitted change is lost; a WAL's committed one stays in the -wal)."""
+    e.writer.kill()
+    e.writer.wait()
+
+
+# -- recipes: the cache --
+
+
+def make_cache_fault(fault: Callable[[Path], None], *opts: str) -> Callable[[Env], list]:
+    def make(e: Env) -> list:
+        p = cached(e, *opts)
+        fault(p)
+        return ["analyze", p, "--format", "json", "--cache", *opts]
+    return make
+
+
+def drop_pid_from_meta(p: Path) -> None:
+    m = cache_of(p) / "meta.json"
+    meta = json.loads(m.read_text())
+    meta["ops_rows"] = {}
+    m.write_text(json.dumps(meta))
+
+
+def truncate(f: Path) -> None:
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+
+
+def make_user_folder(e: Env) -> list:
+    p = e.copy()
+    d = cache_of(p)
+    d.mkdir()
+    (d / "notes.txt").write_text("my notes, not a cache\n")
+    (d / "meta.json").write_text('{"mine": true}\n')
+    return ["analyze", p, "--cache", "--format", "json"]
+
+
+def make_user_file(e: Env) -> list:
+    p = e.copy()
+    cache_of(p).write_text("a file of mine\n")
+    return ["analyze", p, "--cache", "--format", "json"]
+
+
+def make_stale_build(e: Env) -> list:
+    """A build folder left by a process that died (its pid is gone) and an old, empty one."""
+    p = e.copy()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    d = p.parent / f".{p.name}{st.SUFFIX}.tmp-deadbeef"
+    (d / "ops" / "1").mkdir(parents=True)
+    (d / "ops" / "1" / "00000-00000.parquet").write_bytes(b"PAR1" * 1000)
+    (d / st.MARKER).write_text(json.dumps({"host": os.uname().nodename, "pid": dead.pid}))
+    return ["analyze", p, "--cache", "--format", "json"]
+
+
+# -- recipes: strings, rows, regexes, files --
+
+
+def make_nonutf8(string_id: int, *opts: str) -> Callable[[Env], list]:
+    def make(e: Env) -> list:
+        p = e.copy()
+        sql(p, f"UPDATE StringIds SET value = CAST(X'{bad_bytes(e, string_id).hex()}' AS TEXT) WHERE id = {string_id}")
+        return ["analyze", p, "--format", "json", *opts]
+    return make
+
+
+def bad_bytes(e: Env, string_id: int) -> bytes:
+    con = sqlite3.connect(e.pristine(NODE))
+    value = con.execute("SELECT value FROM StringIds WHERE id = ?", (string_id,)).fetchone()[0]
+    con.close()
+    return value[:5].encode() + b"\xff\xfe" + value[5:].encode()
+
+
+def lossy_equivalent(string_id: int) -> Callable[[Env], Path]:
+    def make(e: Env) -> Path:
+        q = shutil.copy(e.pristine(NODE), e.other("eq") / "eq.sqlite")
+        con = sqlite3.connect(q)
+        con.execute("UPDATE StringIds SET value = ? WHERE id = ?",
+                    (bad_bytes(e, string_id).decode(errors="replace"), string_id))
+        con.commit()
+        con.close()
+        return q
+    return make
+
+
+def make_two_reports(e: Env, *opts: str) -> list:
+    a = e.copy(NODE, "a.sqlite")
+    b = e.copy(NODE, "b.sqlite")
+    sql(a, f"UPDATE StringIds SET value = CAST(X'{bad_bytes(e, 37).hex()}' AS TEXT) WHERE id = 37")
+    return ["analyze", a, b, "--format", "json", *opts]
+
+
+def edited(*statements: str) -> Callable[[Env], Path]:
+    """An equivalent input: the pristine capture with ``statements`` applied."""
+    return lambda e: sql(shutil.copy(e.pristine(NODE), e.other("eq") / "eq.sqlite"), *statements)
+
+
+def make_edit(*statements: str, opts: tuple = ()) -> Callable[[Env], list]:
+    def make(e: Env) -> list:
+        return ["analyze", sql(e.copy(), *statements), "--format", "json", *opts]
+    return make
+
+
+def make_no_stringids(e: Env) -> list:
+    from bench.export_dir import write_export_dir
+
+    d = write_export_dir(e.pristine(NODE), e.inp / "n_pqtdir", "parquet")
+    (d / "StringIds.parquet").unlink()
+    return ["analyze", d]
+
+
+def make_corrupt_table(*opts: str) -> Callable[[Env], list]:
+    """The kernel table's root page smashed: the file opens, reading the table fails (during the store build)."""
+    def make(e: Env) -> list:
+        p = e.copy()
+        con = sqlite3.connect(p)
+        root = con.execute(f"SELECT rootpage FROM sqlite_master WHERE name = '{KERNEL}'").fetchone()[0]
+        size = con.execute("PRAGMA page_size").fetchone()[0]
+        con.close()
+        with p.open("r+b") as f:
+            f.seek((root - 1) * size)
+            f.write(b"\xff" * 64)
+        return ["analyze", p, *opts]
+    return make
+
+
+def make_corrupt_header(e: Env) -> list:
+    p = e.copy()
+    with p.open("r+b") as f:
+        f.seek(16)
+        f.write(b"\x12\x34")  # page size: not a power of two
+    return ["analyze", p]
+
+
+def make_mixed_versions(e: Env) -> list:
+    a = e.copy(NODE, "a.sqlite")
+    b = e.copy("tp1_steps2", "b.sqlite")
+    sql(b, "UPDATE META_DATA_EXPORT SET value = '2024.6.1.90' WHERE name = 'EXPORT_PRODUCT_VERSION'")
+    return ["analyze", a, b, "-j", "1", "--format", "json"]
+
+
+def make_patterns(content: bytes | None) -> Callable[[Env], list]:
+    def make(e: Env) -> list:
+        f = e.other("pat") / "patterns.txt"
+        if content is None:
+            f.mkdir()
+        else:
+            f.write_bytes(content)
+        return ["analyze", e.copy(), "--comm-patterns-file", f]
+    return make
+
+
+# -- recipes: outputs --
+
+
+def make_db(where: Callable[[Env, Path], Path], fmt: str = "json") -> Callable[[Env], list]:
+    def make(e: Env) -> list:
+        p = e.copy()
+        return ["analyze", p, "--format", fmt, "--db", where(e, p)]
+    return make
+
+
+def _rep_beside(p: Path) -> Path:
+    """``NAME.nsys-rep`` beside ``NAME.sqlite`` (what spectrace then analyses)."""
+    rep = p.with_suffix(".nsys-rep")
+    rep.write_bytes(b"\x00NSYS")
+    return rep
+
+
+def hard_link(e: Env, p: Path) -> Path:
+    q = e.other("links") / "results.db"
+    os.link(p, q)
+    return q
+
+
+def symlink(e: Env, p: Path) -> Path:
+    q = e.other("links") / "results.db"
+    q.symlink_to(p)
+    return q
+
+
+def readonly_dir(e: Env, name: str) -> Path:
+    d = e.other(name)
+    d.chmod(0o555)
+    return d
+
+
+def make_report_o(where: Callable[[Env, Path], Path]) -> Callable[[Env], list]:
+    def make(e: Env) -> list:
+        p = e.copy()
+        return ["report", p, "-o", where(e, p)]
+    return make
+
+
+def make_cache_dir_under_file(e: Env) -> list:
+    f = e.other("cfg") / "a_file"
+    f.write_text("x")
+    e.setenv("SPECTRACE_CACHE_DIR", str(f / "cache"))
+    return ["analyze", e.copy(), "--cache", "--format", "json"]
+
+
+def make_nowhere_to_cache(e: Env) -> list:
+    p = e.copy()
+    e.inp.chmod(0o555)
+    e.home.chmod(0o555)
+    e.setenv("XDG_CACHE_HOME", "")
+    return ["analyze", p, "--cache", "--format", "json"]
+
+
+def make_empty_xdg(e: Env) -> list:
+    p = e.copy()
+    e.inp.chmod(0o555)  # the report folder is read-only: the cache goes to the user's cache folder
+    e.setenv("XDG_CACHE_HOME", "")
+    return ["analyze", p, "--cache", "--format", "json"]
+
+
+def make_unreadable(e: Env) -> list:
+    p = e.copy()
+    p.chmod(0)
+    return ["analyze", p]
+
+
+def check_empty_xdg(e: Env) -> None:
+    assert not (e.root / "cwd" / "spectrace").exists()  # not ./spectrace: the empty variable is ignored
+    caches = list((e.home / ".cache" / "spectrace").glob(f"*{st.SUFFIX}"))
+    assert len(caches) == 1 and (caches[0] / st.MARKER).is_file()
+
+
+# -- recipes: processes of their own --
+
+
+def proc_as_nobody(argv, e: Env):
+    """As a user without privileges: nobody when the tests run as root, else the user running them."""
+    return run_proc(argv, e, user=NOBODY)
+
+
+def proc_stdin_file(argv, e: Env):
+    with open(argv[1], "rb") as f:
+        return run_proc([argv[0], "/dev/stdin", *argv[2:]], e, stdin=f)
+
+
+def proc_stdin_pipe(argv, e: Env):
+    p = subprocess.Popen(["cat", str(argv[1])], stdout=subprocess.PIPE)
+    try:
+        return run_proc([argv[0], "/dev/stdin", *argv[2:]], e, stdin=p.stdout)
+    finally:
+        p.stdout.close()
+        p.wait()
+
+
+def proc_full_disk(argv, e: Env):
+    with open("/dev/full", "w") as full:
+        env = {**os.environ, **e.env}
+        p = subprocess.run([sys.executable, "-m", "analyze.cli", *map(str, argv)], stdout=full,
+                           stderr=subprocess.PIPE, text=True, env=env, cwd=e.root / "cwd")
+    return p.returncode, "", p.stderr
+
+
+def proc_kill_worker(argv, e: Env):
+    """Kill one of the worker processes (SIGKILL, as the OOM killer would) as soon as it exists."""
+    env = {**os.environ, **e.env}
+    p = subprocess.Popen([sys.executable, "-m", "analyze.cli", *map(str, argv)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env, cwd=e.root / "cwd")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and p.poll() is None:
+        kids = [c for c in _children(p.pid) if "spawn_main" in _cmdline(c)]
+        if kids:
+            os.kill(kids[0], signal.SIGKILL)
+            break
+        time.sleep(0.005)
+    out, err = p.communicate(timeout=60)
+    return p.returncode, out, err
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for t in os.listdir(f"/proc/{pid}/task")
+                for c in Path(f"/proc/{pid}/task/{t}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def make_plain(verb: str = "analyze", *opts: str) -> Callable[[Env], list]:
+    return lambda e: [verb, e.copy(), *opts]
+
+
+CASES = [
+    # Live and WAL SQLite: what is analysed is what SQLite returns, or one line.
+    Case("wal_committed_changes_are_read", make_wal, rc=0, expect=third_deleted),
+    Case("wal_committed_changes_are_read_through_the_store", lambda e: make_wal(e, "--store", "--cache"), rc=0,
+         expect=third_deleted, keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+    Case("wal_appearing_after_the_cache_invalidates_it", make_wal_after_cache, rc=0, expect=third_deleted,
+         keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+    Case("hot_journal_is_refused", make_hot_journal, says="unfinished write", later="clean", fix=fix_hot_journal),
+    Case("live_writer_is_refused", make_live_writer, says="another process is writing it", later="clean",
+         fix=stop_writer),
+    Case("live_wal_connection_is_refused", make_live_wal, says="open in WAL mode", fix=stop_writer,
+         later=edited(f"DELETE FROM {KERNEL} WHERE rowid % 2 = 0")),
+    # A verified cache: damaged caches are rebuilt and give the clean numbers.
+    Case("cache_ops_file_deleted", make_cache_fault(lambda p: one_ops_file(p).unlink()), rc=0, expect="clean",
+         later="clean", keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+    Case("cache_ranges_deleted", make_cache_fault(lambda p: (cache_of(p) / "ranges.parquet").unlink()), rc=0,
+         expect="clean", later="clean", keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+    Case("cache_file_truncated", make_cache_fault(lambda p: truncate(one_ops_file(p))), rc=0, expect="clean",
+         later="clean", keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+    Case("cache_names_truncated", make_cache_fault(lambda p: truncate(cache_of(p) / "names.parquet")), rc=0,
+         expect="clean", later="clean", keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+    Case("cache_pid_removed_from_meta", make_cache_fault(drop_pid_from_meta), rc=0, expect="clean", later="clean",
+         keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+    Case("cache_meta_garbage", make_cache_fault(lambda p: (cache_of(p) / "meta.json").write_text("{")), rc=0,
+         expect="clean", later="clean", keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+    Case("cache_marker_removed", make_cache_fault(lambda p: (cache_of(p) / st.MARKER).unlink()), rc=0,
+         expect="clean", later="clean", keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+    Case("stale_build_folder_is_removed", make_stale_build, rc=0, expect="clean",
+         keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+    # Never destructive.
+    Case("user_folder_at_the_cache_path", make_user_folder, says="not a spectrace cache"),
+    Case("user_file_at_the_cache_path", make_user_file, says="not a spectrace cache"),
+    Case("db_hard_link_to_the_input", make_db(hard_link), says="must not be the input"),
+    Case("db_symlink_to_the_input", make_db(symlink), says="must not be the input"),
+    Case("db_is_the_input_wal", make_db(lambda e, p: p.with_name(p.name + "-wal")), says="must not be the input"),
+    Case("db_is_the_export_of_the_nsys_rep", lambda e: ["analyze", _rep_beside(e.copy()), "--db", e.inp / f"{NODE}.sqlite"],
+         says="must not be the input"),
+    Case("report_o_is_the_input", make_report_o(lambda e, p: p), says="must not be the input"),
+    Case("report_o_hard_link_to_the_input", make_report_o(hard_link), says="must not be the input"),
+    Case("report_o_is_the_baseline", lambda e: ["report", e.copy(), "--baseline", e.copy("tp1_baseline"), "-o",
+                                                e.inp / "tp1_baseline.sqlite"], says="must not be the input"),
+    # One line, exit 2, instead of a traceback.
+    Case("nonutf8_range_name", make_nonutf8(37), rc=0, says="NON_UTF8_STRINGS", expect=lossy_equivalent(37)),
+    Case("nonutf8_range_name_streamed", make_nonutf8(37, "--store", "--no-cache"), rc=0, says="NON_UTF8_STRINGS",
+         expect=lossy_equivalent(37)),
+    Case("nonutf8_range_name_in_one_of_two_reports", lambda e: make_two_reports(e, "-j", "2"), rc=0,
+         says="NON_UTF8_STRINGS", proc=lambda argv, e: run_proc(argv, e)),
+    Case("nonutf8_kernel_name_streamed_and_cached", make_nonutf8(116, "--store", "--cache"), rc=0,
+         says="NON_UTF8_STRINGS", expect=lossy_equivalent(116), keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+    Case("unreadable_report", make_unreadable, says="Permission denied", proc=proc_as_nobody),
+    Case("ranges_look_ahead", make_plain("analyze", "--ranges", "(?=cycle)cyc"), says="bad regex"),
+    Case("ranges_back_reference", make_plain("analyze", "--ranges", r"(c)\1"), says="bad regex"),
+    Case("ranges_huge", make_plain("analyze", "--ranges", "(?:a{1000}){1000}"), says="bad regex"),
+    Case("comm_pattern_look_behind", make_plain("analyze", "--comm-pattern", "x=(?<=a)b"), says="bad regex"),
+    Case("comm_patterns_file_is_a_folder", make_patterns(None), says="is a directory"),
+    Case("comm_patterns_file_not_utf8", make_patterns(b"nccl=\xff\xfe\n"), says="not UTF-8"),
+    # (--db: the results are on stdout before the one line: ``expect`` checks them)
+    Case("db_in_a_missing_folder", make_db(lambda e, p: e.root / "nowhere" / "r.db"), says="no folder",
+         expect="clean"),
+    Case("db_in_a_read_only_folder", make_db(lambda e, p: readonly_dir(e, "ro") / "r.db"),
+         says="Permission denied", proc=proc_as_nobody, expect="clean"),
+    Case("db_not_a_database", make_db(lambda e, p: (e.other("t") / "r.db", (e.other("t") / "r.db").write_text(
+        "text, not SQLite\n" * 400))[0]), says="cannot write the results database", expect="clean"),
+    Case("report_o_in_a_read_only_folder", make_report_o(lambda e, p: readonly_dir(e, "ro") / "rep"),
+         says="Permission denied", proc=proc_as_nobody),
+    Case("report_o_under_a_file", make_report_o(lambda e, p: p / "rep"), says="Not a directory"),
+    Case("cache_dir_under_a_file", make_cache_dir_under_file, says="cannot write the cache"),
+    Case("no_writable_cache_location", make_nowhere_to_cache, says="Permission denied", proc=proc_as_nobody),
+    Case("null_global_pid_in_memory", make_edit(f"UPDATE {KERNEL} SET globalPid = NULL WHERE rowid % 50 = 0"), rc=0,
+         says="DROPPED_OPS", expect=edited(f"DELETE FROM {KERNEL} WHERE rowid % 50 = 0")),
+    Case("null_global_pid_streamed", make_edit(f"UPDATE {KERNEL} SET globalPid = NULL WHERE rowid % 50 = 0",
+                                               opts=("--store", "--no-cache")), rc=0, says="DROPPED_OPS",
+         expect=edited(f"DELETE FROM {KERNEL} WHERE rowid % 50 = 0")),
+    Case("null_global_tid_api_streamed", make_edit(f"UPDATE {RUNTIME} SET globalTid = NULL WHERE rowid % 50 = 0",
+                                                   opts=("--store", "--no-cache")), rc=0,
+         says="API_WITHOUT_PROCESS", expect=edited(f"DELETE FROM {RUNTIME} WHERE rowid % 50 = 0")),
+    Case("parquet_dir_without_stringids", make_no_stringids, says="no StringIds"),
+    Case("odd_file_name", lambda e: ["analyze", e.copy(NODE, ODD), "--format", "json"], rc=0, expect="clean"),
+    Case("odd_file_name_cached", lambda e: ["analyze", e.copy(NODE, ODD), "--format", "json", "--cache"], rc=0,
+         expect="clean", later="clean"),
+    Case("dev_stdin_redirected_from_the_file", make_plain("analyze", "--cache", "--format", "json"), rc=0,
+         expect="clean", proc=proc_stdin_file, keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+    Case("dev_stdin_a_pipe", make_plain("analyze", "--cache"), says="not a regular file", proc=proc_stdin_pipe),
+    Case("stdout_on_a_full_disk", make_plain("analyze", "--format", "json"), says="cannot write to standard output",
+         proc=proc_full_disk),
+    Case("worker_process_killed", lambda e: ["analyze", e.copy(NODE, "a.sqlite"), e.copy(NODE, "b.sqlite"),
+                                             "-j", "2"], says="worker process", proc=proc_kill_worker),
+    # Leaks: nothing left in TMPDIR on errors (checked for every row).
+    Case("store_no_cache_error_after_the_build", make_plain("analyze", "--store", "--no-cache", "--ranges", "^no$"),
+         says="no NVTX ranges selected"),
+    Case("store_no_cache_error_during_the_build", make_corrupt_table("--store", "--no-cache"), says="corrupt"),
+    Case("cache_build_error_keeps_no_cache", make_corrupt_table("--cache"), says="corrupt"),
+    # Minor.
+    Case("empty_xdg_cache_home", make_empty_xdg, rc=0, expect="clean", check=check_empty_xdg),
+    Case("corrupt_header_is_not_truncated", make_corrupt_header, says="corrupt SQLite header"),
+    Case("mixed_nsys_versions", make_mixed_versions, rc=0, says="MIXED_NSYS_VERSIONS"),
+    Case("duplicated_kernel_rows", make_edit(f"INSERT INTO {KERNEL} SELECT * FROM {KERNEL} WHERE rowid <= 40"),
+         rc=0, says="DUPLICATE_OPS"),
+    Case("ranges_ending_before_they_start", make_edit(f'UPDATE {NVTX} SET "end" = start - 5 WHERE rowid % 40 = 7'),
+         rc=0, says="RANGE_END_BEFORE_START", expect=edited(f"DELETE FROM {NVTX} WHERE rowid % 40 = 7")),
+    Case("kernel_with_an_absurd_end", make_edit(f'UPDATE {KERNEL} SET "end" = 4611686018427387904 WHERE rowid = 9'),
+         rc=0, says="DROPPED_OPS", expect=edited(f"DELETE FROM {KERNEL} WHERE rowid = 9")),
+    Case("range_with_an_absurd_end", make_edit(f'UPDATE {NVTX} SET "end" = 4611686018427387904 WHERE rowid = 3'),
+         rc=0, says="RANGE_LONGER_THAN_SESSION",
+         expect=edited(f'UPDATE {NVTX} SET "end" = (SELECT MAX(duration) FROM ANALYSIS_DETAILS) WHERE rowid = 3')),
+    Case("missing_range_name_string", make_edit("DELETE FROM StringIds WHERE id = 37"), rc=0,
+         says="MISSING_STRINGS",
+         expect=edited(f"UPDATE {NVTX} SET textId = NULL, text = '' WHERE textId = 37")),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_case(case: Case, env: Env, capsys, clean):
+    argv = case.make(env)
+    before = snapshot(env.inp)
+    rc, out, err = case.proc(argv, env) if case.proc else run_here(argv, capsys)
+    assert "Traceback" not in err and "panicked" not in err, err
+    assert rc == case.rc, (rc, err)
+    lines = err.strip().splitlines()
+    if rc == 2:
+        assert len(lines) == 1 and lines[0].startswith("spectrace: error: "), err
+        assert case.says in lines[0], err
+    else:
+        assert case.says in err, err
+    after = snapshot(env.inp)
+    for name, was in before.items():  # the inputs' bytes (and mtimes) unchanged, nothing removed
+        assert after.get(name) == was, name
+    new = set(after) - set(before)
+    assert not new, new
+    made = {p.name for p in env.inp.iterdir()} - {Path(n).parts[0] for n in before}
+    assert made <= set(case.keeps), made
+    assert not leftovers(env), leftovers(env)
+    if case.expect is not None:
+        want = clean if case.expect == "clean" else numbers_of(case.expect(env))
+        assert numbers(out) == want
+    if case.check:
+        case.check(env)
+    if case.fix:
+        case.fix(env)
+    if case.later is not None:  # a later run of the same command gives the right numbers
+        rc, out, err = run_here(argv, capsys)
+        assert rc == 0, err
+        assert numbers(out) == (clean if case.later == "clean" else numbers_of(case.later(env)))
+        assert not leftovers(env), leftovers(env)
+
+
+# ---- Ctrl-C, at any moment -------------------------------------------------------------------------------
+
+
+def _interrupt_in_build(monkeypatch, after: float = 0.3) -> list[threading.Thread]:
+    """Ctrl-C (a real SIGINT to the main thread) while the store's reader threads write, and a reader that goes
+    on writing for ``after`` s: what the threads do after the interrupt is what a cleanup must wait for."""
+    seen: list[threading.Thread] = []
+    flush = st._Spill.flush
+
+    def slow_flush(self):
+        seen.append(threading.current_thread())
+        if len(seen) == 1:
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            time.sleep(after)
+        flush(self)
+
+    monkeypatch.setattr(st._Spill, "flush", slow_flush)
+    return seen
+
+
+@pytest.mark.parametrize("opts", [("--cache",), ("--store", "--no-cache")], ids=["cache", "store_no_cache"])
+def test_ctrl_c_during_the_store_build_leaves_nothing(env, capsys, monkeypatch, clean, opts):
+    p = env.copy()
+    before = snapshot(env.inp)
+    seen = _interrupt_in_build(monkeypatch)
+    rc, out, err = run_here(["analyze", p, "--format", "json", *opts], capsys)
+    assert rc == 130 and err.strip().splitlines() == ["spectrace: interrupted"], err
+    assert seen and not any(t.is_alive() for t in seen)  # the reader threads ended before the cleanup
+    time.sleep(0.1)
+    assert snapshot(env.inp) == before and {q.name for q in env.inp.iterdir()} == {p.name}
+    assert not leftovers(env), leftovers(env)
+    monkeypatch.undo()
+    rc, out, err = run_here(["analyze", p, "--format", "json", *opts], capsys)  # a later run: the clean numbers
+    assert rc == 0 and numbers(out) == clean
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.05, 0.15])
+def test_ctrl_c_in_the_first_moments(env, delay):
+    """Ctrl-C while polars loads (the first ~0.2 s): exit 130, one line, never a traceback. (Timed from the
+    moment polars' library is mapped: before that, only the interpreter's own start, ~20 ms, is not ours.)"""
+    p = subprocess.Popen([sys.executable, "-m", "analyze.cli", "analyze", env.copy(), "--format", "json"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env.env})
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and p.poll() is None and "polars" not in _maps(p.pid):
+        time.sleep(0.001)
+    time.sleep(delay)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and err.strip().splitlines() == ["spectrace: interrupted"], (p.returncode, err)
+    assert not leftovers(env)
+
+
+def _maps(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return ""
+
+
+def test_ctrl_c_with_worker_processes_building_caches(env):
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) while two workers build caches."""
+    a, b = env.copy(NODE, "a.sqlite"), env.copy(NODE, "b.sqlite")
+    p = subprocess.Popen([sys.executable, "-m", "analyze.cli", "analyze", a, b, "-j", "2", "--cache", "-q"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env.env},
+                         start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and p.poll() is None and not list(env.inp.glob(".*.tmp-*")):
+        time.sleep(0.002)
+    os.killpg(p.pid, signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1:] == ["spectrace: interrupted"] and len(err.strip().splitlines()) == 1, err
+    assert not leftovers(env), leftovers(env)
+
+
+# ---- every verb: one line and exit 2 (130 on Ctrl-C) -------------------------------------------------------
+
+VERBS = {
+    "analyze": lambda p, e: ["analyze", p],
+    "comm": lambda p, e: ["comm", p],
+    "report": lambda p, e: ["report", p, "-o", e.other("rep")],
+    "compare": lambda p, e: ["compare", p, p],
+    "whatif": lambda p, e: ["whatif", p],
+}
+
+
+@pytest.mark.parametrize("verb", VERBS)
+@pytest.mark.parametrize("fault", ["missing", "regex", "unreadable", "ctrl_c"])
+def test_every_verb_one_line(verb, fault, env, capsys, monkeypatch):
+    p = env.copy()
+    argv = VERBS[verb](env.inp / "nope.sqlite" if fault == "missing" else p, env)
+    if fault == "regex":
+        argv += ["--ranges", "(?<=x)cycle"]
+    if fault == "unreadable":  # an I/O error anywhere in the run (here: reading the export's pages)
+        from analyze.read import sqlite as sq
+
+        def broken(self, *a, **k):
+            raise PermissionError(13, "Permission denied", str(self.path))
+        monkeypatch.setattr(sq.Reader, "frame", broken)
+    if fault == "ctrl_c":
+        from analyze.compute import pipeline
+
+        def interrupted(*a, **k):
+            raise KeyboardInterrupt
+        monkeypatch.setattr(pipeline, "open_source", interrupted)
+    rc, out, err = run_here(argv, capsys)
+    lines = err.strip().splitlines()
+    assert "Traceback" not in err and len(lines) == 1, err
+    if fault == "ctrl_c":
+        assert rc == 130 and lines == ["spectrace: interrupted"]
+    else:
+        assert rc == 2 and lines[0].startswith("spectrace: error: "), err
+        assert {"missing": "no such file", "regex": "bad regex", "unreadable": "Permission denied"}[fault] in lines[0]
+    assert not leftovers(env)
+
+
+# ---- the cache: read errors during the analysis -------------------------------------------------------------
+
+
+def _smash_middle(f: Path) -> None:
+    """Overwrite the middle of a parquet file (its data pages), keeping its size and its last bytes."""
+    data = bytearray(f.read_bytes())
+    mid = len(data) // 2
+    data[mid - 200: mid + 200] = b"\xa5" * 400
+    f.write_bytes(bytes(data))
+
+
+def test_cache_read_error_rebuilds_once(env, capsys, monkeypatch, clean):
+    """A cache whose checksum still holds (only the tail is checked) but cannot be read: rebuilt once, clean numbers."""
+    monkeypatch.setattr(st, "TAIL", 16)  # the open-time check covers the last 16 bytes: a smashed middle passes it
+    p = cached(env, "--store")
+    f = max((cache_of(p) / "ops").rglob("*.parquet"), key=lambda q: q.stat().st_size)
+    _smash_middle(f)
+    assert st.problem(cache_of(p), st.fingerprint(p)) is None  # verified on open...
+    builds = []
+    build = st.build
+    monkeypatch.setattr(st, "build", lambda *a, **k: (builds.append(a), build(*a, **k))[1])
+    rc, out, err = run_here(["analyze", p, "--format", "json", "--cache", "--store"], capsys)
+    assert rc == 0 and numbers(out) == clean, err  # ...unreadable when read: rebuilt
+    assert len(builds) == 1
+    assert not leftovers(env)
+
+
+def test_cache_unreadable_after_a_rebuild_is_one_line_naming_it(env, capsys, monkeypatch):
+    """A disk that damages what is written: rebuilt once, then one line naming the folder, which is removed."""
+    monkeypatch.setattr(st, "TAIL", 16)
+    build = st.build
+
+    def damaging_build(report, dest, progress=None):
+        build(report, dest, progress)
+        for f in (dest / "ops").rglob("*.parquet"):
+            _smash_middle(f)
+        return dest
+
+    monkeypatch.setattr(st, "build", damaging_build)
+    p = env.copy()
+    rc, out, err = run_here(["analyze", p, "--format", "json", "--cache", "--store"], capsys)
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and "cannot be read even after a rebuild" in lines[0], err
+    assert str(cache_of(p)) in lines[0]
+    assert not cache_of(p).exists() and not leftovers(env)
+
+
+def test_cache_that_does_not_verify_after_its_build(env, capsys, monkeypatch):
+    build = st.build
+
+    def losing_build(report, dest, progress=None):
+        build(report, dest, progress)
+        (dest / "names.parquet").unlink()
+        return dest
+
+    monkeypatch.setattr(st, "build", losing_build)
+    p = env.copy()
+    rc, out, err = run_here(["analyze", p, "--format", "json", "--cache"], capsys)
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and "does not verify right after it was built" in lines[0], err
+    assert str(cache_of(p)) in lines[0] and "names.parquet missing" in lines[0]
+    assert not cache_of(p).exists() and not leftovers(env)
+
+
+def test_cache_lists_every_file_with_rows_size_and_checksum(env):
+    p = cached(env, "--store")
+    meta = json.loads((cache_of(p) / "meta.json").read_text())
+    files = {str(f.relative_to(cache_of(p))) for f in cache_of(p).rglob("*.parquet")}
+    assert set(meta["files"]) == files and "ranges.parquet" in files
+    import polars as pl
+
+    for rel, (rows, size, tail, whole) in meta["files"].items():
+        f = cache_of(p) / rel
+        data = f.read_bytes()
+        assert rows == pl.read_parquet(f).height and size == len(data)
+        assert tail == zlib.crc32(data[-st.TAIL:]) and whole == zlib.crc32(data)
+    assert sum(meta["ops_rows"].values()) == sum(v[0] for k, v in meta["files"].items() if k.startswith("ops/"))
+    assert json.loads((cache_of(p) / st.MARKER).read_text())["pid"] == os.getpid()
+
+
+def test_concurrent_runs_build_one_cache(env, clean):
+    """Two runs building the same cache at once: both give the clean numbers, one cache, nothing else left."""
+    p = env.copy()
+    cmd = [sys.executable, "-m", "analyze.cli", "analyze", str(p), "--cache", "--format", "json", "-q"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, **env.env}) for _ in range(2)]
+    for q in procs:
+        out, err = q.communicate(timeout=120)
+        assert q.returncode == 0 and not err, err
+        assert numbers(out) == clean
+    assert {q.name for q in env.inp.iterdir()} == {p.name, p.name + st.SUFFIX}
+    assert st.problem(cache_of(p), st.fingerprint(p)) is None and not leftovers(env)
+
+
+def test_a_live_build_folder_is_not_removed(env, capsys):
+    p = env.copy()
+    d = p.parent / f".{p.name}{st.SUFFIX}.tmp-alive"
+    d.mkdir()
+    (d / st.MARKER).write_text(json.dumps({"host": os.uname().nodename, "pid": os.getpid()}))  # us: alive
+    rc, out, err = run_here(["analyze", p, "--cache", "-q"], capsys)
+    assert rc == 0 and d.is_dir()
+
+
+# ---- determinism and the rest ------------------------------------------------------------------------------
+
+
+def with_ties(p: Path) -> Path:
+    """Three more range names on copies of every host_overhead range: four ranges whose every sum ties."""
+    con = sqlite3.connect(p)
+    for i in range(3):
+        sid = 900_000 + i
+        con.execute("INSERT INTO StringIds (id, value) VALUES (?, ?)", (sid, f"host_overhead_copy{i}"))
+        cols = [r[1] for r in con.execute(f"PRAGMA table_info({NVTX})")]
+        sel = ", ".join("?" if c == "textId" else c for c in cols)
+        con.execute(f"INSERT INTO {NVTX} ({', '.join(cols)}) SELECT {sel} FROM {NVTX} WHERE textId = 37", (sid,))
+    con.commit()
+    con.close()
+    return p
+
+
+def test_identical_input_gives_byte_identical_json(env):
+    """Two runs in two processes (hash seeds, thread timing differ): the same bytes, for every JSON verb; also
+    on an input where four ranges tie in every sum (rows of equal sort keys)."""
+    a, b = env.copy(NODE), env.copy("tp1_baseline")
+    t = with_ties(env.copy(NODE, "ties.sqlite"))
+    runs = {
+        "ties": ["analyze", t, "--format", "json", "-q", "--ranges", "host_overhead"],
+        "analyze": ["analyze", a, "--format", "json", "-q"],
+        "comm": ["comm", a, "--format", "json", "-q"],
+        "whatif": ["whatif", a, "--format", "json", "--steps-now", "3"],
+        "compare": ["compare", b, a, "--format", "json"],
+    }
+    script = ("import sys, io, contextlib, json\nfrom analyze import cli\nout = {}\n"
+              "for name, argv in json.loads(sys.argv[1]).items():\n"
+              "    buf = io.StringIO()\n"
+              "    with contextlib.redirect_stdout(buf):\n"
+              "        assert cli.main(argv) == 0\n"
+              "    out[name] = buf.getvalue()\n"
+              "print(json.dumps(out))\n")
+    arg = json.dumps({k: [str(x) for x in v] for k, v in runs.items()})
+    outs = [subprocess.run([sys.executable, "-c", script, arg], capture_output=True, text=True, check=True,
+                           env={**os.environ, **env.env}).stdout for _ in range(2)]
+    first, second = (json.loads(o) for o in outs)
+    for name in runs:
+        assert first[name] == second[name], name
+        json.loads(first[name])
+
+
+def test_input_error_keeps_its_code_across_processes():
+    import pickle
+
+    from analyze.model import InputError
+
+    e = pickle.loads(pickle.dumps(InputError("x: broken", "NO_STRINGS")))
+    assert str(e) == "x: broken" and e.code == "NO_STRINGS"
+
+
+def test_db_keeps_its_other_tables_and_is_replaced_whole(env, capsys, clean):
+    db = env.other("db") / "r.db"
+    sql(db, "CREATE TABLE mine (x)", "INSERT INTO mine VALUES (42)")
+    db.chmod(0o640)
+    rc, out, err = run_here(["analyze", env.copy(), "--format", "json", "-q", "--db", db], capsys)
+    assert rc == 0 and numbers(out) == clean
+    con = sqlite3.connect(db)
+    assert con.execute("SELECT x FROM mine").fetchall() == [(42,)]
+    assert con.execute("SELECT COUNT(*) FROM phases WHERE rank IS NOT NULL").fetchone()[0] == len(clean["phases"])
+    con.close()
+    assert stat.S_IMODE(db.stat().st_mode) == 0o640 and [q.name for q in db.parent.iterdir()] == ["r.db"]

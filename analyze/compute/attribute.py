@@ -10,13 +10,11 @@ join of API start times onto it. Parents come from nesting depth, also by an as-
 
 from __future__ import annotations
 
-import re
-
 import polars as pl
 
 from nvtx_hooks import phases as ph
 
-from ..model import InputError
+from .regex import check_regex
 
 
 def select_ranges(ranges: pl.DataFrame, regex: str | None) -> tuple[pl.DataFrame, str]:
@@ -29,10 +27,7 @@ def select_ranges(ranges: pl.DataFrame, regex: str | None) -> tuple[pl.DataFrame
     usable = ranges.filter(~pl.col("cross_thread"))
     full = pl.concat_str([pl.col("domain"), pl.lit(":"), pl.col("range")])
     if regex is not None:
-        try:
-            re.compile(regex)
-        except re.error as e:
-            raise InputError(f"--ranges: bad regex {regex!r}: {e}", "BAD_REGEX") from None
+        check_regex(regex, "--ranges")
         sel = usable.filter(pl.col("range").str.contains(regex) | full.str.contains(regex))
         how = f"ranges matching {regex!r}"
     else:

@@ -125,7 +125,7 @@ def phases(inst: pl.DataFrame, by: tuple[str, ...] = ("rank",)) -> pl.DataFrame:
             span_max_ns=pl.col("x_span_ns").max(),
         )
         .rename({"range": "phase"})
-        .sort(*by, "span_ns", descending=[False] * len(by) + [True])
+        .sort(*by, "span_ns", "domain", "phase", descending=[False] * len(by) + [True, False, False])
     )
 
 
@@ -145,7 +145,7 @@ def projections(inst: pl.DataFrame) -> pl.DataFrame:
             inst.group_by("rank", "domain", "range").agg(range_instances=pl.len()),
             on=["rank", "domain", "range"],
         )
-        .sort("rank", "proj_span_ns", descending=[False, True])
+        .sort("rank", "proj_span_ns", "domain", "range", descending=[False, True, False, False])
     )
 
 
@@ -218,7 +218,7 @@ def seams(seam_inst: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
             pl.col("idle_ns").max().alias("idle_max_ns"),
         )
         .rename({"parent_range": "parent", "prev_range": "from", "range": "to"})
-        .sort("rank", "idle_ns", descending=[False, True])
+        .sort("rank", "idle_ns", "parent", "from", "to", descending=[False, True, False, False, False])
     )
     if not causes:
         return out

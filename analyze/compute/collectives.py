@@ -75,15 +75,15 @@ def with_group_ids(kernels: pl.DataFrame) -> pl.DataFrame:
     kernels = kernels.drop("_g", strict=False)
     if kernels.height == 0:
         return kernels.with_columns(_g=pl.lit(0, pl.Int64))
-    dp = kernels.select("domain", "phase").unique().with_row_index("_p")
-    names = kernels.select("name").unique().with_row_index("_n")
+    dp = kernels.select("domain", "phase").unique(maintain_order=True).with_row_index("_p")
+    names = kernels.select("name").unique(maintain_order=True).with_row_index("_n")
     c = kernels.join(dp, on=["domain", "phase"], how="left", nulls_equal=True).join(names, on="name", how="left")
     bits = [int(x).bit_length() for x in (dp.height, c["k"].max() + 1, names.height)]
     if sum(bits) <= 62:
         g = (pl.col("_p").cast(pl.Int64) * 2 ** (bits[1] + bits[2]) + (pl.col("k") + 1) * 2 ** bits[2]
              + pl.col("_n").cast(pl.Int64))
         return c.with_columns(_g=g).drop("_p", "_n")
-    ids = c.select("_p", "k", "_n").unique().with_row_index("_g").with_columns(pl.col("_g").cast(pl.Int64))
+    ids = c.select("_p", "k", "_n").unique(maintain_order=True).with_row_index("_g").with_columns(pl.col("_g").cast(pl.Int64))
     return c.join(ids, on=["_p", "k", "_n"], how="left").drop("_p", "_n")
 
 
@@ -139,7 +139,7 @@ def match(kernels: pl.DataFrame, counts: pl.DataFrame | None = None, ordered: bo
         )
         .with_columns(is_last=(pl.col("start") == pl.col("last")) & (pl.col("delay_ns") > 0))
         .drop("_second", "_new", "_last", "_c")
-        .pipe(lambda df: df.sort("first_arrival", "rank") if ordered else df)
+        .pipe(lambda df: df.sort("first_arrival", "_g", "j", "rank") if ordered else df)
     )
 
 
@@ -158,8 +158,8 @@ def per_collective(matched: pl.DataFrame) -> pl.DataFrame:
             max_wait_ns=pl.col("wait_ns").max(),
         )
         .with_columns(start_spread_ns=pl.col("last_arrival") - pl.col("first_arrival"), name=pl.col("name").cast(pl.String))
+        .sort("first_arrival", "_g", "j")
         .select(*KEY, pl.exclude(*KEY, "_g"))
-        .sort("first_arrival")
     )
 
 
@@ -200,7 +200,7 @@ def summary(matched: pl.DataFrame, refused_phases: pl.DataFrame | None = None) -
     split = ("wait_ns", "transfer_ns", "skew_p50_ns", "skew_p99_ns", "last_arrivals")
     return (_refused_flag(out, refused_phases)
             .with_columns(pl.when(~pl.col("_ref")).then(pl.col(c)).alias(c) for c in split).drop("_ref")
-            .sort("phase", "name", "rank", nulls_last=True))
+            .sort("phase", "name", "rank", "domain", nulls_last=True))
 
 
 def stragglers(matched: pl.DataFrame, refused_phases: pl.DataFrame | None = None) -> pl.DataFrame:
@@ -234,7 +234,7 @@ def stragglers(matched: pl.DataFrame, refused_phases: pl.DataFrame | None = None
         .drop("outside")
         .select("domain", "phase", "rank", "collectives", "last_arrivals", "share", "mean_delay_ns",
                 "total_delay_ns", "max_delay_ns")
-        .sort(["phase", "last_arrivals", "rank"], descending=[False, True, False], nulls_last=True)
+        .sort(["phase", "last_arrivals", "rank", "domain"], descending=[False, True, False, False], nulls_last=True)
     )
 
 
@@ -271,7 +271,7 @@ def refused(matched: pl.DataFrame, bound: int = windows.END_SPREAD_BOUND_NS) -> 
     return (pc.group_by("domain", "phase").agg(collectives=pl.len(), end_spread_p50_ns=_q("end_spread_ns", 0.5))
             .filter(pl.col("end_spread_p50_ns") > bound)
             .with_columns(bound_ns=pl.lit(bound, pl.Int64))
-            .sort("phase", nulls_last=True))
+            .sort("phase", "domain", nulls_last=True))
 
 
 def short_name(name: pl.Expr) -> pl.Expr:

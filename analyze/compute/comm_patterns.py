@@ -8,7 +8,6 @@ communication too. Names matching :data:`EXCLUDE` are never communication.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import polars as pl
 
 from ..model import InputError
+from .regex import check_regex
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,15 @@ def load_patterns(extra: Iterable[str] = (), files: Iterable[str | Path] = ()) -
         p = Path(f)
         if not p.exists():
             raise InputError(f"{p}: no such communication pattern file", "NO_FILE")
-        for n, line in enumerate(p.read_text().splitlines(), 1):
+        if p.is_dir():
+            raise InputError(f"{p}: is a directory, not a communication pattern file", "BAD_PATTERN")
+        try:
+            text = p.read_bytes().decode()
+        except OSError as e:
+            raise InputError(f"{p}: cannot read it ({e.strerror})", "UNREADABLE") from None
+        except UnicodeDecodeError as e:
+            raise InputError(f"{p}: not UTF-8 text (byte {e.start}); save it as UTF-8", "BAD_PATTERN") from None
+        for n, line in enumerate(text.splitlines(), 1):
             line = line.strip()
             if line and not line.startswith("#"):
                 entries.append((line, f"{p}:{n}"))
@@ -67,10 +75,7 @@ def load_patterns(extra: Iterable[str] = (), files: Iterable[str | Path] = ()) -
         fam, sep, rx = entry.partition("=")
         if not sep or not fam.strip() or not rx:
             raise InputError(f"{where}: expected FAMILY=REGEX, got {entry!r}", "BAD_PATTERN")
-        try:
-            re.compile(rx)
-        except re.error as e:
-            raise InputError(f"{where}: bad regex {rx!r}: {e}", "BAD_PATTERN") from None
+        check_regex(rx, where)
         out.append(CommPattern(fam.strip(), rx, where))
     return out
 

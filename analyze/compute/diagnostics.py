@@ -11,7 +11,20 @@ import polars as pl
 from ..model import Diagnostic, Trace
 
 # Counts each process body returns, summed over processes.
-FACTS = ("graph_ops", "node_ops", "graph_launches", "orphan_launches", "unmatched_ops")
+FACTS = ("graph_ops", "node_ops", "graph_launches", "orphan_launches", "unmatched_ops", "duplicate_ops")
+
+# Oddities met while reading (:attr:`analyze.model.Trace.read_warnings`): code and message per count.
+READ_WARNINGS = {
+    "lossy_strings": ("NON_UTF8_STRINGS", "{n} strings in the export are not valid UTF-8; they were decoded with "
+                                          "U+FFFD replacement characters"),
+    "missing_strings": ("MISSING_STRINGS", "{n} NVTX ranges name a string id that StringIds lacks; their name is "
+                                           "empty"),
+    "reversed_ranges": ("RANGE_END_BEFORE_START", "{n} NVTX ranges end before they start; they are left out"),
+    "long_ranges": ("RANGE_LONGER_THAN_SESSION", "{n} NVTX ranges last longer than the whole session (an absurd "
+                                                 "end time); their end is taken as the session end"),
+    "api_without_pid": ("API_WITHOUT_PROCESS", "{n} CUDA API calls have no thread id (NULL globalTid); they are "
+                                               "left out"),
+}
 
 
 def label(domain: str, text: str) -> str:
@@ -32,7 +45,15 @@ def diagnose(t: Trace, nested: pl.DataFrame, facts: dict[str, int], ranks: pl.Da
         ))
     if t.dropped_ops:
         out.append(Diagnostic("warning", "DROPPED_OPS",
-                              f"{t.dropped_ops} GPU operations with invalid timestamps (start <= 0 or end < start) dropped"))
+                              f"{t.dropped_ops} GPU operations with invalid timestamps (start <= 0 or end < start, "
+                              "or longer than the whole session) or no process id (NULL globalPid) dropped"))
+    for key, (code, msg) in READ_WARNINGS.items():
+        if t.read_warnings.get(key):
+            out.append(Diagnostic("warning", code, msg.format(n=t.read_warnings[key])))
+    if facts.get("duplicate_ops"):
+        out.append(Diagnostic("warning", "DUPLICATE_OPS",
+                              f"{facts['duplicate_ops']} GPU operations repeat another row exactly (process, "
+                              "correlation id, start and end); their kernel time and op counts are counted twice"))
     unclosed = t.ranges.filter("unclosed")
     if unclosed.height:
         sel_ids = nested["range_id"].implode()

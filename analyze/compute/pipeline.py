@@ -16,17 +16,21 @@ order given; communication matched across all ranks with the clock alignment of
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import multiprocessing
 import os
+import signal
+import threading
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import polars as pl
 
 from ..model import Diagnostic, InputError, Result, Trace
 from ..read.source import ManyWindows, OpsWindow, open_source
-from ..read.store import Progress
+from ..read.store import CacheError, Progress, is_cache, open_store, remove_tree
 from . import attribute, breakdown, collectives, host, windows
 from .comm_patterns import PATTERNS, CommPattern, family_expr
 from .diagnostics import FACTS, diagnose
@@ -138,6 +142,7 @@ def process(source, pid: int, ctx: Context) -> dict:
             *cols[: cols.index("comm")], pl.col("name").cast(pl.String), *cols[cols.index("comm"):])
     # The interval steps read only these columns: a narrow copy halves the memory of the inclusive view.
     ops = ops.select("pid", "rank", "range_id", "corr", "start", "end", "comm", "api_start").sort("start")
+    out["facts"]["duplicate_ops"] = duplicate_ops(ops)
     if ops.height:
         anc = attribute.ancestors(nested)
         inst = breakdown.instances(nested, ops, anc)
@@ -152,6 +157,16 @@ def process(source, pid: int, ctx: Context) -> dict:
     elif nested.height:  # API calls but no GPU work: its ranges still count as instances
         out["inst"] = _without_gpu(nested, ops)
     return out
+
+
+def duplicate_ops(ops: pl.DataFrame) -> int:
+    """Rows of one process's ops (sorted by start) that repeat another's correlation id, start and end. Cheap:
+    only rows sharing a start with a neighbour are compared."""
+    same = pl.col("start") == pl.col("start").shift()
+    cand = ops.filter((same | same.shift(-1)).fill_null(False))
+    if cand.height == 0:
+        return 0
+    return cand.height - cand.select("corr", "start", "end").unique().height
 
 
 def kernel_stats(ops: pl.DataFrame, kinds: pl.DataFrame) -> pl.DataFrame:
@@ -188,6 +203,26 @@ def analyze(
     the parquet store beside the report for large ones, any valid cache reused). ``keep_ops``: keep every
     GPU operation in ``Result.ops`` (memory grows with the trace). ``workers``: processes analysed at once.
     """
+    try:
+        return _analyze(report, store, cache, progress, ranges, comm_patterns, keep_ops, workers)
+    except CacheError as e:
+        if e.store is None:  # a temporary store, or a cache just built: nothing to rebuild
+            raise
+        broken = e.store
+    # A kept cache that could not be read: rebuilt once, and analysed again from scratch.
+    root = broken.root
+    try:
+        fresh = open_store(broken.meta["report"], progress=progress, cache_dir=root, rebuild=True)
+        return _analyze(fresh, store, cache, progress, ranges, comm_patterns, keep_ops, workers)
+    except CacheError as e:
+        if is_cache(root):  # not kept: it could not be read twice
+            remove_tree(root)
+        why = str(e).removeprefix(f"{root}: ")
+        raise CacheError(f"{root}: the cache cannot be read even after a rebuild ({why}); check the disk, or set "
+                         "SPECTRACE_CACHE_DIR to another place", "CACHE_BROKEN") from None
+
+
+def _analyze(report, store, cache, progress, ranges, comm_patterns, keep_ops, workers) -> Result:
     source = open_source(report, store=store, cache=cache, progress=progress)
     try:
         return _run(source, ranges, comm_patterns, keep_ops, progress, workers)
@@ -364,6 +399,11 @@ def merge(results: list[Result]) -> Result:
                                              maintain_order="left").join(report_of, on="rank", how="left"))
     phases = collectives.with_split(phases, comm.matched, comm.refused)
     diags += comm.diagnostics  # the pairing diagnostics of every rank, then matching
+    versions = sorted({str(r.trace.nsys_version) for r in results})
+    if len(versions) > 1:
+        diags.append(Diagnostic("warning", "MIXED_NSYS_VERSIONS",
+                                f"the reports were exported by different nsys versions ({', '.join(versions)}); "
+                                "their tables may differ in what they record"))
     first = results[0]
     return Result(
         trace=first.trace,
@@ -420,5 +460,59 @@ def analyze_each(
         return [f.result() for f in [executor.submit(analyze_for_merge, p, *args) for p in paths]]
     if n == 1:
         return [analyze_for_merge(p, *args) for p in paths]
-    with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn")) as ex:
-        return [f.result() for f in [ex.submit(analyze_for_merge, p, *args) for p in paths]]
+    ex = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_start)
+    futures = None
+    try:
+        with _workers_start_deaf():
+            futures = [ex.submit(_in_worker, analyze_for_merge, p, *args) for p in paths]
+        return [f.result() for f in futures]
+    except (BrokenProcessPool, OSError) as e:
+        if isinstance(e, OSError) and futures is not None:  # an I/O error of a report, raised in its worker
+            raise
+        # A worker died (or one broke the pool while it was being filled: "handle is closed"). End the other
+        # workers too: one started while the pool broke is not always ended by the pool (3.11).
+        _signal_workers(ex, signal.SIGTERM)
+        raise InputError("a worker process analysing the reports ended abruptly (killed, or out of memory?) or "
+                         "could not start; try -j 1 to analyse one report at a time", "WORKER_DIED") from None
+    except KeyboardInterrupt:  # pass it on, so that each worker cleans up (its cache build) before the pool ends
+        _signal_workers(ex, signal.SIGINT)
+        raise
+    finally:
+        ex.shutdown(wait=True, cancel_futures=True)
+
+
+def _signal_workers(ex: ProcessPoolExecutor, signum: int) -> None:
+    for proc in list((getattr(ex, "_processes", None) or {}).values()):
+        with contextlib.suppress(OSError):
+            os.kill(proc.pid, signum)
+
+
+@contextlib.contextmanager
+def _workers_start_deaf():
+    """Ctrl-C ignored while the workers are spawned: they inherit that, so a Ctrl-C while they load (before
+    :func:`_worker_start`) is no traceback of theirs; the parent gets it as usual."""
+    main = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    try:
+        yield
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, old)
+
+
+def _worker_start() -> None:
+    """Worker processes ignore Ctrl-C while idle (the parent ends the pool); a task turns it on (:func:`_in_worker`)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _in_worker(fn, *args):
+    """``fn(*args)`` interruptible by the first Ctrl-C only, so that its cleanup is not interrupted by a second."""
+    def once(signum, frame):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, once)
+    try:
+        return fn(*args)
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -475,7 +475,7 @@ def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = 
                          "an EAGLE trace (cycle ⊃ draft, verify, draft_extend)", "NO_CYCLES")
     per = (cp.filter(pl.col("phase").is_in(MODEL_PHASES))
            .group_by("n", "phase").agg(pl.col("x_span_ns").min(), pl.col("tokens").first()))
-    cost = {k: float(v) for k, v in per.group_by("phase").agg(pl.col("x_span_ns").median()).iter_rows()}
+    cost = {k: float(v) for k, v in per.group_by("phase").agg(pl.col("x_span_ns").median()).sort("phase").iter_rows()}
     if "verify" not in cost:
         raise InputError(f"{res.trace.path}: no verify phase inside the cycles", "NO_VERIFY")
     tk = summary(res, steps=s0)

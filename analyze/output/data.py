@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import shutil
+import sqlite3
+import uuid
 from pathlib import Path
 
 import polars as pl
@@ -11,6 +15,7 @@ import polars as pl
 from ..compute import findings, headline
 from ..compute.tokens import DEFINITION, cycles, selection, summary
 from ..model import InputError, Result
+from .targets import os_error, refuse_input
 
 FINDING_KEYS = ("code", "severity", "phase", "rank", "evidence", "action", "impact_ns", "share", "rank_is")
 
@@ -82,12 +87,38 @@ def to_csv(res: Result, name: str = "phases") -> str:
 
 
 def to_db(res: Result, path: str | Path) -> None:
-    """Write every result table into a SQLite database with sqlite-utils (tables replaced)."""
+    """Write every result table into a SQLite database with sqlite-utils (tables replaced, others kept).
+
+    Written to a temporary file beside it and renamed into place: a failed write leaves the old file as it was.
+    Never an input report (:func:`analyze.output.targets.refuse_input`); failures are one-line InputErrors.
+    """
+    p = Path(path)
+    refuse_input(p, res.reports or [res.trace.path], "--db")
+    dest = p.resolve() if p.is_symlink() else p
+    tmp = None
+    try:
+        name = dest.with_name(f".{dest.name}.tmp-{uuid.uuid4().hex[:12]}")
+        os.close(os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))  # the umask applies, as for any file
+        tmp = name
+        if dest.exists():
+            shutil.copyfile(dest, tmp)
+            shutil.copymode(dest, tmp)
+        _write_db(res, tmp)
+        os.replace(tmp, dest)
+        tmp = None
+    except OSError as e:
+        raise os_error(e, p, "the results database") from None
+    except sqlite3.DatabaseError as e:
+        raise InputError(f"{p}: cannot write the results database into it ({e}); choose another --db file",
+                         "BAD_OUTPUT") from None
+    finally:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+
+
+def _write_db(res: Result, p: Path) -> None:
     import sqlite_utils
 
-    p = Path(path)
-    if p.exists() and p.resolve() == Path(res.trace.path).resolve():
-        raise InputError(f"{p}: --db must not be the input report (spectrace never writes to it)", "DB_IS_INPUT")
     db = sqlite_utils.Database(p)
     for name in CSV_TABLES:
         db[name].drop(ignore=True)

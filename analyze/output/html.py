@@ -20,6 +20,7 @@ from ..compute import findings, headline, whatif
 from ..compute.tokens import DEFINITION, cycle_order, selection, summary
 from ..model import InputError
 from . import plots
+from .targets import os_error, refuse_input
 from .text import compare_table, kernel_label, probe_lines, whatif_table
 
 CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1250px;color:#222;padding:0 1em}
@@ -277,9 +278,15 @@ def write_page(res, out: str | Path, baseline=None, steps_now: int | None = None
     """Write ``out/index.html`` and its figures for an analysed trace (and an analysed baseline); returns the page.
     ``extra``: more sections, placed before the whole-run tables."""
     out = Path(out)
+    inputs = [*res.reports, *(baseline.reports if baseline is not None else [])] or [res.trace.path]
+    refuse_input(out, inputs, "-o")
+    refuse_input(out / "index.html", inputs, "-o")
     if out.exists() and not out.is_dir():
         raise InputError(f"{out}: not a directory", "BAD_OUTPUT")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise os_error(e, out, "the report folder") from None
     name = ", ".join(Path(p).name for p in res.reports) or Path(res.trace.path).name
     try:
         model = whatif.fit(res, steps_now, baseline=baseline)

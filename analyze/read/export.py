@@ -61,6 +61,10 @@ def _check_schema(path: str, r: Reader, export: dict[str, str]) -> None:
         raise InputError(
             f"{path}: SQLite, but not an nsys export (no StringIds or META_DATA_EXPORT table)", "NOT_NSYS"
         )
+    if "StringIds" not in r.tables and (r.has(NVTX, "textId") or r.has(KERNEL, "demangledName")
+                                        or r.has(KERNEL, "shortName")):
+        raise InputError(f"{path}: no StringIds table, which its NVTX ranges and kernels name their strings in; "
+                         "export it again with every table", "NO_STRINGS")
     ver = export.get("EXPORT_SCHEMA_VERSION", "")
     m = re.match(r"(\d+)\.", ver)
     if m and int(m.group(1)) > KNOWN_SCHEMA_MAJOR:
@@ -71,8 +75,11 @@ def _check_schema(path: str, r: Reader, export: dict[str, str]) -> None:
         )
 
 
-def _ranges(r: Reader, duration: int | None) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
-    """NVTX ranges, domains and marks (frames ``ranges`` and ``marks`` of a Trace)."""
+def _ranges(r: Reader, duration: int | None, notes: dict[str, int] | None = None
+            ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """NVTX ranges, domains and marks (frames ``ranges`` and ``marks`` of a Trace). ``notes`` gets the counts
+    of odd ranges: ``missing_strings`` (a ``textId`` StringIds lacks: name ''), ``long_ranges`` (longer than
+    the session: end = session end) and ``reversed_ranges`` (end before start: left out)."""
     cols = r.columns(NVTX)
     empty = pl.DataFrame(
         schema={"range_id": pl.Int64, "pid": pl.Int64, "gtid": pl.Int64, "start": pl.Int64, "end": pl.Int64,
@@ -82,8 +89,11 @@ def _ranges(r: Reader, duration: int | None) -> tuple[pl.DataFrame, pl.DataFrame
     if not cols:
         return (empty, pl.DataFrame(schema={"pid": pl.Int64, "domain_id": pl.Int64, "domain": pl.String}),
                 pl.DataFrame(schema=MARKS_SCHEMA))
-    text = "COALESCE(n.text, s.value, '')" if "textId" in cols else "COALESCE(n.text, '')"
-    join = "LEFT JOIN StringIds s ON s.id = n.textId" if "textId" in cols else ""
+    strings = "textId" in cols and r.has("StringIds", "id", "value")
+    text = "COALESCE(n.text, s.value, '')" if strings else "COALESCE(n.text, '')"
+    join = "LEFT JOIN StringIds s ON s.id = n.textId" if strings else ""
+    missing = ("n.text IS NULL AND n.textId IS NOT NULL" + (" AND s.value IS NULL" if strings else "")
+               if "textId" in cols else "0")
 
     def opt(c: str, alias: str) -> str:
         return f"n.{c} AS {alias}" if c in cols else f"NULL AS {alias}"
@@ -93,11 +103,11 @@ def _ranges(r: Reader, duration: int | None) -> tuple[pl.DataFrame, pl.DataFrame
         f"""SELECT n.rowid AS range_id, n.start AS start, n."end" AS "end", n.eventType AS event_type,
                    n.globalTid AS gtid, {opt('endGlobalTid', 'end_gtid')}, {opt('domainId', 'domain_id')},
                    {text} AS "range", {opt('color', 'color')}, {opt('uint64Value', 'uint64')},
-                   {opt('int64Value', 'int64')}
+                   {opt('int64Value', 'int64')}, CAST(({missing}) AS INTEGER) AS missing_text
             FROM {NVTX} n {join} WHERE n.eventType IN ({types})""",
         schema={"range_id": pl.Int64, "start": pl.Int64, "end": pl.Int64, "event_type": pl.Int64,
                 "gtid": pl.Int64, "end_gtid": pl.Int64, "domain_id": pl.Int64, "range": pl.String,
-                "color": pl.Int64, "uint64": pl.Int64, "int64": pl.Int64},
+                "color": pl.Int64, "uint64": pl.Int64, "int64": pl.Int64, "missing_text": pl.Int64},
     ).with_columns(pid=pid_of("gtid"), domain_id=pl.col("domain_id").fill_null(0))
     domains = (
         raw.filter(pl.col("event_type") == DOMAIN_CREATE)
@@ -121,11 +131,20 @@ def _ranges(r: Reader, duration: int | None) -> tuple[pl.DataFrame, pl.DataFrame
     marks = marks.select(list(MARKS_SCHEMA))
     rng = rng.filter(~is_mark)
     end_cap = duration if duration is not None else rng["end"].max()
+    long = (pl.col("end") - pl.col("start") > duration) if duration else pl.lit(False)
     rng = rng.with_columns(
-        unclosed=pl.col("end").is_null() | ((pl.col("end") >= end_cap) if end_cap is not None else False),
-        end=pl.col("end").fill_null(end_cap),
+        unclosed=pl.col("end").is_null() | (((pl.col("end") >= end_cap) & ~long) if end_cap is not None else False),
+        end=pl.when(long).then(pl.lit(end_cap)).otherwise(pl.col("end").fill_null(end_cap)),
         cross_thread=pl.col("end_gtid").is_not_null() & (pl.col("end_gtid") != pl.col("gtid")),
-    ).select(empty.columns)
+        _long=long.fill_null(False),
+    )
+    reversed_ = pl.col("end") < pl.col("start")
+    if notes is not None:
+        odd = rng.select(missing_strings=(pl.col("missing_text") != 0).sum(), long_ranges=pl.col("_long").sum(),
+                         reversed_ranges=reversed_.sum()).row(0, named=True)
+        for k, v in odd.items():
+            notes[k] = notes.get(k, 0) + int(v or 0)
+    rng = rng.filter(~reversed_.fill_null(False)).select(empty.columns)
     return rng.cast(empty.schema), domains, marks.cast(MARKS_SCHEMA)
 
 
@@ -144,6 +163,9 @@ def api_query(r: Reader) -> tuple[str, Callable[[pl.DataFrame], pl.DataFrame]] |
 
     return (f"""SELECT globalTid AS gtid, correlationId AS corr, start, "end", nameId AS name_id
             FROM {RUNTIME}""", post)
+
+
+BAD_API = pl.col("pid").is_null()  # no thread id: no process to attribute the call to
 
 
 def _api(r: Reader) -> pl.DataFrame:
@@ -209,7 +231,13 @@ def _ops(r: Reader) -> pl.DataFrame:
     return pl.concat(parts, how="vertical")
 
 
-BAD_OP = (pl.col("start") <= 0) | (pl.col("end") < pl.col("start")) | pl.col("start").is_null()
+BAD_OP = ((pl.col("start") <= 0) | (pl.col("end") < pl.col("start")) | pl.col("start").is_null()
+          | pl.col("pid").is_null())
+
+
+def bad_op(duration: int | None) -> pl.Expr:
+    """GPU operations that are dropped: :data:`BAD_OP` (invalid times, no process id), or longer than the session."""
+    return BAD_OP | (pl.col("end") - pl.col("start") > duration) if duration else BAD_OP
 
 
 def _strings(r: Reader) -> pl.DataFrame:
@@ -276,14 +304,21 @@ def load(path: str | os.PathLike) -> Trace:
         m = read_meta(r)
         export, capture, duration, utc = m["export"], m["capture"], m["duration"], m["utc"]
         # The big tables are read in parallel: each read has its own connection.
+        notes: dict[str, int] = {}
         with ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 2))) as ex:
             f_ops, f_api = ex.submit(_ops, r), ex.submit(_api, r)
-            f_rng, f_str = ex.submit(_ranges, r, duration), ex.submit(_strings, r)
+            f_rng, f_str = ex.submit(_ranges, r, duration, notes), ex.submit(_strings, r)
             ops, api, (ranges, _domains, marks), strings = (f_ops.result(), f_api.result(), f_rng.result(),
                                                             f_str.result())
-        dropped = int(ops.select(BAD_OP.sum()).item() or 0)
-        ops = ops.filter(~BAD_OP)
+        bad = bad_op(duration)
+        dropped = int(ops.select(bad.sum()).item() or 0)
+        ops = ops.filter(~bad)
+        notes["api_without_pid"] = int(api.select(BAD_API.sum()).item() or 0)
+        api = api.filter(~BAD_API)
         names = _names(strings, pl.concat([ops["name_id"], api["name_id"]]))
+        devices, diagnostics = _devices(r), _nsys_diagnostics(r)
+        notes["lossy_strings"] = r.lossy
+        r.check_unchanged()
         return Trace(
             path=str(r.path),
             nsys_version=export.get("EXPORT_PRODUCT_VERSION", "unknown"),
@@ -296,11 +331,12 @@ def load(path: str | os.PathLike) -> Trace:
             api=api,
             ops=ops,
             names=names,
-            devices=_devices(r),
-            nsys_diagnostics=_nsys_diagnostics(r),
+            devices=devices,
+            nsys_diagnostics=diagnostics,
             tables=set(r.tables),
             dropped_ops=dropped,
             utc_epoch_ns=utc,
+            read_warnings={k: v for k, v in notes.items() if v},
         )
     finally:
         r.close()

@@ -32,6 +32,13 @@ def _tables(path: Path) -> dict[str, Path]:
     return out
 
 
+def _state(files: dict[str, Path]) -> list:
+    try:
+        return [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files.values()]
+    except OSError:
+        return []
+
+
 def is_export_dir(path: str | os.PathLike) -> bool:
     """Whether ``path`` is a directory of nsys tables as parquet or Arrow files."""
     p = Path(path)
@@ -69,7 +76,9 @@ class DirReader:
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
+        self.lossy = 0  # parquet and Arrow strings are valid UTF-8 by construction
         files = _tables(self.path)
+        self.state = _state(files)
         try:
             self._lf = {t: signed(_scan(f)) for t, f in files.items()}
             self._cols = {t: list(lf.collect_schema().names()) for t, lf in self._lf.items()}
@@ -82,6 +91,11 @@ class DirReader:
 
     def close(self) -> None:
         pass
+
+    def check_unchanged(self) -> None:
+        """Fail if a table file changed since the directory was opened."""
+        if _state(_tables(self.path)) != self.state:
+            raise InputError(f"{self.path}: the export changed while it was read; try again", "CHANGED")
 
     def columns(self, table: str) -> list[str]:
         return self._cols.get(table, [])

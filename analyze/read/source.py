@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 from pathlib import Path
 
 import polars as pl
@@ -59,28 +58,35 @@ class MemorySource:
 
 
 class StoreSource:
-    """The parquet store of an export; ``temporary``: a folder to remove on :meth:`close`."""
+    """The parquet store of an export; ``temporary``: a folder to remove on :meth:`close` (also if opening fails).
+
+    Reads that fail raise :class:`analyze.read.store.CacheError` (the analysis rebuilds a kept cache once).
+    """
 
     def __init__(self, store: st.Store, temporary: Path | None = None):
         self.store, self._tmp = store, temporary
-        self.head = store.head()
+        try:
+            self.head = store.head()
+        except BaseException:
+            self.close()
+            raise
         self.path = self.head.path
         self.ops_rows = {int(k): v for k, v in store.meta["ops_rows"].items()}
         self.pids = store.pids
         self.store_root = None if temporary else store.root
 
     def ops(self, pid: int) -> pl.DataFrame:
-        return self.store.scan("ops", [pid]).collect()
+        return self.store.read("ops", pid)
 
     def api(self, pid: int) -> pl.DataFrame:
-        return self.store.scan("api", [pid]).collect()
+        return self.store.read("api", pid)
 
     def op_keys(self) -> pl.DataFrame:
-        return self.store.scan("ops").select("name_id", "label").unique().collect()
+        return self.store.reading(lambda: self.store.scan("ops").select("name_id", "label").unique().collect())
 
     def close(self) -> None:
         if self._tmp is not None:
-            shutil.rmtree(self._tmp, ignore_errors=True)
+            st.remove_tree(self._tmp)
             self._tmp = None
 
 

@@ -1,15 +1,21 @@
 """Read-only access to an nsys SQLite export: open checks and columnar queries.
 
-The file is opened with ``mode=ro&immutable=1`` and never written. Queries go
-through ADBC (Arrow, no Python objects per row); a query whose column types
-change mid-stream (ADBC infers types from the first rows) falls back to the
-standard library's sqlite3.
+The file is never written, and nothing is created beside it. What is read is what SQLite itself
+would return: a file with committed changes still in its ``-wal`` is read with them (SQLite's
+no-lock VFS, exclusive locking mode: the WAL index lives in memory, no ``-shm`` is created); any
+other file is opened with ``immutable=1``. A file another process is writing (a hot ``-journal``,
+a write lock, or another connection on its WAL) is refused in one line. Queries go through ADBC
+(Arrow, no Python objects per row); a query whose column types change mid-stream (ADBC infers types
+from the first rows) falls back to the standard library's sqlite3. Strings that are not valid UTF-8
+are decoded with replacement characters and counted (:attr:`Reader.lossy`).
 """
 
 from __future__ import annotations
 
 import os
 import sqlite3
+import struct
+import threading
 from pathlib import Path
 from urllib.parse import quote
 
@@ -18,20 +24,111 @@ import polars as pl
 from ..model import InputError
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
+JOURNAL_MAGIC = bytes.fromhex("d9d505f920a163d7")
 # ADBC's SQLite driver returns 1024-row batches by default; 64 Ki rows read the same columns ~2.5x faster.
 BATCH_ROWS = 65536
+# SQLite's POSIX lock bytes (os_unix.c): the PENDING byte, then RESERVED, then 510 SHARED bytes; in the
+# ``-shm`` file the WAL locks start at byte 120 and every connection holds a read lock on byte 128 (DMS).
+PENDING_BYTE, LOCK_BYTES = 0x40000000, 512
+SHM_LOCKS, SHM_DMS = 120, 128
+
+
+def sidecar(p: Path, suffix: str) -> Path:
+    """``<file>-wal``, ``<file>-journal``, ``<file>-shm``: where SQLite keeps them for ``p``."""
+    return p.with_name(p.name + suffix)
+
+
+def file_state(path: str | os.PathLike) -> list[list]:
+    """``[name, size, mtime_ns]`` of the file and of its ``-wal`` if there is one: what the data depend on."""
+    p = Path(path)
+    out = []
+    for f in (p, sidecar(p, "-wal")):
+        try:
+            st = f.stat()
+        except FileNotFoundError:
+            continue
+        out.append([f.name, st.st_size, st.st_mtime_ns])
+    return out
+
+
+def _size(p: Path) -> int:
+    try:
+        return p.stat().st_size
+    except OSError:
+        return 0
+
+
+def _held_lock(path: Path, start: int, length: int, probe: str) -> bool:
+    """Whether another process holds a POSIX lock on ``[start, start + length)`` that conflicts with a
+    ``probe`` ("read" or "write") lock: F_GETLK asks without taking anything."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no probe
+        return False
+    kind = fcntl.F_RDLCK if probe == "read" else fcntl.F_WRLCK
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        got = fcntl.fcntl(fd, fcntl.F_GETLK, struct.pack("hhqqi4x", kind, 0, start, length, 0))
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return struct.unpack("hhqqi4x", got)[0] != fcntl.F_UNLCK
+
+
+def open_mode(p: Path, shown: Path | None = None) -> str:
+    """``"wal"`` when committed changes wait in the ``-wal``, else ``"immutable"``; refuses a file being written.
+
+    ``p``: the resolved path (where SQLite looks for the sidecars); ``shown``: the path as the user gave it.
+    """
+    journal = sidecar(p, "-journal")
+    shown = shown or p
+    if _size(journal) >= len(JOURNAL_MAGIC):
+        try:
+            with journal.open("rb") as f:
+                hot = f.read(len(JOURNAL_MAGIC)) == JOURNAL_MAGIC
+        except OSError:
+            hot = True
+        if hot:
+            raise InputError(
+                f"{shown}: {journal.name} beside it holds an unfinished write (another process is writing the file, or "
+                "a write was interrupted); let the writer finish, or open the file once with sqlite3 to roll it "
+                "back, then try again", "LIVE_WRITER")
+    if _held_lock(p, PENDING_BYTE, LOCK_BYTES, "read"):
+        raise InputError(f"{shown}: another process is writing it; try again when it has finished", "LIVE_WRITER")
+    if _size(sidecar(p, "-wal")) == 0:
+        return "immutable"
+    shm = sidecar(p, "-shm")
+    if shm.exists() and _held_lock(shm, SHM_LOCKS, SHM_DMS - SHM_LOCKS + 1, "write"):
+        raise InputError(
+            f"{shown}: another process has it open in WAL mode ({shm.name} is locked); close that program, or "
+            f"checkpoint it first: sqlite3 {shown} 'PRAGMA wal_checkpoint(TRUNCATE)'", "LIVE_WRITER")
+    return "wal"
 
 
 def check_file(path: str | os.PathLike) -> Path:
     """Fail with a one-line reason unless ``path`` is a complete SQLite file."""
     p = Path(path)
-    if not p.exists():
-        raise InputError(f"{p}: no such file", "NO_FILE")
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise InputError(f"{p}: no such file", "NO_FILE") from None
+    except OSError as e:
+        raise InputError(f"{p}: cannot read it ({e.strerror})", "UNREADABLE") from None
     if p.is_dir():
         raise InputError(f"{p}: is a directory; give the .sqlite file exported by nsys", "NOT_SQLITE")
-    size = p.stat().st_size
-    with p.open("rb") as f:
-        head = f.read(100)
+    if not p.is_file():
+        raise InputError(f"{p}: not a regular file (a pipe or a device); save the export to a file first",
+                         "NOT_SQLITE")
+    size = st.st_size
+    try:
+        with p.open("rb") as f:
+            head = f.read(100)
+    except OSError as e:
+        raise InputError(f"{p}: cannot read it ({e.strerror})", "UNREADABLE") from None
     if head[:16] != SQLITE_MAGIC:
         hint = ""
         if p.suffix in (".nsys-rep", ".qdrep", ".qdstrm"):
@@ -41,6 +138,9 @@ def check_file(path: str | os.PathLike) -> Path:
         raise InputError(f"{p}: truncated SQLite file ({size} bytes); export it again", "TRUNCATED")
     page_size = int.from_bytes(head[16:18], "big")
     page_size = 65536 if page_size == 1 else page_size
+    # A sane header: a power-of-two page size and the fixed payload fractions 64/32/32 (fileformat2.html).
+    if page_size < 512 or page_size & (page_size - 1) or head[21:24] != b"\x40\x20\x20":
+        raise InputError(f"{p}: corrupt SQLite header; copy or export it again", "CORRUPT")
     pages = int.from_bytes(head[28:32], "big")
     # The in-header page count is valid when the "version-valid-for" number matches the change counter.
     if head[92:96] == head[24:28] and pages and size < pages * page_size:
@@ -58,10 +158,15 @@ class Reader:
 
     def __init__(self, path: str | os.PathLike):
         self.path = check_file(path)
-        uri = f"file:{quote(str(self.path.resolve()))}?mode=ro&immutable=1"
-        self._uri = uri
+        real = self.path.resolve()
+        self.mode = open_mode(real, self.path)
+        self.state = file_state(real)
+        args = "mode=ro&immutable=1" if self.mode == "immutable" else "mode=ro&vfs=unix-none"
+        self._uri = f"file:{quote(os.fsencode(real))}?{args}"  # bytes: any file name, UTF-8 or not
+        self.lossy = 0  # strings that were not valid UTF-8 (decoded with U+FFFD)
+        self._lock = threading.Lock()
         try:
-            self._con = sqlite3.connect(uri, uri=True)
+            self._con = self._sqlite()
             self._con.execute("PRAGMA query_only = 1")
             rows = self._con.execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall()
         except sqlite3.DatabaseError as e:
@@ -75,8 +180,61 @@ class Reader:
         except sqlite3.DatabaseError as e:
             raise InputError(f"{self.path}: corrupt or unreadable SQLite file ({e})", "CORRUPT") from None
 
+    def _sqlite(self) -> sqlite3.Connection:
+        """A standard-library connection (strings decoded lossily, counted)."""
+        con = sqlite3.connect(self._uri, uri=True, check_same_thread=False)
+        con.text_factory = self._text
+        if self.mode == "wal":
+            if hasattr(con, "setconfig"):  # Python 3.12+: never try to checkpoint on close
+                con.setconfig(sqlite3.SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, True)
+            con.execute("PRAGMA locking_mode = EXCLUSIVE")  # the WAL index in memory: no -shm file
+        return con
+
+    def _adbc(self):
+        import adbc_driver_sqlite.dbapi as adbc
+
+        con = adbc.connect(self._uri)
+        if self.mode == "wal":
+            cur = con.cursor()
+            cur.execute("PRAGMA locking_mode = EXCLUSIVE")
+            cur.fetchall()
+            cur.close()
+        return con
+
+    def _text(self, b: bytes) -> str:
+        try:
+            return b.decode()
+        except UnicodeDecodeError:
+            with self._lock:
+                self.lossy += 1
+            return b.decode(errors="replace")
+
+    def _arrow(self, data) -> pl.DataFrame:
+        """An Arrow table or batch as a polars frame; string columns that are not valid UTF-8 are decoded lossily
+        (polars would panic on them)."""
+        import pyarrow as pa
+
+        for i, f in enumerate(data.schema):
+            if not (pa.types.is_string(f.type) or pa.types.is_large_string(f.type)):
+                continue
+            col = data.column(i)
+            try:
+                col.validate(full=True)
+            except pa.ArrowInvalid:
+                raw = col.cast(pa.large_binary() if pa.types.is_large_string(f.type) else pa.binary())
+                fixed = pa.array([None if b is None else self._text(b) for b in raw.to_pylist()], f.type)
+                data = data.set_column(i, f, fixed) if isinstance(data, pa.Table) else pa.RecordBatch.from_arrays(
+                    [fixed if j == i else data.column(j) for j in range(data.num_columns)], schema=data.schema)
+        return pl.from_arrow(data)
+
     def close(self) -> None:
         self._con.close()
+
+    def check_unchanged(self) -> None:
+        """Fail if the file (or its ``-wal``) changed since it was opened: what was read may be half old, half new."""
+        if file_state(self.path.resolve()) != self.state:
+            raise InputError(f"{self.path}: the file changed while it was read; try again when it is complete",
+                             "CHANGED")
 
     def columns(self, table: str) -> list[str]:
         """Column names of ``table`` (empty when the table is absent)."""
@@ -100,14 +258,12 @@ class Reader:
         """
         df = None
         try:
-            import adbc_driver_sqlite.dbapi as adbc
-
-            con = adbc.connect(self._uri)
+            con = self._adbc()
             try:
                 cur = con.cursor()
                 _batch_rows(cur)
                 cur.execute(sql)
-                df = pl.from_arrow(cur.fetch_arrow_table())
+                df = self._arrow(cur.fetch_arrow_table())
                 cur.close()
             finally:
                 con.close()
@@ -119,7 +275,7 @@ class Reader:
             df = None
         if df is None:
             try:
-                con = sqlite3.connect(self._uri, uri=True)
+                con = self._sqlite()
                 try:
                     cur = con.execute(sql)
                     names = [d[0] for d in cur.description]
@@ -140,18 +296,19 @@ class Reader:
         mid-stream), through the standard library's sqlite3 in chunks of ``rows``.
         """
         try:
-            import adbc_driver_sqlite.dbapi as adbc
+            import adbc_driver_sqlite.dbapi  # noqa: F401
+            adbc = True
         except ImportError:
-            adbc = None
-        if adbc is not None:
+            adbc = False
+        if adbc:
             done = 0
-            con = adbc.connect(self._uri)
+            con = self._adbc()
             try:
                 cur = con.cursor()
                 _batch_rows(cur, rows)
                 cur.execute(sql)
                 for b in cur.fetch_record_batch():
-                    df = pl.from_arrow(b)
+                    df = self._arrow(b)
                     done += df.height
                     yield df
                 cur.close()
@@ -165,7 +322,7 @@ class Reader:
         else:
             skip = 0
         try:
-            con = sqlite3.connect(self._uri, uri=True)
+            con = self._sqlite()
             try:
                 cur = con.execute(sql)
                 names = [d[0] for d in cur.description]

@@ -11,10 +11,18 @@ polars scans) writes the frames :func:`analyze.read.export.load` would build, al
 
 Memory stays bounded while building: batches are buffered per process and flushed to parquet
 every ~2 M rows. ``meta.json`` records the key — spectrace's cache format version and the
-report's resolved path, size and mtime (per file for a directory) — and is written last; the
-directory is built under a temporary name and renamed into place, so a half-written cache is never
-used, and a cache whose key differs is rebuilt. If the report changes while the cache is built,
-the new cache is thrown away.
+report's resolved path, size and mtime (per file for a directory; the ``-wal`` too) — and every
+parquet file with its row count, size, a CRC-32 of its last 64 KiB (the parquet footer) and one of
+the whole file, and a digest of itself; it is written last. A cache is used only when all of that
+still holds: on every open, each file's size, footer row count and tail CRC (a stat and one 64 KiB
+read per file); as a process's rows are read, each file's whole CRC. Otherwise it is rebuilt once,
+and a cache that fails again is a one-line error naming its folder.
+
+Safety: the directory is built under a temporary name (``.<name>.tmp-*``) and renamed into place,
+so a half-written cache is never used; a build that fails or is interrupted stops its reader
+threads and removes its folder, and one left by a process that died is removed by the next build. A
+``SPECTRACE_CACHE`` marker file says a folder is a spectrace cache: nothing else is ever replaced
+or removed. If the report changes while the cache is built, the new cache is thrown away.
 
 The analysis (:mod:`analyze.compute.pipeline`, through :mod:`analyze.read.source`) reads one process at a
 time from here; notebooks re-open a large trace from here in well under a second (:meth:`Store.scan` is lazy).
@@ -24,20 +32,25 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import threading
 import time
+import uuid
+import zlib
 from pathlib import Path
 
 import polars as pl
+from polars.exceptions import PanicException
 
 from ..model import InputError, Trace
 from .export import (
     API_SCHEMA,
-    BAD_OP,
+    BAD_API,
     OPS_SCHEMA,
     _devices,
     _names,
@@ -45,37 +58,73 @@ from .export import (
     _ranges,
     _strings,
     api_query,
+    bad_op,
     op_queries,
     open_reader,
     read_meta,
 )
+from .sqlite import check_file, file_state
 
-CACHE_VERSION = 3  # 2: ranges have ``range_id`` and ``range`` (were row_id, text); 3: marks.parquet
+CACHE_VERSION = 4  # 2: ranges have ``range_id`` and ``range``; 3: marks.parquet; 4: marker, files listed, checks
 FLUSH_ROWS = 2_000_000
 PIECE_ROWS = 2_000_000  # a large table is read in row ranges of this size, by READ_THREADS threads
 READ_THREADS = max(2, min(4, os.cpu_count() or 2))
 SUFFIX = ".spectrace"
+MARKER = "SPECTRACE_CACHE"  # in every cache folder (and every folder a build writes): it is ours to replace
+TAIL = 65536  # bytes of each file's end in its checksum: the parquet footer (row counts, offsets) and more
+STALE_S = 24 * 3600  # a build folder this old, or left by a dead process on this host, is removed
+
+
+class CacheError(InputError):
+    """A cache folder that cannot be read or does not verify. ``store``: the kept cache it happened in (the
+    analysis rebuilds that once), None for a temporary store or a cache that was just built."""
+
+    def __init__(self, message: str, code: str = "CACHE", store: Store | None = None):
+        super().__init__(message, code)
+        self.store = store
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.code))
 
 
 def fingerprint(report: str | os.PathLike) -> dict:
-    """What the cache is keyed by: format version, resolved path, and size + mtime of every file."""
+    """What the cache is keyed by: format version, resolved path, and size + mtime of every file (a SQLite
+    file's ``-wal`` included)."""
+    if not Path(report).is_dir():
+        check_file(report)  # one line for a missing, unreadable, non-regular or non-SQLite file
     p = Path(report).resolve()
-    files = sorted(f for f in p.iterdir() if f.is_file()) if p.is_dir() else [p]
-    return {
-        "cache_version": CACHE_VERSION,
-        "path": str(p),
-        "files": [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files],
-    }
+    try:
+        if p.is_dir():
+            files = [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in sorted(p.iterdir()) if f.is_file()]
+        else:
+            files = file_state(p)
+    except OSError as e:
+        raise InputError(f"{report}: cannot read it ({e.strerror})", "UNREADABLE") from None
+    if not files:
+        raise InputError(f"{report}: no such file", "NO_FILE")
+    return {"cache_version": CACHE_VERSION, "path": str(p), "files": files}
 
 
 def cache_dir_for(report: str | os.PathLike) -> Path:
-    """``<report>.spectrace`` beside the report if its directory is writable, else in the user cache dir."""
+    """``<report>.spectrace`` beside the report if its directory is writable, else in the user cache dir
+    (``$SPECTRACE_CACHE_DIR``, else ``$XDG_CACHE_HOME/spectrace`` or ``~/.cache/spectrace``; empty or relative
+    variables are ignored, as the XDG spec says)."""
     p = Path(report).resolve()
-    env = os.environ.get("SPECTRACE_CACHE_DIR")
-    if not env and _writable(p.parent):
+    env = os.environ.get("SPECTRACE_CACHE_DIR") or None
+    if not env and _writable(p.parent) and _utf8(p):  # polars reads and writes only UTF-8 paths
         return p.parent / (p.name + SUFFIX)
-    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "spectrace"
-    return base / (hashlib.sha1(str(p).encode()).hexdigest()[:16] + "_" + p.name + SUFFIX)
+    xdg = os.environ.get("XDG_CACHE_HOME") or ""
+    base = Path(env) if env else (Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache") / "spectrace"
+    name = os.fsencode(p.name).decode(errors="replace")
+    return base / (hashlib.sha1(os.fsencode(p)).hexdigest()[:16] + "_" + name + SUFFIX)
+
+
+def _utf8(p: Path) -> bool:
+    try:
+        str(p).encode()
+        return True
+    except UnicodeEncodeError:
+        return False
 
 
 def _writable(d: Path) -> bool:
@@ -151,12 +200,123 @@ def _pieces(r, table: str, query: str) -> list[str]:
     return [f"{query} WHERE rowid > {lo} AND rowid <= {lo + PIECE_ROWS}" for lo in range(0, n, PIECE_ROWS)]
 
 
-class Store:
-    """An opened cache: metadata in memory, frames on disk."""
+def _crc(f: Path) -> tuple[int, int]:
+    """Size and CRC-32 of a whole file (mapped, not copied: ~4 GB/s, the GIL released)."""
+    with f.open("rb") as h:
+        size = os.fstat(h.fileno()).st_size
+        if size == 0:
+            return 0, 0
+        with mmap.mmap(h.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            return size, zlib.crc32(m)
 
-    def __init__(self, root: Path):
-        self.root = root
-        self.meta = json.loads((root / "meta.json").read_text())
+
+def inventory(root: Path, full: bool = False) -> dict[str, list]:
+    """Every parquet file under ``root``: ``relative path -> [rows, bytes, CRC-32 of its last 64 KiB, CRC-32 of
+    the whole file]`` (the last one only when ``full``, else None: the first three are what an open checks)."""
+    import pyarrow.parquet as pq
+
+    out = {}
+    for f in sorted(root.rglob("*.parquet")):
+        with f.open("rb") as h:
+            size = os.fstat(h.fileno()).st_size
+            h.seek(max(0, size - TAIL))
+            tail = zlib.crc32(h.read(TAIL))
+        whole = _crc(f)[1] if full else None
+        out[f.relative_to(root).as_posix()] = [pq.read_metadata(f).num_rows, size, tail, whole]
+    return out
+
+
+def _digest(meta: dict) -> str:
+    return hashlib.sha256(json.dumps({k: v for k, v in meta.items() if k != "check"}, sort_keys=True).encode()
+                          ).hexdigest()
+
+
+def problem(root: Path, key: dict | None = None) -> str | None:
+    """Why the cache at ``root`` cannot be used for ``key`` (None: it can). ``"stale"``: built for another
+    report, file state or format (rebuilt as usual); anything else: damaged."""
+    try:
+        meta = json.loads((root / "meta.json").read_text())
+    except FileNotFoundError:
+        return "no meta.json"
+    except (OSError, ValueError) as e:
+        return f"meta.json unreadable ({e})"
+    if not isinstance(meta, dict) or (key is not None and meta.get("key") != key):
+        return "stale"
+    if meta.get("check") != _digest(meta):
+        return "meta.json does not match its digest (edited?)"
+    if not all(isinstance(v, list) and len(v) == 4 for v in meta.get("files", {}).values()):
+        return "stale"  # files listed in another layout
+    if not (root / MARKER).is_file():
+        return f"no {MARKER} marker"
+    try:
+        have = inventory(root)
+    except Exception as e:  # OSError, or a file pyarrow cannot parse
+        return f"a file cannot be read ({_one_line(e)})"
+    listed = {k: v[:3] for k, v in meta.get("files", {}).items()}
+    have = {k: v[:3] for k, v in have.items()}
+    if have != listed:
+        diff = sorted(set(have) ^ set(listed)) or sorted(k for k in have if have[k] != listed[k])
+        what = "missing" if diff[0] in listed and diff[0] not in have else "unlisted" if diff[0] not in listed \
+            else "changed"
+        return f"{diff[0]} {what}"
+    for kind in ("ops", "api"):
+        rows: dict[str, int] = {}
+        for rel, (n, _, _) in listed.items():
+            if rel.startswith(kind + "/"):
+                pid = rel.split("/")[1]
+                rows[pid] = rows.get(pid, 0) + n
+        if rows != {k: v for k, v in meta.get(f"{kind}_rows", {}).items() if v}:
+            return f"{kind} row counts do not match the files"
+    return None
+
+
+def is_cache(root: Path) -> bool:
+    """Whether ``root`` is a folder spectrace made (its marker; or meta.json of an older format)."""
+    if root.is_symlink() or not root.is_dir():
+        return False
+    if (root / MARKER).is_file():
+        return True
+    try:
+        return isinstance(json.loads((root / "meta.json").read_text())["key"]["cache_version"], int)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+class Store:
+    """An opened cache: metadata in memory, frames on disk. ``kept``: a cache (rebuilt when it cannot be read),
+    not a temporary store."""
+
+    def __init__(self, root: Path, kept: bool = True):
+        self.root, self.kept = root, kept
+        self.meta = self.reading(lambda: json.loads((root / "meta.json").read_text()))
+
+    def reading(self, fn):
+        """``fn()``; any failure to read the cache's files becomes a :class:`CacheError` naming the folder."""
+        try:
+            return fn()
+        except (Exception, PanicException) as e:
+            if isinstance(e, InputError):
+                raise
+            raise CacheError(f"{self.root}: cannot read the cache ({_one_line(e)})",
+                             store=self if self.kept else None) from None
+
+    def check(self, rel: str) -> None:
+        """The file ``rel`` against its size and CRC-32 in meta.json (a :class:`CacheError` if it differs)."""
+        want = self.meta.get("files", {}).get(rel)
+        if want is not None and self.reading(lambda: _crc(self.root / rel)) != (want[1], want[3]):
+            raise CacheError(f"{self.root}: {rel} does not match its checksum", store=self if self.kept else None)
+
+    def files(self, kind: str, pid: int) -> list[Path]:
+        """The parquet files of ``kind`` (ops, api) of one process, in read order."""
+        listed = self.meta.get("files")
+        if listed is None:  # a folder opened without verification (tests, old notebooks)
+            return sorted((self.root / kind / str(pid)).glob("*.parquet"))
+        pre = f"{kind}/{pid}/"
+        return [self.root / k for k in sorted(listed) if k.startswith(pre)]
 
     @property
     def pids(self) -> list[int]:
@@ -168,14 +328,18 @@ class Store:
         if kind not in ("ops", "api"):
             return pl.scan_parquet(self.root / f"{kind}.parquet")
         have = self.meta[f"{kind}_rows"]
-        files = [f for p in (pids if pids is not None else self.pids) if str(p) in have
-                 for f in sorted((self.root / kind / str(p)).glob("*.parquet"))]
+        files = [f for p in (pids if pids is not None else self.pids) if str(p) in have for f in self.files(kind, p)]
         if not files:
             return pl.LazyFrame(schema=OPS_SCHEMA if kind == "ops" else API_SCHEMA)
         return pl.scan_parquet(files)
 
     def head(self, ops: pl.DataFrame | None = None, api: pl.DataFrame | None = None) -> Trace:
         """A :class:`Trace` with the small frames, and the given (or no) ops and API calls."""
+        for name in ("ranges", "marks", "names", "devices", "diagnostics"):
+            self.check(f"{name}.parquet")
+        return self.reading(lambda: self._head(ops, api))
+
+    def _head(self, ops, api) -> Trace:
         m = self.meta
         e = m["export"]
         return Trace(
@@ -195,19 +359,35 @@ class Store:
             tables=set(m["tables"]),
             dropped_ops=m["dropped_ops"],
             utc_epoch_ns=m["utc"],
+            read_warnings=m.get("read_warnings", {}),
         )
+
+    def read(self, kind: str, pid: int) -> pl.DataFrame:
+        """All ``ops`` or ``api`` rows of one process, each file checked against its CRC-32 as it is read (a
+        :class:`CacheError` if a file cannot be read or does not match)."""
+        for f in self.files(kind, pid):  # each file's CRC (from the page cache), then read by polars
+            self.check(f.relative_to(self.root).as_posix())
+        return self.reading(lambda: self.scan(kind, [pid]).collect())
 
     def trace(self) -> Trace:
         """The whole trace in memory, as :func:`analyze.read.export.load` returns it (ops grouped by process)."""
-        return self.head(ops=self.scan("ops").collect(), api=self.scan("api").collect())
+        return self.head(ops=self.reading(lambda: self.scan("ops").collect()),
+                         api=self.reading(lambda: self.scan("api").collect()))
+
+
+def _mark(dest: Path) -> None:
+    """The marker: this folder is a spectrace cache, being built by this process (host, pid) until renamed."""
+    owner = {"spectrace_cache": CACHE_VERSION, "host": socket.gethostname(), "pid": os.getpid()}
+    (dest / MARKER).write_text(json.dumps(owner) + "\n")
 
 
 def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -> Path:
-    """Parse ``report`` into a new cache directory ``dest`` (must not exist)."""
+    """Parse ``report`` into a new cache directory ``dest`` (must not exist; removed by the caller on failure)."""
     r = open_reader(report)
     try:
         m = read_meta(r)
         dest.mkdir(parents=True)
+        _mark(dest)
         strings = _strings(r)
         _devices(r).write_parquet(dest / "devices.parquet")
         _nsys_diagnostics(r).write_parquet(dest / "diagnostics.parquet")
@@ -220,32 +400,37 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
             pieces += [("api", q, api_q[1]) for q in _pieces(r, "CUPTI_ACTIVITY_KIND_RUNTIME", api_q[0])]
         counts: dict[str, dict[int, int]] = {"ops": {}, "api": {}}
         lock = threading.Lock()
-        stats = {"dropped": 0, "ids": []}
+        stats = {"dropped": 0, "ids": [], "api_without_pid": 0}
+        notes: dict[str, int] = {}
         todo = iter(enumerate(pieces))
         errors: list[BaseException] = []
+        stop = threading.Event()  # set when the build is abandoned: the threads stop after their batch
+        bad_ops = bad_op(m["duration"])
 
         def work() -> None:
-            while not errors:
+            while not errors and not stop.is_set():
                 with lock:
                     i, (kind, q, post) = next(todo, (None, (None, None, None)))
                 if i is None:
                     return
                 spill = _Spill(dest / kind, i, counts[kind], lock)
                 for b in r.batches(q):
+                    if errors or stop.is_set():
+                        return
                     df = post(b)
-                    bad = (df.select(BAD_OP.sum()).item() or 0) if kind == "ops" else 0
+                    bad = df.select((bad_ops if kind == "ops" else BAD_API).sum()).item() or 0
                     if bad:
-                        df = df.filter(~BAD_OP)
+                        df = df.filter(~(bad_ops if kind == "ops" else BAD_API))
                     ids = df["name_id"].unique().drop_nulls()
                     with lock:
-                        stats["dropped"] += int(bad)
+                        stats["dropped" if kind == "ops" else "api_without_pid"] += int(bad)
                         stats["ids"].append(ids)
                     spill.add(df)
                     bar.add(b.height)
                 spill.flush()
 
         def read_ranges() -> None:  # NVTX ranges, beside the pieces (its own connection)
-            ranges, _domains, marks = _ranges(r, m["duration"])
+            ranges, _domains, marks = _ranges(r, m["duration"], notes)
             ranges.write_parquet(dest / "ranges.parquet")
             marks.write_parquet(dest / "marks.parquet")
 
@@ -258,15 +443,23 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
         (dest / "ops").mkdir()
         (dest / "api").mkdir()
         threads = [threading.Thread(target=guard, args=(f,)) for f in (read_ranges, *[work] * READ_THREADS)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        bar.close()
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        except BaseException:  # Ctrl-C: no thread may write into the folder once it is removed
+            stop.set()
+            _join(threads)
+            raise
+        finally:
+            bar.close()
         if errors:
             raise errors[0]
         ids = pl.concat(stats["ids"]) if stats["ids"] else pl.Series("name_id", [], pl.Int64)
         _names(strings, ids).write_parquet(dest / "names.parquet")
+        r.check_unchanged()
+        notes.update(api_without_pid=stats["api_without_pid"], lossy_strings=r.lossy)
         meta = {
             "key": fingerprint(report),
             "report": str(r.path),
@@ -278,60 +471,150 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
             "dropped_ops": stats["dropped"],
             "ops_rows": {str(k): v for k, v in sorted(counts["ops"].items())},
             "api_rows": {str(k): v for k, v in sorted(counts["api"].items())},
+            "read_warnings": {k: v for k, v in sorted(notes.items()) if v},
+            "files": inventory(dest, full=True),
         }
+        meta["check"] = _digest(meta)
         (dest / "meta.json").write_text(json.dumps(meta, indent=1))
         return dest
     finally:
         r.close()
 
 
-def _valid(root: Path, key: dict) -> bool:
+def _join(threads: list[threading.Thread]) -> None:
+    """Wait for every thread, through further Ctrl-C presses (they stop within one batch)."""
+    for t in threads:
+        while t.is_alive():
+            try:
+                t.join()
+            except KeyboardInterrupt:
+                pass
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a folder this process made, even if Ctrl-C is pressed again meanwhile."""
+    while True:
+        try:
+            shutil.rmtree(path, ignore_errors=True)
+            return
+        except KeyboardInterrupt:
+            continue
+
+
+def _alive(host: str, pid: int) -> bool:
+    if host != socket.gethostname():
+        return True  # cannot tell: only its age makes it stale
     try:
-        return json.loads((root / "meta.json").read_text())["key"] == key
-    except (OSError, ValueError, KeyError):
+        os.kill(pid, 0)
+    except ProcessLookupError:
         return False
+    except OSError:
+        pass
+    return True
+
+
+def remove_stale(root: Path) -> None:
+    """Remove build folders of ``root`` (``.<name>.tmp-*``, ``.<name>.old-*``) that no live process owns."""
+    try:
+        found = [*root.parent.glob(f".{root.name}.tmp-*"), *root.parent.glob(f".{root.name}.old-*")]
+    except OSError:
+        return
+    for d in found:
+        try:
+            if d.is_symlink() or not d.is_dir():
+                continue
+            age = time.time() - d.stat().st_mtime
+            owner = json.loads((d / MARKER).read_text()) if (d / MARKER).is_file() else None
+        except (OSError, ValueError):
+            continue
+        if owner is None:  # made, not yet marked (or never): only when empty and old
+            if age > STALE_S and not any(d.iterdir()):
+                d.rmdir()
+            continue
+        if ".old-" in d.name or age > STALE_S or not _alive(owner.get("host", ""), int(owner.get("pid", 0))):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _write_error(e: OSError, where: Path) -> InputError:
+    return InputError(f"{where}: cannot write the cache ({e.strerror or e}); set SPECTRACE_CACHE_DIR to a "
+                      "writable folder, or pass --no-cache", "CACHE_WRITE")
 
 
 def existing_store(report: str | os.PathLike, cache_dir: Path | None = None) -> Store | None:
-    """The report's cache if one is there and its key matches the report; None otherwise (nothing built)."""
+    """The report's cache if one is there and verifies for the report; None otherwise (nothing built)."""
     p = Path(report)
     if not p.exists():
         return None
     root = cache_dir or cache_dir_for(p)
-    return Store(root) if _valid(root, fingerprint(p)) else None
+    return Store(root) if root.is_dir() and problem(root, fingerprint(p)) is None else None
 
 
-def open_store(report: str | os.PathLike, progress: bool | None = None, cache_dir: Path | None = None) -> Store:
-    """The cache of ``report``: reused when its key matches, else (re)built atomically."""
+def open_store(report: str | os.PathLike, progress: bool | None = None, cache_dir: Path | None = None,
+               rebuild: bool = False) -> Store:
+    """The cache of ``report``: reused when it verifies (:func:`problem`), else (re)built atomically, once.
+
+    ``rebuild``: build it again even if it verifies (its files could not be read). A folder in the way that is
+    not a spectrace cache is never touched: a one-line error.
+    """
     p = Path(report)
-    if not p.exists():
-        raise InputError(f"{p}: no such file", "NO_FILE")
     key = fingerprint(p)
     root = cache_dir or cache_dir_for(p)
-    if _valid(root, key):
+    present = root.exists() or root.is_symlink()
+    if present and not rebuild and problem(root, key) is None:
         return Store(root)
-    root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
+    if present and not is_cache(root):
+        raise InputError(f"{root}: is in the way of the cache and is not a spectrace cache; spectrace will not "
+                         "replace it: move it, or set SPECTRACE_CACHE_DIR", "CACHE_IN_THE_WAY")
     try:
-        build(p, tmp / "c", progress)
+        root.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise _write_error(e, root.parent) from None
+    remove_stale(root)
+    tmp = root.with_name(f".{root.name}.tmp-{uuid.uuid4().hex[:12]}")
+    try:  # whatever happens (errors, Ctrl-C, another process installing first), tmp does not outlive this
+        try:
+            build(p, tmp, progress)
+        except OSError as e:
+            if e.filename and str(e.filename).startswith(str(tmp)):
+                raise _write_error(e, root) from None
+            raise
         if fingerprint(p) != key:  # the report changed while we read it: do not keep what we read
             raise InputError(f"{p}: the report changed while it was read; try again", "CHANGED")
-        if root.exists():
-            old = root.with_name(f".{root.name}.old-{os.getpid()}")
+        if root.exists() or root.is_symlink():
+            if not rebuild and problem(root, key) is None:  # another process installed a good one meanwhile
+                return Store(root)
+            if not is_cache(root):
+                raise InputError(f"{root}: is in the way of the cache and is not a spectrace cache", "CACHE_IN_THE_WAY")
+            old = root.with_name(f".{root.name}.old-{uuid.uuid4().hex[:12]}")
             os.replace(root, old)
-            shutil.rmtree(old, ignore_errors=True)
+            remove_tree(old)
         try:
-            os.replace(tmp / "c", root)
+            os.replace(tmp, root)
         except OSError:  # another process installed it first: theirs is as good
-            if not _valid(root, key):
+            if problem(root, key) is not None:
                 raise
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp.exists():
+            remove_tree(tmp)
+    why = problem(root, key)
+    if why is not None:  # not kept: a cache that does not verify is never used
+        remove_tree(root)
+        raise CacheError(f"{root}: the cache does not verify right after it was built ({why}), so it was removed; "
+                         "check the disk, or set SPECTRACE_CACHE_DIR to another place", "CACHE_BROKEN")
     return Store(root)
 
 
 def temporary_store(report: str | os.PathLike, progress: bool | None = None) -> tuple[Store, Path]:
-    """A store in a temporary directory (the caller removes it): streaming without keeping a cache."""
-    tmp = Path(tempfile.mkdtemp(prefix="spectrace-"))
-    build(report, tmp / "c", progress)
-    return Store(tmp / "c"), tmp
+    """A store in a temporary directory (the caller removes it; removed here if the build fails or is interrupted):
+    streaming without keeping a cache."""
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix="spectrace-"))
+    except OSError as e:
+        raise InputError(f"{tempfile.gettempdir()}: cannot create a temporary folder ({e.strerror}); set TMPDIR to "
+                         "a writable folder", "TMP_WRITE") from None
+    try:
+        build(report, tmp / "c", progress)
+        return Store(tmp / "c", kept=False), tmp
+    except BaseException:
+        remove_tree(tmp)
+        raise
