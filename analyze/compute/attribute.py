@@ -107,7 +107,7 @@ def ancestors(nested: pl.DataFrame) -> pl.DataFrame:
 
 def launching_calls(ops: pl.DataFrame, api: pl.DataFrame, nested: pl.DataFrame) -> pl.DataFrame:
     """The API calls that launched ``ops``, one per (pid, correlation id), with their innermost range:
-    ``pid, corr, gtid, range_id, api_start, api_name_id``.
+    ``pid, corr, gtid, range_id, api_start, api_end, api_name_id``.
 
     Correlation ids are unique only within a process: the match is on (pid, corr), on corr alone when
     everything is one process (a one-key match is ~3x cheaper).
@@ -120,12 +120,12 @@ def launching_calls(ops: pl.DataFrame, api: pl.DataFrame, nested: pl.DataFrame) 
         on = ["pid", "corr"]
         calls = api.join(ops.select(on).unique(), on=on, how="semi")
     return innermost(calls, nested).select(
-        "pid", "corr", "gtid", "range_id", api_start="start", api_name_id="name_id"
+        "pid", "corr", "gtid", "range_id", api_start="start", api_end="end", api_name_id="name_id"
     ).unique(on, keep="first")
 
 
 def join_calls(ops: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
-    """``ops`` with their launching call's ``gtid, range_id, api_start, api_name_id`` (:func:`launching_calls`)."""
+    """``ops`` with their launching call's ``gtid, range_id, api_start, api_end, api_name_id`` (:func:`launching_calls`)."""
     if calls["pid"].n_unique() <= 1 and ops["pid"].n_unique() <= 1:
         return ops.join(calls.drop("pid"), on="corr", how="left")
     return ops.join(calls, on=["pid", "corr"], how="left")

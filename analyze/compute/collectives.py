@@ -318,21 +318,22 @@ def diagnostics(kernels: pl.DataFrame, matched: pl.DataFrame, counts: pl.DataFra
     return out
 
 
-def phase_comm_split(phases: pl.DataFrame, kernels: pl.DataFrame) -> tuple[pl.DataFrame, list, pl.DataFrame]:
+def phase_comm_split(phases: pl.DataFrame, kernels: pl.DataFrame
+                     ) -> tuple[pl.DataFrame, list, pl.DataFrame, pl.DataFrame]:
     """``phases`` with ``comm_wait_ns`` / ``comm_transfer_ns`` (matched collectives, one report), diagnostics,
-    and the refused phases (:func:`refused`).
+    the refused phases (:func:`refused`), and the matched collectives (:func:`match`, with ``range_id``).
 
     ``kernels``: :func:`comm_kernels` of the report (of all its processes, ranks numbered, keyed by
     :func:`analyze.compute.windows.pair`).
     """
     # Only what matching, the split and the diagnostics read: at 10 M kernels every copy of the frame counts.
-    kernels = with_group_ids(usable(kernels).select("rank", *KEY, "start", "end"))
+    kernels = with_group_ids(usable(kernels).select("rank", *KEY, "range_id", "start", "end"))
     counts = group_counts(kernels)
     matched = match(kernels, counts, ordered=False)
     ref = refused(matched)
     out = with_split(phases, matched, ref)
     diags = [d for d in diagnostics(kernels, matched, counts, ref) if d.code not in ("COMM_NONE", "COMM_ONE_RANK")]
-    return out, diags, ref
+    return out, diags, ref, matched
 
 
 def cross_rank(results: list, paired: windows.Paired | None = None) -> CommResult:

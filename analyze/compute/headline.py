@@ -81,10 +81,12 @@ def keys(res) -> pl.DataFrame:
 def matched(res) -> pl.DataFrame:
     """The matched collectives (:func:`analyze.compute.collectives.match`) of steady phase instances."""
     def run():
-        k = res.comm_kernels
-        if k.height == 0:
-            return collectives.match(collectives.with_group_ids(k))
-        m = collectives.match(collectives.with_group_ids(k))
+        m = res.memo.get("matched_counted")  # matched once by the analysis over the counted instances
+        if m is None:
+            k = res.comm_kernels
+            m = collectives.match(collectives.with_group_ids(collectives.usable(k)))
+        if m.height == 0:
+            return m
         return m.join(keys(res), on=["rank", "range_id"], how="semi")
     return _memo(res, "matched", run)
 
@@ -191,7 +193,8 @@ def kernels(res, top: int | None = None) -> pl.DataFrame:
         names = res.instances.filter(pl.col("rank").is_not_null()).select("rank", "range_id", phase="range")
         return (k.join(keys(res), on=["rank", "range_id"], how="semi").join(names, on=["rank", "range_id"])
                 .group_by("phase", "name").agg(pl.col("count").sum(), pl.col("kernel_ns").sum(),
-                                               ranks=pl.col("rank").n_unique()))
+                                               ranks=pl.col("rank").n_unique())
+                .with_columns(pl.col("name").cast(pl.String)))
     k = _memo(res, "kernels", run)
     n = max(steady_cycles(res), 1)
     k = k.with_columns(per_cycle_ns=pl.col("kernel_ns") / n, count_per_cycle=pl.col("count") / n,

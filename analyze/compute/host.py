@@ -42,11 +42,14 @@ CALL_SCHEMA = {"pid": pl.Int64, "gtid": pl.Int64, "corr": pl.Int64, "start": pl.
 INSTANCE_COLS = ("x_launch_api_ns", "x_host_wait_ns", "x_syncs")
 
 
-def per_call(ops: pl.DataFrame, api: pl.DataFrame) -> pl.DataFrame:
-    """One row per launching call (``corr``): its op count, range, start and end, first op start, last op end."""
-    return (ops.group_by("corr").agg(ops=pl.len().cast(pl.UInt32), range_id=pl.col("range_id").first(),
-                                     first=pl.col("start").min(), last=pl.col("end").max())
-            .join(api.select("corr", "start", "end"), on="corr", how="left"))
+def per_call(ops: pl.DataFrame) -> pl.DataFrame:
+    """One row per launching call (``corr``): its op count, range, start and end, first op start, last op end.
+
+    ``ops`` carry their launching call's ``api_start``/``api_end`` (:func:`analyze.compute.attribute.join_calls`;
+    null for an op whose call is not in the trace)."""
+    return ops.group_by("corr").agg(ops=pl.len().cast(pl.UInt32), range_id=pl.col("range_id").first(),
+                                    first=pl.col("start").min(), last=pl.col("end").max(),
+                                    start=pl.col("api_start").first(), end=pl.col("api_end").first())
 
 
 def first_launches(per_corr: pl.DataFrame) -> pl.DataFrame:
@@ -77,7 +80,7 @@ def calls(ops: pl.DataFrame, api: pl.DataFrame, nested: pl.DataFrame, sync_ids: 
     """One process's key calls (:data:`CALL_SCHEMA`), the first launch of each range instance
     (:func:`first_launches`) and per range instance ``x_launch_api_ns``, ``x_host_wait_ns`` and ``x_syncs``
     (its sync-like calls' wait and count)."""
-    per_corr = per_call(ops, api)
+    per_corr = per_call(ops)
     firsts = first_launches(per_corr)
     is_sync, is_graph = pl.col("name_id").is_in(sync_ids.implode()), pl.col("name_id").is_in(launch_ids.implode())
     key = (api.filter(is_sync | is_graph | pl.col("corr").is_in(firsts["corr"].implode()))

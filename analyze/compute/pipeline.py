@@ -170,12 +170,23 @@ def duplicate_ops(ops: pl.DataFrame) -> int:
 
 
 def kernel_stats(ops: pl.DataFrame, kinds: pl.DataFrame) -> pl.DataFrame:
-    """GPU operations inside selected ranges summed per (process, range instance, name): ``count, kernel_ns``."""
-    per = (ops.filter(pl.col("range_id").is_not_null())
-           .group_by("pid", "rank", "range_id", "name_id", "label")
-           .agg(count=pl.len(), kernel_ns=(pl.col("end") - pl.col("start")).sum()))
-    return (add_kinds(per, kinds, ["name"]).group_by("pid", "rank", "range_id", "name")
-            .agg(pl.col("count").sum().cast(pl.Int64), pl.col("kernel_ns").sum()))
+    """GPU operations inside selected ranges summed per (process, range instance, name): ``count, kernel_ns``.
+
+    One process: grouped on one integer key (range instance × kind of op, the kinds numbered densely), the
+    names, process and rank added after; nothing per operation but that key."""
+    codes = kinds.select("name_id", "label").with_row_index("_kind").with_columns(pl.col("_kind").cast(pl.Int64))
+    n = max(codes.height, 1)
+    per = (add_kinds(ops.select("range_id", "name_id", "label", "start", "end"), codes, ["_kind"])
+           .group_by(key=pl.col("range_id") * n + pl.col("_kind"))
+           .agg(count=pl.len(), kernel_ns=(pl.col("end") - pl.col("start")).sum())
+           .filter(pl.col("key").is_not_null()))
+    per = per.with_columns(range_id=pl.col("key") // n, _kind=pl.col("key") % n).join(
+        codes.join(kinds.select("name_id", "label", "name"), on=["name_id", "label"], how="left", nulls_equal=True)
+        .select("_kind", "name"), on="_kind", how="left")
+    return (per.group_by("range_id", "name").agg(pl.col("count").sum().cast(pl.Int64), pl.col("kernel_ns").sum())
+            .with_columns(pid=pl.lit(ops["pid"][0] if ops.height else None, pl.Int64),
+                          rank=pl.lit(ops["rank"][0] if ops.height else None, pl.Int64))
+            .select("pid", "rank", "range_id", "name", "count", "kernel_ns"))
 
 
 def _without_gpu(nested: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
@@ -284,8 +295,7 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
     cov = renumber(pl.concat(parts["cov"])).sort("rank") if parts["cov"] else pl.DataFrame()
     kern = renumber(pl.concat(parts["kern"])).drop("pid") if parts["kern"] else _no_kernels()
     ops = renumber(pl.concat(parts["ops"])).sort("start") if keep_ops and parts["ops"] else None
-    kstat = (renumber(pl.concat(parts["kstat"])).drop("pid").with_columns(pl.col("name").cast(pl.String))
-             if parts["kstat"] else None)
+    kstat = renumber(pl.concat(parts["kstat"])).drop("pid") if parts["kstat"] else None  # names Categorical
     calls = renumber(pl.concat(parts["calls"])) if parts["calls"] else pl.DataFrame(schema=host.CALL_SCHEMA)
     parts.clear()
     graph_rows = "Graph" if facts["graph_ops"] else ("Node" if facts["node_ops"] else None)
@@ -299,7 +309,7 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
                                             maintain_order="left")
     diags.extend(diagnose(head, nested, facts, rk, inst, cov, phases))
     diags.extend(paired.diagnostics)
-    phases, comm_diags, refused = collectives.phase_comm_split(phases, kern)
+    phases, comm_diags, refused, matched = collectives.phase_comm_split(phases, kern)
     diags.extend(comm_diags)
     kern = kern.with_columns(pl.col("name").cast(pl.String))
     marks = head.marks.with_columns(rank=pl.col("pid").replace_strict(pid_rank, default=None, return_dtype=pl.Int64))
@@ -324,6 +334,7 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
         kernels=kstat,
         host_calls=calls,
         comm_refused=refused.filter(pl.col("phase").is_not_null()),
+        memo={"matched_counted": matched},  # the headline tables narrow it to the steady cycles
     )
 
 
