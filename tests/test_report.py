@@ -20,6 +20,11 @@ def test_report_with_baseline(tmp_path):
     assert not re.search(r'(src|href)="(https?:)?//', page)  # nothing loaded from elsewhere
     assert "5.00</b> tokens per cycle" in page and "Compared with the baseline" in page
     assert "best:" in page
+    # the budget's per-rank columns in µs: draft spans 1100 ns on rank 0 and 700 ns on rank 1 (eagle_synth)
+    budget = page[page.index('id="budget"'):page.index('id="findings"')]
+    row = re.search(r"<tr><td>draft</td>(.*?)</tr>", budget).group(1)
+    cells = re.findall(r'<td class="n">([^<]*)</td>', row)
+    assert cells[-2:] == ["1.1", "0.7"]
 
 
 def test_report_bad_output(tmp_path):

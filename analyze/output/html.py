@@ -106,8 +106,7 @@ def _budget(res, out: Path) -> Section:
     tab = wide.join(per, on="segment", how="left").drop("order").rename({"mean_ns": "mean over ranks_ns"})
     if len(ranks) == 1:
         tab = tab.drop(f"rank {ranks[0]} µs", strict=False)
-    tab = tab.with_columns(pl.col(c) * 1e3 for c in tab.columns if c.startswith("rank "))
-    tab = tab.rename({c: c.replace(" µs", "_ns") for c in tab.columns if c.startswith("rank ")})
+    tab = tab.rename({c: c.replace(" µs", "_ns") for c in tab.columns if c.startswith("rank ")})  # ns, shown in µs
     note = ("The mean steady cycle on each rank's GPU clock, cut into consecutive pieces that add up to the cycle "
             "period: each phase (first → last GPU op of what it launched), the seams between phases (negative when "
             "they overlap) and the gap between cycles. In seams and between cycles the GPU waits for the host.")
