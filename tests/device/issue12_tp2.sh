@@ -13,19 +13,8 @@
 # Out: $OUT/log.txt (per-rank lines, exit codes, row counts) and $OUT/issue12.tar (scrubbed, xz-compressed
 # exports with manifests and stdout).
 set -u
-OUT=${OUT:-/tmp/spectrace-out}
-REPO=$(pwd)
 W=/tmp/issue12
-mkdir -p "$W" "$OUT"
-T0=$(date +%s)
-log() { echo "== $(( $(date +%s) - T0 ))s $*" | tee -a "$OUT/log.txt"; }
-
-for f in .devdeps/*.deb; do dpkg -x "$f" /tmp/dw; done
-export LD_LIBRARY_PATH=/tmp/dw/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1
-export PYTHONPATH=/tmp/site:$REPO
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export NSYS=${NSYS:-/opt/nvidia/nsight-compute/2025.3.1/host/target-linux-x64/nsys}
+. tests/device/setup.sh
 {
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   "$NSYS" --version

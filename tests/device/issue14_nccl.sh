@@ -9,20 +9,8 @@
 # NCCL kernel names each capture ran (the protocol is in the name: ..._RING_SIMPLE vs ..._RING_LL) and the kernel
 # count per process (both ranks must have GPU rows to the end of the measured loop).
 set -u
-OUT=${OUT:-/tmp/spectrace-out}
 W=/tmp/nccl14
-mkdir -p "$W" "$OUT"
-T0=$(date +%s)
-log() { echo "== $(( $(date +%s) - T0 ))s $*" | tee -a "$OUT/log.txt"; }
-
-for f in .devdeps/*.deb shared/nsys/*.deb ../shared/nsys/*.deb; do [ -f "$f" ] && dpkg -x "$f" /tmp/dw; done
-export LD_LIBRARY_PATH=/tmp/dw/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1
-fi
-export PYTHONPATH=/tmp/site:$PWD
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export NSYS=${NSYS:-/opt/nvidia/nsight-compute/2025.3.1/host/target-linux-x64/nsys}
+. tests/device/setup.sh
 {
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   "$NSYS" --version

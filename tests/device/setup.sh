@@ -6,9 +6,11 @@ W=${W:-/tmp/cap}
 mkdir -p "$W" "$OUT"
 T0=${T0:-$(date +%s)}
 log() { echo "== $(( $(date +%s) - T0 ))s $*" | tee -a "$OUT/log.txt"; }
-for f in .devdeps/*.deb; do dpkg -x "$f" /tmp/dw; done
+for f in .devdeps/*.deb shared/nsys/*.deb ../shared/nsys/*.deb; do [ -f "$f" ] && dpkg -x "$f" /tmp/dw; done
 export LD_LIBRARY_PATH=/tmp/dw/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1
+fi
 export PYTHONPATH=/tmp/site:$REPO
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export NSYS=${NSYS:-/opt/nvidia/nsight-compute/2025.3.1/host/target-linux-x64/nsys}
