@@ -5,48 +5,19 @@ from __future__ import annotations
 import logging
 import sys
 import types
-from pathlib import Path
 
 import pytest
+from fake_hooks import record
+from fake_hooks import shape as _shape
 
 from nvtx_hooks import patch, ranges
 from nvtx_hooks.phases import decode_payload
 
-FAKE = str(Path(__file__).parent / "fake_sglang")
-
-
-def _purge():
-    for m in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
-        del sys.modules[m]
-
 
 @pytest.fixture
 def rec(monkeypatch):
-    """Fake SGLang on sys.path, hooks uninstalled after; returns the list of recorded NVTX calls."""
-    events: list[tuple] = []
-    monkeypatch.syspath_prepend(FAKE)
-    monkeypatch.setattr(ranges, "push", lambda name, payload=None: events.append(("push", name, payload)))
-    monkeypatch.setattr(ranges, "pop", lambda: events.append(("pop",)))
-    monkeypatch.setattr(ranges, "_on", True)  # emit as if nsys were attached
-    _purge()
-    patch.uninstall()
-    yield events
-    patch.uninstall()
-    _purge()
-
-
-def _shape(events):
-    """Events as an indented outline (payload dropped), to assert nesting."""
-    out, depth = [], 0
-    for e in events:
-        if e[0] == "push":
-            out.append("  " * depth + e[1])
-            depth += 1
-        else:
-            depth -= 1
-            assert depth >= 0, "pop without push"
-    assert depth == 0, "unbalanced ranges"
-    return out
+    """Fake SGLang on sys.path, hooks uninstalled after; the list of recorded NVTX calls."""
+    yield from record(monkeypatch)
 
 
 def test_v1_decode_cycle(rec):

@@ -1,0 +1,48 @@
+"""The fake SGLang of tests/fake_sglang for the hooks' tests: put it on the path, record the NVTX calls."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from nvtx_hooks import patch, ranges
+
+FAKE = str(Path(__file__).parent / "fake_sglang")
+
+
+def purge() -> None:
+    """Forget every imported (fake) sglang module."""
+    for m in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
+        del sys.modules[m]
+
+
+def record(monkeypatch):
+    """Fake SGLang on sys.path, hooks uninstalled after; yields the list of recorded NVTX calls
+    (``("push", name, payload)``, ``("pop",)``, ``("mark", name, payload)``). For a fixture: ``yield from``."""
+    events: list[tuple] = []
+    monkeypatch.syspath_prepend(FAKE)
+    monkeypatch.setattr(ranges, "push", lambda name, payload=None: events.append(("push", name, payload)))
+    monkeypatch.setattr(ranges, "pop", lambda: events.append(("pop",)))
+    monkeypatch.setattr(ranges, "mark", lambda name, payload=None: events.append(("mark", name, payload)))
+    monkeypatch.setattr(ranges, "_on", True)  # emit as if nsys were attached
+    purge()
+    patch.uninstall()
+    yield events
+    patch.uninstall()
+    purge()
+
+
+def shape(events: list[tuple]) -> list[str]:
+    """Events as an indented outline (payload dropped), to assert nesting; marks as ``!name`` at their depth."""
+    out, depth = [], 0
+    for e in events:
+        if e[0] == "push":
+            out.append("  " * depth + e[1])
+            depth += 1
+        elif e[0] == "mark":
+            out.append("  " * depth + "!" + e[1])
+        else:
+            depth -= 1
+            assert depth >= 0, "pop without push"
+    assert depth == 0, "unbalanced ranges"
+    return out
