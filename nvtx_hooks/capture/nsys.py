@@ -267,27 +267,43 @@ def trace(a: argparse.Namespace) -> int:
     return rc
 
 
+def _env_line(added: dict[str, str]) -> str:
+    """The variables spectrace adds, as a shell prefix (``--dry-run``)."""
+    return " ".join(f"{k}={shlex.quote(v)}" for k, v in added.items())
+
+
+def _refuse_existing(paths: list[Path], force: bool) -> None:
+    """A CaptureError naming the outputs that exist already, unless ``force``."""
+    existing = [str(p) for p in paths if p.exists()]
+    if existing and not force:
+        raise CaptureError(f"{', '.join(existing)} exists: pass --force to overwrite")
+
+
+def _begin(base: Path, added: dict[str, str], shown: str) -> tuple[dict[str, str], str, float]:
+    """Before running a pass: the output folder made, the program's environment, the start time (UTC and
+    monotonic); ``shown`` (the command) announced on stderr."""
+    if base.parent and not base.parent.exists():
+        base.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **added}
+    started, t0 = mf.utc_now(), time.monotonic()
+    print(f"spectrace: {shown}", file=sys.stderr, flush=True)
+    return env, started, t0
+
+
 def _capture(a: argparse.Namespace, nsys: str, base: Path, added: dict[str, str], extra: dict | None = None) -> int:
     """One capture under nsys: profile, export, write the manifest (``extra``: more manifest keys)."""
     command = a.command
     cmds = commands(nsys, a, base)
     if a.dry_run:
-        envs = " ".join(f"{k}={shlex.quote(v)}" for k, v in added.items())
-        print(f"{envs} {shlex.join(cmds['profile'])}")
+        print(f"{_env_line(added)} {shlex.join(cmds['profile'])}")
         print(shlex.join(cmds["export"]))
         if "stats" in cmds:
             print(shlex.join(cmds["stats"]))
         return 0
     files = outputs(base, a.stats)
-    existing = [str(p) for k, p in files.items() if k in ("report", "sqlite") and p.exists()]
-    if existing and not a.force:
-        raise CaptureError(f"{', '.join(existing)} exists: pass --force to overwrite")
+    _refuse_existing([files["report"], files["sqlite"]], a.force)
     version = nsys_version(nsys)
-    if base.parent and not base.parent.exists():
-        base.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, **added}
-    started, t0 = mf.utc_now(), time.monotonic()
-    print(f"spectrace: {shlex.join(cmds['profile'])}", file=sys.stderr, flush=True)
+    env, started, t0 = _begin(base, added, shlex.join(cmds["profile"]))
     records: list[dict] = []
     rc, interrupted = _run_profile(cmds["profile"], env, records)
     exported = False
@@ -325,15 +341,10 @@ def _plain(a: argparse.Namespace, base: Path, added: dict[str, str], names: dict
     """The ``plain`` pass: the command without a profiler (same environment), its output lines kept."""
     manifest = base.with_name(base.name + ".manifest.json")
     if a.dry_run:
-        print(f"{' '.join(f'{k}={shlex.quote(v)}' for k, v in added.items())} {shlex.join(a.command)}")
+        print(f"{_env_line(added)} {shlex.join(a.command)}")
         return 0
-    if manifest.exists() and not a.force:
-        raise CaptureError(f"{manifest} exists: pass --force to overwrite")
-    if base.parent and not base.parent.exists():
-        base.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, **added}
-    started, t0 = mf.utc_now(), time.monotonic()
-    print(f"spectrace: {shlex.join(a.command)} (no profiler)", file=sys.stderr, flush=True)
+    _refuse_existing([manifest], a.force)
+    env, started, t0 = _begin(base, added, f"{shlex.join(a.command)} (no profiler)")
     records: list[dict] = []
     try:
         rc, interrupted = _run_profile(a.command, env, records)
