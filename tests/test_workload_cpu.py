@@ -101,6 +101,21 @@ def test_two_ranks_over_gloo_with_delay(torch):
     assert all(x["wall_s"] >= 4 * 0.002 for x in recs)  # rank 0 waits for rank 1 in every all-reduce
 
 
+@pytest.mark.parametrize("wait", ["sleep", "spin"])
+def test_host_wait_sleeps_or_spins(torch, monkeypatch, wait):
+    """``--host-wait``: host_overhead's HOST_US either sleeps (one time.sleep per cycle) or keeps the host
+    busy on the clock (no sleep at all); either way each measured cycle takes at least HOST_US."""
+    import time as _time
+
+    slept = []
+    monkeypatch.setattr(workload.time, "sleep", lambda s: (slept.append(s), _time.perf_counter()))
+    args = [*TINY[:-2], "--host-us", "2000", "--host-wait", wait]
+    out, _ = run(args, monkeypatch)
+    assert slept == ([0.002] * 5 if wait == "sleep" else [])
+    if wait == "spin":
+        assert out["wall_s"] >= 4 * 0.002
+
+
 def test_demo_workload_subcommand(torch, capsys):
     from analyze.cli import main
 
@@ -112,7 +127,7 @@ def test_demo_workload_subcommand(torch, capsys):
 def test_argv_round_trip_and_torchrun_command():
     p = workload.build_parser()
     a = p.parse_args(["--steps", "2", "--no-graphs", "--baseline", "--delay-rank", "1", "--delay-us", "5",
-                      "--nproc", "2"])
+                      "--nproc", "2", "--host-wait", "spin"])
     assert p.parse_args(workload.to_argv(a)) == a
     cmd = workload.torchrun_command(2, workload.to_argv(a))
     assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]

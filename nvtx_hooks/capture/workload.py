@@ -5,7 +5,9 @@ Each decode cycle (range ``cycle``, payload: batch size, cycle index, accept len
 - ``draft``: STEPS draft layers over BATCH tokens (one CUDA graph replay, or eager);
 - ``verify``: LAYERS target layers over BATCH*(STEPS+1) tokens (one CUDA graph replay, or eager);
 - ``draft_extend``: one draft layer over the accepted tokens, always eager (its shape varies);
-- ``host_overhead``: a host sync that reads the accept length, then a short host sleep.
+- ``host_overhead``: a host sync that reads the accept length, then HOST_US µs of host time: a sleep
+  (default) or, with ``--host-wait spin``, a busy loop on the clock, like the CPU work of a scheduler (a
+  sleep's wake-up varies from run to run with the core's idle state: ±35 µs between TP2 runs on H200).
 
 With ``--v2`` the accept lengths stay on the GPU, as in SGLang's v2 (overlap) EAGLE worker: no payload
 carries them and ``host_overhead`` does not sync; each cycle's accept length is copied to the host
@@ -62,7 +64,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    help="SGLang v2-like: accept lengths stay on the GPU, read one cycle later, 'accept' marks")
     p.add_argument("--ranges", action=argparse.BooleanOptionalAction, default=True,
                    help="emit the NVTX phase ranges (off: same work, no ranges; for overhead runs)")
-    p.add_argument("--host-us", type=int, default=300, help="host sleep in host_overhead, µs")
+    p.add_argument("--host-us", type=int, default=300, help="host time in host_overhead, µs")
+    p.add_argument("--host-wait", choices=("sleep", "spin"), default="sleep",
+                   help="how host_overhead spends its host time: time.sleep (default) or a busy loop on the clock")
     p.add_argument("--delay-rank", type=int, default=None, help="rank that sleeps before each verify")
     p.add_argument("--delay-us", type=int, default=0, help="that sleep, µs")
     p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda when available")
@@ -128,6 +132,13 @@ def _ranges(on: bool):
     from nvtx_hooks import ranges
 
     return ranges
+
+
+def spin(seconds: float) -> None:
+    """Keep the host busy for ``seconds`` (CPU work, as a scheduler's; no sleep, no wake-up latency)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 
 
 def cycle_payload(batch_size: int, cycle_index: int, accepted_per_request: int | None = None) -> int:
@@ -226,6 +237,7 @@ def run(args: argparse.Namespace) -> dict:
 
     delay_s = args.delay_us / 1e6 if (args.delay_rank == rank and args.delay_us > 0) else 0.0
     host_s = args.host_us / 1e6
+    host_wait = time.sleep if args.host_wait == "sleep" else spin
     push, pop, mark = R.push, R.pop, R.mark
 
     def accept_result(j: int) -> None:
@@ -268,7 +280,7 @@ def run(args: argparse.Namespace) -> dict:
         else:
             int(acc_dev.item())
         if host_s:
-            time.sleep(host_s)
+            host_wait(host_s)
         pop()
         pop()
         if args.v2:  # the previous cycle's result, processed while this one runs
@@ -312,6 +324,7 @@ def run(args: argparse.Namespace) -> dict:
         "layers": args.layers,
         "batch": bs,
         "delay_us": args.delay_us if delay_s else 0,
+        "host_wait": args.host_wait,
         "wall_s": wall,
         "cycles_per_s": args.cycles / wall if wall > 0 else None,
         "tokens_per_cycle": (bs if args.baseline else bs * sum(measured) / max(1, len(measured))),
