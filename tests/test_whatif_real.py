@@ -30,3 +30,23 @@ def test_predicted_cycle_time_within_10pct(sweep):
     assert v.height == 16
     assert v.filter(pl.col("from_steps") == pl.col("steps"))["error_pct"].abs().max() < 1e-9
     assert v["error_pct"].abs().max() < 10
+
+
+def test_validate_over_repeated_runs(sweep):
+    """Repeated runs of one step count: measured = the median of the runs' periods (tokens.DEFINITION), every
+    run's model predicts every step count, the spread is (max − min) / median of the runs."""
+    other = analyze(samples.path("tp1_s3_graph"))  # another 3-step run (issue 13's 32-layer capture)
+    a, b = summary(sweep[3]).period_ns, summary(other).period_ns
+    assert abs(a / b - 1) > 0.01  # really different runs
+    v = validate({3: [sweep[3], other, sweep[3]], 1: sweep[1]})
+    assert v.height == 4 * 2 and v["from_run"].to_list() == [0, 0, 0, 0, 1, 1, 2, 2]  # 1 run at 1 step, 3 at 3
+    three = v.filter(pl.col("steps") == 3)
+    assert three["measured_ns"].unique().to_list() == [pytest.approx(a)]  # median of (a, b, a)
+    assert three["runs"].unique().to_list() == [3]
+    assert three["measured_spread_pct"][0] == pytest.approx(100 * abs(a - b) / a)
+    own = three.filter(pl.col("from_steps") == 3).sort("from_run")
+    assert own["predicted_ns"].to_list() == pytest.approx([a, b, a])  # a model replays its own run exactly
+    assert own["error_pct"][1] == pytest.approx(100 * (b - a) / a)
+    one = v.filter(pl.col("steps") == 1)
+    assert one["runs"].unique().to_list() == [1] and one["measured_spread_pct"].unique().to_list() == [0.0]
+    assert one.filter(pl.col("from_steps") == 1)["error_pct"][0] == pytest.approx(0, abs=1e-9)

@@ -410,7 +410,7 @@ class Model:
             "the GPU runs the phases of a rank in launch order, one queue: a phase starts at max(launch end + "
             f"launch latency, previous phase end + device gap) (medians where not bound: latency "
             f"{dflt.get('lam', 0) / 1e3:.1f} µs, gap {dflt.get('dlt', 0) / 1e3:.1f} µs)",
-            f"predicted cycle = median over {n} replayed cycles (and {rest} moved by the median shift) of the "
+            f"predicted cycle = mean over {n} replayed cycles (and {rest} moved by the mean shift) of the "
             "first GPU op of a cycle → first of the next; ranks replayed independently (their skew stays as "
             "measured)",
         ]
@@ -560,17 +560,31 @@ def to_dict(m: Model, max_steps: int = MAX_STEPS) -> dict:
 
 
 def validate(results: dict[int, object], baseline=None, as_traced: bool = True) -> pl.DataFrame:
-    """Predicted vs measured cycle time: a model from each trace (steps → analysed Result) predicts the others.
+    """Predicted vs measured cycle time: a model from each trace (steps → analysed Result, or a list of repeated
+    runs' Results) predicts every step count.
 
-    ``as_traced`` (default): models keep the traces' own probe effect, so that like is compared with like."""
-    measured = {s: (fit(r, s).period_ns, summary(r, steps=s).tokens_per_cycle) for s, r in results.items()}
+    Measured at ``steps`` = the median over its runs of each run's cycle period (one run: that run's, so a model
+    predicts its own period exactly); ``runs``/``measured_spread_pct`` say over how many runs and how far apart
+    they were ((max − min) / median), i.e. how much of an error is run-to-run noise. ``from_run`` numbers the
+    runs of ``from_steps`` in the order given. ``as_traced`` (default): models keep the traces' own probe
+    effect, so that like is compared with like."""
+    runs = {s: list(r) if isinstance(r, (list, tuple)) else [r] for s, r in results.items()}
+    measured = {}
+    for s, rs in runs.items():
+        periods = [fit(r, s).period_ns for r in rs]
+        toks = [t for t in (summary(r, steps=s).tokens_per_cycle for r in rs) if t is not None]
+        med = float(np.median(periods))
+        measured[s] = (med, float(np.median(toks)) if toks else None, len(rs),
+                       100 * (max(periods) - min(periods)) / med)
     rows = []
-    for s0, r in results.items():
-        m = fit(r, s0, baseline=baseline, as_traced=as_traced)
-        for s, (meas, tok) in measured.items():
-            p = m.predict(s)
-            pred, ptok = p["cycle_ns"], p["tokens_per_cycle"]
-            rows.append({"from_steps": s0, "steps": s, "predicted_ns": pred, "measured_ns": meas,
-                         "error_pct": 100 * (pred - meas) / meas, "predicted_tokens": ptok, "measured_tokens": tok,
-                         "tokens_error_pct": 100 * (ptok - tok) / tok if ptok is not None and tok else None})
-    return pl.DataFrame(rows).sort("from_steps", "steps")
+    for s0, rs in runs.items():
+        for i, r in enumerate(rs):
+            m = fit(r, s0, baseline=baseline, as_traced=as_traced)
+            for s, (meas, tok, n, spread) in measured.items():
+                p = m.predict(s)
+                pred, ptok = p["cycle_ns"], p["tokens_per_cycle"]
+                rows.append({"from_steps": s0, "from_run": i, "steps": s, "predicted_ns": pred, "measured_ns": meas,
+                             "error_pct": 100 * (pred - meas) / meas, "runs": n, "measured_spread_pct": spread,
+                             "predicted_tokens": ptok, "measured_tokens": tok,
+                             "tokens_error_pct": 100 * (ptok - tok) / tok if ptok is not None and tok else None})
+    return pl.DataFrame(rows).sort("from_steps", "from_run", "steps")
