@@ -144,7 +144,7 @@ def test_explain(chained, capsys):
     path = chained["Node"].trace.path
     assert main(["whatif", path, "--explain"]) == 0
     out = capsys.readouterr().out
-    assert "Assumptions" in out and "median over 4 replayed cycles" in out
+    assert "Assumptions" in out and "mean over 4 replayed cycles" in out
     assert main(["whatif", path, "--format", "json", "--as-traced"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["model"]["launch_cut_per_node_ns"] == 0 and doc["predictions"][0]["cycle_ns"] == 2000

@@ -496,8 +496,8 @@ def compare_table(doc: dict) -> str:
 def whatif_table(m: Model, max_steps: int = MAX_STEPS, explain: bool = False) -> str:
     """``spectrace whatif``: the fitted costs and the predictions per step count (``explain``: the assumptions)."""
     now = m.predict(m.steps_now)
-    out = [f"what-if from {m.steps_now} draft steps: measured cycle {m.period_ns / 1e3:.1f} µs (median); model "
-           f"{now['cycle_ns'] / 1e3:.1f} µs = draft {now['draft_ns'] / 1e3:.1f} + verify {now['verify_ns'] / 1e3:.1f} "
+    out = [f"what-if from {m.steps_now} draft steps: measured cycle {m.period_ns / 1e3:.1f} µs (mean over the "
+           f"steady cycles); model {now['cycle_ns'] / 1e3:.1f} µs = draft {now['draft_ns'] / 1e3:.1f} + verify {now['verify_ns'] / 1e3:.1f} "
            f"+ draft_extend {now['draft_extend_ns'] / 1e3:.1f} + seams {now['seams_ns'] / 1e3:.1f} + other "
            f"{now['other_ns'] / 1e3:.1f} µs"]
     seams = m.seams(m.steps_now)
