@@ -186,7 +186,7 @@ class _Spill:
             d = self.root / str(pid)
             d.mkdir(parents=True, exist_ok=True)
             df = pl.concat(parts)
-            df.write_parquet(d / f"{self.piece:05d}-{self.part:05d}.parquet", compression="lz4", statistics=False)
+            df.write_parquet(d / f"{self.piece:05d}-{self.part:05d}.parquet", compression="uncompressed", statistics=False)
             with self.lock:
                 self.counts[pid] = self.counts.get(pid, 0) + df.height
         self.buf, self.rows, self.part = {}, 0, self.part + 1
