@@ -76,9 +76,10 @@ def timeline(nested: pl.DataFrame) -> pl.DataFrame:
     return ev.group_by("gtid", "t", maintain_order=True).agg(pl.col("current").last()).sort("t")
 
 
-def innermost(api: pl.DataFrame, nested: pl.DataFrame) -> pl.DataFrame:
-    """API calls with ``range_id``: the innermost selected range open on their thread when they ran."""
-    tl = timeline(nested)
+def innermost(api: pl.DataFrame, nested: pl.DataFrame, tl: pl.DataFrame | None = None) -> pl.DataFrame:
+    """API calls with ``range_id``: the innermost selected range open on their thread when they ran (``tl``: the
+    :func:`timeline` of ``nested`` if already made)."""
+    tl = timeline(nested) if tl is None else tl
     ends = nested.select(range_id="range_id", _rend="end")
     return (
         api.sort("start")
@@ -105,7 +106,8 @@ def ancestors(nested: pl.DataFrame) -> pl.DataFrame:
     return pl.concat(out)
 
 
-def launching_calls(ops: pl.DataFrame, api: pl.DataFrame, nested: pl.DataFrame) -> pl.DataFrame:
+def launching_calls(ops: pl.DataFrame, api: pl.DataFrame, nested: pl.DataFrame,
+                    tl: pl.DataFrame | None = None) -> pl.DataFrame:
     """The API calls that launched ``ops``, one per (pid, correlation id), with their innermost range:
     ``pid, corr, gtid, range_id, api_start, api_end, api_name_id``.
 
@@ -119,7 +121,7 @@ def launching_calls(ops: pl.DataFrame, api: pl.DataFrame, nested: pl.DataFrame) 
     else:
         on = ["pid", "corr"]
         calls = api.join(ops.select(on).unique(), on=on, how="semi")
-    return innermost(calls, nested).select(
+    return innermost(calls, nested, tl).select(
         "pid", "corr", "gtid", "range_id", api_start="start", api_end="end", api_name_id="name_id"
     ).unique(on, keep="first")
 

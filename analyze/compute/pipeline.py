@@ -112,7 +112,8 @@ def process(source, pid: int, ctx: Context) -> dict:
     ops, api = source.ops(pid), source.api(pid)
     nested = ctx.nested.filter(pl.col("pid") == pid)
     ops = add_kinds(ops, ctx.kinds, ["comm"])
-    calls = attribute.launching_calls(ops, api, nested)
+    tl = attribute.timeline(nested)  # who launched what, and the range open around a call: one timeline
+    calls = attribute.launching_calls(ops, api, nested, tl)
     ops = attribute.join_calls(ops, calls)
     rk = breakdown.ranks(ops, ctx.devices)  # one row (or none): its rank is fixed once all processes are in
     rk = rk.with_columns(pl.lit(v, pl.Int64).alias(k) for k, v in windows.rank_window(ops, api, nested).items())
@@ -123,7 +124,7 @@ def process(source, pid: int, ctx: Context) -> dict:
     launches = int(api.select(is_launch.sum()).item())
     launched = calls.filter(pl.col("api_name_id").is_in(ctx.launch_ids.implode())).height
     del calls
-    key_calls, firsts, per_inst = host.calls(ops, api, nested, ctx.sync_ids, ctx.launch_ids) if ops.height else (
+    key_calls, firsts, per_inst = host.calls(ops, api, nested, ctx.sync_ids, ctx.launch_ids, tl) if ops.height else (
         None, None, None)
     del api
     out["facts"] = {
