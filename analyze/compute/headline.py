@@ -250,14 +250,16 @@ def _budget(res) -> pl.DataFrame:
              .select("rank", range_id="cid", cid="cid", name="crange", start="start", a="c0", b="c1",
                      compute="compute", comm="comm", idle="idle", gidle="gidle"))
     kids = pl.concat([kids, alone], how="vertical_relaxed").sort("rank", "cid", "start")
-    kids = kids.with_columns(pos=pl.int_range(pl.len()).over("rank", "cid"),
-                             n_kids=pl.len().over("rank", "cid"))
+    # Sorted by cycle: a child's position and its previous sibling are read off the rows (no window per cycle).
+    same = (pl.col("rank") == pl.col("rank").shift(1)) & (pl.col("cid") == pl.col("cid").shift(1))
+    i = pl.int_range(pl.len())
+    kids = kids.with_columns(pos=i - pl.when(~same.fill_null(False)).then(i).forward_fill())
     ph = kids.select("rank", "cid", segment="name", kind=pl.lit("phase"), order=2.0 * pl.col("pos"),
                      ns=(pl.col("b") - pl.col("a")).cast(pl.Float64), compute_ns="compute", comm_ns="comm",
                      idle_ns="idle", gpu_idle_ns="gidle")
     # Seams between consecutive children: b(next) − a(last of previous), signed, so pieces telescope.
-    nxt = kids.with_columns(prev_name=pl.col("name").shift(1).over("rank", "cid"),
-                            prev_b=pl.col("b").shift(1).over("rank", "cid")).filter(pl.col("prev_b").is_not_null())
+    nxt = kids.with_columns(prev_name=pl.when(same).then(pl.col("name").shift(1)),
+                            prev_b=pl.when(same).then(pl.col("b").shift(1))).filter(pl.col("prev_b").is_not_null())
     si = res.seam_instances
     idle_of = (si.select("rank", "range_id", sidle="idle_ns") if si.height else
                pl.DataFrame(schema={"rank": pl.Int64, "range_id": pl.Int64, "sidle": pl.Int64}))

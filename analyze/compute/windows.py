@@ -357,26 +357,26 @@ def presence(x: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
     state = (x.filter(pl.col("key").is_not_null() & pl.col("rank").is_not_null() & pl.col("_ph").is_not_null())
              .group_by("_ph", "key", "rank")
              .agg(_ok=((pl.col("i_ops") > 0) & pl.col("cut").is_null() & ~pl.col("misaligned")).all()))
+    # Where every taking-part rank has the key (the rule), no rank lacks it: count the other ranks' bad states.
+    st = state.join(part, on=["_ph", "rank"], how="semi")
+    per_key = st.group_by("_ph", "key").agg(_np=pl.len(), _nf=(~pl.col("_ok")).sum())
+    n_part = part.group_by("_ph").agg(_nt=pl.len())
+    mine = (mine.join(per_key, on=["_ph", "key"], how="left").join(n_part, on="_ph", how="left")
+            .join(st.select("_ph", "key", "rank", _own="_ok"), on=["_ph", "key", "rank"], how="left"))
+    full = pl.col("_np") == pl.col("_nt")
+    bad_others = pl.col("_nf") - (~pl.col("_own")).cast(pl.UInt32)
+    whole = mine.filter(full).select("range_id", _gone=bad_others > 0, _solo=pl.lit(False))
+    # Otherwise, rank by rank: a rank without the key counts by whether it was recording when the instance started.
     w = ranks.select(_s="rank", _w0="window_start_ns", _w1="window_end_ns")
-    other = mine.join(part.rename({"rank": "_s"}), on="_ph").filter(pl.col("_s") != pl.col("rank"))
-    # (phase, key, rank) as one integer when it fits: a one-column join
-    n_rank = int(max(state["rank"].max() or 0, other["_s"].max() or 0)) + 1
-    n_key = int(max(state["key"].max() or 0, other["key"].max() or 0)) + 1
-    n_ph = ph_ids.height + 1
-    if min(state["key"].min() or 0, other["key"].min() or 0, state["rank"].min() or 0) >= 0 and \
-            n_ph * n_rank * n_key < 2**62:
-        def sid(r: str) -> pl.Expr:
-            return (pl.col("_ph") * n_rank + pl.col(r)) * n_key + pl.col("key")
-
-        other = other.with_columns(_sid=sid("_s")).join(state.select(_sid=sid("rank"), _ok="_ok"), on="_sid",
-                                                          how="left").drop("_sid")
-    else:
-        other = other.join(state.rename({"rank": "_s"}), on=["_ph", "key", "_s"], how="left")
-    other = other.join(w, on="_s", how="left")
+    other = (mine.filter(~full).select("range_id", "rank", "_ph", "key", "start")
+             .join(part.rename({"rank": "_s"}), on="_ph").filter(pl.col("_s") != pl.col("rank"))
+             .join(state.rename({"rank": "_s"}), on=["_ph", "key", "_s"], how="left")
+             .join(w, on="_s", how="left"))
     outside = (pl.col("start") < pl.col("_w0")) | (pl.col("start") > pl.col("_w1"))
-    return other.group_by("range_id").agg(
+    some = other.group_by("range_id").agg(
         _gone=((pl.col("_ok") == False) | (pl.col("_ok").is_null() & outside)).any(),  # noqa: E712
         _solo=(pl.col("_ok").is_null() & ~outside).any())
+    return pl.concat([whole, some])
 
 
 def whole_cycles(x: pl.DataFrame, anc: pl.DataFrame) -> pl.DataFrame:
