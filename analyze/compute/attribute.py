@@ -114,21 +114,34 @@ def launching_calls(ops: pl.DataFrame, api: pl.DataFrame, nested: pl.DataFrame,
     Correlation ids are unique only within a process: the match is on (pid, corr), on corr alone when
     everything is one process (a one-key match is ~3x cheaper).
     """
-    pids = pl.concat([ops["pid"].unique(), api["pid"].unique()]).unique()
-    if pids.len() <= 1:
+    if _one_pid(ops, api):
         on = ["corr"]
         calls = api.filter(pl.col("corr").is_in(ops["corr"].implode()))
+        first = pl.col("corr").is_first_distinct()
     else:
         on = ["pid", "corr"]
         calls = api.join(ops.select(on).unique(), on=on, how="semi")
+        first = pl.struct(on).is_first_distinct()
     return innermost(calls, nested, tl).select(
         "pid", "corr", "gtid", "range_id", api_start="start", api_end="end", api_name_id="name_id"
-    ).unique(on, keep="first")
+    ).filter(first)
+
+
+def _one_pid(*frames: pl.DataFrame) -> bool:
+    """Whether the rows of all ``frames`` have at most one distinct process id (null counting as one)."""
+    vals = set()
+    for f in frames:
+        col = f["pid"]
+        if col.null_count():
+            vals.add(None)
+        if col.null_count() < f.height:
+            vals.update((col.min(), col.max()))
+    return len(vals) <= 1
 
 
 def join_calls(ops: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
     """``ops`` with their launching call's ``gtid, range_id, api_start, api_end, api_name_id`` (:func:`launching_calls`)."""
-    if calls["pid"].n_unique() <= 1 and ops["pid"].n_unique() <= 1:
+    if _one_pid(calls, ops):
         return ops.join(calls.drop("pid"), on="corr", how="left")
     return ops.join(calls, on=["pid", "corr"], how="left")
 

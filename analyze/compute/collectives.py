@@ -52,12 +52,12 @@ def comm_kernels(ops: pl.DataFrame, instances: pl.DataFrame) -> pl.DataFrame:
     c = c.join(instances.select("range_id", "domain", phase="range"), on="range_id", how="left")
     # (rank, range_id, name) is the group (rank, domain, phase, k, name): a range instance is one rank's
     # (domain, phase, k); kernels outside phases (range_id null) group per rank and name.
-    return (
-        c.sort("start", "corr")
-        .with_columns(j=pl.int_range(pl.len(), dtype=pl.Int64).over("rank", "range_id", "name"),
-                      k=pl.lit(None, pl.Int64))
-        .select("rank", *KEY, "range_id", "corr", "comm", "start", "end")
-    )
+    c = c.sort("start", "corr")
+    if c["rank"].n_unique() <= 1:  # one process: numbered per (range_id, name) without a window
+        c = windows.ordinal(c, "range_id", "name", "j", by=(), keep_order=True)
+    else:
+        c = c.with_columns(j=pl.int_range(pl.len(), dtype=pl.Int64).over("rank", "range_id", "name"))
+    return c.with_columns(k=pl.lit(None, pl.Int64)).select("rank", *KEY, "range_id", "corr", "comm", "start", "end")
 
 
 def usable(kernels: pl.DataFrame) -> pl.DataFrame:

@@ -141,25 +141,32 @@ def _epochs(x: pl.DataFrame) -> pl.DataFrame:
             .with_columns(cycle=pl.col("cycle") - pl.col("_e").fill_null(0) * WRAP).drop("_e"))
 
 
-def ordinal(df: pl.DataFrame, key: str, name: str, out: str) -> pl.DataFrame:
-    """``df`` with ``out``: each row's order by ``start`` among the rows of its (integer ``key``, ``name``).
+def ordinal(df: pl.DataFrame, key: str, name: str, out: str, by: tuple[str, ...] = ("start",),
+            keep_order: bool = False) -> pl.DataFrame:
+    """``df`` with ``out``: each row's order by ``by`` among the rows of its (integer ``key``, ``name``).
 
-    One integer per group (``key`` × a dense code of ``name``), one sort by it and ``start`` (stable), and
-    the distance to the group's first row: no window over two columns. Rows come back grouped."""
-    if df.dtypes[df.columns.index(name)] == pl.Categorical:
+    One integer per group (``key`` × a dense code of ``name``), one stable sort by it and ``by``, and the
+    distance to the group's first row: no window over two columns. Rows come back grouped, or in their
+    order with ``keep_order``."""
+    if df.schema[name] == pl.Categorical:
         code = pl.col(name).to_physical().cast(pl.Int64)
     else:
         code = pl.col(name).rank("dense").cast(pl.Int64)
     d = df.with_columns(_nc=code)
     n = (d["_nc"].max() or 0) + 1
     lo, hi = d[key].min(), d[key].max()
-    if d.height == 0 or lo is None or (max(abs(lo), abs(hi)) + 1) * n >= 2**62:
-        return df.sort("start", maintain_order=True).with_columns(
-            pl.int_range(pl.len(), dtype=pl.Int64).over(key, name).alias(out))
-    d = d.with_columns(_gk=pl.col(key) * n + pl.col("_nc")).sort("_gk", "start", maintain_order=True)
+    if d.height == 0 or lo is None or lo < 0 or (hi + 1) * n >= 2**62 or d["_nc"].null_count():
+        d = df.sort(*by, maintain_order=True) if by and not keep_order else df
+        return d.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).over(key, name).alias(out))
+    if keep_order:
+        d = d.with_row_index("_row")
+    # a null key is a group of its own per name (as in a window): negative ids
+    d = d.with_columns(_gk=pl.coalesce(pl.col(key) * n + pl.col("_nc"), -1 - pl.col("_nc")))
+    d = d.sort("_gk", *by, maintain_order=True)
     i = pl.int_range(pl.len(), dtype=pl.Int64)
     new = pl.col("_gk").ne_missing(pl.col("_gk").shift(1)).fill_null(True)
-    return d.with_columns((i - pl.when(new).then(i).forward_fill()).alias(out)).drop("_nc", "_gk")
+    d = d.with_columns((i - pl.when(new).then(i).forward_fill()).alias(out)).drop("_nc", "_gk")
+    return d.sort("_row").drop("_row") if keep_order else d
 
 
 @dataclass

@@ -388,9 +388,6 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
         m = read_meta(r)
         dest.mkdir(parents=True)
         _mark(dest)
-        strings = _strings(r)
-        _devices(r).write_parquet(dest / "devices.parquet")
-        _nsys_diagnostics(r).write_parquet(dest / "diagnostics.parquet")
         ops_q, api_q = op_queries(r), api_query(r)
         total = sum(r.max_rowid(t) for t, _, _ in ops_q) + (r.max_rowid("CUPTI_ACTIVITY_KIND_RUNTIME") if api_q else 0)
         bar = Progress(total, f"spectrace: reading {Path(report).name}", progress)
@@ -429,10 +426,15 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
                     bar.add(b.height)
                 spill.flush()
 
-        def read_ranges() -> None:  # NVTX ranges, beside the pieces (its own connection)
+        strings: list[pl.DataFrame] = []
+
+        def read_ranges() -> None:  # NVTX ranges and the small tables, beside the pieces (their own connections)
             ranges, _domains, marks = _ranges(r, m["duration"], notes)
             ranges.write_parquet(dest / "ranges.parquet")
             marks.write_parquet(dest / "marks.parquet")
+            strings.append(_strings(r))
+            _devices(r).write_parquet(dest / "devices.parquet")
+            _nsys_diagnostics(r).write_parquet(dest / "diagnostics.parquet")
 
         def guard(fn) -> None:
             try:
@@ -457,7 +459,7 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
         if errors:
             raise errors[0]
         ids = pl.concat(stats["ids"]) if stats["ids"] else pl.Series("name_id", [], pl.Int64)
-        _names(strings, ids).write_parquet(dest / "names.parquet")
+        _names(strings[0], ids).write_parquet(dest / "names.parquet")
         r.check_unchanged()
         notes.update(api_without_pid=stats["api_without_pid"], lossy_strings=r.lossy)
         meta = {
