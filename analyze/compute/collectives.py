@@ -264,10 +264,16 @@ def with_split(phases: pl.DataFrame, matched: pl.DataFrame, refused_phases: pl.D
                             for c in SPLIT).drop("_ref")
 
 
-def refused(matched: pl.DataFrame, bound: int = windows.END_SPREAD_BOUND_NS) -> pl.DataFrame:
+def refused(matched: pl.DataFrame, bound: int = windows.END_SPREAD_BOUND_NS, grouped: bool = False) -> pl.DataFrame:
     """Phases whose matched collectives do not end together: ``domain, phase, collectives,
-    end_spread_p50_ns, bound_ns`` (p50 over the phase's collectives of latest end - earliest end)."""
-    pc = per_collective(matched)
+    end_spread_p50_ns, bound_ns`` (p50 over the phase's collectives of latest end - earliest end).
+    ``grouped``: each collective's rows are contiguous (:func:`match` with ``ordered=False``), so its first row
+    stands for it (no group-by per collective)."""
+    if grouped:
+        new = ((pl.col("_g") != pl.col("_g").shift(1)) | (pl.col("j") != pl.col("j").shift(1))).fill_null(True)
+        pc = matched.filter(new).select("domain", "phase", "end_spread_ns")
+    else:
+        pc = per_collective(matched)
     return (pc.group_by("domain", "phase").agg(collectives=pl.len(), end_spread_p50_ns=_q("end_spread_ns", 0.5))
             .filter(pl.col("end_spread_p50_ns") > bound)
             .with_columns(bound_ns=pl.lit(bound, pl.Int64))
@@ -330,7 +336,7 @@ def phase_comm_split(phases: pl.DataFrame, kernels: pl.DataFrame
     kernels = with_group_ids(usable(kernels).select("rank", *KEY, "range_id", "start", "end"))
     counts = group_counts(kernels)
     matched = match(kernels, counts, ordered=False)
-    ref = refused(matched)
+    ref = refused(matched, grouped=True)
     out = with_split(phases, matched, ref)
     diags = [d for d in diagnostics(kernels, matched, counts, ref) if d.code not in ("COMM_NONE", "COMM_ONE_RANK")]
     return out, diags, ref, matched
