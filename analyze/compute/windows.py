@@ -240,8 +240,8 @@ class Keys:
 def keys(x: pl.DataFrame, anc: pl.DataFrame, kern: pl.DataFrame, bound: int = END_SPREAD_BOUND_NS) -> Keys:
     """Cross-rank keys of the instances ``x`` (of ranked processes; see the module docstring); ``anc``: their
     nesting (:func:`attribute.ancestors`)."""
-    ordered = x.sort("start", "range_id")
     if x["rank"].n_unique() < 2:  # nothing to pair: each instance's order in its phase
+        ordered = x.sort("start", "range_id")
         out = ordered.select("range_id", "cycle", key=pl.int_range(pl.len(), dtype=pl.Int64).over(PHASE),
                              misaligned=pl.lit(False))
         return Keys(out, [], pl.DataFrame())
