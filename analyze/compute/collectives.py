@@ -203,13 +203,17 @@ def summary(matched: pl.DataFrame, refused_phases: pl.DataFrame | None = None) -
             .sort("phase", "name", "rank", "domain", nulls_last=True))
 
 
-def stragglers(matched: pl.DataFrame, refused_phases: pl.DataFrame | None = None) -> pl.DataFrame:
+def stragglers(matched: pl.DataFrame, refused_phases: pl.DataFrame | None = None,
+               coll: pl.DataFrame | None = None) -> pl.DataFrame:
     """Per phase and rank: how often the rank arrived last (strictly) and by how much, on average.
 
-    Phases of ``refused_phases`` (:func:`refused`) have no rows.
+    Phases of ``refused_phases`` (:func:`refused`) have no rows. ``coll``: :func:`per_collective` of
+    ``matched`` if already made (without refused phases).
     """
-    matched = _refused_flag(matched, refused_phases).filter(~pl.col("_ref")).drop("_ref")
-    coll = per_collective(matched).with_columns(outside=pl.col("k") < 0)
+    if coll is None or (refused_phases is not None and refused_phases.height):
+        matched = _refused_flag(matched, refused_phases).filter(~pl.col("_ref")).drop("_ref")
+        coll = per_collective(matched)
+    coll = coll.with_columns(outside=pl.col("k") < 0)
     totals = coll.group_by("domain", "phase", "outside").agg(collectives=pl.len())
     ranks = matched.select("rank").unique()
     per = (

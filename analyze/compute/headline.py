@@ -164,16 +164,22 @@ def matching(res) -> pl.DataFrame:
         if m.height == 0:
             return pl.DataFrame(schema={"phase": pl.String, "collectives": pl.UInt32, "end_spread_p50_ns": pl.Int64,
                                         "trusted": pl.Boolean})
-        per = collectives.per_collective(m)
+        per = per_collective(res)
         return (per.group_by("phase").agg(collectives=pl.len(),
                                           end_spread_p50_ns=pl.col("end_spread_ns").quantile(0.5, "nearest"))
                 .with_columns(trusted=pl.col("end_spread_p50_ns") <= windows.END_SPREAD_BOUND_NS).sort("phase"))
     return _memo(res, "matching", run)
 
 
+def per_collective(res) -> pl.DataFrame:
+    """One row per matched collective of the steady state (:func:`analyze.compute.collectives.per_collective`)."""
+    return _memo(res, "per_collective", lambda: collectives.per_collective(matched(res)))
+
+
 def stragglers(res) -> pl.DataFrame:
     """Per phase and rank over the steady state: last arrivals at matched collectives (see collectives)."""
-    return _memo(res, "stragglers", lambda: collectives.stragglers(matched(res)) if matched(res).height
+    return _memo(res, "stragglers", lambda: collectives.stragglers(matched(res), coll=per_collective(res))
+                 if matched(res).height
                  else pl.DataFrame())
 
 
@@ -191,7 +197,16 @@ def kernels(res, top: int | None = None) -> pl.DataFrame:
             return pl.DataFrame(schema={"phase": pl.String, "name": pl.String, "count": pl.Int64,
                                         "kernel_ns": pl.Int64, "ranks": pl.UInt32})
         names = res.instances.filter(pl.col("rank").is_not_null()).select("rank", "range_id", phase="range")
-        return (k.join(keys(res), on=["rank", "range_id"], how="semi").join(names, on=["rank", "range_id"])
+        steady = names.join(keys(res), on=["rank", "range_id"], how="semi")
+        on = ["rank", "range_id"]
+        hi = max(int(k["range_id"].max() or 0), int(steady["range_id"].max() or 0)) + 1
+        lo = min(int(k["range_id"].min() or 0), int(steady["range_id"].min() or 0), int(k["rank"].min() or 0))
+        if lo >= 0 and (int(k["rank"].max() or 0) + 1) * hi < 2**62:  # (rank, instance) as one integer
+            def rid(df: pl.DataFrame) -> pl.DataFrame:
+                return df.with_columns(_rid=pl.col("rank") * hi + pl.col("range_id"))
+
+            k, steady, on = rid(k), rid(steady).select("_rid", "phase"), ["_rid"]
+        return (k.join(steady, on=on)
                 .group_by("phase", "name").agg(pl.col("count").sum(), pl.col("kernel_ns").sum(),
                                                ranks=pl.col("rank").n_unique())
                 .with_columns(pl.col("name").cast(pl.String)))
