@@ -53,23 +53,26 @@ def _instances(res) -> pl.DataFrame:
             break
         cur = (cur.join(up, on=[*rep, "up"], how="left")
                .with_columns(top=pl.coalesce("up", "top"), up=pl.col("_up2")).drop("_up2"))
-    inst = inst.join(cur.select(*ids, "top"), on=ids, how="left", maintain_order="left")
+    # Worked out on a narrow copy and added as two columns: the wide instance frame is never copied.
+    narrow = inst.select(*ids, "rank", "start")
+    top = narrow.join(cur.select(*ids, "top"), on=ids, how="left", maintain_order="left")["top"]
     cyc = cycles(res)
     if cyc.height == 0:
-        return inst.with_columns(steady=pl.lit(True))
+        return inst.with_columns(top=top, steady=pl.lit(True))
+    narrow = narrow.with_columns(top=top)
     flags = cyc.select("rank", top="range_id", _cyc=pl.col("steady"))
     env = (cyc.filter("steady").group_by("rank")
            .agg(_a=pl.col("start").min(), _b=pl.col("end").max()))
-    tops = inst.select("rank", *rep, top="range_id", _tstart="start")
-    inst = (inst.join(flags, on=["rank", "top"], how="left", maintain_order="left")
-            .join(tops, on=["rank", *rep, "top"], how="left", maintain_order="left")
-            .join(env, on="rank", how="left", maintain_order="left")
-            .with_columns(_has=pl.col("rank").is_in(cyc["rank"].unique().implode())))
+    tops = narrow.select("rank", *rep, top="range_id", _tstart="start")
+    narrow = (narrow.join(flags, on=["rank", "top"], how="left", maintain_order="left")
+              .join(tops, on=["rank", *rep, "top"], how="left", maintain_order="left")
+              .join(env, on="rank", how="left", maintain_order="left")
+              .with_columns(_has=pl.col("rank").is_in(cyc["rank"].unique().implode())))
     inside = (pl.col("_tstart") >= pl.col("_a")) & (pl.col("_tstart") <= pl.col("_b"))
     steady = (pl.when(pl.col("_cyc").is_not_null()).then(pl.col("_cyc"))
               .when(pl.col("rank").is_null() | ~pl.col("_has")).then(True)
               .otherwise(inside.fill_null(False)))
-    return inst.with_columns(steady=steady).drop("_cyc", "_tstart", "_a", "_b", "_has")
+    return inst.with_columns(top=top, steady=narrow.select(steady=steady)["steady"])
 
 
 def keys(res) -> pl.DataFrame:
