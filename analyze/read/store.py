@@ -393,7 +393,7 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
         ops_q, api_q = op_queries(r), api_query(r)
         total = sum(r.max_rowid(t) for t, _, _ in ops_q) + (r.max_rowid("CUPTI_ACTIVITY_KIND_RUNTIME") if api_q else 0)
         bar = Progress(total, f"spectrace: reading {Path(report).name}", progress)
-        # Pieces (a table, or a row range of a large one) in read order; the threads take the next one.
+        # Pieces (a table, or a row range of a large one), numbered in read order; the threads take the next one.
         pieces = [("ops", q, post, n) for t, query, post in ops_q for q, n in _pieces(r, t, query)]
         if api_q:
             pieces += [("api", q, api_q[1], n) for q, n in _pieces(r, "CUPTI_ACTIVITY_KIND_RUNTIME", api_q[0])]
