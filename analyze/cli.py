@@ -18,9 +18,11 @@ import sys
 
 # Set by main() before polars loads (only in spectrace's own process; a user's setting wins): keep freed
 # pages 2 s rather than polars' 0.5 s, so that the next step reuses them instead of faulting fresh
-# ones in. At 20 M kernels this cut system time 14 -> 10 s and the analysis 29 -> 25 s (BENCHMARKS.md).
+# ones in. At 20 M kernels this cut system time 14 -> 10 s and the analysis 29 -> 25 s (BENCHMARKS.md). One
+# arena (not one per thread): memory freed by one polars thread is reused by the next, so fewer fresh pages
+# (10 M kernels cold, measured alone: 1.34 -> 1.08 M page faults).
 MALLOC_VAR = "_RJEM_MALLOC_CONF"
-MALLOC_CONF = "dirty_decay_ms:2000,muzzy_decay_ms:0"
+MALLOC_CONF = "narenas:1,dirty_decay_ms:2000,muzzy_decay_ms:0"
 # Verbs that start the user's programs (an SGLang server under nsys): they get the variable as it was
 # (importing polars rewrites it too).
 LAUNCHERS = {"trace", "demo-workload"}

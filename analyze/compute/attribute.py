@@ -76,9 +76,10 @@ def timeline(nested: pl.DataFrame) -> pl.DataFrame:
     return ev.group_by("gtid", "t", maintain_order=True).agg(pl.col("current").last()).sort("t")
 
 
-def innermost(api: pl.DataFrame, nested: pl.DataFrame) -> pl.DataFrame:
-    """API calls with ``range_id``: the innermost selected range open on their thread when they ran."""
-    tl = timeline(nested)
+def innermost(api: pl.DataFrame, nested: pl.DataFrame, tl: pl.DataFrame | None = None) -> pl.DataFrame:
+    """API calls with ``range_id``: the innermost selected range open on their thread when they ran (``tl``: the
+    :func:`timeline` of ``nested`` if already made)."""
+    tl = timeline(nested) if tl is None else tl
     ends = nested.select(range_id="range_id", _rend="end")
     return (
         api.sort("start")
@@ -105,28 +106,42 @@ def ancestors(nested: pl.DataFrame) -> pl.DataFrame:
     return pl.concat(out)
 
 
-def launching_calls(ops: pl.DataFrame, api: pl.DataFrame, nested: pl.DataFrame) -> pl.DataFrame:
+def launching_calls(ops: pl.DataFrame, api: pl.DataFrame, nested: pl.DataFrame,
+                    tl: pl.DataFrame | None = None) -> pl.DataFrame:
     """The API calls that launched ``ops``, one per (pid, correlation id), with their innermost range:
     ``pid, corr, gtid, range_id, api_start, api_end, api_name_id``.
 
     Correlation ids are unique only within a process: the match is on (pid, corr), on corr alone when
     everything is one process (a one-key match is ~3x cheaper).
     """
-    pids = pl.concat([ops["pid"].unique(), api["pid"].unique()]).unique()
-    if pids.len() <= 1:
+    if _one_pid(ops, api):
         on = ["corr"]
         calls = api.filter(pl.col("corr").is_in(ops["corr"].implode()))
+        first = pl.col("corr").is_first_distinct()
     else:
         on = ["pid", "corr"]
         calls = api.join(ops.select(on).unique(), on=on, how="semi")
-    return innermost(calls, nested).select(
+        first = pl.struct(on).is_first_distinct()
+    return innermost(calls, nested, tl).select(
         "pid", "corr", "gtid", "range_id", api_start="start", api_end="end", api_name_id="name_id"
-    ).unique(on, keep="first")
+    ).filter(first)
+
+
+def _one_pid(*frames: pl.DataFrame) -> bool:
+    """Whether the rows of all ``frames`` have at most one distinct process id (null counting as one)."""
+    vals = set()
+    for f in frames:
+        col = f["pid"]
+        if col.null_count():
+            vals.add(None)
+        if col.null_count() < f.height:
+            vals.update((col.min(), col.max()))
+    return len(vals) <= 1
 
 
 def join_calls(ops: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
     """``ops`` with their launching call's ``gtid, range_id, api_start, api_end, api_name_id`` (:func:`launching_calls`)."""
-    if calls["pid"].n_unique() <= 1 and ops["pid"].n_unique() <= 1:
+    if _one_pid(calls, ops):
         return ops.join(calls.drop("pid"), on="corr", how="left")
     return ops.join(calls, on=["pid", "corr"], how="left")
 

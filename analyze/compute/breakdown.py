@@ -29,6 +29,19 @@ def ranks(ops: pl.DataFrame, devices: pl.DataFrame) -> pl.DataFrame:
     return per.select("rank", "pid", "device", "device_name", "devices", "gpu_ops", "kernel_ns")
 
 
+def _parts(rows: pl.DataFrame, key: str) -> pl.DataFrame:
+    """``rows`` (``key, start, end, _c``: communication or not; sorted by start) with ``_p``/``_q``: each row's
+    share of its group's busy and communication union lengths (:func:`analyze.compute.intervals.group_parts`)."""
+    # A stable sort by key keeps each group's rows in start order: groups contiguous, no windows.
+    parts = group_parts(rows.sort(key, maintain_order=True), key, only="_c")
+    if parts is None:  # times too wide for the shift: one window per group
+        past = pl.col("end") - pl.max_horizontal(pl.col("start"), pl.col("end").shift(1).cum_max().over(key))
+        past_comm = pl.col("end") - pl.max_horizontal(pl.col("start"), pl.col("end").shift(1).cum_max().over(key, "_c"))
+        parts = rows.with_columns(_p=past.clip(lower_bound=0),
+                                  _q=pl.when("_c").then(past_comm.clip(lower_bound=0)).otherwise(0))
+    return parts
+
+
 def instance_metrics(ops: pl.DataFrame, key: str) -> pl.DataFrame:
     """Metrics of each group of ops keyed by ``key`` (a range instance): first/last op, span, busy, ...,
     and ``first_launch`` (the start of the earliest CUDA API call that launched one of them).
@@ -39,15 +52,8 @@ def instance_metrics(ops: pl.DataFrame, key: str) -> pl.DataFrame:
     is_comm = pl.col("comm").is_not_null()
     launch = pl.col("api_start") if "api_start" in ops.columns else pl.lit(None, pl.Int64).alias("api_start")
     rows = ops.filter(pl.col(key).is_not_null()).select(key, "start", "end", "corr", launch, _c=is_comm)
-    # A stable sort by key keeps each group's rows in start order: groups contiguous, no windows.
-    parts = group_parts(rows.sort(key, maintain_order=True), key, only="_c")
-    if parts is None:  # times too wide for the shift: one window per group
-        past = pl.col("end") - pl.max_horizontal(pl.col("start"), pl.col("end").shift(1).cum_max().over(key))
-        past_comm = pl.col("end") - pl.max_horizontal(pl.col("start"), pl.col("end").shift(1).cum_max().over(key, "_c"))
-        parts = rows.with_columns(_p=past.clip(lower_bound=0),
-                                  _q=pl.when("_c").then(past_comm.clip(lower_bound=0)).otherwise(0))
     return (
-        parts.lazy()
+        _parts(rows, key).lazy()
         .group_by(key)
         .agg(
             first=pl.col("start").min(),
@@ -59,10 +65,14 @@ def instance_metrics(ops: pl.DataFrame, key: str) -> pl.DataFrame:
             comm_ns=pl.col("_q").sum(),
             first_launch=pl.col("api_start").min(),
         )
-        .with_columns(span_ns=pl.col("last") - pl.col("first"))
-        .with_columns(compute_ns=pl.col("busy_ns") - pl.col("comm_ns"), idle_ns=pl.col("span_ns") - pl.col("busy_ns"))
+        .pipe(_derived)
         .collect()
     )
+
+
+def _derived(lf: pl.LazyFrame) -> pl.LazyFrame:
+    return (lf.with_columns(span_ns=pl.col("last") - pl.col("first"))
+            .with_columns(compute_ns=pl.col("busy_ns") - pl.col("comm_ns"), idle_ns=pl.col("span_ns") - pl.col("busy_ns")))
 
 
 def instances(nested: pl.DataFrame, ops: pl.DataFrame, anc: pl.DataFrame) -> pl.DataFrame:
@@ -77,13 +87,19 @@ def instances(nested: pl.DataFrame, ops: pl.DataFrame, anc: pl.DataFrame) -> pl.
     proper = anc.filter(pl.col("anc") != pl.col("range_id"))
     internal = proper.select(pl.col("anc").alias("range_id")).unique()
     sub = pl.concat([proper, internal.with_columns(anc=pl.col("range_id"))])
+    # Counts, sums, first and last add up over the subtree's exclusive rows (launches too: the ops of one
+    # launching call share its range); only the union lengths need the ops themselves.
+    added = (ex.join(sub, on="range_id").group_by("anc")
+             .agg(pl.col("first").min(), pl.col("last").max(), pl.col("kernel_ns", "ops", "launches").sum(),
+                  pl.col("first_launch").min()))
     inc_ops = (
         ops.filter(pl.col("range_id").is_not_null())
         .join(sub, on="range_id", maintain_order="left")  # keeps ops sorted by start
-        .drop("range_id")
-        .rename({"anc": "range_id"})
+        .select("start", "end", range_id="anc", _c=pl.col("comm").is_not_null())
     )
-    inner = instance_metrics(inc_ops, "range_id").rename({"range_id": "range_id"})
+    unions = _parts(inc_ops, "range_id").group_by("range_id").agg(busy_ns=pl.col("_p").sum(), comm_ns=pl.col("_q").sum())
+    inner = (added.rename({"anc": "range_id"}).join(unions, on="range_id", how="left").lazy().pipe(_derived)
+             .collect().select(ex.columns))
     is_internal = pl.col("range_id").is_in(internal["range_id"].implode())
     inc = pl.concat([ex.filter(~is_internal), inner], how="vertical_relaxed")
     cols = ["first", "last", *METRICS, "first_launch"]
@@ -181,14 +197,16 @@ def seam_instances(inst: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:
     views). ``idle_ns`` is the part of it in which the rank's GPU ran nothing at all; ``busy_ns``
     is other work in it; ``overlap_ns`` is how far the next one started before the earlier ended.
     """
+    # Sorted by (thread, parent): the previous row is the previous sibling when it has the same thread and parent.
+    same = pl.col("gtid").eq_missing(pl.col("gtid").shift(1)) & pl.col("parent").eq_missing(pl.col("parent").shift(1))
     sib = (
         inst.filter(pl.col("i_ops") > 0)
         .select("rank", "pid", "gtid", "parent", "range_id", "start", "range", "i_first", "i_last")
         .sort("gtid", "parent", "start")
         .with_columns(
-            prev_range=pl.col("range").shift(1).over("gtid", "parent"),
-            a=pl.col("i_last").shift(1).over("gtid", "parent"),
-            prev_range_id=pl.col("range_id").shift(1).over("gtid", "parent"),
+            prev_range=pl.when(same).then(pl.col("range").shift(1)),
+            a=pl.when(same).then(pl.col("i_last").shift(1)),
+            prev_range_id=pl.when(same).then(pl.col("range_id").shift(1)),
         )
         .filter(pl.col("a").is_not_null())
         .select("rank", "pid", "parent", "prev_range_id", "range_id", "prev_range", "range", "a", b="i_first")

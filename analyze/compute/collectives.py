@@ -52,12 +52,12 @@ def comm_kernels(ops: pl.DataFrame, instances: pl.DataFrame) -> pl.DataFrame:
     c = c.join(instances.select("range_id", "domain", phase="range"), on="range_id", how="left")
     # (rank, range_id, name) is the group (rank, domain, phase, k, name): a range instance is one rank's
     # (domain, phase, k); kernels outside phases (range_id null) group per rank and name.
-    return (
-        c.sort("start", "corr")
-        .with_columns(j=pl.int_range(pl.len(), dtype=pl.Int64).over("rank", "range_id", "name"),
-                      k=pl.lit(None, pl.Int64))
-        .select("rank", *KEY, "range_id", "corr", "comm", "start", "end")
-    )
+    c = c.sort("start", "corr")
+    if c["rank"].n_unique() <= 1:  # one process: numbered per (range_id, name) without a window
+        c = windows.ordinal(c, "range_id", "name", "j", by=(), keep_order=True)
+    else:
+        c = c.with_columns(j=pl.int_range(pl.len(), dtype=pl.Int64).over("rank", "range_id", "name"))
+    return c.with_columns(k=pl.lit(None, pl.Int64)).select("rank", *KEY, "range_id", "corr", "comm", "start", "end")
 
 
 def usable(kernels: pl.DataFrame) -> pl.DataFrame:
@@ -203,13 +203,17 @@ def summary(matched: pl.DataFrame, refused_phases: pl.DataFrame | None = None) -
             .sort("phase", "name", "rank", "domain", nulls_last=True))
 
 
-def stragglers(matched: pl.DataFrame, refused_phases: pl.DataFrame | None = None) -> pl.DataFrame:
+def stragglers(matched: pl.DataFrame, refused_phases: pl.DataFrame | None = None,
+               coll: pl.DataFrame | None = None) -> pl.DataFrame:
     """Per phase and rank: how often the rank arrived last (strictly) and by how much, on average.
 
-    Phases of ``refused_phases`` (:func:`refused`) have no rows.
+    Phases of ``refused_phases`` (:func:`refused`) have no rows. ``coll``: :func:`per_collective` of
+    ``matched`` if already made (without refused phases).
     """
-    matched = _refused_flag(matched, refused_phases).filter(~pl.col("_ref")).drop("_ref")
-    coll = per_collective(matched).with_columns(outside=pl.col("k") < 0)
+    if coll is None or (refused_phases is not None and refused_phases.height):
+        matched = _refused_flag(matched, refused_phases).filter(~pl.col("_ref")).drop("_ref")
+        coll = per_collective(matched)
+    coll = coll.with_columns(outside=pl.col("k") < 0)
     totals = coll.group_by("domain", "phase", "outside").agg(collectives=pl.len())
     ranks = matched.select("rank").unique()
     per = (
@@ -264,10 +268,16 @@ def with_split(phases: pl.DataFrame, matched: pl.DataFrame, refused_phases: pl.D
                             for c in SPLIT).drop("_ref")
 
 
-def refused(matched: pl.DataFrame, bound: int = windows.END_SPREAD_BOUND_NS) -> pl.DataFrame:
+def refused(matched: pl.DataFrame, bound: int = windows.END_SPREAD_BOUND_NS, grouped: bool = False) -> pl.DataFrame:
     """Phases whose matched collectives do not end together: ``domain, phase, collectives,
-    end_spread_p50_ns, bound_ns`` (p50 over the phase's collectives of latest end - earliest end)."""
-    pc = per_collective(matched)
+    end_spread_p50_ns, bound_ns`` (p50 over the phase's collectives of latest end - earliest end).
+    ``grouped``: each collective's rows are contiguous (:func:`match` with ``ordered=False``), so its first row
+    stands for it (no group-by per collective)."""
+    if grouped:
+        new = ((pl.col("_g") != pl.col("_g").shift(1)) | (pl.col("j") != pl.col("j").shift(1))).fill_null(True)
+        pc = matched.filter(new).select("domain", "phase", "end_spread_ns")
+    else:
+        pc = per_collective(matched)
     return (pc.group_by("domain", "phase").agg(collectives=pl.len(), end_spread_p50_ns=_q("end_spread_ns", 0.5))
             .filter(pl.col("end_spread_p50_ns") > bound)
             .with_columns(bound_ns=pl.lit(bound, pl.Int64))
@@ -330,7 +340,7 @@ def phase_comm_split(phases: pl.DataFrame, kernels: pl.DataFrame
     kernels = with_group_ids(usable(kernels).select("rank", *KEY, "range_id", "start", "end"))
     counts = group_counts(kernels)
     matched = match(kernels, counts, ordered=False)
-    ref = refused(matched)
+    ref = refused(matched, grouped=True)
     out = with_split(phases, matched, ref)
     diags = [d for d in diagnostics(kernels, matched, counts, ref) if d.code not in ("COMM_NONE", "COMM_ONE_RANK")]
     return out, diags, ref, matched

@@ -111,8 +111,8 @@ def _gap(ctx: Context) -> list[dict]:
     if g.height == 0:
         return []
     o = _over_ranks(g, "ns")
-    s = ctx.seams.filter(pl.col("parent").is_null() & base_expr("prev_range").is_in(CYCLE_NAMES)
-                         & base_expr("range").is_in(CYCLE_NAMES))
+    s = ctx.seams.filter(pl.col("parent").is_null()).filter(base_expr("prev_range").is_in(CYCLE_NAMES)
+                                                             & base_expr("range").is_in(CYCLE_NAMES))
     late = float(s["host_late"].mean()) if s.height else None
     ev = (f"the GPU is idle {_us(o['mean'])} between the last GPU op of a cycle and the first of the next = "
           f"{_pct(o['mean'] / ctx.period_ns)} of the {_us(ctx.period_ns)} cycle ({_ranks_txt(o)})")

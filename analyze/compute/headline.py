@@ -53,23 +53,26 @@ def _instances(res) -> pl.DataFrame:
             break
         cur = (cur.join(up, on=[*rep, "up"], how="left")
                .with_columns(top=pl.coalesce("up", "top"), up=pl.col("_up2")).drop("_up2"))
-    inst = inst.join(cur.select(*ids, "top"), on=ids, how="left", maintain_order="left")
+    # Worked out on a narrow copy and added as two columns: the wide instance frame is never copied.
+    narrow = inst.select(*ids, "rank", "start")
+    top = narrow.join(cur.select(*ids, "top"), on=ids, how="left", maintain_order="left")["top"]
     cyc = cycles(res)
     if cyc.height == 0:
-        return inst.with_columns(steady=pl.lit(True))
+        return inst.with_columns(top=top, steady=pl.lit(True))
+    narrow = narrow.with_columns(top=top)
     flags = cyc.select("rank", top="range_id", _cyc=pl.col("steady"))
     env = (cyc.filter("steady").group_by("rank")
            .agg(_a=pl.col("start").min(), _b=pl.col("end").max()))
-    tops = inst.select("rank", *rep, top="range_id", _tstart="start")
-    inst = (inst.join(flags, on=["rank", "top"], how="left", maintain_order="left")
-            .join(tops, on=["rank", *rep, "top"], how="left", maintain_order="left")
-            .join(env, on="rank", how="left", maintain_order="left")
-            .with_columns(_has=pl.col("rank").is_in(cyc["rank"].unique().implode())))
+    tops = narrow.select("rank", *rep, top="range_id", _tstart="start")
+    narrow = (narrow.join(flags, on=["rank", "top"], how="left", maintain_order="left")
+              .join(tops, on=["rank", *rep, "top"], how="left", maintain_order="left")
+              .join(env, on="rank", how="left", maintain_order="left")
+              .with_columns(_has=pl.col("rank").is_in(cyc["rank"].unique().implode())))
     inside = (pl.col("_tstart") >= pl.col("_a")) & (pl.col("_tstart") <= pl.col("_b"))
     steady = (pl.when(pl.col("_cyc").is_not_null()).then(pl.col("_cyc"))
               .when(pl.col("rank").is_null() | ~pl.col("_has")).then(True)
               .otherwise(inside.fill_null(False)))
-    return inst.with_columns(steady=steady).drop("_cyc", "_tstart", "_a", "_b", "_has")
+    return inst.with_columns(top=top, steady=narrow.select(steady=steady)["steady"])
 
 
 def keys(res) -> pl.DataFrame:
@@ -164,16 +167,22 @@ def matching(res) -> pl.DataFrame:
         if m.height == 0:
             return pl.DataFrame(schema={"phase": pl.String, "collectives": pl.UInt32, "end_spread_p50_ns": pl.Int64,
                                         "trusted": pl.Boolean})
-        per = collectives.per_collective(m)
+        per = per_collective(res)
         return (per.group_by("phase").agg(collectives=pl.len(),
                                           end_spread_p50_ns=pl.col("end_spread_ns").quantile(0.5, "nearest"))
                 .with_columns(trusted=pl.col("end_spread_p50_ns") <= windows.END_SPREAD_BOUND_NS).sort("phase"))
     return _memo(res, "matching", run)
 
 
+def per_collective(res) -> pl.DataFrame:
+    """One row per matched collective of the steady state (:func:`analyze.compute.collectives.per_collective`)."""
+    return _memo(res, "per_collective", lambda: collectives.per_collective(matched(res)))
+
+
 def stragglers(res) -> pl.DataFrame:
     """Per phase and rank over the steady state: last arrivals at matched collectives (see collectives)."""
-    return _memo(res, "stragglers", lambda: collectives.stragglers(matched(res)) if matched(res).height
+    return _memo(res, "stragglers", lambda: collectives.stragglers(matched(res), coll=per_collective(res))
+                 if matched(res).height
                  else pl.DataFrame())
 
 
@@ -191,7 +200,16 @@ def kernels(res, top: int | None = None) -> pl.DataFrame:
             return pl.DataFrame(schema={"phase": pl.String, "name": pl.String, "count": pl.Int64,
                                         "kernel_ns": pl.Int64, "ranks": pl.UInt32})
         names = res.instances.filter(pl.col("rank").is_not_null()).select("rank", "range_id", phase="range")
-        return (k.join(keys(res), on=["rank", "range_id"], how="semi").join(names, on=["rank", "range_id"])
+        steady = names.join(keys(res), on=["rank", "range_id"], how="semi")
+        on = ["rank", "range_id"]
+        hi = max(int(k["range_id"].max() or 0), int(steady["range_id"].max() or 0)) + 1
+        lo = min(int(k["range_id"].min() or 0), int(steady["range_id"].min() or 0), int(k["rank"].min() or 0))
+        if lo >= 0 and (int(k["rank"].max() or 0) + 1) * hi < 2**62:  # (rank, instance) as one integer
+            def rid(df: pl.DataFrame) -> pl.DataFrame:
+                return df.with_columns(_rid=pl.col("rank") * hi + pl.col("range_id"))
+
+            k, steady, on = rid(k), rid(steady).select("_rid", "phase"), ["_rid"]
+        return (k.join(steady, on=on)
                 .group_by("phase", "name").agg(pl.col("count").sum(), pl.col("kernel_ns").sum(),
                                                ranks=pl.col("rank").n_unique())
                 .with_columns(pl.col("name").cast(pl.String)))
@@ -250,14 +268,16 @@ def _budget(res) -> pl.DataFrame:
              .select("rank", range_id="cid", cid="cid", name="crange", start="start", a="c0", b="c1",
                      compute="compute", comm="comm", idle="idle", gidle="gidle"))
     kids = pl.concat([kids, alone], how="vertical_relaxed").sort("rank", "cid", "start")
-    kids = kids.with_columns(pos=pl.int_range(pl.len()).over("rank", "cid"),
-                             n_kids=pl.len().over("rank", "cid"))
+    # Sorted by cycle: a child's position and its previous sibling are read off the rows (no window per cycle).
+    same = (pl.col("rank") == pl.col("rank").shift(1)) & (pl.col("cid") == pl.col("cid").shift(1))
+    i = pl.int_range(pl.len())
+    kids = kids.with_columns(pos=i - pl.when(~same.fill_null(False)).then(i).forward_fill())
     ph = kids.select("rank", "cid", segment="name", kind=pl.lit("phase"), order=2.0 * pl.col("pos"),
                      ns=(pl.col("b") - pl.col("a")).cast(pl.Float64), compute_ns="compute", comm_ns="comm",
                      idle_ns="idle", gpu_idle_ns="gidle")
     # Seams between consecutive children: b(next) − a(last of previous), signed, so pieces telescope.
-    nxt = kids.with_columns(prev_name=pl.col("name").shift(1).over("rank", "cid"),
-                            prev_b=pl.col("b").shift(1).over("rank", "cid")).filter(pl.col("prev_b").is_not_null())
+    nxt = kids.with_columns(prev_name=pl.when(same).then(pl.col("name").shift(1)),
+                            prev_b=pl.when(same).then(pl.col("b").shift(1))).filter(pl.col("prev_b").is_not_null())
     si = res.seam_instances
     idle_of = (si.select("rank", "range_id", sidle="idle_ns") if si.height else
                pl.DataFrame(schema={"rank": pl.Int64, "range_id": pl.Int64, "sidle": pl.Int64}))

@@ -76,10 +76,11 @@ def waits(calls: pl.DataFrame, per_corr: pl.DataFrame) -> pl.DataFrame:
 
 
 def calls(ops: pl.DataFrame, api: pl.DataFrame, nested: pl.DataFrame, sync_ids: pl.Series,
-          launch_ids: pl.Series) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+          launch_ids: pl.Series, tl: pl.DataFrame | None = None) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """One process's key calls (:data:`CALL_SCHEMA`), the first launch of each range instance
     (:func:`first_launches`) and per range instance ``x_launch_api_ns``, ``x_host_wait_ns`` and ``x_syncs``
-    (its sync-like calls' wait and count)."""
+    (its sync-like calls' wait and count). ``tl``: the timeline of ``nested``
+    (:func:`analyze.compute.attribute.timeline`) if already made."""
     per_corr = per_call(ops)
     firsts = first_launches(per_corr)
     is_sync, is_graph = pl.col("name_id").is_in(sync_ids.implode()), pl.col("name_id").is_in(launch_ids.implode())
@@ -90,7 +91,7 @@ def calls(ops: pl.DataFrame, api: pl.DataFrame, nested: pl.DataFrame, sync_ids: 
     # A call that launched nothing (a stream synchronize) belongs to the range open around it.
     bare = key.filter(pl.col("range_id").is_null())
     if bare.height:
-        open_at = innermost(bare.select("pid", "gtid", "corr", "start", "end"), nested).select("corr", _open="range_id")
+        open_at = innermost(bare.select("pid", "gtid", "corr", "start", "end"), nested, tl).select("corr", _open="range_id")
         key = key.join(open_at, on="corr", how="left").with_columns(range_id=pl.coalesce("range_id", "_open"))
     key = waits(key, per_corr).with_columns(
         wait_ns=pl.when("sync").then((pl.min_horizontal("wait_end", "end") - pl.col("start")).clip(lower_bound=0))

@@ -89,6 +89,18 @@ def add_kinds(ops: pl.DataFrame, kinds: pl.DataFrame, cols: list[str]) -> pl.Dat
     )
 
 
+def kind_codes(ops: pl.DataFrame, kinds: pl.DataFrame) -> pl.Series:
+    """Each op's row number in :func:`op_kinds` (``_kind``, Int64; null for a key not there): the one lookup per
+    op, every column of ``kinds`` is then a gather by it."""
+    codes = kinds.select("name_id", "label").with_row_index("_kind").with_columns(pl.col("_kind").cast(pl.Int64))
+    return add_kinds(ops.select("name_id", "label"), codes, ["_kind"])["_kind"]
+
+
+def gather_kinds(kinds: pl.DataFrame, cols: list[str]) -> list[pl.Expr]:
+    """Columns ``cols`` of :func:`op_kinds` for ops with ``_kind`` (:func:`kind_codes`)."""
+    return [pl.lit(kinds[c]).gather(pl.col("_kind")).alias(c) for c in cols]
+
+
 @dataclasses.dataclass
 class Context:
     """What every process body shares: the selected ranges, op kinds, devices, graph-launch API names."""
@@ -111,19 +123,20 @@ def process(source, pid: int, ctx: Context) -> dict:
     out: dict = {}
     ops, api = source.ops(pid), source.api(pid)
     nested = ctx.nested.filter(pl.col("pid") == pid)
-    ops = add_kinds(ops, ctx.kinds, ["comm"])
-    calls = attribute.launching_calls(ops, api, nested)
+    # One lookup of each op's kind (name, communication family), a gather per column after.
+    ops = ops.with_columns(_kind=kind_codes(ops, ctx.kinds)).with_columns(gather_kinds(ctx.kinds, ["comm"]))
+    tl = attribute.timeline(nested)  # who launched what, and the range open around a call: one timeline
+    calls = attribute.launching_calls(ops, api, nested, tl)
     ops = attribute.join_calls(ops, calls)
     rk = breakdown.ranks(ops, ctx.devices)  # one row (or none): its rank is fixed once all processes are in
     rk = rk.with_columns(pl.lit(v, pl.Int64).alias(k) for k, v in windows.rank_window(ops, api, nested).items())
     rank = rk["rank"][0] if rk.height else None
-    ops = ops.with_columns(rank=pl.lit(rank, pl.Int64))
     nested = nested.with_columns(rank=pl.lit(rank, pl.Int64))
     is_launch = pl.col("name_id").is_in(ctx.launch_ids.implode())
     launches = int(api.select(is_launch.sum()).item())
     launched = calls.filter(pl.col("api_name_id").is_in(ctx.launch_ids.implode())).height
     del calls
-    key_calls, firsts, per_inst = host.calls(ops, api, nested, ctx.sync_ids, ctx.launch_ids) if ops.height else (
+    key_calls, firsts, per_inst = host.calls(ops, api, nested, ctx.sync_ids, ctx.launch_ids, tl) if ops.height else (
         None, None, None)
     del api
     out["facts"] = {
@@ -134,14 +147,16 @@ def process(source, pid: int, ctx: Context) -> dict:
         "unmatched_ops": int(ops["gtid"].null_count()),
     }
     out["ranks"] = rk
-    comm = add_kinds(ops.filter((pl.col("kind") == "kernel") & pl.col("comm").is_not_null()), ctx.kinds, ["name"])
-    out["kstat"] = kernel_stats(ops, ctx.kinds)
+    # The rank goes on the few rows that keep it (communication kernels, kernel statistics), not on every op.
+    comm = (ops.filter((pl.col("kind") == "kernel") & pl.col("comm").is_not_null())
+            .with_columns(*gather_kinds(ctx.kinds, ["name"]), rank=pl.lit(rank, pl.Int64)))
+    out["kstat"] = kernel_stats(ops, ctx.kinds, rank)
     if ctx.keep_ops:
-        cols = ops.columns
-        out["ops"] = add_kinds(ops, ctx.kinds, ["name"]).select(
-            *cols[: cols.index("comm")], pl.col("name").cast(pl.String), *cols[cols.index("comm"):])
+        cols = [c for c in ops.columns if c != "_kind"]
+        out["ops"] = ops.with_columns(*gather_kinds(ctx.kinds, ["name"]), rank=pl.lit(rank, pl.Int64)).select(
+            *cols[: cols.index("comm")], pl.col("name").cast(pl.String), *cols[cols.index("comm"):], "rank")
     # The interval steps read only these columns: a narrow copy halves the memory of the inclusive view.
-    ops = ops.select("pid", "rank", "range_id", "corr", "start", "end", "comm", "api_start").sort("start")
+    ops = ops.select("pid", "range_id", "corr", "start", "end", "comm", "api_start").sort("start")
     out["facts"]["duplicate_ops"] = duplicate_ops(ops)
     if ops.height:
         anc = attribute.ancestors(nested)
@@ -169,23 +184,20 @@ def duplicate_ops(ops: pl.DataFrame) -> int:
     return cand.height - cand.select("corr", "start", "end").unique().height
 
 
-def kernel_stats(ops: pl.DataFrame, kinds: pl.DataFrame) -> pl.DataFrame:
+def kernel_stats(ops: pl.DataFrame, kinds: pl.DataFrame, rank: int | None) -> pl.DataFrame:
     """GPU operations inside selected ranges summed per (process, range instance, name): ``count, kernel_ns``.
 
-    One process: grouped on one integer key (range instance × kind of op, the kinds numbered densely), the
-    names, process and rank added after; nothing per operation but that key."""
-    codes = kinds.select("name_id", "label").with_row_index("_kind").with_columns(pl.col("_kind").cast(pl.Int64))
-    n = max(codes.height, 1)
-    per = (add_kinds(ops.select("range_id", "name_id", "label", "start", "end"), codes, ["_kind"])
-           .group_by(key=pl.col("range_id") * n + pl.col("_kind"))
+    One process (rank ``rank``): grouped on one integer key (range instance × kind of op: ``_kind``, see
+    :func:`kind_codes`), the names, process and rank added after; nothing per operation but that key."""
+    n = max(kinds.height, 1)
+    per = (ops.group_by(key=pl.col("range_id") * n + pl.col("_kind"))
            .agg(count=pl.len(), kernel_ns=(pl.col("end") - pl.col("start")).sum())
            .filter(pl.col("key").is_not_null()))
-    per = per.with_columns(range_id=pl.col("key") // n, _kind=pl.col("key") % n).join(
-        codes.join(kinds.select("name_id", "label", "name"), on=["name_id", "label"], how="left", nulls_equal=True)
-        .select("_kind", "name"), on="_kind", how="left")
+    names = kinds.select("name").with_row_index("_kind").with_columns(pl.col("_kind").cast(pl.Int64))
+    per = per.with_columns(range_id=pl.col("key") // n, _kind=pl.col("key") % n).join(names, on="_kind", how="left")
     return (per.group_by("range_id", "name").agg(pl.col("count").sum().cast(pl.Int64), pl.col("kernel_ns").sum())
             .with_columns(pid=pl.lit(ops["pid"][0] if ops.height else None, pl.Int64),
-                          rank=pl.lit(ops["rank"][0] if ops.height else None, pl.Int64))
+                          rank=pl.lit(rank if ops.height else None, pl.Int64))
             .select("pid", "rank", "range_id", "name", "count", "kernel_ns"))
 
 

@@ -39,9 +39,11 @@ _U = pl.UInt64
 
 def base_expr(col: str = "range") -> pl.Expr:
     """``base_name`` as a polars expression (phase name after the last ``.:/ `` separator when known)."""
-    tail = pl.col(col).str.extract(r"([^.:/ ]+)$", 1)
-    return pl.when(pl.col(col).is_in(ph.NAMES)).then(pl.col(col)).when(tail.is_in(ph.NAMES)).then(tail) \
-        .otherwise(pl.col(col))
+    # Worked out once per distinct name (a handful), then looked up: no regex per row.
+    names = pl.col(col).unique(maintain_order=True)
+    tail = names.str.extract(r"([^.:/ ]+)$", 1)
+    base = pl.when(names.is_in(ph.NAMES)).then(names).when(tail.is_in(ph.NAMES)).then(tail).otherwise(names)
+    return pl.col(col).replace_strict(names, base)
 
 
 def cycle_order(col: str = "phase") -> pl.Expr:

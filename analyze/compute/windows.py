@@ -141,6 +141,34 @@ def _epochs(x: pl.DataFrame) -> pl.DataFrame:
             .with_columns(cycle=pl.col("cycle") - pl.col("_e").fill_null(0) * WRAP).drop("_e"))
 
 
+def ordinal(df: pl.DataFrame, key: str, name: str, out: str, by: tuple[str, ...] = ("start",),
+            keep_order: bool = False) -> pl.DataFrame:
+    """``df`` with ``out``: each row's order by ``by`` among the rows of its (integer ``key``, ``name``).
+
+    One integer per group (``key`` × a dense code of ``name``), one stable sort by it and ``by``, and the
+    distance to the group's first row: no window over two columns. Rows come back grouped, or in their
+    order with ``keep_order``."""
+    if df.schema[name] == pl.Categorical:
+        code = pl.col(name).to_physical().cast(pl.Int64)
+    else:
+        code = pl.col(name).rank("dense").cast(pl.Int64)
+    d = df.with_columns(_nc=code)
+    n = (d["_nc"].max() or 0) + 1
+    lo, hi = d[key].min(), d[key].max()
+    if d.height == 0 or lo is None or lo < 0 or (hi + 1) * n >= 2**62 or d["_nc"].null_count():
+        d = df.sort(*by, maintain_order=True) if by and not keep_order else df
+        return d.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).over(key, name).alias(out))
+    if keep_order:
+        d = d.with_row_index("_row")
+    # a null key is a group of its own per name (as in a window): negative ids
+    d = d.with_columns(_gk=pl.coalesce(pl.col(key) * n + pl.col("_nc"), -1 - pl.col("_nc")))
+    d = d.sort("_gk", *by, maintain_order=True)
+    i = pl.int_range(pl.len(), dtype=pl.Int64)
+    new = pl.col("_gk").ne_missing(pl.col("_gk").shift(1)).fill_null(True)
+    d = d.with_columns((i - pl.when(new).then(i).forward_fill()).alias(out)).drop("_nc", "_gk")
+    return d.sort("_row").drop("_row") if keep_order else d
+
+
 @dataclass
 class TimeAlignment:
     """By-time keys and how they were found: ``keys`` (range_id, _a, _mis), ``offsets`` (domain, range,
@@ -157,43 +185,48 @@ def time_keys(cand: pl.DataFrame, anc: pl.DataFrame, kern: pl.DataFrame, bound: 
     ``anc``: the nesting (:func:`attribute.ancestors`); ``kern``: communication kernels with ``range_id``
     (innermost).
     """
+    # Phases numbered: one integer instead of two strings in the joins and groups below.
+    ph_ids = cand.select(PHASE).unique().with_row_index("_ph").with_columns(pl.col("_ph").cast(pl.Int64))
+    cand = cand.join(ph_ids, on=PHASE, how="left")
+    ph = ["_ph"]
     # the first few collectives of each name in each instance are enough to pair and check it
     inc = (kern.filter(pl.col("range_id").is_not_null() & (pl.col("j") < ALIGN_KERNELS))
            .select("range_id", "name", "start", "end")
            .join(anc, on="range_id").drop("range_id").rename({"anc": "range_id"})
-           .join(cand.select("range_id", "rank", *PHASE, _is="start"), on="range_id"))
-    io = (inc.select("range_id", "rank", *PHASE, "_is").unique("range_id").sort("_is", "range_id")
-          .with_columns(_o=pl.int_range(pl.len(), dtype=pl.Int64).over("rank", *PHASE)))
-    ref = io.group_by(PHASE).agg(_ref=pl.col("rank").min(), _n=(pl.col("rank") == pl.col("rank").min()).sum())
-    inc = (inc.join(io.select("range_id", "_o"), on="range_id").join(ref, on=PHASE)
-           .sort("start").with_columns(_j=pl.int_range(pl.len(), dtype=pl.Int64).over("range_id", "name")))
+           .join(cand.select("range_id", "rank", "_ph", _is="start"), on="range_id"))
+    io = (inc.select("range_id", "rank", *ph, "_is").unique("range_id").sort("_is", "range_id")
+          .with_columns(_o=pl.int_range(pl.len(), dtype=pl.Int64).over("rank", *ph)))
+    ref = io.group_by(ph).agg(_ref=pl.col("rank").min(), _n=(pl.col("rank") == pl.col("rank").min()).sum())
+    inc = ordinal(inc.join(io.select("range_id", "_o"), on="range_id").join(ref, on=ph), "range_id", "name",
+                  "_j")
     is_ref = pl.col("rank") == pl.col("_ref")
     # Votes: each kernel of a sample of reference instances, for the offset to the instance of another
     # rank whose kernel of the same name ends nearest (within the bound).
     step = (pl.col("_n") // VOTE_INSTANCES).clip(lower_bound=1)
-    left = inc.filter(is_ref & (pl.col("_o") % step == 0)).select(*PHASE, "name", "end", _oref="_o")
-    right = inc.filter(~is_ref).select(*PHASE, "name", "rank", "end", _or="_o", _er="end")
-    left = left.join(right.select(*PHASE, "rank").unique(), on=PHASE)
-    votes = (left.sort("end").join_asof(right.sort("end"), on="end", by=[*PHASE, "name", "rank"],
+    left = inc.filter(is_ref & (pl.col("_o") % step == 0)).select(*ph, "name", "end", _oref="_o")
+    right = inc.filter(~is_ref).select(*ph, "name", "rank", "end", _or="_o", _er="end")
+    left = left.join(right.select(*ph, "rank").unique(), on=ph)
+    votes = (left.sort("end").join_asof(right.sort("end"), on="end", by=[*ph, "name", "rank"],
                                         strategy="nearest", check_sortedness=False)
              .filter((pl.col("_er") - pl.col("end")).abs() <= bound)
-             .group_by(*PHASE, "rank", offset=pl.col("_or") - pl.col("_oref")).agg(_v=pl.len()))
+             .group_by(*ph, "rank", offset=pl.col("_or") - pl.col("_oref")).agg(_v=pl.len()))
     # the offset most kernels vote for (the smallest one on a tie)
-    off = votes.sort("_v", pl.col("offset").abs(), descending=[True, False]).unique([*PHASE, "rank"], keep="first")
-    offs = pl.concat([ref.select(*PHASE, rank="_ref", offset=pl.lit(0, pl.Int64)), off.select(*PHASE, "rank", pl.col("offset").cast(pl.Int64))])
-    io = io.join(offs, on=[*PHASE, "rank"], how="left").with_columns(_a=pl.col("_o") - pl.col("offset"))
+    off = votes.sort("_v", pl.col("offset").abs(), descending=[True, False]).unique([*ph, "rank"], keep="first")
+    offs = pl.concat([ref.select(*ph, rank="_ref", offset=pl.lit(0, pl.Int64)), off.select(*ph, "rank", pl.col("offset").cast(pl.Int64))])
+    io = io.join(offs, on=[*ph, "rank"], how="left").with_columns(_a=pl.col("_o") - pl.col("offset"))
     # Check each paired instance: its collectives must end with the reference instance's.
     paired = inc.join(io.select("range_id", "_a"), on="range_id")
-    refk = paired.filter(is_ref).select(*PHASE, "_a", "name", "_j", _eref="end")
-    diff = (paired.filter(~is_ref).join(refk, on=[*PHASE, "_a", "name", "_j"])
+    refk = paired.filter(is_ref).select(*ph, "_a", "name", "_j", _eref="end")
+    diff = (paired.filter(~is_ref).join(refk, on=[*ph, "_a", "name", "_j"])
             .with_columns(_x=(pl.col("end") - pl.col("_eref")).abs()))
     per_inst = diff.group_by("range_id").agg(_spread=pl.col("_x").median())
     io = io.join(per_inst, on="range_id", how="left").with_columns(
         _mis=pl.col("_a").is_null() | (pl.col("_spread") > bound).fill_null(False))
-    spread = diff.group_by(*PHASE, "rank").agg(spread_p50_ns=pl.col("_x").median().cast(pl.Int64))
-    offsets = (offs.join(spread, on=[*PHASE, "rank"], how="left")
-               .join(io.group_by(*PHASE).agg(_ranks=pl.col("rank").n_unique()), on=PHASE)
-               .filter(pl.col("_ranks") > 1).drop("_ranks").sort(*PHASE, "rank"))
+    spread = diff.group_by(*ph, "rank").agg(spread_p50_ns=pl.col("_x").median().cast(pl.Int64))
+    offsets = (offs.join(spread, on=[*ph, "rank"], how="left")
+               .join(io.group_by(ph).agg(_ranks=pl.col("rank").n_unique()), on=ph)
+               .filter(pl.col("_ranks") > 1).drop("_ranks").join(ph_ids, on="_ph").drop("_ph")
+               .select(*PHASE, pl.exclude(*PHASE)).sort(*PHASE, "rank"))
     return TimeAlignment(io.select("range_id", "_a", "_mis"), offsets)
 
 
@@ -207,8 +240,8 @@ class Keys:
 def keys(x: pl.DataFrame, anc: pl.DataFrame, kern: pl.DataFrame, bound: int = END_SPREAD_BOUND_NS) -> Keys:
     """Cross-rank keys of the instances ``x`` (of ranked processes; see the module docstring); ``anc``: their
     nesting (:func:`attribute.ancestors`)."""
-    ordered = x.sort("start", "range_id")
     if x["rank"].n_unique() < 2:  # nothing to pair: each instance's order in its phase
+        ordered = x.sort("start", "range_id")
         out = ordered.select("range_id", "cycle", key=pl.int_range(pl.len(), dtype=pl.Int64).over(PHASE),
                              misaligned=pl.lit(False))
         return Keys(out, [], pl.DataFrame())
@@ -321,19 +354,36 @@ def presence(x: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
     same key cut, misaligned or without GPU work, or lacks it while not recording (the instance starts
     before that rank's window or after its last GPU op); ``_solo`` when another rank lacks it while recording
     (counted, but its collectives have no partner)."""
+    # Phases numbered (an integer instead of two strings in the joins below).
     part = paired_phases(x)
-    mine = x.filter((pl.col("i_ops") > 0) & pl.col("key").is_not_null()).select(
-        "range_id", "rank", *PHASE, "key", "start").join(part.select(PHASE).unique(), on=PHASE)
-    state = x.filter(pl.col("key").is_not_null() & pl.col("rank").is_not_null()).group_by(*PHASE, "key", "rank").agg(
-        _ok=((pl.col("i_ops") > 0) & pl.col("cut").is_null() & ~pl.col("misaligned")).all())
+    ph_ids = part.select(PHASE).unique().with_row_index("_ph").with_columns(pl.col("_ph").cast(pl.Int64))
+    part = part.join(ph_ids, on=PHASE).select("_ph", "rank")
+    x = x.join(ph_ids, on=PHASE, how="left")
+    mine = x.filter((pl.col("i_ops") > 0) & pl.col("key").is_not_null() & pl.col("_ph").is_not_null()).select(
+        "range_id", "rank", "_ph", "key", "start")
+    state = (x.filter(pl.col("key").is_not_null() & pl.col("rank").is_not_null() & pl.col("_ph").is_not_null())
+             .group_by("_ph", "key", "rank")
+             .agg(_ok=((pl.col("i_ops") > 0) & pl.col("cut").is_null() & ~pl.col("misaligned")).all()))
+    # Where every taking-part rank has the key (the rule), no rank lacks it: count the other ranks' bad states.
+    st = state.join(part, on=["_ph", "rank"], how="semi")
+    per_key = st.group_by("_ph", "key").agg(_np=pl.len(), _nf=(~pl.col("_ok")).sum())
+    n_part = part.group_by("_ph").agg(_nt=pl.len())
+    mine = (mine.join(per_key, on=["_ph", "key"], how="left").join(n_part, on="_ph", how="left")
+            .join(st.select("_ph", "key", "rank", _own="_ok"), on=["_ph", "key", "rank"], how="left"))
+    full = pl.col("_np") == pl.col("_nt")
+    bad_others = pl.col("_nf") - (~pl.col("_own")).cast(pl.UInt32)
+    whole = mine.filter(full).select("range_id", _gone=bad_others > 0, _solo=pl.lit(False))
+    # Otherwise, rank by rank: a rank without the key counts by whether it was recording when the instance started.
     w = ranks.select(_s="rank", _w0="window_start_ns", _w1="window_end_ns")
-    other = (mine.join(part.rename({"rank": "_s"}), on=PHASE).filter(pl.col("_s") != pl.col("rank"))
-             .join(state.rename({"rank": "_s"}), on=[*PHASE, "key", "_s"], how="left")
+    other = (mine.filter(~full).select("range_id", "rank", "_ph", "key", "start")
+             .join(part.rename({"rank": "_s"}), on="_ph").filter(pl.col("_s") != pl.col("rank"))
+             .join(state.rename({"rank": "_s"}), on=["_ph", "key", "_s"], how="left")
              .join(w, on="_s", how="left"))
     outside = (pl.col("start") < pl.col("_w0")) | (pl.col("start") > pl.col("_w1"))
-    return other.group_by("range_id").agg(
+    some = other.group_by("range_id").agg(
         _gone=((pl.col("_ok") == False) | (pl.col("_ok").is_null() & outside)).any(),  # noqa: E712
         _solo=(pl.col("_ok").is_null() & ~outside).any())
+    return pl.concat([whole, some])
 
 
 def whole_cycles(x: pl.DataFrame, anc: pl.DataFrame) -> pl.DataFrame:

@@ -186,18 +186,20 @@ class _Spill:
             d = self.root / str(pid)
             d.mkdir(parents=True, exist_ok=True)
             df = pl.concat(parts)
-            df.write_parquet(d / f"{self.piece:05d}-{self.part:05d}.parquet", compression="lz4", statistics=False)
+            df.write_parquet(d / f"{self.piece:05d}-{self.part:05d}.parquet", compression="uncompressed", statistics=False)
             with self.lock:
                 self.counts[pid] = self.counts.get(pid, 0) + df.height
         self.buf, self.rows, self.part = {}, 0, self.part + 1
 
 
-def _pieces(r, table: str, query: str) -> list[str]:
-    """``query`` over ``table`` cut into row ranges that can be read in parallel (SQLite only)."""
+def _pieces(r, table: str, query: str) -> list[tuple[str, int]]:
+    """``query`` over ``table`` cut into row ranges that can be read in parallel (SQLite only), each with its
+    number of rows (at most; from the rowids)."""
     n = r.max_rowid(table)
     if not r.splittable or n <= PIECE_ROWS:
-        return [query]
-    return [f"{query} WHERE rowid > {lo} AND rowid <= {lo + PIECE_ROWS}" for lo in range(0, n, PIECE_ROWS)]
+        return [(query, n)]
+    return [(f"{query} WHERE rowid > {lo} AND rowid <= {lo + PIECE_ROWS}", min(PIECE_ROWS, n - lo))
+            for lo in range(0, n, PIECE_ROWS)]
 
 
 def _crc(f: Path) -> tuple[int, int]:
@@ -388,21 +390,19 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
         m = read_meta(r)
         dest.mkdir(parents=True)
         _mark(dest)
-        strings = _strings(r)
-        _devices(r).write_parquet(dest / "devices.parquet")
-        _nsys_diagnostics(r).write_parquet(dest / "diagnostics.parquet")
         ops_q, api_q = op_queries(r), api_query(r)
         total = sum(r.max_rowid(t) for t, _, _ in ops_q) + (r.max_rowid("CUPTI_ACTIVITY_KIND_RUNTIME") if api_q else 0)
         bar = Progress(total, f"spectrace: reading {Path(report).name}", progress)
-        # Pieces (a table, or a row range of a large one) in read order; the threads take the next one.
-        pieces = [("ops", q, post) for t, query, post in ops_q for q in _pieces(r, t, query)]
+        # Pieces (a table, or a row range of a large one), numbered in read order; the threads take the next one.
+        pieces = [("ops", q, post, n) for t, query, post in ops_q for q, n in _pieces(r, t, query)]
         if api_q:
-            pieces += [("api", q, api_q[1]) for q in _pieces(r, "CUPTI_ACTIVITY_KIND_RUNTIME", api_q[0])]
+            pieces += [("api", q, api_q[1], n) for q, n in _pieces(r, "CUPTI_ACTIVITY_KIND_RUNTIME", api_q[0])]
         counts: dict[str, dict[int, int]] = {"ops": {}, "api": {}}
         lock = threading.Lock()
         stats = {"dropped": 0, "ids": [], "api_without_pid": 0}
         notes: dict[str, int] = {}
-        todo = iter(enumerate(pieces))
+        # Largest pieces first, so that the threads end together (files keep their read-order numbers).
+        todo = iter(sorted(enumerate(pieces), key=lambda ip: -ip[1][3]))
         errors: list[BaseException] = []
         stop = threading.Event()  # set when the build is abandoned: the threads stop after their batch
         bad_ops = bad_op(m["duration"])
@@ -410,7 +410,7 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
         def work() -> None:
             while not errors and not stop.is_set():
                 with lock:
-                    i, (kind, q, post) = next(todo, (None, (None, None, None)))
+                    i, (kind, q, post, _) = next(todo, (None, (None, None, None, None)))
                 if i is None:
                     return
                 spill = _Spill(dest / kind, i, counts[kind], lock)
@@ -429,10 +429,15 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
                     bar.add(b.height)
                 spill.flush()
 
-        def read_ranges() -> None:  # NVTX ranges, beside the pieces (its own connection)
+        strings: list[pl.DataFrame] = []
+
+        def read_ranges() -> None:  # NVTX ranges and the small tables, beside the pieces (their own connections)
             ranges, _domains, marks = _ranges(r, m["duration"], notes)
             ranges.write_parquet(dest / "ranges.parquet")
             marks.write_parquet(dest / "marks.parquet")
+            strings.append(_strings(r))
+            _devices(r).write_parquet(dest / "devices.parquet")
+            _nsys_diagnostics(r).write_parquet(dest / "diagnostics.parquet")
 
         def guard(fn) -> None:
             try:
@@ -457,7 +462,7 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
         if errors:
             raise errors[0]
         ids = pl.concat(stats["ids"]) if stats["ids"] else pl.Series("name_id", [], pl.Int64)
-        _names(strings, ids).write_parquet(dest / "names.parquet")
+        _names(strings[0], ids).write_parquet(dest / "names.parquet")
         r.check_unchanged()
         notes.update(api_without_pid=stats["api_without_pid"], lossy_strings=r.lossy)
         meta = {
