@@ -473,5 +473,21 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split())
 
 
+def run() -> None:
+    """The ``spectrace`` command: :func:`main`, then exit with its status. After Ctrl-C (130, everything
+    cleaned up by then) the process ends at once: CPython would otherwise kill itself with SIGINT at exit
+    (status -2, not 130) when the interrupt landed in code that an import ran through ``PyRun_*``, even though
+    :func:`main` handled it."""
+    rc = main()
+    if rc == 130:
+        for f in (sys.stdout, sys.stderr):
+            try:
+                f.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(130)
+    sys.exit(rc)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
