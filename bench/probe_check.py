@@ -1,9 +1,11 @@
-"""Issue 13's done-when checks on the captures of ``tests/device/issue13_sweep.sh`` (run here, not on the GPU host).
+"""Issue 13's done-when checks on the captures of ``tests/device/issue13_sweep.sh``, ``issue13_repeat.sh`` and
+``issue13_spin.sh`` (run here, not on the GPU host).
 
-    python -m bench.probe_check DIR          # DIR: the unpacked issue13_tpN.tar (tpN_s3_graph.sqlite.xz, ...)
+    python -m bench.probe_check DIR          # DIR: an unpacked tar (tpN_s3_graph.sqlite.xz, tpN_r2_s3_graph..., ...)
 
-Prints the median cycle period of every capture (spectrace's and one computed straight from the SQLite),
-the what-if predictions against the measured periods, the seam causes, the probe effect of each pair, and
+Per TP size in DIR: the median cycle period of every capture (spectrace's and one computed straight from the
+SQLite), the run-to-run spread of repeated runs (``tpN_rR_sS_MODE``), the what-if predictions against the
+measured periods (the median over the runs), the seam causes, the probe effect of each node/graph pair, and
 PASS/FAIL for each criterion of the issue. :func:`median_cycle_period` is also the tests' independent
 measure of the cycle period.
 """
