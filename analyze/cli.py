@@ -22,8 +22,8 @@ import sys
 # arena (not one per thread): memory freed by one polars thread is reused by the next, so fewer fresh pages
 # (10 M kernels cold, measured alone: 1.34 -> 1.08 M page faults). No separate arena for allocations over 8 MiB
 # (``oversize_threshold:0``): jemalloc's default gives those back to the kernel at once, and the columns of a
-# million-row frame are that size, so each step faulted its pages in afresh (10 M cold, 3 alternating pairs:
-# 0.90 -> 0.62 M page faults, system time 2.6 -> 1.9 s, wall 11.3 -> 10.8 s, peak 1.86 -> 1.78 GB).
+# million-row frame are that size, so each step faulted its pages in afresh (10 M cold, medians of 5 same-minute
+# rounds: 0.86 -> 0.61 M page faults, system time 2.4 -> 2.1 s, wall 10.7 -> 10.4 s; peak 1.73-1.94 -> 1.65-1.73 GiB).
 MALLOC_VAR = "_RJEM_MALLOC_CONF"
 MALLOC_CONF = "narenas:1,dirty_decay_ms:2000,muzzy_decay_ms:0,oversize_threshold:0"
 # Verbs that start the user's programs (an SGLang server under nsys): they get the variable as it was
