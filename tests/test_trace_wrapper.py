@@ -186,7 +186,7 @@ def test_traced_command_gets_the_environment_unchanged_by_spectrace(tmp_path, ns
              "with contextlib.redirect_stdout(io.StringIO()): main(['hooks'])\n"
              "import polars; print(os.environ['_RJEM_MALLOC_CONF'])")
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True).stdout
-    assert out.strip().endswith(preset or "dirty_decay_ms:2000,muzzy_decay_ms:0")
+    assert out.strip().endswith(preset or "narenas:1,dirty_decay_ms:2000,muzzy_decay_ms:0,oversize_threshold:0")
 
 
 def test_passes_dry_run(tmp_path, capsys):
