@@ -36,6 +36,24 @@ def test_combined_result(pair):
     assert {d.code for d in res.diagnostics} >= {"TIMING"} and "TIMING_MODES" not in {d.code for d in res.diagnostics}
 
 
+def test_combined_instances_carry_the_node_split(pair):
+    """The steady-state tables (built from the range instances) show the node pass's split too, not the graph
+    pass's (which sees one graph row and no communication inside it)."""
+    from analyze.compute import headline
+
+    node, graph = pair
+    res = analyze(node, timing=graph)
+    inst = res.instances.filter((pl.col("range") == "verify") & (pl.col("x_ops") > 0))
+    assert inst.height == 5 and inst["x_span_ns"].to_list() == [1000] * 5
+    # each verify: 1000 ns span, the node pass's 1 all-reduce node of 10 → 900 compute + 100 comm + 0 idle
+    assert set(inst.select("x_compute_ns", "x_comm_ns", "x_idle_ns", "x_busy_ns").rows()) == {(900, 100, 0, 1000)}
+    cyc = res.instances.filter(pl.col("range") == "cycle")
+    assert (cyc["i_span_ns"] == cyc["i_compute_ns"] + cyc["i_comm_ns"] + cyc["i_idle_ns"]).all()
+    assert cyc["i_comm_ns"].sum() > 0 and analyze(graph).instances.filter(pl.col("range") == "cycle")["i_comm_ns"].sum() == 0
+    v = headline.phases(res).filter(pl.col("phase") == "verify").row(0, named=True)
+    assert (v["compute_mean_ns"], v["comm_mean_ns"], v["idle_mean_ns"]) == (900, 100, 0)
+
+
 def test_probe_effect_numbers(pair):
     node, graph = pair
     pe = probe_effect(node, graph, unprofiled_cycles_per_s=1e9 / 1800)

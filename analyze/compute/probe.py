@@ -9,7 +9,9 @@ graph,node`` runs the workload once under each; :func:`combine` makes one result
   period, the host calls (so the what-if replays the less disturbed run);
 - from the **node** pass (the split): each phase's compute / communication / idle (and GPU-idle,
   collective wait / transfer) as fractions of its span, applied to the graph pass's span of the same rank
-  and phase (so span = compute + comm + idle still holds); its kernels, op counts and matched collectives.
+  and phase (so span = compute + comm + idle still holds) — in the per-phase sums and in every range
+  instance (the steady-state tables are built from those), exclusive and inclusive views alike; its kernels,
+  op counts and matched collectives.
 
 :func:`probe_effect` measures the probe: the median cycle period over the steady cycles under each pass and their ratio
 (``inflation``, percent), per phase the median GPU span and host launch time per instance under each, per
@@ -65,8 +67,30 @@ def combine(node: Result, graph: Result) -> Result:
     diags += [dataclasses.replace(d, message=f"graph pass: {d.message}") for d in graph.diagnostics]
     diags += [dataclasses.replace(d, message=f"node pass: {d.message}") for d in node.diagnostics
               if d.code != "RANGE_SELECTION"]
-    return dataclasses.replace(graph, phases=phases, comm_kernels=node.comm_kernels, diagnostics=diags,
+    return dataclasses.replace(graph, phases=phases, instances=_split_instances(node.instances, graph.instances),
+                               comm_kernels=node.comm_kernels, diagnostics=diags,
                                reports=[*node.reports, *graph.reports])
+
+
+def _split_instances(node: pl.DataFrame, graph: pl.DataFrame) -> pl.DataFrame:
+    """The graph pass's range instances with compute / comm / GPU-idle (``x_`` and ``i_``) split as in the node
+    pass: per rank, domain and range name, the node pass's share of each in the summed span, times each
+    instance's own span (idle and busy follow). Ranges the node pass has no GPU work in keep their own."""
+    keys = ["rank", "domain", "range"]
+    out = graph
+    for v in ("x_", "i_"):
+        cols = [f"{v}compute_ns", f"{v}comm_ns", f"{v}gpu_idle_ns"]
+        share = (node.filter(pl.col(f"{v}span_ns") > 0).group_by(keys)
+                 .agg(*[(pl.col(c).sum() / pl.col(f"{v}span_ns").sum()).alias(f"_f{c}") for c in cols]))
+        out = out.join(share, on=keys, how="left", maintain_order="left")
+        scaled = {c: pl.when(pl.col(f"_f{c}").is_not_null() & (pl.col(f"{v}span_ns") > 0))
+                  .then((pl.col(f"{v}span_ns") * pl.col(f"_f{c}")).round().cast(graph.schema[c])).otherwise(c)
+                  for c in cols}
+        out = out.with_columns(**scaled).with_columns(
+            (pl.col(f"{v}span_ns") - pl.col(f"{v}compute_ns") - pl.col(f"{v}comm_ns")).alias(f"{v}idle_ns"),
+            (pl.col(f"{v}compute_ns") + pl.col(f"{v}comm_ns")).alias(f"{v}busy_ns"),
+        ).drop(*[f"_f{c}" for c in cols])
+    return out.select(graph.columns).cast(graph.schema)
 
 
 def _per_phase(res: Result) -> pl.DataFrame:
