@@ -67,7 +67,7 @@ def _small_multiples(p: pl.DataFrame, stacks: list[tuple[str, str, str | None, s
     ranks = sorted(p["rank"].unique().to_list())
     ncols = min(len(names), 4)
     nrows = -(-len(names) // ncols)
-    fig = _figure(3.2 * ncols + 0.8, nrows * (1.1 + 0.3 * len(ranks)) + 1.0)
+    fig = _figure(max(3.2 * ncols + 0.8, 6.4), nrows * (1.1 + 0.3 * len(ranks)) + 1.0)  # wide enough for the title
     axes = fig.subplots(nrows, ncols, squeeze=False)
     for k, name in enumerate(names):
         ax = axes[k // ncols][k % ncols]
