@@ -569,17 +569,17 @@ def validate(results: dict[int, object], baseline=None, as_traced: bool = True) 
     runs of ``from_steps`` in the order given. ``as_traced`` (default): models keep the traces' own probe
     effect, so that like is compared with like."""
     runs = {s: list(r) if isinstance(r, (list, tuple)) else [r] for s, r in results.items()}
+    models = {s: [fit(r, s, baseline=baseline, as_traced=as_traced) for r in rs] for s, rs in runs.items()}
     measured = {}
     for s, rs in runs.items():
-        periods = [fit(r, s).period_ns for r in rs]
+        periods = [m.period_ns for m in models[s]]  # the trace's own period, whatever the fit's options
         toks = [t for t in (summary(r, steps=s).tokens_per_cycle for r in rs) if t is not None]
         med = float(np.median(periods))
         measured[s] = (med, float(np.median(toks)) if toks else None, len(rs),
                        100 * (max(periods) - min(periods)) / med)
     rows = []
-    for s0, rs in runs.items():
-        for i, r in enumerate(rs):
-            m = fit(r, s0, baseline=baseline, as_traced=as_traced)
+    for s0, ms in models.items():
+        for i, m in enumerate(ms):
             for s, (meas, tok, n, spread) in measured.items():
                 p = m.predict(s)
                 pred, ptok = p["cycle_ns"], p["tokens_per_cycle"]
