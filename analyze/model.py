@@ -23,6 +23,16 @@ MARKS_SCHEMA = {"pid": pl.Int64, "gtid": pl.Int64, "time": pl.Int64, "domain": p
 # Why the GPU waited at a seam (analyze.compute.host): the next phase's first op was queued in time (gpu), its
 # launch call returned after the earlier work ended (launch), or the launch began after it (host).
 SEAM_CAUSES = ("gpu", "launch", "host")
+# CUDA API calls the analysis finds by name (analyze.compute.host and .pipeline): calls that return only when
+# earlier GPU work is done, and graph launches.
+SYNC_API = (r"^(cuda(Stream|Device|Event|Thread)Synchronize|cu(Stream|Ctx|Event)Synchronize"
+            r"|cudaMemcpy(2D|3D|FromSymbol|ToSymbol|Peer)?|cudaMemset(2D|3D)?"
+            r"|cuMemcpy(DtoH|HtoD|DtoD|Peer)?|cuMemsetD(8|16|32))(_v\d+|_v\d+_ptds|_ptds|_ptsz)?$")
+GRAPH_LAUNCH = r"^(cudaGraphLaunch|cuGraphLaunch)"
+# The calls the parquet store keeps (analyze.read.store): the two above, and the ones that usually launch GPU work.
+# The rest are read only for what the analysis needs of them: each process's first call (its capture window), and
+# any call that launched a GPU operation after all (a launcher this pattern misses).
+KEPT_API = rf"{SYNC_API}|{GRAPH_LAUNCH}|^(cuda|cu)(Launch|GraphLaunch|Memcpy|Memset)"
 SEAM_SUMS = ("idle_ns", "gap_ns", "busy_ns", "overlap_ns", "instances",
              *(f"{c}_bound_{k}" for c in SEAM_CAUSES for k in ("ns", "inst")), "launch_block_ns", "host_late_ns")
 
@@ -54,7 +64,9 @@ class Trace:
 
     - ``ranges``: NVTX push/pop and start/end ranges: ``range_id, pid, gtid, start, end, event_type,
       domain, range, color, uint64, int64, unclosed, cross_thread``
-    - ``api``: CUDA runtime and driver calls: ``pid, gtid, corr, start, end, name_id``
+    - ``api``: CUDA runtime and driver calls: ``pid, gtid, corr, start, end, name_id``; from the parquet store
+      only the calls the analysis needs (:data:`KEPT_API`, and every call that launched a GPU operation), with
+      ``api_first``: each process's first call of all
     - ``ops``: GPU operations: ``pid, device, stream, corr, start, end, kind, name_id, label, graph_node``
       (kind: kernel, memcpy, memset, graph)
     - ``names``: ``name_id, name`` for kernels and API calls
@@ -84,6 +96,7 @@ class Trace:
     dropped_ops: int = 0
     utc_epoch_ns: int | None = None
     read_warnings: dict[str, int] = field(default_factory=dict)
+    api_first: dict[int, int] | None = None  # pid -> start of its first API call, when ``api`` is not every call
     graph_rows: str | None = None  # "Graph"/"Node" as seen in the GPU rows of every process (set by the analysis)
 
     @property

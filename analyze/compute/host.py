@@ -28,13 +28,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from ..model import SEAM_CAUSES
+from ..model import SEAM_CAUSES, SYNC_API  # noqa: F401 (SYNC_API: here for the module doc and callers)
 from .attribute import innermost
-
-# Calls that return only when earlier GPU work is done (the synchronous CUDA runtime/driver calls).
-SYNC_API = (r"^(cuda(Stream|Device|Event|Thread)Synchronize|cu(Stream|Ctx|Event)Synchronize"
-            r"|cudaMemcpy(2D|3D|FromSymbol|ToSymbol|Peer)?|cudaMemset(2D|3D)?"
-            r"|cuMemcpy(DtoH|HtoD|DtoD|Peer)?|cuMemsetD(8|16|32))(_v\d+|_v\d+_ptds|_ptds|_ptsz)?$")
 
 CALL_SCHEMA = {"pid": pl.Int64, "gtid": pl.Int64, "corr": pl.Int64, "start": pl.Int64, "end": pl.Int64,
                "name_id": pl.Int64, "sync": pl.Boolean, "graph": pl.Boolean, "unit": pl.Int64, "ops": pl.UInt32,

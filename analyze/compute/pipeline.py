@@ -28,14 +28,14 @@ from pathlib import Path
 
 import polars as pl
 
-from ..model import Diagnostic, InputError, Result, Trace
+from ..model import GRAPH_LAUNCH, SYNC_API, Diagnostic, InputError, Result, Trace
 from ..read.source import ManyWindows, OpsWindow, open_source
 from ..read.store import CacheError, Progress, is_cache, open_store, remove_tree
 from . import attribute, breakdown, collectives, host, windows
 from .comm_patterns import PATTERNS, CommPattern, family_expr
 from .diagnostics import FACTS, diagnose
 
-GRAPH_LAUNCH = r"^(cudaGraphLaunch|cuGraphLaunch)"
+WORK_COLS = ("pid", "device", "corr", "start", "end", "kind", "name_id", "label", "graph_node")  # of OPS_SCHEMA
 WORKER_ROWS = 3_000_000  # two processes at once up to this size: 20 M kernels (2.6 M per process) peak 3.4 GB either way
 
 
@@ -121,15 +121,20 @@ def process(source, pid: int, ctx: Context) -> dict:
     provisional (renumbered globally).
     """
     out: dict = {}
-    ops, api = source.ops(pid), source.api(pid)
+    # Only the columns the analysis reads (the stream is not one), unless every op is kept.
+    ops, api = source.ops(pid, None if ctx.keep_ops else WORK_COLS), source.api(pid)
     nested = ctx.nested.filter(pl.col("pid") == pid)
+    rk = breakdown.ranks(ops, ctx.devices)  # one row (or none): its rank is fixed once all processes are in
+    rk = rk.with_columns(pl.lit(v, pl.Int64).alias(k)
+                         for k, v in windows.rank_window(ops, source.api_first(pid), nested).items())
+    node_ops = int(ops["graph_node"].is_not_null().sum())
+    if not ctx.keep_ops:  # the device and graph node are done with: narrower copies below
+        ops = ops.drop("device", "graph_node")
     # One lookup of each op's kind (name, communication family), a gather per column after.
     ops = ops.with_columns(_kind=kind_codes(ops, ctx.kinds)).with_columns(gather_kinds(ctx.kinds, ["comm"]))
     tl = attribute.timeline(nested)  # who launched what, and the range open around a call: one timeline
     calls = attribute.launching_calls(ops, api, nested, tl)
     ops = attribute.join_calls(ops, calls)
-    rk = breakdown.ranks(ops, ctx.devices)  # one row (or none): its rank is fixed once all processes are in
-    rk = rk.with_columns(pl.lit(v, pl.Int64).alias(k) for k, v in windows.rank_window(ops, api, nested).items())
     rank = rk["rank"][0] if rk.height else None
     nested = nested.with_columns(rank=pl.lit(rank, pl.Int64))
     is_launch = pl.col("name_id").is_in(ctx.launch_ids.implode())
@@ -141,7 +146,7 @@ def process(source, pid: int, ctx: Context) -> dict:
     del api
     out["facts"] = {
         "graph_ops": int((ops["kind"] == "graph").sum()),
-        "node_ops": int(ops["graph_node"].is_not_null().sum()),
+        "node_ops": node_ops,
         "graph_launches": launches,
         "orphan_launches": launches - launched,
         "unmatched_ops": int(ops["gtid"].null_count()),
@@ -264,7 +269,7 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
     # Kernel names are long and repeat millions of times: Categorical until the Result is handed out.
     kinds = kinds.with_columns(pl.col("name").cast(pl.Categorical))
     launch_ids = head.names.filter(pl.col("name").str.contains(GRAPH_LAUNCH))["name_id"]
-    sync_ids = head.names.filter(pl.col("name").str.contains(host.SYNC_API))["name_id"]
+    sync_ids = head.names.filter(pl.col("name").str.contains(SYNC_API))["name_id"]
     ctx = Context(nested_all, kinds, head.devices, launch_ids, keep_ops, sync_ids)
 
     parts: dict[str, list] = {k: [] for k in ("ranks", "inst", "seam", "cov", "ops", "kern", "kstat", "facts",

@@ -60,15 +60,16 @@ PHASE = ["domain", "range"]
 CYCLE_PHASES = [p.name for p in ph.PHASES if p.role == "cycle"]
 
 
-def rank_window(ops: pl.DataFrame, api: pl.DataFrame, nested: pl.DataFrame) -> dict[str, int | None]:
-    """One process's capture window (:data:`WINDOW_COLS`, ns; None where it has no such rows)."""
+def rank_window(ops: pl.DataFrame, api_first: int | None, nested: pl.DataFrame) -> dict[str, int | None]:
+    """One process's capture window (:data:`WINDOW_COLS`, ns; None where it has no such rows); ``api_first``:
+    the start of its first CUDA API call."""
     def first(df: pl.DataFrame, c: str):
         return df[c].min() if df.height else None
 
     def last(df: pl.DataFrame, c: str):
         return df[c].max() if df.height else None
 
-    starts = [v for v in (first(api, "start"), first(ops, "start")) if v is not None]
+    starts = [v for v in (api_first, first(ops, "start")) if v is not None]
     return {"window_start_ns": min(starts) if starts else None, "window_end_ns": last(ops, "end"),
             "ranges_start_ns": first(nested, "start"), "ranges_end_ns": last(nested, "end")}
 

@@ -41,12 +41,22 @@ class MemorySource:
         self.ops_rows = {int(k[0]): v.height for k, v in self._ops.items()}
         self.pids = sorted({int(k[0]) for k in (*self._ops, *self._api)})
         self.store_root: Path | None = None
+        if trace.api_first is not None:
+            self._first = dict(trace.api_first)
+        else:
+            self._first = {int(k[0]): v["start"].min() for k, v in self._api.items() if v.height}
 
-    def ops(self, pid: int) -> pl.DataFrame:
-        return self._ops.get((pid,), self.head.ops)
+    def ops(self, pid: int, columns: tuple[str, ...] | None = None) -> pl.DataFrame:
+        """One process's GPU operations (only ``columns``, if given)."""
+        df = self._ops.get((pid,), self.head.ops)
+        return df if columns is None else df.select(columns)
 
     def api(self, pid: int) -> pl.DataFrame:
         return self._api.get((pid,), self.head.api)
+
+    def api_first(self, pid: int) -> int | None:
+        """The start of the process's first CUDA API call (None: it made none)."""
+        return self._first.get(pid)
 
     def op_keys(self) -> pl.DataFrame:
         """Every distinct ``(name_id, label)`` of the GPU operations."""
@@ -75,11 +85,14 @@ class StoreSource:
         self.pids = store.pids
         self.store_root = None if temporary else store.root
 
-    def ops(self, pid: int) -> pl.DataFrame:
-        return self.store.read("ops", pid)
+    def ops(self, pid: int, columns: tuple[str, ...] | None = None) -> pl.DataFrame:
+        return self.store.read("ops", pid, columns)
 
     def api(self, pid: int) -> pl.DataFrame:
         return self.store.read("api", pid)
+
+    def api_first(self, pid: int) -> int | None:
+        return self.store.api_first.get(pid)
 
     def op_keys(self) -> pl.DataFrame:
         return self.store.reading(lambda: self.store.scan("ops").select("name_id", "label").unique().collect())

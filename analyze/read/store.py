@@ -7,7 +7,12 @@ polars scans) writes the frames :func:`analyze.read.export.load` would build, al
       meta.json                     report's directory is not writable; the report is never touched)
       ranges.parquet marks.parquet names.parquet devices.parquet diagnostics.parquet
       ops/<pid>/<part>.parquet     GPU operations of one process, parts in read order
-      api/<pid>/<part>.parquet     CUDA API calls of one process
+      api/<pid>/<part>.parquet     CUDA API calls of one process: the ones the analysis needs (below)
+
+API calls: those matching :data:`analyze.model.KEPT_API` (chosen in the SQL: the calls that launch nothing are
+most of a large API table and never cross into Python), plus, from one cheap pass over the rest
+(:func:`_rest_of_api`), every call that launched a GPU operation no kept call accounts for; ``meta.json``'s
+``api_first`` has each process's first call of all (its capture window opens there).
 
 Memory stays bounded while building: batches are buffered per process and flushed to parquet
 every ~2 M rows. ``meta.json`` records the key — spectrace's cache format version and the
@@ -42,16 +47,18 @@ import threading
 import time
 import uuid
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import polars as pl
 from polars.exceptions import PanicException
 
-from ..model import InputError, Trace
+from ..model import KEPT_API, InputError, Trace
 from .export import (
     API_SCHEMA,
     BAD_API,
     OPS_SCHEMA,
+    RUNTIME,
     _devices,
     _names,
     _nsys_diagnostics,
@@ -65,7 +72,8 @@ from .export import (
 )
 from .sqlite import check_file, file_state
 
-CACHE_VERSION = 4  # 2: ranges have ``range_id`` and ``range``; 3: marks.parquet; 4: marker, files listed, checks
+CACHE_VERSION = 5  # 2: ranges have ``range_id`` and ``range``; 3: marks.parquet; 4: marker, files listed, checks;
+# 5: only the API calls the analysis needs, and each process's first call (``api_first``)
 FLUSH_ROWS = 2_000_000
 PIECE_ROWS = 2_000_000  # a large table is read in row ranges of this size, by READ_THREADS threads
 READ_THREADS = max(2, min(4, os.cpu_count() or 2))
@@ -192,13 +200,15 @@ class _Spill:
         self.buf, self.rows, self.part = {}, 0, self.part + 1
 
 
-def _pieces(r, table: str, query: str) -> list[tuple[str, int]]:
-    """``query`` over ``table`` cut into row ranges that can be read in parallel (SQLite only), each with its
-    number of rows (at most; from the rowids)."""
+def _pieces(r, table: str, query: str, where: str | None = None) -> list[tuple[str, int]]:
+    """``query`` (its rows that meet ``where``) over ``table`` cut into row ranges that can be read in parallel
+    (SQLite only), each with its number of rows (at most; from the rowids)."""
     n = r.max_rowid(table)
+    cond = f" WHERE ({where})" if where else ""
     if not r.splittable or n <= PIECE_ROWS:
-        return [(query, n)]
-    return [(f"{query} WHERE rowid > {lo} AND rowid <= {lo + PIECE_ROWS}", min(PIECE_ROWS, n - lo))
+        return [(query + cond, n)]
+    more = " AND" if where else " WHERE"
+    return [(f"{query}{cond}{more} rowid > {lo} AND rowid <= {lo + PIECE_ROWS}", min(PIECE_ROWS, n - lo))
             for lo in range(0, n, PIECE_ROWS)]
 
 
@@ -321,6 +331,11 @@ class Store:
         return [self.root / k for k in sorted(listed) if k.startswith(pre)]
 
     @property
+    def api_first(self) -> dict[int, int]:
+        """pid → start of its first CUDA API call (processes with GPU operations): the store keeps only some calls."""
+        return {int(k): v for k, v in self.meta.get("api_first", {}).items()}
+
+    @property
     def pids(self) -> list[int]:
         """Processes with GPU operations or API calls, ascending."""
         return sorted({int(p) for p in (*self.meta["ops_rows"], *self.meta["api_rows"])})
@@ -362,14 +377,16 @@ class Store:
             dropped_ops=m["dropped_ops"],
             utc_epoch_ns=m["utc"],
             read_warnings=m.get("read_warnings", {}),
+            api_first=self.api_first,
         )
 
-    def read(self, kind: str, pid: int) -> pl.DataFrame:
-        """All ``ops`` or ``api`` rows of one process, each file checked against its CRC-32 as it is read (a
-        :class:`CacheError` if a file cannot be read or does not match)."""
+    def read(self, kind: str, pid: int, columns: tuple[str, ...] | None = None) -> pl.DataFrame:
+        """All ``ops`` or ``api`` rows of one process (only ``columns``, if given), each file checked against its
+        CRC-32 as it is read (a :class:`CacheError` if a file cannot be read or does not match)."""
         for f in self.files(kind, pid):  # each file's CRC (from the page cache), then read by polars
             self.check(f.relative_to(self.root).as_posix())
-        return self.reading(lambda: self.scan(kind, [pid]).collect())
+        lf = self.scan(kind, [pid])
+        return self.reading(lambda: (lf if columns is None else lf.select(columns)).collect())
 
     def trace(self) -> Trace:
         """The whole trace in memory, as :func:`analyze.read.export.load` returns it (ops grouped by process)."""
@@ -395,8 +412,10 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
         bar = Progress(total, f"spectrace: reading {Path(report).name}", progress)
         # Pieces (a table, or a row range of a large one), numbered in read order; the threads take the next one.
         pieces = [("ops", q, post, n) for t, query, post in ops_q for q, n in _pieces(r, t, query)]
-        if api_q:
-            pieces += [("api", q, api_q[1], n) for q, n in _pieces(r, "CUPTI_ACTIVITY_KIND_RUNTIME", api_q[0])]
+        strings = _strings(r)  # small, and the API calls are chosen by name
+        kept = _kept_ids(strings)
+        if api_q:  # the calls the analysis needs by name, and the usual launchers (the rest: _rest_of_api)
+            pieces += [("api", q, api_q[1], n) for q, n in _pieces(r, RUNTIME, api_q[0], f"nameId IN ({kept})")]
         counts: dict[str, dict[int, int]] = {"ops": {}, "api": {}}
         lock = threading.Lock()
         stats = {"dropped": 0, "ids": [], "api_without_pid": 0}
@@ -410,10 +429,10 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
         def work() -> None:
             while not errors and not stop.is_set():
                 with lock:
-                    i, (kind, q, post, _) = next(todo, (None, (None, None, None, None)))
+                    i, (kind, q, post, n) = next(todo, (None, (None, None, None, None)))
                 if i is None:
                     return
-                spill = _Spill(dest / kind, i, counts[kind], lock)
+                spill, seen = _Spill(dest / kind, i, counts[kind], lock), 0
                 for b in r.batches(q):
                     if errors or stop.is_set():
                         return
@@ -427,15 +446,15 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
                         stats["ids"].append(ids)
                     spill.add(df)
                     bar.add(b.height)
+                    seen += b.height
                 spill.flush()
+                bar.add(max(n - seen, 0))  # rows a filter left out were read all the same
 
-        strings: list[pl.DataFrame] = []
 
         def read_ranges() -> None:  # NVTX ranges and the small tables, beside the pieces (their own connections)
             ranges, _domains, marks = _ranges(r, m["duration"], notes)
             ranges.write_parquet(dest / "ranges.parquet")
             marks.write_parquet(dest / "marks.parquet")
-            strings.append(_strings(r))
             _devices(r).write_parquet(dest / "devices.parquet")
             _nsys_diagnostics(r).write_parquet(dest / "diagnostics.parquet")
 
@@ -461,8 +480,9 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
             bar.close()
         if errors:
             raise errors[0]
+        api_first = _rest_of_api(r, dest, api_q, kept, counts["api"], stats, len(pieces)) if api_q else {}
         ids = pl.concat(stats["ids"]) if stats["ids"] else pl.Series("name_id", [], pl.Int64)
-        _names(strings[0], ids).write_parquet(dest / "names.parquet")
+        _names(strings, ids).write_parquet(dest / "names.parquet")
         r.check_unchanged()
         notes.update(api_without_pid=stats["api_without_pid"], lossy_strings=r.lossy)
         meta = {
@@ -476,6 +496,7 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
             "dropped_ops": stats["dropped"],
             "ops_rows": {str(k): v for k, v in sorted(counts["ops"].items())},
             "api_rows": {str(k): v for k, v in sorted(counts["api"].items())},
+            "api_first": {str(k): v for k, v in sorted(api_first.items())},
             "read_warnings": {k: v for k, v in sorted(notes.items()) if v},
             "files": inventory(dest, full=True),
         }
@@ -484,6 +505,79 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
         return dest
     finally:
         r.close()
+
+
+def _kept_ids(strings: pl.DataFrame) -> str:
+    """The StringIds ids of the API calls the store keeps (:data:`analyze.model.KEPT_API`), as an SQL list."""
+    ids = strings.filter(pl.col("name").str.contains(KEPT_API))["name_id"].drop_nulls().unique().sort()
+    return ",".join(str(i) for i in [-1, *ids.to_list()])  # -1: never empty
+
+
+def _scan_files(root: Path, cols: list[str]) -> pl.DataFrame:
+    files = sorted(root.rglob("*.parquet"))
+    return pl.scan_parquet(files).select(cols).collect() if files else pl.DataFrame(schema={c: pl.Int64 for c in cols})
+
+
+def _unmatched(ops: pl.DataFrame, api: pl.DataFrame) -> pl.DataFrame:
+    """``pid, corr`` of the GPU operations that no call in ``api`` has (once each)."""
+    def packable(c: pl.Series) -> bool:  # CUPTI correlation ids are 32-bit: pid (24 bits) and corr in one integer
+        return c.null_count() == 0 and (c.len() == 0 or (c.min() >= 0 and c.max() < 1 << 32))
+
+    if packable(ops["corr"]) and packable(api["corr"]):
+        key = pl.col("pid") * (1 << 32) + pl.col("corr")
+        return ops.filter(~key.is_in(api.select(key)["pid"].implode())).select("pid", "corr").unique()
+    return ops.select("pid", "corr").join(api.select("pid", "corr"), on=["pid", "corr"], how="anti",
+                                          nulls_equal=True).unique()
+
+
+def _rest_of_api(r, dest: Path, api_q, kept: str, counts: dict[int, int], stats: dict, piece: int) -> dict[int, int]:
+    """The API calls the pieces left out, in one more pass that reads only what the analysis needs of them.
+
+    - Each process's first call (its capture window starts there, :func:`analyze.compute.windows.rank_window`):
+      only the calls before the first kept call or GPU operation of every process can be earlier.
+    - Calls without a thread id (counted, as the pieces count theirs).
+    - A call that launched a GPU operation whose (pid, correlation id) no kept call has: written as one more
+      piece, so every launching call is in the store (CUPTI gives each call its own correlation id).
+
+    Returns pid → start of its first call, for every process with GPU operations and calls.
+    """
+    ops = _scan_files(dest / "ops", ["pid", "corr", "start"])
+    api = _scan_files(dest / "api", ["pid", "corr", "start"])
+    firsts = (ops.group_by("pid").agg(_o=pl.col("start").min())
+              .join(api.group_by("pid").agg(_a=pl.col("start").min()), on="pid", how="left"))
+    bound = firsts.select(pl.min_horizontal("_o", "_a").max()).item()
+    lost = _unmatched(ops, api)
+    del ops, api
+    corrs = lost["corr"].drop_nulls().unique().sort()
+    conds = ["globalTid IS NULL"]
+    if bound is not None:
+        conds.append(f"start < {bound}")
+    if corrs.len() > 4096:  # a range, cut to the exact ids below
+        conds.append(f"correlationId BETWEEN {corrs[0]} AND {corrs[-1]}")
+    elif corrs.len():
+        conds.append(f"correlationId IN ({','.join(str(c) for c in corrs.to_list())})")
+    if lost["corr"].null_count():
+        conds.append("correlationId IS NULL")
+    where = f"({' OR '.join(conds)}) AND (nameId IS NULL OR nameId NOT IN ({kept}))"  # the cheap test first
+
+    def read(q: tuple[str, int]) -> pl.DataFrame:
+        parts = [api_q[1](b) for b in r.batches(q[0])]
+        return pl.concat(parts) if parts else pl.DataFrame(schema=API_SCHEMA)
+
+    with ThreadPoolExecutor(READ_THREADS) as ex:
+        rest = pl.concat(list(ex.map(read, _pieces(r, RUNTIME, api_q[0], where))))
+    stats["api_without_pid"] += rest.filter(BAD_API).height
+    rest = rest.filter(~BAD_API)
+    early = rest.group_by("pid").agg(_e=pl.col("start").min())
+    firsts = (firsts.join(early, on="pid", how="left")
+              .select("pid", first=pl.min_horizontal("_a", "_e")).filter(pl.col("first").is_not_null()))
+    found = rest.join(lost, on=["pid", "corr"], how="semi", nulls_equal=True)
+    if found.height:
+        spill = _Spill(dest / "api", piece, counts, threading.Lock())
+        spill.add(found)
+        spill.flush()
+        stats["ids"].append(found["name_id"].unique().drop_nulls())
+    return dict(zip(firsts["pid"].to_list(), firsts["first"].to_list()))
 
 
 def _join(threads: list[threading.Thread]) -> None:

@@ -1,0 +1,99 @@
+"""The parquet store keeps only the CUDA API calls the analysis needs (issue 11), and analyses the same.
+
+A large export's API table is mostly calls that launch nothing (cuGetProcAddress, cudaStreamIsCapturing,
+cudaEventQuery, ...: 9 of 11 M rows of the bench trace). The store reads the calls the analysis finds by
+name (:data:`analyze.model.KEPT_API`) and, in one more pass, what it needs of the rest: each process's
+first call (where its capture window opens) and any call that launched a GPU operation after all.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+import polars as pl
+import pytest
+from paths import PROBE, need, tp2
+from synth import Synth
+from test_rank_windows import base, trace
+from test_scale import _same
+
+from analyze import analyze
+from analyze.compute.pipeline import analyze as analyze_store
+from analyze.model import KEPT_API, SYNC_API
+from analyze.read.store import open_store
+
+
+def odd_calls(path):
+    """tests/test_rank_windows.py's two ranks, rank 1 recording from cycle 3 (a cudaGetDevice call just before),
+    plus: a kernel of rank 0 launched by a call whose name is no usual launcher (cuStreamWriteValue32), calls
+    without a thread id or correlation id, and many calls that launch nothing."""
+    p = trace(path, n=8, rank1_from=3)
+    s = Synth.__new__(Synth)  # add to the saved export
+    s.path, s.con = p, sqlite3.connect(p)
+    s._strings = {v: i for i, v in s.con.execute("SELECT id, value FROM StringIds")}
+    b = base(5)
+    s.launch(100, 100, "cuStreamWriteValue32_v2", (b + 7000, b + 7010), 5000, [(b + 7100, b + 7200, "gemm")])
+    for pid, first in ((100, 0), (200, 3)):  # calls that launch nothing, in every cycle a rank recorded
+        for i in range(first, 8):
+            s.api(pid, pid, "cudaStreamIsCapturing_v10000", base(i) + 300, base(i) + 310, 6000 + i)
+    s.api(200, 200, "cudaStreamIsCapturing_v10000", base(4), base(4) + 5, 7000)
+    s.con.execute("UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET globalTid = NULL WHERE correlationId = 6001 AND start = ?",
+                  (base(1) + 300,))  # no thread (one of rank 0's)
+    s.con.execute("UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET correlationId = NULL WHERE correlationId = 7000")
+    s.save()
+    return p
+
+
+def test_store_keeps_the_needed_calls_and_analyses_the_same(tmp_path):
+    p = odd_calls(tmp_path / "odd.sqlite")
+    s = open_store(p, cache_dir=tmp_path / "c")
+    api = s.scan("api").collect()
+    names = dict(pl.read_parquet(s.root / "names.parquet").iter_rows())
+    kept = {names[i] for i in api["name_id"].unique().to_list()}
+    # launches by name, and the odd launcher found through its kernel; not the calls that launch nothing
+    assert kept == {"cudaLaunchKernel_v7000", "cuStreamWriteValue32_v2"}
+    assert api.filter(pl.col("corr") == 5000).height == 1
+    # the early calls are not kept, but each process's first call is known: rank 1's opens its window
+    assert s.api_first == {100: 5, 200: base(3) - 50}
+    mem, sto = analyze(p, store=False), analyze_store(s)
+    _same(mem, sto)
+    assert sto.ranks.sort("rank")["window_start_ns"].to_list() == [5, base(3) - 50]
+    assert sto.trace.read_warnings == mem.trace.read_warnings == {"api_without_pid": 1}
+    # the kernel of the odd launcher is attributed to its range (verify of cycle 5 of rank 0), not unmatched
+    assert not any(d.code == "UNMATCHED_OPS" for d in sto.diagnostics)
+    # a store's Trace analysed in memory is the same again
+    _same(mem, analyze(s.trace(), store=False))
+
+
+def test_kept_calls_include_every_call_the_analysis_finds_by_name():
+    names = ["cudaStreamSynchronize_v3020", "cuCtxSynchronize", "cudaMemcpy_v3020", "cuMemsetD32_v2",
+             "cudaGraphLaunch_v10000", "cuGraphLaunch", "cudaLaunchKernel_v7000", "cuLaunchKernelEx",
+             "cudaMemcpyAsync_v3020", "cudaMemsetAsync_v3020", "cuGetProcAddress_v2", "cudaEventQuery_v3020"]
+    df = pl.DataFrame({"name": names}).with_columns(kept=pl.col("name").str.contains(KEPT_API),
+                                                   sync=pl.col("name").str.contains(SYNC_API))
+    assert df.filter(pl.col("sync") & ~pl.col("kept")).height == 0
+    assert df.filter(~pl.col("kept"))["name"].to_list() == ["cuGetProcAddress_v2", "cudaEventQuery_v3020"]
+
+
+@pytest.mark.parametrize("name", ["tp2_rank0_window", "tp2_workload_captureall"])
+def test_store_equals_memory_on_ragged_and_lost_tails(tmp_path, name):
+    """Real captures whose windows open late (rank 0's cudaProfilerStart) or lose a tail (66 GPU ops
+    without their calls): the same analysis from the store, whose API table is a fraction of the export's."""
+    p = tp2(name, tmp_path)
+    s = open_store(p, cache_dir=tmp_path / "c")
+    _same(analyze(p, store=False), analyze_store(s))
+    con = sqlite3.connect(p)
+    (calls,) = con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()
+    assert sum(s.meta["api_rows"].values()) < calls / 2
+
+
+def test_store_api_on_probe_in_row_ranges(tmp_path, monkeypatch):
+    """The extra pass in row ranges, as a large export is read: the same store as in one pass."""
+    from analyze.read import store as cache
+
+    p = need(PROBE)
+    whole = open_store(p, cache_dir=tmp_path / "whole")
+    monkeypatch.setattr(cache, "PIECE_ROWS", 997)
+    cut = open_store(p, cache_dir=tmp_path / "cut")
+    assert cut.meta["api_rows"] == whole.meta["api_rows"] and cut.api_first == whole.api_first
+    assert len(whole.api_first) == 2
