@@ -67,8 +67,8 @@ class Trace:
     - ``api``: CUDA runtime and driver calls: ``pid, gtid, corr, start, end, name_id``; from the parquet store
       only the calls the analysis needs (:data:`KEPT_API`, and every call that launched a GPU operation), with
       ``api_first``: each process's first call of all
-    - ``ops``: GPU operations: ``pid, device, stream, corr, start, end, kind, name_id, label, graph_node``
-      (kind: kernel, memcpy, memset, graph)
+    - ``ops``: GPU operations: ``pid, device, stream, corr, start, end, kind, name_id, label, in_graph``
+      (kind: kernel, memcpy, memset, graph; ``in_graph``: a node of a CUDA graph, traced node by node)
     - ``names``: ``name_id, name`` for kernels and API calls
     - ``devices``: ``device, device_name``; ``nsys_diagnostics``: DIAGNOSTIC_EVENT rows
     - ``marks``: NVTX marks (instantaneous events): ``pid, gtid, time, domain, mark, uint64, int64``
@@ -109,7 +109,7 @@ class Trace:
             return self.graph_rows
         if (self.ops["kind"] == "graph").any():
             return "Graph"
-        if self.ops["graph_node"].is_not_null().any():
+        if self.ops["in_graph"].any():
             return "Node"
         return None
 

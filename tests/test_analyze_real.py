@@ -60,7 +60,7 @@ def test_probe_phases_add_up_and_are_complete(probe):
 
 def test_graph_kernels_follow_their_launch(probe):
     """All 13,200 graph-node kernels join a cudaGraphLaunch call; verify's are all in eagle3.verify."""
-    nodes = probe.ops.filter(pl.col("graph_node").is_not_null())
+    nodes = probe.ops.filter(pl.col("in_graph"))
     assert nodes.height == 13200
     assert nodes["gtid"].null_count() == 0
 

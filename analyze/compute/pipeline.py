@@ -35,7 +35,7 @@ from . import attribute, breakdown, collectives, host, windows
 from .comm_patterns import PATTERNS, CommPattern, family_expr
 from .diagnostics import FACTS, diagnose
 
-WORK_COLS = ("pid", "device", "corr", "start", "end", "kind", "name_id", "label", "graph_node")  # of OPS_SCHEMA
+WORK_COLS = ("pid", "device", "corr", "start", "end", "kind", "name_id", "label", "in_graph")  # of OPS_SCHEMA
 WORKER_ROWS = 3_000_000  # two processes at once up to this size: 20 M kernels (2.6 M per process) peak 3.4 GB either way
 
 
@@ -127,9 +127,9 @@ def process(source, pid: int, ctx: Context) -> dict:
     rk = breakdown.ranks(ops, ctx.devices)  # one row (or none): its rank is fixed once all processes are in
     rk = rk.with_columns(pl.lit(v, pl.Int64).alias(k)
                          for k, v in windows.rank_window(ops, source.api_first(pid), nested).items())
-    node_ops = int(ops["graph_node"].is_not_null().sum())
+    node_ops = int(ops["in_graph"].sum())
     if not ctx.keep_ops:  # the device and graph node are done with: narrower copies below
-        ops = ops.drop("device", "graph_node")
+        ops = ops.drop("device", "in_graph")
     # One lookup of each op's kind (name, communication family), a gather per column after.
     ops = ops.with_columns(_kind=kind_codes(ops, ctx.kinds)).with_columns(gather_kinds(ctx.kinds, ["comm"]))
     tl = attribute.timeline(nested)  # who launched what, and the range open around a call: one timeline
