@@ -179,28 +179,25 @@ class _Spill:
     """
 
     def __init__(self, root: Path, piece: int, counts: dict[int, int], lock: threading.Lock):
-        self.root, self.piece, self.buf, self.rows, self.part = root, piece, [], 0, 0
+        self.root, self.piece, self.buf, self.rows, self.part = root, piece, {}, 0, 0
         self.counts, self.lock = counts, lock
 
     def add(self, df: pl.DataFrame) -> None:
-        self.buf.append(df)
+        for (pid,), part in df.partition_by("pid", as_dict=True, maintain_order=True).items():
+            self.buf.setdefault(pid, []).append(part)
         self.rows += df.height
         if self.rows >= FLUSH_ROWS:
             self.flush()
 
     def flush(self) -> None:
-        if not self.buf:
-            return
-        # The batches as they are (no copy), split by process: one copy of the rows in all.
-        whole = pl.concat(self.buf, rechunk=False)
-        self.buf = []
-        for (pid,), df in whole.partition_by("pid", as_dict=True, maintain_order=True).items():
+        for pid, parts in self.buf.items():
             d = self.root / str(pid)
             d.mkdir(parents=True, exist_ok=True)
+            df = pl.concat(parts)
             df.write_parquet(d / f"{self.piece:05d}-{self.part:05d}.parquet", compression="uncompressed", statistics=False)
             with self.lock:
                 self.counts[pid] = self.counts.get(pid, 0) + df.height
-        self.rows, self.part = 0, self.part + 1
+        self.buf, self.rows, self.part = {}, 0, self.part + 1
 
 
 def _pieces(r, table: str, query: str, where: str | None = None) -> list[tuple[str, int]]:
