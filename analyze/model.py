@@ -18,6 +18,8 @@ PHASE_SUMS = ("span_ns", "busy_ns", "compute_ns", "comm_ns", "idle_ns", "kernel_
               "gpu_idle_ns", "instances", "comm_wait_ns", "comm_transfer_ns", "launch_api_ns", "host_wait_ns", "syncs")
 RANGE_SUMS = ("proj_span_ns", "instances", "range_instances", "ops", "launches", "busy_ns", "comm_ns", "idle_ns",
               "range_ns")
+# The kinds of GPU operation (``Trace.ops.kind``): an Enum, one byte a row instead of a string.
+OP_KIND = pl.Enum(["kernel", "memcpy", "memset", "graph"])
 MARKS_SCHEMA = {"pid": pl.Int64, "gtid": pl.Int64, "time": pl.Int64, "domain": pl.String, "mark": pl.String,
                 "uint64": pl.Int64, "int64": pl.Int64}
 # Why the GPU waited at a seam (analyze.compute.host): the next phase's first op was queued in time (gpu), its
@@ -203,7 +205,7 @@ class Result:
             return self.ops.filter((pl.col("end") > t0) & (pl.col("start") < t1)).select(
                 "rank", "start", "end", "kind", "comm").sort("start", "rank", "end")
         if self.window is None:
-            return pl.DataFrame(schema={"rank": pl.Int64, "start": pl.Int64, "end": pl.Int64, "kind": pl.String,
+            return pl.DataFrame(schema={"rank": pl.Int64, "start": pl.Int64, "end": pl.Int64, "kind": OP_KIND,
                                         "comm": pl.String})
         return self.window(t0, t1)
 

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import polars as pl
 
-from ..model import MARKS_SCHEMA, InputError, Trace
+from ..model import MARKS_SCHEMA, OP_KIND, InputError, Trace
 from .sqlite import Reader
 
 KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
@@ -29,7 +29,6 @@ DOMAIN_CREATE = 75
 KNOWN_SCHEMA_MAJOR = 3
 MEMCPY_KINDS = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA", 8: "DtoD",
                 9: "HtoH", 10: "PtoP", 11: "Unknown"}
-OP_KINDS = ("kernel", "memcpy", "memset", "graph")
 _P24 = 1 << 24
 
 
@@ -176,7 +175,7 @@ def _api(r: Reader) -> pl.DataFrame:
 
 
 OPS_SCHEMA = {"pid": pl.Int64, "device": pl.Int64, "stream": pl.Int64, "corr": pl.Int64, "start": pl.Int64,
-              "end": pl.Int64, "kind": pl.String, "name_id": pl.Int64, "label": pl.String,
+              "end": pl.Int64, "kind": OP_KIND, "name_id": pl.Int64, "label": pl.String,
               "in_graph": pl.Boolean}
 
 
