@@ -419,6 +419,7 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
         counts: dict[str, dict[int, int]] = {"ops": {}, "api": {}}
         lock = threading.Lock()
         stats = {"dropped": 0, "ids": [], "api_without_pid": 0}
+        firsts: dict[str, dict[int, int]] = {"ops": {}, "api": {}}  # earliest start per process
         notes: dict[str, int] = {}
         # Largest pieces first, so that the threads end together (files keep their read-order numbers).
         todo = iter(sorted(enumerate(pieces), key=lambda ip: -ip[1][3]))
@@ -441,9 +442,14 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
                     if bad:
                         df = df.filter(~(bad_ops if kind == "ops" else BAD_API))
                     ids = df["name_id"].unique().drop_nulls()
+                    first = df.group_by("pid").agg(pl.col("start").min()).iter_rows()
                     with lock:
                         stats["dropped" if kind == "ops" else "api_without_pid"] += int(bad)
                         stats["ids"].append(ids)
+                        seen_first = firsts[kind]
+                        for p, t in first:
+                            if t is not None and (p not in seen_first or t < seen_first[p]):
+                                seen_first[p] = t
                     spill.add(df)
                     bar.add(b.height)
                     seen += b.height
@@ -480,7 +486,7 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
             bar.close()
         if errors:
             raise errors[0]
-        api_first = _rest_of_api(r, dest, api_q, kept, counts["api"], stats, len(pieces)) if api_q else {}
+        api_first = _rest_of_api(r, dest, api_q, kept, counts["api"], stats, len(pieces), firsts) if api_q else {}
         ids = pl.concat(stats["ids"]) if stats["ids"] else pl.Series("name_id", [], pl.Int64)
         _names(strings, ids).write_parquet(dest / "names.parquet")
         r.check_unchanged()
@@ -530,7 +536,8 @@ def _unmatched(ops: pl.DataFrame, api: pl.DataFrame) -> pl.DataFrame:
                                           nulls_equal=True).unique()
 
 
-def _rest_of_api(r, dest: Path, api_q, kept: str, counts: dict[int, int], stats: dict, piece: int) -> dict[int, int]:
+def _rest_of_api(r, dest: Path, api_q, kept: str, counts: dict[int, int], stats: dict, piece: int,
+                 firsts: dict[str, dict[int, int]]) -> dict[int, int]:
     """The API calls the pieces left out, in one more pass that reads only what the analysis needs of them.
 
     - Each process's first call (its capture window starts there, :func:`analyze.compute.windows.rank_window`):
@@ -539,45 +546,49 @@ def _rest_of_api(r, dest: Path, api_q, kept: str, counts: dict[int, int], stats:
     - A call that launched a GPU operation whose (pid, correlation id) no kept call has: written as one more
       piece, so every launching call is in the store (CUPTI gives each call its own correlation id).
 
-    Returns pid → start of its first call, for every process with GPU operations and calls.
+    ``firsts``: the pieces' earliest start per process, of ``ops`` and of kept ``api`` calls. Returns pid → start
+    of its first call, for every process with GPU operations and calls.
     """
-    ops = _scan_files(dest / "ops", ["pid", "corr", "start"])
-    api = _scan_files(dest / "api", ["pid", "corr", "start"])
-    firsts = (ops.group_by("pid").agg(_o=pl.col("start").min())
-              .join(api.group_by("pid").agg(_a=pl.col("start").min()), on="pid", how="left"))
-    bound = firsts.select(pl.min_horizontal("_o", "_a").max()).item()
-    lost = _unmatched(ops, api)
-    del ops, api
-    corrs = lost["corr"].drop_nulls().unique().sort()
-    conds = ["globalTid IS NULL"]
-    if bound is not None:
-        conds.append(f"start < {bound}")
-    if corrs.len() > 4096:  # a range, cut to the exact ids below
-        conds.append(f"correlationId BETWEEN {corrs[0]} AND {corrs[-1]}")
-    elif corrs.len():
-        conds.append(f"correlationId IN ({','.join(str(c) for c in corrs.to_list())})")
-    if lost["corr"].null_count():
-        conds.append("correlationId IS NULL")
-    where = f"({' OR '.join(conds)}) AND (nameId IS NULL OR nameId NOT IN ({kept}))"  # the cheap test first
+    ops_first, api_first = firsts["ops"], firsts["api"]
+    bound = max((min(t, api_first.get(p, t)) for p, t in ops_first.items()), default=None)
+    rest_of = f"(nameId IS NULL OR nameId NOT IN ({kept}))"
+    early = "globalTid IS NULL" + (f" OR start < {bound}" if bound is not None else "")
 
     def read(q: tuple[str, int]) -> pl.DataFrame:
         parts = [api_q[1](b) for b in r.batches(q[0])]
         return pl.concat(parts) if parts else pl.DataFrame(schema=API_SCHEMA)
 
     with ThreadPoolExecutor(READ_THREADS) as ex:
-        rest = pl.concat(list(ex.map(read, _pieces(r, RUNTIME, api_q[0], where))))
+        # the early calls (the cheap test on start first) while the GPU operations are checked for their calls
+        done = [ex.submit(read, q) for q in _pieces(r, RUNTIME, api_q[0], f"({early}) AND {rest_of}")]
+        lost = _unmatched(_scan_files(dest / "ops", ["pid", "corr"]), _scan_files(dest / "api", ["pid", "corr"]))
+        rest = pl.concat([f.result() for f in done])
+        corrs = lost["corr"].drop_nulls().unique().sort()
+        conds = []
+        if corrs.len() > 4096:  # a range, cut to the exact ids below
+            conds.append(f"correlationId BETWEEN {corrs[0]} AND {corrs[-1]}")
+        elif corrs.len():
+            conds.append(f"correlationId IN ({','.join(str(c) for c in corrs.to_list())})")
+        if lost["corr"].null_count():
+            conds.append("correlationId IS NULL")
+        if conds:  # the launchers of those operations, among the calls not read yet
+            where = f"({' OR '.join(conds)}) AND NOT COALESCE({early}, 0) AND {rest_of}"
+            rest = pl.concat([rest, *ex.map(read, _pieces(r, RUNTIME, api_q[0], where))])
     stats["api_without_pid"] += rest.filter(BAD_API).height
     rest = rest.filter(~BAD_API)
-    early = rest.group_by("pid").agg(_e=pl.col("start").min())
-    firsts = (firsts.join(early, on="pid", how="left")
-              .select("pid", first=pl.min_horizontal("_a", "_e")).filter(pl.col("first").is_not_null()))
+    early_first = dict(rest.group_by("pid").agg(pl.col("start").min()).iter_rows())
+    out = {}
+    for p in ops_first:
+        have = [t for t in (api_first.get(p), early_first.get(p)) if t is not None]
+        if have:
+            out[p] = min(have)
     found = rest.join(lost, on=["pid", "corr"], how="semi", nulls_equal=True)
     if found.height:
         spill = _Spill(dest / "api", piece, counts, threading.Lock())
         spill.add(found)
         spill.flush()
         stats["ids"].append(found["name_id"].unique().drop_nulls())
-    return dict(zip(firsts["pid"].to_list(), firsts["first"].to_list()))
+    return out
 
 
 def _join(threads: list[threading.Thread]) -> None:
