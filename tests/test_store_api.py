@@ -97,3 +97,15 @@ def test_store_api_on_probe_in_row_ranges(tmp_path, monkeypatch):
     cut = open_store(p, cache_dir=tmp_path / "cut")
     assert cut.meta["api_rows"] == whole.meta["api_rows"] and cut.api_first == whole.api_first
     assert len(whole.api_first) == 2
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+def test_store_from_export_dir_equals_memory(tmp_path, fmt):
+    """The API filter and the extra pass in polars' SQL over a parquetdir/arrowdir export: the same again."""
+    from bench.export_dir import write_export_dir
+
+    d = write_export_dir(odd_calls(tmp_path / "odd.sqlite"), tmp_path / f"odd_{fmt[:3]}dir", fmt)
+    s = open_store(d, cache_dir=tmp_path / "c")
+    assert s.api_first == {100: 5, 200: base(3) - 50}
+    _same(analyze(str(d), store=False), analyze_store(s))
+    _same(analyze(tmp_path / "odd.sqlite", store=False), analyze_store(s))
