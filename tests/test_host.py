@@ -7,8 +7,7 @@ import pytest
 from synth import Synth
 
 from analyze import analyze
-from analyze.compute.host import SYNC_API
-from analyze.model import bound_expr
+from analyze.model import SYNC_API, bound_expr
 from analyze.output.text import analyze_table
 
 PID = 100

@@ -14,7 +14,7 @@ its GPU ``ops`` (attributed: ``range_id``, ``api_start``) and its CUDA API calls
     ``block_ns`` = its end − ``a``;
   - ``host``: the call began after ``a`` (the CPU was late); ``late_ns`` = its start − ``a``.
 
-- **Host waits.** A sync-like call (:data:`SYNC_API`: stream/device/event synchronize, synchronous
+- **Host waits.** A sync-like call (:data:`analyze.model.SYNC_API`: stream/device/event synchronize, synchronous
   memcpy/memset) waits for the GPU work launched before it (same process, any stream: ``wait_end``
   = the latest end of the ops launched by calls that started no later than it). Its wait is the part
   of the call before that work ended: ``clip(min(wait_end, end) − start, 0)``.
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from ..model import SEAM_CAUSES, SYNC_API  # noqa: F401 (SYNC_API: here for the module doc and callers)
+from ..model import SEAM_CAUSES
 from .attribute import innermost
 
 CALL_SCHEMA = {"pid": pl.Int64, "gtid": pl.Int64, "corr": pl.Int64, "start": pl.Int64, "end": pl.Int64,

@@ -84,6 +84,7 @@ class StoreSource:
         self.ops_rows = {int(k): v for k, v in store.meta["ops_rows"].items()}
         self.pids = store.pids
         self.store_root = None if temporary else store.root
+        self._first = store.api_first
 
     def ops(self, pid: int, columns: tuple[str, ...] | None = None) -> pl.DataFrame:
         return self.store.read("ops", pid, columns)
@@ -92,7 +93,7 @@ class StoreSource:
         return self.store.read("api", pid)
 
     def api_first(self, pid: int) -> int | None:
-        return self.store.api_first.get(pid)
+        return self._first.get(pid)
 
     def op_keys(self) -> pl.DataFrame:
         return self.store.reading(lambda: self.store.scan("ops").select("name_id", "label").unique().collect())
