@@ -26,7 +26,7 @@ from ..model import InputError
 SQLITE_MAGIC = b"SQLite format 3\x00"
 JOURNAL_MAGIC = bytes.fromhex("d9d505f920a163d7")
 # ADBC's SQLite driver returns 1024-row batches by default; 64 Ki rows read the same columns ~2.5x faster.
-BATCH_ROWS = 65536
+BATCH_ROWS = 262144
 # SQLite's POSIX lock bytes (os_unix.c): the PENDING byte, then RESERVED, then 510 SHARED bytes; in the
 # ``-shm`` file the WAL locks start at byte 120 and every connection holds a read lock on byte 128 (DMS).
 PENDING_BYTE, LOCK_BYTES = 0x40000000, 512
