@@ -117,7 +117,7 @@ def match(kernels: pl.DataFrame, counts: pl.DataFrame | None = None, ordered: bo
     m = kernels.filter(pl.col("_g").is_in(counts.filter("matched")["_g"].implode()))
     # Each collective's rows contiguous, by arrival: first, last and second-latest arrivals are
     # read off its first and last rows (no window per collective).
-    m = m.sort("_g", "j", "start", "rank")
+    m = _sorted_by_collective(m)
     new = ((pl.col("_g") != pl.col("_g").shift(1)) | (pl.col("j") != pl.col("j").shift(1))).fill_null(True)
     m = m.with_columns(_new=new).with_columns(_last=pl.col("_new").shift(-1).fill_null(True),
                                                _c=pl.col("_new").cum_sum())
@@ -141,6 +141,27 @@ def match(kernels: pl.DataFrame, counts: pl.DataFrame | None = None, ordered: bo
         .drop("_second", "_new", "_last", "_c")
         .pipe(lambda df: df.sort("first_arrival", "_g", "j", "rank") if ordered else df)
     )
+
+
+def _bits(s: pl.Series) -> int | None:
+    """Bits that hold every value of an integer column, or None when it has nulls or negative values."""
+    if s.null_count() or (s.len() and s.min() < 0):
+        return None
+    return int(s.max() or 0).bit_length()
+
+
+def _sorted_by_collective(m: pl.DataFrame) -> pl.DataFrame:
+    """``m`` sorted by ``_g, j, start, rank``: on two packed integers when they fit in 62 bits (a sort on four
+    columns compares them one by one), on the four columns otherwise."""
+    if m.height == 0:
+        return m
+    s0 = int(m["start"].min())
+    bits = [_bits(m["_g"]), _bits(m["j"]), _bits(m["start"] - s0), _bits(m["rank"])]
+    if None in bits or bits[0] + bits[1] > 62 or bits[2] + bits[3] > 62:
+        return m.sort("_g", "j", "start", "rank")
+    return (m.with_columns(_k1=pl.col("_g") * 2 ** bits[1] + pl.col("j"),
+                           _k2=(pl.col("start") - s0) * 2 ** bits[3] + pl.col("rank"))
+            .sort("_k1", "_k2").drop("_k1", "_k2"))
 
 
 def per_collective(matched: pl.DataFrame) -> pl.DataFrame:

@@ -220,15 +220,27 @@ def time_keys(cand: pl.DataFrame, anc: pl.DataFrame, kern: pl.DataFrame, bound: 
     refk = paired.filter(is_ref).select(*ph, "_a", "name", "_j", _eref="end")
     diff = (paired.filter(~is_ref).join(refk, on=[*ph, "_a", "name", "_j"])
             .with_columns(_x=(pl.col("end") - pl.col("_eref")).abs()))
-    per_inst = diff.group_by("range_id").agg(_spread=pl.col("_x").median())
-    io = io.join(per_inst, on="range_id", how="left").with_columns(
-        _mis=pl.col("_a").is_null() | (pl.col("_spread") > bound).fill_null(False))
+    io = io.join(_median_above(diff, "range_id", "_x", bound, "_far"), on="range_id", how="left").with_columns(
+        _mis=pl.col("_a").is_null() | pl.col("_far").fill_null(False))
     spread = diff.group_by(*ph, "rank").agg(spread_p50_ns=pl.col("_x").median().cast(pl.Int64))
     offsets = (offs.join(spread, on=[*ph, "rank"], how="left")
                .join(io.group_by(ph).agg(_ranks=pl.col("rank").n_unique()), on=ph)
                .filter(pl.col("_ranks") > 1).drop("_ranks").join(ph_ids, on="_ph").drop("_ph")
                .select(*PHASE, pl.exclude(*PHASE)).sort(*PHASE, "rank"))
     return TimeAlignment(io.select("range_id", "_a", "_mis"), offsets)
+
+
+def _median_above(df: pl.DataFrame, by: str, col: str, bound: int, out: str) -> pl.DataFrame:
+    """Per ``by``: whether the median of the integer ``col`` (nulls ignored; the mean of the two middle values
+    for an even count) is above ``bound``, from counts, a max and a min instead of a median: more than half
+    the values above it, or exactly half and the two middle values (the largest at or below, the smallest
+    above) averaging above it. Null for a group without values."""
+    x = pl.col(col)
+    g = df.group_by(by).agg(_n=x.count(), _up=(x > bound).sum(), _lo=x.filter(x <= bound).max(),
+                            _hi=x.filter(x > bound).min())
+    half = 2 * pl.col("_up") == pl.col("_n")
+    above = (2 * pl.col("_up") > pl.col("_n")) | (half & (pl.col("_lo") + pl.col("_hi") > 2 * bound))
+    return g.select(by, pl.when(pl.col("_n") > 0).then(above).alias(out))
 
 
 @dataclass
