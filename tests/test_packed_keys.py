@@ -4,7 +4,7 @@ checked against the plain polars operation it stands for, on random frames (ties
 from __future__ import annotations
 
 import polars as pl
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from analyze.compute.collectives import _sorted_by_collective
@@ -36,3 +36,25 @@ def test_sorted_by_collective_is_the_four_column_sort(rows, wide):
           .unique(["_g", "j", "rank"], keep="first", maintain_order=True)
           .with_columns(start=pl.col("start") * pl.when(pl.col("rank") == 1).then(wide + 1).otherwise(1)))
     assert _sorted_by_collective(df).equals(df.sort("_g", "j", "start", "rank"))
+
+
+pairs = st.lists(st.tuples(st.one_of(st.none(), st.integers(-1, 4)), st.one_of(st.none(), st.integers(0, 9)),
+                           st.integers(0, 99)), max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(pairs, pairs, st.sampled_from([1, 2**40, 2**59]))
+@example([(0, 9, 1), (1, 0, 2)], [(1, 0, 3)], 1)  # (0, 9) and (1, 0) must stay apart
+def test_one_key_joins_as_the_two_columns(left, right, wide):
+    from analyze.compute.breakdown import one_key
+
+    schema = {"rank": pl.Int64, "range_id": pl.Int64, "v": pl.Int64}
+    a = pl.DataFrame(left, schema=schema, orient="row").with_columns(pl.col("range_id") * wide)
+    b = (pl.DataFrame(right, schema=schema, orient="row").with_columns(pl.col("range_id") * wide)
+         .unique(["rank", "range_id"], keep="first"))
+    (pa, pb), on = one_key(a, b)
+    for how in ("semi", "left", "inner"):
+        want = a.join(b, on=["rank", "range_id"], how=how, maintain_order="left")
+        right_side = pb.drop("rank", "range_id") if on == ["_key"] else pb
+        got = pa.join(right_side, on=on, how=how, maintain_order="left").drop("_key", strict=False)
+        assert got.equals(want), how

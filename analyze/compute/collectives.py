@@ -166,9 +166,15 @@ def _sorted_by_collective(m: pl.DataFrame) -> pl.DataFrame:
 
 def per_collective(matched: pl.DataFrame) -> pl.DataFrame:
     """One row per matched collective: its straggler rank (null on a tie) and delay, start spread, end spread."""
+    bits = [_bits(matched["_g"]), _bits(matched["j"])]
+    if None in bits or sum(bits) > 62:
+        by, ids = [pl.col("_g"), pl.col("j")], []
+    else:  # one integer per collective: a one-key group-by
+        by, ids = [(pl.col("_g") * 2 ** bits[1] + pl.col("j")).alias("_c")], [pl.col("_g", "j").first()]
     return (
-        matched.group_by("_g", "j")
+        matched.group_by(*by)
         .agg(
+            *ids,
             *[pl.col(c).first() for c in GROUP],
             ranks=pl.len(),
             first_arrival=pl.col("first_arrival").first(),
@@ -180,7 +186,7 @@ def per_collective(matched: pl.DataFrame) -> pl.DataFrame:
         )
         .with_columns(start_spread_ns=pl.col("last_arrival") - pl.col("first_arrival"), name=pl.col("name").cast(pl.String))
         .sort("first_arrival", "_g", "j")
-        .select(*KEY, pl.exclude(*KEY, "_g"))
+        .select(*KEY, pl.exclude(*KEY, "_g", "_c"))
     )
 
 

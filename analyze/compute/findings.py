@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from ..model import InputError
-from . import headline
+from . import breakdown, headline
 from .tokens import CYCLE_NAMES, base_expr, selection, summary
 
 HIGH, MEDIUM, FLOOR = 0.10, 0.03, 0.01
@@ -97,7 +97,10 @@ def launch_timing(res) -> pl.DataFrame:
         return s
     nxt = res.instances.filter(pl.col("rank").is_not_null()).select("rank", "range_id", launch="i_first_launch")
     gap = (pl.col("b") - pl.col("a")).clip(lower_bound=0)
-    return (s.join(nxt, on=["rank", "range_id"], how="left")
+    (s, nxt), on = breakdown.one_key(s, nxt)
+    if on == ["_key"]:
+        nxt = nxt.drop("rank", "range_id")
+    return (s.join(nxt, on=on, how="left").drop("_key", strict=False)
             .with_columns(late_ns=(pl.col("launch") - pl.col("a")).clip(lower_bound=0).fill_null(0))
             .with_columns(late_ns=pl.min_horizontal("late_ns", gap))
             .with_columns(held_ns=gap - pl.col("late_ns"), host_late=pl.col("launch") > pl.col("a")))

@@ -90,7 +90,8 @@ def matched(res) -> pl.DataFrame:
             m = collectives.match(collectives.with_group_ids(collectives.usable(k)))
         if m.height == 0:
             return m
-        return m.join(keys(res), on=["rank", "range_id"], how="semi")
+        (mk, ks), on = breakdown.one_key(m, keys(res))
+        return mk.join(ks.select(on), on=on, how="semi").drop("_key", strict=False)
     return _memo(res, "matched", run)
 
 
@@ -200,16 +201,10 @@ def kernels(res, top: int | None = None) -> pl.DataFrame:
             return pl.DataFrame(schema={"phase": pl.String, "name": pl.String, "count": pl.Int64,
                                         "kernel_ns": pl.Int64, "ranks": pl.UInt32})
         names = res.instances.filter(pl.col("rank").is_not_null()).select("rank", "range_id", phase="range")
-        steady = names.join(keys(res), on=["rank", "range_id"], how="semi")
-        on = ["rank", "range_id"]
-        hi = max(int(k["range_id"].max() or 0), int(steady["range_id"].max() or 0)) + 1
-        lo = min(int(k["range_id"].min() or 0), int(steady["range_id"].min() or 0), int(k["rank"].min() or 0))
-        if lo >= 0 and (int(k["rank"].max() or 0) + 1) * hi < 2**62:  # (rank, instance) as one integer
-            def rid(df: pl.DataFrame) -> pl.DataFrame:
-                return df.with_columns(_rid=pl.col("rank") * hi + pl.col("range_id"))
-
-            k, steady, on = rid(k), rid(steady).select("_rid", "phase"), ["_rid"]
-        return (k.join(steady, on=on)
+        (names, ks), on = breakdown.one_key(names, keys(res))
+        steady = names.join(ks, on=on, how="semi")
+        (k, steady), on = breakdown.one_key(k, steady)
+        return (k.join(steady.select(*on, "phase"), on=on)
                 .group_by("phase", "name").agg(pl.col("count").sum(), pl.col("kernel_ns").sum(),
                                                ranks=pl.col("rank").n_unique())
                 .with_columns(pl.col("name").cast(pl.String)))
