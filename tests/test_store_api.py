@@ -109,3 +109,17 @@ def test_store_from_export_dir_equals_memory(tmp_path, fmt):
     assert s.api_first == {100: 5, 200: base(3) - 50}
     _same(analyze(str(d), store=False), analyze_store(s))
     _same(analyze(tmp_path / "odd.sqlite", store=False), analyze_store(s))
+
+
+@pytest.mark.parametrize("name", ["probe", "tp2_rank0_window", "tp2_workload_captureall"])
+def test_store_op_keys_are_the_ops_distinct_names_and_labels(tmp_path, monkeypatch, name):
+    """The distinct (name id, label) of the GPU operations, kept by the build (in row ranges, as a large export is
+    read), are those of the ops in the store: kernels by name id, copies and memsets by label."""
+    from analyze.read import store as cache
+
+    monkeypatch.setattr(cache, "PIECE_ROWS", 997)
+    s = open_store(need(PROBE) if name == "probe" else tp2(name, tmp_path), cache_dir=tmp_path / "c")
+    want = s.scan("ops").select("name_id", "label").unique().sort("name_id", "label", nulls_last=True).collect()
+    got = s.op_keys().sort("name_id", "label", nulls_last=True)
+    assert got.equals(want) and got.height > 5
+    assert got.filter(pl.col("label").is_not_null()).height >= 1  # copies or memsets

@@ -46,8 +46,12 @@ def one_key(*frames: pl.DataFrame, on: tuple[str, str] = ("rank", "range_id")) -
 def _parts(rows: pl.DataFrame, key: str) -> pl.DataFrame:
     """``rows`` (``key, start, end, _c``: communication or not; sorted by start) with ``_p``/``_q``: each row's
     share of its group's busy and communication union lengths (:func:`analyze.compute.intervals.group_parts`)."""
-    # A stable sort by key keeps each group's rows in start order: groups contiguous, no windows.
-    parts = group_parts(rows.sort(key, maintain_order=True), key, only="_c")
+    # A stable sort by key keeps each group's rows in start order: groups contiguous, no windows. Ops sorted by
+    # start usually are by range too (ranges follow each other): then the sort would only copy them.
+    k = rows[key]
+    if not (k.null_count() == 0 and k.is_sorted()):
+        rows = rows.sort(key, maintain_order=True)
+    parts = group_parts(rows, key, only="_c")
     if parts is None:  # times too wide for the shift: one window per group
         past = pl.col("end") - pl.max_horizontal(pl.col("start"), pl.col("end").shift(1).cum_max().over(key))
         past_comm = pl.col("end") - pl.max_horizontal(pl.col("start"), pl.col("end").shift(1).cum_max().over(key, "_c"))

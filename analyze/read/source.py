@@ -96,7 +96,7 @@ class StoreSource:
         return self._first.get(pid)
 
     def op_keys(self) -> pl.DataFrame:
-        return self.store.reading(lambda: self.store.scan("ops").select("name_id", "label").unique().collect())
+        return self.store.op_keys()
 
     def close(self) -> None:
         if self._tmp is not None:

@@ -6,6 +6,7 @@ polars scans) writes the frames :func:`analyze.read.export.load` would build, al
     <report>.spectrace/            (or $SPECTRACE_CACHE_DIR / ~/.cache/spectrace/<hash>/ if the
       meta.json                     report's directory is not writable; the report is never touched)
       ranges.parquet marks.parquet names.parquet devices.parquet diagnostics.parquet
+      op_keys.parquet              every distinct (name_id, label) of the GPU operations
       ops/<pid>/<part>.parquet     GPU operations of one process, parts in read order
       api/<pid>/<part>.parquet     CUDA API calls of one process: the ones the analysis needs (below)
 
@@ -72,8 +73,8 @@ from .export import (
 )
 from .sqlite import check_file, file_state
 
-CACHE_VERSION = 5  # 2: ranges have ``range_id`` and ``range``; 3: marks.parquet; 4: marker, files listed, checks;
-# 5: only the API calls the analysis needs, and each process's first call (``api_first``)
+CACHE_VERSION = 6  # 2: ranges have ``range_id`` and ``range``; 3: marks.parquet; 4: marker, files listed, checks;
+# 5: only the API calls the analysis needs, and each process's first call (``api_first``); 6: op_keys.parquet
 FLUSH_ROWS = 2_000_000
 PIECE_ROWS = 2_000_000  # a large table is read in row ranges of this size, by READ_THREADS threads
 READ_THREADS = max(2, min(4, os.cpu_count() or 2))
@@ -350,6 +351,11 @@ class Store:
             return pl.LazyFrame(schema=OPS_SCHEMA if kind == "ops" else API_SCHEMA)
         return pl.scan_parquet(files)
 
+    def op_keys(self) -> pl.DataFrame:
+        """Every distinct ``(name_id, label)`` of the GPU operations (written by the build)."""
+        self.check("op_keys.parquet")
+        return self.reading(lambda: pl.read_parquet(self.root / "op_keys.parquet"))
+
     def head(self, ops: pl.DataFrame | None = None, api: pl.DataFrame | None = None) -> Trace:
         """A :class:`Trace` with the small frames, and the given (or no) ops and API calls."""
         for name in ("ranges", "marks", "names", "devices", "diagnostics"):
@@ -418,7 +424,7 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
             pieces += [("api", q, api_q[1], n) for q, n in _pieces(r, RUNTIME, api_q[0], f"nameId IN ({kept})")]
         counts: dict[str, dict[int, int]] = {"ops": {}, "api": {}}
         lock = threading.Lock()
-        stats = {"dropped": 0, "ids": [], "api_without_pid": 0}
+        stats = {"dropped": 0, "ids": [], "op_keys": [], "api_without_pid": 0}
         firsts: dict[str, dict[int, int]] = {"ops": {}, "api": {}}  # earliest start per process
         notes: dict[str, int] = {}
         # Largest pieces first, so that the threads end together (files keep their read-order numbers); the API
@@ -443,10 +449,13 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
                     if bad:
                         df = df.filter(~(bad_ops if kind == "ops" else BAD_API))
                     ids = df["name_id"].unique().drop_nulls()
+                    keys = _op_keys(df) if kind == "ops" else None
                     first = df.group_by("pid").agg(pl.col("start").min()).iter_rows()
                     with lock:
                         stats["dropped" if kind == "ops" else "api_without_pid"] += int(bad)
                         stats["ids"].append(ids)
+                        if keys is not None:
+                            stats["op_keys"].append(keys)
                         seen_first = firsts[kind]
                         for p, t in first:
                             if t is not None and (p not in seen_first or t < seen_first[p]):
@@ -490,6 +499,8 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
         api_first = _rest_of_api(r, dest, api_q, kept, counts["api"], stats, len(pieces), firsts) if api_q else {}
         ids = pl.concat(stats["ids"]) if stats["ids"] else pl.Series("name_id", [], pl.Int64)
         _names(strings, ids).write_parquet(dest / "names.parquet")
+        keys = pl.concat(stats["op_keys"]).unique() if stats["op_keys"] else pl.DataFrame(schema=OP_KEYS)
+        keys.write_parquet(dest / "op_keys.parquet")
         r.check_unchanged()
         notes.update(api_without_pid=stats["api_without_pid"], lossy_strings=r.lossy)
         meta = {
@@ -512,6 +523,16 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
         return dest
     finally:
         r.close()
+
+
+OP_KEYS = {"name_id": pl.Int64, "label": pl.String}
+
+
+def _op_keys(ops: pl.DataFrame) -> pl.DataFrame:
+    """The distinct ``(name_id, label)`` of some GPU operations: by name id alone when they have no label (kernels)."""
+    if ops["label"].null_count() == ops.height:
+        return ops.select(pl.col("name_id").unique(), label=pl.lit(None, pl.String))
+    return ops.select(list(OP_KEYS)).unique()
 
 
 def _kept_ids(strings: pl.DataFrame) -> str:
