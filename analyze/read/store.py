@@ -78,6 +78,7 @@ CACHE_VERSION = 6  # 2: ranges have ``range_id`` and ``range``; 3: marks.parquet
 FLUSH_ROWS = 2_000_000
 PIECE_ROWS = 2_000_000  # a large table is read in row ranges of this size, by READ_THREADS threads
 READ_THREADS = max(2, min(4, os.cpu_count() or 2))
+KEPT_IDS = "/*kept API name ids*/"  # in the API pieces' SQL until StringIds is read
 SUFFIX = ".spectrace"
 MARKER = "SPECTRACE_CACHE"  # in every cache folder (and every folder a build writes): it is ours to replace
 TAIL = 65536  # bytes of each file's end in its checksum: the parquet footer (row counts, offsets) and more
@@ -418,10 +419,11 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
         bar = Progress(total, f"spectrace: reading {Path(report).name}", progress)
         # Pieces (a table, or a row range of a large one), numbered in read order; the threads take the next one.
         pieces = [("ops", q, post, n) for t, query, post in ops_q for q, n in _pieces(r, t, query)]
-        strings = _strings(r)  # small, and the API calls are chosen by name
-        kept = _kept_ids(strings)
-        if api_q:  # the calls the analysis needs by name, and the usual launchers (the rest: _rest_of_api)
-            pieces += [("api", q, api_q[1], n) for q, n in _pieces(r, RUNTIME, api_q[0], f"nameId IN ({kept})")]
+        if api_q:  # the calls the analysis needs by name, and the usual launchers (the rest: _rest_of_api); their
+            # ids (from StringIds) are filled in when the threads reach them, read meanwhile on this thread
+            pieces += [("api", q, api_q[1], n) for q, n in _pieces(r, RUNTIME, api_q[0], f"nameId IN ({KEPT_IDS})")]
+        kept = {}  # "ids": the kept ids as an SQL list, once known
+        kept_known = threading.Event()
         counts: dict[str, dict[int, int]] = {"ops": {}, "api": {}}
         lock = threading.Lock()
         stats = {"dropped": 0, "ids": [], "op_keys": [], "api_without_pid": 0}
@@ -440,6 +442,11 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
                     i, (kind, q, post, n) = next(todo, (None, (None, None, None, None)))
                 if i is None:
                     return
+                if KEPT_IDS in q:
+                    while not kept_known.wait(0.05):
+                        if errors or stop.is_set():
+                            return
+                    q = q.replace(KEPT_IDS, kept["ids"])
                 spill, seen = _Spill(dest / kind, i, counts[kind], lock), 0
                 for b in r.batches(q):
                     if errors or stop.is_set():
@@ -486,6 +493,9 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
         try:
             for t in threads:
                 t.start()
+            strings = _strings(r)  # small, and the API calls are chosen by name
+            kept["ids"] = _kept_ids(strings)
+            kept_known.set()
             for t in threads:
                 t.join()
         except BaseException:  # Ctrl-C: no thread may write into the folder once it is removed
@@ -496,7 +506,7 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
             bar.close()
         if errors:
             raise errors[0]
-        api_first = _rest_of_api(r, dest, api_q, kept, counts["api"], stats, len(pieces), firsts) if api_q else {}
+        api_first = _rest_of_api(r, dest, api_q, kept["ids"], counts["api"], stats, len(pieces), firsts) if api_q else {}
         ids = pl.concat(stats["ids"]) if stats["ids"] else pl.Series("name_id", [], pl.Int64)
         _names(strings, ids).write_parquet(dest / "names.parquet")
         keys = pl.concat(stats["op_keys"]).unique() if stats["op_keys"] else pl.DataFrame(schema=OP_KEYS)
