@@ -12,6 +12,8 @@ import sqlite3
 
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from paths import PROBE, need, tp2
 from synth import Synth
 from test_rank_windows import base, trace
@@ -123,3 +125,40 @@ def test_store_op_keys_are_the_ops_distinct_names_and_labels(tmp_path, monkeypat
     got = s.op_keys().sort("name_id", "label", nulls_last=True)
     assert got.equals(want) and got.height > 5
     assert got.filter(pl.col("label").is_not_null()).height >= 1  # copies or memsets
+
+
+def test_odd_launcher_found_from_the_build_keys(tmp_path, monkeypatch):
+    """Every (pid, correlation id) packs: the ops without a kept call come from the keys the build took of each
+    batch (no second read of the ops), and the odd launcher is found as before."""
+    from analyze.read import store as cache
+
+    p = odd_calls(tmp_path / "odd.sqlite")
+    con = sqlite3.connect(p)
+    con.execute("DELETE FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE correlationId IS NULL")  # the one that does not pack
+    con.commit()
+    con.close()
+
+    def no_scan(*a):
+        raise AssertionError("the ops were read again")
+
+    monkeypatch.setattr(cache, "_unmatched", no_scan)
+    monkeypatch.setattr(cache, "PIECE_ROWS", 7)  # many batches, each with its own keys
+    s = open_store(p, cache_dir=tmp_path / "c")
+    api = s.scan("api").collect()
+    names = dict(pl.read_parquet(s.root / "names.parquet").iter_rows())
+    assert {names[i] for i in api["name_id"].unique().to_list()} == {"cudaLaunchKernel_v7000", "cuStreamWriteValue32_v2"}
+    _same(analyze(p, store=False), analyze_store(s))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2**32 - 1)), max_size=30),
+       st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2**32 - 1)), max_size=30), st.integers(1, 5))
+def test_unmatched_from_keys_is_the_anti_join(ops, api, cut):
+    from analyze.read.store import _call_keys, _unmatched, _unmatched_keys
+
+    schema = {"pid": pl.Int64, "corr": pl.Int64}
+    o = pl.DataFrame(ops + api[:cut], schema=schema, orient="row")  # some ops with their call
+    a = pl.DataFrame(api, schema=schema, orient="row")
+    pieces = [o.slice(i, 4) for i in range(0, o.height, 4)]
+    got = _unmatched_keys([_call_keys(x) for x in pieces], [_call_keys(a)] if a.height else [])
+    assert got.sort("pid", "corr").equals(_unmatched(o, a).sort("pid", "corr"))

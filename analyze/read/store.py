@@ -426,7 +426,8 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
         kept_known = threading.Event()
         counts: dict[str, dict[int, int]] = {"ops": {}, "api": {}}
         lock = threading.Lock()
-        stats = {"dropped": 0, "ids": [], "op_keys": [], "api_without_pid": 0}
+        stats = {"dropped": 0, "ids": [], "op_keys": [], "api_without_pid": 0, "ops_calls": [], "api_calls": [],
+                 "calls_unpacked": False}
         firsts: dict[str, dict[int, int]] = {"ops": {}, "api": {}}  # earliest start per process
         notes: dict[str, int] = {}
         # Largest pieces first, so that the threads end together (files keep their read-order numbers); the API
@@ -457,12 +458,17 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
                         df = df.filter(~(bad_ops if kind == "ops" else BAD_API))
                     ids = df["name_id"].unique().drop_nulls()
                     keys = _op_keys(df) if kind == "ops" else None
+                    calls = _call_keys(df)
                     first = df.group_by("pid").agg(pl.col("start").min()).iter_rows()
                     with lock:
                         stats["dropped" if kind == "ops" else "api_without_pid"] += int(bad)
                         stats["ids"].append(ids)
                         if keys is not None:
                             stats["op_keys"].append(keys)
+                        if calls is None:
+                            stats["calls_unpacked"] = True
+                        else:
+                            stats[f"{kind}_calls"].append(calls)
                         seen_first = firsts[kind]
                         for p, t in first:
                             if t is not None and (p not in seen_first or t < seen_first[p]):
@@ -568,6 +574,26 @@ def _unmatched(ops: pl.DataFrame, api: pl.DataFrame) -> pl.DataFrame:
                                           nulls_equal=True).unique()
 
 
+def _call_keys(rows: pl.DataFrame) -> pl.Series | None:
+    """The distinct (pid, correlation id) of some ops or API calls, each as one integer (pid * 2^32 + corr), or None
+    when they do not pack (a null, or out of range: CUPTI correlation ids are 32-bit, pids 24-bit)."""
+    p, c = rows["pid"], rows["corr"]
+    if p.null_count() or c.null_count():
+        return None
+    if rows.height and (p.min() < 0 or p.max() >= 1 << 31 or c.min() < 0 or c.max() >= 1 << 32):
+        return None
+    return rows.select((pl.col("pid") * (1 << 32) + pl.col("corr")).unique().alias("key"))["key"]
+
+
+def _unmatched_keys(ops: list[pl.Series], api: list[pl.Series]) -> pl.DataFrame:
+    """:func:`_unmatched` from the keys (:func:`_call_keys`) the build took of each batch of ops and of API calls."""
+    have = pl.concat(api) if api else pl.Series("key", [], pl.Int64)
+    key = pl.col("key")
+    lost = (pl.concat(ops).to_frame("key") if ops else pl.DataFrame(schema={"key": pl.Int64})).filter(
+        ~key.is_in(have.implode())).unique()
+    return lost.select(pid=key // (1 << 32), corr=key % (1 << 32))
+
+
 def _rest_of_api(r, dest: Path, api_q, kept: str, counts: dict[int, int], stats: dict, piece: int,
                  firsts: dict[str, dict[int, int]]) -> dict[int, int]:
     """The API calls the pieces left out, in one more pass that reads only what the analysis needs of them.
@@ -593,7 +619,10 @@ def _rest_of_api(r, dest: Path, api_q, kept: str, counts: dict[int, int], stats:
     with ThreadPoolExecutor(READ_THREADS) as ex:
         # the early calls (the cheap test on start first) while the GPU operations are checked for their calls
         done = [ex.submit(read, q) for q in _pieces(r, RUNTIME, api_q[0], f"({early}) AND {rest_of}")]
-        lost = _unmatched(_scan_files(dest / "ops", ["pid", "corr"]), _scan_files(dest / "api", ["pid", "corr"]))
+        if stats["calls_unpacked"]:
+            lost = _unmatched(_scan_files(dest / "ops", ["pid", "corr"]), _scan_files(dest / "api", ["pid", "corr"]))
+        else:
+            lost = _unmatched_keys(stats["ops_calls"], stats["api_calls"])
         rest = pl.concat([f.result() for f in done])
         corrs = lost["corr"].drop_nulls().unique().sort()
         conds = []
