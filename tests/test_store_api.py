@@ -162,3 +162,29 @@ def test_unmatched_from_keys_is_the_anti_join(ops, api, cut):
     pieces = [o.slice(i, 4) for i in range(0, o.height, 4)]
     got = _unmatched_keys([_call_keys(x) for x in pieces], [_call_keys(a)] if a.height else [])
     assert got.sort("pid", "corr").equals(_unmatched(o, a).sort("pid", "corr"))
+
+
+@pytest.mark.parametrize("source", ["odd", "tp2_rank0_window", "tp2_workload_captureall"])
+def test_early_calls_read_with_the_api_pieces_or_apart(tmp_path, monkeypatch, source):
+    """The early calls (where a capture window may open) come with the API pieces when the bound they were read to
+    covers the final one, from a pass of their own otherwise: the same store and analysis either way."""
+    from analyze.read import store as cache
+
+    p = odd_calls(tmp_path / "odd.sqlite") if source == "odd" else tp2(source, tmp_path)
+    real = cache._early_bound
+    built = {}
+    for name, bound in (("apart", lambda firsts: None), ("low", lambda firsts: 0),
+                        ("high", lambda firsts: 2**62), ("as read", real)):
+        monkeypatch.setattr(cache, "_early_bound", bound)
+        s = open_store(p, cache_dir=tmp_path / name.replace(" ", "_"))
+        built[name] = (s, analyze_store(s), s.scan("api").collect().sort("pid", "start", "corr"))
+    s0, res0, api0 = built["apart"]
+    for name, (s, res, api) in built.items():
+        assert api.equals(api0), name
+        assert s.meta["read_warnings"] == s0.meta["read_warnings"], name
+        _same(res0, res)
+        # the first call may differ only where it is after the process's first GPU operation (no effect)
+        first_op = s.scan("ops").group_by("pid").agg(pl.col("start").min()).collect()
+        for pid, t in first_op.iter_rows():
+            a, b = s.api_first.get(pid), s0.api_first.get(pid)
+            assert a == b or min(a, t) == min(b, t) == t, (name, pid)

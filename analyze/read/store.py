@@ -422,12 +422,12 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
         if api_q:  # the calls the analysis needs by name, and the usual launchers (the rest: _rest_of_api); their
             # ids (from StringIds) are filled in when the threads reach them, read meanwhile on this thread
             pieces += [("api", q, api_q[1], n) for q, n in _pieces(r, RUNTIME, api_q[0], f"nameId IN ({KEPT_IDS})")]
-        kept = {}  # "ids": the kept ids as an SQL list, once known
+        kept = {}  # "ids": the kept ids as an SQL list, once known; "bound": see _early_bound
         kept_known = threading.Event()
         counts: dict[str, dict[int, int]] = {"ops": {}, "api": {}}
         lock = threading.Lock()
         stats = {"dropped": 0, "ids": [], "op_keys": [], "api_without_pid": 0, "ops_calls": [], "api_calls": [],
-                 "calls_unpacked": False}
+                 "calls_unpacked": False, "early": {}}
         firsts: dict[str, dict[int, int]] = {"ops": {}, "api": {}}  # earliest start per process
         notes: dict[str, int] = {}
         # Largest pieces first, so that the threads end together (files keep their read-order numbers); the API
@@ -447,12 +447,22 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
                     while not kept_known.wait(0.05):
                         if errors or stop.is_set():
                             return
+                    with lock:
+                        if "bound" not in kept:  # fixed when the first API piece starts, for all of them
+                            kept["bound"] = _early_bound(firsts["ops"])
+                    if kept["bound"] is not None:  # and the early calls (_rest_of_api), in the same pass
+                        q = q.replace(f"nameId IN ({KEPT_IDS})", f"(nameId IN ({KEPT_IDS}) OR {_early(kept['bound'])})")
                     q = q.replace(KEPT_IDS, kept["ids"])
                 spill, seen = _Spill(dest / kind, i, counts[kind], lock), 0
                 for b in r.batches(q):
                     if errors or stop.is_set():
                         return
                     df = post(b)
+                    if kind == "api" and kept.get("bound") is not None:  # the early calls apart: not stored
+                        is_kept = pl.col("name_id").is_in(kept["id_list"].implode())
+                        with lock:
+                            stats["early"].setdefault(i, []).append(df.filter(~is_kept.fill_null(False)))
+                        df = df.filter(is_kept.fill_null(False))
                     bad = df.select((bad_ops if kind == "ops" else BAD_API).sum()).item() or 0
                     if bad:
                         df = df.filter(~(bad_ops if kind == "ops" else BAD_API))
@@ -501,6 +511,7 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
                 t.start()
             strings = _strings(r)  # small, and the API calls are chosen by name
             kept["ids"] = _kept_ids(strings)
+            kept["id_list"] = pl.Series([int(x) for x in kept["ids"].split(",")], dtype=pl.Int64)
             kept_known.set()
             for t in threads:
                 t.join()
@@ -512,7 +523,8 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
             bar.close()
         if errors:
             raise errors[0]
-        api_first = _rest_of_api(r, dest, api_q, kept["ids"], counts["api"], stats, len(pieces), firsts) if api_q else {}
+        api_first = (_rest_of_api(r, dest, api_q, kept["ids"], counts["api"], stats, len(pieces), firsts,
+                                  kept.get("bound")) if api_q else {})
         ids = pl.concat(stats["ids"]) if stats["ids"] else pl.Series("name_id", [], pl.Int64)
         _names(strings, ids).write_parquet(dest / "names.parquet")
         keys = pl.concat(stats["op_keys"]).unique() if stats["op_keys"] else pl.DataFrame(schema=OP_KEYS)
@@ -594,8 +606,21 @@ def _unmatched_keys(ops: list[pl.Series], api: list[pl.Series]) -> pl.DataFrame:
     return lost.select(pid=key // (1 << 32), corr=key % (1 << 32))
 
 
+def _early_bound(ops_first: dict[int, int]) -> int | None:
+    """The start before which a call may be some process's first activity: the latest of the processes' first
+    GPU operations (None without any). With a process's first kept call too it is :func:`_rest_of_api`'s bound; taken
+    from the rows read so far (earliest starts only come down as more are read), it is at or above that bound for
+    every process already seen."""
+    return max(ops_first.values(), default=None)
+
+
+def _early(bound: int | None) -> str:
+    """SQL: the calls that may be a process's first (before ``bound``), and those without a thread."""
+    return "(globalTid IS NULL" + (f" OR start < {bound})" if bound is not None else ")")
+
+
 def _rest_of_api(r, dest: Path, api_q, kept: str, counts: dict[int, int], stats: dict, piece: int,
-                 firsts: dict[str, dict[int, int]]) -> dict[int, int]:
+                 firsts: dict[str, dict[int, int]], read_before: int | None = None) -> dict[int, int]:
     """The API calls the pieces left out, in one more pass that reads only what the analysis needs of them.
 
     - Each process's first call (its capture window starts there, :func:`analyze.compute.windows.rank_window`):
@@ -604,13 +629,16 @@ def _rest_of_api(r, dest: Path, api_q, kept: str, counts: dict[int, int], stats:
     - A call that launched a GPU operation whose (pid, correlation id) no kept call has: written as one more
       piece, so every launching call is in the store (CUPTI gives each call its own correlation id).
 
-    ``firsts``: the pieces' earliest start per process, of ``ops`` and of kept ``api`` calls. Returns pid → start
-    of its first call, for every process with GPU operations and calls.
+    ``firsts``: the pieces' earliest start per process, of ``ops`` and of kept ``api`` calls. ``read_before``: the
+    API pieces also read the early calls before this start (:func:`_early_bound`; in ``stats["early"]`` by piece):
+    when it is not below the bound, no pass for them. Returns pid → start of its first call, for every process with
+    GPU operations and calls (exact where it is before the process's first GPU operation).
     """
     ops_first, api_first = firsts["ops"], firsts["api"]
     bound = max((min(t, api_first.get(p, t)) for p, t in ops_first.items()), default=None)
     rest_of = f"(nameId IS NULL OR nameId NOT IN ({kept}))"
-    early = "globalTid IS NULL" + (f" OR start < {bound}" if bound is not None else "")
+    have = read_before is not None and bound is not None and bound <= read_before
+    early = _early(read_before if have else bound)
 
     def read(q: tuple[str, int]) -> pl.DataFrame:
         parts = [api_q[1](b) for b in r.batches(q[0])]
@@ -618,12 +646,16 @@ def _rest_of_api(r, dest: Path, api_q, kept: str, counts: dict[int, int], stats:
 
     with ThreadPoolExecutor(READ_THREADS) as ex:
         # the early calls (the cheap test on start first) while the GPU operations are checked for their calls
-        done = [ex.submit(read, q) for q in _pieces(r, RUNTIME, api_q[0], f"({early}) AND {rest_of}")]
+        if have:  # read with the API pieces, in their order
+            parts = [df for i in sorted(stats["early"]) for df in stats["early"][i]]
+            done = [ex.submit(pl.concat, parts)] if parts else []
+        else:
+            done = [ex.submit(read, q) for q in _pieces(r, RUNTIME, api_q[0], f"{early} AND {rest_of}")]
         if stats["calls_unpacked"]:
             lost = _unmatched(_scan_files(dest / "ops", ["pid", "corr"]), _scan_files(dest / "api", ["pid", "corr"]))
         else:
             lost = _unmatched_keys(stats["ops_calls"], stats["api_calls"])
-        rest = pl.concat([f.result() for f in done])
+        rest = pl.concat([f.result() for f in done]) if done else pl.DataFrame(schema=API_SCHEMA)
         corrs = lost["corr"].drop_nulls().unique().sort()
         conds = []
         if corrs.len() > 4096:  # a range, cut to the exact ids below
