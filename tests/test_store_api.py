@@ -188,3 +188,22 @@ def test_early_calls_read_with_the_api_pieces_or_apart(tmp_path, monkeypatch, so
         for pid, t in first_op.iter_rows():
             a, b = s.api_first.get(pid), s0.api_first.get(pid)
             assert a == b or min(a, t) == min(b, t) == t, (name, pid)
+
+
+def test_too_many_early_calls_get_their_own_pass(tmp_path, monkeypatch):
+    """The API pieces keep at most EARLY_ROWS early calls (a bound read too late would hold most of the API table):
+    past that, the early calls are read in their own pass, and the store is the same."""
+    from analyze.read import store as cache
+
+    p = odd_calls(tmp_path / "odd.sqlite")
+    monkeypatch.setattr(cache, "_early_bound", lambda firsts: 2**62)  # every call is early
+    whole = open_store(p, cache_dir=tmp_path / "whole")
+    monkeypatch.setattr(cache, "EARLY_ROWS", 3)
+    passes = []
+    rest = cache._rest_of_api
+    monkeypatch.setattr(cache, "_rest_of_api", lambda *a: (passes.append(a[-1]), rest(*a))[1])
+    capped = open_store(p, cache_dir=tmp_path / "capped")
+    assert passes == [None]  # the early calls were not taken from the API pieces
+    assert capped.scan("api").collect().sort("pid", "start", "corr").equals(
+        whole.scan("api").collect().sort("pid", "start", "corr"))
+    assert capped.api_first == {100: 5, 200: base(3) - 50}

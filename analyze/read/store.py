@@ -79,6 +79,7 @@ FLUSH_ROWS = 2_000_000
 PIECE_ROWS = 2_000_000  # a large table is read in row ranges of this size, by READ_THREADS threads
 READ_THREADS = max(2, min(4, os.cpu_count() or 2))
 KEPT_IDS = "/*kept API name ids*/"  # in the API pieces' SQL until StringIds is read
+EARLY_ROWS = 1_000_000  # early calls kept from the API pieces at most (more: their own pass, see _rest_of_api)
 SUFFIX = ".spectrace"
 MARKER = "SPECTRACE_CACHE"  # in every cache folder (and every folder a build writes): it is ours to replace
 TAIL = 65536  # bytes of each file's end in its checksum: the parquet footer (row counts, offsets) and more
@@ -427,7 +428,7 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
         counts: dict[str, dict[int, int]] = {"ops": {}, "api": {}}
         lock = threading.Lock()
         stats = {"dropped": 0, "ids": [], "op_keys": [], "api_without_pid": 0, "ops_calls": [], "api_calls": [],
-                 "calls_unpacked": False, "early": {}}
+                 "calls_unpacked": False, "early": {}, "early_rows": 0}
         firsts: dict[str, dict[int, int]] = {"ops": {}, "api": {}}  # earliest start per process
         notes: dict[str, int] = {}
         # Largest pieces first, so that the threads end together (files keep their read-order numbers); the API
@@ -460,8 +461,11 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
                     df = post(b)
                     if kind == "api" and kept.get("bound") is not None:  # the early calls apart: not stored
                         is_kept = pl.col("name_id").is_in(kept["id_list"].implode())
+                        early = df.filter(~is_kept.fill_null(False))
                         with lock:
-                            stats["early"].setdefault(i, []).append(df.filter(~is_kept.fill_null(False)))
+                            stats["early_rows"] += early.height
+                            if stats["early_rows"] <= EARLY_ROWS:
+                                stats["early"].setdefault(i, []).append(early)
                         df = df.filter(is_kept.fill_null(False))
                     bad = df.select((bad_ops if kind == "ops" else BAD_API).sum()).item() or 0
                     if bad:
@@ -524,7 +528,7 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
         if errors:
             raise errors[0]
         api_first = (_rest_of_api(r, dest, api_q, kept["ids"], counts["api"], stats, len(pieces), firsts,
-                                  kept.get("bound")) if api_q else {})
+                                  kept.get("bound") if stats["early_rows"] <= EARLY_ROWS else None) if api_q else {})
         ids = pl.concat(stats["ids"]) if stats["ids"] else pl.Series("name_id", [], pl.Int64)
         _names(strings, ids).write_parquet(dest / "names.parquet")
         keys = pl.concat(stats["op_keys"]).unique() if stats["op_keys"] else pl.DataFrame(schema=OP_KEYS)
