@@ -26,6 +26,9 @@ import sys
 # rounds: 0.86 -> 0.61 M page faults, system time 2.4 -> 2.1 s, wall 10.7 -> 10.4 s; peak 1.73-1.94 -> 1.65-1.73 GiB).
 MALLOC_VAR = "_RJEM_MALLOC_CONF"
 MALLOC_CONF = "narenas:1,dirty_decay_ms:2000,muzzy_decay_ms:0,oversize_threshold:0"
+# What importing polars writes into the variable (polars/__init__.py): a process started by one that imported
+# polars (a notebook, a script, make bench) inherits it. Not the user's choice, so it does not stop ours.
+POLARS_OWN = frozenset({"dirty_decay_ms:500", "muzzy_decay_ms:1000"})
 # Verbs that start the user's programs (an SGLang server under nsys): they get the variable as it was
 # (importing polars rewrites it too).
 LAUNCHERS = {"trace", "demo-workload"}
@@ -431,7 +434,7 @@ def _main(argv: list[str] | None) -> int:
     if hasattr(sys.stdout, "reconfigure"):  # file names that are not UTF-8 are printed as the bytes they are
         sys.stdout.reconfigure(errors="surrogateescape")
     user_malloc = os.environ.get(MALLOC_VAR)
-    if user_malloc is None:
+    if user_malloc is None or set(user_malloc.split(",")) <= POLARS_OWN:
         os.environ[MALLOC_VAR] = MALLOC_CONF
     from nvtx_hooks.capture import CaptureError
 

@@ -31,6 +31,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# The contenders run in the environment this command was started with: importing polars here (machine()) writes
+# its allocator setting into os.environ, which children would otherwise inherit.
+CHILD_ENV = dict(os.environ)
 DEFAULT_SRC = ROOT.parent / "shared" / "traces" / "tp2_probe_node.sqlite"
 READ_SQL = (
     "SELECT start, end, deviceId, streamId, correlationId, globalPid, demangledName, graphNodeId "
@@ -121,7 +124,7 @@ def _child(cmd: list[str]) -> tuple[float, float]:
             "p=subprocess.run(sys.argv[1:],stdout=subprocess.DEVNULL,stderr=subprocess.PIPE,text=True);"
             "w=time.perf_counter()-t;"
             "print(json.dumps([p.returncode,w,resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss/1024,p.stderr[-400:]]))")
-    out = subprocess.run([sys.executable, "-c", code, *cmd], capture_output=True, text=True, cwd=ROOT)
+    out = subprocess.run([sys.executable, "-c", code, *cmd], capture_output=True, text=True, cwd=ROOT, env=CHILD_ENV)
     rc, wall, peak, err = json.loads(out.stdout)
     if rc != 0:
         raise SystemExit(f"bench: {' '.join(cmd[:4])}… failed: {err.strip()}")
