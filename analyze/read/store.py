@@ -11,9 +11,10 @@ polars scans) writes the frames :func:`analyze.read.export.load` would build, al
       api/<pid>/<part>.parquet     CUDA API calls of one process: the ones the analysis needs (below)
 
 API calls: those matching :data:`analyze.model.KEPT_API` (chosen in the SQL: the calls that launch nothing are
-most of a large API table and never cross into Python), plus, from one cheap pass over the rest
-(:func:`_rest_of_api`), every call that launched a GPU operation no kept call accounts for; ``meta.json``'s
-``api_first`` has each process's first call of all (its capture window opens there).
+most of a large API table and never cross into Python), plus every call that launched a GPU operation no kept call
+accounts for (:func:`_rest_of_api`: the operations' (pid, correlation id) keys are taken while they are read, the
+missing launchers in one more pass); ``meta.json``'s ``api_first`` has each process's first call of all (its
+capture window opens there; the early calls come with the API pieces, or in a pass of their own).
 
 Memory stays bounded while building: batches are buffered per process and flushed to parquet
 every ~2 M rows. ``meta.json`` records the key — spectrace's cache format version and the
