@@ -159,9 +159,15 @@ def test_unmatched_from_keys_is_the_anti_join(ops, api, cut):
     schema = {"pid": pl.Int64, "corr": pl.Int64}
     o = pl.DataFrame(ops + api[:cut], schema=schema, orient="row")  # some ops with their call
     a = pl.DataFrame(api, schema=schema, orient="row")
+    want = o.join(a, on=["pid", "corr"], how="anti").unique().sort("pid", "corr")
     pieces = [o.slice(i, 4) for i in range(0, o.height, 4)]
     got = _unmatched_keys([_call_keys(x) for x in pieces], [_call_keys(a)] if a.height else [])
-    assert got.sort("pid", "corr").equals(_unmatched(o, a).sort("pid", "corr"))
+    assert got.sort("pid", "corr").equals(want)
+    assert _unmatched(o, a).sort("pid", "corr").equals(want)
+    # a null correlation id does not pack: the anti-join, nulls matching nulls
+    on = o.vstack(pl.DataFrame({"pid": [1], "corr": [None]}, schema=schema))
+    assert _call_keys(on) is None
+    assert _unmatched(on, a).filter(pl.col("corr").is_null()).height == 1
 
 
 @pytest.mark.parametrize("source", ["odd", "tp2_rank0_window", "tp2_workload_captureall"])

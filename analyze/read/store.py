@@ -581,12 +581,9 @@ def _scan_files(root: Path, cols: list[str]) -> pl.DataFrame:
 
 def _unmatched(ops: pl.DataFrame, api: pl.DataFrame) -> pl.DataFrame:
     """``pid, corr`` of the GPU operations that no call in ``api`` has (once each)."""
-    def packable(c: pl.Series) -> bool:  # CUPTI correlation ids are 32-bit: pid (24 bits) and corr in one integer
-        return c.null_count() == 0 and (c.len() == 0 or (c.min() >= 0 and c.max() < 1 << 32))
-
-    if packable(ops["corr"]) and packable(api["corr"]):
-        key = pl.col("pid") * (1 << 32) + pl.col("corr")
-        return ops.filter(~key.is_in(api.select(key)["pid"].implode())).select("pid", "corr").unique()
+    have, want = _call_keys(api), _call_keys(ops)
+    if have is not None and want is not None:
+        return _unmatched_keys([want], [have])
     return ops.select("pid", "corr").join(api.select("pid", "corr"), on=["pid", "corr"], how="anti",
                                           nulls_equal=True).unique()
 
