@@ -424,7 +424,7 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
         if api_q:  # the calls the analysis needs by name, and the usual launchers (the rest: _rest_of_api); their
             # ids (from StringIds) are filled in when the threads reach them, read meanwhile on this thread
             pieces += [("api", q, api_q[1], n) for q, n in _pieces(r, RUNTIME, api_q[0], f"nameId IN ({KEPT_IDS})")]
-        kept = {}  # "ids": the kept ids as an SQL list, once known; "bound": see _early_bound
+        kept = {}  # "strings": StringIds; "ids": the kept ids as an SQL list, once known; "bound": see _early_bound
         kept_known = threading.Event()
         counts: dict[str, dict[int, int]] = {"ops": {}, "api": {}}
         lock = threading.Lock()
@@ -495,6 +495,12 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
                 bar.add(max(n - seen, 0))  # rows a filter left out were read all the same
 
 
+        def read_names() -> None:  # StringIds, beside the pieces (the API pieces wait for the kept ids)
+            kept["strings"] = _strings(r)
+            kept["ids"] = _kept_ids(kept["strings"])
+            kept["id_list"] = pl.Series([int(x) for x in kept["ids"].split(",")], dtype=pl.Int64)
+            kept_known.set()
+
         def read_ranges() -> None:  # NVTX ranges and the small tables, beside the pieces (their own connections)
             ranges, _domains, marks = _ranges(r, m["duration"], notes)
             ranges.write_parquet(dest / "ranges.parquet")
@@ -510,14 +516,10 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
 
         (dest / "ops").mkdir()
         (dest / "api").mkdir()
-        threads = [threading.Thread(target=guard, args=(f,)) for f in (read_ranges, *[work] * READ_THREADS)]
+        threads = [threading.Thread(target=guard, args=(f,)) for f in (read_names, read_ranges, *[work] * READ_THREADS)]
         try:
             for t in threads:
                 t.start()
-            strings = _strings(r)  # small, and the API calls are chosen by name
-            kept["ids"] = _kept_ids(strings)
-            kept["id_list"] = pl.Series([int(x) for x in kept["ids"].split(",")], dtype=pl.Int64)
-            kept_known.set()
             for t in threads:
                 t.join()
         except BaseException:  # Ctrl-C: no thread may write into the folder once it is removed
@@ -531,7 +533,7 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
         api_first = (_rest_of_api(r, dest, api_q, kept["ids"], counts["api"], stats, len(pieces), firsts,
                                   kept.get("bound") if stats["early_rows"] <= EARLY_ROWS else None) if api_q else {})
         ids = pl.concat(stats["ids"]) if stats["ids"] else pl.Series("name_id", [], pl.Int64)
-        _names(strings, ids).write_parquet(dest / "names.parquet")
+        _names(kept["strings"], ids).write_parquet(dest / "names.parquet")
         keys = pl.concat(stats["op_keys"]).unique() if stats["op_keys"] else pl.DataFrame(schema=OP_KEYS)
         keys.write_parquet(dest / "op_keys.parquet")
         r.check_unchanged()
