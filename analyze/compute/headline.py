@@ -201,9 +201,8 @@ def kernels(res, top: int | None = None) -> pl.DataFrame:
             return pl.DataFrame(schema={"phase": pl.String, "name": pl.String, "count": pl.Int64,
                                         "kernel_ns": pl.Int64, "ranks": pl.UInt32})
         names = res.instances.filter(pl.col("rank").is_not_null()).select("rank", "range_id", phase="range")
-        (names, ks), on = breakdown.one_key(names, keys(res))
-        steady = names.join(ks, on=on, how="semi")
-        (k, steady), on = breakdown.one_key(k, steady)
+        (names, ks, k), on = breakdown.one_key(names, keys(res), k)
+        steady = names.join(ks.select(on), on=on, how="semi")
         return (k.join(steady.select(*on, "phase"), on=on)
                 .group_by("phase", "name").agg(pl.col("count").sum(), pl.col("kernel_ns").sum(),
                                                ranks=pl.col("rank").n_unique())

@@ -497,8 +497,8 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
 
         def read_names() -> None:  # StringIds, beside the pieces (the API pieces wait for the kept ids)
             kept["strings"] = _strings(r)
-            kept["ids"] = _kept_ids(kept["strings"])
-            kept["id_list"] = pl.Series([int(x) for x in kept["ids"].split(",")], dtype=pl.Int64)
+            kept["id_list"] = _kept_ids(kept["strings"])
+            kept["ids"] = ",".join(str(i) for i in kept["id_list"].to_list())
             kept_known.set()
 
         def read_ranges() -> None:  # NVTX ranges and the small tables, beside the pieces (their own connections)
@@ -570,10 +570,11 @@ def _op_keys(ops: pl.DataFrame) -> pl.DataFrame:
     return ops.select(list(OP_KEYS)).unique()
 
 
-def _kept_ids(strings: pl.DataFrame) -> str:
-    """The StringIds ids of the API calls the store keeps (:data:`analyze.model.KEPT_API`), as an SQL list."""
+def _kept_ids(strings: pl.DataFrame) -> pl.Series:
+    """The StringIds ids of the API calls the store keeps (:data:`analyze.model.KEPT_API`), and -1 (so that their
+    SQL list is never empty)."""
     ids = strings.filter(pl.col("name").str.contains(KEPT_API))["name_id"].drop_nulls().unique().sort()
-    return ",".join(str(i) for i in [-1, *ids.to_list()])  # -1: never empty
+    return pl.Series("name_id", [-1, *ids.to_list()], pl.Int64)
 
 
 def _scan_files(root: Path, cols: list[str]) -> pl.DataFrame:
@@ -625,7 +626,7 @@ def _early(bound: int | None) -> str:
 
 def _rest_of_api(r, dest: Path, api_q, kept: str, counts: dict[int, int], stats: dict, piece: int,
                  firsts: dict[str, dict[int, int]], read_before: int | None = None) -> dict[int, int]:
-    """The API calls the pieces left out, in one more pass that reads only what the analysis needs of them.
+    """What the analysis needs of the API calls the pieces left out (read with the API pieces or in passes of their own):
 
     - Each process's first call (its capture window starts there, :func:`analyze.compute.windows.rank_window`):
       only the calls before the first kept call or GPU operation of every process can be earlier.
@@ -649,17 +650,16 @@ def _rest_of_api(r, dest: Path, api_q, kept: str, counts: dict[int, int], stats:
         return pl.concat(parts) if parts else pl.DataFrame(schema=API_SCHEMA)
 
     with ThreadPoolExecutor(READ_THREADS) as ex:
-        # the early calls (the cheap test on start first) while the GPU operations are checked for their calls
-        if have:  # read with the API pieces, in their order
-            parts = [df for i in sorted(stats["early"]) for df in stats["early"][i]]
-            done = [ex.submit(pl.concat, parts)] if parts else []
-        else:
-            done = [ex.submit(read, q) for q in _pieces(r, RUNTIME, api_q[0], f"{early} AND {rest_of}")]
+        # the early calls: read with the API pieces (kept in their order), or now (the cheap test on start first)
+        # while the GPU operations are checked for their calls
+        parts = [df for i in sorted(stats["early"]) for df in stats["early"][i]] if have else []
+        done = [] if have else [ex.submit(read, q) for q in _pieces(r, RUNTIME, api_q[0], f"{early} AND {rest_of}")]
         if stats["calls_unpacked"]:
             lost = _unmatched(_scan_files(dest / "ops", ["pid", "corr"]), _scan_files(dest / "api", ["pid", "corr"]))
         else:
             lost = _unmatched_keys(stats["ops_calls"], stats["api_calls"])
-        rest = pl.concat([f.result() for f in done]) if done else pl.DataFrame(schema=API_SCHEMA)
+        parts += [f.result() for f in done]
+        rest = pl.concat(parts) if parts else pl.DataFrame(schema=API_SCHEMA)
         corrs = lost["corr"].drop_nulls().unique().sort()
         conds = []
         if corrs.len() > 4096:  # a range, cut to the exact ids below
@@ -676,9 +676,9 @@ def _rest_of_api(r, dest: Path, api_q, kept: str, counts: dict[int, int], stats:
     early_first = dict(rest.group_by("pid").agg(pl.col("start").min()).iter_rows())
     out = {}
     for p in ops_first:
-        have = [t for t in (api_first.get(p), early_first.get(p)) if t is not None]
-        if have:
-            out[p] = min(have)
+        starts = [t for t in (api_first.get(p), early_first.get(p)) if t is not None]
+        if starts:
+            out[p] = min(starts)
     found = rest.join(lost, on=["pid", "corr"], how="semi", nulls_equal=True)
     if found.height:
         spill = _Spill(dest / "api", piece, counts, threading.Lock())
