@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -54,21 +55,38 @@ def _num(v: str):
         return v
 
 
+def _workload_settings(argv: list[str]) -> dict:
+    """The embedded workload's settings from its options (none when it would refuse them, e.g. a bad
+    ``--schedule``)."""
+    from .workload import build_parser, parse_schedule
+
+    try:
+        wl, _ = build_parser(argparse.ArgumentParser(add_help=False, exit_on_error=False)).parse_known_args(argv)
+    except (argparse.ArgumentError, SystemExit):
+        return {}
+    cfg = dict(steps=wl.steps, layers=wl.layers, batch=wl.batch, cycles=wl.cycles, graphs=wl.graphs,
+               baseline=wl.baseline, ranges=wl.ranges, v2=wl.v2)
+    if wl.schedule:  # no single batch size: [[batch size, cycles], ...] per segment instead
+        segments = parse_schedule(wl.schedule)
+        cfg.update(batch=None, cycles=sum(c for _, c in segments), schedule=[list(s) for s in segments],
+                   prompt_len=wl.prompt_len)
+    if wl.nproc is not None:
+        cfg["tp"] = wl.nproc
+    if wl.delay_us:
+        cfg.update(delay_rank=wl.delay_rank, delay_us=wl.delay_us, delay_every=wl.delay_every,
+                   delay_offset=wl.delay_offset, delay_before=wl.delay_before)
+    if wl.stall_us:
+        cfg.update(stall_every=wl.stall_every, stall_us=wl.stall_us)
+    return cfg
+
+
 def speculative_config(command: list[str]) -> dict:
     """Speculative-decoding settings read off the profiled command line (SGLang or the workload)."""
     cfg: dict = {k: _num(v) for k, v in _flag_values(command, SPEC_FLAGS).items()}
     at = [i for i, t in enumerate(command) if t.endswith(WORKLOAD_MODULES) or t == "demo-workload"]
     if at:
-        from .workload import build_parser
-
         cfg["workload"] = "nvtx_hooks.capture.workload"
-        wl, _ = build_parser().parse_known_args(command[at[0] + 1:])
-        cfg.update(steps=wl.steps, layers=wl.layers, batch=wl.batch, cycles=wl.cycles, graphs=wl.graphs,
-                   baseline=wl.baseline, ranges=wl.ranges, v2=wl.v2)
-        if wl.nproc is not None:
-            cfg["tp"] = wl.nproc
-        if wl.delay_us:
-            cfg.update(delay_rank=wl.delay_rank, delay_us=wl.delay_us)
+        cfg.update(_workload_settings(command[at[0] + 1:]))
         cfg.setdefault("algorithm", "none" if cfg.get("baseline") else "eagle-shaped")
     elif ("model" in cfg or any("sglang" in t for t in command)) and "algorithm" not in cfg:
         cfg["algorithm"] = "none"

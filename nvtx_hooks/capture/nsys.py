@@ -36,7 +36,7 @@ MIN_NSYS = (2024, 2)  # DIAGNOSTIC_EVENT, GRAPH_TRACE and CUDA_GRAPH_NODE_EVENTS
 STATS_REPORTS = ("nvtx_gpu_proj_sum", "nvtx_sum")
 HOOKS_ENV = {"SPECTRACE_HOOKS": "1"}
 PASSES = ("graph", "node", "plain")  # --passes: CUDA-graph trace level, or no profiler at all
-MAX_RECORDS, MAX_RECORD_BYTES = 64, 4096  # JSON-object lines of the program's output kept in the manifest
+MAX_RECORDS, MAX_RECORD_BYTES = 64, 65536  # JSON-object lines of the program's output kept in the manifest
 
 
 def find_nsys(explicit: str | None = None, env: dict[str, str] | None = None) -> str:

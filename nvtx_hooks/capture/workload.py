@@ -17,10 +17,30 @@ result processing. The JSON record then lists the accept lengths it used (``acce
 
 With ``--baseline`` each iteration is one ``decode_step``: the target over BATCH tokens.
 Every layer all-reduces over NCCL when run by torchrun (tensor parallel: the FFN is split
-across ranks). ``--delay-rank R --delay-us N`` sleeps N µs on the host of rank R just before
-each verify launch, so that rank's verify starts late and the others wait in their all-reduces.
+across ranks). Cycle indices count from 0 over the warm-up and the measured cycles alike (the payload's
+``cycle_index``); the knobs below name cycles by that index, warm-up cycles included.
+
+- Straggler, ``--delay-rank R --delay-us N [--delay-every E --delay-offset K --delay-before PHASE]``: rank R
+  waits N µs on the host just before it pushes and launches PHASE (``verify``, the default, or ``draft``) in
+  every cycle i with ``i % E == K`` (default: every cycle, before verify), so that rank's phase starts late
+  and the others wait in their all-reduces. The wait is spent like host_overhead's (``--host-wait``: a
+  sleep by default, a busy spin with ``spin``); the record says what it really took. Not in ``--baseline``.
+- Host work between cycles, ``--stall-us U [--stall-every E]``: every rank spins U µs on the clock (CPU work,
+  as a scheduler's) outside any range, after cycle i-1 is popped and before cycle i is pushed, for every
+  i > 0 with ``i % E == 0`` (default E = 1).
+- Serving schedule, ``--schedule BS:CYCLES,...``: the measured loop runs the segments in order, each at
+  decode batch size BS for CYCLES cycles (instead of --batch and --cycles; the warm-up runs at the first
+  size). Every distinct size has its own draft and verify CUDA graphs, captured up front. When the batch
+  grows from one segment to the next, a prefill of the new requests runs between the two segments (after
+  any stall of the new segment's first cycle): range ``prefill`` (payload: the new requests, the last
+  cycle's index, as the SGLang hooks emit it) around ``prefill_target_extend`` (the target, eager, over
+  (BS_new - BS_old) * PROMPT_LEN tokens) and ``prefill_draft_extend`` (one draft layer over their hidden
+  states), then a host sync outside the ranges. The first segment gets none (the warm-up already runs at
+  its size); a shrinking batch needs none.
+
 The measured loop is bracketed by ``cudaProfilerStart/Stop`` (use nsys
-``--capture-range=cudaProfilerApi``); one JSON line with the loop's throughput goes to stdout.
+``--capture-range=cudaProfilerApi``); one JSON line goes to stdout: the loop's throughput and the ground
+truth of the knobs above (see :func:`run`).
 
 Every rank hands its buffered CUDA events to the profiler after the loop and before it ends
 (``cuptiActivityFlushAll`` when a CUPTI is loaded, e.g. by nsys) and ends with a normal exit, where CUDA
@@ -37,6 +57,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import sys
 import threading
 import time
@@ -67,8 +88,26 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--host-us", type=int, default=300, help="host time in host_overhead, µs")
     p.add_argument("--host-wait", choices=("sleep", "spin"), default="sleep",
                    help="how host_overhead spends its host time: time.sleep (default) or a busy loop on the clock")
-    p.add_argument("--delay-rank", type=int, default=None, help="rank that sleeps before each verify")
-    p.add_argument("--delay-us", type=int, default=0, help="that sleep, µs")
+    p.add_argument("--delay-rank", type=int, default=None,
+                   help="straggler: the rank that waits on the host before a phase (see --delay-us)")
+    p.add_argument("--delay-us", type=int, default=0,
+                   help="the straggler's wait, µs, spent as --host-wait says (0: no straggler)")
+    p.add_argument("--delay-every", type=_positive, default=1, metavar="N",
+                   help="the straggler waits in cycles i with i %% N == --delay-offset (default 1: every cycle)")
+    p.add_argument("--delay-offset", type=_non_negative, default=0, metavar="K",
+                   help="see --delay-every; below N (default 0)")
+    p.add_argument("--delay-before", choices=("draft", "verify"), default="verify",
+                   help="the phase the straggler's wait comes before (default: verify)")
+    p.add_argument("--stall-us", type=_non_negative, default=0,
+                   help="host work (a busy spin on the clock) on every rank between two cycles, outside any "
+                        "range, µs (default 0: none)")
+    p.add_argument("--stall-every", type=_positive, default=1, metavar="N",
+                   help="the stall runs before cycles i > 0 with i %% N == 0 (default 1: before every cycle)")
+    p.add_argument("--schedule", type=_schedule_arg, default=None, metavar="BS:CYCLES,...",
+                   help="serving segments run in order, e.g. 1:40,2:40,4:40 (overrides --batch and --cycles); "
+                        "a growing batch gets a prefill of the new requests")
+    p.add_argument("--prompt-len", type=_positive, default=128,
+                   help="prompt tokens per new request in a --schedule prefill (default 128)")
     p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda when available")
     p.add_argument("--seed", type=int, default=0, help="seed of the accept lengths and weights")
     p.add_argument("--profiler-api", action=argparse.BooleanOptionalAction, default=True,
@@ -83,6 +122,55 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                         "or os (no flush, os._exit after the final barrier: a whole-run capture loses its last "
                         "CUDA events)")
     return p
+
+
+def _positive(text: str) -> int:
+    """An argparse type: an integer ≥ 1."""
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
+
+
+def _non_negative(text: str) -> int:
+    """An argparse type: an integer ≥ 0."""
+    v = int(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {v}")
+    return v
+
+
+def parse_schedule(text: str) -> list[tuple[int, int]]:
+    """A serving schedule ``BS:CYCLES,BS:CYCLES,...`` as (batch size, cycles) segments, both ≥ 1;
+    ValueError with a one-line reason otherwise."""
+    segments = []
+    for part in text.split(","):
+        bs, _, n = part.strip().partition(":")
+        try:
+            b, c = int(bs), int(n)
+        except ValueError:
+            raise ValueError(f"segment {part.strip()!r} of {text!r} is not BS:CYCLES (e.g. 1:40,2:40)") from None
+        if b < 1 or c < 1:
+            raise ValueError(f"segment {part.strip()!r}: the batch size and the cycles must be at least 1")
+        segments.append((b, c))
+    return segments
+
+
+def _schedule_arg(text: str) -> str:
+    """An argparse type: a valid ``--schedule``, written back in its plain form (so ``to_argv`` keeps it)."""
+    try:
+        segments = parse_schedule(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return ",".join(f"{b}:{c}" for b, c in segments)
+
+
+def check(args: argparse.Namespace) -> None:
+    """Raise ValueError (one line) for options that do not go together."""
+    if args.delay_offset >= args.delay_every:
+        raise ValueError(f"--delay-offset {args.delay_offset} must be below --delay-every {args.delay_every}")
+    if args.schedule and args.baseline:
+        raise ValueError("--schedule runs speculative cycles: it cannot be combined with --baseline")
 
 
 def flush_cupti() -> int:
@@ -147,11 +235,40 @@ def cycle_payload(batch_size: int, cycle_index: int, accepted_per_request: int |
     return encode_payload(batch_size, cycle_index, acc)
 
 
+def _median_step_us(times: list[float]) -> float | None:
+    """The median step between consecutive perf_counter times, µs (None with fewer than two times)."""
+    steps = [b - a for a, b in zip(times, times[1:])]
+    return round(statistics.median(steps) * 1e6, 1) if steps else None
+
+
+def _mean_us(seconds: list[float]) -> float | None:
+    """The mean of ``seconds``, µs (None when empty)."""
+    return round(sum(seconds) / len(seconds) * 1e6, 1) if seconds else None
+
+
 def run(args: argparse.Namespace) -> dict:
-    """Build the model, run warmup and the measured loop on this rank; return the throughput record."""
+    """Build the model, run warmup and the measured loop on this rank; return the record (one JSON line).
+
+    The record: the run's settings and throughput (``cycles``: measured cycles; ``batch``: the decode batch
+    size, None with ``--schedule``; ``tokens_per_cycle``: the mean over the measured cycles of batch size ×
+    accept length; ``period_median_us`` without ``--schedule``: the median host time from one measured
+    cycle's push to the next's), and the ground truth of the knobs:
+
+    - ``delay`` (a straggler is set and its rank exists): ``rank, every, offset, before, us``, ``cycles`` (the
+      indices whose phase the straggler waited before, warm-up included; [] with ``--baseline``) and
+      ``measured_us_mean`` (perf_counter around each wait, on the straggler; None on the other ranks);
+    - ``stall`` (``--stall-us`` > 0): ``every, us, cycles`` (the indices stalled before, warm-up included),
+      ``measured_us_mean``;
+    - ``segments`` (``--schedule``): per segment ``batch, cycles, first_cycle`` (its first cycle index),
+      ``prefill`` (a prefill ran just before it), ``prefill_ms`` (push of ``prefill`` to the end of its host
+      sync; None without one) and ``period_median_us`` (the median, over its pairs of consecutive cycles,
+      of the host time from one cycle's push to the next's; the host syncs in every host_overhead, so it
+      follows the GPU's period; None for a one-cycle segment).
+    """
     import torch
     import torch.distributed as dist
 
+    check(args)
     rank = int(os.environ.get("RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))
     local = int(os.environ.get("LOCAL_RANK", rank))
@@ -196,58 +313,109 @@ def run(args: argparse.Namespace) -> dict:
                 x = layer(x, w)
         return x
 
-    bs, ntok = args.batch, args.batch * (args.steps + 1)
-    xv, xd = mk(ntok, H), mk(bs, H)
+    # (batch size, cycles) per segment of the measured loop; the requests prefilled before each (0: none)
+    segments = parse_schedule(args.schedule) if args.schedule else [(args.batch, args.cycles)]
+    new_requests = [0] + [max(0, b - a) for (a, _), (b, _) in zip(segments, segments[1:])]
+    sizes = list(dict.fromkeys(b for b, _ in segments))  # each distinct batch size once, in order
+    measured_cycles = sum(c for _, c in segments)
+    # per batch size: the verify input (BS*(STEPS+1) tokens) and the draft input (BS tokens)
+    xv, xd = {}, {}
+    for b in sizes:
+        xv[b], xd[b] = mk(b * (args.steps + 1), H), mk(b, H)
+    xp = mk(max(new_requests) * args.prompt_len, H) if max(new_requests) else None  # a prefill's prompts
     acc_dev = torch.zeros(1, dtype=torch.int64, device=dev)
     # v2: two host buffers and events, so cycle i's copy lands while cycle i-1's is read
     acc_host = [torch.zeros(1, dtype=torch.int64, pin_memory=use_cuda) for _ in range(2)]
     copied = [torch.cuda.Event() if use_cuda else None for _ in range(2)]
     pending: list[int] = []  # cycles whose accept length is on its way to the host
-    sched = accept_lengths(args.warmup + args.cycles, args.steps, args.seed)
+    sched = accept_lengths(args.warmup + measured_cycles, args.steps, args.seed)
 
     if use_cuda:
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
             for _ in range(3):
-                target(xv if not args.baseline else xd)
-                draft_model(xd)
+                for b in sizes:
+                    target(xv[b] if not args.baseline else xd[b])
+                    draft_model(xd[b])
+            for n in sorted(set(new_requests) - {0}):
+                layer(target(xp[: n * args.prompt_len]), Wd[0])
         torch.cuda.current_stream().wait_stream(s)
         torch.cuda.synchronize()
+    run_v, run_d = {}, {}  # per batch size: one verify, one draft
     if graphs:
         if args.baseline:
             gb = torch.cuda.CUDAGraph()
             with torch.cuda.graph(gb):
-                target(xd)
+                target(xd[args.batch])
             run_b = gb.replay
         else:
-            gv, gd = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-            with torch.cuda.graph(gv):
-                target(xv)
-            with torch.cuda.graph(gd):
-                draft_model(xd)
-            run_v, run_d = gv.replay, gd.replay
+            for b in sizes:
+                gv, gd = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+                with torch.cuda.graph(gv):
+                    target(xv[b])
+                with torch.cuda.graph(gd):
+                    draft_model(xd[b])
+                run_v[b], run_d[b] = gv.replay, gd.replay
     else:
-        run_b = lambda: target(xd)  # noqa: E731
-        run_v, run_d = (lambda: target(xv)), (lambda: draft_model(xd))
+        run_b = lambda: target(xd[args.batch])  # noqa: E731
+        for b in sizes:
+            run_v[b], run_d[b] = (lambda b=b: target(xv[b])), (lambda b=b: draft_model(xd[b]))
     if use_cuda:
         torch.cuda.synchronize()
     if world > 1:
         dist.barrier()
 
-    delay_s = args.delay_us / 1e6 if (args.delay_rank == rank and args.delay_us > 0) else 0.0
+    delay_on = args.delay_us > 0 and args.delay_rank is not None and 0 <= args.delay_rank < world
+    delay_s = args.delay_us / 1e6 if (delay_on and args.delay_rank == rank) else 0.0
     host_s = args.host_us / 1e6
     host_wait = time.sleep if args.host_wait == "sleep" else spin
     push, pop, mark = R.push, R.pop, R.mark
+    batch_of: dict[int, int] = {}  # cycle index -> its batch size
+    pushed_at: dict[int, float] = {}  # cycle index -> perf_counter just before its push
+    delay_spent: dict[int, float] = {}  # cycle index -> the straggler's wait before its phase, s
+    stall_spent: dict[int, float] = {}  # cycle index -> the host work before its push, s
 
     def accept_result(j: int) -> None:
         """Cycle j's result on the host (SGLang v2: after its copy-done event), and the hooks' mark."""
         if copied[j % 2] is not None:
             copied[j % 2].synchronize()
         a = int(acc_host[j % 2].item())  # a CPU tensor: no device sync
-        mark("accept", encode_payload(bs, j, bs * (a - 1)))
+        bj = batch_of[j]
+        mark("accept", encode_payload(bj, j, bj * (a - 1)))
 
-    def one_cycle(i: int) -> None:
+    def straggle(i: int, phase: str) -> None:
+        """The straggler's wait before ``phase`` of cycle i, when this rank is the straggler and i is due."""
+        if delay_s and phase == args.delay_before and i % args.delay_every == args.delay_offset:
+            t = time.perf_counter()
+            host_wait(delay_s)
+            delay_spent[i] = time.perf_counter() - t
+
+    def stall(i: int) -> None:
+        """The host work between cycle i-1 and cycle i, when i is due (outside any range)."""
+        if args.stall_us and i > 0 and i % args.stall_every == 0:
+            t = time.perf_counter()
+            spin(args.stall_us / 1e6)
+            stall_spent[i] = time.perf_counter() - t
+
+    def prefill(new: int, last: int) -> float:
+        """A prefill of ``new`` requests after cycle ``last`` (ranges, then a host sync); its host time, ms."""
+        t = time.perf_counter()
+        push("prefill", encode_payload(new, last))
+        push("prefill_target_extend")
+        h = target(xp[: new * args.prompt_len])
+        pop()
+        push("prefill_draft_extend")
+        layer(h, Wd[0])
+        pop()
+        pop()
+        if use_cuda:
+            torch.cuda.synchronize()  # the host reads the first tokens of the new requests
+        return (time.perf_counter() - t) * 1e3
+
+    def one_cycle(i: int, bs: int) -> None:
+        batch_of[i] = bs
+        pushed_at[i] = time.perf_counter()
         if args.baseline:
             push("decode_step", cycle_payload(bs, i))
             run_b()
@@ -260,17 +428,17 @@ def run(args: argparse.Namespace) -> dict:
         if args.v2:
             p_known = p_cycle  # the accept length stays on the GPU
         push("cycle", p_known)
+        straggle(i, "draft")
         push("draft", p_cycle)
-        run_d()
+        run_d[bs]()
         pop()
-        if delay_s:
-            time.sleep(delay_s)
+        straggle(i, "verify")
         push("verify", p_cycle)
-        run_v()
+        run_v[bs]()
         acc_dev.fill_(a)
         pop()
         push("draft_extend", p_known)
-        xd.copy_(layer(xv[: bs * a], Wd[0])[:bs])
+        xd[bs].copy_(layer(xv[bs][: bs * a], Wd[0])[:bs])
         pop()
         push("host_overhead")
         if args.v2:
@@ -289,7 +457,8 @@ def run(args: argparse.Namespace) -> dict:
             pending.append(i)
 
     for i in range(args.warmup):
-        one_cycle(i)
+        stall(i)
+        one_cycle(i, segments[0][0])
     while pending:
         accept_result(pending.pop())
     if use_cuda:
@@ -300,8 +469,16 @@ def run(args: argparse.Namespace) -> dict:
     if bracket:
         torch.cuda.cudart().cudaProfilerStart()
     t0 = time.perf_counter()
-    for i in range(args.warmup, args.warmup + args.cycles):
-        one_cycle(i)
+    i = args.warmup
+    prefill_ms: list[float | None] = []
+    for (bs, n), new in zip(segments, new_requests):
+        prefill_ms.append(None)
+        for k in range(n):
+            stall(i)
+            if k == 0 and new:
+                prefill_ms[-1] = prefill(new, i - 1)
+            one_cycle(i, bs)
+            i += 1
     while pending:  # the last cycle's result
         accept_result(pending.pop())
     if use_cuda:
@@ -311,7 +488,7 @@ def run(args: argparse.Namespace) -> dict:
         flush_cupti()  # this rank's events reach the profiler before its window closes
     if bracket:
         torch.cuda.cudart().cudaProfilerStop()
-    measured = sched[args.warmup:]
+    measured = range(args.warmup, args.warmup + measured_cycles)
     rec = {
         "rank": rank,
         "world": world,
@@ -319,18 +496,40 @@ def run(args: argparse.Namespace) -> dict:
         "mode": "baseline" if args.baseline else "eagle",
         "graphs": graphs,
         "ranges": bool(args.ranges),
-        "cycles": args.cycles,
+        "cycles": measured_cycles,
         "steps": args.steps,
         "layers": args.layers,
-        "batch": bs,
+        "batch": None if args.schedule else args.batch,
         "delay_us": args.delay_us if delay_s else 0,
         "host_wait": args.host_wait,
         "wall_s": wall,
-        "cycles_per_s": args.cycles / wall if wall > 0 else None,
-        "tokens_per_cycle": (bs if args.baseline else bs * sum(measured) / max(1, len(measured))),
+        "cycles_per_s": measured_cycles / wall if wall > 0 else None,
+        "tokens_per_cycle": (args.batch if args.baseline
+                             else sum(batch_of[j] * sched[j] for j in measured) / max(1, measured_cycles)),
     }
+    if not args.schedule:
+        rec["period_median_us"] = _median_step_us([pushed_at[j] for j in measured])
     if args.v2:  # per cycle index: accepted tokens per request, the bonus token included
-        rec["accept_lengths"] = dict(zip(range(args.warmup, args.warmup + args.cycles), measured))
+        rec["accept_lengths"] = {j: sched[j] for j in measured}
+    if delay_on:
+        due = [] if args.baseline else [j for j in sorted(batch_of) if j % args.delay_every == args.delay_offset]
+        rec["delay"] = {"rank": args.delay_rank, "every": args.delay_every, "offset": args.delay_offset,
+                        "before": args.delay_before, "us": args.delay_us,
+                        "measured_us_mean": _mean_us(list(delay_spent.values())) if delay_s else None,
+                        "cycles": due}
+    if args.stall_us:
+        rec["stall"] = {"every": args.stall_every, "us": args.stall_us,
+                        "measured_us_mean": _mean_us(list(stall_spent.values())), "cycles": sorted(stall_spent)}
+    if args.schedule:
+        rec["segments"] = []
+        first = args.warmup
+        for (bs, n), new, ms in zip(segments, new_requests, prefill_ms):
+            rec["segments"].append({
+                "batch": bs, "cycles": n, "first_cycle": first, "prefill": bool(new),
+                "prefill_ms": None if ms is None else round(ms, 3),
+                "period_median_us": _median_step_us([pushed_at[j] for j in range(first, first + n)]),
+            })
+            first += n
     return rec
 
 
@@ -393,6 +592,10 @@ def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) 
         args = build_parser().parse_args(argv)
     else:
         argv = to_argv(args)
+    try:
+        check(args)
+    except ValueError as e:
+        build_parser().error(str(e))
     nproc = args.nproc if args.nproc is not None else max(1, visible_gpus())
     if nproc > 1 and not _under_torchrun():
         import subprocess
