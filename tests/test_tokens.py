@@ -37,16 +37,18 @@ def test_uint64_column_is_read_too():
 def test_tokens_per_cycle_from_payload(tmp_path, accept_on):
     res = analyze(es.eagle(tmp_path / "e.sqlite", accept_on=accept_on, prefix="eagle3."))
     c = cycles(res).sort("rank", "n")
-    # tokens = accept + batch = 0+2, 2+2, 4+2, 6+2 on each rank; period 10 000 ns (last cycle has none)
+    # tokens = accept + batch = 0+2, 2+2, 4+2, 6+2 on each rank; period 10 000 ns (previous cycle's last GPU op
+    # → this one's: the first cycle has none)
     assert c["tokens"].to_list() == [2, 4, 6, 8] * 2
-    assert c["period_ns"].to_list() == [10_000, 10_000, 10_000, None] * 2
+    assert c["period_ns"].to_list() == [None, 10_000, 10_000, 10_000] * 2
     t = summary(res)
-    assert (t.kind, t.source, t.cycles, t.steps) == ("cycle", "payload", 8, 3)
-    assert t.tokens_per_cycle == 5.0 and t.accepted_per_request == 1.5  # (0+1+2+3)/4 per request
-    assert t.tokens_per_s == pytest.approx(5 / 10_000e-9)
-    # accepted per request 0, 1, 2, 3: nearest-rank median index round(1.5) = 2, p90 index round(2.7) = 3
+    # over the cycles with a period (1..3): tokens (4 + 6 + 8) / 3, accepted per request (1 + 2 + 3) / 3
+    assert (t.kind, t.source, t.cycles, t.steps, t.steady_cycles) == ("cycle", "payload", 8, 3, 6)
+    assert t.tokens_per_cycle == 6.0 and t.accepted_per_request == 2.0
+    assert t.tokens_per_s == pytest.approx(6 / 10_000e-9)
+    # accepted per request 1, 2, 3: nearest-rank median 2, p90 3
     assert (t.acceptance_source, t.accepted_cycles, t.accepted_p50, t.accepted_p90) == (
-        "marks" if accept_on == "mark" else "payload", 4, 2.0, 3.0)
+        "marks" if accept_on == "mark" else "payload", 3, 2.0, 3.0)
     assert c["accept_source"].to_list() == ["marks" if accept_on == "mark" else "payload"] * 8
 
 

@@ -28,13 +28,14 @@ def test_costs(traces):
     assert m.cost_ns == {"draft": 700, "verify": 3000, "draft_extend": 225}
     assert m.period_ns == 10_000
     assert m.extend_per_token_ns == pytest.approx(25)  # E = 100 + 25 · tokens
-    assert m.verify_per_token_ns == 0 and m.batch_size == 2 and m.accepted_now == 1.5
+    # accepted per request over the cycles with a period (1..3): (2 + 4 + 6) / 2 / 3
+    assert m.verify_per_token_ns == 0 and m.batch_size == 2 and m.accepted_now == 2.0
 
 
 def test_alpha_and_predictions(traces):
     m = fit(traces[0])
     a = m.alpha
-    assert a + a**2 + a**3 == pytest.approx(1.5, abs=1e-9)
+    assert a + a**2 + a**3 == pytest.approx(2.0, abs=1e-9)
     p1 = m.predict(1)
     tok1 = 2 * (1 + a)
     assert p1["tokens_per_cycle"] == pytest.approx(tok1)
@@ -100,7 +101,7 @@ def test_acceptance_from_v2_accept_marks(tmp_path, traces):
     same α and extend slope from them as from the range payload."""
     m = fit(analyze(es.eagle(tmp_path / "v2.sqlite", prefix="eagle3.", accept_on="mark")))
     ref = fit(traces[0])
-    assert m.accepted_now == 1.5 and m.alpha == ref.alpha
+    assert m.accepted_now == 2.0 and m.alpha == ref.alpha
     assert m.extend_per_token_ns == pytest.approx(25) and m.predictions() == ref.predictions()
 @pytest.fixture(scope="module")
 def chained(tmp_path_factory):
@@ -144,7 +145,7 @@ def test_explain(chained, capsys):
     path = chained["Node"].trace.path
     assert main(["whatif", path, "--explain"]) == 0
     out = capsys.readouterr().out
-    assert "Assumptions" in out and "mean over 4 replayed cycles" in out
+    assert "Assumptions" in out and "mean change over 4 replayed windows" in out
     assert main(["whatif", path, "--format", "json", "--as-traced"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["model"]["launch_cut_per_node_ns"] == 0 and doc["predictions"][0]["cycle_ns"] == 2000

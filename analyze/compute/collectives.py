@@ -183,6 +183,7 @@ def per_collective(matched: pl.DataFrame) -> pl.DataFrame:
             delay_ns=pl.col("delay_ns").first(),
             end_spread_ns=pl.col("end_spread_ns").first(),
             max_wait_ns=pl.col("wait_ns").max(),
+            caused_wait_ns=pl.col("wait_ns").sum(),
         )
         .with_columns(start_spread_ns=pl.col("last_arrival") - pl.col("first_arrival"), name=pl.col("name").cast(pl.String))
         .sort("first_arrival", "_g", "j")
@@ -232,7 +233,10 @@ def summary(matched: pl.DataFrame, refused_phases: pl.DataFrame | None = None) -
 
 def stragglers(matched: pl.DataFrame, refused_phases: pl.DataFrame | None = None,
                coll: pl.DataFrame | None = None) -> pl.DataFrame:
-    """Per phase and rank: how often the rank arrived last (strictly) and by how much, on average.
+    """Per phase and rank: how often the rank arrived last (strictly), by how much, and the waiting it caused:
+    ``caused_wait_ns``, the other ranks' wait at the collectives it arrived last at, and ``wait_share``, its
+    share of all the waiting in the phase's collectives. Rows by phase, the rank that caused most first: a rank
+    late by 500 µs once in 16 collectives is the straggler, not the rank last by 1 µs at the other 15.
 
     Phases of ``refused_phases`` (:func:`refused`) have no rows. ``coll``: :func:`per_collective` of
     ``matched`` if already made (without refused phases).
@@ -241,18 +245,19 @@ def stragglers(matched: pl.DataFrame, refused_phases: pl.DataFrame | None = None
         matched = _refused_flag(matched, refused_phases).filter(~pl.col("_ref")).drop("_ref")
         coll = per_collective(matched)
     coll = coll.with_columns(outside=pl.col("k") < 0)
-    totals = coll.group_by("domain", "phase", "outside").agg(collectives=pl.len())
+    totals = coll.group_by("domain", "phase", "outside").agg(collectives=pl.len(), _all=pl.col("caused_wait_ns").sum())
     ranks = matched.select("rank").unique()
     per = (
         coll.filter(pl.col("straggler").is_not_null())
         .group_by("domain", "phase", "outside", rank="straggler")
-        .agg(last_arrivals=pl.len(), total_delay_ns=pl.col("delay_ns").sum(), max_delay_ns=pl.col("delay_ns").max())
+        .agg(last_arrivals=pl.len(), total_delay_ns=pl.col("delay_ns").sum(), max_delay_ns=pl.col("delay_ns").max(),
+             caused_wait_ns=pl.col("caused_wait_ns").sum())
     )
     return (
         totals.join(ranks, how="cross")
         .join(per, on=["domain", "phase", "outside", "rank"], how="left", nulls_equal=True)
         .with_columns(
-            pl.col("last_arrivals", "total_delay_ns", "max_delay_ns").fill_null(0).cast(pl.Int64),
+            pl.col("last_arrivals", "total_delay_ns", "max_delay_ns", "caused_wait_ns").fill_null(0).cast(pl.Int64),
         )
         .with_columns(
             mean_delay_ns=pl.when(pl.col("last_arrivals") > 0)
@@ -260,13 +265,30 @@ def stragglers(matched: pl.DataFrame, refused_phases: pl.DataFrame | None = None
             .otherwise(0)
             .cast(pl.Int64),
             share=pl.col("last_arrivals") / pl.col("collectives"),
+            wait_share=pl.when(pl.col("_all") > 0).then(pl.col("caused_wait_ns") / pl.col("_all")).otherwise(0.0),
             phase=pl.when(~pl.col("outside")).then("phase"),
         )
-        .drop("outside")
+        .drop("outside", "_all")
         .select("domain", "phase", "rank", "collectives", "last_arrivals", "share", "mean_delay_ns",
-                "total_delay_ns", "max_delay_ns")
-        .sort(["phase", "last_arrivals", "rank", "domain"], descending=[False, True, False, False], nulls_last=True)
+                "total_delay_ns", "max_delay_ns", "caused_wait_ns", "wait_share")
+        .sort(["phase", "caused_wait_ns", "last_arrivals", "rank", "domain"],
+              descending=[False, True, True, False, False], nulls_last=True)
     )
+
+
+STRAGGLER_WAIT_SHARE = 0.5  # a rank that caused this share of a phase's collective waiting is its straggler
+
+
+def verdict(st: pl.DataFrame) -> pl.DataFrame:
+    """The straggler of each phase from :func:`stragglers` rows: the rank that caused most of the waiting, when it
+    caused at least :data:`STRAGGLER_WAIT_SHARE` of it (one row per phase at most; phases outside any range
+    have none). Every verb names the straggler through this."""
+    if st.height == 0:
+        return st
+    return (st.filter(pl.col("phase").is_not_null() & (pl.col("caused_wait_ns") > 0)
+                      & (pl.col("wait_share") >= STRAGGLER_WAIT_SHARE))
+            .sort("phase", "caused_wait_ns", "rank", descending=[False, True, False])
+            .group_by("domain", "phase", maintain_order=True).head(1))
 
 
 def mismatches(kernels: pl.DataFrame, counts: pl.DataFrame | None = None) -> pl.DataFrame:

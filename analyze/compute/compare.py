@@ -1,86 +1,81 @@
-"""Compare two traces: per phase and seam, the GPU time per cycle in A and B, B − A split into compute,
-communication and idle, one ranking, a noise-aware verdict.
+"""Compare two traces: per piece of the cycle (phases, seams, the gap between cycles, prefill), the GPU time per
+cycle in A and B, B − A split into compute, communication and idle, one ranking, a noise-aware verdict.
 
-- **Steady state only** on both sides (:mod:`analyze.compute.steady`; the same choice, e.g.
-  ``--skip-cycles``, applies to both). Phases are matched by :func:`nvtx_hooks.phases.base_name`
-  (``eagle3.verify`` and ``verify`` compare); seams by their base names (``seam:draft→verify``).
-- **Per cycle** = summed over ranks and steady instances / steady cycles summed over ranks (the mean per
-  rank per cycle). A phase's span is compute + comm + idle exactly (:mod:`analyze.compute.breakdown`), so
-  ``delta_ns == delta_compute_ns + delta_comm_ns + delta_idle_ns``; a seam's number is its GPU idle
-  time (all of it idle). Per token: divided by each trace's tokens per cycle (when both know tokens).
-- **One ranking**: phases and seams together, by |Δ| per token when both traces know tokens, else per cycle.
-  ``in_a``/``in_b`` say whether the row exists on each side (its numbers there are 0; text shows "–").
+- **Steady state only** on both sides (:mod:`analyze.compute.steady`: recurring slow cycles included, warm-up and
+  rare stalls left out; the same choice, e.g. ``--skip-cycles``, applies to both). Pieces are the cycle
+  budget's (:func:`analyze.compute.headline.cycle_pieces`), matched by base name (``eagle3.verify`` and
+  ``verify`` compare; ``seam:draft→verify``; ``between cycles``; ``prefill``), so that a row's per-cycle value
+  is the one ``analyze`` prints in its budget for the same cycles, and the rows add up to the cycle period.
+- **Per cycle** = for each steady cycle (its key across ranks), the mean over its ranks; then the mean over the
+  cycles. A phase's span is compute + comm + idle exactly (:mod:`analyze.compute.breakdown`), so
+  ``delta_ns == delta_compute_ns + delta_comm_ns + delta_idle_ns``; a seam or the gap between cycles is all
+  idle. Per token: divided by each trace's tokens per cycle (when both know tokens).
+- **One ranking**: every row, by |Δ| per token when both traces know tokens, else per cycle. ``in_a``/``in_b``
+  say whether the row exists on each side (its numbers there are 0; text shows "–").
 - **Noise**: each side's steady cycles are resampled with replacement (a cycle with all its ranks, :data:`BOOT`
-  times, seeded) and every per-cycle mean recomputed; ``ci_low``/``ci_high`` are the 2.5 / 97.5 %
-  quantiles of B − A over the resamples. The **verdict** is about the cycle period (per token when both
-  know tokens): ``slower`` when the whole interval of the relative change is above 0, ``faster`` when it
-  is below, else ``no clear change``.
+  times, seeded) and the same per-cycle means recomputed; ``ci_low``/``ci_high`` are the 2.5 / 97.5 % quantiles
+  of B − A over the resamples, widened to contain the measured Δ when the percentiles miss it. The **verdict**
+  is about the cycle period (per token when both know tokens), the mean over every steady cycle: ``slower``
+  when the whole interval of the relative change is above 0, ``faster`` when it is below, else ``no clear
+  change``. ``warnings`` say when the two captures differ in how they were made (CUDA-graph trace level, rank
+  count, GPU model) or when either left out more than a tenth of its cycles.
 """
 
 from __future__ import annotations
 
 import polars as pl
 
-from . import headline
+from . import headline, steady
 from .tokens import DEFINITION, base_expr, selection, summary
 
 BOOT = 1000
 MAX_DRAWS = 2_000_000  # resamples × cycles, at most (fewer resamples for very long runs)
 SPLIT = ("compute", "comm", "idle")
+VALS = ("ns", "compute_ns", "comm_ns", "idle_ns")
+PHASE_KINDS = ("phase", "prefill")
 
 
 def _n_cycles(res) -> int:
-    n = headline.steady_cycles(res)
-    if n:
-        return n
-    p = headline.phases(res)
-    return int(p["instances"].max() or 0) if p.height else 0
+    """Steady cycles with a period, summed over ranks."""
+    return headline.steady_keys(res).height
 
 
-def _phase_totals(res, by_rank: bool) -> pl.DataFrame:
-    """``[rank,] name, kind, ns, compute_ns, comm_ns, idle_ns`` summed over the steady state."""
-    keys = ["rank", "name"] if by_rank else ["name"]
-    p = headline.phases(res).with_columns(name=base_expr("phase"))
-    ph = p.group_by(keys).agg(ns=pl.col("span_ns").sum(), compute_ns=pl.col("compute_ns").sum(),
-                              comm_ns=pl.col("comm_ns").sum(), idle_ns=pl.col("idle_ns").sum()
-                              ).with_columns(kind=pl.lit("phase"))
-    s = headline.seam_instances(res)
-    parts = [ph]
-    if s.height:
-        sm = (s.with_columns(f=base_expr("prev_range"), t=base_expr("range"))
-              .with_columns(name=pl.format("seam:{}→{}", "f", "t"))
-              .group_by(keys).agg(ns=pl.col("idle_ns").sum(), idle_ns=pl.col("idle_ns").sum())
-              .with_columns(kind=pl.lit("seam"), compute_ns=pl.lit(0, pl.Int64), comm_ns=pl.lit(0, pl.Int64)))
-        parts.append(sm)
-    return pl.concat(parts, how="diagonal_relaxed").with_columns(
-        pl.col("ns", "compute_ns", "comm_ns", "idle_ns").cast(pl.Float64))
+def _long(res) -> pl.DataFrame:
+    """``rank, key, name, kind`` and the piece's ``ns, compute_ns, comm_ns, idle_ns`` of every steady cycle."""
+    p = headline.cycle_pieces(res).join(headline.steady_keys(res), on=["rank", "key"], how="semi")
+    return (p.group_by("rank", "key", name="item")
+            .agg(kind=pl.col("kind").first(), ns=pl.col("ns").sum(), compute_ns=pl.col("compute_ns").sum(),
+                 comm_ns=pl.col("comm_ns").sum(), idle_ns=pl.col("idle_ns").sum())
+            .with_columns(pl.col(*VALS).fill_null(0.0)))
 
 
 def per_cycle(res, by_rank: bool = False) -> pl.DataFrame:
-    """Per phase and seam (base names; per rank with ``by_rank``): ``ns, compute_ns, comm_ns, idle_ns`` per cycle."""
-    t = _phase_totals(res, by_rank)
+    """Per piece (base names; per rank with ``by_rank``): ``name, kind, ns, compute_ns, comm_ns, idle_ns`` per
+    cycle: the mean over the steady cycles of the mean over each cycle's ranks (per rank: over its cycles)."""
+    lg = _long(res)
+    if lg.height == 0:
+        return pl.DataFrame(schema={"name": pl.String, "kind": pl.String, **{c: pl.Float64 for c in VALS}})
     if by_rank:
-        cyc = headline.cycles_per_rank(res).rename({"cycles": "_n"})
-        if cyc.height == 0:
-            cyc = t.select("rank").unique().with_columns(_n=pl.lit(max(_n_cycles(res), 1)))
-        t = t.join(cyc, on="rank", how="left").with_columns(pl.col("_n").fill_null(1))
-    else:
-        t = t.with_columns(_n=pl.lit(max(_n_cycles(res), 1)))
-    return t.with_columns(pl.col("ns", "compute_ns", "comm_ns", "idle_ns") / pl.col("_n")).drop("_n")
+        n = headline.steady_keys(res).group_by("rank").agg(_n=pl.len())
+        return (lg.group_by("rank", "name").agg(pl.col("kind").first(), *[pl.col(c).sum() for c in VALS])
+                .join(n, on="rank").with_columns(pl.col(*VALS) / pl.col("_n")).drop("_n"))
+    ranks = headline.steady_keys(res).group_by("key").agg(_r=pl.len())
+    nkeys = ranks.height
+    return (lg.join(ranks, on="key").with_columns(pl.col(*VALS) / pl.col("_r"))
+            .group_by("name").agg(pl.col("kind").first(), *[(pl.col(c).sum() / nkeys) for c in VALS]))
 
 
 def _wide(res) -> pl.DataFrame:
-    """One row per steady cycle (identity ``key``, mean over its ranks): period, tokens and each item's ns."""
-    v = headline.cycle_values(res)
-    if v.height == 0:
+    """One row per steady cycle (``key``): period and tokens (mean over its ranks) and each piece's ns."""
+    keys = headline.steady_keys(res)
+    if keys.height == 0:
         return pl.DataFrame()
-    cyc = (v.filter(pl.col("kind") == "cycle").group_by("key")
-           .agg(period=pl.col("ns").mean(), tokens=pl.col("tokens").mean(), _r=pl.col("rank").n_unique())
-           .filter(pl.col("period").is_not_null()))
-    items = v.filter(pl.col("kind") != "cycle")
-    if items.height:
-        # sum per (rank, key, name), then mean over the cycle's ranks (a rank without the item counts 0)
-        w = (items.pivot(on="name", index=["rank", "key"], values="ns", aggregate_function="sum")
+    c = headline._main_cycles(res).join(keys, on=["rank", "key"], how="semi")
+    cyc = (c.group_by("key").agg(period=pl.col("period_ns").mean(), tokens=pl.col("tokens").mean(),
+                                 _r=pl.col("rank").n_unique()))
+    lg = _long(res)
+    if lg.height:
+        w = (lg.pivot(on="name", index=["rank", "key"], values="ns", aggregate_function="sum")
              .drop("rank").group_by("key").agg(pl.all().fill_null(0.0).sum()))
         cyc = cyc.join(w, on="key", how="left").with_columns(
             pl.exclude("key", "period", "tokens", "_r").fill_null(0.0) / pl.col("_r"))
@@ -97,8 +92,17 @@ def _boot(wide: pl.DataFrame, n: int, seed: int) -> pl.DataFrame:
             .group_by("b").agg(pl.col(cols).mean()).sort("b").drop("b"))
 
 
+def _q(d: pl.Series, point: float | None) -> dict:
+    """2.5 / 97.5 % quantiles of the resampled differences ``d``, widened to contain the measured ``point``."""
+    lo, hi = d.quantile(0.025, "linear"), d.quantile(0.975, "linear")
+    if point is not None:
+        lo, hi = min(lo, point), max(hi, point)
+    return {"lo": lo, "hi": hi}
+
+
 def _intervals(wa: pl.DataFrame, wb: pl.DataFrame, tok: bool, boot: int, seed: int) -> tuple[dict, dict]:
-    """Per item: (ci_low, ci_high) of B − A per cycle (and per token); and the verdict's relative interval."""
+    """Per item: (ci_low, ci_high) of B − A per cycle (and per token), each of the same quantity as its Δ (the
+    mean over the cycles, :func:`per_cycle`) and containing it; and the verdict's relative interval."""
     if wa.height < 2 or wb.height < 2:
         return {}, {}
     n = max(100, min(boot, MAX_DRAWS // max(wa.height, wb.height)))
@@ -106,21 +110,25 @@ def _intervals(wa: pl.DataFrame, wb: pl.DataFrame, tok: bool, boot: int, seed: i
     names = sorted((set(ba.columns) | set(bb.columns)) - {"period", "tokens"})
     ba = ba.with_columns(pl.lit(0.0).alias(c) for c in names if c not in ba.columns)
     bb = bb.with_columns(pl.lit(0.0).alias(c) for c in names if c not in bb.columns)
+    def means(w: pl.DataFrame) -> dict:
+        return {c: float(w[c].mean() or 0.0) if c in w.columns else 0.0 for c in [*names, "period", "tokens"]}
+
+    ma, mb = means(wa), means(wb)
     out: dict = {}
     for c in names:
-        d = bb[c] - ba[c]
-        out[c] = {"ci_low_ns": d.quantile(0.025, "linear"), "ci_high_ns": d.quantile(0.975, "linear")}
+        q = _q(bb[c] - ba[c], mb[c] - ma[c])
+        out[c] = {"ci_low_ns": q["lo"], "ci_high_ns": q["hi"]}
         if tok:
-            dt = bb[c] / bb["tokens"] - ba[c] / ba["tokens"]
-            out[c] |= {"ci_low_ns_per_token": dt.quantile(0.025, "linear"),
-                       "ci_high_ns_per_token": dt.quantile(0.975, "linear")}
+            qt = _q(bb[c] / bb["tokens"] - ba[c] / ba["tokens"], mb[c] / mb["tokens"] - ma[c] / ma["tokens"])
+            out[c] |= {"ci_low_ns_per_token": qt["lo"], "ci_high_ns_per_token": qt["hi"]}
     sa = ba["period"] / ba["tokens"] if tok else ba["period"]
     sb = bb["period"] / bb["tokens"] if tok else bb["period"]
-    rel = sb / sa - 1
-    verdict = {"resamples": n, "ci_low_pct": 100 * rel.quantile(0.025, "linear"),
-               "ci_high_pct": 100 * rel.quantile(0.975, "linear")}
-    d = bb["period"] - ba["period"]
-    out["period"] = {"ci_low_ns": d.quantile(0.025, "linear"), "ci_high_ns": d.quantile(0.975, "linear")}
+    pa = ma["period"] / ma["tokens"] if tok else ma["period"]
+    pb = mb["period"] / mb["tokens"] if tok else mb["period"]
+    rel = _q(100 * (sb / sa - 1), 100 * (pb / pa - 1))
+    verdict = {"resamples": n, "ci_low_pct": rel["lo"], "ci_high_pct": rel["hi"], "a": pa, "b": pb}
+    q = _q(bb["period"] - ba["period"], mb["period"] - ma["period"])
+    out["period"] = {"ci_low_ns": q["lo"], "ci_high_ns": q["hi"]}
     return out, verdict
 
 
@@ -162,12 +170,41 @@ def kernels(a, b, tok: bool, ta, tb, top: int = 3) -> pl.DataFrame:
     return j.group_by("phase", maintain_order=True).head(top)
 
 
+def warnings(a, b) -> list[str]:
+    """What makes the two captures hard to compare, in one line each (empty when nothing does)."""
+    out = []
+    ma, mb = a.trace.graph_trace_mode, b.trace.graph_trace_mode
+    if (ma or "none") != (mb or "none"):
+        out.append(f"CUDA-graph trace levels differ (A: {ma or 'none'}, B: {mb or 'none'}): node-level tracing makes "
+                   "graph launches block and costs 2–3 % of the cycle; compare captures made the same way")
+    if a.ranks.height != b.ranks.height:
+        out.append(f"rank counts differ (A: {a.ranks.height}, B: {b.ranks.height}): per-cycle times compare, "
+                   "communication does not")
+    ga, gb = _gpus(a), _gpus(b)
+    if ga and gb and ga != gb:
+        out.append(f"GPU models differ (A: {', '.join(ga)}; B: {', '.join(gb)})")
+    for side, r in (("A", a), ("B", b)):
+        info = selection(r)
+        if info.get("how") == "detected" and (info.get("left_out_share") or 0) > steady.LEFT_OUT_WARN:
+            out.append(f"{side} leaves out {info['left_out_share']:.0%} of its cycles after warm-up (stalls, pauses): "
+                       "its numbers describe the rest only")
+    return out
+
+
+def _gpus(res) -> list[str]:
+    names = res.ranks["device_name"].drop_nulls().unique().sort().to_list() if "device_name" in res.ranks.columns else []
+    return [str(n) for n in names]
+
+
 def compare(a, b, boot: int = BOOT, seed: int = 0) -> dict:
     """The comparison document of analysed traces ``a`` and ``b`` (JSON-ready; see the module docstring)."""
     ta, tb = summary(a), summary(b)
     tok = ta.tokens_per_cycle is not None and tb.tokens_per_cycle is not None
     key = "delta_ns_per_token" if tok else "delta_ns"
-    rows = _joined(per_cycle(a), per_cycle(b), ["name"], ta, tb, tok)
+    pa, pb = per_cycle(a), per_cycle(b)
+    rows = _joined(pa, pb, ["name"], ta, tb, tok)
+    rows = rows.filter((pl.col("a_ns_per_cycle") != 0) | (pl.col("b_ns_per_cycle") != 0) | pl.col("kind").is_in(
+        PHASE_KINDS))
     ci, verdict = _intervals(_wide(a), _wide(b), tok, boot, seed)
     if ci:
         cis = pl.DataFrame([{"phase": k, **v} for k, v in ci.items() if k != "period"])
@@ -188,33 +225,43 @@ def compare(a, b, boot: int = BOOT, seed: int = 0) -> dict:
         "per_token": tok,
         "definition": DEFINITION,
         "steady": {"a": selection(a)["text"], "b": selection(b)["text"]},
+        "warnings": warnings(a, b),
         "rows": rows.to_dicts(),
-        "phases": rows.filter(pl.col("kind") == "phase").to_dicts(),
-        "seams": rows.filter(pl.col("kind") == "seam").to_dicts(),
+        "phases": rows.filter(pl.col("kind").is_in(PHASE_KINDS)).to_dicts(),
+        "seams": rows.filter(~pl.col("kind").is_in(PHASE_KINDS)).to_dicts(),
         "per_rank": rank_rows.to_dicts(),
         "cycle_period": period,
         "verdict": _verdict(ta, tb, tok, verdict),
+        "stragglers": {"a": _straggler(a), "b": _straggler(b)},
         "kernels": kernels(a, b, tok, ta, tb).to_dicts(),
         "tokens": {"a": ta.as_dict(), "b": tb.as_dict()},
     }
+
+
+def _straggler(res) -> list[dict]:
+    """The straggler verdict of one side over its steady cycles (the one ``analyze`` and ``comm`` name)."""
+    from . import collectives
+
+    st = headline.stragglers(res)
+    return collectives.verdict(st).select("phase", "rank", "caused_wait_ns", "wait_share").to_dicts() if st.height else []
 
 
 def _verdict(ta, tb, tok: bool, ci: dict) -> dict:
     metric = "ns per token" if tok else "cycle period"
     if not (ta.period_ns and tb.period_ns):
         return {"metric": metric, "result": "unknown", "text": "no cycle period on one side: no verdict"}
-    a = ta.period_ns / ta.tokens_per_cycle if tok else ta.period_ns
-    b = tb.period_ns / tb.tokens_per_cycle if tok else tb.period_ns
+    a = ci.get("a", ta.period_ns / ta.tokens_per_cycle if tok else ta.period_ns)
+    b = ci.get("b", tb.period_ns / tb.tokens_per_cycle if tok else tb.period_ns)
     change = 100 * (b / a - 1)
-    out = {"metric": metric, "a": a, "b": b, "change_pct": change, **ci}
+    out = {"metric": metric, **ci, "a": a, "b": b, "change_pct": change}
     if not ci:
         out |= {"result": "unknown", "text": f"B {change:+.1f} % {metric} (too few cycles for an interval)"}
         return out
     lo, hi = ci["ci_low_pct"], ci["ci_high_pct"]
     result = "slower" if lo > 0 else "faster" if hi < 0 else "no clear change"
     word = {"slower": "B is slower", "faster": "B is faster", "no clear change": "no clear change"}[result]
-    out |= {"result": result, "text": f"{word}: {metric} {change:+.1f} % (95 % interval {lo:+.1f} … {hi:+.1f} %, "
-                                      f"{ci['resamples']} resamples of the steady cycles)"}
+    out |= {"result": result, "text": f"{word}: {metric} {change:+.1f} % over every steady cycle (95 % interval "
+                                      f"{lo:+.1f} … {hi:+.1f} %, {ci['resamples']} resamples of the steady cycles)"}
     return out
 
 

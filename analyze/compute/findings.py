@@ -19,18 +19,17 @@ later: the launch or the GPU queue held it (*blocked*: a synchronous call, an ev
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import polars as pl
 
 from ..model import InputError
-from . import breakdown, headline
+from . import anatomy, breakdown, collectives, headline, steady
 from .tokens import CYCLE_NAMES, base_expr, selection, summary
 
 HIGH, MEDIUM, FLOOR = 0.10, 0.03, 0.01
 COMM_SHARE = 0.10  # a phase's communication share of its span worth a finding
 IDLE_SHARE = 0.15  # idle between a phase's own ops, as a share of its span
-STRAGGLER_SHARE = 0.5  # a rank arriving last at this share of a phase's collectives
 GAIN = 0.03  # a what-if step count predicted this much faster is worth trying
 
 
@@ -48,6 +47,7 @@ class Context:
     model: object | None  # the what-if model, when it could be fitted
     cycles: pl.DataFrame  # rank, ncyc: steady cycles per rank
     untrusted: set  # phases whose matched collectives do not end together: no straggler or wait findings
+    classes: list = field(default_factory=list)  # anatomy.CycleClass: the slower cycles that recur, and rare stalls
 
 
 @dataclass(frozen=True)
@@ -119,6 +119,10 @@ def _gap(ctx: Context) -> list[dict]:
     late = float(s["host_late"].mean()) if s.height else None
     ev = (f"the GPU is idle {_us(o['mean'])} between the last GPU op of a cycle and the first of the next = "
           f"{_pct(o['mean'] / ctx.period_ns)} of the {_us(ctx.period_ns)} cycle ({_ranks_txt(o)})")
+    held = [c for c in ctx.classes if c.kept and c.piece == headline.GAP and c.per_cycle_ns > 0]
+    if held:
+        ev += "; of which " + ", ".join(f"{_us(c.per_cycle_ns)} from {c.label} (+{_us(c.extra_ns)} each)"
+                                        for c in held)
     if late is not None:
         ev += (f"; the next cycle's first launch call came after the previous cycle's GPU work had finished in "
                f"{_pct(late)} of cycles (host-bound)" if late >= 0.5 else
@@ -185,23 +189,47 @@ def _per_cycle(ctx: Context, df: pl.DataFrame, col: str) -> pl.DataFrame:
     return df.join(ctx.cycles, on="rank", how="left").with_columns(per=pl.col(col) / pl.col("ncyc"))
 
 
+def _class_stragglers(ctx: Context) -> list:
+    return [c for c in ctx.classes if c.kept and c.affected and c.waiting_ranks and c.rank is not None]
+
+
 def _straggler(ctx: Context) -> list[dict]:
+    """One straggler verdict (:func:`collectives.verdict`, the rank that caused most of a phase's collective
+    waiting), named with its class when it is late only in a recurring class of cycles."""
+    out = []
+    for c in _class_stragglers(ctx):
+        out.append({"phase": c.phase, "rank": c.rank, "impact_ns": c.per_cycle_ns, "every": c.every,
+                    "extra_ns": c.extra_ns, "cycles": c.affected, "evidence": (
+                        f"{c.text}; {_us(c.per_cycle_ns)} per steady cycle on average"
+                        + (" (from the matched collectives of those cycles)" if c.evidence == "collectives" else
+                           " (from the cycle budget of those cycles)"))})
     st = ctx.stragglers
     if st.height == 0:
-        return []
-    out = []
-    waits = _per_cycle(ctx, ctx.phases.select("rank", "phase", "comm_wait_ns"), "comm_wait_ns")
-    for r in st.filter((pl.col("share") >= STRAGGLER_SHARE) & (pl.col("collectives") >= 5)
-                       & pl.col("phase").is_not_null() & ~pl.col("phase").is_in(list(ctx.untrusted))
-                       ).iter_rows(named=True):
-        others = waits.filter((pl.col("phase") == r["phase"]) & (pl.col("rank") != r["rank"]))
-        wait = float(others["per"].mean()) if others.height else 0.0
-        if wait <= 0:
+        return out
+    v = collectives.verdict(st.filter(~pl.col("phase").is_in(list(ctx.untrusted)) & (pl.col("collectives") >= 5)))
+    named = {(h["rank"], h["phase"]) for h in out}
+    steady_n = max(int(ctx.cycles["ncyc"].max() or 0), 1) if ctx.cycles.height else 1
+    for r in v.iter_rows(named=True):
+        if (r["rank"], r["phase"]) in named:
             continue
-        out.append({"phase": r["phase"], "rank": r["rank"], "impact_ns": wait, "evidence": (
-            f"rank {r['rank']} arrives last at {r['last_arrivals']} of {r['collectives']} {r['phase']} collectives "
-            f"({_pct(r['share'])}), on average {_us(r['mean_delay_ns'])} after the next-latest rank; the other "
-            f"ranks wait {_us(wait)} per cycle in {r['phase']}'s collectives")})
+        wait = r["caused_wait_ns"] / steady_n
+        out.append({"phase": r["phase"], "rank": r["rank"], "impact_ns": wait, "every": None, "evidence": (
+            f"rank {r['rank']} caused {_pct(r['wait_share'])} of the waiting in {r['phase']}'s collectives: the "
+            f"other ranks wait {_us(wait)} per cycle for it (it arrives last at {r['last_arrivals']} of "
+            f"{r['collectives']}, on average {_us(r['mean_delay_ns'])} after the next-latest rank)")})
+    return out
+
+
+def _recurring(ctx: Context) -> list[dict]:
+    """Classes of slower cycles that recur (kept in the steady state) without one late rank."""
+    out = []
+    for c in ctx.classes:
+        if not c.kept or not c.affected or c in _class_stragglers(ctx):
+            continue
+        out.append({"phase": c.phase, "rank": c.rank, "impact_ns": c.per_cycle_ns, "every": c.every,
+                    "extra_ns": c.extra_ns, "cycles": c.affected, "piece": c.piece, "evidence": (
+                        f"{c.text}; {_us(c.per_cycle_ns)} per steady cycle on average (kept in the numbers above: "
+                        "it recurs)")})
     return out
 
 
@@ -227,11 +255,24 @@ def _stalls(ctx: Context) -> list[dict]:
     per = excess / max(ctx.info["steady"], 1)
     kept = ctx.info["how"] != "detected"
     worst = max(st, key=lambda s: s["period_ns"])
-    return [{"phase": None, "rank": None, "impact_ns": per, "evidence": (
+    where = next((c for c in ctx.classes if c.kind == "stall"), None)
+    return [{"phase": where.phase if where else None, "rank": None, "impact_ns": per, "every": None,
+             "extra_ns": excess / len(st), "cycles": len(st), "evidence": (
         f"{len(st)} cycle(s) took longer than {_us(ctx.info['limit_ns'])} (median period "
-        f"{_us(ctx.info['median_ns'])}), the worst cycle {worst['n']} at {_us(worst['period_ns'])}; together "
-        f"{_us(excess)} more than median cycles, {_us(per)} per steady cycle"
+        f"{_us(ctx.info['median_ns'])}) and do not recur, the worst cycle {worst['key']} at {_us(worst['period_ns'])}; "
+        f"together {_us(excess)} more than median cycles, {_us(per)} per steady cycle"
+        + (f"; {where.text}" if where else "")
         + (" (kept in the numbers: you chose the cycles)" if kept else " (left out of the numbers above)"))}]
+
+
+def _left_out(ctx: Context) -> list[dict]:
+    share = ctx.info.get("left_out_share") or 0.0
+    if ctx.info.get("how") != "detected" or share <= steady.LEFT_OUT_WARN:
+        return []
+    n = ctx.info.get("post_warmup") or 0
+    return [{"phase": None, "rank": None, "impact_ns": share * ctx.period_ns, "every": None, "evidence": (
+        f"{share:.0%} of the {n} cycles after warm-up are left out of the steady state (rare stalls and pauses): "
+        "the headline numbers describe the rest only")}]
 
 
 def _whatif(ctx: Context) -> list[dict]:
@@ -279,10 +320,18 @@ RULES: tuple[Rule, ...] = (
     Rule("PHASE_IDLE", "GPU idle between a phase's own operations",
          "The GPU waits for launches inside the phase: eager kernel launches, host syncs (`.item()`, DtoH "
          "copies), allocations; capture the phase in a CUDA graph or remove the syncs.", _idle),
-    Rule("STALLS", "cycles much slower than the median (stalls in time)",
-         "Intermittent host stalls: Python GC (`gc.freeze()` after warm-up), logging, the scheduler's periodic "
-         "work, other processes on the cores, CPU frequency; line the stalled cycles' times up with a CPU-sampled "
-         "capture.", _stalls),
+    Rule("RECURRING_SLOW_CYCLES", "a class of slower cycles that recurs: every N-th cycle, after a prefill or "
+         "a batch-size change, or a second mode",
+         "Something runs on that schedule: the scheduler's periodic work (metrics or logging every N steps, "
+         "memory checks, a periodic sync, allocation or cache flush), or per-batch setup after a prefill. Make it "
+         "asynchronous, cheaper or rarer; a CPU-sampled capture (`nsys profile -s cpu`) at those cycles shows "
+         "what it is.", _recurring),
+    Rule("STALLS", "rare cycles much slower than the median that do not recur (stalls in time)",
+         "Intermittent host stalls: Python GC (`gc.freeze()` after warm-up), logging, other processes on the "
+         "cores, CPU frequency; line the stalled cycles' times up with a CPU-sampled capture.", _stalls),
+    Rule("LEFT_OUT", "a large share of the cycles left out of the steady state",
+         "Look at the per-cycle figure: pauses (idle, no requests) or stalls this frequent are part of how the "
+         "run behaves; choose the cycles with --window or --skip-cycles 0 to see them in the numbers.", _left_out),
     Rule("WHATIF_STEPS", "a draft-step count the what-if model predicts to be faster",
          "Try --speculative-num-steps at the predicted count (for top-k 1, --speculative-num-draft-tokens = "
          "steps + 1) and measure it against this run with `spectrace compare`.", _whatif),
@@ -306,13 +355,16 @@ def context(res, model=None) -> Context:
     return Context(res=res, period_ns=float(summary(res).period_ns or 0.0), budget=headline.budget(res),
                    phases=headline.phases(res), seams=launch_timing(res), stragglers=headline.stragglers(res),
                    info=selection(res), model=model, cycles=ncyc,
-                   untrusted=set(headline.matching(res).filter(~pl.col("trusted"))["phase"].to_list()))
+                   untrusted=set(headline.matching(res).filter(~pl.col("trusted"))["phase"].to_list()),
+                   classes=anatomy.cycle_classes(res))
 
 
 def find(res, model=None) -> list[dict]:
-    """Ranked findings: ``{code, severity, phase, rank, evidence, action, impact_ns, share, rank_is}``, biggest
-    first (``rank_is``: ``worst`` when the finding holds on several ranks and ``rank`` has the most of it,
-    ``only`` when it is about that rank alone; ``rank`` is None when all ranks are about the same)."""
+    """Ranked findings: ``{code, severity, phase, rank, every, extra_ns, cycles, evidence, action, impact_ns,
+    share, rank_is}``, biggest first (``rank_is``: ``worst`` when the finding holds on several ranks and ``rank``
+    has the most of it, ``only`` when it is about that rank alone; ``rank`` is None when all ranks are about the
+    same; ``every``: N when it happens every N-th cycle, with ``extra_ns`` per affected cycle, ``cycles`` of
+    them)."""
     ctx = context(res, model)
     if not ctx.period_ns:
         return []
@@ -323,7 +375,8 @@ def find(res, model=None) -> list[dict]:
             if share < FLOOR:
                 continue
             out.append({"code": rule.code, "severity": severity(share), "phase": hit.get("phase"),
-                        "rank": hit.get("rank"), "evidence": hit["evidence"], "action": rule.action,
+                        "rank": hit.get("rank"), "every": hit.get("every"), "extra_ns": hit.get("extra_ns"),
+                        "cycles": hit.get("cycles"), "evidence": hit["evidence"], "action": rule.action,
                         "impact_ns": hit["impact_ns"], "share": share,
                         "rank_is": "worst" if hit.get("worst") else "only" if hit.get("rank") is not None
                         else None})

@@ -2,15 +2,18 @@
 
 The Result's own ``phases``, ``ranges`` and ``seams`` count everything captured (they equal NVIDIA's
 ``nsys stats`` projections); the functions here recompute them over the steady state chosen by
-:func:`analyze.compute.tokens.cycles` (warm-up and stalls left out, or the user's ``--skip-cycles`` /
+:func:`analyze.compute.tokens.cycles` (warm-up and rare stalls left out, or the user's ``--skip-cycles`` /
 ``--window``). An instance counts when its outermost selected range is a steady cycle, or, outside any
 cycle (prefill, unknown ranges), when it starts between the first and the last steady cycle of its rank.
 
 **Cycle budget** (:func:`budget`): per rank, the mean steady cycle cut into consecutive pieces on the
-GPU clock that add up to the cycle period exactly: each phase inside the cycle (first → last GPU op of
-what it launched), each seam between consecutive phases (last op of one → first op of the next;
-negative when they overlap), the cycle's head and tail (cycle's first op → first phase, last phase →
-cycle's last op) and the gap between cycles (cycle's last op → the next cycle's first op).
+GPU clock that add up to the cycle period exactly (previous cycle's last GPU op → this cycle's last): the
+gap between cycles (previous cycle's last op → this cycle's first op, less any prefill), the prefill
+batches that ran in that gap (``prefill``: first → last GPU op of each), each phase inside the cycle (first
+→ last GPU op of what it launched), each seam between consecutive phases (last op of one → first op of the
+next; negative when they overlap), and the cycle's head and tail (cycle's first op → first phase, last
+phase → cycle's last op). :func:`cycle_pieces` has the same pieces for every cycle, :func:`mean_budget`
+their mean over any set of cycles (a class of slower cycles, a segment).
 """
 
 from __future__ import annotations
@@ -118,14 +121,12 @@ def phases_all(res) -> pl.DataFrame:
 
 
 def seam_instances(res) -> pl.DataFrame:
-    """Seam instances whose both sides are steady."""
+    """Seam instances that lead into a steady instance (the wait before a cycle belongs to that cycle's period)."""
     def run():
         s = res.seam_instances
         if s.height == 0:
             return s
-        k = keys(res)
-        return (s.join(k, on=["rank", "range_id"], how="semi")
-                .join(k.rename({"range_id": "prev_range_id"}), on=["rank", "prev_range_id"], how="semi"))
+        return s.join(keys(res), on=["rank", "range_id"], how="semi")
     return _memo(res, "seam_instances", run)
 
 
@@ -231,25 +232,39 @@ def steady_cycles(res) -> int:
     return int(cycles_per_rank(res)["cycles"].sum())
 
 
-def budget(res) -> pl.DataFrame:
-    """Per rank and piece of the mean steady cycle (module docstring): ``rank, segment, kind, order, ns, share,
-    compute_ns, comm_ns, idle_ns, gpu_idle_ns, cycles``; a rank's ``ns`` add up to its mean cycle period."""
-    return _memo(res, "budget", lambda: _budget(res))
+PIECE_SCHEMA = {"rank": pl.Int64, "key": pl.Int64, "cid": pl.Int64, "segment": pl.String, "item": pl.String,
+                "kind": pl.String,
+                "order": pl.Float64, "ns": pl.Float64, "compute_ns": pl.Float64, "comm_ns": pl.Float64,
+                "idle_ns": pl.Float64, "gpu_idle_ns": pl.Float64}
+BUDGET_SCHEMA = {"rank": pl.Int64, "segment": pl.String, "kind": pl.String, "order": pl.Float64, "ns": pl.Float64,
+                 "share": pl.Float64, "compute_ns": pl.Float64, "comm_ns": pl.Float64, "idle_ns": pl.Float64,
+                 "gpu_idle_ns": pl.Float64, "cycles": pl.UInt32}
+PREFILL = "prefill"
 
 
-def _budget(res) -> pl.DataFrame:
-    empty = pl.DataFrame(schema={"rank": pl.Int64, "segment": pl.String, "kind": pl.String, "order": pl.Float64,
-                                 "ns": pl.Float64, "share": pl.Float64, "compute_ns": pl.Float64,
-                                 "comm_ns": pl.Float64, "idle_ns": pl.Float64, "gpu_idle_ns": pl.Float64,
-                                 "cycles": pl.UInt32})
+def _main_cycles(res) -> pl.DataFrame:
+    """The cycles of the trace's cycle kind that have a period (every one but each rank's first)."""
     c = cycles(res)
     if c.height == 0:
-        return empty
+        return c
     main = c["kind"].mode().sort()[0]
-    cyc = c.filter(pl.col("steady") & (pl.col("kind") == main) & pl.col("period_ns").is_not_null()).select(
-        "rank", cid="range_id", crange="range", c0="i_first", c1="i_last", period="period_ns")
-    if cyc.height == 0:
-        return empty
+    return c.filter((pl.col("kind") == main) & pl.col("period_ns").is_not_null())
+
+
+def cycle_pieces(res) -> pl.DataFrame:
+    """Every cycle with a period cut into consecutive pieces on its rank's GPU clock that add up to its period
+    exactly (module docstring): ``rank, key, cid, segment, item, kind, order, ns, compute_ns, comm_ns, idle_ns,
+    gpu_idle_ns``; ``kind``: gap (between cycles), prefill, head, phase, seam, tail; ``item``: the piece by base
+    names (``verify``, ``seam:draft→verify``), the same across traces whatever the ranges' prefix."""
+    return _memo(res, "pieces", lambda: _pieces(res))
+
+
+def _pieces(res) -> pl.DataFrame:
+    c = _main_cycles(res)
+    if c.height == 0:
+        return pl.DataFrame(schema=PIECE_SCHEMA)
+    cyc = c.select("rank", "key", cid="range_id", crange="range", c0="i_first", c1="i_last", lead="lead_ns",
+                   pre="prefill_ns")
     inst = res.instances.filter((pl.col("i_ops") > 0) & pl.col("rank").is_not_null())
     kids = (inst.join(cyc.select("rank", parent="cid"), on=["rank", "parent"], how="semi")
             .select("rank", "range_id", cid="parent", name="range", start="start", a="i_first", b="i_last",
@@ -266,55 +281,119 @@ def _budget(res) -> pl.DataFrame:
     same = (pl.col("rank") == pl.col("rank").shift(1)) & (pl.col("cid") == pl.col("cid").shift(1))
     i = pl.int_range(pl.len())
     kids = kids.with_columns(pos=i - pl.when(~same.fill_null(False)).then(i).forward_fill())
-    ph = kids.select("rank", "cid", segment="name", kind=pl.lit("phase"), order=2.0 * pl.col("pos"),
+    ph = kids.select("rank", "cid", segment="name", item=base_expr("name"), kind=pl.lit("phase"),
+                     order=2.0 * pl.col("pos"),
                      ns=(pl.col("b") - pl.col("a")).cast(pl.Float64), compute_ns="compute", comm_ns="comm",
                      idle_ns="idle", gpu_idle_ns="gidle")
     # Seams between consecutive children: b(next) − a(last of previous), signed, so pieces telescope.
     nxt = kids.with_columns(prev_name=pl.when(same).then(pl.col("name").shift(1)),
+                            prev_base=pl.when(same).then(base_expr("name").shift(1)),
                             prev_b=pl.when(same).then(pl.col("b").shift(1))).filter(pl.col("prev_b").is_not_null())
     si = res.seam_instances
     idle_of = (si.select("rank", "range_id", sidle="idle_ns") if si.height else
                pl.DataFrame(schema={"rank": pl.Int64, "range_id": pl.Int64, "sidle": pl.Int64}))
+    none = pl.lit(None, pl.Float64)
     sm = (nxt.join(idle_of, on=["rank", "range_id"], how="left")
-          .select("rank", "cid", segment=pl.format("{} → {}", "prev_name", "name"), kind=pl.lit("seam"),
+          .select("rank", "cid", segment=pl.format("{} → {}", "prev_name", "name"),
+                  item=pl.format("seam:{}→{}", "prev_base", base_expr("name")), kind=pl.lit("seam"),
                   order=2.0 * pl.col("pos") - 1, ns=(pl.col("a") - pl.col("prev_b")).cast(pl.Float64),
-                  compute_ns=pl.lit(None, pl.Float64), comm_ns=pl.lit(None, pl.Float64),
+                  compute_ns=none, comm_ns=none,
                   idle_ns=(pl.col("a") - pl.col("prev_b")).clip(lower_bound=0).cast(pl.Float64),
                   gpu_idle_ns=pl.col("sidle").cast(pl.Float64)))
     ends = kids.group_by("rank", "cid").agg(first_a=pl.col("a").first(), last_b=pl.col("b").last(),
                                             first=pl.col("name").first(), last=pl.col("name").last())
     cc = cyc.join(ends, on=["rank", "cid"])
-    top_idle = (si.filter(pl.col("parent").is_null()).select("rank", cid="prev_range_id", gidle="idle_ns")
-                if si.height else pl.DataFrame(schema={"rank": pl.Int64, "cid": pl.Int64, "gidle": pl.Int64}))
-    cc = cc.join(top_idle, on=["rank", "cid"], how="left")
-    none = pl.lit(None, pl.Float64)
-    head = cc.select("rank", "cid", segment=pl.format("cycle start → {}", "first"), kind=pl.lit("head"),
+    # The prefill batches that ran before each cycle, and the top-level seams from the previous cycle's last op
+    # to this cycle's first (through any prefill): the GPU idle between cycles.
+    pre = _prefills(res, inst, cyc)
+    before = cyc.select("rank", "cid", target="cid")
+    if pre.height:
+        before = pl.concat([before, pre.select("rank", "cid", target="range_id")])
+    gidle = (si.filter(pl.col("parent").is_null()).select("rank", target="range_id", g="idle_ns")
+             .join(before, on=["rank", "target"]).group_by("rank", "cid").agg(gidle=pl.col("g").sum())
+             if si.height else pl.DataFrame(schema={"rank": pl.Int64, "cid": pl.Int64, "gidle": pl.Int64}))
+    cc = cc.join(gidle, on=["rank", "cid"], how="left")
+    head = cc.select("rank", "cid", segment=pl.format("cycle start → {}", "first"), item=pl.lit("head"),
+                     kind=pl.lit("head"),
                      order=pl.lit(-1.0), ns=(pl.col("first_a") - pl.col("c0")).cast(pl.Float64), compute_ns=none,
                      comm_ns=none, idle_ns=none, gpu_idle_ns=none)
-    tail = cc.select("rank", "cid", segment=pl.format("{} → cycle end", "last"), kind=pl.lit("tail"),
+    tail = cc.select("rank", "cid", segment=pl.format("{} → cycle end", "last"), item=pl.lit("tail"),
+                     kind=pl.lit("tail"),
                      order=pl.lit(1e6), ns=(pl.col("c1") - pl.col("last_b")).cast(pl.Float64), compute_ns=none,
                      comm_ns=none, idle_ns=none, gpu_idle_ns=none)
-    gap = cc.select("rank", "cid", segment=pl.lit(GAP), kind=pl.lit("gap"), order=pl.lit(1e6 + 1),
-                    ns=(pl.col("period") - (pl.col("c1") - pl.col("c0"))).cast(pl.Float64), compute_ns=none,
-                    comm_ns=none, idle_ns=(pl.col("period") - (pl.col("c1") - pl.col("c0"))).cast(pl.Float64),
-                    gpu_idle_ns=pl.col("gidle").cast(pl.Float64))
-    pieces = pl.concat([head, ph, sm, tail, gap], how="vertical_relaxed")
-    n = cyc.group_by("rank").agg(cycles=pl.len(), period=pl.col("period").mean())
-    out = (pieces.group_by("rank", "segment", "kind")
+    gap_ns = (pl.col("lead") - pl.col("pre")).cast(pl.Float64)
+    gap = cc.select("rank", "cid", segment=pl.lit(GAP), item=pl.lit(GAP), kind=pl.lit("gap"), order=pl.lit(-3.0),
+                    ns=gap_ns,
+                    compute_ns=none, comm_ns=none, idle_ns=gap_ns, gpu_idle_ns=pl.col("gidle").cast(pl.Float64))
+    parts = [gap, head, ph, sm, tail]
+    if pre.height:
+        parts.append(pre.group_by("rank", "cid").agg(
+            ns=pl.col("span").sum(), compute_ns=pl.col("compute").sum(), comm_ns=pl.col("comm").sum(),
+            idle_ns=pl.col("idle").sum(), gpu_idle_ns=pl.col("gidle").sum())
+            .select("rank", "cid", *[pl.col(x).cast(pl.Float64) for x in ("ns", "compute_ns", "comm_ns", "idle_ns",
+                                                                           "gpu_idle_ns")])
+            .with_columns(segment=pl.lit(PREFILL), item=pl.lit(PREFILL), kind=pl.lit("prefill"), order=pl.lit(-2.0)))
+    cols = [c for c in PIECE_SCHEMA if c != "key"]
+    pieces = pl.concat([x.select(cols) for x in parts], how="vertical_relaxed")
+    return (pieces.join(cyc.select("rank", "cid", "key"), on=["rank", "cid"])
+            .select(list(PIECE_SCHEMA)).cast(PIECE_SCHEMA))
+
+
+def _prefills(res, inst: pl.DataFrame, cyc: pl.DataFrame) -> pl.DataFrame:
+    """Top-level prefill instances with GPU work and the cycle that ran next on their rank (``cid``)."""
+    pre = inst.filter(pl.col("parent").is_null()).filter(base_expr().is_in(["prefill"]))
+    if pre.height == 0:
+        return pl.DataFrame()
+    return (pre.select("rank", "range_id", _t="i_first", span="i_span_ns",
+                       compute=pl.col("i_busy_ns") - pl.col("i_comm_ns"), comm="i_comm_ns", idle="i_idle_ns",
+                       gidle="i_gpu_idle_ns").sort("_t")
+            .join_asof(cyc.select("rank", "cid", _t="c0").sort("_t"), on="_t", by="rank", strategy="forward",
+                       check_sortedness=False)
+            .filter(pl.col("cid").is_not_null()).drop("_t"))
+
+
+def budget(res) -> pl.DataFrame:
+    """Per rank and piece of the mean steady cycle (module docstring): ``rank, segment, kind, order, ns, share,
+    compute_ns, comm_ns, idle_ns, gpu_idle_ns, cycles``; a rank's ``ns`` add up to its mean cycle period."""
+    return _memo(res, "budget", lambda: mean_budget(res, steady_keys(res)))
+
+
+def steady_keys(res) -> pl.DataFrame:
+    """``rank, key`` of the steady cycles that have a period (what the budget and per-cycle means average over)."""
+    c = _main_cycles(res)
+    return c.filter("steady").select("rank", "key") if c.height else pl.DataFrame(
+        schema={"rank": pl.Int64, "key": pl.Int64})
+
+
+def mean_budget(res, which: pl.DataFrame, by_rank: bool = True) -> pl.DataFrame:
+    """The mean cycle over the cycles ``which`` (``rank, key``) cut into its pieces, per rank (``by_rank``) or
+    over all ranks' cycles (``rank`` null); ``ns`` add up to the mean period of those cycles."""
+    p = cycle_pieces(res)
+    if p.height == 0 or which.height == 0:
+        return pl.DataFrame(schema=BUDGET_SCHEMA)
+    p = p.join(which.select("rank", "key").unique(), on=["rank", "key"], how="semi")
+    grp = ["rank"] if by_rank else []
+    cyc = p.select("rank", "key").unique()
+    n = (cyc.group_by("rank").agg(cycles=pl.len()) if by_rank
+         else pl.DataFrame({"cycles": [cyc.height]}, schema={"cycles": pl.UInt32}))
+    period = p.group_by(*grp).agg(period=pl.col("ns").sum())
+    out = (p.group_by(*grp, "segment", "kind")
            .agg(order=pl.col("order").mean(), ns=pl.col("ns").sum(), compute_ns=pl.col("compute_ns").sum(),
                 comm_ns=pl.col("comm_ns").sum(), idle_ns=pl.col("idle_ns").sum(),
                 gpu_idle_ns=pl.col("gpu_idle_ns").sum(), _cmp=pl.col("compute_ns").is_not_null().any(),
-                _gi=pl.col("gpu_idle_ns").is_not_null().any(), _id=pl.col("idle_ns").is_not_null().any())
-           .join(n, on="rank")
-           .with_columns(pl.col("ns", "compute_ns", "comm_ns", "idle_ns", "gpu_idle_ns") / pl.col("cycles"))
+                _gi=pl.col("gpu_idle_ns").is_not_null().any(), _id=pl.col("idle_ns").is_not_null().any()))
+    out = (out.join(n, on=grp, how="left") if grp else out.join(n, how="cross"))
+    out = (out.join(period, on=grp, how="left") if grp else out.join(period, how="cross"))
+    out = (out.with_columns(pl.col("ns", "compute_ns", "comm_ns", "idle_ns", "gpu_idle_ns", "period") / pl.col("cycles"))
            .with_columns(compute_ns=pl.when("_cmp").then("compute_ns"), comm_ns=pl.when("_cmp").then("comm_ns"),
                          idle_ns=pl.when("_id").then("idle_ns"), gpu_idle_ns=pl.when("_gi").then("gpu_idle_ns"),
                          share=pl.col("ns") / pl.col("period"))
-           .filter((pl.col("ns") != 0) | (pl.col("kind") == "phase"))
-           .sort("rank", "order", "segment")
-           .select("rank", "segment", "kind", "order", "ns", "share", "compute_ns", "comm_ns", "idle_ns",
-                   "gpu_idle_ns", "cycles"))
-    return out
+           .filter((pl.col("ns") != 0) | (pl.col("kind") == "phase")))
+    if not by_rank:
+        out = out.with_columns(rank=pl.lit(None, pl.Int64))
+    return (out.sort("rank", "order", "segment", nulls_last=True)
+            .select("rank", "segment", "kind", "order", "ns", "share", "compute_ns", "comm_ns", "idle_ns",
+                    "gpu_idle_ns", pl.col("cycles").cast(pl.UInt32)))
 
 
 def cycle_values(res) -> pl.DataFrame:

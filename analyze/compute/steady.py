@@ -1,40 +1,73 @@
-"""Which decode cycles are the steady state: warm-up and stalls detected, or the user's choice.
+"""Which decode cycles are the steady state, and which slower cycles recur: warm-up and rare stalls detected,
+recurring slow cycles described and kept, segments of one batch size, or the user's choice.
 
 Input: the cycles of a trace (:func:`analyze.compute.tokens.cycles`: ``rank, n, kind, i_first, i_last,
-period_ns, cycle_index``); output: the same rows with ``steady`` (bool) and ``why`` (null, ``warm-up``,
-``stall``, ``pause``, ``skipped``, ``outside window``), and a small dict saying what was left out and why.
+period_ns, prefill_ns, payload_batch, pair_key, cycle_index …``); output: the same rows with ``key`` (the
+cycle's identity across ranks), ``steady`` (bool), ``why`` (null, ``warm-up``, ``stall``, ``pause``,
+``skipped``, ``outside window``), ``cycle_class`` (the class of slower cycles it belongs to, null when
+typical), ``slow`` (elevated: noticeably above its segment's median, see below) and ``segment``, and a
+dict saying what was decided.
 
-Detection (the default), on each rank's cycle periods (first GPU op of a cycle → first of the next):
+Detection (the default) works on one number per cycle: its period without the prefill that ran before it,
+averaged over ranks (a cycle's period ends at its last GPU op, so one late rank and the ranks that wait for
+it in a collective all see the same long cycle; one late event counts once):
 
-- the *band* is ``median × (1 + tol)`` with ``tol = max(10 %, 5 × 1.4826 × MAD / median)``: at least 10 %
-  above the median, wider on a noisy rank (1.4826 × MAD estimates the standard deviation);
-- *warm-up*: the cycles before the first run of :data:`SETTLE` consecutive periods inside the band (looked
-  for in the first half of the run; if the period never settles, nothing is called warm-up). Ranks of one
-  job run the same cycles, so the longest warm-up over ranks is left out on every rank;
-- *stall*: after warm-up, a cycle whose period is above the band on any rank; left out on every rank;
-  a *pause* when the period is more than :data:`PAUSE` × the median (the GPU had nothing to do for that
-  long: no requests, a prefill burst, a copy stitched in time), left out the same way but not a stall.
+- *segments*: runs of cycles of one decode batch size (the payload's), each with its own *band*
+  ``typical × (1 + tol)``, ``tol = max(10 %, 5 × sd / typical)``, where *typical* and *sd* come from the
+  densest 40 % of its cycle times (:func:`_typical`: the median and standard deviation for normal noise, but
+  still the fast cycles' level when a third or half of them belong to slower classes); a cycle above the
+  band is *slow*, one over :data:`PAUSE` × typical a *pause* (idle: no requests);
+- *classes* of slower cycles that recur, kept in the steady state and described: slow cycles right after a
+  prefill, slow cycles among the first :data:`SEG_SETTLE` of a new batch size, **every N-th cycle** by index
+  with an offset (most of its slots *elevated*, i.e. above ``typical × (1 + max(5 %, 3 × sd / typical))``,
+  a lower bar than the band's);
+  :data:`COVER`; far more than chance: binomial tail × hypotheses < :data:`CHANCE`; up to
+  :data:`MAX_CLASSES`), and *a second mode*: slow cycles without a period that are more than
+  :data:`MODE_SHARE` of the cycles (and at least :data:`MIN_HITS`);
+- *warm-up*: the cycles before the first :data:`SETTLE` cycles in a row that are in band or in a class
+  (looked for in the first half; if the period never settles, nothing is called warm-up);
+- *stalls*: the rest of the slow cycles after warm-up, rare by construction (≤ :data:`MODE_SHARE`), left
+  out like the warm-up and the pauses; leaving out more than :data:`LEFT_OUT_WARN` is said first.
 
-Cycles are identified across ranks by the payload's cycle index when every cycle has one, else by their
-order ``n`` on each rank. ``skip_cycles=N`` leaves out exactly the first N cycles of each rank (0: none);
-``window`` keeps only cycles ``START <= n < END`` (``"5:50"``, open ends allowed) or cycles whose first
-GPU op lies in a time range on the session clock (``"1.5s:3s"``, units ns/us/µs/ms/s). With either,
-stalls are still found and named, but kept.
+Cycles are identified across ranks by the pairing of :mod:`analyze.compute.windows` (the payload's cycle
+index, or the offset under which collectives end together), else the payload index, else their order.
+``skip_cycles=N`` leaves out exactly the first N cycles of each rank (0: none); ``window`` keeps only cycles
+``START <= n < END`` (``"5:50"``, open ends allowed) or cycles whose first GPU op lies in a time range on the
+session clock (``"1.5s:3s"``, units ns/us/µs/ms/s). With either, stalls and classes are still found and
+named, but kept.
 """
 
 from __future__ import annotations
 
+import math
 import re
 
 import polars as pl
 
 from ..model import InputError
 
-SETTLE = 3  # consecutive in-band periods that end the warm-up
+SETTLE = 3  # consecutive explained cycles that end the warm-up
 MIN_TOL = 0.10  # the band is at least this far above the median period
 MAD_K = 5.0  # ... or this many robust standard deviations
 PAUSE = 10.0  # a period this many times the median is a pause, not a stall
+SEG_SETTLE = 5  # slow cycles among the first this many of a new batch size: after a batch-size change (kept)
+MODE_SHARE = 0.05  # slow cycles that recur without a period, above this share of the cycles: a mode, kept
+LEFT_OUT_WARN = 0.10  # leaving out more than this share of the post-warm-up cycles is said first
+ELEV_TOL = 0.05  # a cycle this far above its segment's typical level (or ELEV_K sds) is *elevated*: a candidate
+ELEV_K = 3.0  # for a periodic class
+COVER = 0.6  # a periodic class: at least this share of its slots are elevated
+MIN_HITS = 3  # ... and at least this many of them
+MIN_SLOTS = 4
+MAX_EVERY = 32  # periods looked for: every 2nd … every 32nd cycle
+MAX_CLASSES = 3  # periodic classes looked for, one after the other
+CHANCE = 0.01  # a periodic class must be this unlikely by chance (binomial tail × hypotheses tried)
 UNITS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
+ORDINAL = {1: "st", 2: "nd", 3: "rd"}
+
+
+def nth(n: int) -> str:
+    """2 → "2nd", 4 → "4th", 11 → "11th"."""
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else ORDINAL.get(n % 10, 'th')}"
 
 
 def parse_window(text: str | tuple | None) -> dict | None:
@@ -82,97 +115,276 @@ def check_choice(skip_cycles: int | None, window) -> dict:
     return out
 
 
-def _band(cyc: pl.DataFrame) -> pl.DataFrame:
-    """Per rank: median period, band limit."""
-    p = pl.col("period_ns")
-    return (cyc.filter(p.is_not_null()).group_by("rank")
-            .agg(median_ns=p.median(), mad_ns=(p - p.median()).abs().median())
-            .with_columns(tol=pl.max_horizontal(pl.lit(MIN_TOL), MAD_K * 1.4826 * pl.col("mad_ns") / pl.col("median_ns")))
+def _identity(m: pl.DataFrame) -> tuple[pl.Expr, str]:
+    """The cross-rank identity of a cycle: the pairing key of :mod:`analyze.compute.windows` (the payload's
+    cycle index, or the offset under which collectives end together), else the payload index, else the order."""
+    if m["pair_key"].null_count() == 0:
+        return pl.col("pair_key"), "cycle index" if m["cycle_index"].null_count() == 0 else "paired by collectives"
+    if m["cycle_index"].null_count() == 0:
+        return pl.col("cycle_index"), "cycle index"
+    return pl.col("n"), "order on each rank"
+
+
+def _series(m: pl.DataFrame) -> pl.DataFrame:
+    """One row per cycle (``key``, in order): ``t`` the mean over ranks of its period without prefill, its
+    segment value (payload batch size), whether a prefill ran before it, its first ``n`` and GPU start."""
+    seg = pl.col("payload_batch").drop_nulls().first()
+    return (m.group_by("key")
+            .agg(t=(pl.col("period_ns") - pl.col("prefill_ns")).mean(), seg_value=seg,
+                 prefill=(pl.col("prefills") > 0).any(), n=pl.col("n").min(), i_first=pl.col("i_first").min(),
+                 period=pl.col("period_ns").max())
+            .sort("key")
+            .with_columns(pos=pl.int_range(pl.len()),
+                          segment=(pl.col("seg_value").ne_missing(pl.col("seg_value").shift(1))
+                                   | (pl.int_range(pl.len()) == 0)).cast(pl.Int64).cum_sum() - 1)
+            .with_columns(seg_start=(pl.col("segment") != pl.col("segment").shift(1)).fill_null(False),
+                          seg_pos=pl.int_range(pl.len()).over("segment")))
+
+
+DENSE = 0.4  # the typical level is the median of the densest DENSE of the cycle times
+DENSE_Z = 1.0488  # the range of the central 40 % of a normal distribution, in standard deviations
+
+
+def _typical(t: pl.Series) -> tuple[float, float]:
+    """The typical level and spread of cycle times ``t``: the median and the range of their densest
+    :data:`DENSE` (the shortest window holding that share of the values; ``DENSE_Z`` standard deviations for
+    normal noise). Unlike the median and MAD of all values, it stays on the fast cycles even when half of them
+    belong to slower classes."""
+    v = t.drop_nulls().sort()
+    n = v.len()
+    if n == 0:
+        return float("nan"), 0.0
+    h = max(1, math.ceil(DENSE * n))
+    lo = v.head(n - h + 1)
+    width = v.tail(n - h + 1) - lo.to_numpy() if n > 1 else pl.Series([0.0])
+    i = int(width.arg_min() or 0)
+    window = v.slice(i, h)
+    return float(window.median()), float(width[i]) / DENSE_Z
+
+
+def _bands(s: pl.DataFrame) -> pl.DataFrame:
+    """``s`` with each segment value's band (``median_ns``: its typical level, ``tol``, ``limit_ns``), ``slow``,
+    ``elevated`` and ``pause``."""
+    t = pl.col("t")
+    rows = []
+    for (value,), grp in s.filter(t.is_not_null()).group_by("seg_value"):  # one per batch size: a handful
+        m, sd = _typical(grp["t"])
+        rows.append({"seg_value": value, "median_ns": m, "sd_ns": sd})
+    band = (pl.DataFrame(rows, schema={"seg_value": s.schema["seg_value"], "median_ns": pl.Float64,
+                                       "sd_ns": pl.Float64})
+            .with_columns(tol=pl.max_horizontal(pl.lit(MIN_TOL), MAD_K * pl.col("sd_ns") / pl.col("median_ns")),
+                          etol=pl.max_horizontal(pl.lit(ELEV_TOL), ELEV_K * pl.col("sd_ns") / pl.col("median_ns")))
             .with_columns(limit_ns=pl.col("median_ns") * (1 + pl.col("tol"))))
+    return (s.join(band, on="seg_value", how="left", nulls_equal=True, maintain_order="left")
+            .with_columns(slow=(t > pl.col("limit_ns")).fill_null(False),
+                          elevated=(t > pl.col("median_ns") * (1 + pl.col("etol"))).fill_null(False),
+                          pause=(t > PAUSE * pl.col("median_ns")).fill_null(False)))
+
+
+def _settle(ok: pl.Series, half: int) -> int | None:
+    """The first position (at most ``half``) that starts :data:`SETTLE` consecutive ``ok`` cycles, or None."""
+    run = ok.cast(pl.Int32).rolling_sum(SETTLE).shift(-(SETTLE - 1))
+    hit = pl.DataFrame({"run": run, "pos": pl.int_range(len(ok), eager=True)}).filter(
+        (pl.col("run") == SETTLE) & (pl.col("pos") <= half))
+    return int(hit["pos"][0]) if hit.height else None
+
+
+def _tail(hits: int, slots: int, p: float) -> float:
+    """P(X >= hits) for X ~ Binomial(slots, p)."""
+    if p >= 1:
+        return 1.0
+    return sum(math.comb(slots, i) * p ** i * (1 - p) ** (slots - i) for i in range(hits, slots + 1))
+
+
+def _periodic(post: pl.DataFrame) -> list[dict]:
+    """Periodic classes among ``post`` (rows with ``key``, ``cand``): every N-th cycle by key with an offset,
+    most of whose slots are slow, far more than chance; found one after the other (the best first)."""
+    found: list[dict] = []
+    rows = post.filter(pl.col("t").is_not_null()).select("key", "cand")
+    n = rows.height
+    top = min(MAX_EVERY, n // MIN_SLOTS)
+    if top < 2:
+        return found
+    tried = sum(range(2, top + 1))
+    taken = pl.lit(False)
+    for _ in range(MAX_CLASSES):
+        cand = rows.with_columns(cand=pl.col("cand") & ~taken)
+        k = int(cand["cand"].sum())
+        if k < MIN_HITS:
+            break
+        p = k / n
+        ev = (cand.join(pl.DataFrame({"every": range(2, top + 1)}), how="cross")
+              .group_by("every", offset=pl.col("key") % pl.col("every"))
+              .agg(slots=pl.len(), hits=pl.col("cand").sum())
+              .filter((pl.col("slots") >= MIN_SLOTS) & (pl.col("hits") >= MIN_HITS)
+                      & (pl.col("hits") >= COVER * pl.col("slots")))
+              .with_columns(score=pl.col("hits") * pl.col("hits") / pl.col("slots"))
+              .sort("score", "every", "offset", descending=[True, False, False]))
+        best = None
+        for row in ev.head(20).iter_rows(named=True):  # a handful of candidates, not events
+            if _tail(row["hits"], row["slots"], p) * tried < CHANCE:
+                best = row
+                break
+        if best is None:
+            break
+        member = (pl.col("key") % best["every"]) == best["offset"]
+        found.append({"every": int(best["every"]), "offset": int(best["offset"]), "member": member})
+        taken = taken | member
+    return found
+
+
+def _classes(s: pl.DataFrame, w: int) -> tuple[pl.DataFrame, list[dict]]:
+    """Classes of slower cycles after position ``w`` (``s`` from :func:`_bands`): column ``cycle_class`` (an id)
+    and ``out`` (left out: an outlier or a pause); the classes' descriptions (without their numbers)."""
+    post = pl.col("pos") >= w
+    slow = post & pl.col("slow") & ~pl.col("pause")
+    s = s.with_columns(cycle_class=pl.lit(None, pl.Int64), out=pl.lit(None, pl.String))
+    classes: list[dict] = []
+
+    def add(mask: pl.Expr, desc: dict) -> None:
+        nonlocal s
+        cid = len(classes)
+        s = s.with_columns(cycle_class=pl.when(pl.col("cycle_class").is_null() & mask).then(pl.lit(cid))
+                           .otherwise("cycle_class"))
+        classes.append({"id": cid, **desc})
+
+    free = pl.col("cycle_class").is_null()
+    add(slow & pl.col("prefill"), {"kind": "prefill", "every": None, "offset": None})
+    add(slow & (pl.col("seg_pos") < SEG_SETTLE) & (pl.col("segment") > 0),
+        {"kind": "batch change", "every": None, "offset": None})
+    s = s.with_columns(cand=post & pl.col("elevated") & ~pl.col("pause") & free)
+    for per in _periodic(s.filter(post)):
+        add(post & per.pop("member"), {"kind": "every", **per})
+    rest = s.filter(slow & free)
+    npost = s.filter(post).height
+    if rest.height >= MIN_HITS and rest.height > MODE_SHARE * npost:
+        add(slow & free, {"kind": "mode", "every": None, "offset": None})
+    s = s.with_columns(out=pl.when(post & pl.col("pause")).then(pl.lit("pause"))
+                       .when(slow & pl.col("cycle_class").is_null()).then(pl.lit("stall")))
+    used = set(s["cycle_class"].drop_nulls().unique().to_list())
+    keep = [c for c in classes if c["id"] in used]
+    remap = {c["id"]: i for i, c in enumerate(keep)}
+    s = s.with_columns(pl.col("cycle_class").replace_strict(remap, default=None, return_dtype=pl.Int64))
+    for c in keep:
+        c["id"] = remap[c["id"]]
+    return s.drop("cand"), keep
+
+
+def _describe_classes(s: pl.DataFrame, classes: list[dict], w: int) -> list[dict]:
+    """Each class with its cycles: how many slots, how many slow (``affected``), which keys, the extra time per
+    affected cycle over the typical cycle of its segment (median of the post-warm-up cycles in no class)."""
+    typical = (s.filter((pl.col("pos") >= w) & ~pl.col("elevated") & pl.col("cycle_class").is_null()
+                        & pl.col("t").is_not_null())
+               .group_by("seg_value").agg(typical_ns=pl.col("t").median()))
+    s = s.join(typical, on="seg_value", how="left", nulls_equal=True, maintain_order="left").with_columns(
+        typical_ns=pl.coalesce("typical_ns", "median_ns"))
+    out = []
+    for c in classes:
+        m = s.filter(pl.col("cycle_class") == c["id"])
+        hit = m.filter(pl.col("elevated"))
+        keys = hit["key"].to_list()
+        extra = hit.select((pl.col("t") - pl.col("typical_ns")).mean()).item() if hit.height else 0.0
+        out.append({**c, "slots": m.height, "affected": hit.height, "keys": keys[:20], "more_keys": max(0, len(keys) - 20),
+                    "first_key": keys[0] if keys else None, "n": hit["n"].to_list()[:20],
+                    "extra_ns": float(extra or 0.0), "period_ns": float(hit["t"].mean() or 0.0),
+                    "typical_ns": float(hit["typical_ns"].mean() or 0.0)})
+    return out
 
 
 def flag_cycles(cyc: pl.DataFrame, choice: dict | None = None) -> tuple[pl.DataFrame, dict]:
-    """``cyc`` with ``steady``/``why`` and ``key`` (the cross-rank cycle identity), and what was decided."""
+    """``cyc`` with ``steady``/``why``, ``key`` (the cross-rank cycle identity), ``cycle_class`` (the class of
+    slower cycles it belongs to, null for a typical one) and ``segment``, and what was decided (module docstring)."""
     choice = choice or {}
     if cyc.height == 0:
-        return cyc.with_columns(steady=pl.lit(True), why=pl.lit(None, pl.String), key=pl.col("n")), {
-            "how": "none", "cycles": 0, "steady": 0, "left_out": 0, "warmup": 0, "stalls": [],
-            "text": "no cycle ranges: the whole run"}
+        return cyc.with_columns(steady=pl.lit(True), why=pl.lit(None, pl.String), key=pl.col("n"),
+                                cycle_class=pl.lit(None, pl.Int64), segment=pl.lit(0, pl.Int64)), {
+            "how": "none", "cycles": 0, "steady": 0, "left_out": 0, "warmup": 0, "stalls": [], "pauses": [],
+            "classes": [], "segments": [], "text": "no cycle ranges: the whole run"}
     main = cyc["kind"].mode().sort()[0]
-    by_index = cyc.filter(pl.col("kind") == main)["cycle_index"].null_count() == 0
-    cyc = cyc.with_columns(key=pl.col("cycle_index") if by_index else pl.col("n"))
-    band = _band(cyc.filter(pl.col("kind") == main))
-    c = cyc.join(band.select("rank", "median_ns", "limit_ns"), on="rank", how="left")
-    c = c.with_columns(out=(pl.col("kind") == main) & (pl.col("period_ns") > pl.col("limit_ns")).fill_null(False))
-    # Warm-up per rank: first n where SETTLE consecutive periods are in band (in the first half of the run).
-    ok = ((pl.col("period_ns") <= pl.col("limit_ns")) & pl.col("period_ns").is_not_null()).cast(pl.Int32)
-    m = c.filter(pl.col("kind") == main).sort("rank", "n").with_columns(
-        _run=ok.rolling_sum(SETTLE).shift(-(SETTLE - 1)).over("rank"), _half=(pl.len() // 2).over("rank"))
-    first = (m.filter((pl.col("_run") == SETTLE) & (pl.col("n") <= pl.col("_half")))
-             .group_by("rank").agg(pl.col("n").min().alias("n0")))
-    first = first.join(m.select("rank", "n", "key"), left_on=["rank", "n0"], right_on=["rank", "n"], how="left")
-    settled = first.height == band.height
-    warm_key = int(first["key"].max()) if first.height and settled else None
-    how = "detected"
     is_main = pl.col("kind") == main
+    key, identity = _identity(cyc.filter(is_main))
+    cyc = cyc.with_columns(key=key)
+    s = _bands(_series(cyc.filter(is_main)))
+    n = s.height
+    half = n // 2
+    # Warm-up: a provisional one (the leading slow cycles), the classes after it, then the first SETTLE cycles
+    # in a row that are in band or explained by a class (a periodic slot, a prefill, a batch change).
+    w0 = _settle(~s["slow"], half)
+    w0 = w0 if w0 is not None else int(s.with_columns(c=(~pl.col("slow")).cum_sum()).filter(pl.col("c") == 0).height)
+    s1, _ = _classes(s, w0)
+    explained = ~s1["slow"] | s1["cycle_class"].is_not_null()
+    w = _settle(explained, half)
+    settled = w is not None
+    w = w if settled else 0
+    s, classes = _classes(s, w)
+    classes = _describe_classes(s, classes, w)
+    how = "detected"
+    post = pl.col("pos") >= w
     if "skip_cycles" in choice:
         how = "skip"
-        why = pl.when(is_main & (pl.col("n") < choice["skip_cycles"])).then(pl.lit("skipped"))
+        why = pl.when(pl.col("n") < choice["skip_cycles"]).then(pl.lit("skipped"))
     elif "window" in choice:
         how = "window"
-        w = choice["window"]
-        col = pl.col("n") if w["unit"] == "cycle" else pl.col("i_first")
+        wd = choice["window"]
+        col = pl.col("n") if wd["unit"] == "cycle" else pl.col("i_first")
         inside = pl.lit(True)
-        if w["start"] is not None:
-            inside = inside & (col >= w["start"])
-        if w["end"] is not None:
-            inside = inside & (col < w["end"])
+        if wd["start"] is not None:
+            inside = inside & (col >= wd["start"])
+        if wd["end"] is not None:
+            inside = inside & (col < wd["end"])
         why = pl.when(~inside).then(pl.lit("outside window"))
     else:
-        warm = pl.lit(False) if warm_key is None else pl.col("key") < warm_key
-        stall_keys = c.filter(pl.col("out") & ~warm)["key"].unique().implode()
-        pause_keys = c.filter(pl.col("out") & ~warm & (pl.col("period_ns") > PAUSE * pl.col("median_ns")))["key"]
-        why = (pl.when(is_main & warm).then(pl.lit("warm-up"))
-               .when(is_main & pl.col("key").is_in(pause_keys.unique().implode())).then(pl.lit("pause"))
-               .when(is_main & pl.col("key").is_in(stall_keys)).then(pl.lit("stall")))
-    c = c.with_columns(why=why.otherwise(pl.lit(None, pl.String))).with_columns(steady=pl.col("why").is_null())
+        why = pl.when(~post).then(pl.lit("warm-up")).when(pl.col("out").is_not_null()).then(pl.col("out"))
+    per_key = s.select("key", "cycle_class", "segment", "out", slow="elevated", _kw=(~post).alias("_kw"))
+    c = (cyc.join(per_key, on="key", how="left", maintain_order="left")
+         .with_columns(cycle_class=pl.when(is_main).then("cycle_class"), segment=pl.when(is_main).then("segment")))
     if how == "detected":
-        stalls = c.filter(pl.col("why") == "stall")
-    else:  # named, but kept: the user chose the cycles
-        warm = pl.lit(False) if warm_key is None else pl.col("key") < warm_key
-        stalls = c.filter(pl.col("out") & ~warm & pl.col("steady")
-                          & (pl.col("period_ns") <= PAUSE * pl.col("median_ns")))
-    pauses = c.filter(pl.col("why") == "pause").group_by("key").agg(n=pl.col("n").min(),
-                                                                     period_ns=pl.col("period_ns").max())
+        c = c.with_columns(why=pl.when(is_main).then(
+            pl.when(pl.col("_kw")).then(pl.lit("warm-up")).when(pl.col("out").is_not_null()).then(pl.col("out"))))
+    else:
+        c = c.with_columns(why=pl.when(is_main).then(why))
+    c = c.with_columns(pl.col("why").cast(pl.String)).with_columns(steady=pl.col("why").is_null())
     per_rank = c.filter(is_main).group_by("rank").agg(total=pl.len(), steady=pl.col("steady").sum())
     if how != "detected" and int(per_rank["steady"].max()) == 0:
-        m = c.filter(is_main)
+        mm = c.filter(is_main)
         raise InputError(
             f"{'--skip-cycles ' + str(choice['skip_cycles']) if how == 'skip' else '--window ' + choice['window']['text']}"
-            f" leaves no cycle: there are {int(per_rank['total'].max())} per rank (n = 0…{int(m['n'].max())}), their "
-            f"first GPU ops from {m['i_first'].min() / 1e9:.3f} s to {m['i_first'].max() / 1e9:.3f} s on the "
+            f" leaves no cycle: there are {int(per_rank['total'].max())} per rank (n = 0…{int(mm['n'].max())}), their "
+            f"first GPU ops from {mm['i_first'].min() / 1e9:.3f} s to {mm['i_first'].max() / 1e9:.3f} s on the "
             "capture's clock", "BAD_OPTION")
+    stalls = s.filter(post & (pl.col("out") == "stall"))
+    pauses = s.filter(post & (pl.col("out") == "pause"))
+    npost = s.filter(post).height
+    left_keys = s.filter(post & pl.col("out").is_not_null()).height if how == "detected" else 0
+    seg = (s.group_by("segment").agg(seg_value=pl.col("seg_value").first(), first_key=pl.col("key").first(),
+                                     last_key=pl.col("key").last(), first_n=pl.col("n").first(), cycles=pl.len())
+           .sort("segment"))
+    segmented = seg.height > 1 or seg["seg_value"][0] is not None
     info = {
         "how": how,
         "kind": main,
-        "identity": "cycle index" if by_index else "order on each rank",
+        "identity": identity,
         "cycles": int(per_rank["total"].max()),
         "steady": int(per_rank["steady"].max()),
         "left_out": int((per_rank["total"] - per_rank["steady"]).max()),
-        "warmup": int(c.filter(pl.col("why") == "warm-up").group_by("rank").len()["len"].max() or 0)
-        if how == "detected" else 0,
+        "warmup": int(w) if how == "detected" else 0,
+        "post_warmup": npost,
+        "left_out_share": left_keys / npost if npost else 0.0,
         "settled": settled,
-        "median_ns": float(band["median_ns"].median()) if band.height else None,
-        "limit_ns": float(band["limit_ns"].median()) if band.height else None,
-        "tolerance": float(band["tol"].max()) if band.height else None,
-        "stalls": stalls.group_by("key").agg(n=pl.col("n").min(), period_ns=pl.col("period_ns").max(),
-                                             excess_ns=(pl.col("period_ns") - pl.col("median_ns")).max())
-        .sort("key").to_dicts(),
-        "pauses": pauses.sort("key").to_dicts(),
+        "median_ns": float(s["median_ns"].median()) if n else None,
+        "limit_ns": float(s["limit_ns"].median()) if n else None,
+        "tolerance": float(s["tol"].max()) if n else None,
+        "stalls": [{"key": r["key"], "n": r["n"], "period_ns": r["period"], "excess_ns": r["t"] - r["median_ns"]}
+                   for r in stalls.iter_rows(named=True)],
+        "pauses": [{"key": r["key"], "n": r["n"], "period_ns": r["period"]} for r in pauses.iter_rows(named=True)],
+        "classes": classes,
+        "segments": [{"segment": r["segment"], "batch_size": r["seg_value"], "first_key": r["first_key"],
+                      "last_key": r["last_key"], "first_n": r["first_n"], "cycles": r["cycles"]}
+                     for r in seg.iter_rows(named=True)] if segmented else [],
         "choice": {k: (v["text"] if k == "window" else v) for k, v in choice.items()},
     }
     info["text"] = describe(info)
-    return c.drop("out", "median_ns", "limit_ns"), info
+    return c.drop("out", "_kw").with_columns(slow=pl.col("slow").fill_null(False)), info
 
 
 def _span(keys: list[int]) -> str:
@@ -181,33 +393,50 @@ def _span(keys: list[int]) -> str:
     return f"{keys[0]}" if len(keys) == 1 else f"{keys[0]}–{keys[-1]}"
 
 
+def class_label(c: dict) -> str:
+    """``every 4th cycle (offset 1)``, ``after a prefill``, ``after a batch-size change``, ``a second mode``."""
+    if c["kind"] == "every":
+        return f"every {nth(c['every'])} cycle" + (f" (offset {c['offset']})" if c["offset"] else "")
+    return {"prefill": "after a prefill", "batch change": "after a batch-size change",
+            "mode": "a second mode (slower, not periodic)"}[c["kind"]]
+
+
+def _keys_txt(keys: list, more: int) -> str:
+    return ", ".join(str(k) for k in keys[:6]) + (" …" if len(keys) > 6 or more else "")
+
+
 def describe(info: dict) -> str:
-    """One sentence: which cycles the numbers use, what was left out and why, how to choose."""
+    """One sentence: which cycles the numbers use, what was left out and why, what recurs (kept), how to choose."""
     if info["how"] == "none":
         return info["text"]
     kind = "cycles" if info["kind"] == "cycle" else f"{info['kind']} ranges"
     head = f"steady state: {info['steady']} of {info['cycles']} {kind} per rank"
+    share = info.get("left_out_share") or 0.0
+    if info["how"] == "detected" and share > LEFT_OUT_WARN:
+        head += f" ({share:.0%} of the cycles after warm-up left out: read the numbers with care)"
     st = info["stalls"]
-    st_txt = ", ".join(f"{s['n']} ({s['period_ns'] / 1e3:,.0f} µs)" for s in st[:5]) + (" …" if len(st) > 5 else "")
+    st_txt = ", ".join(f"{s['key']} ({s['period_ns'] / 1e3:,.0f} µs)" for s in st[:5]) + (" …" if len(st) > 5 else "")
+    kept = [f"{class_label(c)}: {c['affected']} cycles ({_keys_txt(c['keys'], c['more_keys'])}), "
+            f"+{c['extra_ns'] / 1e3:,.1f} µs each" for c in info.get("classes") or [] if c["affected"]]
+    kept_txt = ("; kept, as they recur: " + "; ".join(kept)) if kept else ""
     if info["how"] != "detected":
         chosen = (f"--skip-cycles {info['choice']['skip_cycles']}" if info["how"] == "skip"
                   else f"--window {info['choice']['window']}")
-        tail = f"; {len(st)} stall(s) kept (cycle {st_txt})" if st else ""
-        return f"{head} ({chosen}){tail}."
+        tail = f"; {len(st)} rare stall(s) kept (cycle {st_txt})" if st else ""
+        return f"{head} ({chosen}){tail}{kept_txt}."
     left = []
     if info["warmup"]:
-        left.append(f"{info['warmup']} warm-up (cycle{'s' if info['warmup'] > 1 else ''} "
-                    f"{_span(list(range(info['warmup'])))}: before the period "
-                    f"settles within {info['tolerance']:.0%} of its median {info['median_ns'] / 1e3:,.1f} µs)")
+        left.append(f"{info['warmup']} warm-up (before the period settles within {info['tolerance']:.0%} of its "
+                    f"median {info['median_ns'] / 1e3:,.1f} µs)")
     if st:
-        left.append(f"{len(st)} stall{'s' if len(st) > 1 else ''} (period above {info['limit_ns'] / 1e3:,.1f} µs: "
-                    f"cycle {st_txt})")
+        left.append(f"{len(st)} rare stall{'s' if len(st) > 1 else ''} (above {info['limit_ns'] / 1e3:,.1f} µs, "
+                    f"not recurring: cycle {st_txt})")
     pa = info.get("pauses") or []
     if pa:
-        left.append(f"{len(pa)} pause{'s' if len(pa) > 1 else ''} (period over {PAUSE:.0f} × the median: cycle "
-                    + ", ".join(f"{p['n']} ({p['period_ns'] / 1e6:,.1f} ms)" for p in pa[:5]) + ")")
+        left.append(f"{len(pa)} pause{'s' if len(pa) > 1 else ''} (over {PAUSE:.0f} × the median: cycle "
+                    + ", ".join(f"{p['key']} ({p['period_ns'] / 1e6:,.1f} ms)" for p in pa[:5]) + ")")
     text = head + ("; left out: " + ", ".join(left[:-1]) + (" and " if len(left) > 1 else "") + left[-1] if left
                    else "; nothing left out")
     if not info["settled"]:
         text += " (the period never settled: no warm-up detected)"
-    return text + ". Choose with --skip-cycles N or --window START:END (--skip-cycles 0: the whole run)."
+    return text + kept_txt + ". Choose with --skip-cycles N or --window START:END (--skip-cycles 0: the whole run)."

@@ -11,11 +11,14 @@ A *cycle* is one ``cycle`` range (EAGLE) or one ``decode_step`` range (baseline)
 - EAGLE without a known accept length: unknown (null).
 
 **Cycle period and tokens/s, the one definition** (:data:`DEFINITION`; CLI, JSON, report, compare and
-what-if all use :func:`summary`): a cycle's period is the time from its first GPU op to the next cycle's
-first GPU op on the same rank; the trace's cycle period is the mean of those over the steady-state
-cycles (:mod:`analyze.compute.steady`: warm-up and stalls left out) of each rank, averaged over ranks,
-i.e. steady time per cycle; tokens per cycle is the mean over the same cycles (first rank); tokens/s =
-tokens per cycle / cycle period.
+what-if all use :func:`summary`): a cycle's period is the time from the previous cycle's last GPU op to
+its own last GPU op on the same rank (what it waited for before it started, prefill included, and what it
+ran); the trace's cycle period is the mean of those over the steady-state cycles
+(:mod:`analyze.compute.steady`: warm-up and rare outliers left out, recurring slow cycles kept) of each
+rank, averaged over ranks, i.e. steady time per cycle; tokens per cycle is the mean over the same cycles
+(first rank); tokens/s = tokens per cycle / cycle period. Anchored at the cycle's end, one late event is
+one cycle on every rank: a rank that starts cycle k late and a rank that waits for it inside cycle k both
+see a long cycle k.
 """
 
 from __future__ import annotations
@@ -31,8 +34,8 @@ from nvtx_hooks import phases as ph
 from . import steady
 
 CYCLE_NAMES = ("cycle", "decode_step")
-DEFINITION = ("cycle period = first GPU op of a cycle → first GPU op of the next, mean over the steady-state "
-              "cycles of each rank, averaged over ranks; tokens/s = tokens per cycle (mean over the same cycles) "
+DEFINITION = ("cycle period = last GPU op of the previous cycle → last GPU op of this cycle, mean over the "
+              "steady-state cycles of each rank, averaged over ranks; tokens/s = tokens per cycle (mean over the same cycles) "
               "/ cycle period")
 _U = pl.UInt64
 
@@ -138,20 +141,45 @@ def _cycles(res) -> pl.DataFrame:
                                                  acc_src=pl.col("src").first())
     cyc = cyc.join(acc, on=["pid", "cycle_index"], how="left").sort("rank", "i_first")
     batch = _manifest_batch(res)
+    prev_last = pl.col("i_last").shift(1).over("rank")
     cyc = cyc.with_columns(
         kind=pl.col("base"),
         n=pl.int_range(pl.len()).over("rank"),
-        period_ns=(pl.col("i_first").shift(-1) - pl.col("i_first")).over("rank"),
+        period_ns=pl.col("i_last") - prev_last,
+        lead_ns=pl.col("i_first") - prev_last,
         accept_source=pl.when(pl.col("accept_length").is_not_null()).then(pl.lit("payload"))
         .otherwise(pl.col("acc_src")),
         accept_length=pl.coalesce("accept_length", "acc_any"),
+        payload_batch=pl.col("batch_size"),
         batch_size=pl.coalesce("batch_size", pl.lit(batch, pl.Int64)),
+        pair_key=pl.col("key") if "key" in cyc.columns else pl.lit(None, pl.Int64),
     )
+    cyc = _with_prefill(cyc, inst)
     tokens = (pl.when(pl.col("kind") == "decode_step").then(pl.col("batch_size"))
               .otherwise(pl.col("accept_length") + pl.col("batch_size")))
     return cyc.with_columns(tokens=tokens).select(
         "rank", "pid", "range_id", "n", "kind", "range", "start", "end", "i_first", "i_last", "i_span_ns",
-        "period_ns", "batch_size", "cycle_index", "accept_length", "accept_source", "tokens")
+        "period_ns", "lead_ns", "prefill_ns", "prefills", "batch_size", "payload_batch", "cycle_index",
+        "pair_key", "accept_length", "accept_source", "tokens")
+
+
+PREFILL_NAMES = ("prefill",)
+
+
+def _with_prefill(cyc: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
+    """``cyc`` (sorted by rank, i_first) with ``prefill_ns``/``prefills``: the GPU spans (first op → last op) of
+    the top-level prefill ranges that ran between the previous cycle's last GPU op and this cycle's first."""
+    pre = inst.filter(pl.col("base").is_in(PREFILL_NAMES) & (pl.col("i_ops") > 0) & pl.col("parent").is_null()
+                      & pl.col("rank").is_not_null())
+    if pre.height == 0 or cyc.height == 0:
+        return cyc.with_columns(prefill_ns=pl.lit(0, pl.Int64), prefills=pl.lit(0, pl.UInt32))
+    pre = (pre.select("rank", _t=pl.col("i_first"), _s=pl.col("i_span_ns")).sort("_t")
+           .join_asof(cyc.select("rank", "range_id", _t=pl.col("i_first")).sort("_t"), on="_t", by="rank",
+                      strategy="forward", check_sortedness=False)
+           .filter(pl.col("range_id").is_not_null())
+           .group_by("rank", "range_id").agg(prefill_ns=pl.col("_s").sum(), prefills=pl.len()))
+    return (cyc.join(pre, on=["rank", "range_id"], how="left", maintain_order="left")
+            .with_columns(pl.col("prefill_ns").fill_null(0).cast(pl.Int64), pl.col("prefills").fill_null(0)))
 
 
 def accept_marks(res) -> pl.DataFrame:
@@ -208,6 +236,8 @@ def summary(res, steps: int | None = None) -> Tokens:
     c = every.filter("steady")
     if c.height == 0:
         c = every  # the choice left no cycle: numbers over all (the selection text says so)
+    if c["period_ns"].null_count() < c.height:  # the period and the tokens over the same cycles: those with a period
+        c = c.filter(pl.col("period_ns").is_not_null())
     r0 = c.filter(pl.col("rank") == c["rank"].min())
     period = c.group_by("rank").agg(pl.col("period_ns").mean())["period_ns"].mean()
     p50, p90 = c["period_ns"].median(), c["period_ns"].quantile(0.9, "nearest")

@@ -28,10 +28,10 @@ draft(S0)``, …) and everything else as the trace recorded it:
   that term's value, the other takes its median over the phases where it bound (clipped so that the
   trace is reproduced exactly);
 - only the steady-state cycles are replayed (:mod:`analyze.compute.steady`: warm-up and stalls left out, or
-  the user's ``--skip-cycles``/``--window``); predicted cycle = the mean over them and the ranks of the
-  replayed period (first GPU op of a cycle → first of the next), the one cycle-period definition of
-  :data:`analyze.compute.tokens.DEFINITION`, so that the unchanged replay gives the period ``analyze``,
-  ``compare`` and the report print; cycles that cannot be replayed (a launch call missing) move by the mean shift.
+  the user's ``--skip-cycles``/``--window``): windows from a steady cycle's first GPU op to the next steady
+  cycle's; predicted cycle = the measured cycle period (:data:`analyze.compute.tokens.DEFINITION`, what
+  ``analyze``, ``compare`` and the report print) moved by the mean change of the replayed windows, so that
+  the unchanged replay gives exactly that period.
 
 Replaying the trace unchanged reproduces every measured period exactly. On a node-level CUDA-graph trace,
 each graph launch call also carries node tracing's cost on the host, which grows with the graph's node
@@ -161,7 +161,12 @@ def build_replay(res) -> Replay:
     def uid(col: str) -> pl.Expr:
         return pl.col("rank") * (1 << 40) + pl.col(col)
 
-    cyc = cycles(res).filter((pl.col("kind") == "cycle") & pl.col("steady")).with_columns(range_id=uid("range_id"))
+    # A replayed window runs from one cycle's first GPU op to the next's: it holds the cycle and the wait before
+    # the next one, so both must be steady (a cycle's period, tokens.DEFINITION, ends at its last op instead).
+    cyc = (cycles(res).filter(pl.col("kind") == "cycle").sort("rank", "n")
+           .with_columns(period_ns=pl.when(pl.col("steady").shift(-1).over("rank"))
+                         .then((pl.col("i_first").shift(-1) - pl.col("i_first")).over("rank")))
+           .filter("steady").with_columns(range_id=uid("range_id")))
     periods = cyc.filter(pl.col("period_ns").is_not_null())
     calls = res.host_calls
     if cyc.height == 0 or calls is None or calls.height == 0:
@@ -350,9 +355,10 @@ class Model:
         """Predicted cycle period: the mean of the replayed steady periods (the measured one without a replay)."""
         if self.replay is None or self.replay.windows == 0:
             return self.period_ns + sum(self.deltas(steps).values())
+        # The replayed windows' mean change, on the measured period (a window runs from one cycle's first GPU
+        # op to the next's; the period, tokens.DEFINITION, from the previous cycle's last op to its own).
         p = self._replayed(steps)[0]
-        shift = float(np.mean(p - self.replay.period))
-        return float(np.mean(np.concatenate([p, self.replay.rest + shift])))
+        return self.period_ns + float(np.mean(p - self.replay.period))
 
     def seams(self, steps: int) -> dict[str, float]:
         """Predicted GPU idle of each seam inside a cycle (median over cycles and ranks)."""
@@ -410,9 +416,9 @@ class Model:
             "the GPU runs the phases of a rank in launch order, one queue: a phase starts at max(launch end + "
             f"launch latency, previous phase end + device gap) (medians where not bound: latency "
             f"{dflt.get('lam', 0) / 1e3:.1f} µs, gap {dflt.get('dlt', 0) / 1e3:.1f} µs)",
-            f"predicted cycle = mean over {n} replayed cycles (and {rest} moved by the mean shift) of the "
-            "first GPU op of a cycle → first of the next; ranks replayed independently (their skew stays as "
-            "measured)",
+            f"predicted cycle = the measured cycle period moved by the mean change over {n} replayed windows "
+            f"(first GPU op of a steady cycle → first of the next{f'; {rest} cycles not replayed' if rest else ''});"
+            " ranks replayed independently (their skew stays as measured)",
         ]
         if self.launch_cut_ns:
             out.append(f"node-level graph tracing adds {self.launch_cut_ns / 1e3:.2f} µs per graph node to each "

@@ -12,19 +12,23 @@ from pathlib import Path
 
 import polars as pl
 
-from ..compute import findings, headline
+from ..compute import anatomy, collectives, findings, headline
 from ..compute.tokens import DEFINITION, cycles, selection, summary
 from ..model import InputError, Result
 from .targets import os_error, refuse_input
 
-FINDING_KEYS = ("code", "severity", "phase", "rank", "evidence", "action", "impact_ns", "share", "rank_is")
+FINDING_KEYS = ("code", "severity", "phase", "rank", "every", "extra_ns", "cycles", "evidence", "action", "impact_ns",
+                "share", "rank_is")
 
 
 def document(res: Result, found: list[dict] | None = None) -> dict:
     """The JSON document: :meth:`Result.to_dict` (every captured instance) plus the headline numbers over the
     steady state: ``steady`` (which cycles and why, and the cycle period's ``definition``), ``tokens`` (the cycle
     period with p50/p90, tokens per cycle, tokens/s, acceptance), ``budget``, ``phases_steady``,
-    ``phases_steady_all_ranks``, ``seams_steady``, ``kernels``, ``findings``."""
+    ``phases_steady_all_ranks``, ``seams_steady``, ``kernels``, ``cycle_classes`` (the slower cycles that recur,
+    and the rare stalls left out, with where their time sits), ``segments`` (per decode batch size),
+    ``stragglers_steady`` (per phase and rank: the collective waiting each caused) and ``straggler`` (the one
+    verdict per phase), ``findings``."""
     d = res.to_dict()
     d["steady"] = {**selection(res), "definition": DEFINITION}
     d["tokens"] = summary(res).as_dict()
@@ -33,6 +37,11 @@ def document(res: Result, found: list[dict] | None = None) -> dict:
     d["phases_steady_all_ranks"] = headline.phases_all(res).to_dicts()
     d["seams_steady"] = headline.seams(res).to_dicts()
     d["kernels"] = headline.kernels(res, TOP_KERNELS).to_dicts()
+    d["cycle_classes"] = [c.as_dict() for c in anatomy.cycle_classes(res)]
+    d["segments"] = [s.as_dict() for s in anatomy.segments(res)]
+    st = headline.stragglers(res)
+    d["stragglers_steady"] = st.to_dicts()
+    d["straggler"] = collectives.verdict(st).to_dicts() if st.height else []
     d["findings"] = findings.find(res) if found is None else found
     return d
 
@@ -43,7 +52,7 @@ def to_json(res: Result, found: list[dict] | None = None) -> str:
 
 TOP_KERNELS = 10  # per phase, in the JSON document
 CSV_TABLES = ("phases", "ranges", "seams", "ranks", "coverage", "instances", "host_calls", "phases_steady",
-              "seams_steady", "budget", "kernels", "cycles", "findings")
+              "seams_steady", "budget", "kernels", "cycles", "cycle_classes", "segments", "findings")
 
 
 def frame(res: Result, name: str) -> pl.DataFrame:
@@ -60,6 +69,14 @@ def frame(res: Result, name: str) -> pl.DataFrame:
         return headline.kernels(res)
     if name == "cycles":
         return cycles(res)
+    if name == "cycle_classes":  # one row per class and budget piece that grew (its pieces, flat)
+        rows = [{**{k: v for k, v in c.as_dict().items() if k not in ("pieces", "keys", "waiting_ranks")},
+                 "keys": ",".join(map(str, c.keys)), "waiting_ranks": ",".join(map(str, c.waiting_ranks))}
+                for c in anatomy.cycle_classes(res)]
+        return pl.DataFrame(rows) if rows else pl.DataFrame(schema={"label": pl.String})
+    if name == "segments":
+        rows = [{k: v for k, v in s.as_dict().items() if k != "budget"} for s in anatomy.segments(res)]
+        return pl.DataFrame(rows) if rows else pl.DataFrame(schema={"key": pl.String})
     if name == "findings":
         f = findings.find(res)
         return pl.DataFrame(f) if f else pl.DataFrame(schema={k: pl.String for k in FINDING_KEYS})

@@ -160,20 +160,22 @@ def budget(res) -> Figure:
         for row in r.iter_rows(named=True):
             w = max(row["ns"], 0.0) / 1e3
             kind = row["kind"]
-            color = (color_of(row["segment"]) if kind == "phase" else GAP_COLOR if kind == "gap" else SEAM_COLOR)
-            hatch = None if kind == "phase" else ("//" if kind == "gap" else "..")
+            color = (color_of(row["segment"]) if kind in ("phase", "prefill") else GAP_COLOR if kind == "gap"
+                     else SEAM_COLOR)
+            hatch = None if kind in ("phase", "prefill") else ("//" if kind == "gap" else "..")
             ax.barh(y, w, 0.7, left=left, color=color, hatch=hatch, edgecolor="#555555", linewidth=0.4)
             if row["share"] >= 0.06:
                 ax.text(left + w / 2, y, f"{base_name(row['segment']) if kind == 'phase' else row['segment']}\n"
                         f"{w:,.0f} µs · {100 * row['share']:.0f} %", ha="center", va="center", fontsize=7)
-            label = base_name(row["segment"]) if kind == "phase" else {"gap": "between cycles"}.get(kind, "seam")
+            label = (base_name(row["segment"]) if kind in ("phase", "prefill")
+                     else {"gap": "between cycles"}.get(kind, "seam"))
             seen.setdefault(label, Patch(facecolor=color, hatch=hatch, edgecolor="#555555", label=label))
             left += w
         ax.text(left, y, f"  {left:,.0f} µs", va="center", fontsize=8)
     ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks], fontsize=8)
     ax.set_ylim(len(ranks) - 0.5, -0.5)
-    ax.set_xlabel("µs of the mean steady cycle, on the GPU clock (first GPU op of a cycle → first of the next)")
-    ax.set_title("Cycle budget per rank: phases, seams between them, and the gap between cycles", fontsize=10)
+    ax.set_xlabel("µs of the mean steady cycle, on the GPU clock (last GPU op of the previous cycle → last of this one)")
+    ax.set_title("Cycle budget per rank: the gap before the cycle, phases and the seams between them", fontsize=10)
     ax.margins(x=0.08)
     fig.legend(handles=list(seen.values()), loc="outside lower center", ncol=min(len(seen), 7), fontsize=8,
                frameon=False)
@@ -288,13 +290,15 @@ def per_cycle(res) -> Figure:
         c = cyc.filter((pl.col("rank") == rk) & pl.col("period_ns").is_not_null())
         a2.plot(c["n"], c["period_ns"] / 1e3, lw=1.2, marker=".", ms=3, label=f"rank {rk}")
     left = cyc.filter(pl.col("why").is_not_null()).group_by("n").agg(pl.col("why").first()) if cyc.height else cyc
-    shade = {"warm-up": "#cccccc", "stall": "#f2b8b5", "skipped": "#cccccc", "outside window": "#cccccc"}
+    shade = {"warm-up": "#cccccc", "stall": "#f2b8b5", "pause": "#f2b8b5", "skipped": "#cccccc",
+             "outside window": "#cccccc"}
     for n, why in left.rows() if left.height else []:
         for ax in (a1, a2):
             ax.axvspan(n - 0.5, n + 0.5, color=shade.get(why, "#cccccc"), alpha=0.6, lw=0, zorder=0)
     a2.set_ylabel("µs cycle period")
-    a2.set_xlabel("cycle (order on each rank); shaded: left out of the steady state (grey warm-up or skipped, red stall)")
-    a2.set_title("Cycle period: first GPU op of a cycle → first GPU op of the next", fontsize=10)
+    a2.set_xlabel("cycle (order on each rank); shaded: left out of the steady state (grey warm-up or skipped, "
+                  "red rare stall or pause)")
+    a2.set_title("Cycle period: last GPU op of the previous cycle → last GPU op of this one", fontsize=10)
     a2.grid(alpha=0.3, which="both")
     a2.set_yscale("log")
     for ax in (a1, a2):

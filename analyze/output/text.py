@@ -10,6 +10,7 @@ import polars as pl
 
 from nvtx_hooks.phases import base_name
 
+from ..compute import anatomy
 from ..compute import headline as hl
 from ..compute.collectives import short_name
 from ..compute.headline import budget
@@ -115,6 +116,34 @@ def selection_lines(res: Result) -> list[str]:
     return out
 
 
+def class_lines(res: Result) -> list[str]:
+    """The classes of slower cycles: the recurring ones (kept in the numbers) and the rare stalls (left out)."""
+    cl = anatomy.cycle_classes(res)
+    if not cl:
+        return []
+    out = ["", "Slower cycles: what recurs is kept in the steady state, rare stalls are left out (µs over the "
+               "typical cycle of the same batch size; where the extra time sits, per rank)"]
+    for c in cl:
+        out.append(f"  {'kept' if c.kept else 'left out'} · {c.text}")
+    return out
+
+
+def segment_lines(res: Result) -> list[str]:
+    """Per decode batch size (the payload's): cycles, period p50/p90/mean, prefills, the biggest pieces."""
+    seg = anatomy.segments(res)
+    if len(seg) < 2:  # one batch size all along: the headline above is its segment
+        return []
+    rows = []
+    for s in seg:
+        top = sorted(s.budget, key=lambda b: -b["ns"])[:3]
+        rows.append([s.key, f"{s.first_cycle}–{s.last_cycle}", str(s.cycles), _us_or_dash(s.period_p50_ns),
+                     _us_or_dash(s.period_p90_ns), _us_or_dash(s.period_mean_ns), str(s.prefills),
+                     ", ".join(f"{b['segment']} {_us(b['ns'])}" for b in top)])
+    return ["", "Segments: cycles of one decode batch size (steady cycles; period µs; prefill batches before them)",
+            *_grid(["segment", "cycles", "steady", "p50", "p90", "mean", "prefills", "biggest pieces (µs per cycle)"],
+                   rows)]
+
+
 def _symbols(names: list[str]) -> dict[str, str]:
     """One letter per phase for the text bars: the first free letter of its base name."""
     out: dict[str, str] = {}
@@ -136,7 +165,7 @@ def budget_text(res: Result, width: int = 64) -> list[str]:
     order = (b.group_by("segment", "kind").agg(pl.col("order").mean(), pl.col("ns").mean())
              .sort("order", "segment"))
     sym = _symbols(order.filter(pl.col("kind") == "phase")["segment"].to_list())
-    mark = {"seam": "·", "head": "·", "tail": "·", "gap": "-"}
+    mark = {"seam": "·", "head": "·", "tail": "·", "gap": "-", "prefill": "p"}
     periods = b.group_by("rank").agg(pl.col("ns").sum())
     scale = width / float(periods["ns"].max())
     out = ["Cycle budget: the mean steady cycle on each rank's GPU clock, piece by piece (they add up to the period)"]
@@ -150,7 +179,8 @@ def budget_text(res: Result, width: int = 64) -> list[str]:
             cells.append((sym.get(row["segment"]) or mark.get(row["kind"], "?")) * k)
         total = float(r["ns"].sum())
         out.append(f"  rank {rk:<3} |{''.join(cells).ljust(width)}| {_us(total)} µs")
-    out.append("           " + "  ".join(f"{v} {k}" for k, v in sym.items()) + "  · seam  - between cycles")
+    out.append("           " + "  ".join(f"{v} {k}" for k, v in sym.items()) + "  · seam  - between cycles"
+               + ("  p prefill" if (b["kind"] == "prefill").any() else ""))
     head = ["piece", *[f"rank {r} µs" for r in ranks], "% of cycle", "GPU idle µs"]
     rows = []
     mean_period = float(periods["ns"].mean())
@@ -257,6 +287,8 @@ def analyze_table(res: Result, found: list[dict] | None = None) -> str:
         out.append(f"Rank {rk['rank']} (pid {rk['pid']}, {dev})")
     out.append("")
     out += selection_lines(res)
+    out += class_lines(res)
+    out += segment_lines(res)
     bt = budget_text(res)
     if bt:
         out += ["", *bt]

@@ -1,0 +1,281 @@
+"""Slow-cycle anatomy and segments: what recurs, by how much, where it sits, and the run cut by batch size.
+
+**Classes** (:func:`cycle_classes`): for each class of slower cycles that :mod:`analyze.compute.steady` found
+(every N-th cycle, after a prefill, after a batch-size change, a second mode) and for the rare stalls it left
+out: how many cycles, which, the extra time per affected cycle over the typical cycle of its segment, and
+where that time sits: the cycle-budget pieces (:func:`analyze.compute.headline.cycle_pieces`: between
+cycles, prefill, each phase and seam) that grew, per rank, from the mean over the affected cycles minus the
+mean over the typical steady cycles of the same segments.
+
+When a phase grew on some ranks but not on another whose pieces *before* that phase grew instead, that other
+rank arrived late and the first ones waited for it (in the phase's collectives); when the phase has matched
+collectives in those cycles, the late rank is the one that caused most of their waiting
+(:func:`analyze.compute.collectives.verdict`, the one straggler rule), which overrides the budget's reading. A class with a late rank is a straggler class: "every 4th cycle rank 1
+starts draft ≈ 540 µs late; rank 0 waits in draft".
+
+**Segments** (:func:`segments`): the runs of cycles of one decode batch size (the payload's) with their
+steady cycles' period p50/p90/mean, prefills and mean cycle budget (over all ranks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import polars as pl
+
+from . import collectives, headline
+from .steady import class_label
+from .tokens import cycles, selection
+
+GROW = 0.5  # a piece that grew by this share of a class's extra time holds it
+SHOWN = 0.1  # pieces that grew by less than this share of the extra time are not listed
+
+
+@dataclass
+class CycleClass:
+    """One class of slower cycles and where its extra time sits (JSON: ``cycle_classes``)."""
+
+    id: int | None  # steady's class id; None for the rare stalls left out
+    kind: str  # every, prefill, batch change, mode, stall
+    label: str
+    every: int | None
+    offset: int | None
+    kept: bool  # in the steady state (a recurring class) or left out (rare stalls)
+    slots: int  # cycles in the class (every N: its slots after warm-up)
+    affected: int  # of them, slower than the band
+    keys: list[int]  # the affected cycles (first 20)
+    extra_ns: float  # per affected cycle, over the typical cycle of its segment
+    typical_ns: float
+    per_cycle_ns: float  # extra_ns × affected / steady cycles: what it adds to the mean period
+    rank: int | None  # the late rank (a straggler class), else the rank where the extra time sits most
+    phase: str | None  # the phase the other ranks wait in, or the phase that grew
+    piece: str | None  # the budget piece that holds most of the extra time (e.g. "between cycles")
+    waiting_ranks: list[int] = field(default_factory=list)
+    late_ns: float | None = None  # how late the late rank started the phase (growth of its pieces before it)
+    wait_ns: float | None = None  # the waiting ranks' growth of the phase
+    evidence: str = ""  # "collectives" or "budget"
+    pieces: list[dict] = field(default_factory=list)  # rank, segment, kind, class_ns, typical_ns, delta_ns
+    text: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def cycle_classes(res) -> list[CycleClass]:
+    """The classes of slower cycles with their anatomy (module docstring), the recurring ones first."""
+    return headline._memo(res, "cycle_classes", lambda: _classes(res))
+
+
+def _classes(res) -> list[CycleClass]:
+    info = selection(res)
+    c = cycles(res)
+    if c.height == 0 or not info.get("classes") and not info.get("stalls"):
+        return []
+    main = c["kind"].mode().sort()[0]
+    c = c.filter((pl.col("kind") == main) & pl.col("period_ns").is_not_null())
+    typical = c.filter(pl.col("steady") & pl.col("cycle_class").is_null() & ~pl.col("slow"))
+    steady_n = max(c.filter("steady").select("key").unique().height, 1)
+    out = []
+    groups = [(cl, c.filter((pl.col("cycle_class") == cl["id"]) & pl.col("slow"))) for cl in info["classes"]]
+    if info["stalls"]:
+        n = len(info["stalls"])
+        st = {"id": None, "kind": "stall", "every": None, "offset": None, "slots": n,
+              "extra_ns": sum(x["excess_ns"] for x in info["stalls"]) / n,
+              "typical_ns": sum(x["period_ns"] - x["excess_ns"] for x in info["stalls"]) / n}
+        groups.append((st, c.filter(pl.col("key").is_in([s["key"] for s in info["stalls"]]))))
+    for cl, members in groups:
+        if members.height == 0:
+            continue
+        out.append(_anatomy(res, cl, members, typical, steady_n))
+    return out
+
+
+def _deltas(res, members: pl.DataFrame, typical: pl.DataFrame) -> pl.DataFrame:
+    """Per rank and budget piece: the mean over the class's cycles, the mean over typical cycles of the same
+    segments (weighted as the class's cycles fall in them), and the difference (prefill pieces left out: a
+    class's extra time is over its cycles' periods without their prefill)."""
+    p = headline.cycle_pieces(res).filter(pl.col("kind") != "prefill")
+    seg = pl.concat([members, typical]).select("rank", "key", "segment").unique()
+    mine = (p.join(members.select("rank", "key"), on=["rank", "key"], how="semi")
+            .group_by("rank", "segment", "kind").agg(class_ns=pl.col("ns").sum(), order=pl.col("order").mean())
+            .join(members.group_by("rank").agg(_n=pl.len()), on="rank")
+            .with_columns(class_ns=pl.col("class_ns") / pl.col("_n")).drop("_n"))
+    typ = typical.filter(pl.col("segment").is_in(members["segment"].unique().implode()))
+    if typ.height == 0:
+        typ = typical
+    per_seg = (p.join(typ.select("rank", "key"), on=["rank", "key"], how="semi")
+               .join(seg.rename({"segment": "seg"}), on=["rank", "key"])
+               .group_by("rank", "seg", "segment", "kind").agg(ns=pl.col("ns").sum(), order=pl.col("order").mean())
+               .join(typ.group_by("rank", seg="segment").agg(_n=pl.len()), on=["rank", "seg"])
+               .with_columns(ns=pl.col("ns") / pl.col("_n")).drop("_n"))
+    w = (members.group_by("rank", seg="segment").agg(_w=pl.len())
+         .with_columns(_w=pl.col("_w") / pl.col("_w").sum().over("rank")))
+    have = per_seg.select("rank", "seg").unique()
+    w = w.join(have, on=["rank", "seg"], how="semi").with_columns(_w=pl.col("_w") / pl.col("_w").sum().over("rank"))
+    if w.height == 0:  # no typical cycle in the class's segments: every typical cycle, unweighted
+        w = per_seg.select("rank", "seg").unique().with_columns(_w=1.0 / pl.len().over("rank"))
+    base = (per_seg.join(w, on=["rank", "seg"]).group_by("rank", "segment", "kind")
+            .agg(typical_ns=(pl.col("ns") * pl.col("_w")).sum(), _o=pl.col("order").mean()))
+    return (mine.join(base, on=["rank", "segment", "kind"], how="full", coalesce=True)
+            .with_columns(pl.col("class_ns", "typical_ns").fill_null(0.0), order=pl.coalesce("order", "_o"))
+            .drop("_o").with_columns(delta_ns=pl.col("class_ns") - pl.col("typical_ns"))
+            .sort("rank", "order", "segment"))
+
+
+def _anatomy(res, cl: dict, members: pl.DataFrame, typical: pl.DataFrame, steady_n: int) -> CycleClass:
+    keys = members.select("key").unique().sort("key")["key"].to_list()
+    extra, typical_ns = float(cl.get("extra_ns") or 0.0), float(cl.get("typical_ns") or 0.0)
+    d = _deltas(res, members, typical)
+    ranks = sorted(d["rank"].unique().to_list())
+    label = class_label(cl) if cl["kind"] != "stall" else "rare stalls (left out)"
+    kept = cl["kind"] != "stall"
+    out = CycleClass(id=cl["id"], kind=cl["kind"], label=label, every=cl.get("every"), offset=cl.get("offset"),
+                     kept=kept, slots=int(cl.get("slots") or len(keys)), affected=len(keys), keys=keys[:20],
+                     extra_ns=extra, typical_ns=typical_ns,
+                     per_cycle_ns=extra * len(keys) / steady_n if kept else 0.0,
+                     rank=None, phase=None, piece=None)
+    floor = max(abs(extra), 1.0)
+    out.pieces = (d.filter(pl.col("delta_ns").abs() >= SHOWN * floor)
+                  .select("rank", "segment", "kind", "class_ns", "typical_ns", "delta_ns").to_dicts())
+    # The piece that holds most of it (mean over ranks), and the rank where it sits most.
+    by_piece = d.group_by("segment", "kind").agg(pl.col("delta_ns").mean()).sort("delta_ns", descending=True)
+    if by_piece.height:
+        out.piece = by_piece["segment"][0]
+    _late_rank(res, out, d, members, ranks, extra)
+    if out.rank is None and len(ranks) > 1:
+        tot = d.filter(pl.col("delta_ns") > 0).group_by("rank").agg(pl.col("delta_ns").sum()).sort(
+            "delta_ns", "rank", descending=[True, False])
+        if tot.height and (tot.height == 1 or tot["delta_ns"][1] < GROW * tot["delta_ns"][0]):
+            out.rank = int(tot["rank"][0])
+    elif out.rank is None:
+        out.rank = ranks[0] if ranks else None
+    if out.phase is None:
+        top = by_piece.filter(pl.col("kind") == "phase")
+        if top.height and top["delta_ns"][0] >= GROW * floor:
+            out.phase = top["segment"][0]
+    out.text = describe(out)
+    return out
+
+
+def _late_rank(res, out: CycleClass, d: pl.DataFrame, members: pl.DataFrame, ranks: list, extra: float) -> None:
+    """Set the late rank, the phase the others wait in and the waiting ranks (module docstring): the phase is
+    the one whose span grew most on some rank; its matched collectives in these cycles, when it has any, name the
+    rank that caused the waiting, else the rank whose pieces before the phase grew while the phase did not."""
+    if len(ranks) < 2 or extra <= 0:
+        return
+    ph = d.filter(pl.col("kind") == "phase")
+    if ph.height == 0:
+        return
+    grow = ph.group_by("segment").agg(pl.col("delta_ns").max(), order=pl.col("order").mean()).sort(
+        "delta_ns", descending=True)
+    if grow["delta_ns"][0] < GROW * extra:
+        return
+    phase, order = grow["segment"][0], grow["order"][0]
+    mine = ph.filter(pl.col("segment") == phase)
+    waiting = sorted(mine.filter(pl.col("delta_ns") >= GROW * extra)["rank"].to_list())
+    before = (d.filter(pl.col("order") < order).group_by("rank").agg(pre=pl.col("delta_ns").sum())
+              .join(mine.select("rank", "delta_ns"), on="rank", how="left"))
+    cand = before.filter(~pl.col("rank").is_in(waiting)).sort("pre", "rank", descending=[True, False])
+    late = int(cand["rank"][0]) if cand.height and cand["pre"][0] >= GROW * extra else None
+    evidence = "budget"
+    st = _class_stragglers(res, members)
+    if st is not None:
+        v = collectives.verdict(st.filter(pl.col("phase") == phase))
+        if v.height:
+            late, evidence = int(v["rank"][0]), "collectives"
+            waiting = [r for r in waiting if r != late] or [r for r in ranks if r != late]
+    if late is None:
+        return
+    pre = before.filter(pl.col("rank") == late)["pre"]
+    out.rank, out.phase, out.waiting_ranks, out.evidence = late, phase, waiting, evidence
+    out.late_ns = float(pre[0]) if pre.len() else None
+    w = mine.filter(pl.col("rank").is_in(waiting))["delta_ns"]
+    out.wait_ns = float(w.mean()) if w.len() else None
+
+
+def _class_stragglers(res, members: pl.DataFrame) -> pl.DataFrame | None:
+    """:func:`collectives.stragglers` over the matched collectives of the class's cycles (None without any)."""
+    m = headline.matched(res)
+    if m.height == 0:
+        return None
+    untrusted = headline.matching(res).filter(~pl.col("trusted"))["phase"].to_list()
+    tops = headline.instances(res).select("rank", "range_id", "top")
+    cyc_keys = members.select("rank", top="range_id")
+    inside = tops.join(cyc_keys, on=["rank", "top"], how="semi").select("rank", "range_id")
+    m = m.join(inside, on=["rank", "range_id"], how="semi").filter(~pl.col("phase").is_in(untrusted))
+    return collectives.stragglers(m) if m.height else None
+
+
+def _us(ns: float | None) -> str:
+    return "–" if ns is None else f"{ns / 1e3:,.1f} µs"
+
+
+def _keys(keys: list[int], n: int) -> str:
+    return ", ".join(str(k) for k in keys[:5]) + (" …" if n > 5 else "")
+
+
+def describe(c: CycleClass) -> str:
+    """One sentence: which cycles, how much slower, where, and who was late (when one rank was)."""
+    head = f"{c.label}: {c.affected} cycle{'s' if c.affected != 1 else ''} ({_keys(c.keys, c.affected)}) " \
+           f"+{_us(c.extra_ns)} each"
+    if c.waiting_ranks and c.rank is not None:
+        w = ", ".join(str(r) for r in c.waiting_ranks)
+        how = "in its collectives" if c.evidence == "collectives" else "its span grew"
+        return (f"{head}: rank {c.rank} starts {c.phase} ≈ {_us(c.late_ns)} late; rank{'s' if len(c.waiting_ranks) > 1 else ''}"
+                f" {w} wait{'s' if len(c.waiting_ranks) == 1 else ''} in {c.phase} (+{_us(c.wait_ns)}, {how})")
+    where = c.piece or "the cycle"
+    grown = [p for p in c.pieces if p["segment"] == where]
+    on = ""
+    if grown:
+        top = max(grown, key=lambda p: p["delta_ns"])
+        on = f" (+{_us(top['delta_ns'])}" + (f" on rank {c.rank})" if c.rank is not None else ")")
+    return f"{head}, in {where}{on}"
+
+
+@dataclass
+class Segment:
+    """A run of cycles of one decode batch size (JSON: ``segments``)."""
+
+    segment: int
+    key: str  # "batch 4"
+    batch_size: int | None
+    first_cycle: int
+    last_cycle: int
+    cycles: int  # steady cycles with a period, all ranks
+    prefills: int  # prefill batches that ran before its cycles (per rank, max)
+    period_p50_ns: float | None
+    period_p90_ns: float | None
+    period_mean_ns: float | None
+    budget: list[dict] = field(default_factory=list)  # segment (piece), kind, ns, share: mean over its cycles
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def segments(res) -> list[Segment]:
+    """The run cut into segments of one batch size (module docstring); none when the payload has no batch size."""
+    return headline._memo(res, "segments", lambda: _segments(res))
+
+
+def _segments(res) -> list[Segment]:
+    info = selection(res)
+    if not info.get("segments"):
+        return []
+    c = cycles(res)
+    main = c["kind"].mode().sort()[0]
+    c = c.filter((pl.col("kind") == main) & pl.col("period_ns").is_not_null())
+    out = []
+    for sg in info["segments"]:
+        mine = c.filter(pl.col("segment") == sg["segment"])
+        st = mine.filter("steady")
+        p = st["period_ns"]
+        b = headline.mean_budget(res, st.select("rank", "key"), by_rank=False)
+        out.append(Segment(
+            segment=sg["segment"], key=f"batch {sg['batch_size']}" if sg["batch_size"] is not None else "all",
+            batch_size=sg["batch_size"], first_cycle=sg["first_key"], last_cycle=sg["last_key"], cycles=st.height,
+            prefills=int(mine.group_by("rank").agg(pl.col("prefills").sum())["prefills"].max() or 0),
+            period_p50_ns=float(p.median()) if p.len() else None,
+            period_p90_ns=float(p.quantile(0.9, "nearest")) if p.len() else None,
+            period_mean_ns=float(p.mean()) if p.len() else None,
+            budget=b.select("segment", "kind", "ns", "share").to_dicts()))
+    return out
