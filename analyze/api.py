@@ -124,16 +124,31 @@ def probe_effect(node: Reports, graph: Reports, unprofiled_cycles_per_s: float |
                    **kw).probe_effect
 
 
-def comm(reports: Reports, ranges: str | None = None, comm_patterns=None, **kw) -> CommResult:
+def comm(reports: Reports, ranges: str | None = None, comm_patterns=None, *, skip_cycles: int | None = None,
+         window: str | tuple | None = None, **kw) -> CommResult:
     """Collectives matched across ranks: wait vs transfer per phase and rank, stragglers, clock alignment.
 
-    Several reports (one per node or rank) are put on one clock (utcEpochNs, then collective end times).
-    ``kw``: as for :func:`analyze` (store, cache, jobs, executor).
+    Several reports (one per node or rank) are put on one clock (utcEpochNs, then collective end times). The
+    phases' collectives are those of the steady-state cycles, as in :func:`analyze` (``skip_cycles``/``window``
+    choose them; ``skip_cycles=0``: the whole run), so that both name the same straggler; collectives outside
+    any phase are kept. ``kw``: as for :func:`analyze` (store, cache, jobs, executor).
     """
-    from .compute import collectives, pipeline
+    from .compute import collectives, headline, pipeline, steady
+    from .compute.tokens import selection
 
+    choice = steady.check_choice(skip_cycles, window)
     many, _ = _exported(_many(reports))
-    return collectives.cross_rank(pipeline.analyze_each(many, ranges, comm_patterns, **kw))
+    results = pipeline.analyze_each(many, ranges, comm_patterns, **kw)
+    res = pipeline.merge(results) if len(results) > 1 else results[0]
+    res.cycle_choice = choice
+    info = selection(res)
+    cr = collectives.cross_rank(results)
+    if info.get("how") == "none":
+        cr.straggler = collectives.verdict(cr.stragglers)
+        return cr
+    out = collectives.within(cr, headline.keys(res), info["text"])
+    out.straggler = headline.straggler_verdict(res)  # the same rule and cycles as analyze's findings
+    return out
 
 
 def compare(a: Reports, b: Reports, ranges: str | None = None, comm_patterns=None, **kw) -> dict:

@@ -208,8 +208,13 @@ def run_compare(a) -> int:
     else:
         raise InputError("give two reports (A B), or A's reports then --vs and B's (several per side for "
                          "multi-node runs)", "BAD_OPTION")
+    if a.fail_if_slower is not None and not (0 <= a.fail_if_slower < float("inf")):
+        raise InputError(f"--fail-if-slower must be a percentage >= 0, not {a.fail_if_slower}", "BAD_OPTION")
     doc = compare(side_a, side_b, **_options(a))
     _out(data.doc_json(doc) if a.format == "json" else text.compare_table(doc))
+    for w in doc.get("warnings") or []:
+        if a.format == "json":
+            print(f"spectrace: warning: {w}", file=sys.stderr)
     if a.fail_if_slower is not None and slower_than(doc, a.fail_if_slower):
         print(f"spectrace: B is slower than A by {doc['verdict']['change_pct']:.1f} % (more than "
               f"{a.fail_if_slower} %, outside the noise): exit 1", file=sys.stderr)
@@ -321,6 +326,7 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: F821
                                    "or rank) are aligned by utcEpochNs, then by collective end times.")
     p.add_argument("report", nargs="+", help=REPORTS_HELP)
     add_selection_args(p)
+    add_steady_args(p)
     p.add_argument("--format", choices=("table", "json"), default="table",
                    help="table: text for people (default); json: the collectives, stragglers, clock and matching")
     p.add_argument("-q", "--quiet", action="store_true", help="no diagnostics on stderr")
@@ -355,8 +361,9 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: F821
     p.add_argument("--format", choices=("table", "json"), default="table",
                    help="table: text for people (default); json: every row, per rank, kernels, verdict")
     p.add_argument("--fail-if-slower", type=float, metavar="PCT",
-                   help="exit 1 when B is slower than A by more than PCT %% (per token when both know tokens, "
-                        "else per cycle) and the 95 %% bootstrap interval excludes no change: a CI gate")
+                   help="exit 1 when B is slower than A by more than PCT %% (the cycle period over every steady "
+                        "cycle; per token when the runs make different numbers of tokens per cycle) and the 95 %% "
+                        "bootstrap interval excludes no change: a CI gate")
     add_selection_args(p)
     add_steady_args(p)
     add_source_args(p)

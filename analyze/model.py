@@ -258,6 +258,9 @@ class CommResult:
     diagnostics: list[Diagnostic] = field(default_factory=list)
     refused: pl.DataFrame = field(default_factory=pl.DataFrame)  # phases without wait/straggler numbers, and why
     left_out_kernels: int = 0  # kernels of instances left out by the cross-rank pairing (not matched)
+    cycles: str | None = None  # which cycles the phases' collectives come from (the steady state's sentence)
+    outside_cycles: int = 0  # matched kernels of phase instances outside those cycles (warm-up, rare stalls)
+    straggler: pl.DataFrame = field(default_factory=pl.DataFrame)  # the one verdict per phase (collectives.verdict)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document: ``collectives`` and ``stragglers`` keys as in the README."""
@@ -276,8 +279,11 @@ class CommResult:
                 "left_out_kernels": self.left_out_kernels,
             },
             "refused": self.refused.to_dicts(),
+            "cycles": self.cycles,
+            "outside_cycles_kernels": self.outside_cycles,
             "collectives": self.collectives.to_dicts(),
             "stragglers": self.stragglers.to_dicts(),
+            "straggler": self.straggler.to_dicts(),
             "mismatches": self.mismatches.with_columns(
                 pl.col("counts").list.eval(pl.element().struct.field("n")).alias("per_rank")
             ).drop("counts").to_dicts(),

@@ -27,6 +27,7 @@ phase, and the tables give no such numbers for it.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import polars as pl
@@ -277,6 +278,7 @@ def stragglers(matched: pl.DataFrame, refused_phases: pl.DataFrame | None = None
 
 
 STRAGGLER_WAIT_SHARE = 0.5  # a rank that caused this share of a phase's collective waiting is its straggler
+STRAGGLER_FLOOR = 0.01  # ... when that waiting is at least this share of the cycle period, per cycle
 
 
 def verdict(st: pl.DataFrame) -> pl.DataFrame:
@@ -460,3 +462,17 @@ def cross_rank(results: list, paired: windows.Paired | None = None) -> CommResul
         refused=ref,
         left_out_kernels=every.height - kernels.height,
     )
+
+
+def within(cr: CommResult, keys: pl.DataFrame, cycles: str) -> CommResult:
+    """``cr`` with its phases' collectives narrowed to the phase instances ``keys`` (``rank, range_id``: the steady
+    cycles'); collectives outside any phase stay. Tables and the straggler verdict are recomputed over them."""
+    if cr.matched.height == 0:
+        return dataclasses.replace(cr, cycles=cycles, straggler=verdict(cr.stragglers))
+    inside = pl.col("k") < 0
+    m = pl.concat([cr.matched.filter(inside),
+                   cr.matched.filter(~inside).join(keys, on=["rank", "range_id"], how="semi")], how="vertical_relaxed")
+    m = m.sort("first_arrival", "_g", "j", "rank")
+    st = stragglers(m, cr.refused)
+    return dataclasses.replace(cr, matched=m, collectives=summary(m, cr.refused), stragglers=st, cycles=cycles,
+                               outside_cycles=cr.matched.height - m.height, straggler=verdict(st))

@@ -15,9 +15,10 @@ cycle in A and B, B − A split into compute, communication and idle, one rankin
 - **Noise**: each side's steady cycles are resampled with replacement (a cycle with all its ranks, :data:`BOOT`
   times, seeded) and the same per-cycle means recomputed; ``ci_low``/``ci_high`` are the 2.5 / 97.5 % quantiles
   of B − A over the resamples, widened to contain the measured Δ when the percentiles miss it. The **verdict**
-  is about the cycle period (per token when both know tokens), the mean over every steady cycle: ``slower``
-  when the whole interval of the relative change is above 0, ``faster`` when it is below, else ``no clear
-  change``. ``warnings`` say when the two captures differ in how they were made (CUDA-graph trace level, rank
+  is about the cycle period, the mean over every steady cycle (recurring slow cycles included), or about the
+  time per token when the runs make different numbers of tokens per cycle (other draft steps, a baseline, or
+  a difference in tokens per cycle that is not noise): ``slower`` when the whole interval of the relative
+  change is above 0, ``faster`` when it is below, else ``no clear change``. ``warnings`` say when the two captures differ in how they were made (CUDA-graph trace level, rank
   count, GPU model) or when either left out more than a tenth of its cycles.
 """
 
@@ -121,12 +122,16 @@ def _intervals(wa: pl.DataFrame, wb: pl.DataFrame, tok: bool, boot: int, seed: i
         if tok:
             qt = _q(bb[c] / bb["tokens"] - ba[c] / ba["tokens"], mb[c] / mb["tokens"] - ma[c] / ma["tokens"])
             out[c] |= {"ci_low_ns_per_token": qt["lo"], "ci_high_ns_per_token": qt["hi"]}
-    sa = ba["period"] / ba["tokens"] if tok else ba["period"]
-    sb = bb["period"] / bb["tokens"] if tok else bb["period"]
-    pa = ma["period"] / ma["tokens"] if tok else ma["period"]
-    pb = mb["period"] / mb["tokens"] if tok else mb["period"]
-    rel = _q(100 * (sb / sa - 1), 100 * (pb / pa - 1))
-    verdict = {"resamples": n, "ci_low_pct": rel["lo"], "ci_high_pct": rel["hi"], "a": pa, "b": pb}
+    rel = _q(100 * (bb["period"] / ba["period"] - 1), 100 * (mb["period"] / ma["period"] - 1))
+    verdict = {"resamples": n, "period": {"ci_low_pct": rel["lo"], "ci_high_pct": rel["hi"], "a": ma["period"],
+                                          "b": mb["period"]}}
+    if tok:
+        sa, sb = ba["period"] / ba["tokens"], bb["period"] / bb["tokens"]
+        pa, pb = ma["period"] / ma["tokens"], mb["period"] / mb["tokens"]
+        rt = _q(100 * (sb / sa - 1), 100 * (pb / pa - 1))
+        tk = _q(100 * (bb["tokens"] / ba["tokens"] - 1), 100 * (mb["tokens"] / ma["tokens"] - 1))
+        verdict |= {"token": {"ci_low_pct": rt["lo"], "ci_high_pct": rt["hi"], "a": pa, "b": pb},
+                    "tokens_ci_pct": (tk["lo"], tk["hi"])}
     q = _q(bb["period"] - ba["period"], mb["period"] - ma["period"])
     out["period"] = {"ci_low_ns": q["lo"], "ci_high_ns": q["hi"]}
     return out, verdict
@@ -239,29 +244,42 @@ def compare(a, b, boot: int = BOOT, seed: int = 0) -> dict:
 
 
 def _straggler(res) -> list[dict]:
-    """The straggler verdict of one side over its steady cycles (the one ``analyze`` and ``comm`` name)."""
-    from . import collectives
-
-    st = headline.stragglers(res)
-    return collectives.verdict(st).select("phase", "rank", "caused_wait_ns", "wait_share").to_dicts() if st.height else []
+    """The straggler verdict of one side over its steady cycles (:func:`headline.straggler_verdict`: the one
+    ``analyze`` and ``comm`` name)."""
+    return headline.straggler_verdict(res).select("phase", "rank", "caused_wait_ns", "wait_share",
+                                                  "per_cycle_ns").to_dicts()
 
 
 def _verdict(ta, tb, tok: bool, ci: dict) -> dict:
-    metric = "ns per token" if tok else "cycle period"
+    """The verdict on the cycle period (mean over every steady cycle), or on the time per token when the two runs
+    make a different number of tokens per cycle (other draft steps, or tokens per cycle whose difference is not
+    noise): a per-token ratio carries the acceptance's cycle-to-cycle noise, which a period change of a few
+    percent drowns in when the acceptance is the same on both sides."""
+    steps_differ = ta.steps is not None and tb.steps is not None and ta.steps != tb.steps
+    tokens_differ = tok and "tokens_ci_pct" in ci and (ci["tokens_ci_pct"][0] > 0 or ci["tokens_ci_pct"][1] < 0)
+    per_token = tok and (steps_differ or tokens_differ or (ta.kind != tb.kind))
+    metric = "ns per token" if per_token else "cycle period"
     if not (ta.period_ns and tb.period_ns):
         return {"metric": metric, "result": "unknown", "text": "no cycle period on one side: no verdict"}
-    a = ci.get("a", ta.period_ns / ta.tokens_per_cycle if tok else ta.period_ns)
-    b = ci.get("b", tb.period_ns / tb.tokens_per_cycle if tok else tb.period_ns)
+    why = ("" if not per_token else " (the runs make different numbers of tokens per cycle"
+           + (": other draft steps)" if steps_differ else ")"))
+    part = ci.get("token" if per_token else "period", {})
+    a = part.get("a", ta.period_ns / ta.tokens_per_cycle if per_token else ta.period_ns)
+    b = part.get("b", tb.period_ns / tb.tokens_per_cycle if per_token else tb.period_ns)
     change = 100 * (b / a - 1)
-    out = {"metric": metric, **ci, "a": a, "b": b, "change_pct": change}
-    if not ci:
-        out |= {"result": "unknown", "text": f"B {change:+.1f} % {metric} (too few cycles for an interval)"}
+    out = {"metric": metric, "a": a, "b": b, "change_pct": change}
+    if not part:
+        out |= {"result": "unknown", "text": f"B {change:+.1f} % {metric}{why} (too few cycles for an interval)"}
         return out
-    lo, hi = ci["ci_low_pct"], ci["ci_high_pct"]
+    lo, hi = part["ci_low_pct"], part["ci_high_pct"]
+    out |= {"ci_low_pct": lo, "ci_high_pct": hi, "resamples": ci["resamples"]}
+    if "tokens_ci_pct" in ci:
+        out["tokens_per_cycle_ci_pct"] = list(ci["tokens_ci_pct"])
     result = "slower" if lo > 0 else "faster" if hi < 0 else "no clear change"
     word = {"slower": "B is slower", "faster": "B is faster", "no clear change": "no clear change"}[result]
-    out |= {"result": result, "text": f"{word}: {metric} {change:+.1f} % over every steady cycle (95 % interval "
-                                      f"{lo:+.1f} … {hi:+.1f} %, {ci['resamples']} resamples of the steady cycles)"}
+    out |= {"result": result, "text": f"{word}: {metric} {change:+.1f} % over every steady cycle{why} (95 % "
+                                      f"interval {lo:+.1f} … {hi:+.1f} %, {ci['resamples']} resamples of the steady "
+                                      "cycles)"}
     return out
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from ..model import InputError
-from . import anatomy, breakdown, collectives, headline, steady
+from . import anatomy, breakdown, headline, steady
 from .tokens import CYCLE_NAMES, base_expr, selection, summary
 
 HIGH, MEDIUM, FLOOR = 0.10, 0.03, 0.01
@@ -197,22 +197,23 @@ def _straggler(ctx: Context) -> list[dict]:
     """One straggler verdict (:func:`collectives.verdict`, the rank that caused most of a phase's collective
     waiting), named with its class when it is late only in a recurring class of cycles."""
     out = []
+    verdict = headline.straggler_verdict(ctx.res)
     for c in _class_stragglers(ctx):
+        v = verdict.filter((pl.col("phase") == c.phase) & (pl.col("rank") == c.rank))
+        waits = (f"; over all steady cycles the other ranks wait {_us(v['per_cycle_ns'][0])} per cycle in "
+                 f"{c.phase}'s collectives for rank {c.rank} ({_pct(v['wait_share'][0])} of that waiting)"
+                 if v.height else "")
         out.append({"phase": c.phase, "rank": c.rank, "impact_ns": c.per_cycle_ns, "every": c.every,
                     "extra_ns": c.extra_ns, "cycles": c.affected, "evidence": (
-                        f"{c.text}; {_us(c.per_cycle_ns)} per steady cycle on average"
-                        + (" (from the matched collectives of those cycles)" if c.evidence == "collectives" else
-                           " (from the cycle budget of those cycles)"))})
-    st = ctx.stragglers
-    if st.height == 0:
-        return out
-    v = collectives.verdict(st.filter(~pl.col("phase").is_in(list(ctx.untrusted)) & (pl.col("collectives") >= 5)))
+                        f"{c.text}; {_us(c.per_cycle_ns)} per steady cycle on average ("
+                        + ("the late rank from the matched collectives of those cycles" if c.evidence == "collectives"
+                           else "the late rank from the cycle budget of those cycles") + ")" + waits)})
+    v = headline.straggler_verdict(ctx.res).filter(pl.col("collectives") >= 5)
     named = {(h["rank"], h["phase"]) for h in out}
-    steady_n = max(int(ctx.cycles["ncyc"].max() or 0), 1) if ctx.cycles.height else 1
     for r in v.iter_rows(named=True):
         if (r["rank"], r["phase"]) in named:
             continue
-        wait = r["caused_wait_ns"] / steady_n
+        wait = r["per_cycle_ns"]
         out.append({"phase": r["phase"], "rank": r["rank"], "impact_ns": wait, "every": None, "evidence": (
             f"rank {r['rank']} caused {_pct(r['wait_share'])} of the waiting in {r['phase']}'s collectives: the "
             f"other ranks wait {_us(wait)} per cycle for it (it arrives last at {r['last_arrivals']} of "

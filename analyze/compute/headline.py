@@ -22,7 +22,7 @@ import polars as pl
 
 from ..model import bound_expr
 from . import breakdown, collectives, host, windows
-from .tokens import base_expr, cycles
+from .tokens import base_expr, cycles, summary
 
 GAP = "between cycles"
 
@@ -186,6 +186,28 @@ def stragglers(res) -> pl.DataFrame:
     return _memo(res, "stragglers", lambda: collectives.stragglers(matched(res), coll=per_collective(res))
                  if matched(res).height
                  else pl.DataFrame())
+
+
+def straggler_verdict(res) -> pl.DataFrame:
+    """The straggler of each phase over the steady cycles (:func:`collectives.verdict`) with ``per_cycle_ns``, the
+    waiting it caused per steady cycle, kept when that is at least :data:`collectives.STRAGGLER_FLOOR` of the
+    cycle period: the one verdict that ``analyze``'s findings, ``comm``, ``compare`` and the report name."""
+    def run():
+        st = stragglers(res)
+        if st.height == 0:
+            return pl.DataFrame(schema={"domain": pl.String, "phase": pl.String, "rank": pl.Int64,
+                                        "collectives": pl.UInt32, "last_arrivals": pl.Int64, "share": pl.Float64,
+                                        "mean_delay_ns": pl.Int64, "caused_wait_ns": pl.Int64,
+                                        "wait_share": pl.Float64, "per_cycle_ns": pl.Float64})
+        c = cycles(res)  # the matched collectives are those of every steady cycle, the first one too
+        main = c["kind"].mode().sort()[0] if c.height else None
+        n = max(c.filter((pl.col("kind") == main) & pl.col("steady")).select("key").unique().height, 1)
+        period = summary(res).period_ns or 0.0
+        untrusted = matching(res).filter(~pl.col("trusted"))["phase"].to_list()
+        v = collectives.verdict(st.filter(~pl.col("phase").is_in(untrusted)))
+        return (v.with_columns(per_cycle_ns=pl.col("caused_wait_ns") / n)
+                .filter(pl.col("per_cycle_ns") >= collectives.STRAGGLER_FLOOR * period))
+    return _memo(res, "straggler_verdict", run)
 
 
 def ranges(res) -> pl.DataFrame:

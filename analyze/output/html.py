@@ -15,8 +15,8 @@ from pathlib import Path
 
 import polars as pl
 
+from ..compute import anatomy, findings, headline, whatif
 from ..compute import compare as cmp
-from ..compute import findings, headline, whatif
 from ..compute.tokens import DEFINITION, cycle_order, selection, summary
 from ..model import InputError
 from . import plots
@@ -48,7 +48,7 @@ def _cell(c: str, v) -> str:
     if isinstance(v, int | float) and not isinstance(v, bool):
         if c.endswith("_ns"):
             return f'<td class="n">{v / 1e3:,.1f}</td>'
-        if c in ("share",) or c.startswith("%"):
+        if c in ("share", "wait_share") or c.startswith("%"):
             return f'<td class="n">{100 * v:.1f} %</td>'
         return f'<td class="n">{v:,.1f}</td>' if isinstance(v, float) else f'<td class="n">{v:,}</td>'
     return f"<td>{html.escape(str(v))}</td>"
@@ -172,17 +172,18 @@ def _comm(res, out: Path) -> Section | None:
         body.append(_save(split, out, "comm_split.png", "communication transfer vs wait per rank"))
     if st.height:
         body.append("<h3>Stragglers</h3>" + _p(
-            "Per phase: the rank that most often started a matched collective strictly last (\"–\" when the "
-            "latest ranks always arrived together), how often, how much later than the next-latest rank, and how "
-            "long the other ranks waited in that phase's collectives (steady state). Every rank that was ever last "
-            "is listed below it."))
-        body.append(_table(_stragglers(res, st), {"share": "% last", "wait_ns": "others' wait µs/cycle"}))
+            "Per phase, over the steady cycles: the straggler is the rank that caused most of the waiting in the "
+            "phase's matched collectives (the other ranks' wait at the collectives it arrived last at), when that is "
+            "at least half of it and at least 1 % of the cycle per cycle — the same rule as the findings and "
+            "`spectrace comm`; \"–\" when no rank does. Every rank that ever arrived last is listed below it."))
+        body.append(_table(_stragglers(res, st), {"wait_share": "% of the waiting", "per_cycle_ns": "others' wait µs/cycle"}))
         ever = st.filter(pl.col("last_arrivals") > 0)
         if ever.height:
-            body.append(_table(ever.with_columns(_o=cycle_order()).sort("_o", "phase", "last_arrivals", "rank",
+            body.append(_table(ever.with_columns(_o=cycle_order()).sort("_o", "phase", "caused_wait_ns", "rank",
                                                                       descending=[False, False, True, False])
-                               .select("phase", "rank", "collectives", "last_arrivals", "share", "mean_delay_ns",
-                                       "max_delay_ns", "total_delay_ns"), {"share": "% last"}))
+                               .select("phase", "rank", "caused_wait_ns", "wait_share", "collectives", "last_arrivals",
+                                       "share", "mean_delay_ns", "max_delay_ns"),
+                               {"share": "% last", "wait_share": "% of the waiting", "caused_wait_ns": "caused µs"}))
     body.append('<div id="comm-notes">' + "".join(refusals) + "".join(
         f'<p class="{"warn" if d.level != "info" else "note"}"><code>{html.escape(d.code)}</code> '
         f"{html.escape(d.message)}</p>" for d in notes) + "</div>")
@@ -190,17 +191,52 @@ def _comm(res, out: Path) -> Section | None:
 
 
 def _stragglers(res, st: pl.DataFrame) -> pl.DataFrame:
-    """One row per phase: its most frequent last-arriving rank and the wait it costs the others, per cycle."""
-    top = (st.filter(pl.col("phase").is_not_null()).sort("last_arrivals", "rank", descending=[True, False])
-           .group_by("phase", maintain_order=True).first())
-    n = headline.cycles_per_rank(res).rename({"cycles": "_n"})
-    waits = headline.phases(res).join(n, on="rank", how="left").select("phase", "rank", w=pl.col("comm_wait_ns") / pl.col("_n"))
-    top = top.join(waits.rename({"rank": "_r"}), on="phase", how="left").filter(pl.col("_r") != pl.col("rank")) \
-        .group_by("phase", maintain_order=True).agg(pl.exclude("_r", "w").first(), wait_ns=pl.col("w").mean())
-    return (top.with_columns(rank=pl.when(pl.col("last_arrivals") > 0).then(pl.col("rank").cast(pl.String))
-                             .otherwise(pl.lit("–")), _o=cycle_order())
-            .sort("_o", "phase").select("phase", "collectives", pl.col("rank").alias("most often last"),
-                                        "last_arrivals", "share", "mean_delay_ns", "max_delay_ns", "wait_ns"))
+    """One row per phase: its straggler (:func:`headline.straggler_verdict`) and the wait it costs the others."""
+    v = headline.straggler_verdict(res).select("phase", straggler=pl.col("rank").cast(pl.String), wait_share="wait_share",
+                                               per_cycle_ns="per_cycle_ns")
+    phases = st.filter(pl.col("phase").is_not_null()).group_by("phase").agg(pl.col("collectives").first())
+    return (phases.join(v, on="phase", how="left")
+            .with_columns(pl.col("straggler").fill_null("–"), _o=cycle_order())
+            .sort("_o", "phase").select("phase", "collectives", "straggler", "wait_share", "per_cycle_ns"))
+
+
+def _classes(res) -> Section | None:
+    """The slower cycles: the classes that recur (kept in the steady state) and the rare stalls (left out)."""
+    cl = anatomy.cycle_classes(res)
+    if not cl:
+        return None
+    rows = [{"class": c.label, "kept": "kept" if c.kept else "left out", "cycles": c.affected,
+             "which": ", ".join(map(str, c.keys[:8])) + (" …" if c.affected > 8 else ""), "extra_ns": c.extra_ns,
+             "per_cycle_ns": c.per_cycle_ns if c.kept else None, "where": c.text.split(" each", 1)[-1].lstrip(":, ")}
+            for c in cl]
+    pieces = [{"class": c.label, **p} for c in cl for p in c.pieces]
+    body = _p("Slower cycles that recur (every N-th cycle, after a prefill or a batch-size change, a second mode) "
+              "are part of how the run behaves: they stay in the steady state and are described here; only the warm-up "
+              "and rare stalls are left out. Extra time is over the typical cycle of the same batch size; the pieces "
+              "are the cycle budget's, per rank (mean over the class's cycles minus the typical cycles').")
+    body += _table(pl.DataFrame(rows), {"extra_ns": "extra µs per cycle", "per_cycle_ns": "µs per steady cycle"})
+    if pieces:
+        body += "<h3>Where the extra time sits</h3>" + _table(
+            pl.DataFrame(pieces).select("class", "rank", "segment", "class_ns", "typical_ns", "delta_ns"),
+            {"segment": "piece", "class_ns": "in the class µs", "typical_ns": "typical µs", "delta_ns": "Δ µs"})
+    return Section("classes", "Slower cycles", body)
+
+
+def _segments(res) -> Section | None:
+    """Per decode batch size: cycles, period p50/p90/mean, prefills, the biggest pieces of its mean cycle."""
+    seg = anatomy.segments(res)
+    if len(seg) < 2:
+        return None
+    rows = [{"segment": x.key, "cycles": f"{x.first_cycle}–{x.last_cycle}", "steady": x.cycles,
+             "period_p50_ns": x.period_p50_ns, "period_p90_ns": x.period_p90_ns, "period_mean_ns": x.period_mean_ns,
+             "prefills": x.prefills,
+             "biggest pieces": ", ".join(f"{b['segment']} {b['ns'] / 1e3:,.0f} µs"
+                                         for b in sorted(x.budget, key=lambda b: -b["ns"])[:3])} for x in seg]
+    return Section("segments", "Segments", _p(
+        "The run cut by decode batch size (the payload's): steady cycles with a period, the cycle period's p50, p90 "
+        "and mean, the prefill batches that ran before its cycles, and its mean cycle's biggest pieces.")
+        + _table(pl.DataFrame(rows), {"period_p50_ns": "p50 µs", "period_p90_ns": "p90 µs",
+                                      "period_mean_ns": "mean µs"}))
 
 
 def _seams(res, out: Path) -> Section:
@@ -292,7 +328,8 @@ def write_page(res, out: str | Path, baseline=None, steps_now: int | None = None
     except InputError as e:
         model = e
     found = findings.find(res, None if isinstance(model, InputError) else model)
-    secs = [_summary(res, steps_now), _budget(res, out), _findings(found), _phases(res, out)]
+    secs = [_summary(res, steps_now), _budget(res, out), _findings(found),
+            *[x for x in (_classes(res), _segments(res)) if x is not None], _phases(res, out)]
     if res.probe_effect is not None:  # a two-pass capture (--timing): what node-level tracing cost
         secs.insert(1, Section("probe", "Probe effect", f"<pre>{html.escape(chr(10).join(probe_lines(res.probe_effect)))}</pre>"))
     secs += [s for s in (_comm(res, out),) if s is not None]

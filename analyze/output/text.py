@@ -432,6 +432,9 @@ def comm_table(res: CommResult) -> str:
                f"communication kernels; {d['unmatched_kernels']} unmatched"
                + (f"; {d['left_out_kernels']} in instances left out: cut, lost or unpaired" if d["left_out_kernels"]
                   else "") + ")")
+    if res.cycles:
+        out.append(f"cycles: {res.cycles}" + (f" ({res.outside_cycles} matched kernels of phase instances outside "
+                                              "them not counted)" if res.outside_cycles else ""))
     out.append("wait = kernel time before the last rank arrived (latest start); transfer = the rest; "
                "skew = last arrival - own start")
     out.append("")
@@ -444,12 +447,17 @@ def comm_table(res: CommResult) -> str:
     out += _grid(["phase", "rank", "kernel", "count", "dur ms", "wait ms", "%wait", "transfer ms", "skew p50 µs",
                   "skew p99 µs", "last"], rows, 3)
     st = res.stragglers.with_columns(pl.col("phase").fill_null(NO_PHASE))
-    rows = [[r["phase"], str(r["rank"]), f"{r['last_arrivals']}/{r['collectives']}", _pct1(r["last_arrivals"],
-             r["collectives"]), _us_or_dash(r["mean_delay_ns"]), _us_or_dash(r["max_delay_ns"]), _ms(r["total_delay_ns"])]
+    rows = [[r["phase"], str(r["rank"]), _ms(r["caused_wait_ns"]), f"{100 * r['wait_share']:.1f}",
+             f"{r['last_arrivals']}/{r['collectives']}", _us_or_dash(r["mean_delay_ns"]), _us_or_dash(r["max_delay_ns"])]
             for r in st.iter_rows(named=True)]
     out.append("")
-    out.append("Stragglers: who arrived last (strictly), and how much later than the next-latest rank")
-    out += _grid(["phase", "rank", "last", "%", "mean delay µs", "max delay µs", "total delay ms"], rows, 2)
+    out.append("Stragglers: the waiting each rank caused (the other ranks' wait at the collectives it arrived last at), "
+               "how often it was last and by how much")
+    out += _grid(["phase", "rank", "caused ms", "% of wait", "last", "mean delay µs", "max delay µs"], rows, 2)
+    for v in res.straggler.iter_rows(named=True) if res.straggler.height else []:
+        per = f", {v['per_cycle_ns'] / 1e3:,.1f} µs per cycle" if v.get("per_cycle_ns") is not None else ""
+        out.append(f"Straggler of {v['phase']}: rank {v['rank']} (it caused {100 * v['wait_share']:.0f} % of the waiting "
+                   f"in its collectives{per}; the same rule as analyze's findings)")
     if res.refused.height:
         out.append("")
         out.append("Refused: no wait, skew or straggler numbers for these phases")
@@ -486,7 +494,15 @@ def compare_table(doc: dict) -> str:
                      f"{t['tokens_per_s']:,.1f} tokens/s")
         out.append(line)
     out.append(f"   ({doc['definition']})")
-    out += ["", f"Verdict: {doc['verdict']['text']}", ""]
+    out += ["", f"Verdict: {doc['verdict']['text']}"]
+    out += [f"Warning: {w}" for w in doc.get("warnings") or []]
+    st = doc.get("stragglers") or {}
+    for k in ("a", "b"):
+        for v in st.get(k) or []:
+            out.append(f"Straggler in {k.upper()}: rank {v['rank']} in {v['phase']}: the other ranks wait "
+                       f"{_f(v['per_cycle_ns'])} µs per cycle for it ({100 * v['wait_share']:.0f} % of the waiting in "
+                       f"{v['phase']}'s collectives)")
+    out.append("")
     head = ["phase or seam", "A µs/cycle", "B µs/cycle", "Δ µs", "= compute", "+ comm", "+ idle", "95 % interval"]
     if tok:
         head.append("Δ µs/token")
@@ -519,9 +535,10 @@ def compare_table(doc: dict) -> str:
                 for k in doc["kernels"] if k["phase"] in {r["phase"] for r in doc["rows"][:6]}]
         out += _grid(["phase", "operation", "A µs", "B µs", "Δ µs", "count"], rows, 2)
     out.append("")
-    out.append("Δ = B − A over the steady cycles; per cycle = summed over ranks / cycles over ranks; one ranking of "
-               "phases and seams by |Δ|" + (" per token" if tok else "") + "; – = not in that trace; * = the 95 % "
-               "interval (bootstrap over cycles) excludes 0")
+    out.append("Δ = B − A over the steady cycles; per cycle = the mean over the cycles of the mean over their ranks, "
+               "the cycle budget's pieces (they add up to the cycle period); one ranking by |Δ|"
+               + (" per token" if tok else "") + "; – = not in that trace; * = the 95 % interval (bootstrap over "
+               "cycles) excludes 0")
     return "\n".join(out) + "\n"
 
 
