@@ -67,7 +67,8 @@ def add_steady_args(p: argparse.ArgumentParser) -> None:  # noqa: F821
     g = p.add_mutually_exclusive_group()
     g.add_argument("--skip-cycles", type=int, metavar="N",
                    help="leave out exactly the first N cycles of each rank (0: the whole run); default: warm-up "
-                        "and stalls are detected and left out, and the output says how many and why")
+                        "and rare stalls are detected and left out (slower cycles that recur are kept and "
+                        "described), and the output says how many and why")
     g.add_argument("--window", metavar="START:END",
                    help="use only cycles START <= n < END (e.g. 5:50, open ends allowed), or the cycles whose "
                         "first GPU op lies in a time range on the capture's clock (e.g. 1.5s:3s; ns, us, ms, s)")
@@ -310,7 +311,8 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: F821
     p.add_argument("--table", metavar="NAME",
                    help="print only this table, in the chosen format: phases, ranges, seams, ranks, coverage, "
                         "instances, host_calls (whole run); phases_steady, seams_steady, budget, kernels (top GPU "
-                        "operations per phase), cycles, findings (steady state)")
+                        "operations per phase), cycles, cycle_classes (slower cycles that recur, rare stalls), "
+                        "segments (per batch size), findings (steady state)")
     p.add_argument("--top", type=int, default=5, metavar="N", help="with --table kernels as text: operations per "
                                                                    "phase (default 5)")
     p.add_argument("--db", metavar="RESULTS.db", help="also write every result table into this SQLite file")
