@@ -257,3 +257,27 @@ def test_compare_warns_when_captures_differ(tp2_dir, capsys):
     assert "Warning: CUDA-graph trace levels differ" in capsys.readouterr().out
     for bad in ("nan", "-1", "inf"):
         assert main(["compare", str(node), str(graph), f"--fail-if-slower={bad}"]) == 2
+
+
+@pytest.mark.parametrize("mode", ["graph", "node"])
+def test_segments_without_a_payload_by_the_graphs_replayed(serve, mode, tmp_path):
+    """Without the hooks' payload, cycles are grouped by the CUDA graphs they replay (each batch size has its
+    own): the same segments as the payload's batch sizes, at graph level (the replay rows' graph exec id) and
+    at node level (the graph id in each kernel's graphNodeId)."""
+    import shutil
+    import sqlite3
+
+    bare = tmp_path / f"bare_{mode}.sqlite"
+    shutil.copyfile(samples.path(f"tp1_serve_{mode}"), bare)
+    con = sqlite3.connect(bare)
+    con.execute("UPDATE NVTX_EVENTS SET uint64Value = NULL, int64Value = NULL")
+    con.commit()
+    con.close()
+    res = analyze(bare)
+    seg, ref = anatomy.segments(res), anatomy.segments(serve[mode])
+    assert [s.key for s in ref] == ["batch 1", "batch 4", "batch 16", "batch 64", "batch 16", "batch 4"]
+    assert all(s.key.startswith("graphs ") and s.batch_size is None for s in seg)
+    assert [(s.first_cycle, s.last_cycle) for s in seg] == [(s.first_cycle, s.last_cycle) for s in ref]
+    # the same batch size is the same graphs wherever it recurs
+    assert seg[1].key == seg[5].key and seg[2].key == seg[4].key and len({s.key for s in seg}) == 4
+    assert [s.period_p50_ns for s in seg] == [s.period_p50_ns for s in ref]

@@ -13,8 +13,9 @@ collectives in those cycles, the late rank is the one that caused most of their 
 (:func:`analyze.compute.collectives.verdict`, the one straggler rule), which overrides the budget's reading. A class with a late rank is a straggler class: "every 4th cycle rank 1
 starts draft ≈ 540 µs late; rank 0 waits in draft".
 
-**Segments** (:func:`segments`): the runs of cycles of one decode batch size (the payload's) with their
-steady cycles' period p50/p90/mean, prefills and mean cycle budget (over all ranks).
+**Segments** (:func:`segments`): the runs of cycles of one decode batch size (the payload's; without a payload,
+of the same CUDA graphs replayed, since each batch size has its own graphs) with their steady cycles' period
+p50/p90/mean, prefills and mean cycle budget (over all ranks).
 """
 
 from __future__ import annotations
@@ -237,8 +238,8 @@ class Segment:
     """A run of cycles of one decode batch size (JSON: ``segments``)."""
 
     segment: int
-    key: str  # "batch 4"
-    batch_size: int | None
+    key: str  # "batch 4" (the payload's batch size), or "graphs 2+5" (the CUDA graphs its cycles replayed)
+    batch_size: int | None  # from the payload; None when the segment is known by its graphs
     first_cycle: int
     last_cycle: int
     cycles: int  # steady cycles with a period, all ranks
@@ -271,7 +272,7 @@ def _segments(res) -> list[Segment]:
         p = st["period_ns"]
         b = headline.mean_budget(res, st.select("rank", "key"), by_rank=False)
         out.append(Segment(
-            segment=sg["segment"], key=f"batch {sg['batch_size']}" if sg["batch_size"] is not None else "all",
+            segment=sg["segment"], key=sg["key"] or "all",
             batch_size=sg["batch_size"], first_cycle=sg["first_key"], last_cycle=sg["last_key"], cycles=st.height,
             prefills=int(mine.group_by("rank").agg(pl.col("prefills").sum())["prefills"].max() or 0),
             period_p50_ns=float(p.median()) if p.len() else None,

@@ -35,7 +35,7 @@ from . import attribute, breakdown, collectives, host, windows
 from .comm_patterns import PATTERNS, CommPattern, family_expr
 from .diagnostics import FACTS, diagnose
 
-WORK_COLS = ("pid", "device", "corr", "start", "end", "kind", "name_id", "label", "in_graph")  # of OPS_SCHEMA
+WORK_COLS = ("pid", "device", "corr", "start", "end", "kind", "name_id", "label", "in_graph", "graph")  # of OPS_SCHEMA
 WORKER_ROWS = 3_000_000  # two processes at once up to this size: 20 M kernels (2.6 M per process) peak 3.4 GB either way
 
 
@@ -128,13 +128,18 @@ def process(source, pid: int, ctx: Context) -> dict:
     rk = rk.with_columns(pl.lit(v, pl.Int64).alias(k)
                          for k, v in windows.rank_window(ops, source.api_first(pid), nested).items())
     node_ops = int(ops["in_graph"].sum())
-    if not ctx.keep_ops:  # the device and graph node are done with: narrower copies below
+    if not ctx.keep_ops:  # the device and graph node flag are done with: narrower copies below
         ops = ops.drop("device", "in_graph")
     # One lookup of each op's kind (name, communication family), a gather per column after.
     ops = ops.with_columns(_kind=kind_codes(ops, ctx.kinds)).with_columns(gather_kinds(ctx.kinds, ["comm"]))
     tl = attribute.timeline(nested)  # who launched what, and the range open around a call: one timeline
     calls = attribute.launching_calls(ops, api, nested, tl)
     ops = attribute.join_calls(ops, calls)
+    # The CUDA graphs each range launched (a few pairs): a cycle's graphs name its batch shape without a payload.
+    graphs = ops.filter(pl.col("graph").is_not_null() & pl.col("range_id").is_not_null()).select(
+        "range_id", "graph").unique()
+    if not ctx.keep_ops:
+        ops = ops.drop("graph")
     rank = rk["rank"][0] if rk.height else None
     nested = nested.with_columns(rank=pl.lit(rank, pl.Int64))
     is_launch = pl.col("name_id").is_in(ctx.launch_ids.implode())
@@ -170,13 +175,23 @@ def process(source, pid: int, ctx: Context) -> dict:
         inst = windows.with_cycle(breakdown.add_gpu_idle(inst, blocks), anc)
         out["seam"] = host.seam_causes(breakdown.seam_instances(inst, blocks), firsts)
         out["cov"] = breakdown.coverage(inst, ops, blocks)
-        out["inst"] = host.add_instance_cols(inst, per_inst)
+        out["inst"] = with_graphs(host.add_instance_cols(inst, per_inst), graphs, anc)
         out["calls"] = key_calls
         # Collective matching is global, but each kernel's ordinal j in its instance is per rank.
         out["kern"] = collectives.comm_kernels(comm, inst).with_columns(pid=pl.lit(pid, pl.Int64))
     elif nested.height:  # API calls but no GPU work: its ranges still count as instances
         out["inst"] = _without_gpu(nested, ops)
     return out
+
+
+def with_graphs(inst: pl.DataFrame, graphs: pl.DataFrame, anc: pl.DataFrame) -> pl.DataFrame:
+    """``inst`` with ``i_graphs``: the CUDA graphs launched inside each instance (itself and its descendants), as
+    sorted ids joined by ``+`` (``"2+5"``); null when none."""
+    if graphs.height == 0:
+        return inst.with_columns(i_graphs=pl.lit(None, pl.String))
+    sig = (graphs.join(anc, on="range_id").select(range_id="anc", graph="graph").unique()
+           .group_by("range_id").agg(i_graphs=pl.col("graph").sort().cast(pl.String).str.join("+")))
+    return inst.join(sig, on="range_id", how="left", maintain_order="left")
 
 
 def duplicate_ops(ops: pl.DataFrame) -> int:

@@ -12,7 +12,8 @@ Detection (the default) works on one number per cycle: its period without the pr
 averaged over ranks (a cycle's period ends at its last GPU op, so one late rank and the ranks that wait for
 it in a collective all see the same long cycle; one late event counts once):
 
-- *segments*: runs of cycles of one decode batch size (the payload's), each with its own *band*
+- *segments*: runs of cycles of one decode batch size (the payload's; without one, of the same CUDA graphs
+  replayed: each batch size has its own graphs), each with its own *band*
   ``typical × (1 + tol)``, ``tol = max(10 %, 5 × sd / typical)``, where *typical* and *sd* come from the
   densest 40 % of its cycle times (:func:`_typical`: the median and standard deviation for normal noise, but
   still the fast cycles' level when a third or half of them belong to slower classes); a cycle above the
@@ -127,10 +128,14 @@ def _identity(m: pl.DataFrame) -> tuple[pl.Expr, str]:
 
 def _series(m: pl.DataFrame) -> pl.DataFrame:
     """One row per cycle (``key``, in order): ``t`` the mean over ranks of its period without prefill, its
-    segment value (payload batch size), whether a prefill ran before it, its first ``n`` and GPU start."""
-    seg = pl.col("payload_batch").drop_nulls().first()
+    segment value (``batch N`` from the payload, else ``graphs A+B``: the CUDA graphs it replayed; ``seg_batch``
+    the batch size), whether a prefill ran before it, its first ``n`` and GPU start."""
+    by_batch = m["payload_batch"].null_count() < m.height
+    seg = (pl.format("batch {}", pl.col("payload_batch").drop_nulls().first()) if by_batch
+           else pl.format("graphs {}", pl.col("graphs").drop_nulls().first()))
     return (m.group_by("key")
             .agg(t=(pl.col("period_ns") - pl.col("prefill_ns")).mean(), seg_value=seg,
+                 seg_batch=pl.col("payload_batch").drop_nulls().first(),
                  prefill=(pl.col("prefills") > 0).any(), n=pl.col("n").min(), i_first=pl.col("i_first").min(),
                  period=pl.col("period_ns").max())
             .sort("key")
@@ -356,7 +361,8 @@ def flag_cycles(cyc: pl.DataFrame, choice: dict | None = None) -> tuple[pl.DataF
     pauses = s.filter(post & (pl.col("out") == "pause"))
     npost = s.filter(post).height
     left_keys = s.filter(post & pl.col("out").is_not_null()).height if how == "detected" else 0
-    seg = (s.group_by("segment").agg(seg_value=pl.col("seg_value").first(), first_key=pl.col("key").first(),
+    seg = (s.group_by("segment").agg(seg_value=pl.col("seg_value").first(), seg_batch=pl.col("seg_batch").first(),
+                                     first_key=pl.col("key").first(),
                                      last_key=pl.col("key").last(), first_n=pl.col("n").first(), cycles=pl.len())
            .sort("segment"))
     segmented = seg.height > 1 or seg["seg_value"][0] is not None
@@ -378,8 +384,9 @@ def flag_cycles(cyc: pl.DataFrame, choice: dict | None = None) -> tuple[pl.DataF
                    for r in stalls.iter_rows(named=True)],
         "pauses": [{"key": r["key"], "n": r["n"], "period_ns": r["period"]} for r in pauses.iter_rows(named=True)],
         "classes": classes,
-        "segments": [{"segment": r["segment"], "batch_size": r["seg_value"], "first_key": r["first_key"],
-                      "last_key": r["last_key"], "first_n": r["first_n"], "cycles": r["cycles"]}
+        "segments": [{"segment": r["segment"], "key": r["seg_value"], "batch_size": r["seg_batch"],
+                      "first_key": r["first_key"], "last_key": r["last_key"], "first_n": r["first_n"],
+                      "cycles": r["cycles"]}
                      for r in seg.iter_rows(named=True)] if segmented else [],
         "choice": {k: (v["text"] if k == "window" else v) for k, v in choice.items()},
     }

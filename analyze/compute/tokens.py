@@ -153,13 +153,14 @@ def _cycles(res) -> pl.DataFrame:
         payload_batch=pl.col("batch_size"),
         batch_size=pl.coalesce("batch_size", pl.lit(batch, pl.Int64)),
         pair_key=pl.col("key") if "key" in cyc.columns else pl.lit(None, pl.Int64),
+        graphs=pl.col("i_graphs") if "i_graphs" in cyc.columns else pl.lit(None, pl.String),
     )
     cyc = _with_prefill(cyc, inst)
     tokens = (pl.when(pl.col("kind") == "decode_step").then(pl.col("batch_size"))
               .otherwise(pl.col("accept_length") + pl.col("batch_size")))
     return cyc.with_columns(tokens=tokens).select(
         "rank", "pid", "range_id", "n", "kind", "range", "start", "end", "i_first", "i_last", "i_span_ns",
-        "period_ns", "lead_ns", "prefill_ns", "prefills", "batch_size", "payload_batch", "cycle_index",
+        "period_ns", "lead_ns", "prefill_ns", "prefills", "batch_size", "payload_batch", "graphs", "cycle_index",
         "pair_key", "accept_length", "accept_source", "tokens")
 
 

@@ -176,13 +176,21 @@ def _api(r: Reader) -> pl.DataFrame:
 
 OPS_SCHEMA = {"pid": pl.Int64, "device": pl.Int64, "stream": pl.Int64, "corr": pl.Int64, "start": pl.Int64,
               "end": pl.Int64, "kind": OP_KIND, "name_id": pl.Int64, "label": pl.String,
-              "in_graph": pl.Boolean}
+              "in_graph": pl.Boolean, "graph": pl.Int32}
+GRAPH_BITS = 512  # ``device`` packs deviceId (< 256) * 2 + node flag, then + 512 * (graph + 1)
+# The graph an op belongs to: a node's graphNodeId carries its graph's id in its upper 32 bits (nsys 2025.3:
+# the graph exec id; the graph-level rows' graphExecId), 0 when the op is not in a graph.
+GRAPH_SQL = f" + {GRAPH_BITS} * COALESCE(CAST(graphNodeId / 4294967296 AS BIGINT) + 1, 0)"
 
 
 def _finish_ops(df: pl.DataFrame) -> pl.DataFrame:
-    # ``device`` came as deviceId * 2 + (graphNodeId IS NOT NULL): one column out of SQLite instead of two
-    # (the node id itself is not used; at 10 M kernels its column costs ~0.5 CPU-s to read)
-    return (df.with_columns(pid=pid_of("gpid"), in_graph=(pl.col("device") % 2) == 1, device=pl.col("device") // 2)
+    # ``device`` came as deviceId * 2 + (graphNodeId IS NOT NULL) + 512 * (graph id + 1): one column out of SQLite
+    # instead of three (at 10 M kernels a column costs ~0.5 CPU-s to read)
+    v = pl.col("device")
+    graph = pl.when(v >= GRAPH_BITS).then(v // GRAPH_BITS - 1)
+    if "graph" in df.columns:  # a graph-level row: its graph exec id
+        graph = pl.coalesce("graph", graph)
+    return (df.with_columns(pid=pid_of("gpid"), in_graph=(v % 2) == 1, graph=graph, device=(v % GRAPH_BITS) // 2)
             .select(list(OPS_SCHEMA)).cast(OPS_SCHEMA))
 
 
@@ -191,7 +199,7 @@ def op_queries(r: Reader) -> list[tuple[str, str, Callable[[pl.DataFrame], pl.Da
     out = []
 
     def common(table: str) -> str:
-        node = " + (graphNodeId IS NOT NULL)" if "graphNodeId" in r.columns(table) else ""
+        node = f" + (graphNodeId IS NOT NULL){GRAPH_SQL}" if "graphNodeId" in r.columns(table) else ""
         return (f'SELECT start, "end", deviceId * 2{node} AS device, streamId AS stream, correlationId AS corr, '
                 f"globalPid AS gpid FROM {table}")
 
@@ -215,12 +223,14 @@ def op_queries(r: Reader) -> list[tuple[str, str, Callable[[pl.DataFrame], pl.Da
         out.append((MEMSET, q, lambda df: _finish_ops(
             df.with_columns(kind=pl.lit("memset"), name_id=pl.lit(None, pl.Int64), label=pl.lit("[CUDA memset]")))))
     if r.has(GRAPH_TRACE, "start", "end", "correlationId", "globalPid"):
-        gid = "graphId" if "graphId" in r.columns(GRAPH_TRACE) else "NULL"
-        q = common(GRAPH_TRACE).replace(" FROM", f", {gid} AS graph_id FROM")
+        cols = r.columns(GRAPH_TRACE)
+        gid = "graphId" if "graphId" in cols else "NULL"
+        exe = "graphExecId" if "graphExecId" in cols else gid
+        q = common(GRAPH_TRACE).replace(" FROM", f", {gid} AS graph_id, {exe} AS graph FROM")
         out.append((GRAPH_TRACE, q, lambda df: _finish_ops(
             df.with_columns(kind=pl.lit("graph"), name_id=pl.lit(None, pl.Int64),
                             label=pl.format("[CUDA graph {}]", pl.col("graph_id")),
-                            device=pl.col("device") // 2 * 2).drop("graph_id"))))  # a whole graph: no node
+                            device=pl.col("device") % GRAPH_BITS // 2 * 2).drop("graph_id"))))  # a whole graph: no node
     return out
 
 

@@ -74,8 +74,9 @@ from .export import (
 )
 from .sqlite import check_file, file_state
 
-CACHE_VERSION = 6  # 2: ranges have ``range_id`` and ``range``; 3: marks.parquet; 4: marker, files listed, checks;
-# 5: only the API calls the analysis needs, and each process's first call (``api_first``); 6: op_keys.parquet
+CACHE_VERSION = 7  # 2: ranges have ``range_id`` and ``range``; 3: marks.parquet; 4: marker, files listed, checks;
+# 5: only the API calls the analysis needs, and each process's first call (``api_first``); 6: op_keys.parquet;
+# 7: ops carry their CUDA graph's id (``graph``)
 FLUSH_ROWS = 2_000_000
 PIECE_ROWS = 2_000_000  # a large table is read in row ranges of this size, by READ_THREADS threads
 READ_THREADS = max(2, min(4, os.cpu_count() or 2))
