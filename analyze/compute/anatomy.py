@@ -94,31 +94,37 @@ def _classes(res) -> list[CycleClass]:
 def _deltas(res, members: pl.DataFrame, typical: pl.DataFrame) -> pl.DataFrame:
     """Per rank and budget piece: the mean over the class's cycles, the mean over typical cycles of the same
     segments (weighted as the class's cycles fall in them), and the difference (prefill pieces left out: a
-    class's extra time is over its cycles' periods without their prefill)."""
-    p = headline.cycle_pieces(res).filter(pl.col("kind") != "prefill")
-    seg = pl.concat([members, typical]).select("rank", "key", "segment").unique()
-    mine = (p.join(members.select("rank", "key"), on=["rank", "key"], how="semi")
-            .group_by("rank", "segment", "kind").agg(class_ns=pl.col("ns").sum(), order=pl.col("order").mean())
-            .join(members.group_by("rank").agg(_n=pl.len()), on="rank")
-            .with_columns(class_ns=pl.col("class_ns") / pl.col("_n")).drop("_n"))
+    class's extra time is over its cycles' periods without their prefill). One pass over the pieces, joined on
+    one packed (rank, cycle) key."""
+    rk = (pl.col("rank") * (1 << 40) + pl.col("key")).alias("_rk")
     typ = typical.filter(pl.col("segment").is_in(members["segment"].unique().implode()))
     if typ.height == 0:
         typ = typical
-    per_seg = (p.join(typ.select("rank", "key"), on=["rank", "key"], how="semi")
-               .join(seg.rename({"segment": "seg"}), on=["rank", "key"])
-               .group_by("rank", "seg", "segment", "kind").agg(ns=pl.col("ns").sum(), order=pl.col("order").mean())
-               .join(typ.group_by("rank", seg="segment").agg(_n=pl.len()), on=["rank", "seg"])
-               .with_columns(ns=pl.col("ns") / pl.col("_n")).drop("_n"))
-    w = (members.group_by("rank", seg="segment").agg(_w=pl.len())
-         .with_columns(_w=pl.col("_w") / pl.col("_w").sum().over("rank")))
-    have = per_seg.select("rank", "seg").unique()
-    w = w.join(have, on=["rank", "seg"], how="semi").with_columns(_w=pl.col("_w") / pl.col("_w").sum().over("rank"))
-    if w.height == 0:  # no typical cycle in the class's segments: every typical cycle, unweighted
-        w = per_seg.select("rank", "seg").unique().with_columns(_w=1.0 / pl.len().over("rank"))
-    base = (per_seg.join(w, on=["rank", "seg"]).group_by("rank", "segment", "kind")
-            .agg(typical_ns=(pl.col("ns") * pl.col("_w")).sum(), _o=pl.col("order").mean()))
+    roles = pl.concat([members.select(rk, "rank", seg="segment", role=pl.lit(1)),
+                       typ.select(rk, "rank", seg="segment", role=pl.lit(0))]).unique("_rk", keep="first")
+    n = roles.group_by("rank", "role", "seg").agg(_n=pl.len())
+    p = (headline.cycle_pieces(res).filter(pl.col("kind") != "prefill")
+         .select(rk, "segment", "kind", "order", "ns").join(roles.drop("rank").with_columns(), on="_rk")
+         .with_columns(rank=pl.col("_rk") // (1 << 40))
+         .group_by("rank", "role", "seg", "segment", "kind").agg(pl.col("ns").sum(), pl.col("order").mean())
+         .join(n, on=["rank", "role", "seg"]))
+    # the class: every one of its cycles counts once; typical: each segment's mean, weighted by the class's share
+    w = (n.filter(pl.col("role") == 1).with_columns(_w=pl.col("_n") / pl.col("_n").sum().over("rank"))
+         .select("rank", "seg", "_w"))
+    typ_segs = n.filter(pl.col("role") == 0).select("rank", "seg")
+    w = w.join(typ_segs, on=["rank", "seg"], how="semi").with_columns(_w=pl.col("_w") / pl.col("_w").sum().over("rank"))
+    if w.height == 0:  # no typical cycle in the class's segments: every typical cycle's segment, equally
+        w = typ_segs.with_columns(_w=1.0 / pl.len().over("rank"))
+    nm = n.filter(pl.col("role") == 1).group_by("rank").agg(_m=pl.col("_n").sum())
+    mine = (p.filter(pl.col("role") == 1).group_by("rank", "segment", "kind")
+            .agg(class_ns=pl.col("ns").sum(), order=pl.col("order").mean())
+            .join(nm, on="rank").with_columns(class_ns=pl.col("class_ns") / pl.col("_m")).drop("_m"))
+    base = (p.filter(pl.col("role") == 0).join(w, on=["rank", "seg"])
+            .group_by("rank", "segment", "kind")
+            .agg(typical_ns=(pl.col("ns") / pl.col("_n") * pl.col("_w")).sum(), _o=pl.col("order").mean()))
     return (mine.join(base, on=["rank", "segment", "kind"], how="full", coalesce=True)
-            .with_columns(pl.col("class_ns", "typical_ns").fill_null(0.0), order=pl.coalesce("order", "_o"))
+            .with_columns(pl.col("class_ns", "typical_ns").fill_null(0.0), order=pl.coalesce("order", "_o"),
+                          segment=pl.col("segment").cast(pl.String), kind=pl.col("kind").cast(pl.String))
             .drop("_o").with_columns(delta_ns=pl.col("class_ns") - pl.col("typical_ns"))
             .sort("rank", "order", "segment"))
 
@@ -179,9 +185,9 @@ def _late_rank(res, out: CycleClass, d: pl.DataFrame, members: pl.DataFrame, ran
     cand = before.filter(~pl.col("rank").is_in(waiting)).sort("pre", "rank", descending=[True, False])
     late = int(cand["rank"][0]) if cand.height and cand["pre"][0] >= GROW * extra else None
     evidence = "budget"
-    st = _class_stragglers(res, members)
+    st = _class_stragglers(res, members, phase)
     if st is not None:
-        v = collectives.verdict(st.filter(pl.col("phase") == phase))
+        v = collectives.verdict(st)
         if v.height:
             late, evidence = int(v["rank"][0]), "collectives"
             waiting = [r for r in waiting if r != late] or [r for r in ranks if r != late]
@@ -194,16 +200,19 @@ def _late_rank(res, out: CycleClass, d: pl.DataFrame, members: pl.DataFrame, ran
     out.wait_ns = float(w.mean()) if w.len() else None
 
 
-def _class_stragglers(res, members: pl.DataFrame) -> pl.DataFrame | None:
-    """:func:`collectives.stragglers` over the matched collectives of the class's cycles (None without any)."""
+def _class_stragglers(res, members: pl.DataFrame, phase: str) -> pl.DataFrame | None:
+    """:func:`collectives.stragglers` over the matched collectives of ``phase`` in the class's cycles (None without
+    any, or when the phase's collectives do not end together)."""
+    if phase in headline.matching(res).filter(~pl.col("trusted"))["phase"].to_list():
+        return None
     m = headline.matched(res)
+    m = m.filter(pl.col("phase") == phase) if m.height else m
     if m.height == 0:
         return None
-    untrusted = headline.matching(res).filter(~pl.col("trusted"))["phase"].to_list()
-    tops = headline.instances(res).select("rank", "range_id", "top")
-    cyc_keys = members.select("rank", top="range_id")
-    inside = tops.join(cyc_keys, on=["rank", "top"], how="semi").select("rank", "range_id")
-    m = m.join(inside, on=["rank", "range_id"], how="semi").filter(~pl.col("phase").is_in(untrusted))
+    inst = headline.instances(res)
+    inside = (inst.filter(pl.col("range") == phase).select("rank", "range_id", "top")
+              .join(members.select("rank", top="range_id"), on=["rank", "top"], how="semi").select("rank", "range_id"))
+    m = m.join(inside, on=["rank", "range_id"], how="semi")
     return collectives.stragglers(m) if m.height else None
 
 
@@ -266,11 +275,15 @@ def _segments(res) -> list[Segment]:
     main = c["kind"].mode().sort()[0]
     c = c.filter((pl.col("kind") == main) & pl.col("period_ns").is_not_null())
     out = []
+    one = len(info["segments"]) == 1
     for sg in info["segments"]:
         mine = c.filter(pl.col("segment") == sg["segment"])
         st = mine.filter("steady")
         p = st["period_ns"]
-        b = headline.mean_budget(res, st.select("rank", "key"), by_rank=False)
+        # one segment is the whole steady state: its budget is the headline budget's mean over ranks
+        b = (headline.budget(res).group_by("segment", "kind").agg(pl.col("order").mean(), pl.col("ns").mean(),
+                                                                  pl.col("share").mean()).sort("order")
+             if one else headline.mean_budget(res, st.select("rank", "key"), by_rank=False))
         out.append(Segment(
             segment=sg["segment"], key=sg["key"] or "all",
             batch_size=sg["batch_size"], first_cycle=sg["first_key"], last_cycle=sg["last_key"], cycles=st.height,

@@ -254,10 +254,11 @@ def steady_cycles(res) -> int:
     return int(cycles_per_rank(res)["cycles"].sum())
 
 
-PIECE_SCHEMA = {"rank": pl.Int64, "key": pl.Int64, "cid": pl.Int64, "segment": pl.String, "item": pl.String,
-                "kind": pl.String,
-                "order": pl.Float64, "ns": pl.Float64, "compute_ns": pl.Float64, "comm_ns": pl.Float64,
-                "idle_ns": pl.Float64, "gpu_idle_ns": pl.Float64}
+PIECE_KIND = pl.Enum(["gap", "prefill", "head", "phase", "seam", "tail"])
+# segment/item: a handful of names repeated for every cycle: categorical (a third of the strings' memory)
+PIECE_SCHEMA = {"rank": pl.Int64, "key": pl.Int64, "segment": pl.Categorical, "item": pl.Categorical,
+                "kind": PIECE_KIND, "order": pl.Float64, "ns": pl.Float64, "compute_ns": pl.Float64,
+                "comm_ns": pl.Float64, "idle_ns": pl.Float64, "gpu_idle_ns": pl.Float64}
 BUDGET_SCHEMA = {"rank": pl.Int64, "segment": pl.String, "kind": pl.String, "order": pl.Float64, "ns": pl.Float64,
                  "share": pl.Float64, "compute_ns": pl.Float64, "comm_ns": pl.Float64, "idle_ns": pl.Float64,
                  "gpu_idle_ns": pl.Float64, "cycles": pl.UInt32}
@@ -275,7 +276,7 @@ def _main_cycles(res) -> pl.DataFrame:
 
 def cycle_pieces(res) -> pl.DataFrame:
     """Every cycle with a period cut into consecutive pieces on its rank's GPU clock that add up to its period
-    exactly (module docstring): ``rank, key, cid, segment, item, kind, order, ns, compute_ns, comm_ns, idle_ns,
+    exactly (module docstring): ``rank, key, segment, item, kind, order, ns, compute_ns, comm_ns, idle_ns,
     gpu_idle_ns``; ``kind``: gap (between cycles), prefill, head, phase, seam, tail; ``item``: the piece by base
     names (``verify``, ``seam:draft→verify``), the same across traces whatever the ranges' prefix."""
     return _memo(res, "pieces", lambda: _pieces(res))
@@ -285,9 +286,12 @@ def _pieces(res) -> pl.DataFrame:
     c = _main_cycles(res)
     if c.height == 0:
         return pl.DataFrame(schema=PIECE_SCHEMA)
-    cyc = c.select("rank", "key", cid="range_id", crange="range", c0="i_first", c1="i_last", lead="lead_ns",
-                   pre="prefill_ns")
-    inst = res.instances.filter((pl.col("i_ops") > 0) & pl.col("rank").is_not_null())
+    cyc_e = c.select("rank", "key", cid="range_id", crange="range", c0="i_first", c1="i_last", lead="lead_ns",
+                     pre="prefill_ns")
+    inst_e = res.instances.filter((pl.col("i_ops") > 0) & pl.col("rank").is_not_null())
+    pre = _prefills(res, inst_e, cyc_e)  # small: a handful of prefills
+    # One lazy plan for the rest (a few hundred thousand rows at 10 M kernels): polars runs the branches together.
+    cyc, inst = cyc_e.lazy(), inst_e.lazy()
     kids = (inst.join(cyc.select("rank", parent="cid"), on=["rank", "parent"], how="semi")
             .select("rank", "range_id", cid="parent", name="range", start="start", a="i_first", b="i_last",
                     compute=pl.col("i_busy_ns") - pl.col("i_comm_ns"), comm="i_comm_ns", idle="i_idle_ns",
@@ -302,7 +306,8 @@ def _pieces(res) -> pl.DataFrame:
     # Sorted by cycle: a child's position and its previous sibling are read off the rows (no window per cycle).
     same = (pl.col("rank") == pl.col("rank").shift(1)) & (pl.col("cid") == pl.col("cid").shift(1))
     i = pl.int_range(pl.len())
-    kids = kids.with_columns(pos=i - pl.when(~same.fill_null(False)).then(i).forward_fill())
+    kids = kids.with_columns(pos=i - pl.when(~same.fill_null(False)).then(i).forward_fill()).cache()
+    none = pl.lit(None, pl.Float64)
     ph = kids.select("rank", "cid", segment="name", item=base_expr("name"), kind=pl.lit("phase"),
                      order=2.0 * pl.col("pos"),
                      ns=(pl.col("b") - pl.col("a")).cast(pl.Float64), compute_ns="compute", comm_ns="comm",
@@ -313,8 +318,7 @@ def _pieces(res) -> pl.DataFrame:
                             prev_b=pl.when(same).then(pl.col("b").shift(1))).filter(pl.col("prev_b").is_not_null())
     si = res.seam_instances
     idle_of = (si.select("rank", "range_id", sidle="idle_ns") if si.height else
-               pl.DataFrame(schema={"rank": pl.Int64, "range_id": pl.Int64, "sidle": pl.Int64}))
-    none = pl.lit(None, pl.Float64)
+               pl.DataFrame(schema={"rank": pl.Int64, "range_id": pl.Int64, "sidle": pl.Int64})).lazy()
     sm = (nxt.join(idle_of, on=["rank", "range_id"], how="left")
           .select("rank", "cid", segment=pl.format("{} → {}", "prev_name", "name"),
                   item=pl.format("seam:{}→{}", "prev_base", base_expr("name")), kind=pl.lit("seam"),
@@ -325,16 +329,15 @@ def _pieces(res) -> pl.DataFrame:
     ends = kids.group_by("rank", "cid").agg(first_a=pl.col("a").first(), last_b=pl.col("b").last(),
                                             first=pl.col("name").first(), last=pl.col("name").last())
     cc = cyc.join(ends, on=["rank", "cid"])
-    # The prefill batches that ran before each cycle, and the top-level seams from the previous cycle's last op
-    # to this cycle's first (through any prefill): the GPU idle between cycles.
-    pre = _prefills(res, inst, cyc)
+    # The top-level seams from the previous cycle's last op to this cycle's first (through any prefill): the GPU
+    # idle between cycles.
     before = cyc.select("rank", "cid", target="cid")
     if pre.height:
-        before = pl.concat([before, pre.select("rank", "cid", target="range_id")])
-    gidle = (si.filter(pl.col("parent").is_null()).select("rank", target="range_id", g="idle_ns")
+        before = pl.concat([before, pre.lazy().select("rank", "cid", target="range_id")])
+    gidle = (si.lazy().filter(pl.col("parent").is_null()).select("rank", target="range_id", g="idle_ns")
              .join(before, on=["rank", "target"]).group_by("rank", "cid").agg(gidle=pl.col("g").sum())
-             if si.height else pl.DataFrame(schema={"rank": pl.Int64, "cid": pl.Int64, "gidle": pl.Int64}))
-    cc = cc.join(gidle, on=["rank", "cid"], how="left")
+             if si.height else pl.LazyFrame(schema={"rank": pl.Int64, "cid": pl.Int64, "gidle": pl.Int64}))
+    cc = cc.join(gidle, on=["rank", "cid"], how="left").cache()
     head = cc.select("rank", "cid", segment=pl.format("cycle start → {}", "first"), item=pl.lit("head"),
                      kind=pl.lit("head"),
                      order=pl.lit(-1.0), ns=(pl.col("first_a") - pl.col("c0")).cast(pl.Float64), compute_ns=none,
@@ -347,18 +350,18 @@ def _pieces(res) -> pl.DataFrame:
     gap = cc.select("rank", "cid", segment=pl.lit(GAP), item=pl.lit(GAP), kind=pl.lit("gap"), order=pl.lit(-3.0),
                     ns=gap_ns,
                     compute_ns=none, comm_ns=none, idle_ns=gap_ns, gpu_idle_ns=pl.col("gidle").cast(pl.Float64))
-    parts = [gap, head, ph, sm, tail]
+    parts = [gap, head.filter(pl.col("ns") != 0), ph, sm, tail.filter(pl.col("ns") != 0)]  # heads/tails: mostly 0
     if pre.height:
-        parts.append(pre.group_by("rank", "cid").agg(
+        parts.append(pre.lazy().group_by("rank", "cid").agg(
             ns=pl.col("span").sum(), compute_ns=pl.col("compute").sum(), comm_ns=pl.col("comm").sum(),
             idle_ns=pl.col("idle").sum(), gpu_idle_ns=pl.col("gidle").sum())
             .select("rank", "cid", *[pl.col(x).cast(pl.Float64) for x in ("ns", "compute_ns", "comm_ns", "idle_ns",
                                                                            "gpu_idle_ns")])
             .with_columns(segment=pl.lit(PREFILL), item=pl.lit(PREFILL), kind=pl.lit("prefill"), order=pl.lit(-2.0)))
-    cols = [c for c in PIECE_SCHEMA if c != "key"]
+    cols = ["rank", "cid", *[c for c in PIECE_SCHEMA if c not in ("rank", "key")]]
     pieces = pl.concat([x.select(cols) for x in parts], how="vertical_relaxed")
     return (pieces.join(cyc.select("rank", "cid", "key"), on=["rank", "cid"])
-            .select(list(PIECE_SCHEMA)).cast(PIECE_SCHEMA))
+            .select(list(PIECE_SCHEMA)).cast(PIECE_SCHEMA).collect())
 
 
 def _prefills(res, inst: pl.DataFrame, cyc: pl.DataFrame) -> pl.DataFrame:
@@ -413,7 +416,8 @@ def mean_budget(res, which: pl.DataFrame, by_rank: bool = True) -> pl.DataFrame:
            .filter((pl.col("ns") != 0) | (pl.col("kind") == "phase")))
     if not by_rank:
         out = out.with_columns(rank=pl.lit(None, pl.Int64))
-    return (out.sort("rank", "order", "segment", nulls_last=True)
+    return (out.with_columns(pl.col("segment", "kind").cast(pl.String))
+            .sort("rank", "order", "segment", nulls_last=True)
             .select("rank", "segment", "kind", "order", "ns", "share", "compute_ns", "comm_ns", "idle_ns",
                     "gpu_idle_ns", pl.col("cycles").cast(pl.UInt32)))
 

@@ -35,7 +35,7 @@ from . import attribute, breakdown, collectives, host, windows
 from .comm_patterns import PATTERNS, CommPattern, family_expr
 from .diagnostics import FACTS, diagnose
 
-WORK_COLS = ("pid", "device", "corr", "start", "end", "kind", "name_id", "label", "in_graph", "graph")  # of OPS_SCHEMA
+WORK_COLS = ("pid", "device", "corr", "start", "end", "kind", "name_id", "label", "in_graph")  # of OPS_SCHEMA
 WORKER_ROWS = 3_000_000  # two processes at once up to this size: 20 M kernels (2.6 M per process) peak 3.4 GB either way
 
 
@@ -111,6 +111,7 @@ class Context:
     launch_ids: pl.Series
     keep_ops: bool
     sync_ids: pl.Series = dataclasses.field(default_factory=lambda: pl.Series("name_id", [], pl.Int64))
+    graphs: bool = True  # which CUDA graphs each range launched (segments without a payload batch size)
 
 
 def process(source, pid: int, ctx: Context) -> dict:
@@ -122,7 +123,8 @@ def process(source, pid: int, ctx: Context) -> dict:
     """
     out: dict = {}
     # Only the columns the analysis reads (the stream is not one), unless every op is kept.
-    ops, api = source.ops(pid, None if ctx.keep_ops else WORK_COLS), source.api(pid)
+    cols = None if ctx.keep_ops else (*WORK_COLS, "graph") if ctx.graphs else WORK_COLS
+    ops, api = source.ops(pid, cols), source.api(pid)
     nested = ctx.nested.filter(pl.col("pid") == pid)
     rk = breakdown.ranks(ops, ctx.devices)  # one row (or none): its rank is fixed once all processes are in
     rk = rk.with_columns(pl.lit(v, pl.Int64).alias(k)
@@ -136,10 +138,14 @@ def process(source, pid: int, ctx: Context) -> dict:
     calls = attribute.launching_calls(ops, api, nested, tl)
     ops = attribute.join_calls(ops, calls)
     # The CUDA graphs each range launched (a few pairs): a cycle's graphs name its batch shape without a payload.
-    graphs = ops.filter(pl.col("graph").is_not_null() & pl.col("range_id").is_not_null()).select(
-        "range_id", "graph").unique()
+    # One op per launch is enough (a launch's ops share its correlation id, range and graph): dropping each op
+    # whose correlation id repeats the previous row's leaves a few rows to make unique, whatever the row order.
+    new_launch = (pl.col("corr") != pl.col("corr").shift(1)).fill_null(True)
+    graphs = (ops.filter(pl.col("graph").is_not_null() & new_launch).select("range_id", "graph")
+              .filter(pl.col("range_id").is_not_null()).unique() if "graph" in ops.columns and ctx.graphs
+              else pl.DataFrame(schema={"range_id": pl.Int64, "graph": pl.Int32}))
     if not ctx.keep_ops:
-        ops = ops.drop("graph")
+        ops = ops.drop("graph", strict=False)
     rank = rk["rank"][0] if rk.height else None
     nested = nested.with_columns(rank=pl.lit(rank, pl.Int64))
     is_launch = pl.col("name_id").is_in(ctx.launch_ids.implode())
@@ -192,6 +198,18 @@ def with_graphs(inst: pl.DataFrame, graphs: pl.DataFrame, anc: pl.DataFrame) -> 
     sig = (graphs.join(anc, on="range_id").select(range_id="anc", graph="graph").unique()
            .group_by("range_id").agg(i_graphs=pl.col("graph").sort().cast(pl.String).str.join("+")))
     return inst.join(sig, on="range_id", how="left", maintain_order="left")
+
+
+def payload_batches(sel: pl.DataFrame) -> bool:
+    """Whether the selected ranges carry the hooks' payload with a batch size (then segments need no graph ids)."""
+    from .tokens import decode_exprs
+
+    cols = [c for c in ("uint64", "int64") if c in sel.columns]
+    if not cols or sel.height == 0:
+        return False
+    v = sel.select(cols).with_columns(pl.lit(None, pl.Int64).alias(c) for c in ("uint64", "int64")
+                                      if c not in cols)
+    return bool(v.select(decode_exprs()[0].is_not_null().any()).item())
 
 
 def duplicate_ops(ops: pl.DataFrame) -> int:
@@ -285,7 +303,7 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
     kinds = kinds.with_columns(pl.col("name").cast(pl.Categorical))
     launch_ids = head.names.filter(pl.col("name").str.contains(GRAPH_LAUNCH))["name_id"]
     sync_ids = head.names.filter(pl.col("name").str.contains(SYNC_API))["name_id"]
-    ctx = Context(nested_all, kinds, head.devices, launch_ids, keep_ops, sync_ids)
+    ctx = Context(nested_all, kinds, head.devices, launch_ids, keep_ops, sync_ids, graphs=not payload_batches(sel))
 
     parts: dict[str, list] = {k: [] for k in ("ranks", "inst", "seam", "cov", "ops", "kern", "kstat", "facts",
                                                "calls")}
