@@ -16,11 +16,13 @@
 # %% [markdown]
 # # Where the time goes: one trace
 #
-# The steady state (warm-up and stalls left out), the cycle budget, the ranked findings, then per rank and
-# per phase GPU compute / communication / idle, a few cycles on the timeline, the seams between phases, the
-# run over time, and the what-if over draft steps.
-# Reads `$SPECTRACE_REPORT` (an nsys SQLite export), else the bundled H200 capture `tp1_node`
-# (`--steps-now` comes from the manifest; set `SPECTRACE_STEPS` for a trace without one).
+# The steady state (warm-up and rare stalls left out, what recurs kept), the cycle budget, the slower cycles and
+# where their time sits, the segments of one batch size, the ranked findings, then per rank and per phase GPU
+# compute / communication / idle, a few cycles on the timeline, the seams between phases, the run over time,
+# and the what-if over draft steps.
+# Reads `$SPECTRACE_REPORT` (an nsys SQLite export), else the bundled H200 capture `tp1_serve_graph` (a
+# serving-shaped run: batch 1 → 4 → 16 → 64 → 16 → 4, a prefill when the batch grows, 1 ms of host work every
+# 10th cycle; `--steps-now` comes from the manifest; set `SPECTRACE_STEPS` for a trace without one).
 
 # %%
 import os
@@ -28,7 +30,7 @@ import os
 import polars as pl
 
 from analyze import analyze
-from analyze.compute import headline
+from analyze.compute import anatomy, headline
 from analyze.compute.findings import find
 from analyze.compute.tokens import selection, summary
 from analyze.compute.whatif import fit
@@ -37,7 +39,7 @@ from analyze.output import plots
 from analyze.output.text import findings_text, whatif_table
 from nvtx_hooks.capture import samples
 
-REPORT = os.environ.get("SPECTRACE_REPORT") or str(samples.path("tp1_node"))
+REPORT = os.environ.get("SPECTRACE_REPORT") or str(samples.path("tp1_serve_graph"))
 STEPS = int(os.environ["SPECTRACE_STEPS"]) if os.environ.get("SPECTRACE_STEPS") else None
 res = analyze(REPORT)
 print(REPORT, "·", res.ranks.height, "rank(s) ·", res.selection)
@@ -51,6 +53,22 @@ plots.budget(res)
 
 # %%
 headline.budget(res).select("rank", "segment", "kind", "ns", "share", "gpu_idle_ns")
+
+# %% [markdown]
+# ## Slower cycles: what recurs (kept, described) and the rare stalls (left out)
+
+# %%
+for c in anatomy.cycle_classes(res):
+    print(("kept · " if c.kept else "left out · ") + c.text)
+
+# %%
+pl.DataFrame([p | {"class": c.label} for c in anatomy.cycle_classes(res) for p in c.pieces])
+
+# %% [markdown]
+# ## Segments: cycles of one batch size
+
+# %%
+pl.DataFrame([s.as_dict() for s in anatomy.segments(res)]).drop("budget")
 
 # %% [markdown]
 # ## What to change first: ranked findings
@@ -87,7 +105,7 @@ headline.seams_all(res).select("parent", "from", "to", "instances", "idle_mean_n
 plots.distributions(res)
 
 # %% [markdown]
-# ## Over the run: warm-up, stalls and drift (shaded: left out of the steady state)
+# ## Over the run: warm-up, stalls, recurring slow cycles and drift (shaded: left out of the steady state)
 
 # %%
 plots.per_cycle(res)
