@@ -281,3 +281,14 @@ def test_segments_without_a_payload_by_the_graphs_replayed(serve, mode, tmp_path
     # the same batch size is the same graphs wherever it recurs
     assert seg[1].key == seg[5].key and seg[2].key == seg[4].key and len({s.key for s in seg}) == 4
     assert [s.period_p50_ns for s in seg] == [s.period_p50_ns for s in ref]
+
+
+def test_a_chosen_window_describes_only_its_cycles(straggler_node):
+    path, _ = straggler_node
+    res = analyze(path, window="10:20")
+    info = selection(res)
+    assert info["steady"] == 10 and "--window 10:20" in info["text"]
+    (c,) = anatomy.cycle_classes(res)
+    assert (c.every, c.keys) == (4, [12, 16]) and c.rank == 1  # the class's cycles inside the window only
+    assert not info["stalls"]  # the whole run's rare stall (cycle 23) lies outside the window
+    assert comm(path, window="10:20").straggler.select("phase", "rank").rows() == [("draft", 1)]

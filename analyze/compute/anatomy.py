@@ -77,7 +77,8 @@ def _classes(res) -> list[CycleClass]:
     typical = c.filter(pl.col("steady") & pl.col("cycle_class").is_null() & ~pl.col("slow"))
     steady_n = max(c.filter("steady").select("key").unique().height, 1)
     out = []
-    groups = [(cl, c.filter((pl.col("cycle_class") == cl["id"]) & pl.col("slow"))) for cl in info["classes"]]
+    groups = [(cl, c.filter((pl.col("cycle_class") == cl["id"]) & pl.col("slow") & pl.col("steady")))
+              for cl in info["classes"]]
     if info["stalls"]:
         n = len(info["stalls"])
         st = {"id": None, "kind": "stall", "every": None, "offset": None, "slots": n,

@@ -322,7 +322,6 @@ def flag_cycles(cyc: pl.DataFrame, choice: dict | None = None) -> tuple[pl.DataF
     settled = w is not None
     w = w if settled else 0
     s, classes = _classes(s, w)
-    classes = _describe_classes(s, classes, w)
     how = "detected"
     post = pl.col("pos") >= w
     if "skip_cycles" in choice:
@@ -357,6 +356,12 @@ def flag_cycles(cyc: pl.DataFrame, choice: dict | None = None) -> tuple[pl.DataF
             f" leaves no cycle: there are {int(per_rank['total'].max())} per rank (n = 0…{int(mm['n'].max())}), their "
             f"first GPU ops from {mm['i_first'].min() / 1e9:.3f} s to {mm['i_first'].max() / 1e9:.3f} s on the "
             "capture's clock", "BAD_OPTION")
+    if how != "detected":  # the user chose the cycles: what is described is what they hold
+        chosen = c.filter(is_main & pl.col("steady"))["key"].unique().implode()
+        s = s.with_columns(pl.when(pl.col("key").is_in(chosen)).then("cycle_class").alias("cycle_class"),
+                           pl.when(pl.col("key").is_in(chosen)).then("out").alias("out"))
+        classes = [cl for cl in classes if (s["cycle_class"] == cl["id"]).any()]
+    classes = _describe_classes(s, classes, w)
     stalls = s.filter(post & (pl.col("out") == "stall"))
     pauses = s.filter(post & (pl.col("out") == "pause"))
     npost = s.filter(post).height
