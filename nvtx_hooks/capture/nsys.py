@@ -31,6 +31,7 @@ from pathlib import Path
 
 from . import CaptureError, complete
 from . import manifest as mf
+from .files import OutputError, check_file
 
 MIN_NSYS = (2024, 2)  # DIAGNOSTIC_EVENT, GRAPH_TRACE and CUDA_GRAPH_NODE_EVENTS exist from here on
 STATS_REPORTS = ("nvtx_gpu_proj_sum", "nvtx_sum")
@@ -273,10 +274,16 @@ def _env_line(added: dict[str, str]) -> str:
 
 
 def _refuse_existing(paths: list[Path], force: bool) -> None:
-    """A CaptureError naming the outputs that exist already (a user's own manifest too), unless ``force``."""
-    existing = [str(p) for p in paths if p.exists()]
+    """A CaptureError naming the outputs that exist already (a user's own manifest too), unless ``force``; and,
+    before anything runs, one if the manifest (the last path) could not be written where it is
+    (:func:`nvtx_hooks.capture.files.check_file`: a device, a pipe, a folder)."""
+    existing = [str(p) for p in paths if p.exists() or p.is_symlink()]
     if existing and not force:
         raise CaptureError(f"{', '.join(existing)} exists: pass --force to overwrite")
+    try:
+        check_file(paths[-1], option="the manifest", replace=force)
+    except OutputError as e:
+        raise CaptureError(str(e)) from None
 
 
 def _begin(base: Path, added: dict[str, str], shown: str) -> tuple[dict[str, str], str, float]:
