@@ -122,11 +122,11 @@ def to_db(res: Result, path: str | Path, inputs=None) -> None:
     mem = _tables_in_memory(res)
     try:
         if real.exists():
-            _copy_tables(mem, real, p)
+            _copy_tables(mem, real, p, "it is as it was")
         else:
             with as_input_error(), files.new_file(p, option="--db", what="the results database", inputs=inputs_of(
                     inputs), fences=fences(p, inputs)) as tmp:
-                _copy_tables(mem, tmp, p)
+                _copy_tables(mem, tmp, p, "nothing was written")
     finally:
         mem.close()
 
@@ -157,7 +157,7 @@ def _tables_in_memory(res: Result) -> sqlite3.Connection:
     return db.conn
 
 
-def _copy_tables(mem: sqlite3.Connection, target: Path, shown: Path) -> None:
+def _copy_tables(mem: sqlite3.Connection, target: Path, shown: Path, after: str) -> None:
     """Copy :data:`DB_TABLES` from ``mem`` into the database file ``target`` in one transaction on it."""
     names = {n: sql for n, sql in mem.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'")}
     uri = "file:" + quote(os.fsencode(target)) + "?mode=rw"
@@ -165,7 +165,7 @@ def _copy_tables(mem: sqlite3.Connection, target: Path, shown: Path) -> None:
     try:
         mem.execute("ATTACH DATABASE ? AS dest", (uri,))
     except sqlite3.Error as e:
-        raise _db_error(e, shown) from None
+        raise _db_error(e, shown, after) from None
     try:
         mem.execute("BEGIN IMMEDIATE")
         try:
@@ -181,15 +181,15 @@ def _copy_tables(mem: sqlite3.Connection, target: Path, shown: Path) -> None:
                 mem.execute("ROLLBACK")
             raise
     except sqlite3.Error as e:
-        raise _db_error(e, shown) from None
+        raise _db_error(e, shown, after) from None
     finally:
         with contextlib.suppress(sqlite3.Error):
             mem.execute("DETACH DATABASE dest")
 
 
-def _db_error(e: sqlite3.Error, shown: Path) -> InputError:
-    return InputError(f"{shown}: cannot write the results database into it ({e}); it is as it was; choose another "
-                      "--db file", "BAD_OUTPUT")
+def _db_error(e: sqlite3.Error, shown: Path, after: str) -> InputError:
+    return InputError(f"{shown}: cannot write the results database into it ({e}); {after}; choose another --db "
+                      "file", "BAD_OUTPUT")
 
 
 def doc_json(doc: dict) -> str:

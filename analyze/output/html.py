@@ -23,7 +23,7 @@ from ..compute import compare as cmp
 from ..compute.tokens import DEFINITION, cycle_order, selection, summary
 from ..model import InputError
 from . import plots
-from .targets import as_input_error, report_folder
+from .targets import FIGURES, PAGE_START, as_input_error, report_folder
 from .text import compare_table, kernel_label, probe_lines, whatif_table
 
 CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1250px;color:#222;padding:0 1em}
@@ -66,14 +66,11 @@ def _table(df: pl.DataFrame, heads: dict[str, str] | None = None) -> str:
     return f"<table><tr>{th}</tr>{rows}</table>"
 
 
-# the figures a report may have, beside its index.html
-FIGURES = ("budget.png", "rank_phase.png", "phase_bars.png", "comm_split.png", "timeline.png", "distributions.png",
-           "per_cycle.png", "whatif.png")
-PAGE_START = b"<!doctype html><html><head><meta charset=utf-8><title>spectrace \xc2\xb7 "  # how every page begins
-
-
 def _save(fig, out: NewFolder, name: str, alt: str) -> str:
-    """Write the figure ``name`` (one of :data:`FIGURES`) into the report folder; its ``<img>``."""
+    """Write the figure ``name`` (one of :data:`~analyze.output.targets.FIGURES`) into the report folder; its
+    ``<img>``."""
+    if name not in FIGURES:  # what a report folder may hold (how an older report of ours is recognised)
+        raise ValueError(f"{name}: not one of the report's figures")
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=plots.DPI)
     out.write(name, buf.getvalue())
@@ -362,6 +359,5 @@ def _write_page(res, out: NewFolder, baseline, steps_now: int | None, extra) -> 
         f"{html.escape(d.message)}</li>" for d in res.diagnostics) + "</ul>"))
     nav = "<nav>" + "".join(f'<a href="#{s.id}">{html.escape(s.title)}</a>' for s in secs) + "</nav>"
     body = "".join(f'<section id="{s.id}"><h2>{html.escape(s.title)}</h2>{s.body}</section>' for s in secs)
-    out.write("index.html", utf8(f"<!doctype html><html><head><meta charset=utf-8><title>spectrace · "
-                                 f"{html.escape(name)}</title><style>{CSS}</style></head><body><h1>spectrace · "
-                                 f"{html.escape(name)}</h1>{nav}{body}</body></html>\n"))
+    out.write("index.html", PAGE_START + utf8(f"{html.escape(name)}</title><style>{CSS}</style></head><body><h1>"
+                                              f"spectrace · {html.escape(name)}</h1>{nav}{body}</body></html>\n"))

@@ -21,6 +21,10 @@ from ..model import InputError
 from ..read import store
 
 REPORT_MARKER = "SPECTRACE_REPORT"  # in every report folder spectrace writes: the files it wrote (JSON)
+# the figures a report may have, beside its index.html (analyze.output.html), and how every page begins
+FIGURES = ("budget.png", "rank_phase.png", "phase_bars.png", "comm_split.png", "timeline.png", "distributions.png",
+           "per_cycle.png", "whatif.png")
+PAGE_START = b"<!doctype html><html><head><meta charset=utf-8><title>spectrace \xc2\xb7 "
 REP_SUFFIXES = (".nsys-rep", ".qdrep")
 
 
@@ -66,8 +70,6 @@ def check_db(target: str | os.PathLike, inputs) -> Path:
 def _legacy_report(folder: Path) -> bool:
     """A report folder spectrace wrote before report folders had a marker: its ``index.html`` is ours and
     every other file one of the figures it writes."""
-    from .html import FIGURES, PAGE_START
-
     try:
         names = {p.name for p in folder.iterdir()}
         with open(folder / "index.html", "rb") as f:
