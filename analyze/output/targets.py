@@ -89,9 +89,3 @@ def check_report_folder(target: str | os.PathLike, inputs, force: bool = False) 
     """The checks of ``report -o DIR`` before the analysis (run again when the report is put in place)."""
     with as_input_error():
         return report_folder(target, inputs, force).check()
-
-
-def os_error(e: OSError, path: str | os.PathLike, what: str) -> InputError:
-    """A one-line error for a failed write of ``what`` to ``path``: the system's reason."""
-    err = files.os_error(e, path, what)
-    return InputError(str(err), err.code)
