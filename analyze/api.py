@@ -182,12 +182,16 @@ def whatif(reports: Reports, steps_now: int | None = None, baseline: Reports | N
 
 def report(reports: Reports, output: str | os.PathLike, baseline: Reports | None = None,
            steps_now: int | None = None, ranges: str | None = None, comm_patterns=None, *,
-           timing: Reports | None = None, unprofiled_cycles_per_s: float | None = None, **kw) -> Path:
+           timing: Reports | None = None, unprofiled_cycles_per_s: float | None = None, force: bool = False,
+           **kw) -> Path:
     """Write ``output/index.html`` (tables, figures, what-if; the comparison with ``baseline``; the probe effect
-    with a graph-level ``timing`` pass); its path."""
+    with a graph-level ``timing`` pass); its path. The folder is built beside ``output`` and put in its place
+    whole; a folder spectrace did not make is refused unless ``force`` (:func:`analyze.output.html.write_page`)."""
     from .output import html
 
     res = analyze(reports, ranges, comm_patterns, timing=timing, unprofiled_cycles_per_s=unprofiled_cycles_per_s,
                   **kw)
     base = analyze(baseline, ranges, comm_patterns, **kw) if baseline is not None else None
-    return html.write_page(res, output, baseline=base, steps_now=steps_now)
+    return html.write_page(res, output, baseline=base, steps_now=steps_now, force=force,
+                           inputs=[*_many(reports), *(_many(baseline) if baseline is not None else []),
+                                   *(_many(timing) if timing is not None else [])])

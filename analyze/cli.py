@@ -104,7 +104,8 @@ def _options(a) -> dict:
 
 def _inputs(a) -> list:
     """Every report a verb reads (``--baseline`` and ``--timing`` ones too): outputs must be none of them."""
-    return [*a.report, *([a.baseline] if getattr(a, "baseline", None) else []), *(getattr(a, "timing", None) or [])]
+    base = getattr(a, "baseline", None) or []
+    return [*a.report, *([base] if isinstance(base, str) else base), *(getattr(a, "timing", None) or [])]
 
 
 def _out(text: str) -> None:
@@ -139,14 +140,14 @@ def run_analyze(a) -> int:
     from .api import analyze
     from .compute.findings import find
     from .output import data, text
-    from .output.targets import refuse_input
+    from .output.targets import check_db
 
     if a.table is not None and a.table not in data.CSV_TABLES:
         from .model import InputError
 
         raise InputError(f"unknown table {a.table!r}; one of {', '.join(data.CSV_TABLES)}", "BAD_TABLE")
-    if a.db:  # before the analysis: a --db that is the input is refused at once
-        refuse_input(a.db, _inputs(a), "--db")
+    if a.db:  # before the analysis: a --db that may not be written is refused at once
+        check_db(a.db, _inputs(a))
     res = analyze(a.report, **_options(a), progress=False if a.quiet else None)
     if a.table is not None:  # one table, in the chosen format
         if a.format == "csv":
@@ -169,7 +170,7 @@ def run_analyze(a) -> int:
     if a.format != "table" or a.table is not None:
         _warn(res.diagnostics, a.quiet)
     if a.db:
-        data.to_db(res, a.db)
+        data.to_db(res, a.db, _inputs(a))
     return 0
 
 
@@ -188,10 +189,10 @@ def run_comm(a) -> int:
 
 def run_report(a) -> int:
     from .api import report
-    from .output.targets import refuse_input
+    from .output.targets import check_report_folder
 
-    refuse_input(a.output, _inputs(a), "-o")  # before the analysis
-    page = report(a.report, a.output, baseline=a.baseline, steps_now=a.steps_now, **_options(a))
+    check_report_folder(a.output, _inputs(a), a.force)  # before the analysis
+    page = report(a.report, a.output, baseline=a.baseline, steps_now=a.steps_now, force=a.force, **_options(a))
     print(f"spectrace: wrote {page}", file=sys.stderr)
     return 0
 
@@ -343,7 +344,12 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: F821
     p.add_argument("--baseline", metavar="OTHER", nargs="+",
                    help="another run to compare with (e.g. a no-speculation run); several exports for a "
                         "multi-node run")
-    p.add_argument("-o", "--output", metavar="DIR", required=True, help="output directory (created)")
+    p.add_argument("-o", "--output", metavar="DIR", required=True,
+                   help="output folder: built beside DIR and put in its place whole when complete; DIR may be "
+                        "new, empty or a report spectrace wrote (replaced)")
+    p.add_argument("-f", "--force", action="store_true",
+                   help="write into a folder spectrace did not make (files of the same names are replaced, its "
+                        "other files kept)")
     p.add_argument("--steps-now", type=int, metavar="N", help="draft steps of this trace (default: its manifest)")
     add_selection_args(p)
     add_steady_args(p)

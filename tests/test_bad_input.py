@@ -604,6 +604,297 @@ def make_report_o(where: Callable[[Env, Path], Path]) -> Callable[[Env], list]:
     return make
 
 
+# -- recipes: outputs written safely (issue 29, rules 1 and 2) --
+
+FAKE_NSYS = Path(__file__).parent / "data" / "fake_nsys.py"
+USERS_PAGE = "<html><body>my own page</body></html>\n"
+
+
+def out_dir(e: Env) -> Path:
+    """The report folder of these rows (outside the input folder; not made)."""
+    return e.other("out") / "rep"
+
+
+def make_report_into(prepare: Callable[[Env, Path, Path], None] | None, *opts: str) -> Callable[[Env], list]:
+    """``report INPUT -o DIR`` after ``prepare(env, input, DIR)``; what DIR holds then is kept in ``env.kept``."""
+    def make(e: Env) -> list:
+        p, d = e.copy(), out_dir(e)
+        if prepare is not None:
+            prepare(e, p, d)
+        e.kept = snapshot(d) if d.exists() else None
+        return ["report", p, "-o", d, *opts]
+    return make
+
+
+def figure_hard_link(e: Env, p: Path, d: Path) -> None:
+    d.mkdir()
+    os.link(p, d / "per_cycle.png")
+
+
+def figure_symlink(e: Env, p: Path, d: Path) -> None:
+    d.mkdir()
+    (d / "budget.png").symlink_to(p)
+
+
+def users_folder(e: Env, p: Path, d: Path) -> None:
+    d.mkdir()
+    (d / "index.html").write_text(USERS_PAGE)
+    (d / "notes.txt").write_text("my notes\n")
+
+
+def own_report(e: Env, p: Path, d: Path) -> None:
+    """An earlier report of ours, of another capture (its figures differ from this one's)."""
+    b = shutil.copy(e.pristine("tp1_baseline"), e.other("b") / "b.sqlite")
+    assert cli.main(["report", str(b), "-o", str(d)]) == 0
+
+
+def own_report_with_a_linked_figure(e: Env, p: Path, d: Path) -> None:
+    own_report(e, p, d)
+    (d / "per_cycle.png").unlink()
+    os.link(p, d / "per_cycle.png")
+
+
+def own_report_with_a_figure_not_made_now(e: Env, p: Path, d: Path) -> None:
+    """As if the earlier report had had a figure this run does not make (a rank heatmap of a TP2 capture)."""
+    own_report(e, p, d)
+    shutil.copy(d / "budget.png", d / "rank_phase.png")
+    m = d / "SPECTRACE_REPORT"
+    m.write_text(json.dumps({"by": "spectrace", "files": [*json.loads(m.read_text())["files"], "rank_phase.png"]}))
+
+
+def interrupted_figure(e: Env) -> None:
+    """Ctrl-C while the report is written (its fifth figure)."""
+    from analyze.output import plots
+
+    def interrupt(res):
+        raise KeyboardInterrupt
+    e.mp.setattr(plots, "per_cycle", interrupt)
+
+
+def make_interrupted_report(prepare) -> Callable[[Env], list]:
+    def make(e: Env) -> list:
+        argv = make_report_into(prepare)(e)
+        interrupted_figure(e)
+        return argv
+    return make
+
+
+def as_it_was(e: Env) -> None:
+    """The report folder exactly as before the run (or still absent)."""
+    d = out_dir(e)
+    assert (snapshot(d) if d.exists() else None) == e.kept
+    assert not list(d.parent.glob(".rep.*"))
+
+
+def page_is_ours(e: Env) -> None:
+    from analyze.output.targets import PAGE_START
+
+    d = out_dir(e)
+    assert (d / "index.html").read_bytes().startswith(PAGE_START)
+    listed = json.loads((d / "SPECTRACE_REPORT").read_text())["files"]
+    assert "index.html" in listed and all((d / f).read_bytes()[:4] == b"\x89PNG" for f in listed if f != "index.html")
+
+
+def check_users_folder_kept_with_force(e: Env) -> None:
+    page_is_ours(e)
+    assert (out_dir(e) / "notes.txt").read_text() == "my notes\n"
+
+
+def check_replaced_whole(e: Env) -> None:
+    page_is_ours(e)
+    assert not (out_dir(e) / "rank_phase.png").exists()
+
+
+def check_linked_figure_replaced(e: Env) -> None:
+    page_is_ours(e)
+    assert not os.path.samefile(out_dir(e) / "per_cycle.png", e.inp / f"{NODE}.sqlite")
+
+
+def check_link_kept(name: str) -> Callable[[Env], None]:
+    def check(e: Env) -> None:
+        as_it_was(e)
+        assert os.path.samefile(out_dir(e) / name, e.inp / f"{NODE}.sqlite")
+    return check
+
+
+def check_utf8_page(e: Env) -> None:
+    page = (out_dir(e) / "index.html").read_bytes().decode("utf-8")  # UTF-8, whatever the locale
+    assert "<title>spectrace · " in page and "µs" in page
+
+
+def check_odd_name_page(e: Env) -> None:
+    page = (out_dir(e) / "index.html").read_bytes().decode("utf-8")
+    assert "<title>spectrace · we ird?#%\ufffd.sqlite</title>" in page
+
+
+def proc_ascii_locale(argv, e: Env):
+    """An ASCII-only locale: no UTF-8 mode, no locale coercion, Latin-1 standard streams."""
+    return run_proc(argv, e, env={"LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0",
+                                  "PYTHONIOENCODING": "latin-1"})
+
+
+def proc_file_size_limit(argv, e: Env):
+    """Files may not grow past 20 kB (``ulimit -f``): writes fail with EFBIG, as on a full disk. (matplotlib's font
+    list is built first, without the limit: it would otherwise fail to save it, with a warning of its own.)"""
+    import resource
+
+    mpl = {"MPLCONFIGDIR": str(e.other("mpl"))}
+    subprocess.run([sys.executable, "-c", "import matplotlib.font_manager"], env={**os.environ, **mpl}, check=True)
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
+    return run_proc(argv, e, preexec_fn=limit, env=mpl)
+
+
+DOLLAR_NAMES = (r"draft $\frac{x}{$", "host $5 and $6")
+
+
+def make_dollar_names(e: Env) -> list:
+    p = sql(e.copy(), f"UPDATE StringIds SET value = '{DOLLAR_NAMES[0]}' WHERE id = 34",
+            f"UPDATE StringIds SET value = '{DOLLAR_NAMES[1]}' WHERE id = 37")
+    return ["report", p, "-o", out_dir(e)]
+
+
+def check_no_mathtext(e: Env) -> None:
+    """Every text of every figure drawn literally: no mathtext, the names as they are."""
+    from matplotlib.text import Text
+
+    from analyze import api
+    from analyze.output import plots
+
+    assert (out_dir(e) / "index.html").is_file()
+    res = api.analyze(e.inp / f"{NODE}.sqlite", store=False, cache=False)
+    shown = set()
+    for fig in (plots.phase_bars(res), plots.budget(res), plots.timeline(res), plots.distributions(res),
+                plots.per_cycle(res)):
+        fig.savefig(io.BytesIO(), format="png")  # drawn: tick labels made
+        for t in fig.findobj(Text):
+            text, math = t._preprocess_math(t.get_text())
+            if "draft" in text or "host" in text:  # (log axes' tick labels are matplotlib's own mathtext)
+                assert not math, t.get_text()
+                shown.add(text)
+    assert set(DOLLAR_NAMES) <= shown
+
+
+def make_db_at(prepare: Callable[[Env, Path, Path], None], fmt: str = "json") -> Callable[[Env], list]:
+    """``analyze INPUT --db DB`` after ``prepare(env, input, DB)``."""
+    def make(e: Env) -> list:
+        p, db = e.copy(), e.other("db") / "r.db"
+        prepare(e, p, db)
+        return ["analyze", p, "--format", fmt, "--db", db]
+    return make
+
+
+def db_wal_frames(e: Env, p: Path, db: Path) -> None:
+    """A WAL-mode database whose user table exists only in committed frames of its ``-wal`` (a writer still
+    has it open, or was killed)."""
+    sql(db, "PRAGMA journal_mode=WAL", "CREATE TABLE first (x)")
+    twin = e.other("twin") / "t.db"
+    shutil.copy(db, twin)
+    con = sqlite3.connect(twin)
+    con.execute("PRAGMA wal_autocheckpoint=0")
+    con.execute("CREATE TABLE mine (x)")
+    con.execute("INSERT INTO mine VALUES (42)")
+    con.commit()
+    shutil.copy(twin, db)
+    shutil.copy(twin.with_name("t.db-wal"), db.with_name("r.db-wal"))
+    con.close()
+
+
+def db_hot_journal(e: Env, p: Path, db: Path) -> None:
+    """A database a writer was killed in the middle of changing: pages spilled into it, and its hot journal."""
+    sql(db, "CREATE TABLE mine (x)", "INSERT INTO mine VALUES (7)")
+    twin = e.other("twin") / "t.db"
+    shutil.copy(db, twin)
+    con = sqlite3.connect(twin, isolation_level=None)
+    con.execute("PRAGMA cache_size=1")
+    con.execute("BEGIN")
+    con.execute("CREATE TABLE big (x)")
+    con.execute("INSERT INTO big SELECT randomblob(1000) FROM (WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL "
+                "SELECT i + 1 FROM c WHERE i < 2000) SELECT i FROM c)")
+    con.execute("DELETE FROM mine")
+    shutil.copy(twin, db)
+    shutil.copy(twin.with_name("t.db-journal"), db.with_name("r.db-journal"))
+    con.execute("ROLLBACK")
+    con.close()
+
+
+def db_wal_linked_to_the_input(e: Env, p: Path, db: Path) -> None:
+    sql(db, "PRAGMA journal_mode=WAL", "CREATE TABLE mine (x)")
+    os.link(p, db.with_name("r.db-wal"))
+
+
+def check_users_table(rows: list) -> Callable[[Env], None]:
+    """The user's table as it was last committed, the database sound, and the results in it."""
+    def check(e: Env) -> None:
+        con = sqlite3.connect(e.other("db") / "r.db")
+        assert con.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        assert con.execute("SELECT x FROM mine").fetchall() == rows
+        assert con.execute("SELECT COUNT(*) FROM phases").fetchone()[0] > 0
+        con.close()
+    return check
+
+
+def device(path: Path) -> Path:
+    """A character device node like /dev/null (only root can make one)."""
+    if os.geteuid() != 0:
+        pytest.skip("making a device node needs root")
+    os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    return path
+
+
+def check_still_a_device(path: Callable[[Env], Path]) -> Callable[[Env], None]:
+    def check(e: Env) -> None:
+        assert stat.S_ISCHR(path(e).stat().st_mode), f"{path(e)} was replaced"
+    return check
+
+
+def make_db_in_cache(e: Env) -> list:
+    p = cached(e)
+    return ["analyze", p, "--format", "json", "--db", cache_of(p) / "r.db"]
+
+
+def make_db_in_cache_dir(e: Env) -> list:
+    e.setenv("SPECTRACE_CACHE_DIR", str(e.other("cachedir")))
+    p = cached(e)
+    return ["analyze", p, "--format", "json", "--db", st.cache_dir_for(p) / "r.db"]
+
+
+def make_report_in_cache(e: Env) -> list:
+    p = cached(e)
+    return ["report", p, "-o", cache_of(p) / "rep"]
+
+
+def fake_nsys(e: Env, report: bool = True) -> Path:
+    """An nsys for ``spectrace trace`` (tests/data/fake_nsys.py), or one whose profile makes no report."""
+    exe = e.other("bin") / "nsys"
+    if report:
+        exe.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE_NSYS}" "$@"\n')
+    else:
+        exe.write_text('#!/bin/sh\nif [ "$1" = --version ]; then echo "NVIDIA Nsight Systems version 2025.3.1.90"; '
+                       "exit 0; fi\necho 'nsys: cannot profile' >&2\nexit 1\n")
+    exe.chmod(0o755)
+    return exe
+
+
+def manifest_of(e: Env) -> Path:
+    return e.other("cap") / "run.manifest.json"
+
+
+def make_trace(report: bool = True, prepare: Callable[[Path], None] | None = None, *opts: str) -> Callable[[Env], list]:
+    def make(e: Env) -> list:
+        exe = fake_nsys(e, report)
+        if prepare is not None:
+            prepare(manifest_of(e))
+        return ["trace", "--nsys", exe, "-o", e.other("cap") / "run", *opts, "--", sys.executable, "-c", "pass"]
+    return make
+
+
+def check_users_manifest(e: Env) -> None:
+    assert manifest_of(e).read_text() == '{"mine": true}\n'
+    assert not (e.other("cap") / "run.nsys-rep").exists()
+
+
 def make_cache_dir_under_file(e: Env) -> list:
     f = e.other("cfg") / "a_file"
     f.write_text("x")
@@ -811,6 +1102,60 @@ CASES = [
     Case("missing_range_name_string", make_edit("DELETE FROM StringIds WHERE id = 37"), rc=0,
          says="MISSING_STRINGS",
          expect=edited(f"UPDATE {NVTX} SET textId = NULL, text = '' WHERE textId = 37")),
+    # ---- issue 29: outputs written safely (rules 1, 2)
+    # (a) a figure's name in DIR that is the input: never written through
+    Case("report_o_figure_hard_link_to_the_input", make_report_into(figure_hard_link), says="did not make",
+         check=check_link_kept("per_cycle.png")),
+    Case("report_o_figure_symlink_to_the_input", make_report_into(figure_symlink), says="did not make",
+         check=check_link_kept("budget.png")),
+    Case("report_o_force_figure_hard_link_to_the_input", make_report_into(figure_hard_link, "--force"),
+         says="must not be the input", check=check_link_kept("per_cycle.png")),
+    Case("report_o_own_report_with_a_figure_linked_to_the_input", make_report_into(own_report_with_a_linked_figure),
+         rc=0, check=check_linked_figure_replaced),
+    # (b) --db through SQLite: the user's tables kept, whatever the journal or WAL holds
+    Case("db_wal_with_committed_frames", make_db_at(db_wal_frames), rc=0, expect="clean",
+         check=check_users_table([(42,)])),
+    Case("db_with_a_hot_journal", make_db_at(db_hot_journal), rc=0, expect="clean", check=check_users_table([(7,)])),
+    Case("db_wal_hard_link_to_the_input", make_db_at(db_wal_linked_to_the_input), says="must not be the input"),
+    # (c) regular files only
+    Case("db_is_a_character_device", make_db(lambda e, p: device(e.other("dev") / "r.db")), says="character device",
+         check=check_still_a_device(lambda e: e.other("dev") / "r.db")),
+    Case("db_symlink_to_a_character_device", make_db(lambda e, p: (
+        e.other("dev") / "r.db", (e.other("dev") / "r.db").symlink_to(device(e.other("dev") / "null")))[0]),
+         says="character device", check=check_still_a_device(lambda e: e.other("dev") / "null")),
+    Case("db_is_a_named_pipe", make_db(lambda e, p: (e.other("dev") / "r.db", os.mkfifo(e.other("dev") / "r.db"))[0]),
+         says="only regular files"),
+    # (d) a folder we did not make is refused; a failed or interrupted report leaves the target as it was
+    Case("report_o_onto_a_users_folder", make_report_into(users_folder), says="did not make", check=as_it_was),
+    Case("report_o_force_keeps_the_users_other_files", make_report_into(users_folder, "--force"), rc=0,
+         check=check_users_folder_kept_with_force),
+    Case("report_o_replaces_its_own_report_whole", make_report_into(own_report_with_a_figure_not_made_now), rc=0,
+         check=check_replaced_whole),
+    Case("report_o_interrupted_keeps_the_old_report", make_interrupted_report(own_report), rc=130,
+         says="interrupted", check=as_it_was),
+    Case("report_o_interrupted_leaves_no_folder", make_interrupted_report(None), rc=130, says="interrupted",
+         check=as_it_was),
+    Case("report_o_file_size_limit_keeps_the_old_report", make_report_into(own_report), says="File too large",
+         check=as_it_was, proc=proc_file_size_limit),
+    Case("report_o_in_an_ascii_locale", make_report_into(None), rc=0, check=check_utf8_page, proc=proc_ascii_locale),
+    Case("report_of_a_report_named_in_bytes_not_utf8", lambda e: ["report", e.copy(NODE, ODD), "-o", out_dir(e)],
+         rc=0, check=check_odd_name_page),
+    Case("db_of_a_report_named_in_bytes_not_utf8", lambda e: ["analyze", e.copy(NODE, ODD), "--format", "json",
+                                                              "--db", e.other("db") / "r.db"], rc=0, expect="clean"),
+    Case("report_with_dollar_range_names", make_dollar_names, rc=0, check=check_no_mathtext),
+    # (e) never inside the cache (it is deleted when rebuilt)
+    Case("db_inside_the_cache", make_db_in_cache, says="inside spectrace's cache", keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+    Case("db_inside_the_cache_not_built_yet", make_db(lambda e, p: cache_of(p) / "r.db"), says="inside spectrace's cache"),
+    Case("db_inside_a_cache_in_the_cache_dir", make_db_in_cache_dir, says="inside spectrace's cache"),
+    Case("report_o_inside_the_cache", make_report_in_cache, says="inside spectrace's cache",
+         keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+    # (f) trace: no manifest without a report, a user's manifest kept without --force
+    Case("trace_without_a_report_writes_no_manifest", make_trace(report=False), rc=1, says="no manifest written",
+         check=lambda e: not manifest_of(e).exists() or pytest.fail("a manifest of nothing")),
+    Case("trace_keeps_the_users_manifest", make_trace(True, lambda m: m.write_text('{"mine": true}\n')),
+         says="--force", check=check_users_manifest),
+    Case("trace_manifest_onto_a_device_with_force", make_trace(True, device, "--force"), says="character device",
+         check=check_still_a_device(manifest_of)),
 ]
 
 

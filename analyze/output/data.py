@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
-import shutil
 import sqlite3
-import uuid
 from pathlib import Path
+from urllib.parse import quote
 
 import polars as pl
+
+from nvtx_hooks.capture import files
 
 from ..compute import anatomy, collectives, findings, headline
 from ..compute.tokens import DEFINITION, cycles, selection, summary
 from ..model import InputError, Result
-from .targets import os_error, refuse_input
+from .targets import as_input_error, check_db, fences, inputs_of
 
 FINDING_KEYS = ("code", "severity", "phase", "rank", "every", "extra_ns", "cycles", "evidence", "action", "impact_ns",
                 "share", "rank_is")
@@ -103,52 +105,91 @@ def to_csv(res: Result, name: str = "phases") -> str:
     return buf.getvalue()
 
 
-def to_db(res: Result, path: str | Path) -> None:
-    """Write every result table into a SQLite database with sqlite-utils (tables replaced, others kept).
+def to_db(res: Result, path: str | Path, inputs=None) -> None:
+    """Write every result table into the SQLite database ``path`` (tables of the same names replaced, the
+    others kept), through SQLite itself.
 
-    Written to a temporary file beside it and renamed into place: a failed write leaves the old file as it was.
-    Never an input report (:func:`analyze.output.targets.refuse_input`); failures are one-line InputErrors.
+    The tables are made with sqlite-utils in a database in memory, then copied into the target in one
+    transaction on it (its own journal or WAL: a hot ``-journal`` is rolled back and committed ``-wal`` frames
+    are read by SQLite, as for any writer), so a failed or interrupted write leaves it as it was. A new
+    target is written under a temporary name and renamed into place. The target is a regular file or a new
+    name, never an input (``inputs``, default the result's reports) by any name, nor its SQLite sidecars, nor
+    in a cache (:func:`analyze.output.targets.check_db`); failures are one-line InputErrors.
     """
     p = Path(path)
-    refuse_input(p, res.reports or [res.trace.path], "--db")
-    dest = p.resolve() if p.is_symlink() else p
-    tmp = None
+    inputs = inputs if inputs is not None else (res.reports or [res.trace.path])
+    real = check_db(p, inputs)
+    mem = _tables_in_memory(res)
     try:
-        name = dest.with_name(f".{dest.name}.tmp-{uuid.uuid4().hex[:12]}")
-        os.close(os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))  # the umask applies, as for any file
-        tmp = name
-        if dest.exists():
-            shutil.copyfile(dest, tmp)
-            shutil.copymode(dest, tmp)
-        _write_db(res, tmp)
-        os.replace(tmp, dest)
-        tmp = None
-    except OSError as e:
-        raise os_error(e, p, "the results database") from None
-    except sqlite3.DatabaseError as e:
-        raise InputError(f"{p}: cannot write the results database into it ({e}); choose another --db file",
-                         "BAD_OUTPUT") from None
+        if real.exists():
+            _copy_tables(mem, real, p, "it is as it was")
+        else:
+            with as_input_error(), files.new_file(p, option="--db", what="the results database", inputs=inputs_of(
+                    inputs), fences=fences(p, inputs)) as tmp:
+                _copy_tables(mem, tmp, p, "nothing was written")
     finally:
-        if tmp is not None:
-            tmp.unlink(missing_ok=True)
+        mem.close()
 
 
-def _write_db(res: Result, p: Path) -> None:
+# the tables :func:`to_db` writes (and replaces)
+DB_TABLES = (*CSV_TABLES, "diagnostics", "meta")
+
+
+def _rows(rows: list[dict]) -> list[dict]:
+    """Rows SQLite can bind: strings that are not UTF-8 (a file name's bytes) with U+FFFD, as the reader does."""
+    return [{k: files.clean(v) if isinstance(v, str) else v for k, v in r.items()} for r in rows]
+
+
+def _tables_in_memory(res: Result) -> sqlite3.Connection:
+    """The result tables in a new database in memory (sqlite-utils: its column types, ``meta``'s key)."""
     import sqlite_utils
 
-    db = sqlite_utils.Database(p)
+    db = sqlite_utils.Database(sqlite3.connect(":memory:", uri=True))  # uri: ATTACH takes the target's URI
     for name in CSV_TABLES:
-        db[name].drop(ignore=True)
         rows = frame(res, name).to_dicts()
         if rows:
-            db[name].insert_all(rows, alter=True)
-    db["diagnostics"].drop(ignore=True)
+            db[name].insert_all(_rows(rows), alter=True)
     if res.diagnostics:
-        db["diagnostics"].insert_all([d.as_dict() for d in res.diagnostics])
-    db["meta"].drop(ignore=True)
+        db["diagnostics"].insert_all(_rows([d.as_dict() for d in res.diagnostics]))
     meta = {k: v for k, v in res.to_dict().items() if isinstance(v, str | int | float) or v is None}
-    db["meta"].insert_all([{"key": k, "value": str(v)} for k, v in meta.items()], pk="key")
-    db.close()
+    db["meta"].insert_all(_rows([{"key": k, "value": str(v)} for k, v in meta.items()]), pk="key")
+    db.conn.commit()
+    return db.conn
+
+
+def _copy_tables(mem: sqlite3.Connection, target: Path, shown: Path, after: str) -> None:
+    """Copy :data:`DB_TABLES` from ``mem`` into the database file ``target`` in one transaction on it."""
+    names = {n: sql for n, sql in mem.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'")}
+    uri = "file:" + quote(os.fsencode(target)) + "?mode=rw"
+    mem.isolation_level = None
+    try:
+        mem.execute("ATTACH DATABASE ? AS dest", (uri,))
+    except sqlite3.Error as e:
+        raise _db_error(e, shown, after) from None
+    try:
+        mem.execute("BEGIN IMMEDIATE")
+        try:
+            for name in DB_TABLES:
+                mem.execute(f'DROP TABLE IF EXISTS dest."{name}"')
+                sql = names.get(name) or ""
+                if sql.startswith("CREATE TABLE "):  # as sqlite-utils made it, in the target
+                    mem.execute("CREATE TABLE dest." + sql[len("CREATE TABLE "):])
+                    mem.execute(f'INSERT INTO dest."{name}" SELECT * FROM main."{name}"')
+            mem.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                mem.execute("ROLLBACK")
+            raise
+    except sqlite3.Error as e:
+        raise _db_error(e, shown, after) from None
+    finally:
+        with contextlib.suppress(sqlite3.Error):
+            mem.execute("DETACH DATABASE dest")
+
+
+def _db_error(e: sqlite3.Error, shown: Path, after: str) -> InputError:
+    return InputError(f"{shown}: cannot write the results database into it ({e}); {after}; choose another --db "
+                      "file", "BAD_OUTPUT")
 
 
 def doc_json(doc: dict) -> str:

@@ -10,17 +10,20 @@ matched or were refused.
 from __future__ import annotations
 
 import html
+import io
 from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
+
+from nvtx_hooks.capture.files import NewFolder, utf8
 
 from ..compute import anatomy, findings, headline, whatif
 from ..compute import compare as cmp
 from ..compute.tokens import DEFINITION, cycle_order, selection, summary
 from ..model import InputError
 from . import plots
-from .targets import os_error, refuse_input
+from .targets import FIGURES, PAGE_START, as_input_error, report_folder
 from .text import compare_table, kernel_label, probe_lines, whatif_table
 
 CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1250px;color:#222;padding:0 1em}
@@ -63,8 +66,14 @@ def _table(df: pl.DataFrame, heads: dict[str, str] | None = None) -> str:
     return f"<table><tr>{th}</tr>{rows}</table>"
 
 
-def _save(fig, out: Path, name: str, alt: str) -> str:
-    fig.savefig(out / name, dpi=plots.DPI)
+def _save(fig, out: NewFolder, name: str, alt: str) -> str:
+    """Write the figure ``name`` (one of :data:`~analyze.output.targets.FIGURES`) into the report folder; its
+    ``<img>``."""
+    if name not in FIGURES:  # what a report folder may hold (how an older report of ours is recognised)
+        raise ValueError(f"{name}: not one of the report's figures")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=plots.DPI)
+    out.write(name, buf.getvalue())
     return f'<img src="{name}" alt="{html.escape(alt)}">'
 
 
@@ -93,7 +102,7 @@ def _summary(res, steps_now) -> Section:
     return Section("summary", "Steady state", "".join(body))
 
 
-def _budget(res, out: Path) -> Section:
+def _budget(res, out: NewFolder) -> Section:
     b = headline.budget(res)
     if b.height == 0:
         return Section("budget", "Cycle budget", _p("No steady cycles with a period: no cycle budget."))
@@ -138,7 +147,7 @@ PHASE_COLS = ("phase", "instances", "span_mean_ns", "span_p50_ns", "span_p90_ns"
               "idle_mean_ns", "idle_p50_ns", "idle_p90_ns")
 
 
-def _phases(res, out: Path) -> Section:
+def _phases(res, out: NewFolder) -> Section:
     body = [_p("Per instance over the steady state (µs; mean unless p50/p90); span = compute + comm + idle."),
             "<h3>All ranks</h3>", _table(headline.phases_all(res).with_columns(_o=cycle_order()).sort("_o", "phase")
                                          .select("ranks", *PHASE_COLS))]
@@ -152,7 +161,7 @@ def _phases(res, out: Path) -> Section:
     return Section("phases", "Phases", "".join(body))
 
 
-def _comm(res, out: Path) -> Section | None:
+def _comm(res, out: NewFolder) -> Section | None:
     mt = headline.matching(res)
     bad = mt.filter(~pl.col("trusted"))
     refused = set(bad["phase"].to_list())
@@ -239,7 +248,7 @@ def _segments(res) -> Section | None:
                                       "period_mean_ns": "mean µs"}))
 
 
-def _seams(res, out: Path) -> Section:
+def _seams(res, out: NewFolder) -> Section:
     sa = headline.seams_all(res)
     body = [_p("GPU idle between consecutive ranges (last op of one → first op of the next), steady state, all ranks.")]
     if sa.height:
@@ -287,7 +296,7 @@ def _kernels(res) -> Section:
                              "share": "% of phase"}))
 
 
-def _whatif(res, baseline, steps_now, out: Path, model) -> Section:
+def _whatif(res, baseline, steps_now, out: NewFolder, model) -> Section:
     if isinstance(model, InputError):
         return Section("whatif", "What if: draft steps", _p(f"No what-if model: {model}"))
     return Section("whatif", "What if: draft steps", f"<pre>{html.escape(whatif_table(model))}</pre>"
@@ -309,19 +318,20 @@ def _whole_run(res) -> Section:
 
 
 def write_page(res, out: str | Path, baseline=None, steps_now: int | None = None,
-               extra: list[Section] | tuple = ()) -> Path:
+               extra: list[Section] | tuple = (), force: bool = False, inputs=None) -> Path:
     """Write ``out/index.html`` and its figures for an analysed trace (and an analysed baseline); returns the page.
-    ``extra``: more sections, placed before the whole-run tables."""
-    out = Path(out)
-    inputs = [*res.reports, *(baseline.reports if baseline is not None else [])] or [res.trace.path]
-    refuse_input(out, inputs, "-o")
-    refuse_input(out / "index.html", inputs, "-o")
-    if out.exists() and not out.is_dir():
-        raise InputError(f"{out}: not a directory", "BAD_OUTPUT")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise os_error(e, out, "the report folder") from None
+    ``extra``: more sections, placed before the whole-run tables. The folder is built beside ``out`` and put in
+    its place whole when complete (:func:`analyze.output.targets.report_folder`): ``out`` may be new, empty or
+    a report folder spectrace wrote; another folder is refused unless ``force``. ``inputs``: what must not be
+    written (default: the reports of ``res`` and ``baseline``). The page is UTF-8 whatever the locale."""
+    if inputs is None:
+        inputs = [*res.reports, *(baseline.reports if baseline is not None else [])] or [res.trace.path]
+    with as_input_error(), report_folder(out, inputs, force) as folder:
+        _write_page(res, folder, baseline, steps_now, extra)
+    return Path(out) / "index.html"
+
+
+def _write_page(res, out: NewFolder, baseline, steps_now: int | None, extra) -> None:
     name = ", ".join(Path(p).name for p in res.reports) or Path(res.trace.path).name
     try:
         model = whatif.fit(res, steps_now, baseline=baseline)
@@ -349,8 +359,5 @@ def write_page(res, out: str | Path, baseline=None, steps_now: int | None = None
         f"{html.escape(d.message)}</li>" for d in res.diagnostics) + "</ul>"))
     nav = "<nav>" + "".join(f'<a href="#{s.id}">{html.escape(s.title)}</a>' for s in secs) + "</nav>"
     body = "".join(f'<section id="{s.id}"><h2>{html.escape(s.title)}</h2>{s.body}</section>' for s in secs)
-    page = out / "index.html"
-    page.write_text(f"<!doctype html><html><head><meta charset=utf-8><title>spectrace · {html.escape(name)}</title>"
-                    f"<style>{CSS}</style></head><body><h1>spectrace · {html.escape(name)}</h1>{nav}{body}"
-                    "</body></html>\n")
-    return page
+    out.write("index.html", PAGE_START + utf8(f"{html.escape(name)}</title><style>{CSS}</style></head><body><h1>"
+                                              f"spectrace · {html.escape(name)}</h1>{nav}{body}</body></html>\n"))

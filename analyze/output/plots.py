@@ -5,7 +5,8 @@ PNG by itself) and saves nothing. Figures are made without pyplot (no backend is
 list): a notebook shows them inline, a script saves them. None is wider than :data:`MAX_WIDTH_IN` inches
 (1400 px at the report's 100 dpi) at any number of ranks: ranks go down the page (small multiples, one bar or
 lane per rank), never across it. Headline figures use the steady-state cycles
-(:mod:`analyze.compute.headline`). Colours come from :mod:`nvtx_hooks.phases` (phase colours,
+(:mod:`analyze.compute.headline`). Names from the input are shown literally (:func:`_t`: ``$`` escaped, never
+mathtext). Colours come from :mod:`nvtx_hooks.phases` (phase colours,
 ``SEAM_COLOR``, ``IDLE_COLOR``, ``COMM_COLOR``).
 """
 
@@ -25,6 +26,12 @@ from ..compute import headline
 from ..compute.tokens import base_expr, cycles
 
 WAIT_COLOR = "#f4a259"  # comm wait (a rank waiting for the others); transfer uses COMM_COLOR
+
+
+def _t(text: str) -> str:
+    """Text from the input (a range or kernel name) as matplotlib shows it literally: every ``$`` escaped, so
+    that no name is read as mathtext (``$\\frac{x}{`` would fail to draw, ``$5 and $6`` would be set as math)."""
+    return str(text).replace("$", r"\$")
 
 
 def _order(names: list[str]) -> list[str]:
@@ -82,7 +89,7 @@ def _small_multiples(p: pl.DataFrame, stacks: list[tuple[str, str, str | None, s
                 ax.plot([row[marker]], [y], marker="|", color="#111111", ms=12, mew=1.6)
         ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks], fontsize=8)
         ax.set_ylim(len(ranks) - 0.5, -0.5)
-        ax.set_title(name, fontsize=9, color=color_of(name, "#333333"))
+        ax.set_title(_t(name), fontsize=9, color=color_of(name, "#333333"))
         ax.set_xlabel(xlabel, fontsize=8)
         ax.grid(axis="x", alpha=0.3)
         ax.tick_params(axis="x", labelsize=8)
@@ -134,7 +141,7 @@ def rank_heatmap(res) -> Figure | None:
     for i in range(len(ranks)):
         for j in range(len(names)):
             ax.text(j, i, vals[i][j], ha="center", va="center", fontsize=7)
-    ax.set_xticks(range(len(names)), names, fontsize=8)
+    ax.set_xticks(range(len(names)), [_t(n) for n in names], fontsize=8)
     ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks], fontsize=8)
     ax.set_title("Median span per instance by rank (µs) and how far above the fastest rank, steady state",
                  fontsize=10)
@@ -165,11 +172,11 @@ def budget(res) -> Figure:
             hatch = None if kind in ("phase", "prefill") else ("//" if kind == "gap" else "..")
             ax.barh(y, w, 0.7, left=left, color=color, hatch=hatch, edgecolor="#555555", linewidth=0.4)
             if row["share"] >= 0.06:
-                ax.text(left + w / 2, y, f"{base_name(row['segment']) if kind == 'phase' else row['segment']}\n"
+                ax.text(left + w / 2, y, f"{_t(base_name(row['segment']) if kind == 'phase' else row['segment'])}\n"
                         f"{w:,.0f} µs · {100 * row['share']:.0f} %", ha="center", va="center", fontsize=7)
             label = (base_name(row["segment"]) if kind in ("phase", "prefill")
                      else {"gap": "between cycles"}.get(kind, "seam"))
-            seen.setdefault(label, Patch(facecolor=color, hatch=hatch, edgecolor="#555555", label=label))
+            seen.setdefault(label, Patch(facecolor=color, hatch=hatch, edgecolor="#555555", label=_t(label)))
             left += w
         ax.text(left, y, f"  {left:,.0f} µs", va="center", fontsize=8)
     ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks], fontsize=8)
@@ -210,7 +217,7 @@ def timeline(res, cycles_shown: int = 3, first: int | None = None) -> Figure:
         for name in _order(inst["range"].unique().to_list()):
             r = inst.filter((pl.col("rank") == rk) & (pl.col("range") == name))
             bars = [((a - t0) / us, (b - a) / us) for a, b in r.select("x_first", "x_last").rows()]
-            ax.broken_barh(bars, (y + 0.35, 0.5), facecolors=color_of(name), edgecolor="none", label=name)
+            ax.broken_barh(bars, (y + 0.35, 0.5), facecolors=color_of(name), edgecolor="none", label=_t(name))
         s = seams.filter(pl.col("rank") == rk)
         ax.broken_barh([((a - t0) / us, (b - a) / us) for a, b in s.select("a", "b").rows()], (y + 0.35, 0.5),
                        facecolors=SEAM_COLOR, hatch="..", edgecolor="#888888", linewidth=0, label="seam")
@@ -246,7 +253,7 @@ def distributions(res) -> Figure:
         bp = a1.boxplot(data, patch_artist=True, showfliers=True, flierprops={"markersize": 3})
         for patch, n in zip(bp["boxes"], names):
             patch.set_facecolor(color_of(n))
-        a1.set_xticks(range(1, len(names) + 1), names, rotation=20, fontsize=8)
+        a1.set_xticks(range(1, len(names) + 1), [_t(n) for n in names], rotation=20, fontsize=8)
     a1.set_yscale("symlog", linthresh=1)
     a1.set_ylim(0, 1.8 * max([max(d, default=0) for d in data], default=1) + 1)
     a1.set_ylabel("µs idle inside one instance (symlog)")
@@ -261,7 +268,7 @@ def distributions(res) -> Figure:
                         patch_artist=True, flierprops={"markersize": 3})
         for patch in bp["boxes"]:
             patch.set_facecolor(SEAM_COLOR)
-        a2.set_yticks(range(1, len(trs) + 1), trs, fontsize=8)
+        a2.set_yticks(range(1, len(trs) + 1), [_t(t) for t in trs], fontsize=8)
         a2.invert_yaxis()
     a2.set_xscale("symlog", linthresh=1)
     a2.set_xlim(0, 1.8 * float(s["idle_ns"].max() or 0) / 1e3 + 1 if s.height else 10)
@@ -281,7 +288,7 @@ def per_cycle(res) -> Figure:
             .group_by("n", "range").agg(pl.col("x_span_ns").mean()).sort("n"))
     for name in _order(kids["range"].unique().to_list()):
         k = kids.filter(pl.col("range") == name)
-        a1.plot(k["n"], k["x_span_ns"] / 1e3, color=color_of(name), lw=1.4, marker=".", ms=3, label=name)
+        a1.plot(k["n"], k["x_span_ns"] / 1e3, color=color_of(name), lw=1.4, marker=".", ms=3, label=_t(name))
     a1.set_ylabel("µs GPU span (mean over ranks)")
     a1.set_title("Per-cycle phase time over the run (warm-up, stalls, drift; log scale)", fontsize=10)
     a1.grid(alpha=0.3, which="both")

@@ -1,40 +1,91 @@
-"""Where results may be written: never into an input (the same file by any name, hard links included, its
-SQLite ``-wal``/``-journal``/``-shm``, or inside an input folder)."""
+"""Where results may be written: the analysis side of :mod:`nvtx_hooks.capture.files` (every output file new,
+written under a temporary name and renamed into place, regular files only, never an input by any name).
+
+Here the inputs are the reports a verb reads (an ``.nsys-rep``'s export beside it included) and the fences
+are spectrace's caches: those of the inputs (wherever :func:`analyze.read.store.cache_dir_for` puts them,
+even before they exist) and any cache folder above the target, since a cache is deleted when it is
+rebuilt. Errors are one-line :class:`~analyze.model.InputError`.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
+from nvtx_hooks.capture import files
+from nvtx_hooks.capture.files import NewFolder, OutputError
+
 from ..model import InputError
-from ..read.sqlite import sidecar
+from ..read import store
+
+REPORT_MARKER = "SPECTRACE_REPORT"  # in every report folder spectrace writes: the files it wrote (JSON)
+# the figures a report may have, beside its index.html (analyze.output.html), and how every page begins
+FIGURES = ("budget.png", "rank_phase.png", "phase_bars.png", "comm_split.png", "timeline.png", "distributions.png",
+           "per_cycle.png", "whatif.png")
+PAGE_START = b"<!doctype html><html><head><meta charset=utf-8><title>spectrace \xc2\xb7 "
+REP_SUFFIXES = (".nsys-rep", ".qdrep")
 
 
-def _same(a: Path, b: Path) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return a.resolve() == b.resolve()
-
-
-def refuse_input(target: str | os.PathLike, inputs, option: str) -> None:
-    """Raise a one-line :class:`InputError` if writing ``target`` could write into one of ``inputs``."""
-    t = Path(target)
+def inputs_of(inputs) -> list[Path]:
+    """The paths never written: each input, and the export beside an ``.nsys-rep`` (what is analysed)."""
     paths = [Path(i) for i in inputs if isinstance(i, str | os.PathLike)]
-    paths += [q.with_suffix(".sqlite") for q in paths if q.suffix in (".nsys-rep", ".qdrep")]  # what is analysed
-    for src in paths:
-        if not src.exists():
-            continue
-        inside = src.is_dir() and (t.resolve() == src.resolve() or src.resolve() in t.resolve().parents)
-        side = [sidecar(src, s) for s in ("-wal", "-journal", "-shm")]
-        if inside or (t.exists() and _same(t, src)) or any(t.resolve() == s.resolve() for s in side):
-            raise InputError(f"{t}: {option} must not be the input report {src} or in it (spectrace never writes "
-                             "to its input)", "OUTPUT_IS_INPUT")
+    return paths + [q.with_suffix(".sqlite") for q in paths if q.suffix in REP_SUFFIXES]
 
 
-def os_error(e: OSError, path: str | os.PathLike, what: str) -> InputError:
-    """A one-line error for a failed write of ``what`` to ``path``: the system's reason."""
-    why = e.strerror or str(e)
-    if isinstance(e, FileNotFoundError) and not Path(path).parent.is_dir():
-        why = f"no folder {Path(path).parent}"
-    return InputError(f"{path}: cannot write {what} ({why})", "BAD_OUTPUT")
+def fences(target: str | os.PathLike, inputs) -> list[Path]:
+    """Folders no output may be inside: the inputs' caches, and every spectrace cache folder above ``target``."""
+    out = []
+    for p in inputs_of(inputs):
+        with contextlib.suppress(OSError, RuntimeError, ValueError, InputError):
+            out.append(store.cache_dir_for(p))
+    real = Path(os.path.realpath(target))
+    out += [a for a in (real, *real.parents) if a.name.endswith(store.SUFFIX) and store.is_cache(a)]
+    return out
+
+
+@contextlib.contextmanager
+def as_input_error() -> Iterator[None]:
+    """:class:`OutputError` raised inside, as the one-line :class:`InputError` of the analysis verbs."""
+    try:
+        yield
+    except OutputError as e:
+        raise InputError(str(e), e.code) from None
+
+
+def check_file(target: str | os.PathLike, inputs, option: str, **kw) -> Path:
+    """The real path an output file ``target`` is written to, after :func:`nvtx_hooks.capture.files.check_file`
+    (``kw``: ``replace``, ``sqlite``); a one-line InputError otherwise."""
+    with as_input_error():
+        return files.check_file(target, option=option, inputs=inputs_of(inputs), fences=fences(target, inputs), **kw)
+
+
+def check_db(target: str | os.PathLike, inputs) -> Path:
+    """``--db``: a new file or an existing regular file (written in place through SQLite), never an input, its
+    SQLite sidecars or in a cache."""
+    return check_file(target, inputs, "--db", replace=True, sqlite=True)
+
+
+def _legacy_report(folder: Path) -> bool:
+    """A report folder spectrace wrote before report folders had a marker: its ``index.html`` is ours and
+    every other file one of the figures it writes."""
+    try:
+        names = {p.name for p in folder.iterdir()}
+        with open(folder / "index.html", "rb") as f:
+            head = f.read(len(PAGE_START))
+    except OSError:
+        return False
+    return head == PAGE_START and names <= {"index.html", *FIGURES}
+
+
+def report_folder(target: str | os.PathLike, inputs, force: bool = False) -> NewFolder:
+    """``report -o DIR``: the folder built beside ``DIR`` and put in its place whole (see :class:`NewFolder`)."""
+    return NewFolder(target, option="-o", marker=REPORT_MARKER, inputs=inputs_of(inputs),
+                     fences=fences(target, inputs), force=force, legacy=_legacy_report)
+
+
+def check_report_folder(target: str | os.PathLike, inputs, force: bool = False) -> Path:
+    """The checks of ``report -o DIR`` before the analysis (run again when the report is put in place)."""
+    with as_input_error():
+        return report_folder(target, inputs, force).check()

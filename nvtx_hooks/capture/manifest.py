@@ -148,7 +148,16 @@ def build(*, name: str, command: list[str], nsys_path: str, nsys_version: str | 
     }
 
 
-def write(path: Path, record: dict) -> Path:
-    """Write the manifest as indented JSON; returns its path."""
-    path.write_text(json.dumps(record, indent=2) + "\n")
+def write(path: Path, record: dict, replace: bool = False) -> Path:
+    """Write the manifest as indented JSON (UTF-8), a new file (:func:`nvtx_hooks.capture.files.write_new`: a
+    temporary name renamed into place, a regular file); an existing one is replaced only with ``replace``
+    (``--force``); returns its path. CaptureError when it cannot be written."""
+    from . import CaptureError
+    from .files import OutputError, utf8, write_new
+
+    try:
+        write_new(path, utf8(json.dumps(record, indent=2) + "\n"), option="the manifest", what="the manifest",
+                  replace=replace)
+    except OutputError as e:
+        raise CaptureError(str(e)) from None
     return path

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from . import CaptureError, complete
 from . import manifest as mf
+from .files import OutputError, check_file
 
 MIN_NSYS = (2024, 2)  # DIAGNOSTIC_EVENT, GRAPH_TRACE and CUDA_GRAPH_NODE_EVENTS exist from here on
 STATS_REPORTS = ("nvtx_gpu_proj_sum", "nvtx_sum")
@@ -273,10 +274,16 @@ def _env_line(added: dict[str, str]) -> str:
 
 
 def _refuse_existing(paths: list[Path], force: bool) -> None:
-    """A CaptureError naming the outputs that exist already, unless ``force``."""
-    existing = [str(p) for p in paths if p.exists()]
+    """A CaptureError naming the outputs that exist already (a user's own manifest too), unless ``force``; and,
+    before anything runs, one if the manifest (the last path) could not be written where it is
+    (:func:`nvtx_hooks.capture.files.check_file`: a device, a pipe, a folder)."""
+    existing = [str(p) for p in paths if p.exists() or p.is_symlink()]
     if existing and not force:
         raise CaptureError(f"{', '.join(existing)} exists: pass --force to overwrite")
+    try:
+        check_file(paths[-1], option="the manifest", replace=force)
+    except OutputError as e:
+        raise CaptureError(str(e)) from None
 
 
 def _begin(base: Path, added: dict[str, str], shown: str) -> tuple[dict[str, str], str, float]:
@@ -301,7 +308,7 @@ def _capture(a: argparse.Namespace, nsys: str, base: Path, added: dict[str, str]
             print(shlex.join(cmds["stats"]))
         return 0
     files = outputs(base, a.stats)
-    _refuse_existing([files["report"], files["sqlite"]], a.force)
+    _refuse_existing([files["report"], files["sqlite"], files["manifest"]], a.force)
     version = nsys_version(nsys)
     env, started, t0 = _begin(base, added, shlex.join(cmds["profile"]))
     records: list[dict] = []
@@ -320,13 +327,13 @@ def _capture(a: argparse.Namespace, nsys: str, base: Path, added: dict[str, str]
     rec["exported"] = exported
     rec["program_output"] = records
     rec.update(extra or {})
+    if not files["report"].exists():  # nothing captured: no manifest either (it would describe nothing)
+        print(f"spectrace: nsys wrote no report {files['report']} (exit {rc}); no manifest written", file=sys.stderr)
+        return rc or 1
     ranks = _check(files["sqlite"]) if exported else None
     if ranks is not None:
         rec["ranks"] = [dataclasses.asdict(r) for r in ranks]
-    mf.write(files["manifest"], rec)
-    if not files["report"].exists():
-        print(f"spectrace: nsys wrote no report {files['report']} (exit {rc})", file=sys.stderr)
-        return rc or 1
+    mf.write(files["manifest"], rec, replace=a.force)
     print(f"spectrace: wrote {files['sqlite'] if exported else files['report']} and {files['manifest']}",
           file=sys.stderr)
     if interrupted:
@@ -354,7 +361,7 @@ def _plain(a: argparse.Namespace, base: Path, added: dict[str, str], names: dict
                    env_added=added, env=env, started=started, ended=mf.utc_now(), wall_s=time.monotonic() - t0,
                    exit_code=rc, interrupted=interrupted, outputs=[])
     rec.update(nsys=None, program_output=records, **{"pass": "plain", "passes": names})
-    mf.write(manifest, rec)
+    mf.write(manifest, rec, replace=a.force)
     print(f"spectrace: wrote {manifest} ({len(records)} JSON line(s) of the program's output)", file=sys.stderr)
     return 130 if interrupted else rc
 

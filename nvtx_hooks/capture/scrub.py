@@ -16,6 +16,8 @@ import sqlite3
 import sys
 from pathlib import Path
 
+from .files import OutputError, new_file
+
 BLANK = ""
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 # Tables whose pid columns name the profiled processes.
@@ -100,16 +102,24 @@ def _is_env_blob(v: str) -> bool:
 
 
 def scrub(src: str | Path, dst: str | Path, *, force: bool = False) -> dict:
-    """Write a scrubbed copy of export ``src`` to ``dst``; returns counts of what was removed."""
+    """Write a scrubbed copy of export ``src`` to ``dst``; returns counts of what was removed.
+
+    ``dst`` is a new file (:func:`nvtx_hooks.capture.files.new_file`: written under a temporary name and renamed
+    into place when complete, never the input by any name, a regular file); an existing one is replaced only
+    with ``force`` (else FileExistsError); ValueError when it may not be written."""
     src, dst = Path(src), Path(dst)
     if not src.is_file():
         raise FileNotFoundError(src)
-    if dst.resolve() == src.resolve():
-        raise ValueError("scrub writes a new file: the output must differ from the input")
-    if dst.exists():
-        if not force:
-            raise FileExistsError(dst)
-        dst.unlink()
+    try:
+        with new_file(dst, option="the output", what="the scrubbed copy", inputs=[src], replace=force) as tmp:
+            return _scrub(src, tmp)
+    except OutputError as e:
+        if e.code == "EXISTS":
+            raise FileExistsError(dst) from None
+        raise ValueError(f"scrub writes a new file: {e}") from None
+
+
+def _scrub(src: Path, dst: Path) -> dict:
     inp = sqlite3.connect(f"file:{src}?mode=ro", uri=True)
     out = sqlite3.connect(dst)
     inp.backup(out)
