@@ -468,7 +468,7 @@ def make_stale_build(e: Env) -> list:
 
 # -- recipes: the cache knows what it caches (issue 29, rule 3) --
 
-LONG = "x" * 239 + ".sqlite"  # a report name of 246 characters: "<name>.spectrace" would not fit in a file name
+LONG = "x" * 239 + ".sqlite"  # a name of 246 characters: "<name>.spectrace" would not fit in a file name
 
 
 def smash_early(p: Path) -> None:
@@ -483,7 +483,8 @@ def smash_early(p: Path) -> None:
 
 def make_cached_from_its_folder(other: str | None, damage: bool = True) -> Callable[[Env], list]:
     """A cache built from the report's own folder (a relative path), then a run from another folder through a
-    relative path (``../in/...``); there, a file of the same name holds ``other`` (another capture; None: nothing)."""
+    relative path (``../in/...``); there, a file of the same name holds ``other`` (another capture; None:
+    nothing)."""
     def make(e: Env) -> list:
         p = e.copy()
         e.mp.chdir(e.inp)
@@ -687,8 +688,8 @@ def make_disk_full(e: Env) -> list:
     def full(self, file, *a, **k):
         if "/ops/" in str(file):
             Path(file).write_bytes(b"PAR1" + b"\0" * 100)
-            raise pl.exceptions.ComputeError("parquet: File out of specification: underlying IO error: No space left "
-                                             "on device (os error 28)")
+            raise pl.exceptions.ComputeError("parquet: File out of specification: underlying IO error: No space "
+                                             "left on device (os error 28)")
         return write(self, file, *a, **k)
 
     e.mp.setattr(pl.DataFrame, "write_parquet", full)
@@ -1049,8 +1050,8 @@ CASES = [
          expect=edited(f"UPDATE {NVTX} SET textId = NULL, text = '' WHERE textId = 37")),
     # ---- issue 29: the cache knows what it caches (rule 3)
     # The report's path: absolute in the cache, the one the user gave in the analysis (and its manifest).
-    Case("cache_rebuilt_from_another_folder_reads_the_same_report", make_cached_from_its_folder("tp1_baseline"), rc=0,
-         expect="clean", later="clean", keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+    Case("cache_rebuilt_from_another_folder_reads_the_same_report", make_cached_from_its_folder("tp1_baseline"),
+         rc=0, expect="clean", later="clean", keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
     Case("cache_rebuilt_from_another_folder_without_a_namesake", make_cached_from_its_folder(None), rc=0,
          expect="clean", later="clean", keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
     Case("cache_gives_the_json_of_the_export_manifest_included", make_manifest_beside, rc=0, expect="clean",
@@ -1069,16 +1070,16 @@ CASES = [
     Case("report_name_of_246_characters_cached", lambda e: ["analyze", e.copy(NODE, LONG), "--format", "json",
                                                             "--cache"], rc=0, expect="clean", later="clean",
          check=check_long_name_cache),
-    Case("cache_dir_inside_the_input_parquetdir", make_cache_dir_in_the_parquetdir, rc=0, says="CACHE_NOT_WRITTEN",
-         expect=lambda e: e.inp / "n_pqtdir", check=check_parquetdir_unchanged),
+    Case("cache_dir_inside_the_input_parquetdir", make_cache_dir_in_the_parquetdir, rc=0,
+         says="CACHE_NOT_WRITTEN", expect=lambda e: e.inp / "n_pqtdir", check=check_parquetdir_unchanged),
     Case("empty_home", make_empty_home, rc=0, says="HOME is empty", expect="clean", proc=proc_as_nobody),
     Case("cache_dir_not_utf8", make_cache_dir_not_utf8, rc=0, says="not valid UTF-8", expect="clean",
          check=check_nothing_in_the_not_utf8_dir),
     # A cache that cannot be written is skipped with one line (nothing left behind): read-only, full, too large.
-    Case("read_only_stale_cache_is_replaced", make_read_only_stale_cache, rc=0, expect="clean", proc=proc_as_nobody,
-         keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
-    Case("stale_cache_of_another_user_is_skipped", make_stale_cache_of_another_user, rc=0, says="CACHE_NOT_WRITTEN",
-         expect="clean", proc=proc_as_nobody, keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+    Case("read_only_stale_cache_is_replaced", make_read_only_stale_cache, rc=0, expect="clean",
+         proc=proc_as_nobody, keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+    Case("stale_cache_of_another_user_is_skipped", make_stale_cache_of_another_user, rc=0,
+         says="CACHE_NOT_WRITTEN", expect="clean", proc=proc_as_nobody, keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
     Case("cache_build_over_the_file_size_limit", make_plain("analyze", "--cache", "--format", "json"), rc=0,
          says="File too large", expect="clean", proc=proc_file_size_limit),
     Case("store_no_cache_over_the_file_size_limit", make_plain("analyze", "--store", "--no-cache"),

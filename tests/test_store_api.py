@@ -219,8 +219,8 @@ def test_too_many_early_calls_get_their_own_pass(tmp_path, monkeypatch):
 
 
 def test_key_hashes_a_few_blocks_of_each_file_and_sees_a_changed_page(tmp_path, monkeypatch):
-    """The key's content hash reads 8 blocks whatever the file's size (no hash of a whole GB file), and changes with
-    the header, the last page or a sampled block, not with the size and mtime alone."""
+    """The key's content hash reads 8 blocks whatever the file's size (no hash of a whole GB file), and changes
+    with the header, the last page or a sampled block, not with the size and mtime alone."""
     import os
 
     from analyze.read import store as cache
@@ -282,5 +282,6 @@ def test_the_trace_path_is_the_one_given(tmp_path, monkeypatch):
     s = open_store("r.sqlite")
     assert s.meta["report"] == str(p) and s.meta["key"]["path"] == str(p)
     assert s.head().path == "r.sqlite" and cache.existing_store("./r.sqlite").head().path == "r.sqlite"
-    assert analyze("r.sqlite", cache=True).trace.path == analyze("r.sqlite", store=False).trace.path == "r.sqlite"
+    assert analyze("r.sqlite", cache=True).trace.path == "r.sqlite"
+    assert analyze("r.sqlite", store=False).trace.path == "r.sqlite"
     assert cache.Store(s.root).head().path == str(p)  # opened by itself: the path it was built from

@@ -140,7 +140,7 @@ def open_source(report, store: bool | None = None, cache: bool | None = None, pr
 
 
 def _without_cache(report, progress: bool | None):
-    """A temporary store, or memory when that cannot be written either (the same disk is full, a file-size limit)."""
+    """A temporary store, or memory when that cannot be written either (the same disk full, a file-size limit)."""
     try:
         s, tmp = st.temporary_store(report, progress)
     except st.CacheWriteError:

@@ -18,7 +18,7 @@ capture window opens there; the early calls come with the API pieces, or in a pa
 
 Memory stays bounded while building: batches are buffered per process and flushed to parquet
 every ~2 M rows. ``meta.json`` records the key (:func:`fingerprint`) — spectrace's cache format version,
-the report's absolute resolved path, and of each of its files (every file of a directory; a SQLite file's
+the report's absolute resolved path, and of each of its files (the table files of a directory; a SQLite file's
 ``-wal`` too) the size, mtime, inode, ctime and a hash of 8 blocks of its content (its first and last 64 KiB:
 SQLite's header with its change counter and page count, the first and last pages; a parquet file's footer) —
 a build id, and every parquet file with its row count, size, a CRC-32 of its last 64 KiB (the parquet
@@ -84,6 +84,7 @@ from .export import (
     open_reader,
     read_meta,
 )
+from .exportdir import _tables
 from .sqlite import check_file, sidecar
 
 CACHE_VERSION = 8  # 2: ranges have ``range_id`` and ``range``; 3: marks.parquet; 4: marker, files listed, checks;
@@ -118,9 +119,10 @@ class CacheError(InputError):
 
 
 class CacheWriteError(InputError):
-    """A cache (or a temporary store) that cannot be written: a permission, a full disk, a file-size limit, a stale
-    cache of another user, no valid place for it (an environment variable that is not valid), a place inside the
-    input. Not a fault of the input: the analysis goes on without the cache. ``reason``: the cause alone."""
+    """A cache (or a temporary store) that cannot be written: a permission, a full disk, a file-size limit, a
+    stale cache of another user, no valid place for it (an environment variable that is not valid), a place
+    inside the input. Not a fault of the input: the analysis goes on without the cache. ``reason``: the cause
+    alone."""
 
     def __init__(self, message: str, code: str = "CACHE_WRITE", reason: str | None = None):
         super().__init__(message, code)
@@ -128,17 +130,18 @@ class CacheWriteError(InputError):
 
 
 def fingerprint(report: str | os.PathLike) -> dict:
-    """What the cache is keyed by: the format version, the report's absolute resolved path, and of each of its files
-    (every file of a directory; a SQLite file and its ``-wal``) ``[name, size, mtime, inode, ctime, content]``
-    (:func:`_file_key`; :func:`_content`: a hash of 8 blocks). A copy of another capture over the report, even of the same size and
-    mtime, changes its ctime (and inode when renamed into place) and, unless it has the same first, last and
-    sampled bytes, its content hash."""
+    """What the cache is keyed by: the format version, the report's absolute resolved path, and of each of its
+    files (a directory's table files; a SQLite file and its ``-wal``) ``[name, size, mtime, inode, ctime,
+    content]`` (:func:`_file_key`; :func:`_content`: a hash of 8 blocks). A copy of another capture over the
+    report, even of the same size and mtime, changes its ctime (and inode when renamed into place) and, unless
+    it has the same first, last and sampled bytes, its content hash."""
     if not Path(report).is_dir():
         check_file(report)  # one line for a missing, unreadable, non-regular or non-SQLite file
     p = Path(report).resolve()
     try:
-        if p.is_dir():
-            files = [_file_key(f) for f in sorted(p.iterdir()) if f.is_file()]
+        if p.is_dir():  # the table files the export is read from (every file when there are none)
+            tables = sorted(_tables(p).values())
+            files = [_file_key(f) for f in tables or sorted(p.iterdir()) if f.is_file()]
         else:
             files = [_file_key(p)]
             with contextlib.suppress(FileNotFoundError):
@@ -168,7 +171,8 @@ def _content(f: Path) -> str:
         if size <= 2 * EDGE + BLOCKS * BLOCK:
             spots = [(0, size)]
         else:
-            spots = [(0, EDGE), *((size * i // (BLOCKS + 1), BLOCK) for i in range(1, BLOCKS + 1)), (size - EDGE, EDGE)]
+            between = [(size * i // (BLOCKS + 1), BLOCK) for i in range(1, BLOCKS + 1)]
+            spots = [(0, EDGE), *between, (size - EDGE, EDGE)]
         for at, n in spots:
             h.update(os.pread(fd, n, at))
     finally:
@@ -192,15 +196,16 @@ def cache_dir_for(report: str | os.PathLike) -> Path:
 
 
 def user_cache_base() -> Path:
-    """``$SPECTRACE_CACHE_DIR``, else ``$XDG_CACHE_HOME/spectrace``, else ``$HOME/.cache/spectrace``, the variables
-    checked: an empty one is unset; XDG_CACHE_HOME is ignored when relative (the XDG spec) or not UTF-8; a
-    SPECTRACE_CACHE_DIR that is not UTF-8 (polars writes only UTF-8 paths), or a HOME that is empty, relative or
-    not UTF-8 (never ``/.cache``), is no place: a :class:`CacheWriteError` (the cache is skipped)."""
+    """``$SPECTRACE_CACHE_DIR``, else ``$XDG_CACHE_HOME/spectrace``, else ``$HOME/.cache/spectrace``, the
+    variables checked: an empty one is unset; XDG_CACHE_HOME is ignored when relative (the XDG spec) or not UTF-8;
+    a SPECTRACE_CACHE_DIR that is not UTF-8 (polars writes only UTF-8 paths), or a HOME that is empty, relative
+    or not UTF-8 (never ``/.cache``), is no place: a :class:`CacheWriteError` (the cache is skipped)."""
     env = os.environ.get("SPECTRACE_CACHE_DIR") or ""
     if env:
         if not _utf8(env):
-            raise CacheWriteError(f"SPECTRACE_CACHE_DIR={ascii(os.fsencode(env))[2:-1]}: not valid UTF-8, no cache written there; "
-                                  "set it to a UTF-8 path")
+            shown = ascii(os.fsencode(env))[2:-1]
+            raise CacheWriteError(f"SPECTRACE_CACHE_DIR={shown}: not valid UTF-8, no cache written there; set "
+                                  "it to a UTF-8 path")
         return Path(env).absolute()
     xdg = os.environ.get("XDG_CACHE_HOME") or ""
     if os.path.isabs(xdg) and _utf8(xdg):
@@ -214,8 +219,8 @@ def user_cache_base() -> Path:
             home = ""
     if not (os.path.isabs(home) and _utf8(home)):
         what = "empty" if not home else "not an absolute path" if not os.path.isabs(home) else "not valid UTF-8"
-        raise CacheWriteError(f"no folder for the cache: HOME is {what}; set SPECTRACE_CACHE_DIR (or XDG_CACHE_HOME) "
-                              "to a writable folder")
+        raise CacheWriteError(f"no folder for the cache: HOME is {what}; set SPECTRACE_CACHE_DIR (or "
+                              "XDG_CACHE_HOME) to a writable folder")
     return Path(home) / ".cache" / "spectrace"
 
 
@@ -310,7 +315,7 @@ def _write(path: Path, fn) -> None:
 
 
 def _reason(e: BaseException) -> str:
-    """An OS error's reason (also inside polars' messages: ``... (os error 28)``), else the message on one line."""
+    """An OS error's reason (also inside polars' messages: ``(os error 28)``), else the message on one line."""
     if isinstance(e, OSError) and e.strerror:
         return e.strerror
     m = re.search(r"\(os error (\d+)\)", str(e))
@@ -431,9 +436,12 @@ class Store:
     not a temporary store. ``report``: the report's path as the caller gave it (the trace's ``path``; default: the
     absolute path the cache was built from). ``meta``: its meta.json, when already read (and verified)."""
 
-    def __init__(self, root: Path, kept: bool = True, report: str | os.PathLike | None = None, meta: dict | None = None):
+    def __init__(self, root: Path, kept: bool = True, report: str | os.PathLike | None = None,
+                 meta: dict | None = None):
         self.root, self.kept, self.report, self.meta = root, kept, report, {}
-        self.meta = meta if meta is not None else self.reading(lambda: json.loads((root / "meta.json").read_text()))
+        if meta is None:
+            meta = self.reading(lambda: json.loads((root / "meta.json").read_text()))
+        self.meta = meta
 
     def reading(self, fn):
         """``fn()``; any failure to read the cache's files becomes a :class:`CacheError` naming the folder."""
@@ -539,7 +547,7 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
     A write that fails is a :class:`CacheWriteError`; a read that fails, the reader's one-line error."""
     if not _utf8(str(dest)):
         why = "not a UTF-8 path: polars writes only those"
-        raise CacheWriteError(f"{ascii(os.fsencode(dest))[2:-1]}: cannot write it ({why})", "CACHE_WRITE", reason=why)
+        raise CacheWriteError(f"{ascii(os.fsencode(dest))[2:-1]}: cannot write it ({why})", reason=why)
     r = open_reader(report)
     try:
         m = read_meta(r)
@@ -872,8 +880,8 @@ def _removable(root: Path) -> bool:
 
 @contextlib.contextmanager
 def _locked(folder: Path):
-    """An exclusive lock, between spectrace processes, on installing, replacing and removing the caches of ``folder``:
-    ``flock`` on the folder itself (nothing is created; where locks are not supported, none)."""
+    """An exclusive lock, between spectrace processes, on installing, replacing and removing the caches of
+    ``folder``: ``flock`` on the folder itself (nothing is created; where locks are not supported, none)."""
     try:
         import fcntl
 
@@ -948,8 +956,8 @@ def remove_stale(root: Path) -> None:
 
 
 def _write_error(reason, where: Path) -> CacheWriteError:
-    return CacheWriteError(f"{where}: cannot write the cache ({reason}); set SPECTRACE_CACHE_DIR to a writable folder "
-                           "to keep one", "CACHE_WRITE", reason=str(reason))
+    return CacheWriteError(f"{where}: cannot write the cache ({reason}); set SPECTRACE_CACHE_DIR to a writable "
+                           "folder to keep one", "CACHE_WRITE", reason=str(reason))
 
 
 def _outside_input(root: Path, report: Path) -> None:
@@ -992,10 +1000,10 @@ def open_store(report: str | os.PathLike, progress: bool | None = None, cache_di
                broken: str | None = None) -> Store:
     """The cache of ``report``: reused when it verifies (:func:`problem`), else (re)built atomically, once.
 
-    ``broken``: the build id of a cache whose files could not be read: that build is replaced, but a cache another
-    process installed since is used. A folder in the way that is not a spectrace cache is never touched: a one-line
-    error. A cache that cannot be written there (or not replaced: another user's) is a :class:`CacheWriteError`,
-    with nothing left behind.
+    ``broken``: the build id of a cache whose files could not be read: that build is replaced, but a cache
+    another process installed since is used. A folder in the way that is not a spectrace cache is never touched:
+    a one-line error. A cache that cannot be written there (or not replaced: another user's) is a
+    :class:`CacheWriteError`, with nothing left behind.
     """
     p = Path(report)
     key = fingerprint(p)
@@ -1059,8 +1067,8 @@ def temporary_store(report: str | os.PathLike, progress: bool | None = None) -> 
     try:
         tmp = Path(tempfile.mkdtemp(prefix="spectrace-"))
     except OSError as e:
-        raise CacheWriteError(f"{tempfile.gettempdir()}: cannot create a temporary folder ({e.strerror}); set TMPDIR "
-                              "to a writable folder", "TMP_WRITE", reason=e.strerror) from None
+        raise CacheWriteError(f"{tempfile.gettempdir()}: cannot create a temporary folder ({e.strerror}); set "
+                              "TMPDIR to a writable folder", "TMP_WRITE", reason=e.strerror) from None
     try:
         try:
             build(report, tmp / "c", progress)
