@@ -35,6 +35,7 @@ from paths import EXTERNAL, PROBE, need
 from synth import Synth
 
 from analyze import cli
+from analyze.model import InputError
 from analyze.read import store as st
 from nvtx_hooks.capture import samples
 
@@ -463,6 +464,241 @@ def make_stale_build(e: Env) -> list:
     (d / "ops" / "1" / "00000-00000.parquet").write_bytes(b"PAR1" * 1000)
     (d / st.MARKER).write_text(json.dumps({"host": os.uname().nodename, "pid": dead.pid}))
     return ["analyze", p, "--cache", "--format", "json"]
+
+
+# -- recipes: the cache knows what it caches (issue 29, rule 3) --
+
+LONG = "x" * 239 + ".sqlite"  # a name of 246 characters: "<name>.spectrace" would not fit in a file name
+
+
+def smash_early(p: Path) -> None:
+    """Overwrite bytes near the start of the largest ops file of ``p``'s cache (data pages, far from the last
+    64 KiB every open checks): the cache verifies when opened and fails when its rows are read (rebuilt)."""
+    f = max((cache_of(p) / "ops").rglob("*.parquet"), key=lambda q: q.stat().st_size)
+    data = bytearray(f.read_bytes())
+    assert len(data) > st.TAIL + 1400
+    data[1000:1400] = b"\xa5" * 400
+    f.write_bytes(bytes(data))
+
+
+def make_cached_from_its_folder(other: str | None, damage: bool = True) -> Callable[[Env], list]:
+    """A cache built from the report's own folder (a relative path), then a run from another folder through a
+    relative path (``../in/...``); there, a file of the same name holds ``other`` (another capture; None:
+    nothing)."""
+    def make(e: Env) -> list:
+        p = e.copy()
+        e.mp.chdir(e.inp)
+        assert cli.main(["analyze", p.name, "--cache", "-q", "--format", "json"]) == 0
+        e.mp.chdir(e.root / "cwd")
+        if other is not None:
+            shutil.copy(e.pristine(other), e.root / "cwd" / p.name)
+        if damage:
+            smash_early(p)
+        return ["analyze", os.path.relpath(p), "--format", "json", "--cache"]
+    return make
+
+
+def make_manifest_beside(e: Env) -> list:
+    shutil.copy(samples.data_dir(NODE) / f"{NODE}.manifest.json", e.inp)
+    return make_cached_from_its_folder(None, damage=False)(e)
+
+
+def json_of(argv: list) -> str:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        assert cli.main([str(a) for a in argv]) == 0, err.getvalue()
+    return out.getvalue()
+
+
+def check_same_json_as_without_cache(e: Env) -> None:
+    """The same bytes from the cache as from the export itself: the report path as given, its manifest found."""
+    rel = os.path.relpath(e.inp / f"{NODE}.sqlite")
+    cached_json = json_of(["analyze", rel, "--format", "json", "--cache", "-q"])
+    assert json.loads(cached_json)["tokens"]["steps"] == 3  # the manifest's speculative settings were read
+    assert cached_json == json_of(["analyze", rel, "--format", "json", "--no-cache", "--no-store", "-q"])
+
+
+def longer_kernels(e: Env, name: str) -> Path:
+    """Another capture of the same size: the pristine one with a third of its kernels 5 us longer."""
+    q = sql(shutil.copy(e.pristine(NODE), e.other("eq") / name), f'UPDATE {KERNEL} SET "end" = "end" + 5000 '
+                                                                  "WHERE rowid % 3 = 0")
+    assert q.stat().st_size == e.pristine(NODE).stat().st_size
+    return q
+
+
+def make_replaced_same_size_and_mtime(how: str) -> Callable[[Env], list]:
+    """The cached report replaced by another capture of the same size, its mtime set back: ``copy`` (in place,
+    the same inode) or ``rename`` (a new inode)."""
+    def make(e: Env) -> list:
+        p = cached(e)
+        was = p.stat()
+        new = longer_kernels(e, "new.sqlite")
+        if how == "copy":
+            shutil.copyfile(new, p)
+        else:
+            os.utime(new, ns=(was.st_atime_ns, was.st_mtime_ns))
+            os.replace(new, p)
+        os.utime(p, ns=(was.st_atime_ns, was.st_mtime_ns))
+        s = p.stat()
+        assert (s.st_size, s.st_mtime_ns) == (was.st_size, was.st_mtime_ns)
+        return ["analyze", p, "--format", "json", "--cache"]
+    return make
+
+
+def proc_two_builders(argv, e: Env):
+    """Two analyses at once (threads A and B) on a cache that fails when its rows are read, both rebuilding it, in
+    the order that broke before: B builds while A installs its cache; A reads its cache just as B installs (or
+    finds) one; A's reads end before B goes on. Returns A's JSON, or the first error line."""
+    from analyze import api
+    from analyze.compute import pipeline
+    from analyze.output import data
+
+    p = Path(argv[1])
+    smash_early(p)
+    ev = {k: threading.Event() for k in ("b_building", "a_installed", "b_moved", "a_done")}
+    calls = {"A": 0, "B": 0}
+    build, run, remove = st.build, pipeline._run, st.remove_tree
+
+    def who() -> str:
+        return threading.current_thread().name
+
+    def ordered_build(*a, **k):
+        if who() == "B":
+            ev["b_building"].set()
+            ev["a_installed"].wait(60)
+        elif who() == "A":
+            ev["b_building"].wait(60)
+        return build(*a, **k)
+
+    def ordered_run(*a, **k):
+        me = who()
+        calls[me] = calls.get(me, 0) + 1
+        if calls[me] == 2 and me == "A":  # A reads the cache it built...
+            ev["a_installed"].set()
+            ev["b_moved"].wait(60)  # ...once B installs its own (or finds A's)
+            try:
+                return run(*a, **k)
+            finally:
+                ev["a_done"].set()
+        if calls[me] == 2 and me == "B":
+            ev["b_moved"].set()
+        return run(*a, **k)
+
+    def ordered_remove(path):
+        if who() == "B" and not ev["b_moved"].is_set():
+            ev["b_moved"].set()
+            ev["a_done"].wait(60)
+        return remove(path)
+
+    e.mp.setattr(st, "build", ordered_build)
+    e.mp.setattr(pipeline, "_run", ordered_run)
+    e.mp.setattr(st, "remove_tree", ordered_remove)
+    results: dict[str, object] = {}
+
+    def one() -> None:
+        try:
+            results[who()] = data.to_json(api.analyze(str(p), cache=True))
+        except InputError as err:
+            results[who()] = err
+
+    threads = [threading.Thread(target=one, name=n) for n in ("B", "A")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    e.mp.undo()
+    errors = [r for r in results.values() if isinstance(r, InputError)]
+    if errors:
+        return 2, "", f"spectrace: error: {errors[0]}\n"
+    assert set(results) == {"A", "B"} and results["A"] == results["B"]
+    assert st.problem(cache_of(p), st.fingerprint(p)) is None  # the cache left is good
+    return 0, results["A"], ""
+
+
+def make_read_only_stale_cache(e: Env) -> list:
+    """A cache of the user running spectrace (nobody), made read-only (``chmod -R a-w``), then stale."""
+    p = e.copy()
+    rc, out, err = run_proc(["analyze", p, "--cache", "-q", "--format", "json"], e, user=NOBODY)
+    assert rc == 0 and st.is_cache(cache_of(p)), err
+    for d in [cache_of(p), *cache_of(p).rglob("*")]:
+        d.chmod(0o555 if d.is_dir() else 0o444)
+    os.utime(p)  # a new mtime: the cache is stale
+    return ["analyze", p, "--format", "json", "--cache"]
+
+
+def make_stale_cache_of_another_user(e: Env) -> list:
+    """A stale cache that root built, in a folder anyone may write: nobody can neither remove nor use it."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (a cache of another user)")
+    p = cached(e)
+    os.utime(p)
+    return ["analyze", p, "--format", "json", "--cache"]
+
+
+def make_cache_dir_in_the_parquetdir(e: Env) -> list:
+    from bench.export_dir import write_export_dir
+
+    d = write_export_dir(e.pristine(NODE), e.inp / "n_pqtdir", "parquet")
+    e.setenv("SPECTRACE_CACHE_DIR", str(d / "cache"))
+    return ["analyze", d, "--cache", "--format", "json"]
+
+
+def check_parquetdir_unchanged(e: Env) -> None:
+    d = e.inp / "n_pqtdir"
+    assert all(f.is_file() and f.suffix == ".parquet" for f in d.iterdir()), sorted(os.listdir(d))
+
+
+def make_empty_home(e: Env) -> list:
+    p = e.copy()
+    e.inp.chmod(0o555)  # the report folder is read-only: the cache would go to the user's cache folder
+    e.setenv("XDG_CACHE_HOME", "")
+    e.setenv("HOME", "")
+    return ["analyze", p, "--cache", "--format", "json"]
+
+
+def not_utf8_dir(e: Env) -> Path:
+    return Path(os.fsdecode(os.fsencode(str(e.root)) + b"/cache\xff"))
+
+
+def check_nothing_in_the_not_utf8_dir(e: Env) -> None:
+    assert not os.path.lexists(not_utf8_dir(e))
+
+
+def make_cache_dir_not_utf8(e: Env) -> list:
+    e.setenv("SPECTRACE_CACHE_DIR", str(not_utf8_dir(e)))
+    return ["analyze", e.copy(), "--cache", "--format", "json"]
+
+
+def proc_file_size_limit_64k(argv, e: Env):
+    """Under a file-size limit (``ulimit -f``): a write past 64 KiB fails with EFBIG (Python ignores SIGXFSZ)."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))
+
+    return run_proc(argv, e, preexec_fn=limit)
+
+
+def make_disk_full(e: Env) -> list:
+    """A disk that fills up as the GPU operations are written (what polars raises then), a partial file left."""
+    import polars as pl
+
+    write = pl.DataFrame.write_parquet
+
+    def full(self, file, *a, **k):
+        if "/ops/" in str(file):
+            Path(file).write_bytes(b"PAR1" + b"\0" * 100)
+            raise pl.exceptions.ComputeError("parquet: File out of specification: underlying IO error: No space "
+                                             "left on device (os error 28)")
+        return write(self, file, *a, **k)
+
+    e.mp.setattr(pl.DataFrame, "write_parquet", full)
+    return ["analyze", e.copy(), "--cache", "--format", "json"]
+
+
+def check_long_name_cache(e: Env) -> None:
+    caches = list((e.root / "xdg" / "spectrace").glob(f"*{st.SUFFIX}"))
+    assert len(caches) == 1 and st.is_cache(caches[0]) and len(os.fsencode(caches[0].name)) <= 255 - 18
 
 
 # -- recipes: strings, rows, regexes, files --
@@ -1060,8 +1296,9 @@ CASES = [
     Case("report_o_in_a_read_only_folder", make_report_o(lambda e, p: readonly_dir(e, "ro") / "rep"),
          says="Permission denied", proc=proc_as_nobody),
     Case("report_o_under_a_file", make_report_o(lambda e, p: p / "rep"), says="Not a directory"),
-    Case("cache_dir_under_a_file", make_cache_dir_under_file, says="cannot write the cache"),
-    Case("no_writable_cache_location", make_nowhere_to_cache, says="Permission denied", proc=proc_as_nobody),
+    Case("cache_dir_under_a_file", make_cache_dir_under_file, rc=0, says="CACHE_NOT_WRITTEN", expect="clean"),
+    Case("no_writable_cache_location", make_nowhere_to_cache, rc=0, says="Permission denied", expect="clean",
+         proc=proc_as_nobody),
     Case("null_global_pid_in_memory", make_edit(f"UPDATE {KERNEL} SET globalPid = NULL WHERE rowid % 50 = 0"), rc=0,
          says="DROPPED_OPS", expect=edited(f"DELETE FROM {KERNEL} WHERE rowid % 50 = 0")),
     Case("null_global_pid_streamed", make_edit(f"UPDATE {KERNEL} SET globalPid = NULL WHERE rowid % 50 = 0",
@@ -1156,6 +1393,43 @@ CASES = [
          says="--force", check=check_users_manifest),
     Case("trace_manifest_onto_a_device_with_force", make_trace(True, device, "--force"), says="character device",
          check=check_still_a_device(manifest_of)),
+    # ---- issue 29: the cache knows what it caches (rule 3)
+    # The report's path: absolute in the cache, the one the user gave in the analysis (and its manifest).
+    Case("cache_rebuilt_from_another_folder_reads_the_same_report", make_cached_from_its_folder("tp1_baseline"),
+         rc=0, expect="clean", later="clean", keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+    Case("cache_rebuilt_from_another_folder_without_a_namesake", make_cached_from_its_folder(None), rc=0,
+         expect="clean", later="clean", keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+    Case("cache_gives_the_json_of_the_export_manifest_included", make_manifest_beside, rc=0, expect="clean",
+         check=check_same_json_as_without_cache, keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+    # The key: inode, ctime and a content hash besides size and mtime.
+    Case("report_copied_over_same_size_and_mtime", make_replaced_same_size_and_mtime("copy"), rc=0,
+         expect=lambda e: longer_kernels(e, "eq.sqlite"), keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+    Case("report_renamed_over_same_size_and_mtime", make_replaced_same_size_and_mtime("rename"), rc=0,
+         expect=lambda e: longer_kernels(e, "eq.sqlite"), keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+    # Concurrent builders keep each other's work.
+    Case("two_builders_on_a_damaged_cache", lambda e: ["analyze", cached(e), "--cache", "--format", "json"], rc=0,
+         expect="clean", proc=proc_two_builders, keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+    # Where the cache goes: names that fit, valid variables, never inside the input.
+    Case("report_name_of_246_characters", lambda e: ["analyze", e.copy(NODE, LONG), "--format", "json"], rc=0,
+         expect="clean"),
+    Case("report_name_of_246_characters_cached", lambda e: ["analyze", e.copy(NODE, LONG), "--format", "json",
+                                                            "--cache"], rc=0, expect="clean", later="clean",
+         check=check_long_name_cache),
+    Case("cache_dir_inside_the_input_parquetdir", make_cache_dir_in_the_parquetdir, rc=0,
+         says="CACHE_NOT_WRITTEN", expect=lambda e: e.inp / "n_pqtdir", check=check_parquetdir_unchanged),
+    Case("empty_home", make_empty_home, rc=0, says="HOME is empty", expect="clean", proc=proc_as_nobody),
+    Case("cache_dir_not_utf8", make_cache_dir_not_utf8, rc=0, says="not valid UTF-8", expect="clean",
+         check=check_nothing_in_the_not_utf8_dir),
+    # A cache that cannot be written is skipped with one line (nothing left behind): read-only, full, too large.
+    Case("read_only_stale_cache_is_replaced", make_read_only_stale_cache, rc=0, expect="clean",
+         proc=proc_as_nobody, keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+    Case("stale_cache_of_another_user_is_skipped", make_stale_cache_of_another_user, rc=0,
+         says="CACHE_NOT_WRITTEN", expect="clean", proc=proc_as_nobody, keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+    Case("cache_build_over_the_file_size_limit", make_plain("analyze", "--cache", "--format", "json"), rc=0,
+         says="File too large", expect="clean", proc=proc_file_size_limit_64k),
+    Case("store_no_cache_over_the_file_size_limit", make_plain("analyze", "--store", "--no-cache"),
+         says="cannot write a temporary store (File too large)", proc=proc_file_size_limit_64k),
+    Case("cache_build_on_a_full_disk", make_disk_full, rc=0, says="No space left on device", expect="clean"),
 ]
 
 

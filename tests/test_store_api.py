@@ -213,3 +213,75 @@ def test_too_many_early_calls_get_their_own_pass(tmp_path, monkeypatch):
     assert capped.scan("api").collect().sort("pid", "start", "corr").equals(
         whole.scan("api").collect().sort("pid", "start", "corr"))
     assert capped.api_first == {100: 5, 200: base(3) - 50}
+
+
+# ---- issue 29: the cache knows what it caches (rule 3) ------------------------------------------------------
+
+
+def test_key_hashes_a_few_blocks_of_each_file_and_sees_a_changed_page(tmp_path, monkeypatch):
+    """The key's content hash reads 8 blocks whatever the file's size (no hash of a whole GB file), and changes
+    with the header, the last page or a sampled block, not with the size and mtime alone."""
+    import os
+
+    from analyze.read import store as cache
+
+    f = tmp_path / "r.sqlite"
+    f.write_bytes(need(PROBE).read_bytes())
+    reads = []
+    pread = os.pread
+    monkeypatch.setattr(cache.os, "pread", lambda fd, n, at: (reads.append(n), pread(fd, n, at))[1])
+    key = cache._content(f)
+    assert len(reads) == cache.BLOCKS + 2 and sum(reads) <= 2 * cache.EDGE + cache.BLOCKS * cache.BLOCK
+    monkeypatch.undo()
+    size, mtime = f.stat().st_size, f.stat().st_mtime_ns
+    for at in (24, size - 10, size * 3 // (cache.BLOCKS + 1) + 5):  # the change counter, the last page, a block
+        data = bytearray(f.read_bytes())
+        data[at] ^= 0xFF
+        f.write_bytes(bytes(data))
+        os.utime(f, ns=(mtime, mtime))
+        assert f.stat().st_size == size and cache._content(f) != key
+        data[at] ^= 0xFF
+        f.write_bytes(bytes(data))
+        assert cache._content(f) == key
+    entry = cache.fingerprint(f)["files"][0]
+    assert entry[:4] == ["r.sqlite", size, f.stat().st_mtime_ns, f.stat().st_ino]
+    assert entry[4] == f.stat().st_ctime_ns and entry[5] == key
+
+
+def test_a_rebuild_keeps_a_cache_another_process_installed(tmp_path, monkeypatch):
+    """A rebuild replaces only the build that could not be read (its id): a good cache installed meanwhile by
+    another process is used as it is, and is never discarded in the other's place."""
+    from analyze.read import store as cache
+
+    p = tmp_path / "r.sqlite"
+    p.write_bytes(need(PROBE).read_bytes())
+    first = open_store(p)
+    x = first.meta["build"]
+    second = open_store(p, broken=x)  # X could not be read: rebuilt
+    y = second.meta["build"]
+    assert y != x and second.root == first.root and str(p.resolve()) == second.meta["report"]
+
+    def no_build(*a, **k):
+        raise AssertionError("built again")
+
+    monkeypatch.setattr(cache, "build", no_build)
+    assert open_store(p, broken=x).meta["build"] == y  # another process saw X broken too: it uses Y
+    cache.discard(first.root, x)  # discarding X (gone) leaves Y
+    assert cache.problem(first.root, cache.fingerprint(p)) is None
+    cache.discard(first.root, y)
+    assert not first.root.exists() and [q.name for q in tmp_path.iterdir()] == ["r.sqlite"]
+
+
+def test_the_trace_path_is_the_one_given(tmp_path, monkeypatch):
+    """The cache keeps the report's absolute path; the analysis names the report as the caller gave it."""
+    from analyze.read import store as cache
+
+    p = tmp_path / "r.sqlite"
+    p.write_bytes(need(PROBE).read_bytes())
+    monkeypatch.chdir(tmp_path)
+    s = open_store("r.sqlite")
+    assert s.meta["report"] == str(p) and s.meta["key"]["path"] == str(p)
+    assert s.head().path == "r.sqlite" and cache.existing_store("./r.sqlite").head().path == "r.sqlite"
+    assert analyze("r.sqlite", cache=True).trace.path == "r.sqlite"
+    assert analyze("r.sqlite", store=False).trace.path == "r.sqlite"
+    assert cache.Store(s.root).head().path == str(p)  # opened by itself: the path it was built from

@@ -30,7 +30,7 @@ import polars as pl
 
 from ..model import GRAPH_LAUNCH, SYNC_API, Diagnostic, InputError, Result, Trace
 from ..read.source import ManyWindows, OpsWindow, open_source
-from ..read.store import CacheError, Progress, is_cache, open_store, remove_tree
+from ..read.store import CacheError, Progress, discard, open_store
 from . import attribute, breakdown, collectives, host, windows
 from .comm_patterns import PATTERNS, CommPattern, family_expr
 from .diagnostics import FACTS, diagnose
@@ -270,14 +270,16 @@ def analyze(
         if e.store is None:  # a temporary store, or a cache just built: nothing to rebuild
             raise
         broken = e.store
-    # A kept cache that could not be read: rebuilt once, and analysed again from scratch.
+    # A kept cache that could not be read: rebuilt once (from the report the caller gave; unless another process
+    # has replaced that build meanwhile), and analysed again from scratch.
     root = broken.root
+    path = report if isinstance(report, str | os.PathLike) else broken.meta["report"]
     try:
-        fresh = open_store(broken.meta["report"], progress=progress, cache_dir=root, rebuild=True)
+        fresh = open_store(path, progress=progress, cache_dir=root, broken=broken.meta.get("build"))
         return _analyze(fresh, store, cache, progress, ranges, comm_patterns, keep_ops, workers)
     except CacheError as e:
-        if is_cache(root):  # not kept: it could not be read twice
-            remove_tree(root)
+        if e.store is not None:  # not kept: it could not be read twice (only that build: never another's)
+            discard(e.store.root, e.store.meta.get("build"))
         why = str(e).removeprefix(f"{root}: ")
         raise CacheError(f"{root}: the cache cannot be read even after a rebuild ({why}); check the disk, or set "
                          "SPECTRACE_CACHE_DIR to another place", "CACHE_BROKEN") from None
@@ -294,7 +296,7 @@ def _analyze(report, store, cache, progress, ranges, comm_patterns, keep_ops, wo
 def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
     head = source.head
     patterns = comm_patterns if comm_patterns is not None else list(PATTERNS)
-    diags: list[Diagnostic] = []
+    diags: list[Diagnostic] = list(source.notes)
     sel, how = select_phases(head.path, head.ranges, any(source.ops_rows.values()), ranges)
     diags.append(Diagnostic("info", "RANGE_SELECTION", f"phases are {how}: {sel.height} range instances"))
     nested_all = attribute.nest(sel)

@@ -9,7 +9,9 @@ rows live is the source's business:
   the cache beside the report or a temporary store removed when the source closes.
 
 :func:`open_source` picks one by size (GPU-operation + API rows, from the export's rowids) and by
-whether a valid cache is already there. :class:`OpsWindow` re-reads GPU operations of a time window
+whether a valid cache is already there. A cache that cannot be written is skipped with a warning
+(``CACHE_NOT_WRITTEN``, in the source's ``notes``): a temporary store instead, or memory when that cannot
+be written either. :class:`OpsWindow` re-reads GPU operations of a time window
 from the store or the export later (timeline figures), so a result never has to keep every op.
 """
 
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import polars as pl
 
-from ..model import Trace
+from ..model import Diagnostic, Trace
 from . import store as st
 from .export import API_SCHEMA, OPS_SCHEMA, export_rows, load, ops_between
 
@@ -36,6 +38,7 @@ class MemorySource:
     def __init__(self, trace: Trace):
         self.head = dataclasses.replace(trace, ops=trace.ops.head(0), api=trace.api.head(0))
         self.path = trace.path
+        self.notes: list[Diagnostic] = []  # about where the rows live (a cache that could not be written)
         self._ops = trace.ops.partition_by("pid", as_dict=True, maintain_order=True)
         self._api = trace.api.partition_by("pid", as_dict=True, maintain_order=True)
         self.ops_rows = {int(k[0]): v.height for k, v in self._ops.items()}
@@ -81,6 +84,7 @@ class StoreSource:
             self.close()
             raise
         self.path = self.head.path
+        self.notes: list[Diagnostic] = []
         self.ops_rows = {int(k): v for k, v in store.meta["ops_rows"].items()}
         self.pids = store.pids
         self.store_root = None if temporary else store.root
@@ -126,7 +130,22 @@ def open_source(report, store: bool | None = None, cache: bool | None = None, pr
     if cache is False:
         s, tmp = st.temporary_store(report, progress)
         return StoreSource(s, temporary=tmp)
-    return StoreSource(st.open_store(report, progress=progress))
+    try:
+        kept = st.open_store(report, progress=progress)
+    except st.CacheWriteError as e:
+        source = _without_cache(report, progress)
+        source.notes.append(Diagnostic("warning", "CACHE_NOT_WRITTEN", f"{e}; analysed without a cache"))
+        return source
+    return StoreSource(kept)
+
+
+def _without_cache(report, progress: bool | None):
+    """A temporary store, or memory when that cannot be written either (the same disk full, a file-size limit)."""
+    try:
+        s, tmp = st.temporary_store(report, progress)
+    except st.CacheWriteError:
+        return MemorySource(load(report))
+    return StoreSource(s, temporary=tmp)
 
 
 @dataclasses.dataclass

@@ -17,19 +17,28 @@ missing launchers in one more pass); ``meta.json``'s ``api_first`` has each proc
 capture window opens there; the early calls come with the API pieces, or in a pass of their own).
 
 Memory stays bounded while building: batches are buffered per process and flushed to parquet
-every ~2 M rows. ``meta.json`` records the key — spectrace's cache format version and the
-report's resolved path, size and mtime (per file for a directory; the ``-wal`` too) — and every
-parquet file with its row count, size, a CRC-32 of its last 64 KiB (the parquet footer) and one of
-the whole file, and a digest of itself; it is written last. A cache is used only when all of that
-still holds: on every open, each file's size, footer row count and tail CRC (a stat and one 64 KiB
-read per file); as a process's rows are read, each file's whole CRC. Otherwise it is rebuilt once,
-and a cache that fails again is a one-line error naming its folder.
+every ~2 M rows. ``meta.json`` records the key (:func:`fingerprint`) — spectrace's cache format version,
+the report's absolute resolved path, and of each of its files (the table files of a directory; a SQLite file's
+``-wal`` too) the size, mtime, inode, ctime and a hash of 8 blocks of its content (its first and last 64 KiB:
+SQLite's header with its change counter and page count, the first and last pages; a parquet file's footer) —
+a build id, and every parquet file with its row count, size, a CRC-32 of its last 64 KiB (the parquet
+footer) and one of the whole file, and a digest of itself; it is written last. A cache is used only when
+all of that still holds: on every open, the key (a stat and 8 reads per report file) and each file's size,
+footer row count and tail CRC (a stat and one 64 KiB read per file); as a process's rows are read, each
+file's whole CRC. Otherwise it is rebuilt once, and a cache that fails again is a one-line error naming
+its folder. The report's path in the analysis is the one the caller gave (its manifest is found from it),
+never one stored in the cache.
 
 Safety: the directory is built under a temporary name (``.<name>.tmp-*``) and renamed into place,
 so a half-written cache is never used; a build that fails or is interrupted stops its reader
 threads and removes its folder, and one left by a process that died is removed by the next build. A
 ``SPECTRACE_CACHE`` marker file says a folder is a spectrace cache: nothing else is ever replaced
-or removed. If the report changes while the cache is built, the new cache is thrown away.
+or removed. If the report changes while the cache is built, the new cache is thrown away. Installing,
+replacing and removing a cache happen under a lock on its folder (``flock``, nothing created), and a cache
+is replaced or removed only while it is the very build (its id) that was found stale or unreadable: two
+processes never remove each other's work. A cache that cannot be written (permissions, a full disk, a
+file-size limit, a stale cache of another user, no valid place for it, a place inside the input) raises
+:class:`CacheWriteError`: the analysis goes on without it (:func:`analyze.read.source.open_source`).
 
 The analysis (:mod:`analyze.compute.pipeline`, through :mod:`analyze.read.source`) reads one process at a
 time from here; notebooks re-open a large trace from here in well under a second (:meth:`Store.scan` is lazy).
@@ -37,12 +46,15 @@ time from here; notebooks re-open a large trace from here in well under a second
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import mmap
 import os
+import re
 import shutil
 import socket
+import stat
 import sys
 import tempfile
 import threading
@@ -72,11 +84,13 @@ from .export import (
     open_reader,
     read_meta,
 )
-from .sqlite import check_file, file_state
+from .exportdir import _tables
+from .sqlite import check_file, sidecar
 
-CACHE_VERSION = 7  # 2: ranges have ``range_id`` and ``range``; 3: marks.parquet; 4: marker, files listed, checks;
+CACHE_VERSION = 8  # 2: ranges have ``range_id`` and ``range``; 3: marks.parquet; 4: marker, files listed, checks;
 # 5: only the API calls the analysis needs, and each process's first call (``api_first``); 6: op_keys.parquet;
-# 7: ops carry their CUDA graph's id (``graph``)
+# 7: ops carry their CUDA graph's id (``graph``); 8: the key has each file's inode, ctime and content hash, the
+# report's path is absolute, a build id
 FLUSH_ROWS = 2_000_000
 PIECE_ROWS = 2_000_000  # a large table is read in row ranges of this size, by READ_THREADS threads
 READ_THREADS = max(2, min(4, os.cpu_count() or 2))
@@ -86,6 +100,10 @@ SUFFIX = ".spectrace"
 MARKER = "SPECTRACE_CACHE"  # in every cache folder (and every folder a build writes): it is ours to replace
 TAIL = 65536  # bytes of each file's end in its checksum: the parquet footer (row counts, offsets) and more
 STALE_S = 24 * 3600  # a build folder this old, or left by a dead process on this host, is removed
+EDGE = 65536  # the key hashes each report file's first and last EDGE bytes (SQLite pages are at most 64 KiB)...
+BLOCK, BLOCKS = 4096, 6  # ...and BLOCKS blocks of BLOCK bytes spread between them
+NAME_MAX = 255  # bytes in a file name (most file systems)
+BUILD_NAME = len("..tmp-") + 12  # what a build folder's name adds to the cache's (``.<name>.tmp-<12 hex>``)
 
 
 class CacheError(InputError):
@@ -100,17 +118,34 @@ class CacheError(InputError):
         return (type(self), (str(self), self.code))
 
 
+class CacheWriteError(InputError):
+    """A cache (or a temporary store) that cannot be written: a permission, a full disk, a file-size limit, a
+    stale cache of another user, no valid place for it (an environment variable that is not valid), a place
+    inside the input. Not a fault of the input: the analysis goes on without the cache. ``reason``: the cause
+    alone."""
+
+    def __init__(self, message: str, code: str = "CACHE_WRITE", reason: str | None = None):
+        super().__init__(message, code)
+        self.reason = reason or message
+
+
 def fingerprint(report: str | os.PathLike) -> dict:
-    """What the cache is keyed by: format version, resolved path, and size + mtime of every file (a SQLite
-    file's ``-wal`` included)."""
+    """What the cache is keyed by: the format version, the report's absolute resolved path, and of each of its
+    files (a directory's table files; a SQLite file and its ``-wal``) ``[name, size, mtime, inode, ctime,
+    content]`` (:func:`_file_key`; :func:`_content`: a hash of 8 blocks). A copy of another capture over the
+    report, even of the same size and mtime, changes its ctime (and inode when renamed into place) and, unless
+    it has the same first, last and sampled bytes, its content hash."""
     if not Path(report).is_dir():
         check_file(report)  # one line for a missing, unreadable, non-regular or non-SQLite file
     p = Path(report).resolve()
     try:
-        if p.is_dir():
-            files = [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in sorted(p.iterdir()) if f.is_file()]
+        if p.is_dir():  # the table files the export is read from (every file when there are none)
+            tables = sorted(_tables(p).values())
+            files = [_file_key(f) for f in tables or sorted(p.iterdir()) if f.is_file()]
         else:
-            files = file_state(p)
+            files = [_file_key(p)]
+            with contextlib.suppress(FileNotFoundError):
+                files.append(_file_key(sidecar(p, "-wal"), ctime=False))
     except OSError as e:
         raise InputError(f"{report}: cannot read it ({e.strerror})", "UNREADABLE") from None
     if not files:
@@ -118,23 +153,84 @@ def fingerprint(report: str | os.PathLike) -> dict:
     return {"cache_version": CACHE_VERSION, "path": str(p), "files": files}
 
 
+def _file_key(f: Path, ctime: bool = True) -> list:
+    """``[name, size, mtime, inode, ctime, content]``; no ctime for a ``-wal``: SQLite running as root gives the
+    file its owner again on every open (``fchown``), which moves its ctime (its content hash covers the last
+    frames, whose checksums are cumulative)."""
+    s = f.stat()
+    return [f.name, s.st_size, s.st_mtime_ns, s.st_ino, s.st_ctime_ns if ctime else None, _content(f)]
+
+
+def _content(f: Path) -> str:
+    """A hash of a file's first and last :data:`EDGE` bytes and of :data:`BLOCKS` blocks spread between them (the
+    whole file when it is small): 8 reads whatever its size, no hash of a whole GB file."""
+    h = hashlib.blake2b(digest_size=16)
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        if size <= 2 * EDGE + BLOCKS * BLOCK:
+            spots = [(0, size)]
+        else:
+            between = [(size * i // (BLOCKS + 1), BLOCK) for i in range(1, BLOCKS + 1)]
+            spots = [(0, EDGE), *between, (size - EDGE, EDGE)]
+        for at, n in spots:
+            h.update(os.pread(fd, n, at))
+    finally:
+        os.close(fd)
+    return h.hexdigest()
+
+
 def cache_dir_for(report: str | os.PathLike) -> Path:
-    """``<report>.spectrace`` beside the report if its directory is writable, else in the user cache dir
-    (``$SPECTRACE_CACHE_DIR``, else ``$XDG_CACHE_HOME/spectrace`` or ``~/.cache/spectrace``; empty or relative
-    variables are ignored, as the XDG spec says)."""
+    """Where the cache of ``report`` goes: ``<report>.spectrace`` beside it when its folder is writable, its path
+    UTF-8 and its name short enough (for its build folder's name too, :data:`NAME_MAX`); else in the user cache
+    folder (:func:`user_cache_base`) as ``<hash>_<name>.spectrace``, the name cut to fit. A
+    :class:`CacheWriteError` when there is no valid place."""
     p = Path(report).resolve()
     env = os.environ.get("SPECTRACE_CACHE_DIR") or None
-    if not env and _writable(p.parent) and _utf8(p):  # polars reads and writes only UTF-8 paths
+    if not env and _writable(p.parent) and _utf8(str(p)) and _fits(p.name + SUFFIX):
         return p.parent / (p.name + SUFFIX)
+    head = hashlib.sha1(os.fsencode(p)).hexdigest()[:16] + "_"
+    room = NAME_MAX - BUILD_NAME - len(head) - len(SUFFIX)
+    name = os.fsencode(p.name).decode(errors="replace").encode()[:room].decode(errors="ignore")
+    return user_cache_base() / (head + name + SUFFIX)
+
+
+def user_cache_base() -> Path:
+    """``$SPECTRACE_CACHE_DIR``, else ``$XDG_CACHE_HOME/spectrace``, else ``$HOME/.cache/spectrace``, the
+    variables checked: an empty one is unset; XDG_CACHE_HOME is ignored when relative (the XDG spec) or not UTF-8;
+    a SPECTRACE_CACHE_DIR that is not UTF-8 (polars writes only UTF-8 paths), or a HOME that is empty, relative
+    or not UTF-8 (never ``/.cache``), is no place: a :class:`CacheWriteError` (the cache is skipped)."""
+    env = os.environ.get("SPECTRACE_CACHE_DIR") or ""
+    if env:
+        if not _utf8(env):
+            shown = ascii(os.fsencode(env))[2:-1]
+            raise CacheWriteError(f"SPECTRACE_CACHE_DIR={shown}: not valid UTF-8, no cache written there; set "
+                                  "it to a UTF-8 path")
+        return Path(env).absolute()
     xdg = os.environ.get("XDG_CACHE_HOME") or ""
-    base = Path(env) if env else (Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache") / "spectrace"
-    name = os.fsencode(p.name).decode(errors="replace")
-    return base / (hashlib.sha1(os.fsencode(p)).hexdigest()[:16] + "_" + name + SUFFIX)
+    if os.path.isabs(xdg) and _utf8(xdg):
+        return Path(xdg) / "spectrace"
+    if "HOME" in os.environ:
+        home = os.environ["HOME"]
+    else:
+        try:
+            home = str(Path.home())  # the password database's entry
+        except (KeyError, RuntimeError):
+            home = ""
+    if not (os.path.isabs(home) and _utf8(home)):
+        what = "empty" if not home else "not an absolute path" if not os.path.isabs(home) else "not valid UTF-8"
+        raise CacheWriteError(f"no folder for the cache: HOME is {what}; set SPECTRACE_CACHE_DIR (or "
+                              "XDG_CACHE_HOME) to a writable folder")
+    return Path(home) / ".cache" / "spectrace"
 
 
-def _utf8(p: Path) -> bool:
+def _fits(name: str) -> bool:
+    return len(os.fsencode(name)) + BUILD_NAME <= NAME_MAX
+
+
+def _utf8(s: str) -> bool:
     try:
-        str(p).encode()
+        s.encode()
         return True
     except UnicodeEncodeError:
         return False
@@ -197,12 +293,33 @@ class _Spill:
     def flush(self) -> None:
         for pid, parts in self.buf.items():
             d = self.root / str(pid)
-            d.mkdir(parents=True, exist_ok=True)
+            _write(d, lambda q: q.mkdir(parents=True, exist_ok=True))
             df = pl.concat(parts)
-            df.write_parquet(d / f"{self.piece:05d}-{self.part:05d}.parquet", compression="uncompressed", statistics=False)
+            _write(d / f"{self.piece:05d}-{self.part:05d}.parquet",
+                   lambda q, df=df: df.write_parquet(q, compression="uncompressed", statistics=False))
             with self.lock:
                 self.counts[pid] = self.counts.get(pid, 0) + df.height
         self.buf, self.rows, self.part = {}, 0, self.part + 1
+
+
+def _write(path: Path, fn) -> None:
+    """``fn(path)``: a write into a store; any failure (an OSError, or polars' error for one) is a
+    :class:`CacheWriteError` with the reason (``File too large``, ``No space left on device``, ...)."""
+    try:
+        fn(path)
+    except (Exception, PanicException) as e:
+        if isinstance(e, InputError):
+            raise
+        why = _reason(e)
+        raise CacheWriteError(f"{path}: cannot write it ({why})", "CACHE_WRITE", reason=why) from None
+
+
+def _reason(e: BaseException) -> str:
+    """An OS error's reason (also inside polars' messages: ``(os error 28)``), else the message on one line."""
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    m = re.search(r"\(os error (\d+)\)", str(e))
+    return os.strerror(int(m.group(1))) if m else _one_line(e)
 
 
 def _pieces(r, table: str, query: str, where: str | None = None) -> list[tuple[str, int]]:
@@ -251,21 +368,32 @@ def _digest(meta: dict) -> str:
 def problem(root: Path, key: dict | None = None) -> str | None:
     """Why the cache at ``root`` cannot be used for ``key`` (None: it can). ``"stale"``: built for another
     report, file state or format (rebuilt as usual); anything else: damaged."""
+    return _problem(root, key)[0]
+
+
+def _problem(root: Path, key: dict | None) -> tuple[str | None, dict]:
+    """:func:`problem`, and the cache's meta.json (empty when it cannot be read)."""
     try:
         meta = json.loads((root / "meta.json").read_text())
     except FileNotFoundError:
-        return "no meta.json"
+        return "no meta.json", {}
     except (OSError, ValueError) as e:
-        return f"meta.json unreadable ({e})"
-    if not isinstance(meta, dict) or (key is not None and meta.get("key") != key):
+        return f"meta.json unreadable ({e})", {}
+    if not isinstance(meta, dict):
+        return "stale", {}
+    return _check(root, key, meta), meta
+
+
+def _check(root: Path, key: dict | None, meta: dict) -> str | None:
+    if key is not None and meta.get("key") != key:
         return "stale"
     if meta.get("check") != _digest(meta):
         return "meta.json does not match its digest (edited?)"
     if not all(isinstance(v, list) and len(v) == 4 for v in meta.get("files", {}).values()):
         return "stale"  # files listed in another layout
-    if not (root / MARKER).is_file():
-        return f"no {MARKER} marker"
     try:
+        if not (root / MARKER).is_file():
+            return f"no {MARKER} marker"
         have = inventory(root)
     except Exception as e:  # OSError, or a file pyarrow cannot parse
         return f"a file cannot be read ({_one_line(e)})"
@@ -305,11 +433,15 @@ def _one_line(e: BaseException) -> str:
 
 class Store:
     """An opened cache: metadata in memory, frames on disk. ``kept``: a cache (rebuilt when it cannot be read),
-    not a temporary store."""
+    not a temporary store. ``report``: the report's path as the caller gave it (the trace's ``path``; default: the
+    absolute path the cache was built from). ``meta``: its meta.json, when already read (and verified)."""
 
-    def __init__(self, root: Path, kept: bool = True):
-        self.root, self.kept = root, kept
-        self.meta = self.reading(lambda: json.loads((root / "meta.json").read_text()))
+    def __init__(self, root: Path, kept: bool = True, report: str | os.PathLike | None = None,
+                 meta: dict | None = None):
+        self.root, self.kept, self.report, self.meta = root, kept, report, {}
+        if meta is None:
+            meta = self.reading(lambda: json.loads((root / "meta.json").read_text()))
+        self.meta = meta
 
     def reading(self, fn):
         """``fn()``; any failure to read the cache's files becomes a :class:`CacheError` naming the folder."""
@@ -370,7 +502,7 @@ class Store:
         m = self.meta
         e = m["export"]
         return Trace(
-            path=m["report"],
+            path=str(Path(self.report)) if self.report is not None else m["report"],
             nsys_version=e.get("EXPORT_PRODUCT_VERSION", "unknown"),
             schema_version=e.get("EXPORT_SCHEMA_VERSION", "unknown"),
             export_meta=e,
@@ -407,15 +539,19 @@ class Store:
 def _mark(dest: Path) -> None:
     """The marker: this folder is a spectrace cache, being built by this process (host, pid) until renamed."""
     owner = {"spectrace_cache": CACHE_VERSION, "host": socket.gethostname(), "pid": os.getpid()}
-    (dest / MARKER).write_text(json.dumps(owner) + "\n")
+    _write(dest / MARKER, lambda q: q.write_text(json.dumps(owner) + "\n"))
 
 
 def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -> Path:
-    """Parse ``report`` into a new cache directory ``dest`` (must not exist; removed by the caller on failure)."""
+    """Parse ``report`` into a new cache directory ``dest`` (must not exist; removed by the caller on failure).
+    A write that fails is a :class:`CacheWriteError`; a read that fails, the reader's one-line error."""
+    if not _utf8(str(dest)):
+        why = "not a UTF-8 path: polars writes only those"
+        raise CacheWriteError(f"{ascii(os.fsencode(dest))[2:-1]}: cannot write it ({why})", reason=why)
     r = open_reader(report)
     try:
         m = read_meta(r)
-        dest.mkdir(parents=True)
+        _write(dest, lambda q: q.mkdir(parents=True))
         _mark(dest)
         ops_q, api_q = op_queries(r), api_query(r)
         total = sum(r.max_rowid(t) for t, _, _ in ops_q) + (r.max_rowid("CUPTI_ACTIVITY_KIND_RUNTIME") if api_q else 0)
@@ -504,10 +640,9 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
 
         def read_ranges() -> None:  # NVTX ranges and the small tables, beside the pieces (their own connections)
             ranges, _domains, marks = _ranges(r, m["duration"], notes)
-            ranges.write_parquet(dest / "ranges.parquet")
-            marks.write_parquet(dest / "marks.parquet")
-            _devices(r).write_parquet(dest / "devices.parquet")
-            _nsys_diagnostics(r).write_parquet(dest / "diagnostics.parquet")
+            for name, df in (("ranges", ranges), ("marks", marks), ("devices", _devices(r)),
+                             ("diagnostics", _nsys_diagnostics(r))):
+                _write(dest / f"{name}.parquet", df.write_parquet)
 
         def guard(fn) -> None:
             try:
@@ -515,8 +650,8 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
             except BaseException as e:  # re-raised on the calling thread
                 errors.append(e)
 
-        (dest / "ops").mkdir()
-        (dest / "api").mkdir()
+        _write(dest / "ops", Path.mkdir)
+        _write(dest / "api", Path.mkdir)
         threads = [threading.Thread(target=guard, args=(f,)) for f in (read_names, read_ranges, *[work] * READ_THREADS)]
         try:
             for t in threads:
@@ -534,14 +669,15 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
         api_first = (_rest_of_api(r, dest, api_q, kept["ids"], counts["api"], stats, len(pieces), firsts,
                                   kept.get("bound") if stats["early_rows"] <= EARLY_ROWS else None) if api_q else {})
         ids = pl.concat(stats["ids"]) if stats["ids"] else pl.Series("name_id", [], pl.Int64)
-        _names(kept["strings"], ids).write_parquet(dest / "names.parquet")
+        _write(dest / "names.parquet", _names(kept["strings"], ids).write_parquet)
         keys = pl.concat(stats["op_keys"]).unique() if stats["op_keys"] else pl.DataFrame(schema=OP_KEYS)
-        keys.write_parquet(dest / "op_keys.parquet")
+        _write(dest / "op_keys.parquet", keys.write_parquet)
         r.check_unchanged()
         notes.update(api_without_pid=stats["api_without_pid"], lossy_strings=r.lossy)
         meta = {
             "key": fingerprint(report),
-            "report": str(r.path),
+            "report": str(Path(report).resolve()),
+            "build": uuid.uuid4().hex,
             "export": m["export"],
             "capture": m["capture"],
             "duration": m["duration"],
@@ -555,7 +691,7 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
             "files": inventory(dest, full=True),
         }
         meta["check"] = _digest(meta)
-        (dest / "meta.json").write_text(json.dumps(meta, indent=1))
+        _write(dest / "meta.json", lambda q: q.write_text(json.dumps(meta, indent=1)))
         return dest
     finally:
         r.close()
@@ -700,13 +836,89 @@ def _join(threads: list[threading.Thread]) -> None:
 
 
 def remove_tree(path: Path) -> None:
-    """Remove a folder this process made, even if Ctrl-C is pressed again meanwhile."""
+    """Remove a folder of ours (a build, a cache), even if Ctrl-C is pressed again meanwhile; its read-only
+    folders are made writable first (a cache made read-only is still ours to replace)."""
     while True:
         try:
+            _unlock_tree(path)
             shutil.rmtree(path, ignore_errors=True)
             return
         except KeyboardInterrupt:
             continue
+
+
+def _unlock_tree(path: Path) -> None:
+    """Every folder of a tree given read, write and search permission for its owner (where that is us): what
+    removing its entries needs. Symbolic links are never followed."""
+    def fix(d) -> None:
+        with contextlib.suppress(OSError):
+            mode = os.lstat(d).st_mode
+            if stat.S_ISDIR(mode) and mode & 0o700 != 0o700:
+                os.chmod(d, stat.S_IMODE(mode) | 0o700)
+
+    fix(path)
+    for top, dirs, _files in os.walk(path):  # top-down: each folder is fixed before it is listed
+        for d in dirs:
+            fix(os.path.join(top, d))
+
+
+def _removable(root: Path) -> bool:
+    """Whether this process can remove the folder ``root``: rename it within its parent, and empty each of its
+    folders (they are ours, or we may write them); a cache of another user is not."""
+    me = os.geteuid()
+
+    def ours(d) -> bool:
+        try:
+            return os.lstat(d).st_uid == me or os.access(d, os.R_OK | os.W_OK | os.X_OK)
+        except OSError:
+            return False
+
+    if not os.access(root.parent, os.W_OK | os.X_OK) or not ours(root):
+        return False
+    return all(ours(os.path.join(top, d)) for top, dirs, _files in os.walk(root) for d in dirs)
+
+
+@contextlib.contextmanager
+def _locked(folder: Path):
+    """An exclusive lock, between spectrace processes, on installing, replacing and removing the caches of
+    ``folder``: ``flock`` on the folder itself (nothing is created; where locks are not supported, none)."""
+    try:
+        import fcntl
+
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except (ImportError, OSError):
+        yield
+        return
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _build_id(root: Path) -> str | None:
+    """The build id in a cache's meta.json (None: none, or unreadable)."""
+    try:
+        meta = json.loads((root / "meta.json").read_text())
+        return meta.get("build") if isinstance(meta, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def discard(root: Path, build: str | None) -> None:
+    """Remove the cache at ``root`` if it is still build ``build`` (one that cannot be read): a cache another
+    process installed meanwhile is left alone."""
+    old = None
+    with _locked(root.parent):
+        if build is not None and is_cache(root) and _build_id(root) == build:
+            old = root.with_name(f".{root.name}.old-{uuid.uuid4().hex[:12]}")
+            try:
+                os.replace(root, old)
+            except OSError:
+                return
+    if old is not None:
+        remove_tree(old)
 
 
 def _alive(host: str, pid: int) -> bool:
@@ -740,89 +952,130 @@ def remove_stale(root: Path) -> None:
                 d.rmdir()
             continue
         if ".old-" in d.name or age > STALE_S or not _alive(owner.get("host", ""), int(owner.get("pid", 0))):
-            shutil.rmtree(d, ignore_errors=True)
+            remove_tree(d)
 
 
-def _write_error(e: OSError, where: Path) -> InputError:
-    return InputError(f"{where}: cannot write the cache ({e.strerror or e}); set SPECTRACE_CACHE_DIR to a "
-                      "writable folder, or pass --no-cache", "CACHE_WRITE")
+def _write_error(reason, where: Path) -> CacheWriteError:
+    return CacheWriteError(f"{where}: cannot write the cache ({reason}); set SPECTRACE_CACHE_DIR to a writable "
+                           "folder to keep one", "CACHE_WRITE", reason=str(reason))
+
+
+def _outside_input(root: Path, report: Path) -> None:
+    """A cache is never written inside its input (a parquetdir/arrowdir export is a folder): a CacheWriteError."""
+    rp = report.resolve()
+    if rp.is_dir():
+        rr = root.resolve()
+        if rr == rp or rp in rr.parents:
+            raise CacheWriteError(f"{root}: inside the input {report}; spectrace never writes into an input: set "
+                                  "SPECTRACE_CACHE_DIR to a folder outside it to keep a cache", "CACHE_WRITE")
+
+
+def _found(root: Path, key: dict, broken: str | None, report) -> Store | None:
+    """The cache at ``root`` when it verifies for ``key`` and is not build ``broken``; else None."""
+    try:
+        why, meta = _problem(root, key)
+    except OSError:
+        return None
+    if why is None and (broken is None or meta.get("build") != broken):
+        return Store(root, report=report, meta=meta)
+    return None
 
 
 def existing_store(report: str | os.PathLike, cache_dir: Path | None = None) -> Store | None:
-    """The report's cache if one is there and verifies for the report; None otherwise (nothing built)."""
+    """The report's cache if one is there and verifies for the report; None otherwise: nothing is built or
+    written, and a cache path that cannot be looked up (a name too long, no valid place) is no cache."""
     p = Path(report)
-    if not p.exists():
+    try:
+        if not p.exists():
+            return None
+        root = cache_dir or cache_dir_for(p)
+        if not root.is_dir():
+            return None
+    except (OSError, CacheWriteError):
         return None
-    root = cache_dir or cache_dir_for(p)
-    return Store(root) if root.is_dir() and problem(root, fingerprint(p)) is None else None
+    return _found(root, fingerprint(p), None, report)
 
 
 def open_store(report: str | os.PathLike, progress: bool | None = None, cache_dir: Path | None = None,
-               rebuild: bool = False) -> Store:
+               broken: str | None = None) -> Store:
     """The cache of ``report``: reused when it verifies (:func:`problem`), else (re)built atomically, once.
 
-    ``rebuild``: build it again even if it verifies (its files could not be read). A folder in the way that is
-    not a spectrace cache is never touched: a one-line error.
+    ``broken``: the build id of a cache whose files could not be read: that build is replaced, but a cache
+    another process installed since is used. A folder in the way that is not a spectrace cache is never touched:
+    a one-line error. A cache that cannot be written there (or not replaced: another user's) is a
+    :class:`CacheWriteError`, with nothing left behind.
     """
     p = Path(report)
     key = fingerprint(p)
     root = cache_dir or cache_dir_for(p)
-    present = root.exists() or root.is_symlink()
-    if present and not rebuild and problem(root, key) is None:
-        return Store(root)
-    if present and not is_cache(root):
+    _outside_input(root, p)
+    found = _found(root, key, broken, report)
+    if found is not None:
+        return found
+    if (root.exists() or root.is_symlink()) and not is_cache(root):
         raise InputError(f"{root}: is in the way of the cache and is not a spectrace cache; spectrace will not "
                          "replace it: move it, or set SPECTRACE_CACHE_DIR", "CACHE_IN_THE_WAY")
     try:
         root.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise _write_error(e, root.parent) from None
+        raise _write_error(e.strerror or e, root.parent) from None
     remove_stale(root)
     tmp = root.with_name(f".{root.name}.tmp-{uuid.uuid4().hex[:12]}")
-    try:  # whatever happens (errors, Ctrl-C, another process installing first), tmp does not outlive this
+    old = None
+    try:  # whatever happens (errors, Ctrl-C, another process installing first), tmp and old do not outlive this
         try:
             build(p, tmp, progress)
-        except OSError as e:
-            if e.filename and str(e.filename).startswith(str(tmp)):
-                raise _write_error(e, root) from None
-            raise
+        except CacheWriteError as e:
+            raise _write_error(e.reason, root) from None
         if fingerprint(p) != key:  # the report changed while we read it: do not keep what we read
             raise InputError(f"{p}: the report changed while it was read; try again", "CHANGED")
-        if root.exists() or root.is_symlink():
-            if not rebuild and problem(root, key) is None:  # another process installed a good one meanwhile
-                return Store(root)
-            if not is_cache(root):
-                raise InputError(f"{root}: is in the way of the cache and is not a spectrace cache", "CACHE_IN_THE_WAY")
-            old = root.with_name(f".{root.name}.old-{uuid.uuid4().hex[:12]}")
-            os.replace(root, old)
-            remove_tree(old)
+        mine = _build_id(tmp)
         try:
-            os.replace(tmp, root)
-        except OSError:  # another process installed it first: theirs is as good
-            if problem(root, key) is not None:
-                raise
+            with _locked(root.parent):
+                found = _found(root, key, broken, report)
+                if found is not None:  # another process installed a good one meanwhile: ours is not needed
+                    return found
+                if root.exists() or root.is_symlink():
+                    if not is_cache(root):
+                        raise InputError(f"{root}: is in the way of the cache and is not a spectrace cache",
+                                         "CACHE_IN_THE_WAY")
+                    if not _removable(root):
+                        raise CacheWriteError(f"{root}: cannot replace the cache there (its folders are another "
+                                              "user's, or read-only)", "CACHE_WRITE")
+                    old = root.with_name(f".{root.name}.old-{uuid.uuid4().hex[:12]}")
+                    os.replace(root, old)
+                os.replace(tmp, root)
+        except OSError as e:
+            raise _write_error(e.strerror or e, root) from None
     finally:
         if tmp.exists():
             remove_tree(tmp)
-    why = problem(root, key)
-    if why is not None:  # not kept: a cache that does not verify is never used
-        remove_tree(root)
+        if old is not None:
+            remove_tree(old)
+    found = _found(root, key, None, report)
+    if found is None:  # not kept: a cache that does not verify is never used
+        why = problem(root, key)
+        discard(root, mine)
         raise CacheError(f"{root}: the cache does not verify right after it was built ({why}), so it was removed; "
                          "check the disk, or set SPECTRACE_CACHE_DIR to another place", "CACHE_BROKEN")
-    return Store(root)
+    return found
 
 
 def temporary_store(report: str | os.PathLike, progress: bool | None = None) -> tuple[Store, Path]:
     """A store in a temporary directory (the caller removes it; removed here if the build fails or is interrupted):
-    streaming without keeping a cache."""
+    streaming without keeping a cache. One that cannot be written: a :class:`CacheWriteError` (code TMP_WRITE)."""
     try:
         tmp = Path(tempfile.mkdtemp(prefix="spectrace-"))
     except OSError as e:
-        raise InputError(f"{tempfile.gettempdir()}: cannot create a temporary folder ({e.strerror}); set TMPDIR to "
-                         "a writable folder", "TMP_WRITE") from None
+        raise CacheWriteError(f"{tempfile.gettempdir()}: cannot create a temporary folder ({e.strerror}); set "
+                              "TMPDIR to a writable folder", "TMP_WRITE", reason=e.strerror) from None
     try:
-        build(report, tmp / "c", progress)
-        return Store(tmp / "c", kept=False), tmp
+        try:
+            build(report, tmp / "c", progress)
+        except CacheWriteError as e:
+            raise CacheWriteError(f"{tmp}: cannot write a temporary store ({e.reason}); set TMPDIR to a writable "
+                                  "folder, or pass --no-store", "TMP_WRITE", reason=e.reason) from None
+        return Store(tmp / "c", kept=False, report=report), tmp
     except BaseException:
         remove_tree(tmp)
         raise
