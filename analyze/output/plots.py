@@ -309,7 +309,8 @@ def per_cycle(res) -> Figure:
     a2.grid(alpha=0.3, which="both")
     a2.set_yscale("log")
     for ax in (a1, a2):
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+        if ax.get_legend_handles_labels()[0]:  # a trace without cycles has nothing to label
+            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
     return fig
 
 
