@@ -159,14 +159,16 @@ def session_end(r: Reader, duration: int | None, last_start: int | None = None) 
     closed): the time of nsys's "Profiling has stopped." diagnostic; else its "Profiling has started." plus
     ``ANALYSIS_DETAILS.duration`` (a length, not a time); else ``duration`` itself, nsys's clock starting with
     the session, unless a range starts after it (``last_start``: the clock has another origin); else None."""
-    if r.has("DIAGNOSTIC_EVENT", "timestamp", "text"):
-        target = " AND timestampType = 1" if "timestampType" in r.columns("DIAGNOSTIC_EVENT") else ""
-        q = "SELECT MIN(timestamp) FROM DIAGNOSTIC_EVENT WHERE text = '{}'" + target
-        stopped, started = (r.rows(q.format(t)) for t in (STOPPED, STARTED))
-        if stopped and stopped[0][0] is not None:
-            return int(stopped[0][0])
-        if started and started[0][0] is not None and duration is not None:
-            return int(started[0][0]) + duration
+    if r.has("DIAGNOSTIC_EVENT", "timestamp", "text"):  # a few dozen rows
+        kind = "timestampType" if "timestampType" in r.columns("DIAGNOSTIC_EVENT") else "1"
+        d = r.frame(f"SELECT timestamp AS t, text, {kind} AS kind FROM DIAGNOSTIC_EVENT")
+        d = d.filter(pl.col("kind").cast(pl.Int64, strict=False) == 1).select(  # the capture's clock, not the host's
+            pl.col("t").cast(pl.Int64, strict=False), text=pl.col("text").cast(pl.String, strict=False))
+        stopped, started = (d.filter(pl.col("text") == t)["t"].min() for t in (STOPPED, STARTED))
+        if stopped is not None:
+            return int(stopped)
+        if started is not None and duration is not None:
+            return int(started) + duration
     if duration is not None and (last_start is None or last_start <= duration):
         return duration
     return None
