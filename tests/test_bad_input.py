@@ -788,7 +788,7 @@ CASES = [
     Case("dev_stdin_a_pipe", make_plain("analyze", "--cache"), says="not a regular file", proc=proc_stdin_pipe),
     Case("stdout_on_a_full_disk", make_plain("analyze", "--format", "json"), says="cannot write to standard output",
          proc=proc_full_disk),
-    Case("worker_process_killed", lambda e: ["analyze", e.copy(NODE, "a.sqlite"), e.copy(NODE, "b.sqlite"),
+    Case("worker_process_killed", lambda e: ["analyze", e.copy(NODE, "a.sqlite"), e.copy("tp1_clean", "b.sqlite"),
                                              "-j", "2"], says="worker process", proc=proc_kill_worker),
     # Leaks: nothing left in TMPDIR on errors (checked for every row).
     Case("store_no_cache_error_after_the_build", make_plain("analyze", "--store", "--no-cache", "--ranges", "^no$"),
@@ -910,7 +910,7 @@ def _maps(pid: int) -> str:
 
 def test_ctrl_c_with_worker_processes_building_caches(env):
     """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) while two workers build caches."""
-    a, b = env.copy(NODE, "a.sqlite"), env.copy(NODE, "b.sqlite")
+    a, b = env.copy(NODE, "a.sqlite"), env.copy("tp1_clean", "b.sqlite")
     p = subprocess.Popen([sys.executable, "-m", "analyze.cli", "analyze", a, b, "-j", "2", "--cache", "-q"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env.env},
                          start_new_session=True)

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import filecmp
 import multiprocessing
 import os
 import signal
+import stat
 import threading
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -509,9 +511,7 @@ def analyze_each(
     if len(paths) == 1 and executor is None:
         return [analyze(paths[0], ranges, comm_patterns, store=store, cache=cache)]
     paths = [str(p) for p in paths]
-    resolved = [str(Path(p).resolve()) for p in paths]
-    if len(set(resolved)) != len(resolved):
-        raise InputError("the same report is given twice; pass each report once", "DUPLICATE_REPORT")
+    refuse_twice(paths)
     for p in paths:
         if not Path(p).exists():
             raise InputError(f"{p}: no such file", "NO_FILE")
@@ -540,6 +540,30 @@ def analyze_each(
         raise
     finally:
         ex.shutdown(wait=True, cancel_futures=True)
+
+
+def refuse_twice(paths: list[str]) -> None:
+    """InputError when two reports are one capture: the same file by any name (a symlink, a hard link, another
+    path: same device and inode) or byte-identical copies (equal sizes, then compared byte for byte; different
+    exports differ within their first pages). Counted twice, its ranks would be four out of two."""
+    seen: dict[tuple[int, int], str] = {}
+    by_size: dict[int, list[str]] = {}
+    for p in paths:
+        try:
+            st = os.stat(p)
+        except OSError:  # a missing or unreadable report is said where it is opened
+            continue
+        other = seen.get((st.st_dev, st.st_ino))
+        seen[(st.st_dev, st.st_ino)] = p
+        if other is not None:
+            raise InputError(f"{other} and {p} are the same file: one capture given twice; give each report once",
+                             "DUPLICATE_REPORT")
+        if stat.S_ISREG(st.st_mode):
+            for q in by_size.get(st.st_size, []):
+                if filecmp.cmp(q, p, shallow=False):
+                    raise InputError(f"{q} and {p} are byte-identical copies of one capture; give each report "
+                                     "once", "DUPLICATE_REPORT")
+            by_size.setdefault(st.st_size, []).append(p)
 
 
 def _signal_workers(ex: ProcessPoolExecutor, signum: int) -> None:
