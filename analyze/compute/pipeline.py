@@ -114,6 +114,7 @@ class Context:
     keep_ops: bool
     sync_ids: pl.Series = dataclasses.field(default_factory=lambda: pl.Series("name_id", [], pl.Int64))
     graphs: bool = True  # which CUDA graphs each range launched (segments without a payload batch size)
+    cycle_index: bool = True  # the payload's cycle index identifies cycles (windows.cycle_index_problem)
 
 
 def process(source, pid: int, ctx: Context) -> dict:
@@ -180,7 +181,7 @@ def process(source, pid: int, ctx: Context) -> dict:
         anc = attribute.ancestors(nested)
         inst = breakdown.instances(nested, ops, anc)
         blocks = breakdown.gpu_blocks(ops)
-        inst = windows.with_cycle(breakdown.add_gpu_idle(inst, blocks), anc)
+        inst = windows.with_cycle(breakdown.add_gpu_idle(inst, blocks), anc, ctx.cycle_index)
         out["seam"] = host.seam_causes(breakdown.seam_instances(inst, blocks), firsts)
         out["cov"] = breakdown.coverage(inst, ops, blocks)
         out["inst"] = with_graphs(host.add_instance_cols(inst, per_inst), graphs, anc)
@@ -305,7 +306,11 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
     kinds = kinds.with_columns(pl.col("name").cast(pl.Categorical))
     launch_ids = head.names.filter(pl.col("name").str.contains(GRAPH_LAUNCH))["name_id"]
     sync_ids = head.names.filter(pl.col("name").str.contains(SYNC_API))["name_id"]
-    ctx = Context(nested_all, kinds, head.devices, launch_ids, keep_ops, sync_ids, graphs=not payload_batches(sel))
+    bad_index = windows.cycle_index_problem(sel)
+    if bad_index:
+        diags.append(Diagnostic("warning", "PAYLOAD_CYCLE_INDEX", bad_index))
+    ctx = Context(nested_all, kinds, head.devices, launch_ids, keep_ops, sync_ids, graphs=not payload_batches(sel),
+                  cycle_index=bad_index is None)
 
     parts: dict[str, list] = {k: [] for k in ("ranks", "inst", "seam", "cov", "ops", "kern", "kstat", "facts",
                                                "calls")}
