@@ -32,9 +32,19 @@ POLARS_OWN = frozenset({"dirty_decay_ms:500", "muzzy_decay_ms:1000"})
 # Verbs that start the user's programs (an SGLang server under nsys): they get the variable as it was
 # (importing polars rewrites it too).
 LAUNCHERS = {"trace", "demo-workload"}
+CYCLES_MAX = 1_000_000_000  # --skip-cycles
+STEPS_MAX = 64  # draft steps (--steps-now, --max-steps): EAGLE drafts a handful; the what-if's work grows with it
 
 
 # ---- shared options -----------------------------------------------------------------------------------
+
+
+def _num(kind: type, lo: float, hi: float, lo_open: bool = False):
+    """The ``type=`` of a numeric option (:func:`nvtx_hooks.capture.bounds.number`): NaN, infinities and values
+    out of ``[lo, hi]`` are one line."""
+    from nvtx_hooks.capture.bounds import number
+
+    return number(kind, lo, hi, lo_open)
 
 
 def add_selection_args(p: argparse.ArgumentParser) -> None:  # noqa: F821 (imported where used)
@@ -58,14 +68,14 @@ def add_source_args(p: argparse.ArgumentParser) -> None:  # noqa: F821
     p.add_argument("--cache", action=argparse.BooleanOptionalAction, default=None,
                    help="keep that store as a cache beside the report (or in ~/.cache/spectrace) and reuse it "
                         "(default: reuse a valid cache; keep the store when one is built)")
-    p.add_argument("-j", "--jobs", type=int, default=None, metavar="N",
+    p.add_argument("-j", "--jobs", type=_num(int, 1, 1024), default=None, metavar="N",
                    help="parallel processes for several reports (default: one per CPU)")
 
 
 def add_steady_args(p: argparse.ArgumentParser) -> None:  # noqa: F821
     """Which decode cycles the headline numbers use (README: *Steady state*)."""
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--skip-cycles", type=int, metavar="N",
+    g.add_argument("--skip-cycles", type=_num(int, 0, CYCLES_MAX), metavar="N",
                    help="leave out exactly the first N cycles of each rank (0: the whole run); default: warm-up "
                         "and rare stalls are detected and left out (slower cycles that recur are kept and "
                         "described), and the output says how many and why")
@@ -80,7 +90,7 @@ def add_timing_args(p: argparse.ArgumentParser) -> None:  # noqa: F821
                    help="a graph-level pass of the same workload (REPORT being the node-level pass): phase spans, "
                         "seams and cycle period from it, the compute/comm/idle split inside graphs from REPORT, "
                         "and a probe-effect section")
-    p.add_argument("--unprofiled-cycles-per-s", type=float, metavar="X",
+    p.add_argument("--unprofiled-cycles-per-s", type=_num(float, 0, 1e9, lo_open=True), metavar="X",
                    help="with --timing: the workload's throughput without a profiler, to say how far each pass is "
                         "from it (default: the plain pass recorded beside a --passes capture)")
 
@@ -210,8 +220,6 @@ def run_compare(a) -> int:
     else:
         raise InputError("give two reports (A B), or A's reports then --vs and B's (several per side for "
                          "multi-node runs)", "BAD_OPTION")
-    if a.fail_if_slower is not None and not (0 <= a.fail_if_slower < float("inf")):
-        raise InputError(f"--fail-if-slower must be a percentage >= 0, not {a.fail_if_slower}", "BAD_OPTION")
     doc = compare(side_a, side_b, **_options(a))
     _out(data.doc_json(doc) if a.format == "json" else text.compare_table(doc))
     for w in doc.get("warnings") or []:
@@ -227,11 +235,8 @@ def run_compare(a) -> int:
 def run_whatif(a) -> int:
     from .api import whatif
     from .compute.whatif import to_dict
-    from .model import InputError
     from .output import data, text
 
-    if a.max_steps < 1:
-        raise InputError(f"--max-steps must be >= 1, not {a.max_steps}")
     m = whatif(a.report, a.steps_now, baseline=a.baseline, acceptance=a.acceptance, as_traced=a.as_traced,
                **_options(a))
     _out(data.doc_json(to_dict(m, a.max_steps)) if a.format == "json"
@@ -293,7 +298,12 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: F821
 
     from . import __version__
 
-    parser = argparse.ArgumentParser(
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str):  # one line (not the usage), exit 2, as for every other bad input
+            print(f"spectrace: error: {' '.join(message.split())}", file=sys.stderr)
+            raise SystemExit(2)
+
+    parser = Parser(
         prog="spectrace",
         description="Where the time goes in SGLang EAGLE-3 speculative decoding on tensor-parallel GPUs.",
     )
@@ -314,7 +324,7 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: F821
                         "instances, host_calls (whole run); phases_steady, seams_steady, budget, kernels (top GPU "
                         "operations per phase), cycles, cycle_classes (slower cycles that recur, rare stalls), "
                         "segments (per batch size), findings (steady state)")
-    p.add_argument("--top", type=int, default=5, metavar="N", help="with --table kernels as text: operations per "
+    p.add_argument("--top", type=_num(int, 1, 10_000), default=5, metavar="N", help="with --table kernels as text: operations per "
                                                                    "phase (default 5)")
     p.add_argument("--db", metavar="RESULTS.db", help="also write every result table into this SQLite file")
     p.add_argument("-q", "--quiet", action="store_true", help="no diagnostics or progress bar on stderr")
@@ -350,7 +360,8 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: F821
     p.add_argument("-f", "--force", action="store_true",
                    help="write into a folder spectrace did not make (files of the same names are replaced, its "
                         "other files kept)")
-    p.add_argument("--steps-now", type=int, metavar="N", help="draft steps of this trace (default: its manifest)")
+    p.add_argument("--steps-now", type=_num(int, 1, STEPS_MAX), metavar="N",
+                   help="draft steps of this trace (default: its manifest)")
     add_selection_args(p)
     add_steady_args(p)
     add_timing_args(p)
@@ -368,7 +379,7 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: F821
     p.add_argument("--vs", nargs="+", metavar="B", help="run B's exports (when A or B has several)")
     p.add_argument("--format", choices=("table", "json"), default="table",
                    help="table: text for people (default); json: every row, per rank, kernels, verdict")
-    p.add_argument("--fail-if-slower", type=float, metavar="PCT",
+    p.add_argument("--fail-if-slower", type=_num(float, 0, 1e6), metavar="PCT",
                    help="exit 1 when B is slower than A by more than PCT %% (the cycle period over every steady "
                         "cycle; per token when the runs make different numbers of tokens per cycle) and the 95 %% "
                         "bootstrap interval excludes no change: a CI gate")
@@ -382,12 +393,12 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: F821
                                    "replaying each cycle on the trace's CPU and GPU timelines (assumptions: "
                                    "--explain, analyze/compute/whatif.py and the README).")
     p.add_argument("report", nargs="+", help=REPORTS_HELP)
-    p.add_argument("--steps-now", type=int, metavar="N", help="draft steps of this trace (default: its manifest)")
+    p.add_argument("--steps-now", type=_num(int, 1, STEPS_MAX), metavar="N", help="draft steps of this trace (default: its manifest)")
     p.add_argument("--baseline", metavar="OTHER", help="a decode_step (no speculation) export: calibrates how "
                                                        "verify cost grows with verified tokens")
-    p.add_argument("--acceptance", type=float, metavar="ALPHA",
+    p.add_argument("--acceptance", type=_num(float, 0, 1), metavar="ALPHA",
                    help="per-token acceptance probability (default: fitted on the accept-length payload)")
-    p.add_argument("--max-steps", type=int, default=10, metavar="N",
+    p.add_argument("--max-steps", type=_num(int, 1, STEPS_MAX), default=10, metavar="N",
                    help="predict 1..N draft steps (default %(default)s)")
     p.add_argument("--format", choices=("table", "json"), default="table",
                    help="table: text for people (default); json: predictions, best step count and the model")
@@ -427,11 +438,21 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: F821
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one verb; its exit status (0, 1 for a failed check, 2 for an expected failure, 130 on Ctrl-C)."""
+    """Run one verb; its exit status (0, 1 for a failed check, 2 for an expected failure, 130 on Ctrl-C).
+    Standard output and error are :func:`analyze.output.terminal.streams` meanwhile (closed descriptors,
+    encoding, control characters)."""
     try:
-        return _main(argv)
+        from .output import terminal
+
+        with terminal.streams():
+            try:
+                return _main(argv)
+            except KeyboardInterrupt:
+                print("spectrace: interrupted", file=sys.stderr)
+                return 130
     except KeyboardInterrupt:  # at any moment, imports included
-        print("spectrace: interrupted", file=sys.stderr)
+        if sys.stderr is not None:
+            print("spectrace: interrupted", file=sys.stderr)
         return 130
 
 
@@ -446,8 +467,12 @@ def _detach_stdout() -> None:
 
 
 def _main(argv: list[str] | None) -> int:
-    if hasattr(sys.stdout, "reconfigure"):  # file names that are not UTF-8 are printed as the bytes they are
-        sys.stdout.reconfigure(errors="surrogateescape")
+    from nvtx_hooks.capture.bounds import environment_problem
+
+    bad = environment_problem()  # before polars loads: it reads them
+    if bad:
+        print(f"spectrace: error: {bad}", file=sys.stderr)
+        return 2
     user_malloc = os.environ.get(MALLOC_VAR)
     if user_malloc is None or set(user_malloc.split(",")) <= POLARS_OWN:
         os.environ[MALLOC_VAR] = MALLOC_CONF
@@ -456,7 +481,10 @@ def _main(argv: list[str] | None) -> int:
     from .model import InputError
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version, or a usage error (one line said so)
+        return e.code if isinstance(e.code, int) else 2
     if getattr(args, "subcommand", None) in LAUNCHERS:  # polars, already loaded, keeps its own setting
         if user_malloc is None:
             os.environ.pop(MALLOC_VAR, None)
@@ -504,7 +532,7 @@ def run() -> None:
         for f in (sys.stdout, sys.stderr):
             try:
                 f.flush()
-            except (OSError, ValueError):
+            except (OSError, ValueError, AttributeError):  # AttributeError: a closed one (None)
                 pass
         os._exit(130)
     sys.exit(rc)

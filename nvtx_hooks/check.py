@@ -165,9 +165,17 @@ class _Trees:
         self._cache: dict[str, ast.Module | None] = {}
 
     def get(self, module: str) -> ast.Module | None:
+        """The module's syntax tree; None when it has no file; ValueError when the file is not Python (a syntax
+        error, a NUL byte): bad input, not a failed check."""
         if module not in self._cache:
             p = _module_file(self.root, module)
-            self._cache[module] = ast.parse(p.read_text(errors="replace"), str(p)) if p.is_file() else None
+            try:
+                self._cache[module] = ast.parse(p.read_text(errors="replace"), str(p)) if p.is_file() else None
+            except (SyntaxError, ValueError) as e:
+                where = f", line {e.lineno}" if getattr(e, "lineno", None) else ""
+                msg = getattr(e, "msg", None) or str(e)
+                raise ValueError(f"{p}: cannot be parsed as Python ({msg}{where}); is this an SGLang source tree "
+                                 "as released?") from None
         return self._cache[module]
 
 

@@ -17,6 +17,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -1230,6 +1231,226 @@ def make_plain(verb: str = "analyze", *opts: str) -> Callable[[Env], list]:
     return lambda e: [verb, e.copy(), *opts]
 
 
+# -- recipes: issue 29, inputs are data, bounded arguments (rules 4, 5) --
+
+SHIFT = 10**15  # ns (11.6 days): the capture's clock given another origin
+TIME_COLS = ("start", "end", "timestamp", "startTime", "stopTime")
+CYC_FIELD = "16777215 << 16"  # the payload's 24-bit cycle index (nvtx_hooks.phases)
+CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")  # but tab and newline
+ESCAPES = "\x1b]0;owned\x07\x1b[2J\x9b31m\u202e"  # retitle, clear the screen, 8-bit CSI, right-to-left override
+TREE = Path(__file__).parent / "fake_sglang"
+
+
+def shift_clock(p: Path, k: int = SHIFT) -> Path:
+    """Every timestamp of the capture moved by ``k``: the same capture on a clock with another origin
+    (``ANALYSIS_DETAILS.duration`` is a length: unchanged)."""
+    con = sqlite3.connect(p)
+    for (t,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall():
+        cols = [r[1] for r in con.execute(f"PRAGMA table_info('{t}')")]
+        sets = [f'"{c}" = "{c}" + {k}' for c in cols if c in TIME_COLS]
+        if sets:
+            con.execute(f"UPDATE {t} SET {', '.join(sets)}")
+    con.commit()
+    con.close()
+    return p
+
+
+UNCLOSE = f'UPDATE {NVTX} SET "end" = NULL WHERE rowid IN (SELECT rowid FROM {NVTX} WHERE eventType = 59 ' \
+          "ORDER BY start DESC LIMIT 2)"  # the last two push/pop ranges: never popped
+
+
+def make_shifted(name: str, *statements: str) -> Callable[[Env], list]:
+    """``name`` edited by ``statements``, then shifted (:func:`shift_clock`); the same edit on the original clock
+    is kept in ``other/origin`` (the equivalent)."""
+    def make(e: Env) -> list:
+        p = sql(e.copy(name), *statements) if statements else e.copy(name)
+        shutil.copy(p, e.other("origin") / p.name)
+        return ["analyze", shift_clock(p), "--format", "json"]
+    return make
+
+
+def unshifted(name: str) -> Callable[[Env], Path]:
+    return lambda e: e.other("origin") / f"{name}.sqlite"
+
+
+def doc_of(path: Path, *opts: str) -> dict:
+    """The JSON document of an input analysed in this process."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli.main(["analyze", str(path), "--format", "json", "--no-store", "--no-cache", "-q", *opts])
+    assert rc == 0, err.getvalue()
+    return json.loads(out.getvalue())
+
+
+def proc_clock_back(argv, e: Env):
+    """In this process; the ranks' capture windows given back on the original clock (the one thing a clock's
+    origin may change in the numbers)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli.main([str(a) for a in argv])
+    d = json.loads(out.getvalue())
+    for r in d["ranks"]:
+        for c in ("window_start_ns", "window_end_ns", "ranges_start_ns", "ranges_end_ns"):
+            r[c] = None if r[c] is None else r[c] - SHIFT
+    return rc, json.dumps(d), err.getvalue()
+
+
+def same_diagnostics(name: str) -> Callable[[Env], None]:
+    """The shifted capture's diagnostics are the original clock's: no false UNCLOSED_RANGE, none lost."""
+    def check(e: Env) -> None:
+        def codes(p: Path) -> list:
+            return sorted((d["code"], d["message"]) for d in doc_of(p)["diagnostics"] if d["code"] != "WINDOW_CUT"
+                          and d["code"] != "UNPAIRED_INSTANCES")  # these two name times on the clock
+        assert codes(e.inp / f"{name}.sqlite") == codes(unshifted(name)(e))
+    return check
+
+
+def same_cycle_index(name: str, ranks_offset: int | None = None) -> Callable[[Env], list]:
+    """Every payload of ``name`` carrying cycle index 5; with ``ranks_offset``, the indices unchanged but those
+    of the odd thread ids (one rank of two) moved by that much: ranks running together under disjoint indices."""
+    def make(e: Env) -> list:
+        p = e.copy(name)
+        for col in ("int64Value", "uint64Value"):
+            new = (f"{col} + ({ranks_offset} << 16)" if ranks_offset else f"({col} & ~({CYC_FIELD})) | (5 << 16)")
+            where = f"({col} >> 60) = 1" + (" AND globalTid % 2 = 1" if ranks_offset else "")
+            sql(p, f"UPDATE {NVTX} SET {col} = {new} WHERE {where}")
+        return ["analyze", p, "--format", "json"]
+    return make
+
+
+def no_payload(name: str) -> Callable[[Env], Path]:
+    """The equivalent: ``name`` without any range payload (marks keep theirs)."""
+    return lambda e: sql(shutil.copy(e.pristine(name), e.other("eq") / "eq.sqlite"),
+                         f"UPDATE {NVTX} SET int64Value = NULL, uint64Value = NULL WHERE eventType != 34")
+
+
+def same_headline(name: str, tokens: bool = True) -> Callable[[Env], None]:
+    """The steady cycles, their period and (``tokens``) tokens per cycle are the pristine capture's; without
+    ``tokens``, tokens per cycle are unknown (an accept length is never joined on a meaningless index)."""
+    def check(e: Env) -> None:
+        got, want = (doc_of(p)["tokens"] for p in (e.inp / f"{name}.sqlite", e.pristine(name)))
+        assert (got["steady_cycles"], got["period_ns"]) == (want["steady_cycles"], want["period_ns"])
+        assert got["tokens_per_cycle"] == (want["tokens_per_cycle"] if tokens else None)
+    return check
+
+
+def make_twice(how: str) -> Callable[[Env], list]:
+    """One capture given twice: a hard link to it, or a byte-identical copy."""
+    def make(e: Env) -> list:
+        p = e.copy()
+        q = e.inp / "again.sqlite"
+        os.link(p, q) if how == "link" else shutil.copy(p, q)
+        return ["analyze", p, q, "--format", "json", "-j", "1"]
+    return make
+
+
+def proc_closed(fd: int) -> Callable:
+    """The command with descriptor ``fd`` closed by the caller (``>&-``, ``2>&-``)."""
+    return lambda argv, e: run_proc(argv, e, preexec_fn=lambda: os.close(fd))
+
+
+def _spawn(argv, e: Env, env: dict, **kw) -> subprocess.Popen:
+    base = {**os.environ, **e.env, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), **env}
+    for k in ("SPECTRACE_CACHE_DIR", "PYTHONIOENCODING", "PYTHONUTF8", "LC_ALL", "LANG"):
+        if k not in env:
+            base.pop(k, None)
+    return subprocess.Popen([sys.executable, "-m", "analyze.cli", *map(str, argv)], env=base, cwd=e.root / "cwd",
+                            stderr=subprocess.PIPE, **kw)
+
+
+def proc_encoding(env: dict, encoding: str, stand_in: bytes) -> Callable:
+    """Standard output a pipe under ``env`` (an ASCII-only locale, ``PYTHONIOENCODING``): what comes out is
+    ``encoding`` and holds ``stand_in``."""
+    def run(argv, e: Env):
+        p = _spawn(argv, e, env, stdout=subprocess.PIPE)
+        out, err = p.communicate(timeout=120)
+        assert stand_in in out, out[:300]
+        return p.returncode, out.decode(encoding), err.decode()
+    return run
+
+
+def proc_ascii_terminal(argv, e: Env):
+    """Standard output a terminal (a pty) under an ASCII-only locale: every byte ASCII, the stand-ins there."""
+    import pty
+
+    m, s = pty.openpty()
+    p = _spawn(argv, e, {"LC_ALL": "C", "PYTHONUTF8": "0"}, stdout=s)
+    os.close(s)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(m, 1 << 16)
+        except OSError:  # EIO: the other side closed
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(m)
+    err = p.stderr.read()
+    p.wait(timeout=120)
+    assert out and max(out) < 128 and b"Cycle period" in out and b" us " in out, out[:300]
+    return p.returncode, out.decode(), err.decode()
+
+
+def proc_timeout(argv, e: Env):
+    """In a process of its own, ended after 60 s (a run that does not end is a failure, not a hang)."""
+    p = _spawn(argv, e, {}, stdout=subprocess.PIPE)
+    out, err = p.communicate(timeout=60)
+    return p.returncode, out.decode(), err.decode()
+
+
+def proc_strict_json(argv, e: Env):
+    """In this process; the output must be JSON as the standard has it (no NaN, no Infinity)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli.main([str(a) for a in argv])
+
+    def reject(c):
+        raise AssertionError(f"{c} is not JSON")
+    json.loads(out.getvalue(), parse_constant=reject)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def proc_no_controls(argv, e: Env):
+    """In this process; nothing printed on standard output or error holds a control character (but tab and
+    newline) or a bidirectional override."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli.main([str(a) for a in argv])
+    for text in (out.getvalue(), err.getvalue()):
+        assert not CONTROLS.search(text), repr(CONTROLS.search(text))
+    assert "owned" in out.getvalue() + err.getvalue()  # the name is there, without its controls
+    return rc, out.getvalue(), err.getvalue()
+
+
+def make_escapes(*args: str) -> Callable[[Env], list]:
+    """A range name (host_overhead) and a kernel name carrying terminal control sequences."""
+    def make(e: Env) -> list:
+        p = e.copy()
+        con = sqlite3.connect(p)
+        for sid in (37, 116):
+            con.execute("UPDATE StringIds SET value = ? || value || ? WHERE id = ?", (ESCAPES, "\r\x1b[0m", sid))
+        con.commit()
+        con.close()
+        return [args[0], p, *args[1:]]
+    return make
+
+
+def make_tree(tail: bytes) -> Callable[[Env], list]:
+    """An SGLang source tree (the fake one) whose eagle_worker.py ends with ``tail``."""
+    def make(e: Env) -> list:
+        root = e.inp / "sglang_tree"
+        shutil.copytree(TREE, root)
+        with (root / "sglang/srt/speculative/eagle_worker.py").open("ab") as f:
+            f.write(tail)
+        return ["hooks", "check", "--sglang-root", root]
+    return make
+
+
+def make_timing(*opts: str) -> Callable[[Env], list]:
+    return lambda e: ["analyze", e.copy("tp1_s3_node"), "--timing", e.copy("tp1_s3_graph"), *opts]
+
+
 CASES = [
     # Live and WAL SQLite: what is analysed is what SQLite returns, or one line.
     Case("wal_committed_changes_are_read", make_wal, rc=0, expect=third_deleted),
@@ -1316,7 +1537,7 @@ CASES = [
     Case("dev_stdin_a_pipe", make_plain("analyze", "--cache"), says="not a regular file", proc=proc_stdin_pipe),
     Case("stdout_on_a_full_disk", make_plain("analyze", "--format", "json"), says="cannot write to standard output",
          proc=proc_full_disk),
-    Case("worker_process_killed", lambda e: ["analyze", e.copy(NODE, "a.sqlite"), e.copy(NODE, "b.sqlite"),
+    Case("worker_process_killed", lambda e: ["analyze", e.copy(NODE, "a.sqlite"), e.copy("tp1_clean", "b.sqlite"),
                                              "-j", "2"], says="worker process", proc=proc_kill_worker),
     # Leaks: nothing left in TMPDIR on errors (checked for every row).
     Case("store_no_cache_error_after_the_build", make_plain("analyze", "--store", "--no-cache", "--ranges", "^no$"),
@@ -1430,6 +1651,60 @@ CASES = [
     Case("store_no_cache_over_the_file_size_limit", make_plain("analyze", "--store", "--no-cache"),
          says="cannot write a temporary store (File too large)", proc=proc_file_size_limit_64k),
     Case("cache_build_on_a_full_disk", make_disk_full, rc=0, says="No space left on device", expect="clean"),
+    # ---- issue 29: inputs are data, bounded arguments (rules 4, 5)
+    # Payloads: a cycle index that cannot identify cycles is ignored (paired as without one), with a warning.
+    Case("payload_cycle_index_the_same_everywhere", same_cycle_index("tp2_straggler"), rc=0,
+         says="PAYLOAD_CYCLE_INDEX", expect=no_payload("tp2_straggler"), check=same_headline("tp2_straggler")),
+    Case("payload_cycle_index_the_same_with_accept_marks", same_cycle_index("tp2_v2"), rc=0,
+         says="PAYLOAD_CYCLE_INDEX", expect=no_payload("tp2_v2"), check=same_headline("tp2_v2", tokens=False)),
+    Case("payload_cycle_index_disjoint_across_ranks", same_cycle_index("tp2_all", ranks_offset=1000), rc=0,
+         says="PAYLOAD_CYCLE_INDEX", expect=no_payload("tp2_all"), check=same_headline("tp2_all")),
+    # The clock's origin: the same ranges (unclosed ones kept, no false UNCLOSED_RANGE), the same numbers.
+    Case("time_origin_shifted_with_unclosed_ranges", make_shifted(NODE, UNCLOSE), rc=0, says="UNCLOSED_RANGE",
+         expect=unshifted(NODE), check=same_diagnostics(NODE), proc=proc_clock_back),
+    Case("time_origin_shifted_nsys_unclosed", make_shifted("tp2_rank0_window"), rc=0, says="UNCLOSED_RANGE",
+         expect=unshifted("tp2_rank0_window"), check=same_diagnostics("tp2_rank0_window"), proc=proc_clock_back),
+    # One capture given twice.
+    Case("same_capture_twice_hard_link", make_twice("link"), says="are the same file"),
+    Case("same_capture_twice_byte_identical", make_twice("copy"), says="byte-identical copies"),
+    # Standard output and error: closed, an ASCII-only locale, control characters in names.
+    Case("stdout_closed", make_plain("analyze", "--format", "json"), says="cannot write to standard output",
+         proc=proc_closed(1)),
+    Case("stderr_closed", make_plain("analyze", "--format", "json"), rc=0, expect="clean", proc=proc_closed(2)),
+    Case("ascii_locale_terminal", make_plain("analyze"), rc=0, proc=proc_ascii_terminal),
+    Case("ascii_locale_pipe_is_utf8", make_plain("analyze"), rc=0,
+         proc=proc_encoding({"LC_ALL": "C", "PYTHONUTF8": "0"}, "utf-8", "µs".encode())),
+    Case("pythonioencoding_latin1", make_plain("analyze"), rc=0,
+         proc=proc_encoding({"PYTHONIOENCODING": "latin-1"}, "latin-1", b"draft -> verify")),
+    Case("control_characters_in_names_table", make_escapes("analyze"), rc=0, proc=proc_no_controls),
+    Case("control_characters_in_names_csv", make_escapes("analyze", "--format", "csv", "--table", "kernels"), rc=0,
+         proc=proc_no_controls),
+    Case("control_characters_in_names_whatif", make_escapes("whatif", "--steps-now", "3"), rc=0,
+         proc=proc_no_controls),
+    Case("control_characters_in_names_error_line", make_escapes("analyze", "--ranges", "^nothing$"),
+         says="no NVTX ranges selected", proc=proc_no_controls),
+    Case("json_nan_is_null", make_edit(f'UPDATE {KERNEL} SET "end" = start'), rc=0, proc=proc_strict_json),
+    # Numeric options, every verb: range, NaN, infinity, values too large.
+    Case("top_negative", make_plain("analyze", "--table", "kernels", "--top", "-1"), says="argument --top"),
+    Case("top_huge", make_plain("analyze", "--table", "kernels", "--top", "99999999999999999999"),
+         says="argument --top"),
+    Case("whatif_max_steps_huge", make_plain("whatif", "--steps-now", "3", "--max-steps", "100000000"),
+         says="argument --max-steps", proc=proc_timeout),
+    Case("report_steps_now_negative", lambda e: ["report", e.copy(), "-o", e.other("rep") / "r", "--steps-now", "-1"],
+         says="argument --steps-now"),
+    Case("comm_jobs_zero", make_plain("comm", "-j", "0"), says="argument -j/--jobs"),
+    Case("unprofiled_cycles_per_s_nan", make_timing("--unprofiled-cycles-per-s", "nan"),
+         says="argument --unprofiled-cycles-per-s"),
+    Case("trace_delay_nan", lambda e: ["trace", "-o", e.other("t") / "run", "--delay", "nan", "-n", "--", "true"],
+         says="argument --delay"),
+    Case("trace_nsys_arg_lone_quote", lambda e: ["trace", "-o", e.other("t") / "run", '--nsys-arg="oops', "-n", "--",
+                                                 "true"], says="cannot be split into arguments"),
+    # Environment variables: checked before polars loads.
+    Case("polars_max_threads_zero", make_plain("analyze"), says="POLARS_MAX_THREADS",
+         proc=lambda argv, e: run_proc(argv, e, env={"POLARS_MAX_THREADS": "0"})),
+    # hooks check: a file that is not Python is bad input (exit 2), not a failed check (exit 1).
+    Case("hooks_check_syntax_error", make_tree(b"\ndef (:\n"), says="cannot be parsed as Python"),
+    Case("hooks_check_nul_byte", make_tree(b"\nx = 1\0\n"), says="cannot be parsed as Python"),
 ]
 
 
@@ -1529,7 +1804,7 @@ def _maps(pid: int) -> str:
 
 def test_ctrl_c_with_worker_processes_building_caches(env):
     """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) while two workers build caches."""
-    a, b = env.copy(NODE, "a.sqlite"), env.copy(NODE, "b.sqlite")
+    a, b = env.copy(NODE, "a.sqlite"), env.copy("tp1_clean", "b.sqlite")
     p = subprocess.Popen([sys.executable, "-m", "analyze.cli", "analyze", a, b, "-j", "2", "--cache", "-q"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env.env},
                          start_new_session=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 
 import eagle_synth as es
 import numpy as np
@@ -155,6 +156,9 @@ def test_explain(chained, capsys):
 def test_merged_reports_replay_per_rank(tmp_path):
     """Two reports merged (one rank each, the same range ids in both): the same model as one of them."""
     paths = [es.chained(tmp_path / f"{n}.sqlite", "Graph") for n in ("a", "b")]
+    con = sqlite3.connect(paths[1])  # two files, not byte-identical copies of one (refused: DUPLICATE_REPORT)
+    con.execute("PRAGMA user_version = 1")
+    con.close()
     m = fit(analyze(paths, jobs=1))
     assert m.cost_ns == {"draft": 300, "verify": 1000, "draft_extend": 100}
     assert [m.cycle(s) for s in (1, 3)] == [1695, 1895] and m.replay.windows == 8

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import filecmp
 import multiprocessing
 import os
 import signal
+import stat
 import threading
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -112,6 +114,7 @@ class Context:
     keep_ops: bool
     sync_ids: pl.Series = dataclasses.field(default_factory=lambda: pl.Series("name_id", [], pl.Int64))
     graphs: bool = True  # which CUDA graphs each range launched (segments without a payload batch size)
+    cycle_index: bool = True  # the payload's cycle index identifies cycles (windows.cycle_index_problem)
 
 
 def process(source, pid: int, ctx: Context) -> dict:
@@ -178,7 +181,7 @@ def process(source, pid: int, ctx: Context) -> dict:
         anc = attribute.ancestors(nested)
         inst = breakdown.instances(nested, ops, anc)
         blocks = breakdown.gpu_blocks(ops)
-        inst = windows.with_cycle(breakdown.add_gpu_idle(inst, blocks), anc)
+        inst = windows.with_cycle(breakdown.add_gpu_idle(inst, blocks), anc, ctx.cycle_index)
         out["seam"] = host.seam_causes(breakdown.seam_instances(inst, blocks), firsts)
         out["cov"] = breakdown.coverage(inst, ops, blocks)
         out["inst"] = with_graphs(host.add_instance_cols(inst, per_inst), graphs, anc)
@@ -305,7 +308,11 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
     kinds = kinds.with_columns(pl.col("name").cast(pl.Categorical))
     launch_ids = head.names.filter(pl.col("name").str.contains(GRAPH_LAUNCH))["name_id"]
     sync_ids = head.names.filter(pl.col("name").str.contains(SYNC_API))["name_id"]
-    ctx = Context(nested_all, kinds, head.devices, launch_ids, keep_ops, sync_ids, graphs=not payload_batches(sel))
+    bad_index = windows.cycle_index_problem(sel)
+    if bad_index:
+        diags.append(Diagnostic("warning", "PAYLOAD_CYCLE_INDEX", bad_index))
+    ctx = Context(nested_all, kinds, head.devices, launch_ids, keep_ops, sync_ids, graphs=not payload_batches(sel),
+                  cycle_index=bad_index is None)
 
     parts: dict[str, list] = {k: [] for k in ("ranks", "inst", "seam", "cov", "ops", "kern", "kstat", "facts",
                                                "calls")}
@@ -511,9 +518,7 @@ def analyze_each(
     if len(paths) == 1 and executor is None:
         return [analyze(paths[0], ranges, comm_patterns, store=store, cache=cache)]
     paths = [str(p) for p in paths]
-    resolved = [str(Path(p).resolve()) for p in paths]
-    if len(set(resolved)) != len(resolved):
-        raise InputError("the same report is given twice; pass each report once", "DUPLICATE_REPORT")
+    refuse_twice(paths)
     for p in paths:
         if not Path(p).exists():
             raise InputError(f"{p}: no such file", "NO_FILE")
@@ -542,6 +547,30 @@ def analyze_each(
         raise
     finally:
         ex.shutdown(wait=True, cancel_futures=True)
+
+
+def refuse_twice(paths: list[str]) -> None:
+    """InputError when two reports are one capture: the same file by any name (a symlink, a hard link, another
+    path: same device and inode) or byte-identical copies (equal sizes, then compared byte for byte; different
+    exports differ within their first pages). Counted twice, its ranks would be four out of two."""
+    seen: dict[tuple[int, int], str] = {}
+    by_size: dict[int, list[str]] = {}
+    for p in paths:
+        try:
+            st = os.stat(p)
+        except OSError:  # a missing or unreadable report is said where it is opened
+            continue
+        other = seen.get((st.st_dev, st.st_ino))
+        seen[(st.st_dev, st.st_ino)] = p
+        if other is not None:
+            raise InputError(f"{other} and {p} are the same file: one capture given twice; give each report once",
+                             "DUPLICATE_REPORT")
+        if stat.S_ISREG(st.st_mode):
+            for q in by_size.get(st.st_size, []):
+                if filecmp.cmp(q, p, shallow=False):
+                    raise InputError(f"{q} and {p} are byte-identical copies of one capture; give each report "
+                                     "once", "DUPLICATE_REPORT")
+            by_size.setdefault(st.st_size, []).append(p)
 
 
 def _signal_workers(ex: ProcessPoolExecutor, signum: int) -> None:

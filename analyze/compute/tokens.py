@@ -130,8 +130,15 @@ def selection(res) -> dict:
 
 def _cycles(res) -> pl.DataFrame:
     inst = decode_frame(res.instances).with_columns(base=base_expr())
+    if "cycle" in inst.columns:  # an index the pairing ignored (analyze.compute.windows: PAYLOAD_CYCLE_INDEX) is none
+        inst = inst.with_columns(cycle_index=pl.when(pl.col("cycle").is_not_null()).then("cycle_index"))
     counted = pl.col("left_out").is_null() if "left_out" in inst.columns else pl.lit(True)  # as in res.phases
     cyc = inst.filter(pl.col("base").is_in(CYCLE_NAMES) & (pl.col("i_ops") > 0) & counted)
+    # Accept lengths of the ranges directly inside a cycle (SGLang's draft_extend): found without the index too.
+    by = ["pid", *(["report"] if "report" in inst.columns else [])]
+    kids = (inst.filter(pl.col("accept_length").is_not_null() & pl.col("parent").is_not_null())
+            .group_by(*by, range_id="parent").agg(acc_kid=pl.col("accept_length").sort_by("start").first()))
+    cyc = cyc.join(kids, on=[*by, "range_id"], how="left", maintain_order="left")
     known = pl.col("accept_length").is_not_null() & pl.col("cycle_index").is_not_null()
     acc = pl.concat([
         inst.filter(known).select("pid", "cycle_index", "accept_length", src=pl.lit("payload")),
@@ -148,8 +155,8 @@ def _cycles(res) -> pl.DataFrame:
         period_ns=pl.col("i_last") - prev_last,
         lead_ns=pl.col("i_first") - prev_last,
         accept_source=pl.when(pl.col("accept_length").is_not_null()).then(pl.lit("payload"))
-        .otherwise(pl.col("acc_src")),
-        accept_length=pl.coalesce("accept_length", "acc_any"),
+        .otherwise(pl.coalesce("acc_src", pl.when(pl.col("acc_kid").is_not_null()).then(pl.lit("payload")))),
+        accept_length=pl.coalesce("accept_length", "acc_any", "acc_kid"),
         payload_batch=pl.col("batch_size"),
         batch_size=pl.coalesce("batch_size", pl.lit(batch, pl.Int64)),
         pair_key=pl.col("key") if "key" in cyc.columns else pl.lit(None, pl.Int64),

@@ -18,7 +18,10 @@ and summing a cut rank with a whole one mixes different cycles. Here:
   ``window_end``, the ones after it ``tail_lost``.
 - **Keys** (:func:`keys`, column ``key``): equal on every rank for the same instance of a phase. From
   the hooks' payload when present: the cycle index of the instance or its nearest ancestor (24 bits,
-  unwrapped) and the order in that cycle. Otherwise by time, per phase and rank: the instance offset under
+  unwrapped) and the order in that cycle. A payload index that cannot identify cycles is ignored, with a
+  ``PAYLOAD_CYCLE_INDEX`` warning, and the instances are paired as without one: within a process, cycle
+  ranges whose index repeats or goes back (:func:`cycle_index_problem`), or ranks that ran at the same time
+  under indices they share none of (:func:`_disjoint_ranks`). Otherwise by time, per phase and rank: the instance offset under
   which the collectives launched inside the instances (the first :data:`ALIGN_KERNELS` of each kernel
   name in each innermost instance) end together (the kernels of up to :data:`VOTE_INSTANCES`
   reference-rank instances each vote for the offset to the other rank's instance holding the same-name
@@ -45,7 +48,7 @@ from nvtx_hooks import phases as ph
 
 from ..model import Diagnostic
 from . import align, attribute
-from .tokens import base_expr, decode_exprs
+from .tokens import CYCLE_NAMES, base_expr, decode_exprs, decode_frame
 
 WRAP = 1 << ph._CYC_BITS  # the payload's cycle index counts modulo this
 # Collectives of one cycle end within a few µs of each other on one node; paired instances (and, in
@@ -54,7 +57,7 @@ END_SPREAD_BOUND_NS = 50_000
 ALWAYS_GPU = 0.9  # share of a phase's instances with GPU work above which a range without any means lost rows
 VOTE_INSTANCES = 64  # reference-rank instances per phase whose collectives vote for the time offset
 ALIGN_KERNELS = 4  # collectives per kernel name and innermost instance that take part in the time alignment
-CODES = ("INSTANCE_PAIRING", "WINDOW_CUT", "GPU_TAIL_LOST", "UNPAIRED_INSTANCES", "MISALIGNED_INSTANCES")
+CODES = ("PAYLOAD_CYCLE_INDEX", "INSTANCE_PAIRING", "WINDOW_CUT", "GPU_TAIL_LOST", "UNPAIRED_INSTANCES", "MISALIGNED_INSTANCES")
 WINDOW_COLS = ("window_start_ns", "window_end_ns", "ranges_start_ns", "ranges_end_ns")
 PHASE = ["domain", "range"]
 CYCLE_PHASES = [p.name for p in ph.PHASES if p.role == "cycle"]
@@ -74,9 +77,37 @@ def rank_window(ops: pl.DataFrame, api_first: int | None, nested: pl.DataFrame) 
             "ranges_start_ns": first(nested, "start"), "ranges_end_ns": last(nested, "end")}
 
 
-def with_cycle(inst: pl.DataFrame, anc: pl.DataFrame) -> pl.DataFrame:
+def cycle_index_problem(sel: pl.DataFrame) -> str | None:
+    """Why the payload's cycle index cannot identify the cycles of the selected ranges ``sel`` (None when it
+    can): in some process, cycle ranges (``cycle``, ``decode_step``) carry an index that repeats or goes back
+    (in start order, after unwrapping), e.g. every cycle the same index."""
+    cols = [c for c in ("uint64", "int64") if c in sel.columns]
+    if not cols or sel.height == 0:
+        return None
+    d = (decode_frame(sel.select("pid", "start", "range", *cols)).filter(base_expr().is_in(CYCLE_NAMES))
+         .filter(pl.col("cycle_index").is_not_null()).sort("pid", "start"))
+    step = pl.col("cycle_index").diff().over("pid")
+    bad = (step.is_not_null() & (step > -(WRAP // 2)) & (step <= 0)).sum()
+    per = (d.group_by("pid").agg(n=pl.len(), distinct=pl.col("cycle_index").n_unique(), bad=bad)
+           .filter(pl.col("bad") > 0).sort("pid"))
+    if per.height == 0:
+        return None
+    r = per.row(0, named=True)
+    more = f" (and {per.height - 1} more process(es))" if per.height > 1 else ""
+    return (f"the payload's cycle index does not identify cycles: process {r['pid']}'s {r['n']} cycle ranges carry "
+            f"{r['distinct']} distinct indices, {r['bad']} of them repeated or going back{more}; " + IGNORED)
+
+
+IGNORED = ("the index is ignored: cycles are paired across ranks as without a payload (by their collectives, else "
+           "by order), accept lengths come from each cycle range or the ranges directly inside it")
+
+
+def with_cycle(inst: pl.DataFrame, anc: pl.DataFrame, use_index: bool = True) -> pl.DataFrame:
     """One process's instances with ``cycle``: the payload cycle index of the instance or of its nearest
-    ancestor that has one, unwrapped (the index counts modulo 2^24 in start order); null without any."""
+    ancestor that has one, unwrapped (the index counts modulo 2^24 in start order); null without any, or
+    everywhere when the index is not to be used (:func:`cycle_index_problem`)."""
+    if not use_index:
+        return inst.with_columns(cycle=pl.lit(None, pl.Int64))
     own = (inst.select("range_id", "start", "uint64", "int64").with_columns(decode_exprs())
            .filter(pl.col("cycle_index").is_not_null()).sort("start", "range_id"))
     wraps = (pl.col("cycle_index").diff() < -(WRAP // 2)).fill_null(False).cum_sum()
@@ -248,6 +279,7 @@ class Keys:
     instances: pl.DataFrame  # range_id, cycle (on the lowest rank's wrap count), key (null: unpaired), misaligned
     payload_phases: list[str]
     offsets: pl.DataFrame  # TimeAlignment.offsets
+    ignored_index: str | None = None  # why the payload's cycle index was not used (:func:`_disjoint_ranks`)
 
 
 def keys(x: pl.DataFrame, anc: pl.DataFrame, kern: pl.DataFrame, bound: int = END_SPREAD_BOUND_NS) -> Keys:
@@ -259,6 +291,9 @@ def keys(x: pl.DataFrame, anc: pl.DataFrame, kern: pl.DataFrame, bound: int = EN
                              misaligned=pl.lit(False))
         return Keys(out, [], pl.DataFrame())
     x = _epochs(x)
+    disjoint = _disjoint_ranks(x)
+    if disjoint:
+        x = x.with_columns(cycle=pl.lit(None, pl.Int64))
     ordered = x.sort("start", "range_id")
     pay = (ordered.filter(pl.col("cycle").is_not_null())
            .with_columns(_b=pl.int_range(pl.len(), dtype=pl.Int64).over("rank", *PHASE, "cycle"))
@@ -284,7 +319,24 @@ def keys(x: pl.DataFrame, anc: pl.DataFrame, kern: pl.DataFrame, bound: int = EN
     out = (x.select("range_id", "cycle").join(k.select("range_id", "key"), on="range_id", how="left")
            .with_columns(misaligned=pl.col("range_id").is_in(mis["range_id"].implode())))
     phases_by_payload = sorted(x.filter(pl.col("cycle").is_not_null())["range"].unique().to_list())
-    return Keys(out, phases_by_payload, ta.offsets)
+    return Keys(out, phases_by_payload, ta.offsets, disjoint)
+
+
+def _disjoint_ranks(x: pl.DataFrame) -> str | None:
+    """Two ranks whose payload-indexed cycle ranges ran at the same time (their spans overlap by more than
+    half the shorter) but share no cycle index: the index cannot pair them (None when no such pair)."""
+    c = (x.filter(pl.col("cycle").is_not_null() & base_expr().is_in(CYCLE_NAMES))
+         .group_by("rank").agg(t0=pl.col("start").min(), t1=pl.col("start").max(), idx=pl.col("cycle").unique()))
+    if c.height < 2:
+        return None
+    rows = c.sort("rank").to_dicts()
+    for i, a in enumerate(rows):
+        for b in rows[i + 1:]:  # a handful of ranks
+            both = min(a["t1"], b["t1"]) - max(a["t0"], b["t0"])
+            if both > 0.5 * min(a["t1"] - a["t0"], b["t1"] - b["t0"]) and not set(a["idx"]) & set(b["idx"]):
+                return (f"the payload's cycle index does not identify cycles: ranks {a['rank']} and {b['rank']} ran "
+                        "their cycles at the same time under indices they share none of; " + IGNORED)
+    return None
 
 
 # ---- presence, and everything together ----------------------------------------------------------------
@@ -434,6 +486,8 @@ def _names(df: pl.DataFrame, span: bool = False) -> str:
 
 def _diagnostics(x: pl.DataFrame, ranks: pl.DataFrame, ks: Keys) -> list[Diagnostic]:
     out: list[Diagnostic] = []
+    if ks.ignored_index:
+        out.append(Diagnostic("warning", "PAYLOAD_CYCLE_INDEX", ks.ignored_index))
     multi = paired_phases(x).select(PHASE).unique()
     gpu_ranks = x.filter((pl.col("i_ops") > 0) & pl.col("rank").is_not_null())["rank"].n_unique()
     if gpu_ranks > 1 and multi.height:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import os
 import sqlite3
 from pathlib import Path
@@ -49,7 +50,7 @@ def document(res: Result, found: list[dict] | None = None) -> dict:
 
 
 def to_json(res: Result, found: list[dict] | None = None) -> str:
-    return json.dumps(document(res, found), indent=2, default=str) + "\n"
+    return doc_json(document(res, found))
 
 
 TOP_KERNELS = 10  # per phase, in the JSON document
@@ -193,5 +194,16 @@ def _db_error(e: sqlite3.Error, shown: Path, after: str) -> InputError:
 
 
 def doc_json(doc: dict) -> str:
-    """A JSON document (compare, whatif, comm) as indented text."""
-    return json.dumps(doc, indent=2, default=str) + "\n"
+    """A JSON document (analyze, compare, whatif, comm) as indented text: valid JSON, NaN and infinities null."""
+    return json.dumps(finite(doc), indent=2, default=str, allow_nan=False) + "\n"
+
+
+def finite(v):
+    """``v`` with every NaN or infinite float (at any depth of dicts and lists) replaced by None."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: finite(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [finite(x) for x in v]
+    return v

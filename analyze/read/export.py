@@ -78,7 +78,8 @@ def _ranges(r: Reader, duration: int | None, notes: dict[str, int] | None = None
             ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """NVTX ranges, domains and marks (frames ``ranges`` and ``marks`` of a Trace). ``notes`` gets the counts
     of odd ranges: ``missing_strings`` (a ``textId`` StringIds lacks: name ''), ``long_ranges`` (longer than
-    the session: end = session end) and ``reversed_ranges`` (end before start: left out)."""
+    the session: end = session end) and ``reversed_ranges`` (end before start: left out). Where a range ends is
+    judged on the capture's own clock (:func:`session_end`), whatever its origin."""
     cols = r.columns(NVTX)
     empty = pl.DataFrame(
         schema={"range_id": pl.Int64, "pid": pl.Int64, "gtid": pl.Int64, "start": pl.Int64, "end": pl.Int64,
@@ -129,11 +130,14 @@ def _ranges(r: Reader, duration: int | None, notes: dict[str, int] | None = None
     marks = rng.filter(is_mark).select("pid", "gtid", "domain", "uint64", "int64", time="start", mark="range")
     marks = marks.select(list(MARKS_SCHEMA))
     rng = rng.filter(~is_mark)
-    end_cap = duration if duration is not None else rng["end"].max()
+    end_cap = session_end(r, duration, rng["start"].max())
+    # Without a known session end, a range nsys never saw closed (null end) ends with the capture's last event.
+    fill = end_cap if end_cap is not None else max((v for v in (rng["end"].max(), rng["start"].max())
+                                                    if v is not None), default=None)
     long = (pl.col("end") - pl.col("start") > duration) if duration else pl.lit(False)
     rng = rng.with_columns(
         unclosed=pl.col("end").is_null() | (((pl.col("end") >= end_cap) & ~long) if end_cap is not None else False),
-        end=pl.when(long).then(pl.lit(end_cap)).otherwise(pl.col("end").fill_null(end_cap)),
+        end=pl.when(long).then(pl.lit(fill)).otherwise(pl.col("end").fill_null(fill)),
         cross_thread=pl.col("end_gtid").is_not_null() & (pl.col("end_gtid") != pl.col("gtid")),
         _long=long.fill_null(False),
     )
@@ -145,6 +149,29 @@ def _ranges(r: Reader, duration: int | None, notes: dict[str, int] | None = None
             notes[k] = notes.get(k, 0) + int(v or 0)
     rng = rng.filter(~reversed_.fill_null(False)).select(empty.columns)
     return rng.cast(empty.schema), domains, marks.cast(MARKS_SCHEMA)
+
+
+STARTED, STOPPED = "Profiling has started.", "Profiling has stopped."  # nsys's DIAGNOSTIC_EVENT texts
+
+
+def session_end(r: Reader, duration: int | None, last_start: int | None = None) -> int | None:
+    """When the capture session ended, on the capture's own clock (the end nsys gives a range it never saw
+    closed): the time of nsys's "Profiling has stopped." diagnostic; else its "Profiling has started." plus
+    ``ANALYSIS_DETAILS.duration`` (a length, not a time); else ``duration`` itself, nsys's clock starting with
+    the session, unless a range starts after it (``last_start``: the clock has another origin); else None."""
+    if r.has("DIAGNOSTIC_EVENT", "timestamp", "text"):  # a few dozen rows
+        kind = "timestampType" if "timestampType" in r.columns("DIAGNOSTIC_EVENT") else "1"
+        d = r.frame(f"SELECT timestamp AS t, text, {kind} AS kind FROM DIAGNOSTIC_EVENT")
+        d = d.filter(pl.col("kind").cast(pl.Int64, strict=False) == 1).select(  # the capture's clock, not the host's
+            pl.col("t").cast(pl.Int64, strict=False), text=pl.col("text").cast(pl.String, strict=False))
+        stopped, started = (d.filter(pl.col("text") == t)["t"].min() for t in (STOPPED, STARTED))
+        if stopped is not None:
+            return int(stopped)
+        if started is not None and duration is not None:
+            return int(started) + duration
+    if duration is not None and (last_start is None or last_start <= duration):
+        return duration
+    return None
 
 
 API_SCHEMA = {"pid": pl.Int64, "gtid": pl.Int64, "corr": pl.Int64, "start": pl.Int64, "end": pl.Int64,

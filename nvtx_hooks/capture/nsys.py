@@ -31,6 +31,7 @@ from pathlib import Path
 
 from . import CaptureError, complete
 from . import manifest as mf
+from .bounds import number, shell_words
 from .files import OutputError, check_file
 
 MIN_NSYS = (2024, 2)  # DIAGNOSTIC_EVENT, GRAPH_TRACE and CUDA_GRAPH_NODE_EVENTS exist from here on
@@ -399,10 +400,11 @@ def add_trace_arguments(p: argparse.ArgumentParser) -> None:
                    help="api: the cudaProfilerStart/Stop range (default); all: the whole run "
                         "(default when --delay or --duration is given)")
     p.add_argument("--capture-range-end", default="stop", help="with --capture api (default: %(default)s)")
-    p.add_argument("--delay", type=float, default=None, help="seconds before collection starts")
-    p.add_argument("--duration", type=float, default=None, help="seconds of collection (nsys then stops the app)")
+    p.add_argument("--delay", type=number(float, 0, 1e6), default=None, help="seconds before collection starts")
+    p.add_argument("--duration", type=number(float, 0, 1e6, lo_open=True), default=None,
+                   help="seconds of collection (nsys then stops the app)")
     p.add_argument("--env", action="append", metavar="KEY=VALUE", help="extra environment for the command")
-    p.add_argument("--nsys-arg", action="append", metavar="ARGS",
+    p.add_argument("--nsys-arg", action="append", metavar="ARGS", type=shell_words,
                    help="extra nsys profile options, appended last so they override the defaults; "
                         "write --nsys-arg=--flag=value")
     p.add_argument("--stats", action="store_true",
