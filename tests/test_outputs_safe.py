@@ -54,8 +54,9 @@ def env_for(tmp_path: Path, **extra: str) -> dict:
 
 
 def spectrace(tmp_path: Path, *args, env: dict | None = None, **kw) -> tuple[int, str, str]:
+    # a file name that is not UTF-8 is printed as its bytes: read them back as the same str
     p = subprocess.run([sys.executable, "-m", "analyze.cli", *map(str, args)], capture_output=True, text=True,
-                       env=env or env_for(tmp_path), cwd=tmp_path, timeout=300, **kw)
+                       errors="surrogateescape", env=env or env_for(tmp_path), cwd=tmp_path, timeout=300, **kw)
     return p.returncode, p.stdout, p.stderr
 
 

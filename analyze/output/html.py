@@ -22,7 +22,7 @@ from ..compute import anatomy, findings, headline, whatif
 from ..compute import compare as cmp
 from ..compute.tokens import DEFINITION, cycle_order, selection, summary
 from ..model import InputError
-from . import plots
+from . import plots, terminal
 from .targets import FIGURES, PAGE_START, as_input_error, report_folder
 from .text import compare_table, kernel_label, probe_lines, whatif_table
 
@@ -359,5 +359,6 @@ def _write_page(res, out: NewFolder, baseline, steps_now: int | None, extra) -> 
         f"{html.escape(d.message)}</li>" for d in res.diagnostics) + "</ul>"))
     nav = "<nav>" + "".join(f'<a href="#{s.id}">{html.escape(s.title)}</a>' for s in secs) + "</nav>"
     body = "".join(f'<section id="{s.id}"><h2>{html.escape(s.title)}</h2>{s.body}</section>' for s in secs)
-    out.write("index.html", PAGE_START + utf8(f"{html.escape(name)}</title><style>{CSS}</style></head><body><h1>"
-                                              f"spectrace · {html.escape(name)}</h1>{nav}{body}</body></html>\n"))
+    page = f"{html.escape(name)}</title><style>{CSS}</style></head><body><h1>spectrace · {html.escape(name)}</h1>" \
+           f"{nav}{body}</body></html>\n"
+    out.write("index.html", PAGE_START + utf8(terminal.clean(page)))  # names are data: no control characters

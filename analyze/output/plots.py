@@ -24,14 +24,16 @@ from nvtx_hooks.phases import COMM_COLOR, CYCLE_ORDER, IDLE_COLOR, SEAM_COLOR, b
 
 from ..compute import headline
 from ..compute.tokens import base_expr, cycles
+from . import terminal
 
 WAIT_COLOR = "#f4a259"  # comm wait (a rank waiting for the others); transfer uses COMM_COLOR
 
 
 def _t(text: str) -> str:
     """Text from the input (a range or kernel name) as matplotlib shows it literally: every ``$`` escaped, so
-    that no name is read as mathtext (``$\\frac{x}{`` would fail to draw, ``$5 and $6`` would be set as math)."""
-    return str(text).replace("$", r"\$")
+    that no name is read as mathtext (``$\\frac{x}{`` would fail to draw, ``$5 and $6`` would be set as math), and
+    no control character (no glyph for it: matplotlib warns)."""
+    return terminal.clean(str(text)).replace("$", r"\$")
 
 
 def _order(names: list[str]) -> list[str]:

@@ -87,10 +87,10 @@ from .export import (
 from .exportdir import _tables
 from .sqlite import check_file, sidecar
 
-CACHE_VERSION = 8  # 2: ranges have ``range_id`` and ``range``; 3: marks.parquet; 4: marker, files listed, checks;
+CACHE_VERSION = 9  # 2: ranges have ``range_id`` and ``range``; 3: marks.parquet; 4: marker, files listed, checks;
 # 5: only the API calls the analysis needs, and each process's first call (``api_first``); 6: op_keys.parquet;
 # 7: ops carry their CUDA graph's id (``graph``); 8: the key has each file's inode, ctime and content hash, the
-# report's path is absolute, a build id
+# report's path is absolute, a build id; 9: the session's end from nsys's own diagnostic (unclosed ranges)
 FLUSH_ROWS = 2_000_000
 PIECE_ROWS = 2_000_000  # a large table is read in row ranges of this size, by READ_THREADS threads
 READ_THREADS = max(2, min(4, os.cpu_count() or 2))
