@@ -167,7 +167,9 @@ def whatif(reports: Reports, steps_now: int | None = None, baseline: Reports | N
     """The cost model fitted on one speculative run (:class:`analyze.compute.whatif.Model`): predictions
     for other draft-step counts. ``baseline``: a run without speculation (calibrates verify's slope).
     ``as_traced``: keep node-level graph tracing's launch cost in the prediction (default: removed).
-    ``timing``: a graph-level pass of the same run: the model is fitted on it (``Model.probe``: the probe effect)."""
+    ``timing``: a graph-level pass of the same run: the model is fitted on it (``Model.probe``: the probe effect).
+    ``Model.segments``: without a baseline, one model per batch size when the run has several
+    (:func:`analyze.compute.whatif.fit_segments`)."""
     from .compute import whatif as wi
 
     if acceptance is not None and not 0 <= acceptance <= 1:
@@ -177,6 +179,8 @@ def whatif(reports: Reports, steps_now: int | None = None, baseline: Reports | N
     base = analyze(baseline, ranges, comm_patterns, **kw) if baseline is not None else None
     m = wi.fit(res, steps_now, baseline=base, alpha=acceptance, as_traced=as_traced)
     m.probe = res.probe_effect
+    if base is None:  # one model per batch size, verify's curve measured across them
+        m.segments = wi.fit_segments(res, steps_now, alpha=acceptance, as_traced=as_traced)
     return m
 
 

@@ -237,10 +237,21 @@ def run_whatif(a) -> int:
     from .compute.whatif import to_dict
     from .output import data, text
 
+    if a.sglang_config:  # before the analysis: a target that is an input is refused at once
+        from .output.targets import check_file
+
+        check_file(a.sglang_config, _inputs(a), "--sglang-config", replace=True)
     m = whatif(a.report, a.steps_now, baseline=a.baseline, acceptance=a.acceptance, as_traced=a.as_traced,
                **_options(a))
-    _out(data.doc_json(to_dict(m, a.max_steps)) if a.format == "json"
-         else text.whatif_table(m, a.max_steps, explain=a.explain))
+    doc = to_dict(m, a.max_steps)
+    _out(data.doc_json(doc) if a.format == "json" else text.whatif_table(m, a.max_steps, explain=a.explain))
+    if a.sglang_config:
+        from .output import sglang_config
+
+        path = sglang_config.write(a.sglang_config, doc["segments"], m.steps_now, ", ".join(map(str, a.report)),
+                                   inputs=_inputs(a))
+        print(f"spectrace: wrote {path} (SGLang --speculative-adaptive --speculative-adaptive-config)",
+              file=sys.stderr)
     return 0
 
 
@@ -407,6 +418,10 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: F821
                    help="also print the model's assumptions, with this trace's numbers (JSON: model.assumptions)")
     p.add_argument("--as-traced", action="store_true",
                    help="predict the traced program: keep node-level graph tracing's launch cost (default: removed)")
+    p.add_argument("--sglang-config", metavar="FILE",
+                   help="write the best draft steps per batch size (the what-if per segment) as the JSON that "
+                        "SGLang's --speculative-adaptive-config reads: tiers of batch sizes, candidate steps the "
+                        "best and the current one")
     add_selection_args(p)
     add_timing_args(p)
     add_source_args(p)

@@ -324,3 +324,16 @@ def test_manifest_records_the_schedule_not_one_batch():
     # a command the workload refused: its settings are left out, nothing raises
     bad = manifest.speculative_config([*cmd[:3], "--schedule", "1:0"])
     assert bad == {"workload": "nvtx_hooks.capture.workload", "algorithm": "eagle-shaped"}
+
+
+def test_geometric_acceptance():
+    """--accept-rate A: each draft token accepted with probability A until the first rejection."""
+    import statistics
+
+    for steps in (1, 3, 4):
+        a = workload.accept_lengths(20_000, steps, 0, 0.7)
+        assert set(a) <= set(range(1, steps + 2))
+        assert statistics.mean(a) - 1 == pytest.approx(sum(0.7 ** i for i in range(1, steps + 1)), abs=0.02)
+    assert workload.accept_lengths(5, 3, 0) == workload.accept_lengths(5, 3, 0, None)  # the default: uniform
+    with pytest.raises(SystemExit):
+        workload.build_parser().parse_args(["--accept-rate", "1.5"])

@@ -277,20 +277,45 @@ def _left_out(ctx: Context) -> list[dict]:
 
 
 def _whatif(ctx: Context) -> list[dict]:
+    """The step count the what-if predicts faster, among the predictions within one step of what was measured
+    (an extrapolated one is named as such, never recommended), with how verify's growth is known."""
     m = ctx.model
-    if m is None:
+    if m is None or m.segments:  # several batch sizes: one average model is right for none (WHATIF_STEPS_PER_BATCH)
         return []
-    best = m.best()
-    now = m.predict(m.steps_now)
+    best, now = m.best(measured_only=True), m.predict(m.steps_now)
+    far = m.best()
     if best is None or best["steps"] == m.steps_now or not now["tokens_per_s"]:
         return []
     gain = best["tokens_per_s"] / now["tokens_per_s"] - 1
     if gain < GAIN:
         return []
-    return [{"phase": None, "rank": None, "impact_ns": gain * ctx.period_ns, "steps": best["steps"], "evidence": (
-        f"the what-if model predicts {best['tokens_per_s']:,.0f} tokens/s at {best['steps']} draft steps against "
-        f"{now['tokens_per_s']:,.0f} at the current {m.steps_now} (+{_pct(gain)}; acceptance α = {m.alpha:.2f} "
-        "fitted on this trace, model assumptions in `spectrace whatif`)")}]
+    ev = (f"the what-if model predicts {best['tokens_per_s']:,.0f} tokens/s at {best['steps']} draft steps against "
+          f"{now['tokens_per_s']:,.0f} at the current {m.steps_now} (+{_pct(gain)}; acceptance α = {m.alpha:.2f} "
+          "fitted on this trace, model assumptions in `spectrace whatif --explain`)")
+    if m.verify_source == "assumed":
+        ev += ("; verify's cost per extra verified token is ASSUMED 0 (not measured: no baseline, one batch size): "
+               "the gain is an upper bound until a run at that step count confirms it")
+    if far is not None and far["steps"] != best["steps"]:
+        ev += (f"; {far['steps']} steps predicts more ({far['tokens_per_s']:,.0f} tokens/s) but is "
+               f"{abs(far['steps'] - m.steps_now)} steps from the measured {m.steps_now}: extrapolated, not "
+               "recommended")
+    return [{"phase": None, "rank": None, "impact_ns": gain * ctx.period_ns, "steps": best["steps"], "evidence": ev}]
+
+
+def _whatif_per_batch(ctx: Context) -> list[dict]:
+    """Different best step counts for different batch sizes (the what-if per segment)."""
+    m = ctx.model
+    segs = [sm.as_dict() for sm in (m.segments if m is not None else [])]
+    best = {d["key"]: d["best_steps"] for d in segs if d["best_steps"] is not None}
+    if len(set(best.values())) < 2:
+        return []
+    gain = max((d["gain"] or 0.0) for d in segs)
+    per = ", ".join(f"{k}: {v}" for k, v in best.items())
+    return [{"phase": None, "rank": None, "impact_ns": gain * ctx.period_ns, "evidence": (
+        f"the best draft-step count depends on the batch size ({per}; predicted from each batch size's own "
+        f"cycles, within one step of the measured {m.steps_now}; verify's growth "
+        f"{'measured across the batch sizes' if segs[0]['verify_source'] == 'segments' else 'assumed'}); up to "
+        f"+{_pct(gain)} tokens/s in one of them")}]
 
 
 RULES: tuple[Rule, ...] = (
@@ -336,6 +361,10 @@ RULES: tuple[Rule, ...] = (
     Rule("WHATIF_STEPS", "a draft-step count the what-if model predicts to be faster",
          "Try --speculative-num-steps at the predicted count (for top-k 1, --speculative-num-draft-tokens = "
          "steps + 1) and measure it against this run with `spectrace compare`.", _whatif),
+    Rule("WHATIF_STEPS_PER_BATCH", "different best draft-step counts for different batch sizes",
+         "Let SGLang choose the steps per batch size: `spectrace whatif REPORT --sglang-config tiers.json`, then "
+         "`--speculative-adaptive --speculative-adaptive-config tiers.json`; measure it against this run with "
+         "`spectrace compare`.", _whatif_per_batch),
 )
 
 
@@ -344,12 +373,14 @@ def severity(share: float) -> str:
 
 
 def context(res, model=None) -> Context:
-    """The rules' inputs for one analysed trace (``model``: a fitted what-if model, else one is tried)."""
+    """The rules' inputs for one analysed trace (``model``: a fitted what-if model, else one is tried, with its
+    per-segment models when the run has several batch sizes)."""
     if model is None:
         from . import whatif
 
         try:
             model = whatif.fit(res)
+            model.segments = whatif.fit_segments(res)
         except InputError:
             model = None
     ncyc = headline.cycles_per_rank(res).rename({"cycles": "ncyc"})

@@ -32,7 +32,8 @@ it in a collective all see the same long cycle; one late event counts once):
 
 Cycles are identified across ranks by the pairing of :mod:`analyze.compute.windows` (the payload's cycle
 index, or the offset under which collectives end together), else the payload index, else their order.
-``skip_cycles=N`` leaves out exactly the first N cycles of each rank (0: none); ``window`` keeps only cycles
+``segment=ID`` (internal: :func:`analyze.compute.whatif.fit_segments`) keeps the detected steady cycles of one
+segment only. ``skip_cycles=N`` leaves out exactly the first N cycles of each rank (0: none); ``window`` keeps only cycles
 ``START <= n < END`` (``"5:50"``, open ends allowed) or cycles whose first GPU op lies in a time range on the
 session clock (``"1.5s:3s"``, units ns/us/µs/ms/s). With either, stalls and classes are still found and
 named, but kept.
@@ -345,6 +346,9 @@ def flag_cycles(cyc: pl.DataFrame, choice: dict | None = None) -> tuple[pl.DataF
     if how == "detected":
         c = c.with_columns(why=pl.when(is_main).then(
             pl.when(pl.col("_kw")).then(pl.lit("warm-up")).when(pl.col("out").is_not_null()).then(pl.col("out"))))
+        if "segment" in choice:  # one segment's steady cycles (a what-if per batch size): the others set aside
+            c = c.with_columns(why=pl.when(is_main & pl.col("why").is_null() & (pl.col("segment") != choice["segment"]))
+                               .then(pl.lit("other segment")).otherwise("why"))
     else:
         c = c.with_columns(why=pl.when(is_main).then(why))
     c = c.with_columns(pl.col("why").cast(pl.String)).with_columns(steady=pl.col("why").is_null())

@@ -313,6 +313,11 @@ class Model:
     launch_cut_from: int = 0  # that smallest graph's node count
     graph_mode: str | None = None
     probe: dict | None = None  # fitted on the graph-level pass of a pair: the probe effect (analyze.compute.probe)
+    # verify's GPU time as a function of the tokens it verifies per cycle, measured at these points (segments of
+    # other batch sizes): (tokens, ns), sorted; None: the linear ``verify_per_token_ns`` (baseline, or assumed)
+    verify_points: tuple[tuple[float, float], ...] | None = None
+    verify_source: str = "assumed"  # "baseline", "segments" (the points above) or "assumed" (0 per token)
+    segments: list = field(default_factory=list)  # SegmentModel per batch size (fit_segments), when several
     _runs: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -332,7 +337,21 @@ class Model:
         return self.cost_ns.get("draft", 0.0) * steps / self.steps_now
 
     def verify(self, steps: int) -> float:
+        if self.verify_points and self.batch_size:
+            b = self.batch_size
+            return self.cost_ns.get("verify", 0.0) + _interp(self.verify_points, b * (steps + 1)) - _interp(
+                self.verify_points, b * (self.steps_now + 1))
         return self.cost_ns.get("verify", 0.0) + self.verify_per_token_ns * (steps - self.steps_now)
+
+    def extrapolated(self, steps: int) -> bool:
+        """Whether the prediction at ``steps`` leaves what was measured: more than one step from the trace's own
+        step count, or verified tokens outside the measured points of the verify curve."""
+        if abs(steps - self.steps_now) > 1:
+            return True
+        if self.verify_points and self.batch_size:
+            t = self.batch_size * (steps + 1)
+            return not self.verify_points[0][0] <= t <= self.verify_points[-1][0]
+        return False
 
     def expected_accepted(self, steps: int) -> float | None:
         if self.alpha is None:
@@ -384,16 +403,30 @@ class Model:
             "steps": steps, "cycle_ns": cyc, "draft_ns": d, "verify_ns": v, "draft_extend_ns": e,
             "seams_ns": seam, "other_ns": cyc - d - v - e - seam, "tokens_per_cycle": tok,
             "tokens_per_s": tok / cyc * 1e9 if tok is not None and cyc > 0 else None,
-            "measured": steps == s0,
+            "measured": steps == s0, "extrapolated": self.extrapolated(steps),
         }
 
     def predictions(self, max_steps: int = MAX_STEPS) -> list[dict]:
         return [self.predict(s) for s in range(1, max_steps + 1)]
 
-    def best(self, max_steps: int = MAX_STEPS) -> dict | None:
-        """The step count with the most tokens/s, or None when acceptance is unknown."""
-        rows = [p for p in self.predictions(max_steps) if p["tokens_per_s"] is not None]
+    def best(self, max_steps: int = MAX_STEPS, measured_only: bool = False) -> dict | None:
+        """The step count with the most tokens/s, or None when acceptance is unknown (``measured_only``: among the
+        predictions that are not extrapolated)."""
+        rows = [p for p in self.predictions(max_steps) if p["tokens_per_s"] is not None
+                and not (measured_only and p["extrapolated"])]
         return max(rows, key=lambda p: p["tokens_per_s"]) if rows else None
+
+    def verify_text(self) -> str:
+        """How verify's cost per extra verified token is known: measured (segments, baseline) or assumed."""
+        if self.verify_source == "segments" and self.verify_points:
+            pts = ", ".join(f"{t:,.0f} tokens {v / 1e3:,.0f} µs" for t, v in self.verify_points)
+            return ("verify GPU time interpolated in the tokens it verifies per cycle, measured on the segments of "
+                    f"other batch sizes ({pts}); outside them extrapolated")
+        if self.verify_source == "baseline":
+            return (f"verify GPU time {self.verify_per_token_ns / 1e3:+.2f} µs per extra verified token per request "
+                    "(measured against the baseline's decode step)")
+        return ("verify GPU time ASSUMED independent of the verified tokens (+0.00 µs per extra token: decode "
+                "memory-bound): not measured; give --baseline, or a trace with several batch sizes")
 
     def assumptions(self) -> list[str]:
         """What the predictions assume, with this trace's numbers (``whatif --explain``)."""
@@ -404,8 +437,7 @@ class Model:
         out = [
             f"draft GPU time ∝ steps: {self.cost_ns.get('draft', 0) / 1e3:.1f} µs at {self.steps_now} steps "
             "(smallest span over ranks per cycle, median over cycles; no fixed part)",
-            f"verify GPU time {self.verify_per_token_ns / 1e3:+.2f} µs per extra verified token per request "
-            "(0 without a --baseline trace: decode is memory-bound)",
+            self.verify_text(),
             f"draft_extend GPU time {self.extend_per_token_ns / 1e3:+.2f} µs per generated token",
             "each cycle is replayed on the trace's own timelines: host calls in their order, the time between "
             "them unchanged (the host's own work does not depend on the step count)",
@@ -429,6 +461,102 @@ class Model:
             out.append("node-level graph trace replayed as traced: its graph launch calls keep node tracing's "
                        "host cost")
         return out
+
+
+def _interp(points: tuple[tuple[float, float], ...], x: float) -> float:
+    """Piecewise-linear ``f(x)`` through ``points`` (sorted by x), extended by the end segments' slopes."""
+    if len(points) == 1:
+        return points[0][1]
+    i = 1
+    while i < len(points) - 1 and x > points[i][0]:
+        i += 1
+    (x0, y0), (x1, y1) = points[i - 1], points[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0) if x1 != x0 else y1
+
+
+MIN_SEGMENT_CYCLES = 5  # a segment's own model needs this many typical steady cycles
+OWN_ALPHA_CYCLES = 100  # ... and this many to use its own acceptance rather than the whole run's
+
+
+@dataclass
+class SegmentModel:
+    """The what-if of one segment (cycles of one batch size): its own costs, acceptance and predictions."""
+
+    segment: int
+    key: str
+    batch_size: int | None
+    cycles: int  # typical steady cycles the model is fitted on (all ranks)
+    first_cycle: int
+    period_ns: float  # the segment's typical cycle period (p50 of its typical steady cycles): what it moves from
+    model: Model
+
+    def as_dict(self, max_steps: int = MAX_STEPS) -> dict:
+        m = self.model
+        preds = [{k: p[k] for k in ("steps", "cycle_ns", "tokens_per_s", "tokens_per_cycle", "verify_ns",
+                                    "measured", "extrapolated")} for p in m.predictions(max_steps)]
+        best, now = m.best(max_steps, measured_only=True), m.predict(m.steps_now)
+        best_any = m.best(max_steps)
+        gain = (best["tokens_per_s"] / now["tokens_per_s"] - 1
+                if best and now["tokens_per_s"] else None)
+        return {"segment": self.segment, "key": self.key, "batch_size": self.batch_size, "cycles": self.cycles,
+                "first_cycle": self.first_cycle, "period_ns": self.period_ns, "steps_now": m.steps_now,
+                "alpha": m.alpha, "verify_source": m.verify_source, "predictions": preds,
+                "best_steps": best["steps"] if best else None, "gain": gain,
+                "best_steps_extrapolated": best_any["steps"] if best_any and best_any["extrapolated"]
+                and best_any["steps"] != (best or {}).get("steps") else None}
+
+
+def fit_segments(res, steps_now: int | None = None, alpha: float | None = None,
+                 as_traced: bool = False) -> list[SegmentModel]:
+    """One model per segment of the trace (:func:`analyze.compute.anatomy.segments`: the cycles of one decode batch
+    size), each fitted on the segment's own steady cycles and moving from its typical period (the p50 of its cycles
+    in no class of slower ones: a prefill or the first cycles after a batch change are not what the next cycle at
+    another step count would take). Verify's cost per extra verified token is *measured* across segments: with
+    several batch sizes, the segments' verify times at their verified tokens per cycle (batch × (steps + 1)) make a
+    curve, interpolated for each segment's other step counts (extrapolated beyond its ends; said). None when the
+    trace has one batch size only (the whole-trace model is its model)."""
+    import dataclasses
+
+    from . import anatomy
+
+    segs = [g for g in anatomy.segments(res) if g.cycles >= MIN_SEGMENT_CYCLES]
+    if len(segs) < 2:
+        return []
+    s0 = steps_of(res, steps_now)
+    c = cycles(res)
+    # acceptance: the segment's own when it has enough cycles to measure it, else the whole run's (one draft
+    # model, one data set: a few dozen cycles measure α to ± 0.1, which moves the best step count)
+    tk = summary(res, steps=s0)
+    pooled = alpha if alpha is not None else (solve_alpha(tk.accepted_per_request, s0)
+                                              if tk.accepted_per_request is not None else None)
+    out = []
+    for g in segs:
+        view = dataclasses.replace(res, cycle_choice={**res.cycle_choice, "segment": g.segment})
+        typ = c.filter(pl.col("steady") & (pl.col("segment") == g.segment) & pl.col("cycle_class").is_null()
+                       & ~pl.col("slow") & pl.col("period_ns").is_not_null())
+        if typ.height < MIN_SEGMENT_CYCLES:
+            continue
+        period = float(typ["period_ns"].median())
+        own = alpha is None and typ.select("key").unique().height >= OWN_ALPHA_CYCLES
+        try:
+            m = fit(view, s0, alpha=None if own else pooled, as_traced=as_traced, period_ns=period)
+        except InputError:
+            continue
+        m.notes.append("acceptance α measured on this segment's own cycles" if own else
+                       f"acceptance α of the whole run (this segment has fewer than {OWN_ALPHA_CYCLES} cycles)")
+        out.append(SegmentModel(g.segment, g.key, g.batch_size, typ.height, g.first_cycle, period, m))
+    # the verify curve: each batch size's verify time at the tokens it verifies per cycle
+    pts: dict[float, list[float]] = {}
+    for sm in out:
+        if sm.batch_size:
+            pts.setdefault(float(sm.batch_size * (s0 + 1)), []).append(sm.model.cost_ns["verify"])
+    if len(pts) >= 2:
+        curve = tuple(sorted((t, float(np.median(v))) for t, v in pts.items()))
+        for sm in out:
+            sm.model.verify_points, sm.model.verify_source = curve, "segments"
+            sm.model._runs.clear()
+            sm.model.other_ns = sm.model.predict(s0)["other_ns"]
+    return out
 
 
 def theil_sen(xy: pl.DataFrame) -> float:
@@ -468,11 +596,12 @@ def steps_of(res, steps_now: int | None) -> int:
 
 
 def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = None,
-        as_traced: bool = False) -> Model:
+        as_traced: bool = False, period_ns: float | None = None) -> Model:
     """Fit the cost model on one analysed trace (``baseline``: an analysed decode_step trace, optional).
 
     ``as_traced``: predict the traced program (node tracing's graph launch cost kept); by default it is
-    removed on a node-level trace.
+    removed on a node-level trace. ``period_ns``: the measured period the predictions move from (default: the
+    trace's cycle period).
     """
     s0 = steps_of(res, steps_now)
     cp = cycle_phases(res)
@@ -485,11 +614,12 @@ def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = 
     if "verify" not in cost:
         raise InputError(f"{res.trace.path}: no verify phase inside the cycles", "NO_VERIFY")
     tk = summary(res, steps=s0)
-    period = tk.period_ns if tk.kind == "cycle" else None
+    period = (tk.period_ns if period_ns is None else period_ns) if tk.kind == "cycle" else None
     if period is None:
         raise InputError(f"{res.trace.path}: fewer than two cycles per rank; no cycle period", "NO_PERIOD")
     notes = []
     b = 0.0
+    source = "assumed"
     if baseline is not None:
         bt = summary(baseline)
         step = cycles(baseline).filter((pl.col("kind") == "decode_step") & pl.col("steady")).group_by("n") \
@@ -497,6 +627,7 @@ def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = 
         if step is None:
             notes.append(f"{baseline.trace.path} has no decode_step ranges: not used for the verify slope")
         else:
+            source = "baseline"
             b = (cost["verify"] - step) / s0
             if b < 0:
                 notes.append(f"the baseline step ({step / 1e3:.1f} µs) is slower than verify: slope clipped to 0")
@@ -535,7 +666,8 @@ def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = 
     if replay.windows == 0:
         notes.append("no cycle could be replayed (no key host calls: an older result?): phase cost changes are "
                      "added to the measured period")
-    m = Model(s0, float(period), cost, 0.0, b, e1, batch, alpha, tk.accepted_per_request, notes, replay, *cut, mode)
+    m = Model(s0, float(period), cost, 0.0, b, e1, batch, alpha, tk.accepted_per_request, notes, replay, *cut, mode,
+              verify_source=source)
     m.other_ns = m.predict(s0)["other_ns"]
     if cut[0]:
         now = m.cycle(s0)
@@ -547,20 +679,25 @@ def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = 
 
 
 def to_dict(m: Model, max_steps: int = MAX_STEPS) -> dict:
-    """The JSON document: ``{"predictions": [...], "best": ..., "model": ...}``."""
+    """The JSON document: ``{"predictions": [...], "best": ..., "best_measured": ..., "model": ..., "segments":
+    [...]}`` (``best``: over every prediction; ``best_measured``: over those not extrapolated)."""
     best = m.best(max_steps)
+    near = m.best(max_steps, measured_only=True)
     return {
         "predictions": m.predictions(max_steps),
         "best": best["steps"] if best else None,
+        "best_measured": near["steps"] if near else None,
         "model": {
             "steps_now": m.steps_now, "period_ns": m.period_ns, "cost_ns": m.cost_ns, "other_ns": m.other_ns,
-            "verify_per_token_ns": m.verify_per_token_ns, "extend_per_token_ns": m.extend_per_token_ns,
+            "verify_per_token_ns": m.verify_per_token_ns, "verify_source": m.verify_source,
+            "extend_per_token_ns": m.extend_per_token_ns,
             "batch_size": m.batch_size, "alpha": m.alpha, "accepted_per_request": m.accepted_now,
             "seams_ns": m.seams(m.steps_now), "launch_cut_per_node_ns": m.launch_cut_ns,
             "launch_cut_from_nodes": m.launch_cut_from,
             "replayed_cycles": m.replay.windows if m.replay is not None else 0,
             "assumptions": m.assumptions(), "notes": m.notes,
         },
+        "segments": [sm.as_dict(max_steps) for sm in m.segments],
         **({"probe_effect": m.probe} if m.probe is not None else {}),
     }
 

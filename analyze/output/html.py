@@ -335,6 +335,8 @@ def _write_page(res, out: NewFolder, baseline, steps_now: int | None, extra) -> 
     name = ", ".join(Path(p).name for p in res.reports) or Path(res.trace.path).name
     try:
         model = whatif.fit(res, steps_now, baseline=baseline)
+        if baseline is None:  # one model per batch size when the run has several
+            model.segments = whatif.fit_segments(res, steps_now)
     except InputError as e:
         model = e
     found = findings.find(res, None if isinstance(model, InputError) else model)

@@ -542,6 +542,23 @@ def compare_table(doc: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def whatif_segment_lines(m: Model, max_steps: int = MAX_STEPS) -> list[str]:
+    """Per segment (batch size): predicted tokens/s at each step count, the best one and its gain."""
+    if not m.segments:
+        return []
+    steps = list(range(1, max_steps + 1))
+    rows = []
+    for sm in m.segments:
+        d = sm.as_dict(max_steps)
+        cells = [f"{p['tokens_per_s']:,.0f}" + ("*" if p["extrapolated"] else "") if p["tokens_per_s"] else "-"
+                 for p in d["predictions"]]
+        gain = f"{100 * d['gain']:+.1f} %" if d["gain"] is not None else "-"
+        rows.append([sm.key, str(sm.cycles), _us(sm.period_ns), *cells, str(d["best_steps"] or "-"), gain])
+    return ["", "Per segment (one model per batch size, from its own cycles; tokens/s at each step count, "
+                "* extrapolated; best among the others)",
+            *_grid(["segment", "cycles", "p50 µs", *[f"{s} steps" for s in steps], "best", "gain"], rows)]
+
+
 def whatif_table(m: Model, max_steps: int = MAX_STEPS, explain: bool = False) -> str:
     """``spectrace whatif``: the fitted costs and the predictions per step count (``explain``: the assumptions)."""
     now = m.predict(m.steps_now)
@@ -562,13 +579,22 @@ def whatif_table(m: Model, max_steps: int = MAX_STEPS, explain: bool = False) ->
     for p in m.predictions(max_steps):
         tok = f"{p['tokens_per_cycle']:9.2f}" if p["tokens_per_cycle"] is not None else f"{'-':>9}"
         tps = f"{p['tokens_per_s']:9.1f}" if p["tokens_per_s"] is not None else f"{'-':>9}"
-        mark = " ← now" if p["measured"] else ""
+        mark = " ← now" if p["measured"] else " *" if p["extrapolated"] else ""
         out.append(f"{p['steps']:5d}  {p['cycle_ns'] / 1e3:9.1f}  {p['draft_ns'] / 1e3:8.1f}  {p['verify_ns'] / 1e3:8.1f}  "
                    f"{p['draft_extend_ns'] / 1e3:8.1f}  {p['seams_ns'] / 1e3:8.1f}  {p['other_ns'] / 1e3:8.1f}  {tok}  {tps}{mark}")
-    best = m.best(max_steps)
+    best, near = m.best(max_steps), m.best(max_steps, measured_only=True)
     out.append("")
-    out.append(f"best: {best['steps']} steps, {best['tokens_per_s']:.1f} tok/s predicted" if best
-               else "best: unknown without acceptance (shortest cycle is always 1 step)")
+    if best is None:
+        out.append("best: unknown without acceptance (shortest cycle is always 1 step)")
+    elif near is not None and near["steps"] != best["steps"]:
+        out.append(f"best within one step of the measured {m.steps_now}: {near['steps']} steps, "
+                   f"{near['tokens_per_s']:.1f} tok/s predicted; {best['steps']} steps predicts "
+                   f"{best['tokens_per_s']:.1f} tok/s but is extrapolated (*)")
+    else:
+        out.append(f"best: {best['steps']} steps, {best['tokens_per_s']:.1f} tok/s predicted"
+                   + (" (extrapolated *)" if best["extrapolated"] else ""))
+    out.append(f"verify: {m.verify_text()}")
+    out += whatif_segment_lines(m, max_steps)
     if m.probe is not None:
         out += ["", "Fitted on the graph-level pass (--timing).", *probe_lines(m.probe)]
     if explain:

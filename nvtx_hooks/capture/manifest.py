@@ -75,6 +75,8 @@ def _workload_settings(argv: list[str]) -> dict:
     if wl.delay_us:
         cfg.update(delay_rank=wl.delay_rank, delay_us=wl.delay_us, delay_every=wl.delay_every,
                    delay_offset=wl.delay_offset, delay_before=wl.delay_before)
+    if getattr(wl, "accept_rate", None) is not None:
+        cfg["accept_rate"] = wl.accept_rate
     if wl.stall_us:
         cfg.update(stall_every=wl.stall_every, stall_us=wl.stall_us)
     return cfg

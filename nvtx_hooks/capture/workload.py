@@ -67,6 +67,13 @@ from ..phases import encode_payload
 TEARDOWN_S = 60.0  # NCCL teardown after the final barrier normally takes well under a second
 
 
+def _rate(text: str) -> float:
+    v = float(text)
+    if not 0 <= v <= 1:
+        raise argparse.ArgumentTypeError(f"must be a probability from 0 to 1, not {text}")
+    return v
+
+
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     """The workload's knobs (also used by ``spectrace demo-workload``)."""
     p = parser or argparse.ArgumentParser(prog="python -m nvtx_hooks.capture.workload", description=__doc__.split("\n")[0])
@@ -110,6 +117,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    help="prompt tokens per new request in a --schedule prefill (default 128)")
     p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda when available")
     p.add_argument("--seed", type=int, default=0, help="seed of the accept lengths and weights")
+    p.add_argument("--accept-rate", type=_rate, default=None, metavar="A",
+                   help="accept each draft token with probability A until the first rejection (a draft model's "
+                        "acceptance; default: accept lengths uniform in 1..steps+1)")
     p.add_argument("--profiler-api", action=argparse.BooleanOptionalAction, default=True,
                    help="bracket the measured loop with cudaProfilerStart/Stop")
     p.add_argument("--profiler-rank", type=int, default=None,
@@ -192,10 +202,20 @@ def flush_cupti() -> int:
     return done
 
 
-def accept_lengths(n: int, steps: int, seed: int) -> list[int]:
-    """A fixed pseudo-random accept-length schedule in 1..steps+1 (the bonus token counts)."""
+def accept_lengths(n: int, steps: int, seed: int, rate: float | None = None) -> list[int]:
+    """A fixed pseudo-random accept-length schedule in 1..steps+1 (the bonus token counts): uniform by default;
+    with ``rate`` each draft token is accepted with that probability until the first rejection (what a draft
+    model's acceptance looks like: E[accepted drafts] = rate + rate² + … + rate^steps)."""
     rng = random.Random(seed)
-    return [rng.randint(1, steps + 1) for _ in range(n)]
+    if rate is None:
+        return [rng.randint(1, steps + 1) for _ in range(n)]
+    out = []
+    for _ in range(n):
+        k = 0
+        while k < steps and rng.random() < rate:
+            k += 1
+        out.append(k + 1)
+    return out
 
 
 class _NoRanges:
@@ -328,7 +348,7 @@ def run(args: argparse.Namespace) -> dict:
     acc_host = [torch.zeros(1, dtype=torch.int64, pin_memory=use_cuda) for _ in range(2)]
     copied = [torch.cuda.Event() if use_cuda else None for _ in range(2)]
     pending: list[int] = []  # cycles whose accept length is on its way to the host
-    sched = accept_lengths(args.warmup + measured_cycles, args.steps, args.seed)
+    sched = accept_lengths(args.warmup + measured_cycles, args.steps, args.seed, args.accept_rate)
 
     if use_cuda:
         s = torch.cuda.Stream()
