@@ -26,7 +26,7 @@ import polars as pl
 
 from . import collectives, headline
 from .steady import class_label
-from .tokens import cycles, selection
+from .tokens import selection
 
 GROW = 0.5  # a piece that grew by this share of a class's extra time holds it
 SHOWN = 0.1  # pieces that grew by less than this share of the extra time are not listed
@@ -69,11 +69,9 @@ def cycle_classes(res) -> list[CycleClass]:
 
 def _classes(res) -> list[CycleClass]:
     info = selection(res)
-    c = cycles(res)
+    c = headline.main_cycles(res)
     if c.height == 0 or not info.get("classes") and not info.get("stalls"):
         return []
-    main = c["kind"].mode().sort()[0]
-    c = c.filter((pl.col("kind") == main) & pl.col("period_ns").is_not_null())
     typical = c.filter(pl.col("steady") & pl.col("cycle_class").is_null() & ~pl.col("slow"))
     steady_n = max(c.filter("steady").select("key").unique().height, 1)
     out = []
@@ -105,7 +103,7 @@ def _deltas(res, members: pl.DataFrame, typical: pl.DataFrame) -> pl.DataFrame:
                        typ.select(rk, "rank", seg="segment", role=pl.lit(0))]).unique("_rk", keep="first")
     n = roles.group_by("rank", "role", "seg").agg(_n=pl.len())
     p = (headline.cycle_pieces(res).filter(pl.col("kind") != "prefill")
-         .select(rk, "segment", "kind", "order", "ns").join(roles.drop("rank").with_columns(), on="_rk")
+         .select(rk, "segment", "kind", "order", "ns").join(roles.drop("rank"), on="_rk")
          .with_columns(rank=pl.col("_rk") // (1 << 40))
          .group_by("rank", "role", "seg", "segment", "kind").agg(pl.col("ns").sum(), pl.col("order").mean())
          .join(n, on=["rank", "role", "seg"]))
@@ -272,9 +270,7 @@ def _segments(res) -> list[Segment]:
     info = selection(res)
     if not info.get("segments"):
         return []
-    c = cycles(res)
-    main = c["kind"].mode().sort()[0]
-    c = c.filter((pl.col("kind") == main) & pl.col("period_ns").is_not_null())
+    c = headline.main_cycles(res)
     out = []
     one = len(info["segments"]) == 1
     for sg in info["segments"]:

@@ -42,12 +42,15 @@ def _n_cycles(res) -> int:
 
 
 def _long(res) -> pl.DataFrame:
-    """``rank, key, name, kind`` and the piece's ``ns, compute_ns, comm_ns, idle_ns`` of every steady cycle."""
-    p = headline.cycle_pieces(res).join(headline.steady_keys(res), on=["rank", "key"], how="semi")
-    return (p.group_by("rank", "key", name="item")
-            .agg(kind=pl.col("kind").first(), ns=pl.col("ns").sum(), compute_ns=pl.col("compute_ns").sum(),
-                 comm_ns=pl.col("comm_ns").sum(), idle_ns=pl.col("idle_ns").sum())
-            .with_columns(pl.col(*VALS).fill_null(0.0), pl.col("name", "kind").cast(pl.String)))
+    """``rank, key, name, kind`` and the piece's ``ns, compute_ns, comm_ns, idle_ns`` of every steady cycle
+    (computed once per result: :func:`per_cycle` and :func:`_wide` both read it)."""
+    def run():
+        p = headline.cycle_pieces(res).join(headline.steady_keys(res), on=["rank", "key"], how="semi")
+        return (p.group_by("rank", "key", name="item")
+                .agg(kind=pl.col("kind").first(), ns=pl.col("ns").sum(), compute_ns=pl.col("compute_ns").sum(),
+                     comm_ns=pl.col("comm_ns").sum(), idle_ns=pl.col("idle_ns").sum())
+                .with_columns(pl.col(*VALS).fill_null(0.0), pl.col("name", "kind").cast(pl.String)))
+    return headline._memo(res, "compare_long", run)
 
 
 def per_cycle(res, by_rank: bool = False) -> pl.DataFrame:
@@ -71,7 +74,7 @@ def _wide(res) -> pl.DataFrame:
     keys = headline.steady_keys(res)
     if keys.height == 0:
         return pl.DataFrame()
-    c = headline._main_cycles(res).join(keys, on=["rank", "key"], how="semi")
+    c = headline.main_cycles(res).join(keys, on=["rank", "key"], how="semi")
     cyc = (c.group_by("key").agg(period=pl.col("period_ns").mean(), tokens=pl.col("tokens").mean(),
                                  _r=pl.col("rank").n_unique()))
     lg = _long(res)

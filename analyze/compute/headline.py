@@ -265,7 +265,7 @@ BUDGET_SCHEMA = {"rank": pl.Int64, "segment": pl.String, "kind": pl.String, "ord
 PREFILL = "prefill"
 
 
-def _main_cycles(res) -> pl.DataFrame:
+def main_cycles(res) -> pl.DataFrame:
     """The cycles of the trace's cycle kind that have a period (every one but each rank's first)."""
     c = cycles(res)
     if c.height == 0:
@@ -283,7 +283,7 @@ def cycle_pieces(res) -> pl.DataFrame:
 
 
 def _pieces(res) -> pl.DataFrame:
-    c = _main_cycles(res)
+    c = main_cycles(res)
     if c.height == 0:
         return pl.DataFrame(schema=PIECE_SCHEMA)
     cyc_e = c.select("rank", "key", cid="range_id", crange="range", c0="i_first", c1="i_last", lead="lead_ns",
@@ -385,7 +385,7 @@ def budget(res) -> pl.DataFrame:
 
 def steady_keys(res) -> pl.DataFrame:
     """``rank, key`` of the steady cycles that have a period (what the budget and per-cycle means average over)."""
-    c = _main_cycles(res)
+    c = main_cycles(res)
     return c.filter("steady").select("rank", "key") if c.height else pl.DataFrame(
         schema={"rank": pl.Int64, "key": pl.Int64})
 
@@ -420,44 +420,3 @@ def mean_budget(res, which: pl.DataFrame, by_rank: bool = True) -> pl.DataFrame:
             .sort("rank", "order", "segment", nulls_last=True)
             .select("rank", "segment", "kind", "order", "ns", "share", "compute_ns", "comm_ns", "idle_ns",
                     "gpu_idle_ns", pl.col("cycles").cast(pl.UInt32)))
-
-
-def cycle_values(res) -> pl.DataFrame:
-    """Per steady cycle (``key``, its identity across ranks) and rank: its period and tokens, and per phase
-    (base name, the instances under that cycle) and per seam the span split ``compute, comm, idle``.
-
-    Long format: ``rank, key, kind ("phase"|"seam"), name, ns, compute_ns, comm_ns, idle_ns``; the
-    ``period``/``tokens`` of each cycle in rows of kind ``cycle``.
-    """
-    def run():
-        c = cycles(res)
-        if c.height == 0:
-            return pl.DataFrame(schema={"rank": pl.Int64, "key": pl.Int64, "kind": pl.String, "name": pl.String,
-                                        "ns": pl.Float64, "compute_ns": pl.Float64, "comm_ns": pl.Float64,
-                                        "idle_ns": pl.Float64, "tokens": pl.Float64})
-        main = c["kind"].mode().sort()[0]
-        cyc = c.filter(pl.col("steady") & (pl.col("kind") == main)).select("rank", "key", top="range_id",
-                                                                             period="period_ns", tok="tokens")
-        inst = instances(res).filter((pl.col("x_ops") > 0) & pl.col("steady"))
-        ph = (inst.join(cyc.select("rank", "top", "key"), on=["rank", "top"])
-              .with_columns(name=base_expr())
-              .group_by("rank", "key", "name")
-              .agg(ns=pl.col("x_span_ns").sum(), compute_ns=pl.col("x_compute_ns").sum(),
-                   comm_ns=pl.col("x_comm_ns").sum(), idle_ns=pl.col("x_idle_ns").sum())
-              .with_columns(kind=pl.lit("phase")))
-        si = seam_instances(res)
-        parts = [ph]
-        if si.height:
-            tops = instances(res).select("rank", "range_id", "top")
-            s = (si.join(tops, on=["rank", "range_id"]).join(cyc.select("rank", "top", "key"), on=["rank", "top"])
-                 .with_columns(f=base_expr("prev_range"), t=base_expr("range"))
-                 .with_columns(name=pl.format("seam:{}→{}", "f", "t"))
-                 .group_by("rank", "key", "name").agg(ns=pl.col("idle_ns").sum(), idle_ns=pl.col("idle_ns").sum())
-                 .with_columns(kind=pl.lit("seam"), compute_ns=pl.lit(0), comm_ns=pl.lit(0)))
-            parts.append(s)
-        per = cyc.select("rank", "key", kind=pl.lit("cycle"), name=pl.lit("period"), ns="period",
-                         tokens=pl.col("tok").cast(pl.Float64))
-        parts.append(per)
-        return pl.concat(parts, how="diagonal_relaxed").with_columns(
-            pl.col("ns", "compute_ns", "comm_ns", "idle_ns").cast(pl.Float64))
-    return _memo(res, "cycle_values", run)

@@ -143,8 +143,7 @@ def _series(m: pl.DataFrame) -> pl.DataFrame:
             .with_columns(pos=pl.int_range(pl.len()),
                           segment=(pl.col("seg_value").ne_missing(pl.col("seg_value").shift(1))
                                    | (pl.int_range(pl.len()) == 0)).cast(pl.Int64).cum_sum() - 1)
-            .with_columns(seg_start=(pl.col("segment") != pl.col("segment").shift(1)).fill_null(False),
-                          seg_pos=pl.int_range(pl.len()).over("segment")))
+            .with_columns(seg_pos=pl.int_range(pl.len()).over("segment")))
 
 
 DENSE = 0.4  # the typical level is the median of the densest DENSE of the cycle times
@@ -401,12 +400,6 @@ def flag_cycles(cyc: pl.DataFrame, choice: dict | None = None) -> tuple[pl.DataF
     }
     info["text"] = describe(info)
     return c.drop("out", "_kw").with_columns(slow=pl.col("slow").fill_null(False)), info
-
-
-def _span(keys: list[int]) -> str:
-    if not keys:
-        return ""
-    return f"{keys[0]}" if len(keys) == 1 else f"{keys[0]}–{keys[-1]}"
 
 
 def class_label(c: dict) -> str:
