@@ -15,7 +15,9 @@ So the cycle period (first GPU op → next cycle's first) is 10 000 on both rank
 Variants (defaults give the trace above): ``cycles=N`` runs N cycles, accept lengths repeating ``accept``
 (default ``ACCEPT``: cycle i has ``ACCEPT[i % 4]``); ``starts=[B_0, B_1, ...]`` puts the cycles there instead (periods =
 differences); ``verify_comm=c`` makes verify a gemm [2500, 5000] then an NCCL all-reduce [5000, 5000 + c]
-on both ranks (c ≤ 500: verify span 2500 + c, compute 2500, comm c, no wait); ``straggler=d`` (d ≤ 700) makes
+on both ranks (c ≤ 500: verify span 2500 + c, compute 2500, comm c, no wait); ``prefills=[P, ...]`` adds a
+top-level ``prefill`` range [P, P + 300] per rank, its gemm on the GPU [P + 100, P + 600] (put P between a cycle's
+range end B + 9500 and the next cycle's B' − 600); ``straggler=d`` (d ≤ 700) makes
 rank 1 late to draft's all-reduce: its gemm runs [1000, 1600 + d], both ranks' all-reduces end at 1700 + d
 (rank 0 [1600, 1700 + d]: waits d, transfers 100; rank 1 [1600 + d, 1700 + d]).
 
@@ -46,7 +48,8 @@ def _manifest(path: Path, spec: dict) -> None:
 
 def eagle(path, steps: int | None = 3, prefix: str = "", accept_on: str = "cycle",
           manifest: bool = True, cycles: int = 4, starts: list[int] | None = None,
-          verify_comm: int | None = None, straggler: int | None = None, accept: tuple = ACCEPT) -> Path:
+          verify_comm: int | None = None, straggler: int | None = None, accept: tuple = ACCEPT,
+          prefills: tuple[int, ...] = ()) -> Path:
     """The EAGLE trace; ``accept_on='draft_extend'`` puts the accept length there (SGLang v1 style);
     ``accept_on='mark'`` in an ``accept`` mark instead (SGLang v2 via the hooks): cycle i's mark after cycle
     i+1's range closed (the overlap scheduler), the last one right after its own cycle."""
@@ -84,6 +87,11 @@ def eagle(path, steps: int | None = 3, prefix: str = "", accept_on: str = "cycle
                              (b + 3100, [(b + 7000, b + 7100, "gemm")])):
                 corr += 1
                 s.launch(pid, pid, "cudaLaunchKernel_v7000", (api, api + 50), corr, ops, device=dev)
+        for p in prefills:
+            s.range(pid, pid, prefix + "prefill", p, p + 300, domain_id=1)
+            corr += 1
+            s.launch(pid, pid, "cudaLaunchKernel_v7000", (p + 50, p + 100), corr, [(p + 100, p + 600, "gemm")],
+                     device=dev)
     out = s.save()
     if manifest:
         _manifest(out, {"algorithm": "eagle-shaped", "steps": steps, "batch": BATCH})

@@ -115,6 +115,23 @@ def test_budget_adds_up_to_the_period(res):
     assert p.height == per.height == 22
 
 
+def test_prefill_pieces_land_on_the_cycle_that_follows(tmp_path):
+    # a prefill before each rank's first cycle (GPU [2100, 2600]) and one between cycles 3 and 4 ([49700, 50200]);
+    # cycles 10 000 apart, so cycle 4's period 10 000 = gap (51 000 − 47 100 − 500) + prefill 500 + its work
+    r = analyze(es.eagle(tmp_path / "p.sqlite", cycles=8, prefills=(2_000, 49_600)))
+    c = cycles(r).sort("rank", "n")
+    assert c.filter(pl.col("rank") == 0)["prefill_ns"].to_list() == [500, 0, 0, 0, 500, 0, 0, 0]
+    p = headline.cycle_pieces(r)
+    pre = p.filter(pl.col("kind") == "prefill")
+    # the first cycle has no period, so its prefill is no piece of any cycle's: never moved onto cycle 1
+    assert pre.select("rank", "key", "ns").sort("rank").rows() == [(0, 4, 500.0), (1, 4, 500.0)]
+    assert p.filter((pl.col("kind") == "gap") & (pl.col("key") == 4))["ns"].to_list() == [3_400, 3_400]
+    assert p.filter((pl.col("kind") == "gap") & (pl.col("key") == 1))["ns"].to_list() == [3_900, 3_900]
+    s = p.group_by("rank", "key").agg(pl.col("ns").sum()).join(
+        c.select("rank", "key", "period_ns").drop_nulls(), on=["rank", "key"])
+    assert s.height == 14 and s.filter(pl.col("ns") != pl.col("period_ns")).height == 0
+
+
 def test_top_kernels(res):
     k = headline.kernels(res)
     nccl = k.filter((pl.col("phase") == "draft") & pl.col("name").str.starts_with("nccl")).row(0, named=True)

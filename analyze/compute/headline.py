@@ -22,7 +22,7 @@ import polars as pl
 
 from ..model import bound_expr
 from . import breakdown, collectives, host, windows
-from .tokens import base_expr, cycles, summary
+from .tokens import base_expr, cycles, prefill_rows, summary
 
 GAP = "between cycles"
 
@@ -289,7 +289,9 @@ def _pieces(res) -> pl.DataFrame:
     cyc_e = c.select("rank", "key", cid="range_id", crange="range", c0="i_first", c1="i_last", lead="lead_ns",
                      pre="prefill_ns")
     inst_e = res.instances.filter((pl.col("i_ops") > 0) & pl.col("rank").is_not_null())
-    pre = _prefills(res, inst_e, cyc_e)  # small: a handful of prefills
+    # a handful of prefills, each on the cycle that ran next (a rank's first cycle has no period: its prefill
+    # is no piece)
+    pre = prefill_rows(inst_e, cycles(res)).join(cyc_e.select("rank", "cid"), on=["rank", "cid"], how="semi")
     # One lazy plan for the rest (a few hundred thousand rows at 10 M kernels): polars runs the branches together.
     cyc, inst = cyc_e.lazy(), inst_e.lazy()
     kids = (inst.join(cyc.select("rank", parent="cid"), on=["rank", "parent"], how="semi")
@@ -362,19 +364,6 @@ def _pieces(res) -> pl.DataFrame:
     pieces = pl.concat([x.select(cols) for x in parts], how="vertical_relaxed")
     return (pieces.join(cyc.select("rank", "cid", "key"), on=["rank", "cid"])
             .select(list(PIECE_SCHEMA)).cast(PIECE_SCHEMA).collect())
-
-
-def _prefills(res, inst: pl.DataFrame, cyc: pl.DataFrame) -> pl.DataFrame:
-    """Top-level prefill instances with GPU work and the cycle that ran next on their rank (``cid``)."""
-    pre = inst.filter(pl.col("parent").is_null()).filter(base_expr().is_in(["prefill"]))
-    if pre.height == 0:
-        return pl.DataFrame()
-    return (pre.select("rank", "range_id", _t="i_first", span="i_span_ns",
-                       compute=pl.col("i_busy_ns") - pl.col("i_comm_ns"), comm="i_comm_ns", idle="i_idle_ns",
-                       gidle="i_gpu_idle_ns").sort("_t")
-            .join_asof(cyc.select("rank", "cid", _t="c0").sort("_t"), on="_t", by="rank", strategy="forward",
-                       check_sortedness=False)
-            .filter(pl.col("cid").is_not_null()).drop("_t"))
 
 
 def budget(res) -> pl.DataFrame:
