@@ -31,6 +31,7 @@ import zlib
 from collections.abc import Callable
 from pathlib import Path
 
+import killed_writer
 import pytest
 from paths import EXTERNAL, PROBE, need
 from synth import Synth
@@ -327,14 +328,7 @@ def one_ops_file(p: Path) -> Path:
 def wal_pair(e: Env, base: Path) -> None:
     """Turn ``base`` into a WAL-mode file whose ``-wal`` holds a committed delete of every third kernel."""
     sql(base, "PRAGMA journal_mode=WAL")  # the header now says WAL; no -wal left after close
-    twin = e.other("wal") / "twin.sqlite"
-    shutil.copy(base, twin)
-    con = sqlite3.connect(twin)
-    con.execute("PRAGMA wal_autocheckpoint=0")
-    con.execute(f"DELETE FROM {KERNEL} WHERE rowid % 3 = 0")
-    con.commit()
-    shutil.copy(twin.with_name("twin.sqlite-wal"), base.with_name(base.name + "-wal"))  # snapshot, writer open
-    con.close()
+    killed_writer.wal_frames(base, e.other("wal"), f"DELETE FROM {KERNEL} WHERE rowid % 3 = 0")  # writer open
 
 
 def third_deleted(e: Env) -> Path:
@@ -351,30 +345,15 @@ def make_wal_after_cache(e: Env) -> list:
     p = e.copy()
     sql(p, "PRAGMA journal_mode=WAL")
     assert cli.main(["analyze", str(p), "--cache", "-q", "--format", "json"]) == 0  # cached: all kernels
-    twin = e.other("wal") / "twin.sqlite"
-    shutil.copy(p, twin)
-    con = sqlite3.connect(twin)
-    con.execute("PRAGMA wal_autocheckpoint=0")
-    con.execute(f"DELETE FROM {KERNEL} WHERE rowid % 3 = 0")
-    con.commit()
-    shutil.copy(twin.with_name("twin.sqlite-wal"), p.with_name(p.name + "-wal"))  # the file itself unchanged
-    con.close()
+    killed_writer.wal_frames(p, e.other("wal"), f"DELETE FROM {KERNEL} WHERE rowid % 3 = 0")
     return ["analyze", p, "--format", "json", "--cache"]
 
 
 def make_hot_journal(e: Env) -> list:
     """What a writer killed mid-transaction leaves: pages already spilled into the file and a hot journal."""
-    w = e.other("w") / "w.sqlite"
-    shutil.copy(e.pristine(NODE), w)
-    con = sqlite3.connect(w, isolation_level=None)
-    con.execute("PRAGMA cache_size=5")  # spill changed pages into the file before the commit
-    con.execute("BEGIN")
-    con.execute(f"DELETE FROM {KERNEL} WHERE rowid % 2 = 0")
-    p = e.inp / f"{NODE}.sqlite"
-    shutil.copy(w, p)
-    shutil.copy(w.with_name("w.sqlite-journal"), p.with_name(p.name + "-journal"))
-    con.execute("ROLLBACK")
-    con.close()
+    p = shutil.copy(e.pristine(NODE), e.inp / f"{NODE}.sqlite")
+    # a cache of 5 pages: changed pages spill into the file before the commit
+    killed_writer.hot_journal(p, e.other("w"), f"DELETE FROM {KERNEL} WHERE rowid % 2 = 0", cache_size=5)
     assert p.read_bytes() != e.pristine(NODE).read_bytes()  # half-written: reading it would be wrong
     return ["analyze", p, "--format", "json"]
 
@@ -1026,34 +1005,13 @@ def db_wal_frames(e: Env, p: Path, db: Path) -> None:
     """A WAL-mode database whose user table exists only in committed frames of its ``-wal`` (a writer still
     has it open, or was killed)."""
     sql(db, "PRAGMA journal_mode=WAL", "CREATE TABLE first (x)")
-    twin = e.other("twin") / "t.db"
-    shutil.copy(db, twin)
-    con = sqlite3.connect(twin)
-    con.execute("PRAGMA wal_autocheckpoint=0")
-    con.execute("CREATE TABLE mine (x)")
-    con.execute("INSERT INTO mine VALUES (42)")
-    con.commit()
-    shutil.copy(twin, db)
-    shutil.copy(twin.with_name("t.db-wal"), db.with_name("r.db-wal"))
-    con.close()
+    killed_writer.wal_frames(db, e.other("twin"), "CREATE TABLE mine (x)", "INSERT INTO mine VALUES (42)")
 
 
 def db_hot_journal(e: Env, p: Path, db: Path) -> None:
     """A database a writer was killed in the middle of changing: pages spilled into it, and its hot journal."""
     sql(db, "CREATE TABLE mine (x)", "INSERT INTO mine VALUES (7)")
-    twin = e.other("twin") / "t.db"
-    shutil.copy(db, twin)
-    con = sqlite3.connect(twin, isolation_level=None)
-    con.execute("PRAGMA cache_size=1")
-    con.execute("BEGIN")
-    con.execute("CREATE TABLE big (x)")
-    con.execute("INSERT INTO big SELECT randomblob(1000) FROM (WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL "
-                "SELECT i + 1 FROM c WHERE i < 2000) SELECT i FROM c)")
-    con.execute("DELETE FROM mine")
-    shutil.copy(twin, db)
-    shutil.copy(twin.with_name("t.db-journal"), db.with_name("r.db-journal"))
-    con.execute("ROLLBACK")
-    con.close()
+    killed_writer.hot_journal(db, e.other("twin"), *killed_writer.SPILL, "DELETE FROM mine")
 
 
 def db_wal_linked_to_the_input(e: Env, p: Path, db: Path) -> None:

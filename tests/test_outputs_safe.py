@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+import killed_writer
 import pytest
 
 from analyze.output.targets import PAGE_START
@@ -320,15 +321,7 @@ def r2_keeps_the_users_tables(t, p):
 def r2_wal_with_committed_frames(t, p):
     db = t / "out" / "r.db"
     users_db(db, "wal")
-    twin = t / "twin.db"
-    shutil.copy(db, twin)
-    con = sqlite3.connect(twin)
-    con.execute("PRAGMA wal_autocheckpoint=0")
-    con.execute("INSERT INTO mine VALUES (43)")
-    con.commit()
-    shutil.copy(twin, db)
-    shutil.copy(t / "twin.db-wal", t / "out" / "r.db-wal")  # committed, not yet checkpointed
-    con.close()
+    killed_writer.wal_frames(db, t, "INSERT INTO mine VALUES (43)")  # committed, not yet checkpointed
     rc, doc, err = analyze_db(t, p, db)
     settled(t, rc, err, 0)
     sound(db, [(42,), (43,)], phases_rows(doc))
@@ -340,19 +333,8 @@ def r2_wal_with_committed_frames(t, p):
 def r2_hot_journal(t, p):
     db = t / "out" / "r.db"
     users_db(db)
-    twin = t / "twin.db"
-    shutil.copy(db, twin)
-    con = sqlite3.connect(twin, isolation_level=None)
-    con.execute("PRAGMA cache_size=1")
-    con.execute("BEGIN")
-    con.execute("CREATE TABLE big (x)")
-    con.execute("INSERT INTO big SELECT randomblob(1000) FROM (WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL "
-                "SELECT i + 1 FROM c WHERE i < 2000) SELECT i FROM c)")
-    con.execute("DELETE FROM mine")
-    shutil.copy(twin, db)  # what a writer killed here leaves: pages spilled into the file, and the journal
-    shutil.copy(t / "twin.db-journal", t / "out" / "r.db-journal")
-    con.execute("ROLLBACK")
-    con.close()
+    # what a writer killed here leaves: pages spilled into the file, and the journal
+    killed_writer.hot_journal(db, t, *killed_writer.SPILL, "DELETE FROM mine")
     rc, doc, err = analyze_db(t, p, db)
     settled(t, rc, err, 0)
     sound(db, [(42,)], phases_rows(doc))
