@@ -39,7 +39,9 @@ def wal_frames(db: Path, scratch: Path, *statements: str) -> None:
     con.close()
 
 
-# Two thousand 1 kB rows in a new table: more changed pages than a small cache holds, so they spill into the file.
+# Two thousand 1 kB rows in a new table: more changed pages than a small cache holds, so the transaction's pages
+# spill into the file, those changed before these statements with them (page 1, a table emptied before): without
+# its journal the file then reads as the half-done change.
 SPILL = ("CREATE TABLE big (x)",
          "INSERT INTO big SELECT randomblob(1000) FROM (WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL "
          "SELECT i + 1 FROM c WHERE i < 2000) SELECT i FROM c)")

@@ -1011,7 +1011,7 @@ def db_wal_frames(e: Env, p: Path, db: Path) -> None:
 def db_hot_journal(e: Env, p: Path, db: Path) -> None:
     """A database a writer was killed in the middle of changing: pages spilled into it, and its hot journal."""
     sql(db, "CREATE TABLE mine (x)", "INSERT INTO mine VALUES (7)")
-    killed_writer.hot_journal(db, e.other("twin"), *killed_writer.SPILL, "DELETE FROM mine")
+    killed_writer.hot_journal(db, e.other("twin"), "DELETE FROM mine", *killed_writer.SPILL)
 
 
 def db_wal_linked_to_the_input(e: Env, p: Path, db: Path) -> None:

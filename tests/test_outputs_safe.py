@@ -334,7 +334,7 @@ def r2_hot_journal(t, p):
     db = t / "out" / "r.db"
     users_db(db)
     # what a writer killed here leaves: pages spilled into the file, and the journal
-    killed_writer.hot_journal(db, t, *killed_writer.SPILL, "DELETE FROM mine")
+    killed_writer.hot_journal(db, t, "DELETE FROM mine", *killed_writer.SPILL)
     rc, doc, err = analyze_db(t, p, db)
     settled(t, rc, err, 0)
     sound(db, [(42,)], phases_rows(doc))
