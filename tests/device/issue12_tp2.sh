@@ -15,11 +15,7 @@
 set -u
 W=/tmp/issue12
 . tests/device/setup.sh
-{
-  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-  "$NSYS" --version
-  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())'
-} >> "$OUT/log.txt" 2>&1
+versions
 
 # cap NAME [trace options] -- [workload options]
 cap() {

@@ -14,7 +14,6 @@ REPS1=${REPS1:-2}
 CYCLES=${CYCLES:-200}
 BUDGET_S=${BUDGET_S:-480}
 nvidia-smi topo -m >> "$OUT/log.txt" 2>&1
-left() { [ $(( $(date +%s) - T0 )) -lt "$BUDGET_S" ]; }
 cap() {  # cap NAME NPROC PASSES STEPS
   left || { log "skip $1 (budget)"; return; }
   log "capture $1 --passes $3 (nproc $2, steps $4)"

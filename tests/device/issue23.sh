@@ -32,12 +32,7 @@ BUDGET_S=${BUDGET_S:-420}      # no new step starts after this many seconds
 W=${W:-/tmp/i23}
 . tests/device/setup.sh
 TP=tp$NPROC
-left() { [ $(( $(date +%s) - T0 )) -lt "$BUDGET_S" ]; }
-{
-  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-  "$NSYS" --version
-  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
-} >> "$OUT/log.txt" 2>&1
+versions
 log "GPUs visible: $NP, NPROC=$NPROC"
 SERVE=(--schedule 1:40,4:40,16:40,64:40,16:40,4:40 --stall-every 10 --stall-us 1000)
 

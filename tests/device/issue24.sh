@@ -23,12 +23,7 @@ BUDGET_S=${BUDGET_S:-420}
 W=${W:-/tmp/i24}
 . tests/device/setup.sh
 TP=tp$NPROC
-left() { [ $(( $(date +%s) - T0 )) -lt "$BUDGET_S" ]; }
-{
-  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-  "$NSYS" --version
-  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
-} >> "$OUT/log.txt" 2>&1
+versions
 WL=(--schedule 1:30,8:30,32:30,128:30 --accept-rate 0.7 --host-wait spin)
 
 for S in 1 2 3 4; do

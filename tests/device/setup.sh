@@ -6,6 +6,8 @@ W=${W:-/tmp/cap}
 mkdir -p "$W" "$OUT"
 T0=${T0:-$(date +%s)}
 log() { echo "== $(( $(date +%s) - T0 ))s $*" | tee -a "$OUT/log.txt"; }
+# left: whether a new step may start (fewer than BUDGET_S seconds, default 420, since T0)
+left() { [ $(( $(date +%s) - T0 )) -lt "${BUDGET_S:-420}" ]; }
 for f in .devdeps/*.deb shared/nsys/*.deb ../shared/nsys/*.deb; do [ -f "$f" ] && dpkg -x "$f" /tmp/dw; done
 export LD_LIBRARY_PATH=/tmp/dw/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -15,6 +17,16 @@ export PYTHONPATH=/tmp/site:$REPO
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export NSYS=${NSYS:-/opt/nvidia/nsight-compute/2025.3.1/host/target-linux-x64/nsys}
 NP=${NP:-$(python3 -c 'import torch; print(torch.cuda.device_count())')}
+
+# versions: the GPU and driver, nsys, torch, CUDA and NCCL a run used, into the log
+versions() {
+  {
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+    "$NSYS" --version
+    python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl",
+                torch.cuda.nccl.version(), "gpus", torch.cuda.device_count())'
+  } >> "$OUT/log.txt" 2>&1
+}
 
 # pack NAME: scrub W/NAME.sqlite into OUT/NAME.sqlite.xz (with its manifest and the workload's stdout)
 pack() {
