@@ -163,13 +163,15 @@ def compare(a: Reports, b: Reports, ranges: str | None = None, comm_patterns=Non
 def whatif(reports: Reports, steps_now: int | None = None, baseline: Reports | None = None,
            acceptance: float | None = None, ranges: str | None = None, comm_patterns=None, *,
            as_traced: bool = False, timing: Reports | None = None, unprofiled_cycles_per_s: float | None = None,
-           **kw):
+           other_steps: list[Reports] | None = None, **kw):
     """The cost model fitted on one speculative run (:class:`analyze.compute.whatif.Model`): predictions
     for other draft-step counts. ``baseline``: a run without speculation (calibrates verify's slope).
     ``as_traced``: keep node-level graph tracing's launch cost in the prediction (default: removed).
     ``timing``: a graph-level pass of the same run: the model is fitted on it (``Model.probe``: the probe effect).
     ``Model.segments``: without a baseline, one model per batch size when the run has several
-    (:func:`analyze.compute.whatif.fit_segments`)."""
+    (:func:`analyze.compute.whatif.fit_segments`). ``other_steps``: runs of the same workload at other draft-step
+    counts (their manifests say which): each batch size's prediction at a step count comes from the run measured
+    nearest to it, with this run's acceptance (:class:`analyze.compute.whatif.SegmentModel`)."""
     from .compute import whatif as wi
 
     if acceptance is not None and not 0 <= acceptance <= 1:
@@ -181,6 +183,24 @@ def whatif(reports: Reports, steps_now: int | None = None, baseline: Reports | N
     m.probe = res.probe_effect
     if base is None:  # one model per batch size, verify's curve measured across them
         m.segments = wi.fit_segments(res, steps_now, alpha=acceptance, as_traced=as_traced)
+    if other_steps:
+        if not m.segments:
+            raise InputError("--other-steps joins runs per batch size: this run has fewer than two batch sizes "
+                             "(no segments to join)", "NO_SEGMENTS")
+        alpha = acceptance if acceptance is not None else wi.run_alpha(res, m.steps_now)
+        others = []
+        for o in other_steps:
+            ro, name = analyze(o, ranges, comm_patterns, **kw), ", ".join(Path(p).name for p in _many(o))
+            try:
+                wi.steps_of(ro, None)
+            except InputError as e:
+                raise InputError(f"--other-steps {name}: the number of draft steps is not recorded (no manifest "
+                                 "with speculative.steps beside it)", e.code) from None
+            segs = wi.fit_segments(ro, None, alpha=alpha, as_traced=as_traced)
+            if not segs:
+                m.notes.append(f"{name}: fewer than two batch sizes with enough cycles: not used")
+            others.append((name, segs))
+        m.notes += wi.merge_runs(m.segments, others)
     return m
 
 

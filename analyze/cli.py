@@ -115,7 +115,8 @@ def _options(a) -> dict:
 def _inputs(a) -> list:
     """Every report a verb reads (``--baseline`` and ``--timing`` ones too): outputs must be none of them."""
     base = getattr(a, "baseline", None) or []
-    return [*a.report, *([base] if isinstance(base, str) else base), *(getattr(a, "timing", None) or [])]
+    return [*a.report, *([base] if isinstance(base, str) else base), *(getattr(a, "timing", None) or []),
+            *(getattr(a, "other_steps", None) or [])]
 
 
 def _out(text: str) -> None:
@@ -242,7 +243,7 @@ def run_whatif(a) -> int:
 
         check_file(a.sglang_config, _inputs(a), "--sglang-config", replace=True)
     m = whatif(a.report, a.steps_now, baseline=a.baseline, acceptance=a.acceptance, as_traced=a.as_traced,
-               **_options(a))
+               other_steps=a.other_steps, **_options(a))
     doc = to_dict(m, a.max_steps)
     _out(data.doc_json(doc) if a.format == "json" else text.whatif_table(m, a.max_steps, explain=a.explain))
     if a.sglang_config:
@@ -418,6 +419,10 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: F821
                    help="also print the model's assumptions, with this trace's numbers (JSON: model.assumptions)")
     p.add_argument("--as-traced", action="store_true",
                    help="predict the traced program: keep node-level graph tracing's launch cost (default: removed)")
+    p.add_argument("--other-steps", action="append", metavar="OTHER",
+                   help="a run of the same workload at another draft-step count (its manifest says which; repeat "
+                        "for more): per batch size, each step count is predicted from the run measured nearest to "
+                        "it, and a measured step count is the measurement")
     p.add_argument("--sglang-config", metavar="FILE",
                    help="write the best draft steps per batch size (the what-if per segment) as the JSON that "
                         "SGLang's --speculative-adaptive-config reads: tiers of batch sizes, candidate steps the "

@@ -1,11 +1,15 @@
-"""Issue 24: the what-if per batch size from the 3-step capture against the sweep run without a profiler (the
-table in the README, *What-if per batch size*).
+"""Issue 24: the what-if per batch size from a 3-step capture against runs without a profiler (docs/whatif-per-batch.md).
 
-``python -m bench.segments_table``: for each segment of ``tp1_sweep_s3_graph`` (batch 1, 8, 32, 128), the
-predicted cycle period at 1, 2 and 4 draft steps against the median of 3 runs without a profiler at that step
-count (``tp1_sweep_plain.jsonl``; spread = (max − min) / median over the runs), and the best step count
-within one step of the measured 3 against the sweep's (tokens/s from the runs' periods and the workload's
-acceptance α = 0.7).
+``python -m bench.segments_table [sweep|dense|dense_r1|dense_r2|dense_r3]``: for each segment of the 3-step capture
+(``sweep``: ``tp1_sweep_s3_graph``, batch 1, 8, 32, 128, truth ``tp1_sweep_plain.jsonl``; ``dense``:
+``tp1_dense_s3_graph``, batch 1, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, truth ``tp1_dense_plain.jsonl``;
+``dense_rN``: ``tp1_dense_s3_graph_rN``, the same schedule captured again on a second machine, truth the three
+``tp1_dense_plain_r*.jsonl`` made beside those captures), the predicted cycle period at 1, 2 and 4 draft steps
+against the median of the runs without a profiler at that step count (spread = (max − min) / median over the runs),
+and then ``model``: the error of the predicted *change* from 3 steps, (predicted / predicted at 3) / (measured /
+measured at 3) − 1, which leaves out the capture's own offset at 3 steps (``capture``: its period under nsys against
+the runs without); and the best step count within one step of the measured 3 against the sweep's (tokens/s from the
+runs' periods and the workload's acceptance α = 0.7). ``*``: extrapolated.
 """
 
 from __future__ import annotations
@@ -19,33 +23,50 @@ from analyze import whatif
 from nvtx_hooks.capture import samples
 
 ALPHA = 0.7
+SETS = {"sweep": ("tp1_sweep_s3_graph", ["tp1_sweep_plain.jsonl"]),
+        "dense": ("tp1_dense_s3_graph", ["tp1_dense_plain.jsonl"]),
+        **{f"dense_r{i}": (f"tp1_dense_s3_graph_r{i}", [f"tp1_dense_plain_r{j}.jsonl" for j in (1, 2, 3)])
+           for i in (1, 2, 3)}}
 
 
-def main() -> int:
+def plain_runs(files: list[str]) -> dict[tuple[int, int], list[float]]:
+    """(batch size, steps) → each run's host-measured median period of that segment (µs)."""
     runs = defaultdict(list)
-    for line in (samples.data_dir("tp1_sweep_s3_graph") / "tp1_sweep_plain.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        for s in r["segments"]:
-            runs[(s["batch"], r["steps"])].append(s["period_median_us"])
-    m = whatif(samples.path("tp1_sweep_s3_graph"))
-    print("| batch | " + " | ".join(f"{s} steps: predicted / measured µs (error; spread)" for s in (1, 2, 4))
+    for f in files:
+        for line in (samples.DATA / f).read_text().splitlines():
+            r = json.loads(line)
+            for s in r["segments"]:
+                runs[(s["batch"], r["steps"])].append(s["period_median_us"])
+    return runs
+
+
+def main(argv: list[str] | None = None) -> int:
+    name, files = SETS[(argv if argv is not None else sys.argv[1:] or ["sweep"])[0]]
+    runs = plain_runs(files)
+    m = whatif(samples.path(name))
+    print(f"{name} against {', '.join(files)}")
+    print("| batch | capture at 3 | " + " | ".join(f"{s} steps: predicted / measured µs (error; model; spread)"
+                                                for s in (1, 2, 4))
           + " | best (model, within one step of 3) | best (sweep, 2–4 / 1–4) |")
-    print("|---:|" + "---|" * 3 + "---:|---:|")
+    print("|---:|---:|" + "---|" * 3 + "---:|---:|")
     for sm in m.segments:
+        med = {s: statistics.median(runs[(sm.batch_size, s)]) for s in (1, 2, 3, 4)}
+        p3 = sm.model.predict(3)["cycle_ns"] / 1e3
         cells = []
         for s in (1, 2, 4):
             v = runs[(sm.batch_size, s)]
-            meas = statistics.median(v)
             pred = sm.model.predict(s)["cycle_ns"] / 1e3
             star = "*" if sm.model.extrapolated(s) else ""
-            cells.append(f"{pred:,.0f}{star} / {meas:,.0f} ({100 * (pred / meas - 1):+.1f} %; "
-                         f"{100 * (max(v) - min(v)) / meas:.1f} %)")
+            cells.append(f"{pred:,.0f}{star} / {med[s]:,.0f} ({100 * (pred / med[s] - 1):+.1f} %; "
+                         f"{100 * ((pred / p3) / (med[s] / med[3]) - 1):+.1f} %; "
+                         f"{100 * (max(v) - min(v)) / med[s]:.1f} %)")
 
-        def tps(s, bs=sm.batch_size):
-            return bs * (1 + sum(ALPHA ** i for i in range(1, s + 1))) / statistics.median(runs[(bs, s)])
+        def tps(s, bs=sm.batch_size, med=med):
+            return bs * (1 + sum(ALPHA ** i for i in range(1, s + 1))) / med[s]
 
-        sweep = f"{max((2, 3, 4), key=tps)} / {max((1, 2, 3, 4), key=tps)}"
-        print(f"| {sm.batch_size} | " + " | ".join(cells) + f" | {sm.as_dict(4)['best_steps']} | {sweep} |")
+        best = f"{max((2, 3, 4), key=tps)} / {max((1, 2, 3, 4), key=tps)}"
+        print(f"| {sm.batch_size} | {100 * (p3 / med[3] - 1):+.1f} % | " + " | ".join(cells)
+              + f" | {sm.as_dict(4)['best_steps']} | {best} |")
     return 0
 
 

@@ -311,9 +311,10 @@ def _whatif_per_batch(ctx: Context) -> list[dict]:
         return []
     gain = max((d["gain"] or 0.0) for d in segs)
     per = ", ".join(f"{k}: {v}" for k, v in best.items())
+    runs = sorted({s for d in segs for s in d["measured_steps"]})
     return [{"phase": None, "rank": None, "impact_ns": gain * ctx.period_ns, "evidence": (
         f"the best draft-step count depends on the batch size ({per}; predicted from each batch size's own "
-        f"cycles, within one step of the measured {m.steps_now}; verify's growth "
+        f"cycles, within one step of the measured {', '.join(map(str, runs))}; verify's growth "
         f"{'measured across the batch sizes' if segs[0]['verify_source'] == 'segments' else 'assumed'}); up to "
         f"+{_pct(gain)} tokens/s in one of them")}]
 

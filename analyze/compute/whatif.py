@@ -480,7 +480,12 @@ OWN_ALPHA_CYCLES = 100  # ... and this many to use its own acceptance rather tha
 
 @dataclass
 class SegmentModel:
-    """The what-if of one segment (cycles of one batch size): its own costs, acceptance and predictions."""
+    """The what-if of one segment (cycles of one batch size): its own costs, acceptance and predictions.
+
+    ``others``: the same batch size's models from runs of the same workload at other step counts (``whatif
+    --other-steps``). A prediction at ``steps`` comes from the run measured nearest to it (this one on a tie):
+    at a step count some run measured, the prediction is that run's measured period; it is extrapolated more
+    than one step from every measured count."""
 
     segment: int
     key: str
@@ -489,17 +494,41 @@ class SegmentModel:
     first_cycle: int
     period_ns: float  # the segment's typical cycle period (p50 of its typical steady cycles): what it moves from
     model: Model
+    others: tuple[Model, ...] = ()
+
+    @property
+    def measured_steps(self) -> list[int]:
+        """The step counts this batch size was measured at (this run's first)."""
+        return list(dict.fromkeys(m.steps_now for m in (self.model, *self.others)))
+
+    def model_for(self, steps: int) -> Model:
+        """The model of the run measured nearest to ``steps`` (this run's on a tie)."""
+        return min((self.model, *self.others), key=lambda m: abs(m.steps_now - steps))
+
+    def predict(self, steps: int) -> dict:
+        m = self.model_for(steps)
+        return m.predict(steps) | {"from_steps": m.steps_now}
+
+    def predictions(self, max_steps: int = MAX_STEPS) -> list[dict]:
+        return [self.predict(s) for s in range(1, max_steps + 1)]
+
+    def best(self, max_steps: int = MAX_STEPS, measured_only: bool = False) -> dict | None:
+        """As :meth:`Model.best`, over the predictions of every run."""
+        rows = [p for p in self.predictions(max_steps) if p["tokens_per_s"] is not None
+                and not (measured_only and p["extrapolated"])]
+        return max(rows, key=lambda p: p["tokens_per_s"]) if rows else None
 
     def as_dict(self, max_steps: int = MAX_STEPS) -> dict:
         m = self.model
         preds = [{k: p[k] for k in ("steps", "cycle_ns", "tokens_per_s", "tokens_per_cycle", "verify_ns",
-                                    "measured", "extrapolated")} for p in m.predictions(max_steps)]
-        best, now = m.best(max_steps, measured_only=True), m.predict(m.steps_now)
-        best_any = m.best(max_steps)
+                                    "measured", "extrapolated", "from_steps")} for p in self.predictions(max_steps)]
+        best, now = self.best(max_steps, measured_only=True), self.predict(m.steps_now)
+        best_any = self.best(max_steps)
         gain = (best["tokens_per_s"] / now["tokens_per_s"] - 1
                 if best and now["tokens_per_s"] else None)
         return {"segment": self.segment, "key": self.key, "batch_size": self.batch_size, "cycles": self.cycles,
                 "first_cycle": self.first_cycle, "period_ns": self.period_ns, "steps_now": m.steps_now,
+                "measured_steps": self.measured_steps,
                 "alpha": m.alpha, "verify_source": m.verify_source, "predictions": preds,
                 "best_steps": best["steps"] if best else None, "gain": gain,
                 "best_steps_extrapolated": best_any["steps"] if best_any and best_any["extrapolated"]
@@ -526,9 +555,7 @@ def fit_segments(res, steps_now: int | None = None, alpha: float | None = None,
     c = cycles(res)
     # acceptance: the segment's own when it has enough cycles to measure it, else the whole run's (one draft
     # model, one data set: a few dozen cycles measure α to ± 0.1, which moves the best step count)
-    tk = summary(res, steps=s0)
-    pooled = alpha if alpha is not None else (solve_alpha(tk.accepted_per_request, s0)
-                                              if tk.accepted_per_request is not None else None)
+    pooled = alpha if alpha is not None else run_alpha(res, s0)
     out = []
     for g in segs:
         view = dataclasses.replace(res, cycle_choice={**res.cycle_choice, "segment": g.segment})
@@ -557,6 +584,28 @@ def fit_segments(res, steps_now: int | None = None, alpha: float | None = None,
             sm.model._runs.clear()
             sm.model.other_ns = sm.model.predict(s0)["other_ns"]
     return out
+
+
+def run_alpha(res, steps: int) -> float | None:
+    """The whole run's per-token acceptance α (from its accepted tokens per request per cycle), None unknown."""
+    tk = summary(res, steps=steps)
+    return solve_alpha(tk.accepted_per_request, steps) if tk.accepted_per_request is not None else None
+
+
+def merge_runs(segments: list[SegmentModel], others: list[tuple[str, list[SegmentModel]]]) -> list[str]:
+    """Join each segment with the same batch size's models from runs at other step counts (``others``: each run's
+    name and :func:`fit_segments` of it, fitted with this run's acceptance); notes on what was not joined."""
+    notes = []
+    by_batch = {sm.batch_size: sm for sm in segments if sm.batch_size}
+    for name, segs in others:
+        used = [o for o in segs if o.batch_size in by_batch]
+        for o in used:
+            sm = by_batch[o.batch_size]
+            sm.others = (*sm.others, o.model)
+        left = sorted(b for b in {o.batch_size for o in segs} - set(by_batch) if b is not None)
+        if left:
+            notes.append(f"{name}: batch sizes {', '.join(map(str, left))} are not in the main run: not used")
+    return notes
 
 
 def theil_sen(xy: pl.DataFrame) -> float:

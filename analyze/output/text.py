@@ -554,8 +554,11 @@ def whatif_segment_lines(m: Model, max_steps: int = MAX_STEPS) -> list[str]:
                  for p in d["predictions"]]
         gain = f"{100 * d['gain']:+.1f} %" if d["gain"] is not None else "-"
         rows.append([sm.key, str(sm.cycles), _us(sm.period_ns), *cells, str(d["best_steps"] or "-"), gain])
+    runs = sorted({s for sm in m.segments for s in sm.measured_steps})
+    joined = (f"; runs at {', '.join(map(str, runs))} steps joined (--other-steps): each step count from the run "
+              "measured nearest to it" if len(runs) > 1 else "")
     return ["", "Per segment (one model per batch size, from its own cycles; tokens/s at each step count, "
-                "* extrapolated; best among the others)",
+                f"* extrapolated; best among the others{joined})",
             *_grid(["segment", "cycles", "p50 µs", *[f"{s} steps" for s in steps], "best", "gain"], rows)]
 
 

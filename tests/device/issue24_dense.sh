@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Issue 24, second sweep: a denser serving schedule, so that the verify curve measured across segments at 3 steps
+# has points at the verified tokens per cycle that other step counts of the other segments reach
+# (batch b at s steps verifies b × (s + 1) tokens: batch 128 at 1, 2, 4 steps ↔ batch 64, 96, 160 at 3 steps).
+#
+#   NPROC=1 bash tests/device/issue24_dense.sh     # from the repo root on the GPU machine; about 4 minutes
+#   REPS=1 CAPS=3 TAG=_r1 bash tests/device/issue24_dense.sh   # one more round: plain runs, then tp1_dense_s3_graph_r1
+#
+#   tp1_dense_sS_graph      S = 3 (then 2, 4, 1 while the budget lasts): the whole run under nsys, graph-level
+#   tp1_dense_plain.jsonl   REPS runs of each step count 1..4 without a profiler, interleaved (order rotates per
+#                           repetition): per segment the host-measured median period, the ground truth
+# Out: i24.tar (captures .sqlite.xz, manifests, stdouts, the plain JSONL), log lines in log.txt.
+set -u
+NPROC=${NPROC:-1}
+REPS=${REPS:-4}
+CAPS=${CAPS:-3 2 4 1}
+TAG=${TAG:-}
+W=${W:-/tmp/i24d}
+. tests/device/setup.sh
+TP=tp$NPROC
+versions
+WL=(--schedule 1:30,4:30,8:30,16:30,24:30,32:30,48:30,64:30,96:30,128:30,160:30 --accept-rate 0.7 --host-wait spin)
+
+for rep in $(seq 1 "$REPS"); do
+  for k in 0 1 2 3; do
+    left || break 2
+    S=$(( (k + rep) % 4 + 1 ))
+    python3 -m nvtx_hooks.capture.workload --nproc "$NPROC" --steps "$S" "${WL[@]}" 2>> "$OUT/log.txt" \
+      | grep '^{"rank"' | sed "s/^{/{\"rep\": $rep, /" >> "$W/${TP}_dense_plain$TAG.jsonl"
+    log "plain steps $S rep $rep"
+  done
+done
+cp "$W/${TP}_dense_plain$TAG.jsonl" "$OUT/" 2>/dev/null
+
+for S in $CAPS; do
+  left || { log "skip steps $S (budget)"; continue; }
+  name="${TP}_dense_s${S}_graph$TAG"
+  log "capture $name"
+  timeout 120 python3 -m nvtx_hooks.capture trace --capture all --force --cuda-graph-trace graph -o "$W/$name" -- \
+    python3 -m nvtx_hooks.capture.workload --nproc "$NPROC" --steps "$S" "${WL[@]}" > "$W/$name.stdout" 2>&1
+  log "  rc=$? $(grep -h '^{"rank"' "$W/$name.stdout" | cut -c1-160)"
+  pack "$name"
+done
+log "issue24 dense done"
+cd "$OUT" && tar -cf "i24$TAG.tar" ./*dense* ./*.manifest.json ./*.stdout.txt 2>/dev/null && rm -f ./*dense* ./*.manifest.json ./*.stdout.txt
