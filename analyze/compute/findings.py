@@ -379,6 +379,10 @@ RULES: tuple[Rule, ...] = (
 )
 
 
+def _pt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.0f} %"
+
+
 PHASE_SHARE = 0.10  # a phase this share of the cycle (or more) gets a memory-/compute-bound finding
 
 
@@ -409,9 +413,9 @@ def _bound(ctx: Context, which: str) -> list[dict]:
         out.append({
             "phase": f"{r['phase']}{scope}",
             "impact_ns": r["sampled_ns"] / ncyc if ncyc else per_inst,
-            "evidence": (f"{r['phase']}{scope}: DRAM read {r['dram_read_pct']:.0f} % of peak, tensor cores active "
-                         f"{r['tensor_active_pct']:.0f} %, SMs active {r['sm_active_pct']:.0f} %, SM issue "
-                         f"{r['sm_issue_pct']:.0f} % ({r['samples']:,} GPU-metrics samples over {r['instances']} "
+            "evidence": (f"{r['phase']}{scope}: DRAM read {_pt(r['dram_read_pct'])} of peak, tensor cores active "
+                         f"{_pt(r['tensor_active_pct'])}, SMs active {_pt(r['sm_active_pct'])}, SM issue "
+                         f"{_pt(r['sm_issue_pct'])} ({r['samples']:,} GPU-metrics samples over {r['instances']} "
                          f"instances, {_us(per_inst)} each)"),
         })
     return out

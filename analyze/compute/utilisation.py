@@ -74,8 +74,8 @@ def _wide(s: gpu_metrics.GpuSamples) -> tuple[pl.DataFrame, list[str]]:
     dur = pl.col("end") - pl.col("start")
     return w.select(
         "gpu", "start", "end",
-        _T=(dur.cum_sum() - dur).over("gpu"),
-        _k=pl.int_range(pl.len()).over("gpu"),
+        (dur.cum_sum() - dur).over("gpu").alias("_T"),
+        pl.int_range(pl.len()).over("gpu").alias("_k"),
         *[(pl.col(m).fill_null(0) * dur).cum_sum().over("gpu").alias(f"_I_{m}") for m in ms],
         *[pl.col(m).fill_null(0).alias(f"_v_{m}") for m in ms],
     ).with_columns([(pl.col(f"_I_{m}") - pl.col(f"_v_{m}") * dur).alias(f"_I_{m}") for m in ms]), ms
@@ -206,15 +206,17 @@ def phases(res) -> pl.DataFrame:
     out = pl.concat([per_rank, every], how="diagonal_relaxed")
     out = _finish(out, ms, period_ns(res))
     order = pl.col("scope").replace_strict({"steady": 0, "all": 1}, default=2, return_dtype=pl.Int64)
-    out = (out.with_columns(_o=order).sort("_o", "scope", pl.col("rank").is_null(), "rank", "sampled_ns",
-                                            descending=[False, False, False, False, True]).drop("_o"))
+    out = (out.with_columns(_o=order).sort("_o", "scope", pl.col("rank").is_null(), "rank", "sampled_ns", "domain",
+                                            "phase", descending=[False, False, False, False, True, False, False])
+           .drop("_o"))
     res.memo[key] = out
     return out
 
 
 def _finish(out: pl.DataFrame, ms: list[str], period: int | None,
             keys: tuple[str, ...] = ("rank", "domain", "phase", "scope")) -> pl.DataFrame:
-    main = [m for m in gpu_metrics.MAIN if m in ms]
+    main = list(gpu_metrics.MAIN)  # absent ones are null columns: the table keeps its shape
+    out = out.with_columns(pl.lit(None, pl.Float64).alias(m) for m in main if m not in out.columns)
     note = (pl.when((pl.col("instances") == 0) & (pl.col("short") > 0))
             .then(pl.format("too short for the sampling period: p50 span {} µs, sampled every {} µs",
                             (pl.col("span_p50_ns") / 1e3).round(1), pl.lit(round((period or 0) / 1e3, 1))))
@@ -269,4 +271,5 @@ def seams(res) -> pl.DataFrame:
         return pl.DataFrame()
     ms = metric_names(res)
     out = _aggregate(m, ["parent", "from", "to"], ms)
-    return _finish(out, ms, period_ns(res), ("parent", "from", "to")).sort("sampled_ns", descending=True)
+    return (_finish(out, ms, period_ns(res), ("parent", "from", "to"))
+            .sort("sampled_ns", "parent", "from", "to", descending=[True, False, False, False], nulls_last=True))
