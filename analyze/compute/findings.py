@@ -295,11 +295,19 @@ def _whatif(ctx: Context) -> list[dict]:
     if m.verify_source == "assumed":
         ev += ("; verify's cost per extra verified token is ASSUMED 0 (not measured: no baseline, one batch size): "
                "the gain is an upper bound until a run at that step count confirms it")
+    elif m.verify_source == "gpu_metrics":
+        ev += (f"; verify's cost per extra verified token is a PRIOR from its measured {m.verify_prior['bound']}-bound "
+               "GPU metrics (not a measured slope): confirm with a run at that step count")
     if far is not None and far["steps"] != best["steps"]:
         ev += (f"; {far['steps']} steps predicts more ({far['tokens_per_s']:,.0f} tokens/s) but is "
                f"{abs(far['steps'] - m.steps_now)} steps from the measured {m.steps_now}: extrapolated, not "
                "recommended")
     return [{"phase": None, "rank": None, "impact_ns": gain * ctx.period_ns, "steps": best["steps"], "evidence": ev}]
+
+
+def _verify_how(source: str) -> str:
+    return {"segments": "measured across the batch sizes", "gpu_metrics": "a prior from its measured GPU metrics",
+            "baseline": "measured against the baseline"}.get(source, "assumed")
 
 
 def _whatif_per_batch(ctx: Context) -> list[dict]:
@@ -314,7 +322,7 @@ def _whatif_per_batch(ctx: Context) -> list[dict]:
     return [{"phase": None, "rank": None, "impact_ns": gain * ctx.period_ns, "evidence": (
         f"the best draft-step count depends on the batch size ({per}; predicted from each batch size's own "
         f"cycles, within one step of the measured {m.steps_now}; verify's growth "
-        f"{'measured across the batch sizes' if segs[0]['verify_source'] == 'segments' else 'assumed'}); up to "
+        f"{_verify_how(segs[0]['verify_source'])}); up to "
         f"+{_pct(gain)} tokens/s in one of them")}]
 
 
