@@ -313,3 +313,17 @@ def test_whatif_without_samples_still_says_assumed(tmp_path):
     src = _unpack(DATA / "h200_tp1" / "tp1_graph.sqlite.xz", tmp_path)
     m = whatif.fit(api.analyze(str(src)))
     assert m.verify_source == "assumed" and m.verify_per_token_ns == 0 and "ASSUMED" in m.verify_text()
+
+
+def test_html_section(res, tmp_path):
+    from analyze.output import html as page
+
+    sec = page.utilisation_section(res)
+    assert sec is not None and sec.id == "utilisation"
+    assert sec.body.count("<tr>") == 1 + utilisation.phases(res).filter(
+        pl.col("rank").is_null() & (pl.col("scope") != "all")).height
+    assert "memory" in sec.body and "compute" in sec.body and "too short" in sec.body
+    out = page.write_page(res, tmp_path / "rep")
+    assert '<section id="utilisation">' in out.read_text()
+    assert page.utilisation_section(api.analyze(str(_unpack(DATA / "h200_tp1" / "tp1_graph.sqlite.xz", tmp_path)))) \
+        is None
