@@ -327,3 +327,15 @@ def test_html_section(res, tmp_path):
     assert '<section id="utilisation">' in out.read_text()
     assert page.utilisation_section(api.analyze(str(_unpack(DATA / "h200_tp1" / "tp1_graph.sqlite.xz", tmp_path)))) \
         is None
+
+
+def test_utilisation_figure(res):
+    from analyze.output import plots
+
+    fig = plots.utilisation_bars(res)
+    rows = utilisation.phases(res).filter(pl.col("rank").is_null() & (pl.col("scope") != "all")
+                                          & (pl.col("instances") > 0)).height
+    (ax,) = fig.axes
+    assert len(ax.patches) == 5 * rows and len(ax.get_yticklabels()) == rows
+    assert any("memory-bound" in t.get_text() for t in ax.get_yticklabels())
+    fig.savefig(__import__("io").BytesIO(), format="png")
