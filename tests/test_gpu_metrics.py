@@ -339,3 +339,12 @@ def test_utilisation_figure(res):
     assert len(ax.patches) == 5 * rows and len(ax.get_yticklabels()) == rows
     assert any("memory-bound" in t.get_text() for t in ax.get_yticklabels())
     fig.savefig(__import__("io").BytesIO(), format="png")
+
+
+def test_bound_thresholds():
+    df = pl.DataFrame({"sm_active_pct": [80.0, 80.0, 80.0, 80.0, 5.0, None],
+                       "sm_issue_pct": [10.0, 10.0, 70.0, 10.0, 1.0, None],
+                       "tensor_active_pct": [20.0, 50.0, 10.0, 30.0, 1.0, None],
+                       "dram_read_pct": [60.0, 59.9, 30.0, 40.0, 1.0, 80.0]})
+    assert df.select(bound=utilisation.bound_expr())["bound"].to_list() == [
+        "memory", "compute", "compute", "mixed", "idle", None]

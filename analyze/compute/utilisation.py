@@ -15,7 +15,8 @@ instance's GPU span.
 - **Per seam** (:func:`seams`): the same over the gaps between consecutive phases (steady state).
 - **Bound** (:func:`bound`): memory-bound when DRAM read ≥ :data:`DRAM_BOUND_PCT` and tensor active ≤
   :data:`TENSOR_LOW_PCT`; compute-bound when tensor active ≥ :data:`TENSOR_BOUND_PCT` or SM issue ≥
-  :data:`ISSUE_BOUND_PCT` with DRAM read below :data:`DRAM_BOUND_PCT`; else mixed.
+  :data:`ISSUE_BOUND_PCT` with DRAM read below :data:`DRAM_BOUND_PCT`; ``idle`` when SMs are active under
+  :data:`IDLE_PCT` of the time (a gap, a span mostly waiting); else mixed.
 
 Ranks get their own GPU's samples: the rank's device (``res.ranks.device``, the CUDA device of its kernels)
 through the export's GPU list, per report when several were merged (each instance stays on its report's clock).
@@ -35,6 +36,7 @@ DRAM_BOUND_PCT = 60.0  # DRAM read bandwidth share of peak at or above which a p
 TENSOR_LOW_PCT = 20.0  # ... while its tensor cores are active at most this share of the time
 TENSOR_BOUND_PCT = 50.0  # tensor cores active at least this share: compute-bound
 ISSUE_BOUND_PCT = 60.0  # or SM issue slots used at least this share (non-tensor compute)
+IDLE_PCT = 10.0  # SMs active below this share of the time: the GPU mostly idle in the span, no bound
 SPAN_SCHEMA = {"rank": pl.Int64, "id": pl.Int64, "start": pl.Int64, "end": pl.Int64}
 
 
@@ -227,10 +229,12 @@ def _finish(out: pl.DataFrame, ms: list[str], period: int | None,
 
 
 def bound_expr() -> pl.Expr:
-    """``memory``, ``compute`` or ``mixed`` from a row's main metric columns (null when unmeasured)."""
+    """``idle``, ``memory``, ``compute`` or ``mixed`` from a row's main metric columns (null when unmeasured)."""
     dram, tensor = pl.col("dram_read_pct"), pl.col("tensor_active_pct")
     issue = pl.col("sm_issue_pct")
+    sm = pl.col("sm_active_pct")
     return (pl.when(dram.is_null() | tensor.is_null()).then(pl.lit(None, pl.String))
+            .when(sm.is_not_null() & (sm < IDLE_PCT)).then(pl.lit("idle"))
             .when((dram >= DRAM_BOUND_PCT) & (tensor <= TENSOR_LOW_PCT)).then(pl.lit("memory"))
             .when((dram < DRAM_BOUND_PCT) & ((tensor >= TENSOR_BOUND_PCT) | (issue.fill_null(0) >= ISSUE_BOUND_PCT)))
             .then(pl.lit("compute"))

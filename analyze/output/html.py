@@ -197,7 +197,8 @@ def utilisation_section(res) -> Section | None:
             "instance's GPU span, percent of peak; all ranks, steady state and each batch size. Bound: memory when "
             f"DRAM read ≥ {utilisation.DRAM_BOUND_PCT:.0f} % and tensor active ≤ {utilisation.TENSOR_LOW_PCT:.0f} %; "
             f"compute when tensor active ≥ {utilisation.TENSOR_BOUND_PCT:.0f} % (or SM issue ≥ "
-            f"{utilisation.ISSUE_BOUND_PCT:.0f} %) with DRAM read below {utilisation.DRAM_BOUND_PCT:.0f} %. "
+            f"{utilisation.ISSUE_BOUND_PCT:.0f} %) with DRAM read below {utilisation.DRAM_BOUND_PCT:.0f} %; idle "
+            f"when SMs are active under {utilisation.IDLE_PCT:.0f} % of the span. "
             f"Instances shorter than {utilisation.MIN_PERIODS} sampling periods get no number. "
             "Every metric: spectrace analyze REPORT --table gpu_metrics.")
     return Section("utilisation", "GPU utilisation per phase",
