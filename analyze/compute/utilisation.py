@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from ..model import InputError
 from ..read import gpu_metrics
 from . import headline
 from .tokens import cycles, selection
@@ -47,7 +48,11 @@ def samples(res) -> dict[int, gpu_metrics.GpuSamples]:
         paths = res.reports or [res.trace.path]
         out = {}
         for i, p in enumerate(paths):
-            s = gpu_metrics.read(p)
+            try:
+                s = gpu_metrics.read(p)
+            except (InputError, OSError) as e:  # the report went away or changed since it was analysed
+                res.memo[("gpu_metrics", "unread")] = f"{p}: GPU-metrics samples not read ({e})"
+                continue
             if s is not None:
                 out[i] = s
         res.memo[key] = out
