@@ -335,7 +335,8 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: F821
                    help="print only this table, in the chosen format: phases, ranges, seams, ranks, coverage, "
                         "instances, host_calls (whole run); phases_steady, seams_steady, budget, kernels (top GPU "
                         "operations per phase), cycles, cycle_classes (slower cycles that recur, rare stalls), "
-                        "segments (per batch size), findings (steady state)")
+                        "segments (per batch size), findings (steady state); utilisation, utilisation_seams, gpu_metrics "
+                        "(GPU-metrics samples per phase; see docs/gpu-metrics.md)")
     p.add_argument("--top", type=_num(int, 1, 10_000), default=5, metavar="N", help="with --table kernels as text: operations per "
                                                                    "phase (default 5)")
     p.add_argument("--db", metavar="RESULTS.db", help="also write every result table into this SQLite file")

@@ -30,7 +30,7 @@ import os
 import polars as pl
 
 from analyze import analyze
-from analyze.compute import anatomy, headline
+from analyze.compute import anatomy, headline, utilisation
 from analyze.compute.findings import find
 from analyze.compute.tokens import selection, summary
 from analyze.compute.whatif import fit
@@ -88,6 +88,22 @@ plots.phase_bars(res)
 
 # %%
 plots.rank_heatmap(res)  # None with one rank
+
+# %% [markdown]
+# ## GPU utilisation per phase (with `spectrace trace --gpu-metrics`; empty otherwise)
+#
+# Time-weighted means of nsys GPU-metrics samples over each phase instance's GPU span, percent of peak:
+# memory-bound (DRAM read high, tensor cores idle) means extra draft tokens are cheap in verify
+# (docs/gpu-metrics.md).
+
+# %%
+util = utilisation.phases(res)
+util.filter(pl.col("rank").is_null()).select(
+    "phase", "scope", "sm_active_pct", "sm_issue_pct", "tensor_active_pct", "dram_read_pct", "dram_write_pct",
+    "samples", "instances", "short", "bound", "note") if util.height else util
+
+# %%
+plots.utilisation_bars(res)  # None without GPU-metrics samples
 
 # %% [markdown]
 # ## A few cycles on the GPU

@@ -229,3 +229,35 @@ def test_passes_errors(tmp_path, nsys, capsys):
                sys.executable, "-c", "raise SystemExit(4)"])
     assert rc == 4
     assert json.loads((tmp_path / "f_plain.manifest.json").read_text())["exit_code"] == 4
+
+
+def test_gpu_metrics_dry_run(tmp_path, capsys):
+    main(["trace", "-n", "--nsys", "nsys", "-o", str(tmp_path / "r"), "--gpu-metrics", "--", "x"])
+    first = capsys.readouterr().out.splitlines()[0].split()
+    assert "--gpu-metrics-devices=all" in first and "--gpu-metrics-frequency=20000" in first
+    assert first.index("--gpu-metrics-frequency=20000") < first.index("-o")
+    main(["trace", "-n", "--nsys", "nsys", "-o", str(tmp_path / "r"), "--", "x"])
+    assert "--gpu-metrics" not in capsys.readouterr().out  # off unless asked
+    main(["trace", "-n", "--nsys", "nsys", "-o", str(tmp_path / "r"), "--gpu-metrics", "--gpu-metrics-frequency",
+          "100000", "--gpu-metrics-devices", "0,1", "--", "x"])
+    first = capsys.readouterr().out.splitlines()[0].split()
+    assert "--gpu-metrics-devices=0,1" in first and "--gpu-metrics-frequency=100000" in first
+
+
+@pytest.mark.parametrize("hz", ["5", "200001", "fast"])
+def test_gpu_metrics_frequency_bounds(tmp_path, capsys, hz):
+    rc = main(["trace", "-n", "--nsys", "nsys", "-o", str(tmp_path / "r"), "--gpu-metrics", "--gpu-metrics-frequency",
+               hz, "--", "x"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--gpu-metrics-frequency" in err and "10 to 200,000" in err and len(err.splitlines()) == 1
+
+
+def test_gpu_metrics_in_manifest(tmp_path, nsys):
+    assert main(["trace", "--nsys", str(nsys), "-o", str(tmp_path / "g"), "--gpu-metrics", "--", *CMD]) == 0
+    c = calls(tmp_path)
+    assert "--gpu-metrics-devices=all" in c[0]["argv"] and "--gpu-metrics-frequency=20000" in c[0]["argv"]
+    m = json.loads((tmp_path / "g.manifest.json").read_text())
+    assert m["gpu_metrics"] == {"devices": "all", "frequency_hz": 20000, "period_us": 50.0}
+    assert "--gpu-metrics-frequency=20000" in m["nsys"]["profile_command"]
+    assert main(["trace", "--nsys", str(nsys), "-o", str(tmp_path / "h"), "--", *CMD]) == 0
+    assert "gpu_metrics" not in json.loads((tmp_path / "h.manifest.json").read_text())

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from ..model import InputError
-from . import anatomy, breakdown, headline, steady
+from . import anatomy, breakdown, headline, steady, utilisation
 from .tokens import CYCLE_NAMES, base_expr, selection, summary
 
 HIGH, MEDIUM, FLOOR = 0.10, 0.03, 0.01
@@ -295,11 +295,19 @@ def _whatif(ctx: Context) -> list[dict]:
     if m.verify_source == "assumed":
         ev += ("; verify's cost per extra verified token is ASSUMED 0 (not measured: no baseline, one batch size): "
                "the gain is an upper bound until a run at that step count confirms it")
+    elif m.verify_source == "gpu_metrics":
+        ev += (f"; verify's cost per extra verified token is a PRIOR from its measured {m.verify_prior['bound']}-bound "
+               "GPU metrics (not a measured slope): confirm with a run at that step count")
     if far is not None and far["steps"] != best["steps"]:
         ev += (f"; {far['steps']} steps predicts more ({far['tokens_per_s']:,.0f} tokens/s) but is "
                f"{abs(far['steps'] - m.steps_now)} steps from the measured {m.steps_now}: extrapolated, not "
                "recommended")
     return [{"phase": None, "rank": None, "impact_ns": gain * ctx.period_ns, "steps": best["steps"], "evidence": ev}]
+
+
+def _verify_how(source: str) -> str:
+    return {"segments": "measured across the batch sizes", "gpu_metrics": "a prior from its measured GPU metrics",
+            "baseline": "measured against the baseline"}.get(source, "assumed")
 
 
 def _whatif_per_batch(ctx: Context) -> list[dict]:
@@ -315,7 +323,7 @@ def _whatif_per_batch(ctx: Context) -> list[dict]:
     return [{"phase": None, "rank": None, "impact_ns": gain * ctx.period_ns, "evidence": (
         f"the best draft-step count depends on the batch size ({per}; predicted from each batch size's own "
         f"cycles, within one step of the measured {', '.join(map(str, runs))}; verify's growth "
-        f"{'measured across the batch sizes' if segs[0]['verify_source'] == 'segments' else 'assumed'}); up to "
+        f"{_verify_how(segs[0]['verify_source'])}); up to "
         f"+{_pct(gain)} tokens/s in one of them")}]
 
 
@@ -366,7 +374,60 @@ RULES: tuple[Rule, ...] = (
          "Let SGLang choose the steps per batch size: `spectrace whatif REPORT --sglang-config tiers.json`, then "
          "`--speculative-adaptive --speculative-adaptive-config tiers.json`; measure it against this run with "
          "`spectrace compare`.", _whatif_per_batch),
+    Rule("PHASE_MEMORY_BOUND", "a phase over 10 % of the cycle that reads DRAM at >= 60 % of peak with tensor "
+         "cores <= 20 % active (GPU-metrics samples)",
+         "Extra draft tokens are cheap in verify: try more steps or a larger draft tree (--speculative-num-steps, "
+         "--speculative-eagle-topk, --speculative-num-draft-tokens) and measure it with `spectrace compare`; "
+         "the weights are read once per forward whatever the token count while the GPU is memory-bound.",
+         lambda ctx: _bound(ctx, "memory")),
+    Rule("PHASE_COMPUTE_BOUND", "a phase over 10 % of the cycle whose tensor cores are >= 50 % active (or SM "
+         "issue >= 60 %) with DRAM read < 60 % of peak (GPU-metrics samples)",
+         "Extra draft tokens cost their full weight in verify: fewer steps or a smaller draft tree (or a smaller "
+         "batch per step) is more likely to pay; check the what-if and measure with `spectrace compare`.",
+         lambda ctx: _bound(ctx, "compute")),
 )
+
+
+def _pt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.0f} %"
+
+
+PHASE_SHARE = 0.10  # a phase this share of the cycle (or more) gets a memory-/compute-bound finding
+
+
+def _bound(ctx: Context, which: str) -> list[dict]:
+    """Phases over :data:`PHASE_SHARE` of the cycle whose GPU-metrics samples say ``which`` bound
+    (:func:`analyze.compute.utilisation.bound_expr`), over the steady state; where the steady state as a whole is
+    mixed, per decode-batch segment (``verify (batch 1)``). Impact: the phase's time per steady cycle in that
+    scope. Phases that do not run every cycle (a prefill now and then) are left to the other rules. Nothing without
+    GPU-metrics samples."""
+    u = utilisation.phases(ctx.res)
+    if u.height == 0 or not ctx.period_ns:
+        return []
+    ncyc = float(ctx.cycles["ncyc"].mean() or 0) if ctx.cycles.height else 0.0
+    rows = u.filter(pl.col("rank").is_null() & (pl.col("instances") > 0))
+    steady_rows = rows.filter(pl.col("scope") == "steady")
+    segs = rows.filter(~pl.col("scope").is_in(["steady", "all"]))
+    settled = set(steady_rows.filter(pl.col("bound").is_in(["memory", "compute"]))["phase"].to_list())
+    out = []
+    for r in [*steady_rows.iter_rows(named=True), *segs.iter_rows(named=True)]:
+        if r["bound"] != which or (r["scope"] != "steady" and r["phase"] in settled):
+            continue
+        per_inst = r["sampled_ns"] / max(r["instances"], 1)
+        # a phase of the cycle (not a prefill every few hundred cycles) at least PHASE_SHARE of it
+        once_a_cycle = r["instances"] + r["short"] >= (0.5 * ncyc if r["scope"] == "steady" else 5)
+        if per_inst < PHASE_SHARE * ctx.period_ns or not once_a_cycle:
+            continue
+        scope = "" if r["scope"] == "steady" else f" ({r['scope']})"
+        out.append({
+            "phase": f"{r['phase']}{scope}",
+            "impact_ns": r["sampled_ns"] / ncyc if ncyc else per_inst,
+            "evidence": (f"{r['phase']}{scope}: DRAM read {_pt(r['dram_read_pct'])} of peak, tensor cores active "
+                         f"{_pt(r['tensor_active_pct'])}, SMs active {_pt(r['sm_active_pct'])}, SM issue "
+                         f"{_pt(r['sm_issue_pct'])} ({r['samples']:,} GPU-metrics samples over {r['instances']} "
+                         f"instances, {_us(per_inst)} each)"),
+        })
+    return out
 
 
 def severity(share: float) -> str:

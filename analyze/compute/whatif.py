@@ -316,7 +316,10 @@ class Model:
     # verify's GPU time as a function of the tokens it verifies per cycle, measured at these points (segments of
     # other batch sizes): (tokens, ns), sorted; None: the linear ``verify_per_token_ns`` (baseline, or assumed)
     verify_points: tuple[tuple[float, float], ...] | None = None
-    verify_source: str = "assumed"  # "baseline", "segments" (the points above) or "assumed" (0 per token)
+    # "baseline", "segments" (the points above), "gpu_metrics" (a prior from verify's measured bound:
+    # :func:`verify_prior`) or "assumed" (0 per token)
+    verify_source: str = "assumed"
+    verify_prior: dict | None = None  # with "gpu_metrics": verify's utilisation row the prior was taken from
     segments: list = field(default_factory=list)  # SegmentModel per batch size (fit_segments), when several
     _runs: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -422,6 +425,14 @@ class Model:
             pts = ", ".join(f"{t:,.0f} tokens {v / 1e3:,.0f} µs" for t, v in self.verify_points)
             return ("verify GPU time interpolated in the tokens it verifies per cycle, measured on the segments of "
                     f"other batch sizes ({pts}); outside them extrapolated")
+        if self.verify_source == "gpu_metrics" and self.verify_prior:
+            p = self.verify_prior
+            return (f"verify GPU time {self.verify_per_token_ns / 1e3:+.2f} µs per extra verified token per request: "
+                    f"a PRIOR from verify's measured hardware bound, not a measured slope — {p['bound']}-bound "
+                    f"(DRAM read {p['dram_read_pct']:.0f} % of peak, tensor cores {p['tensor_active_pct']:.0f} % "
+                    f"active over {p['samples']:,} GPU-metrics samples); the tensor-active share of verify's time "
+                    "taken to grow with the tokens, the rest (weight reads) not; give --baseline, or a trace with "
+                    "several batch sizes, to measure it")
         if self.verify_source == "baseline":
             return (f"verify GPU time {self.verify_per_token_ns / 1e3:+.2f} µs per extra verified token per request "
                     "(measured against the baseline's decode step)")
@@ -669,6 +680,7 @@ def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = 
     notes = []
     b = 0.0
     source = "assumed"
+    prior = None
     if baseline is not None:
         bt = summary(baseline)
         step = cycles(baseline).filter((pl.col("kind") == "decode_step") & pl.col("steady")).group_by("n") \
@@ -684,7 +696,15 @@ def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = 
             notes.append(f"verify cost per verified token per request from the baseline step ({step / 1e3:.1f} µs, "
                          f"batch {bt.batch_size}): {b / 1e3:.2f} µs")
     else:
-        notes.append("no baseline: verify cost assumed independent of the number of verified tokens")
+        prior = verify_prior(res)
+        if prior is None:
+            notes.append("no baseline: verify cost assumed independent of the number of verified tokens")
+        else:
+            source = "gpu_metrics"
+            b = cost["verify"] * prior["tensor_active_pct"] / 100 / (s0 + 1)
+            notes.append(f"no baseline: verify cost per verified token per request from verify's measured bound "
+                         f"({prior['bound']}-bound, tensor cores {prior['tensor_active_pct']:.0f} % active, DRAM "
+                         f"read {prior['dram_read_pct']:.0f} %): {b / 1e3:.2f} µs (a prior, docs/gpu-metrics.md)")
     e1 = 0.0
     ext = per.filter((pl.col("phase") == "draft_extend") & pl.col("tokens").is_not_null())
     if ext.height >= 3 and ext["tokens"].n_unique() > 1:
@@ -716,7 +736,7 @@ def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = 
         notes.append("no cycle could be replayed (no key host calls: an older result?): phase cost changes are "
                      "added to the measured period")
     m = Model(s0, float(period), cost, 0.0, b, e1, batch, alpha, tk.accepted_per_request, notes, replay, *cut, mode,
-              verify_source=source)
+              verify_source=source, verify_prior=prior if source == "gpu_metrics" else None)
     m.other_ns = m.predict(s0)["other_ns"]
     if cut[0]:
         now = m.cycle(s0)
@@ -725,6 +745,28 @@ def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = 
                      f"{s0} steps is {now / 1e3:.1f} µs against {period / 1e3:.1f} µs traced "
                      f"({100 * (now / period - 1):+.1f} %)")
     return m
+
+
+def verify_prior(res) -> dict | None:
+    """Verify's utilisation over the steady state of ``res`` (all ranks; :mod:`analyze.compute.utilisation`) when
+    GPU-metrics samples measure it: ``bound, dram_read_pct, tensor_active_pct, samples``; else None.
+
+    The prior for verify's cost per extra verified token when nothing measures it: the share of verify's time its
+    tensor cores are active grows with the tokens it verifies, the rest (reading the weights, memory-bound at small
+    batch) does not: ``b = verify × tensor_active / (steps + 1)`` per extra token per request. Memory-bound verify
+    (tensor cores a few % active) gives almost 0, as the old assumption; compute-bound verify nearly its full
+    per-token weight."""
+    from . import utilisation
+
+    u = utilisation.phases(res)
+    if u.height == 0:
+        return None
+    row = u.filter(pl.col("rank").is_null() & (pl.col("scope") == "steady") & (pl.col("phase") == "verify")
+                   & (pl.col("instances") > 0) & pl.col("tensor_active_pct").is_not_null())
+    if row.height == 0:
+        return None
+    r = row.row(0, named=True)
+    return {k: r[k] for k in ("bound", "dram_read_pct", "tensor_active_pct", "samples")}
 
 
 def to_dict(m: Model, max_steps: int = MAX_STEPS) -> dict:
@@ -739,6 +781,7 @@ def to_dict(m: Model, max_steps: int = MAX_STEPS) -> dict:
         "model": {
             "steps_now": m.steps_now, "period_ns": m.period_ns, "cost_ns": m.cost_ns, "other_ns": m.other_ns,
             "verify_per_token_ns": m.verify_per_token_ns, "verify_source": m.verify_source,
+            **({"verify_prior": m.verify_prior} if m.verify_prior else {}),
             "extend_per_token_ns": m.extend_per_token_ns,
             "batch_size": m.batch_size, "alpha": m.alpha, "accepted_per_request": m.accepted_now,
             "seams_ns": m.seams(m.steps_now), "launch_cut_per_node_ns": m.launch_cut_ns,

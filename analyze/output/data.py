@@ -15,7 +15,7 @@ import polars as pl
 
 from nvtx_hooks.capture import files
 
-from ..compute import anatomy, collectives, findings, headline
+from ..compute import anatomy, collectives, findings, headline, utilisation
 from ..compute.tokens import DEFINITION, cycles, selection, summary
 from ..model import InputError, Result
 from .targets import as_input_error, check_db, fences, inputs_of
@@ -46,6 +46,11 @@ def document(res: Result, found: list[dict] | None = None) -> dict:
     d["stragglers_steady"] = st.to_dicts()
     d["straggler"] = collectives.verdict(st).to_dicts() if st.height else []
     d["findings"] = findings.find(res) if found is None else found
+    util = utilisation.phases(res)
+    if util.height:  # only for an export with GPU-metrics samples (docs/gpu-metrics.md)
+        d["utilisation"] = util.to_dicts()
+        d["utilisation_seams"] = utilisation.seams(res).to_dicts()
+        d["gpu_metrics_period_ns"] = utilisation.period_ns(res)
     return d
 
 
@@ -55,7 +60,8 @@ def to_json(res: Result, found: list[dict] | None = None) -> str:
 
 TOP_KERNELS = 10  # per phase, in the JSON document
 CSV_TABLES = ("phases", "ranges", "seams", "ranks", "coverage", "instances", "host_calls", "phases_steady",
-              "seams_steady", "budget", "kernels", "cycles", "cycle_classes", "segments", "findings")
+              "seams_steady", "budget", "kernels", "cycles", "cycle_classes", "segments", "findings", "utilisation",
+              "utilisation_seams", "gpu_metrics")
 
 
 def frame(res: Result, name: str) -> pl.DataFrame:
@@ -83,6 +89,13 @@ def frame(res: Result, name: str) -> pl.DataFrame:
     if name == "findings":
         f = findings.find(res)
         return pl.DataFrame(f) if f else pl.DataFrame(schema={k: pl.String for k in FINDING_KEYS})
+    if name == "utilisation":  # GPU-metrics samples per phase (analyze.compute.utilisation); empty without
+        p = utilisation.phases(res)
+        return p.select(p.columns[: p.columns.index("note") + 1]) if p.height else p
+    if name == "utilisation_seams":
+        return utilisation.seams(res)
+    if name == "gpu_metrics":  # every metric, long
+        return utilisation.long(res)
     if name == "phases":
         return pl.concat([res.phases, res.phases_all.drop("ranks")], how="diagonal_relaxed")
     if name == "ranges":

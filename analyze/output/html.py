@@ -18,7 +18,7 @@ import polars as pl
 
 from nvtx_hooks.capture.files import NewFolder, utf8
 
-from ..compute import anatomy, findings, headline, whatif
+from ..compute import anatomy, findings, headline, utilisation, whatif
 from ..compute import compare as cmp
 from ..compute.tokens import DEFINITION, cycle_order, selection, summary
 from ..model import InputError
@@ -159,6 +159,50 @@ def _phases(res, out: NewFolder) -> Section:
             body.append(_save(hm, out, "rank_phase.png", "median span per rank and phase"))
     body.append(_save(plots.phase_bars(res), out, "phase_bars.png", "per-phase compute, comm, idle per rank"))
     return Section("phases", "Phases", "".join(body))
+
+
+UTIL_BARS = (("sm_active_pct", "SMs active", "#4c78a8"), ("sm_issue_pct", "SM issue", "#72b7b2"),
+             ("tensor_active_pct", "tensor active", "#e45756"), ("dram_read_pct", "DRAM read", "#f58518"),
+             ("dram_write_pct", "DRAM write", "#eeca3b"))
+
+
+def utilisation_section(res) -> Section | None:
+    """GPU utilisation per phase from nsys GPU-metrics samples (docs/gpu-metrics.md): one bar per metric, percent
+    of peak, over the steady state and each batch size; None without samples. Self-contained (inline bars, no
+    figure file)."""
+    u = utilisation.phases(res)
+    if u.height == 0:
+        return None
+    rows = u.filter(pl.col("rank").is_null() & (pl.col("scope") != "all")).with_columns(_o=cycle_order()).sort(
+        pl.col("scope") != "steady", "scope", "_o", "phase")
+
+    def bar(v, colour: str) -> str:
+        if v is None:
+            return '<td class="n">–</td>'
+        w = max(0.0, min(100.0, float(v)))
+        return (f'<td class="n"><div style="display:inline-block;width:110px;background:#eee;vertical-align:middle">'
+                f'<div style="width:{w:.1f}%;background:{colour};height:10px"></div></div> {float(v):.0f} %</td>')
+
+    head = "".join(f"<th>{html.escape(t)}</th>" for t in
+                   ("phase", "cycles", *[n for _, n, _ in UTIL_BARS], "bound", "samples", "instances"))
+    body = []
+    for r in rows.iter_rows(named=True):
+        inst = f"{r['instances']}" + (f" (+{r['short']} too short)" if r["short"] else "")
+        body.append("<tr>" + f"<td>{html.escape(r['phase'])}</td><td>{html.escape(r['scope'])}</td>"
+                    + "".join(bar(r[k], c) for k, _, c in UTIL_BARS)
+                    + f"<td>{html.escape(r['bound'] or (r['note'] or ''))}</td><td class=\"n\">{r['samples']:,}</td>"
+                    + f'<td class="n">{inst}</td></tr>')
+    period = utilisation.period_ns(res) or 0
+    note = (f"Time-weighted means of nsys GPU-metrics samples (every {period / 1e3:.0f} µs) over each phase "
+            "instance's GPU span, percent of peak; all ranks, steady state and each batch size. Bound: memory when "
+            f"DRAM read ≥ {utilisation.DRAM_BOUND_PCT:.0f} % and tensor active ≤ {utilisation.TENSOR_LOW_PCT:.0f} %; "
+            f"compute when tensor active ≥ {utilisation.TENSOR_BOUND_PCT:.0f} % (or SM issue ≥ "
+            f"{utilisation.ISSUE_BOUND_PCT:.0f} %) with DRAM read below {utilisation.DRAM_BOUND_PCT:.0f} %; idle "
+            f"when SMs are active under {utilisation.IDLE_PCT:.0f} % of the span. "
+            f"Instances shorter than {utilisation.MIN_PERIODS} sampling periods get no number. "
+            "Every metric: spectrace analyze REPORT --table gpu_metrics.")
+    return Section("utilisation", "GPU utilisation per phase",
+                   _p(note) + f"<table><tr>{head}</tr>{''.join(body)}</table>")
 
 
 def _comm(res, out: NewFolder) -> Section | None:
@@ -342,6 +386,7 @@ def _write_page(res, out: NewFolder, baseline, steps_now: int | None, extra) -> 
     found = findings.find(res, None if isinstance(model, InputError) else model)
     secs = [_summary(res, steps_now), _budget(res, out), _findings(found),
             *[x for x in (_classes(res), _segments(res)) if x is not None], _phases(res, out)]
+    secs += [s for s in (utilisation_section(res),) if s is not None]
     if res.probe_effect is not None:  # a two-pass capture (--timing): what node-level tracing cost
         secs.insert(1, Section("probe", "Probe effect", f"<pre>{html.escape(chr(10).join(probe_lines(res.probe_effect)))}</pre>"))
     secs += [s for s in (_comm(res, out),) if s is not None]

@@ -368,3 +368,39 @@ def whatif_curve(model, max_steps: int = 10) -> Figure:
         handles, labels = handles + h2, labels + l2
     fig.legend(handles, labels, loc="outside lower center", ncol=3, fontsize=8, frameon=False)
     return fig
+
+
+UTIL_METRICS = (("sm_active_pct", "SMs active", "#4c78a8"), ("sm_issue_pct", "SM issue", "#72b7b2"),
+                ("tensor_active_pct", "tensor active", "#e45756"), ("dram_read_pct", "DRAM read", "#f58518"),
+                ("dram_write_pct", "DRAM write", "#eeca3b"))
+
+
+def utilisation_bars(res) -> Figure | None:
+    """GPU utilisation per phase (nsys GPU-metrics samples, :mod:`analyze.compute.utilisation`): per phase and
+    scope (steady state, each batch size), all ranks, one bar per metric in percent of peak; phases too short for
+    the sampling period are left out. None without samples."""
+    from ..compute import utilisation
+
+    u = utilisation.phases(res)
+    if u.height == 0:
+        return None
+    u = u.filter(pl.col("rank").is_null() & (pl.col("scope") != "all") & (pl.col("instances") > 0))
+    if u.height == 0:
+        return None
+    order = {n: i for i, n in enumerate(_order(u["phase"].unique().to_list()))}
+    rows = sorted(u.iter_rows(named=True), key=lambda r: (r["scope"] != "steady", r["scope"], order[r["phase"]]))
+    fig = _figure(10, 0.45 * len(rows) * 1.6 + 1.2)
+    ax = fig.add_subplot()
+    h = 0.8 / len(UTIL_METRICS)
+    for j, (col, label, colour) in enumerate(UTIL_METRICS):
+        vals = [r[col] if r[col] is not None else 0.0 for r in rows]
+        ax.barh(np.arange(len(rows)) + (j - 2) * h, vals, height=h, color=colour, label=label)
+    ax.set_yticks(np.arange(len(rows)))
+    ax.set_yticklabels([_t(f"{r['phase']} · {r['scope']}" + (f" · {r['bound']}-bound" if r["bound"] else ""))
+                        for r in rows])
+    ax.invert_yaxis()
+    ax.set_xlim(0, 100)
+    ax.set_xlabel("% of peak (time-weighted over each instance's GPU span)")
+    ax.set_title("GPU utilisation per phase (nsys GPU-metrics samples), all ranks")
+    ax.legend(loc="lower right", fontsize=8)
+    return fig

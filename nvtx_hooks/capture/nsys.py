@@ -121,9 +121,31 @@ def profile_args(a: argparse.Namespace) -> list[str]:
         args.append(f"--duration={a.duration}")
     if a.force:
         args.append("--force-overwrite=true")
+    args += gpu_metrics_args(a)
     for extra in a.nsys_arg or []:
         args.extend(shlex.split(extra))
     return args
+
+
+# nsys samples GPU metrics at 10 Hz .. 200 kHz; 20 kHz (50 µs) gives a 100 µs phase two samples; on an H200 it
+# changed the EAGLE workload's cycle by +0.25 % on average (paired runs: -0.5 .. +1.3 %, inside the run-to-run
+# spread; docs/gpu-metrics.md, tests/device/issue25.sh)
+GPU_METRICS_HZ = 20_000
+
+
+def gpu_metrics_args(a: argparse.Namespace) -> list[str]:
+    """``--gpu-metrics-devices``/``--gpu-metrics-frequency`` with ``--gpu-metrics`` (every GPU: all the ranks')."""
+    if not getattr(a, "gpu_metrics", False):
+        return []
+    return [f"--gpu-metrics-devices={a.gpu_metrics_devices}", f"--gpu-metrics-frequency={a.gpu_metrics_frequency}"]
+
+
+def gpu_metrics_record(a: argparse.Namespace) -> dict | None:
+    """The manifest's ``gpu_metrics``: what was sampled (None without ``--gpu-metrics``)."""
+    if not getattr(a, "gpu_metrics", False):
+        return None
+    hz = a.gpu_metrics_frequency
+    return {"devices": a.gpu_metrics_devices, "frequency_hz": hz, "period_us": round(1e6 / hz, 3)}
 
 
 def env_added(a: argparse.Namespace) -> dict[str, str]:
@@ -326,6 +348,8 @@ def _capture(a: argparse.Namespace, nsys: str, base: Path, added: dict[str, str]
                    ended=mf.utc_now(), wall_s=wall, exit_code=rc, interrupted=interrupted,
                    outputs=[p for k, p in files.items() if k != "manifest"])
     rec["exported"] = exported
+    if gpu_metrics_record(a) is not None:
+        rec["gpu_metrics"] = gpu_metrics_record(a)
     rec["program_output"] = records
     rec.update(extra or {})
     if not files["report"].exists():  # nothing captured: no manifest either (it would describe nothing)
@@ -403,6 +427,13 @@ def add_trace_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--delay", type=number(float, 0, 1e6), default=None, help="seconds before collection starts")
     p.add_argument("--duration", type=number(float, 0, 1e6, lo_open=True), default=None,
                    help="seconds of collection (nsys then stops the app)")
+    p.add_argument("--gpu-metrics", action="store_true",
+                   help="also sample the GPUs' hardware counters (SMs active, tensor active, DRAM bandwidth...) for "
+                        "`spectrace analyze --table utilisation` (nsys --gpu-metrics-devices; docs/gpu-metrics.md)")
+    p.add_argument("--gpu-metrics-frequency", type=number(int, 10, 200_000), default=GPU_METRICS_HZ, metavar="HZ",
+                   help="with --gpu-metrics: samples per second, 10..200000 (default: %(default)s, every 50 µs)")
+    p.add_argument("--gpu-metrics-devices", default="all", metavar="LIST",
+                   help="with --gpu-metrics: nsys --gpu-metrics-devices (default: %(default)s, every rank's GPU)")
     p.add_argument("--env", action="append", metavar="KEY=VALUE", help="extra environment for the command")
     p.add_argument("--nsys-arg", action="append", metavar="ARGS", type=shell_words,
                    help="extra nsys profile options, appended last so they override the defaults; "
