@@ -507,16 +507,17 @@ def analyze_each(
     cache: bool | None = None,
     jobs: int | None = None,
     executor=None,
+    progress: bool | None = None,
 ) -> list[Result]:
     """:func:`analyze` of each report, in parallel processes (``jobs``, default: CPUs, at most one per report).
 
     ``executor``: any ``concurrent.futures.Executor``-like object (``submit(fn, *args)`` returning
     futures with ``result()``) to run the per-report map elsewhere, e.g. a Dask cluster's
     ``Client.get_executor()``; the reports must be readable where the tasks run. Only the small
-    per-report results travel back.
+    per-report results travel back. ``progress``: the bar of a single report (as :func:`analyze`).
     """
     if len(paths) == 1 and executor is None:
-        return [analyze(paths[0], ranges, comm_patterns, store=store, cache=cache)]
+        return [analyze(paths[0], ranges, comm_patterns, store=store, cache=cache, progress=progress)]
     paths = [str(p) for p in paths]
     refuse_twice(paths)
     for p in paths:
