@@ -275,3 +275,32 @@ def test_probe_window_opening_a_whole_cycle_late(probe, tmp_path):
     assert codes(cut.diagnostics)["WINDOW_CUT"][0].startswith("rank 1: 2 instance(s)")
     for phase in ("eagle3.draft", "eagle3.verify"):
         check_same_cycles(probe, cut, phase, 54)
+
+
+def test_rank0_window_warns_only_of_what_changes_a_number(window):
+    """Issue 28: on the rank-0-window capture the one warning is WINDOW_CUT (rank 1's cut cycles are left out of
+    the sums); nsys's "not all events" is one note for the three processes, the launcher said once not to be a
+    rank; the unclosed ranges and the graph launch without GPU rows lie outside every counted number."""
+    warn = [d.code for d in window.diagnostics if d.level != "info"]
+    assert warn == ["WINDOW_CUT"]
+    c = codes(window.diagnostics)
+    assert len(c["INCOMPLETE_COLLECTION"]) == 1 and "(processes 749, 790, 791)" in c["INCOMPLETE_COLLECTION"][0]
+    assert c["NOT_A_RANK"] == ["process 749 ran no GPU work: not a rank (e.g. the launcher)"]
+    assert sorted(window.ranks["pid"].to_list()) == [790, 791]
+    assert all(m.endswith("(not counted in any number)") for m in c["UNCLOSED_RANGE"])
+    assert "COVERAGE" not in c  # phases received all of it (the text's Coverage line: 100.0%)
+
+
+def test_text_wraps_prose_at_120(window):
+    """Issue 28: prose (diagnostics, notes) wraps at 120 columns when not on a terminal, under its own indent;
+    only table rows (columns two spaces apart) may be wider. Before: 22 of 114 lines, the longest 589."""
+    from analyze.compute.findings import find
+    from analyze.output.text import TABLE_GAP, analyze_table
+
+    lines = analyze_table(window, find(window)).splitlines()
+    wide = [x for x in lines if len(x) > 120]
+    assert all(TABLE_GAP.search(x.strip()) for x in wide), [x for x in wide if not TABLE_GAP.search(x.strip())]
+    diag = lines[lines.index("Diagnostics") + 1:]
+    assert diag[0].startswith("  warning WINDOW_CUT: rank 1: 4 instance(s)")  # the warning first
+    assert all(len(x) <= 120 for x in diag[:diag.index("")])
+    assert any(x.startswith(" " * 10 + "'eagle3.cycle' ×1") for x in diag)  # continued under the message

@@ -155,6 +155,13 @@ def process(source, pid: int, ctx: Context) -> dict:
     launches = int(api.select(is_launch.sum()).item())
     launched = calls.filter(pl.col("api_name_id").is_in(ctx.launch_ids.implode())).height
     del calls
+    # Graph launches without GPU rows inside the process's GPU window (lost mid-run: a number is short of them);
+    # those before its first or after its last GPU op were only outside the captured window.
+    orphans_inside = 0
+    if launches > launched and ops.height:
+        lo, hi = ops["start"].min(), ops["end"].max()
+        orphans_inside = (api.filter(is_launch & pl.col("start").is_between(lo, hi))
+                          .join(ops.select("corr").unique(), on="corr", how="anti").height)
     key_calls, firsts, per_inst = host.calls(ops, api, nested, ctx.sync_ids, ctx.launch_ids, tl) if ops.height else (
         None, None, None)
     del api
@@ -163,6 +170,7 @@ def process(source, pid: int, ctx: Context) -> dict:
         "node_ops": node_ops,
         "graph_launches": launches,
         "orphan_launches": launches - launched,
+        "orphan_launches_inside": orphans_inside,
         "unmatched_ops": int(ops["gtid"].null_count()),
     }
     out["ranks"] = rk

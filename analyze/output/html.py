@@ -29,7 +29,7 @@ from ..compute.tokens import DEFINITION, cycle_order, selection, summary
 from ..model import InputError
 from . import plots, terminal
 from .targets import FIGURES, PAGE_START, as_input_error, report_folder
-from .text import acceptance_text, best_text, display_names, probe_lines
+from .text import acceptance_text, best_text, display_names, probe_lines, ranked
 
 CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1250px;color:#222;padding:0 1em}
 .tw{overflow-x:auto;max-width:100%;margin:.5em 0 1.5em}
@@ -468,7 +468,7 @@ def _write_page(res, out: NewFolder, vs, steps_now: int | None, extra) -> None:
     secs.append(_whole_run(res))
     secs.append(Section("diagnostics", "Diagnostics", "<ul>" + "".join(
         f'<li class="{"warn" if d.level != "info" else ""}">{html.escape(d.level)} <code>{html.escape(d.code)}</code>: '
-        f"{html.escape(d.message)}</li>" for d in res.diagnostics) + "</ul>"))
+        f"{html.escape(d.message)}</li>" for d in ranked(res.diagnostics)) + "</ul>"))
     nav = "<nav>" + "".join(f'<a href="#{s.id}">{html.escape(s.title)}</a>' for s in secs) + "</nav>"
     body = "".join(f'<section id="{s.id}"><h2>{html.escape(s.title)}</h2>{s.body}</section>' for s in secs)
     page = f"{html.escape(name)}</title><style>{CSS}</style></head><body><h1>spectrace · {html.escape(name)}</h1>" \

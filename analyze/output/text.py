@@ -98,6 +98,45 @@ def kernel_label(name: str, width: int = 60) -> str:
     return n if len(n) <= width else n[: width - 1] + "…"
 
 
+TABLE_GAP = re.compile(r"\S  +\S")  # two spaces or more between words: a table row (or a bar), never wrapped
+DIAG = re.compile(r"^(  (?:info|warning|error) +)")
+
+
+def ranked(diagnostics: list) -> list:
+    """Errors, then warnings (a number the user reads is affected), then notes; each in its own order."""
+    order = {"error": 0, "warning": 1}
+    return sorted(diagnostics, key=lambda d: order.get(d.level, 2))
+
+
+def text_width() -> int:
+    """Where prose lines wrap: the terminal's width when standard output is one, else 120."""
+    import os
+    import sys
+
+    try:
+        if sys.stdout is not None and sys.stdout.isatty():
+            return max(60, os.get_terminal_size(sys.stdout.fileno()).columns)
+    except (OSError, ValueError, AttributeError):
+        pass
+    return 120
+
+
+def wrap_lines(lines: list[str], width: int | None = None) -> list[str]:
+    """Prose lines wrapped at ``width`` (default :func:`text_width`), continued under their own indent
+    (a diagnostic under its message); table rows (words two spaces apart) are kept whole."""
+    width = width or text_width()
+    out = []
+    for line in lines:
+        m = DIAG.match(line)
+        if len(line) <= width or (not m and TABLE_GAP.search(line.strip())):
+            out.append(line)
+            continue
+        lead = m.group(1) if m else line[: len(line) - len(line.lstrip())]
+        out += textwrap.wrap(line[len(lead):], width, initial_indent=lead, subsequent_indent=" " * len(lead),
+                             break_on_hyphens=False, break_long_words=False) or [line]
+    return out
+
+
 IDENT = re.compile(r"[A-Za-z_]\w*")
 
 
@@ -365,10 +404,10 @@ def analyze_table(res: Result, found: list[dict] | None = None) -> str:
     if res.diagnostics:
         out.append("")
         out.append("Diagnostics")
-        out += [f"  {d.level:<7} {d.code}: {d.message}" for d in res.diagnostics]
+        out += [f"  {d.level:<7} {d.code}: {d.message}" for d in ranked(res.diagnostics)]
     if found is not None:
         out += ["", *findings_text(found)]
-    return "\n".join(out) + "\n"
+    return "\n".join(wrap_lines(out)) + "\n"
 
 
 def _seam_rows(sa: pl.DataFrame) -> list[str]:
@@ -503,7 +542,7 @@ def comm_table(res: CommResult) -> str:
         out.append("")
         out.append("Diagnostics")
         out += [f"  {x.level:<7} {x.code}: {x.message}" for x in res.diagnostics]
-    return "\n".join(out) + "\n"
+    return "\n".join(wrap_lines(out)) + "\n"
 
 
 def _f(v, scale=1e3, fmt="{:,.1f}") -> str:
@@ -577,7 +616,7 @@ def compare_table(doc: dict) -> str:
                "the cycle budget's pieces (they add up to the cycle period); one ranking by |Δ|"
                + (" per token" if tok else "") + "; – = not in that trace; * = the 95 % interval (bootstrap over "
                "cycles) excludes 0")
-    return "\n".join(out) + "\n"
+    return "\n".join(wrap_lines(out)) + "\n"
 
 
 def whatif_segment_lines(m: Model, max_steps: int = MAX_STEPS) -> list[str]:
@@ -648,4 +687,4 @@ def whatif_table(m: Model, max_steps: int = MAX_STEPS, explain: bool = False) ->
         out += ["", "Fitted on the graph-level pass (--timing).", *probe_lines(m.probe)]
     if explain:
         out += ["", "Assumptions"] + [f"  - {a}" for a in m.assumptions()]
-    return "\n".join(out) + "\n"
+    return "\n".join(wrap_lines(out)) + "\n"
