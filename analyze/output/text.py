@@ -294,7 +294,8 @@ def steady_phase_text(res: Result) -> list[str]:
                          _us(r["compute_mean_ns"]), _us(r["comm_mean_ns"]), _us(r["idle_mean_ns"]),
                          _us(r["idle_p50_ns"]), _us(r["idle_p90_ns"]), _pct(r["comm_ns"], r["span_ns"]),
                          _pct(r["idle_ns"], r["span_ns"])])
-    return ["Phases per instance, steady state (µs; mean unless p50/p90; span = compute + comm + idle)",
+    which = "steady state" if selection(res).get("how") != "none" else "whole run (no cycle ranges)"
+    return [f"Phases per instance, {which} (µs; mean unless p50/p90; span = compute + comm + idle)",
             *_grid(STEADY_HEADER, rows, 2)]
 
 
