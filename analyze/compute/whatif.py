@@ -602,10 +602,12 @@ def steps_known(res, steps_now: int | None) -> tuple[int, str]:
     rep = draft_repeats(res)
     if rep is not None:
         n, names, inst = rep
-        return n, (f"inferred: the draft phase's GPU work repeats {n} times per instance ({names} kernel names "
-                   f"each run a multiple of {n} times in most of {inst} instances); --steps-now N if that is wrong")
+        return n, (f"inferred: the draft phase's GPU work repeats {n} times per instance "
+                   f"({names} kernel names each run a multiple of {n} times in most of {inst} instances); "
+                   "--steps-now N if that is wrong")
     raise InputError(f"{res.trace.path}: the number of draft steps is not recorded (no manifest with "
-                     "speculative.steps beside it) and cannot be inferred (no draft phase whose kernels repeat); "
+                     "speculative.steps beside it) and cannot be inferred (no draft phase whose kernels repeat: 1 step, "
+                     "or a draft that is not a loop); "
                      "pass --steps-now N (Python: steps_now=N; the notebooks: SPECTRACE_STEPS=N)", "NO_STEPS")
 
 
@@ -613,7 +615,8 @@ def draft_repeats(res) -> tuple[int, int, int] | None:
     """How many times the draft phase's GPU work repeats per instance: each draft step runs the draft model's
     forward once, so every kernel name of it runs a multiple of the step count times. Per kernel name seen in at
     least half the draft instances, its most common count per instance; the greatest common divisor of those.
-    ``(repeats, kernel names, draft instances)``, or None without draft instances or when nothing repeats."""
+    ``(repeats, kernel names, draft instances)``, or None without draft instances or when nothing repeats (every
+    name once per instance is one step, or a draft that is not a loop: not guessed)."""
     import math
 
     inst = res.instances.filter(base_expr("range") == "draft").select("range_id")
