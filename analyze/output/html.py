@@ -40,7 +40,7 @@ code{background:#f5f5f5;padding:1px 4px}.note{color:#555;font-size:13px}.warn{co
 p,li,h1,h2,h3,td.ev,td.act{overflow-wrap:anywhere}pre{white-space:pre-wrap;overflow-wrap:anywhere;font-size:12px}
 nav{font-size:13px;margin:.5em 0 1.5em}nav a{margin-right:.9em}.head{font-size:15px}
 .sev-high{background:#f8d7d3}.sev-medium{background:#fbe9c8}.sev-low{background:#eef2f5}
-td.ev{min-width:280px;max-width:520px}td.act{min-width:220px;max-width:380px;color:#333}
+td.ev{min-width:200px;max-width:520px}td.act{min-width:170px;max-width:380px;color:#333}
 td code{white-space:nowrap;overflow-wrap:normal}.verdict{font-size:16px;padding:.6em .8em;background:#eef2f5;border-left:4px solid #5a7d9a}"""
 
 
