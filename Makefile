@@ -7,7 +7,7 @@ PAIR    ?= tp1
 RANGES  ?=
 ARGS    ?=
 
-.PHONY: install demo demo-pair test lint bench clean
+.PHONY: install demo demo-pair test lint bench clean notebooks
 
 $(BIN)/spectrace: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -24,8 +24,14 @@ demo-pair: install
 	$(BIN)/spectrace analyze $$($(BIN)/python -m nvtx_hooks.capture.samples $(PAIR)_node) \
 	  --timing $$($(BIN)/python -m nvtx_hooks.capture.samples $(PAIR)_graph) $(ARGS)
 
+# -rs: why each skipped test was skipped (the shared real traces beside the checkout, torch, root, ...)
 test: install
-	$(BIN)/python -m pytest -q --nbmake tests notebooks
+	$(BIN)/python -m pytest -q -rs --nbmake tests notebooks
+
+# the notebooks in Jupyter Lab (SPECTRACE_REPORT / SPECTRACE_BASELINE / SPECTRACE_STEPS: docs/cli.md)
+notebooks: install
+	@$(BIN)/python -c "import jupyterlab" 2>/dev/null || { echo "jupyter lab is not in $(VENV): $(BIN)/pip install jupyterlab, then make notebooks again"; exit 2; }
+	$(BIN)/jupyter lab notebooks
 
 lint: install
 	$(BIN)/ruff check .

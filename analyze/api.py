@@ -36,6 +36,8 @@ def _exported(reports: list) -> tuple[list, list[Diagnostic]]:
     for r in reports:
         p = Path(r) if isinstance(r, str | os.PathLike) else None
         sib = p.with_suffix(".sqlite") if p is not None and p.suffix in REP_SUFFIXES else None
+        if p is not None and not p.exists() and not (sib is not None and sib.is_file()):
+            _no_such_report(p)
         if sib is not None and sib.is_file():
             stale = p.exists() and sib.stat().st_mtime < p.stat().st_mtime
             notes.append(Diagnostic("warning" if stale else "info", "REPORT_EXPORT",
@@ -45,6 +47,18 @@ def _exported(reports: list) -> tuple[list, list[Diagnostic]]:
             r = sib
         out.append(r)
     return out, notes
+
+
+def _no_such_report(p: Path) -> None:
+    """A report that does not exist: one line, with the file the user probably meant (``run`` → ``run.sqlite``)."""
+    near = [p.with_name(p.name + s) for s in (".sqlite", ".nsys-rep", ".parquetdir", ".arrowdir")]
+    near = [q for q in near if q.exists()]
+    if near:
+        raise InputError(f"{p}: no such file; did you mean {near[0]}?", "NO_FILE")
+    if p.suffix not in (".sqlite", ".nsys-rep", ".qdrep", ".parquetdir", ".arrowdir"):
+        raise InputError(f"{p}: no such file (spectrace reads NAME.sqlite, the export of nsys's NAME.nsys-rep: "
+                         "`nsys export --type sqlite NAME.nsys-rep`)", "NO_FILE")
+    raise InputError(f"{p}: no such file", "NO_FILE")
 
 
 def analyze(
@@ -138,7 +152,7 @@ def comm(reports: Reports, ranges: str | None = None, comm_patterns=None, *, ski
 
     choice = steady.check_choice(skip_cycles, window)
     many, _ = _exported(_many(reports))
-    results = pipeline.analyze_each(many, ranges, comm_patterns, **kw)
+    results = pipeline.analyze_each(many, ranges, comm_patterns, **kw)  # kw: store, cache, jobs, executor, progress
     res = pipeline.merge(results) if len(results) > 1 else results[0]
     res.cycle_choice = choice
     info = selection(res)
@@ -192,10 +206,12 @@ def whatif(reports: Reports, steps_now: int | None = None, baseline: Reports | N
         for o in other_steps:
             ro, name = analyze(o, ranges, comm_patterns, **kw), ", ".join(Path(p).name for p in _many(o))
             try:
-                wi.steps_of(ro, None)
+                steps, how = wi.steps_known(ro, None)
             except InputError as e:
                 raise InputError(f"--other-steps {name}: the number of draft steps is not recorded (no manifest "
-                                 "with speculative.steps beside it)", e.code) from None
+                                 "with speculative.steps beside it) and cannot be inferred", e.code) from None
+            if how.startswith("inferred"):
+                m.notes.append(f"{name}: {steps} draft steps, {how}")
             segs = wi.fit_segments(ro, None, alpha=alpha, as_traced=as_traced)
             if not segs:
                 m.notes.append(f"{name}: fewer than two batch sizes with enough cycles: not used")
@@ -204,18 +220,20 @@ def whatif(reports: Reports, steps_now: int | None = None, baseline: Reports | N
     return m
 
 
-def report(reports: Reports, output: str | os.PathLike, baseline: Reports | None = None,
+def report(reports: Reports, output: str | os.PathLike, vs: Reports | None = None,
            steps_now: int | None = None, ranges: str | None = None, comm_patterns=None, *,
            timing: Reports | None = None, unprofiled_cycles_per_s: float | None = None, force: bool = False,
-           **kw) -> Path:
-    """Write ``output/index.html`` (tables, figures, what-if; the comparison with ``baseline``; the probe effect
-    with a graph-level ``timing`` pass); its path. The folder is built beside ``output`` and put in its place
-    whole; a folder spectrace did not make is refused unless ``force`` (:func:`analyze.output.html.write_page`)."""
+           baseline: Reports | None = None, **kw) -> Path:
+    """Write ``output/index.html``, one self-contained page (tables, inline figures, what-if; the comparison with
+    the run ``vs`` first; the probe effect with a graph-level ``timing`` pass); its path. The folder is built beside
+    ``output`` and put in its place whole; a folder spectrace did not make is refused unless ``force``
+    (:func:`analyze.output.html.write_page`). ``baseline``: the old name of ``vs`` (deprecated)."""
     from .output import html
 
+    vs = vs if vs is not None else baseline
     res = analyze(reports, ranges, comm_patterns, timing=timing, unprofiled_cycles_per_s=unprofiled_cycles_per_s,
                   **kw)
-    base = analyze(baseline, ranges, comm_patterns, **kw) if baseline is not None else None
-    return html.write_page(res, output, baseline=base, steps_now=steps_now, force=force,
-                           inputs=[*_many(reports), *(_many(baseline) if baseline is not None else []),
+    other = analyze(vs, ranges, comm_patterns, **kw) if vs is not None else None
+    return html.write_page(res, output, vs=other, steps_now=steps_now, force=force,
+                           inputs=[*_many(reports), *(_many(vs) if vs is not None else []),
                                    *(_many(timing) if timing is not None else [])])

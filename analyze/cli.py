@@ -58,6 +58,16 @@ def add_selection_args(p: argparse.ArgumentParser) -> None:  # noqa: F821 (impor
                    help="file of FAMILY=REGEX lines to add to the communication table")
 
 
+def add_common_args(p: argparse.ArgumentParser, formats: tuple[str, ...], format_help: str) -> None:  # noqa: F821
+    """The options of every verb that reads captures, with one meaning each: ``-q``, ``--format``, ``--ranges``,
+    ``--comm-pattern(s-file)``, ``--skip-cycles``/``--window`` (and, via :func:`add_source_args`, where the rows
+    live)."""
+    p.add_argument("--format", choices=formats, default=formats[0], help=format_help)
+    p.add_argument("-q", "--quiet", action="store_true", help="no diagnostics, notes or progress bar on stderr")
+    add_selection_args(p)
+    add_steady_args(p)
+
+
 def add_source_args(p: argparse.ArgumentParser) -> None:  # noqa: F821
     """Where the rows live and how several reports run: the same for every analysis verb."""
     import argparse
@@ -100,9 +110,9 @@ def _options(a) -> dict:
     from .compute.comm_patterns import load_patterns
 
     out = {"ranges": a.ranges, "comm_patterns": load_patterns(a.comm_pattern, a.comm_patterns_file),
-           "store": a.store, "cache": a.cache, "jobs": a.jobs}
-    if hasattr(a, "skip_cycles"):
-        out |= {"skip_cycles": a.skip_cycles, "window": a.window}
+           "store": a.store, "cache": a.cache, "jobs": a.jobs, "skip_cycles": a.skip_cycles, "window": a.window}
+    if a.quiet:
+        out["progress"] = False
     if getattr(a, "timing", None):
         out |= {"timing": a.timing, "unprofiled_cycles_per_s": a.unprofiled_cycles_per_s}
     elif getattr(a, "unprofiled_cycles_per_s", None) is not None:
@@ -114,7 +124,7 @@ def _options(a) -> dict:
 
 def _inputs(a) -> list:
     """Every report a verb reads (``--baseline`` and ``--timing`` ones too): outputs must be none of them."""
-    base = getattr(a, "baseline", None) or []
+    base = getattr(a, "baseline", None) or getattr(a, "vs", None) or []
     return [*a.report, *([base] if isinstance(base, str) else base), *(getattr(a, "timing", None) or []),
             *(getattr(a, "other_steps", None) or [])]
 
@@ -159,7 +169,7 @@ def run_analyze(a) -> int:
         raise InputError(f"unknown table {a.table!r}; one of {', '.join(data.CSV_TABLES)}", "BAD_TABLE")
     if a.db:  # before the analysis: a --db that may not be written is refused at once
         check_db(a.db, _inputs(a))
-    res = analyze(a.report, **_options(a), progress=False if a.quiet else None)
+    res = analyze(a.report, **_options(a))
     if a.table is not None:  # one table, in the chosen format
         if a.format == "csv":
             out = data.to_csv(res, a.table)
@@ -202,10 +212,28 @@ def run_report(a) -> int:
     from .api import report
     from .output.targets import check_report_folder
 
+    if a.baseline:  # the old name of --vs (one release): a run to compare with, never whatif's no-speculation run
+        a.vs = a.vs or a.baseline
+        if not a.quiet:
+            print("spectrace: note: report --baseline is now --vs (a run to compare with); --baseline will be "
+                  "removed in the next release", file=sys.stderr)
+    a.baseline = None
+    if a.output is None:
+        a.output = default_report_folder(a.report[0])
     check_report_folder(a.output, _inputs(a), a.force)  # before the analysis
-    page = report(a.report, a.output, baseline=a.baseline, steps_now=a.steps_now, force=a.force, **_options(a))
+    page = report(a.report, a.output, vs=a.vs, steps_now=a.steps_now, force=a.force, **_options(a))
     print(f"spectrace: wrote {page}", file=sys.stderr)
     return 0
+
+
+def default_report_folder(report) -> str:
+    """``report``'s default ``-o``: ``NAME_report`` beside ``NAME.sqlite`` (or the parquetdir/arrowdir)."""
+    from pathlib import Path
+
+    p = Path(report)
+    stem = p.name[:-len(p.suffix)] if p.suffix in (".sqlite", ".nsys-rep", ".qdrep", ".parquetdir", ".arrowdir") \
+        else p.name
+    return str(p.with_name(f"{stem}_report"))
 
 
 def run_compare(a) -> int:
@@ -224,7 +252,7 @@ def run_compare(a) -> int:
     doc = compare(side_a, side_b, **_options(a))
     _out(data.doc_json(doc) if a.format == "json" else text.compare_table(doc))
     for w in doc.get("warnings") or []:
-        if a.format == "json":
+        if a.format == "json" and not a.quiet:
             print(f"spectrace: warning: {w}", file=sys.stderr)
     if a.fail_if_slower is not None and slower_than(doc, a.fail_if_slower):
         print(f"spectrace: B is slower than A by {doc['verdict']['change_pct']:.1f} % (more than "
@@ -302,7 +330,41 @@ def run_hooks_check(a) -> int:
 # ---- the parser -----------------------------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:  # noqa: F821
+def did_you_mean(parser, message: str, argv: list[str] | None) -> str:
+    """``"; did you mean X?"`` for a usage error naming a mistyped verb or option (the closest of the verb's own
+    options), else ``""``."""
+    import difflib
+    import re
+
+    verbs = _subparsers(parser)
+    m = re.search(r"argument (COMMAND|ACTION): invalid choice: '([^']*)' \(choose from (.*)\)", message)
+    if m:  # a verb, or a hooks action
+        near = difflib.get_close_matches(m.group(2), re.findall(r"'([^']*)'", m.group(3)), n=1, cutoff=0.6)
+        return f"; did you mean {near[0]!r}?" if near else ""
+    m = re.search(r"unrecognized arguments: (.*)", message)
+    if not m:
+        return ""
+    words = argv if argv is not None else sys.argv[1:]
+    verb = next((w for w in words if w in verbs), None)
+    opts = [o for a in (verbs[verb] if verb else parser)._actions for o in a.option_strings if a.help != "==SUPPRESS=="]
+    out, bad = [], [w for w in m.group(1).split() if w.startswith("-")]
+    for b in bad:
+        near = difflib.get_close_matches(b.split("=", 1)[0], opts, n=1, cutoff=0.75)
+        if near:
+            out.append(f"{near[0]} (for {b})" if len(bad) > 1 else near[0])
+    return f"; did you mean {', '.join(out)}?" if out else ""
+
+
+def _subparsers(parser) -> dict:
+    import argparse
+
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            return a.choices
+    return {}
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:  # noqa: F821
     import argparse
     from pathlib import Path
 
@@ -312,7 +374,8 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: F821
 
     class Parser(argparse.ArgumentParser):
         def error(self, message: str):  # one line (not the usage), exit 2, as for every other bad input
-            print(f"spectrace: error: {' '.join(message.split())}", file=sys.stderr)
+            print(f"spectrace: error: {' '.join(message.split())}{did_you_mean(parser, message, argv)}",
+                  file=sys.stderr)
             raise SystemExit(2)
 
     parser = Parser(
@@ -326,11 +389,8 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: F821
                        description="Attribute GPU time to NVTX phases: span = compute + comm + idle, "
                                    "plus seams between phases and NVIDIA-style projections.")
     p.add_argument("report", nargs="+", help=REPORTS_HELP)
-    add_selection_args(p)
-    add_steady_args(p)
-    p.add_argument("--format", choices=("table", "json", "csv"), default="table",
-                   help="table: text for people (default); json: every table and the findings; csv: one table "
-                        "(--table, default phases)")
+    add_common_args(p, ("table", "json", "csv"), "table: text for people (default); json: every table and the "
+                                                 "findings; csv: one table (--table, default phases)")
     p.add_argument("--table", metavar="NAME",
                    help="print only this table, in the chosen format: phases, ranges, seams, ranks, coverage, "
                         "instances, host_calls (whole run); phases_steady, seams_steady, budget, kernels (top GPU "
@@ -340,7 +400,6 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: F821
     p.add_argument("--top", type=_num(int, 1, 10_000), default=5, metavar="N", help="with --table kernels as text: operations per "
                                                                    "phase (default 5)")
     p.add_argument("--db", metavar="RESULTS.db", help="also write every result table into this SQLite file")
-    p.add_argument("-q", "--quiet", action="store_true", help="no diagnostics or progress bar on stderr")
     add_timing_args(p)
     add_source_args(p)
     p.set_defaults(func=run_analyze)
@@ -351,32 +410,30 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: F821
                                    "transfer, and name the rank that arrives last. Several reports (one per node "
                                    "or rank) are aligned by utcEpochNs, then by collective end times.")
     p.add_argument("report", nargs="+", help=REPORTS_HELP)
-    add_selection_args(p)
-    add_steady_args(p)
-    p.add_argument("--format", choices=("table", "json"), default="table",
-                   help="table: text for people (default); json: the collectives, stragglers, clock and matching")
-    p.add_argument("-q", "--quiet", action="store_true", help="no diagnostics on stderr")
+    add_common_args(p, ("table", "json"), "table: text for people (default); json: the collectives, stragglers, "
+                                          "clock and matching")
     add_source_args(p)
     p.set_defaults(func=run_comm)
 
     p = sub.add_parser("report", help="HTML report (tables and figures) of an nsys SQLite export",
-                       description="Write DIR/index.html: the cycle budget and ranked findings first, then the "
-                                   "per-phase tables, figures (PNG beside it), stragglers, the what-if model and, "
-                                   "with --baseline, the comparison.")
+                       description="Write DIR/index.html, one self-contained page (figures inline): the comparison's "
+                                   "verdict first with --vs, the cycle budget and ranked findings, then the "
+                                   "per-phase tables, figures, stragglers and the what-if model.")
     p.add_argument("report", nargs="+", help=REPORTS_HELP)
-    p.add_argument("--baseline", metavar="OTHER", nargs="+",
-                   help="another run to compare with (e.g. a no-speculation run); several exports for a "
+    p.add_argument("--vs", metavar="OTHER", nargs="+",
+                   help="another run to compare with (A = OTHER, B = this report); several exports for a "
                         "multi-node run")
-    p.add_argument("-o", "--output", metavar="DIR", required=True,
-                   help="output folder: built beside DIR and put in its place whole when complete; DIR may be "
-                        "new, empty or a report spectrace wrote (replaced)")
+    p.add_argument("--baseline", metavar="OTHER", nargs="+", help=argparse.SUPPRESS)  # deprecated: --vs
+    p.add_argument("-o", "--output", metavar="DIR",
+                   help="output folder (default: NAME_report beside the first report NAME.sqlite): built beside "
+                        "DIR and put in its place whole when complete; DIR may be new, empty or a report "
+                        "spectrace wrote (replaced)")
     p.add_argument("-f", "--force", action="store_true",
                    help="write into a folder spectrace did not make (files of the same names are replaced, its "
                         "other files kept)")
     p.add_argument("--steps-now", type=_num(int, 1, STEPS_MAX), metavar="N",
-                   help="draft steps of this trace (default: its manifest)")
-    add_selection_args(p)
-    add_steady_args(p)
+                   help="draft steps of this trace (default: its manifest, else inferred from the trace)")
+    add_common_args(p, ("html",), "html: DIR/index.html, the only format of a report (JSON: analyze --format json)")
     add_timing_args(p)
     add_source_args(p)
     p.set_defaults(func=run_report)
@@ -390,14 +447,12 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: F821
                                    "over cycles. `compare A B`, or `compare A1 A2 --vs B1 B2` for multi-node runs.")
     p.add_argument("a", nargs="+", metavar="A", help="run A (e.g. the baseline); with --vs, all of A's exports")
     p.add_argument("--vs", nargs="+", metavar="B", help="run B's exports (when A or B has several)")
-    p.add_argument("--format", choices=("table", "json"), default="table",
-                   help="table: text for people (default); json: every row, per rank, kernels, verdict")
+    add_common_args(p, ("table", "json"), "table: text for people (default); json: every row, per rank, "
+                                          "kernels, verdict")
     p.add_argument("--fail-if-slower", type=_num(float, 0, 1e6), metavar="PCT",
                    help="exit 1 when B is slower than A by more than PCT %% (the cycle period over every steady "
                         "cycle; per token when the runs make different numbers of tokens per cycle) and the 95 %% "
                         "bootstrap interval excludes no change: a CI gate")
-    add_selection_args(p)
-    add_steady_args(p)
     add_source_args(p)
     p.set_defaults(func=run_compare)
 
@@ -406,16 +461,16 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: F821
                                    "replaying each cycle on the trace's CPU and GPU timelines (assumptions: "
                                    "--explain, analyze/compute/whatif.py and the README).")
     p.add_argument("report", nargs="+", help=REPORTS_HELP)
-    p.add_argument("--steps-now", type=_num(int, 1, STEPS_MAX), metavar="N", help="draft steps of this trace (default: its manifest)")
+    p.add_argument("--steps-now", type=_num(int, 1, STEPS_MAX), metavar="N",
+                   help="draft steps of this trace (default: its manifest, else inferred from the trace)")
     p.add_argument("--baseline", metavar="OTHER", help="a decode_step (no speculation) export: calibrates how "
                                                        "verify cost grows with verified tokens")
     p.add_argument("--acceptance", type=_num(float, 0, 1), metavar="ALPHA",
                    help="per-token acceptance probability (default: fitted on the accept-length payload)")
     p.add_argument("--max-steps", type=_num(int, 1, STEPS_MAX), default=10, metavar="N",
                    help="predict 1..N draft steps (default %(default)s)")
-    p.add_argument("--format", choices=("table", "json"), default="table",
-                   help="table: text for people (default); json: predictions, best step count and the model")
-    add_steady_args(p)
+    add_common_args(p, ("table", "json"), "table: text for people (default); json: predictions, best step count "
+                                          "and the model")
     p.add_argument("--explain", action="store_true",
                    help="also print the model's assumptions, with this trace's numbers (JSON: model.assumptions)")
     p.add_argument("--as-traced", action="store_true",
@@ -428,7 +483,6 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: F821
                    help="write the best draft steps per batch size (the what-if per segment) as the JSON that "
                         "SGLang's --speculative-adaptive-config reads: tiers of batch sizes, candidate steps the "
                         "best and the current one")
-    add_selection_args(p)
     add_timing_args(p)
     add_source_args(p)
     p.set_defaults(func=run_whatif)
@@ -501,7 +555,7 @@ def _main(argv: list[str] | None) -> int:
 
     from .model import InputError
 
-    parser = build_parser()
+    parser = build_parser(argv)
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help, --version, or a usage error (one line said so)

@@ -26,6 +26,7 @@ import polars as pl
 
 from analyze import analyze, compare
 from analyze.compute.whatif import validate
+from analyze.output import plots
 from analyze.output.text import compare_table
 from nvtx_hooks.capture import samples
 
@@ -33,6 +34,15 @@ A = os.environ.get("SPECTRACE_BASELINE") or str(samples.path("tp1_baseline"))
 B = os.environ.get("SPECTRACE_REPORT") or str(samples.path("tp1_node"))
 doc = compare(A, B)
 print(compare_table(doc))
+
+# %% [markdown]
+# ## What changed, per cycle
+#
+# Δ = B − A in µs per cycle for the phases and seams that moved most, split into compute, comm and idle (they add
+# up to Δ), with the 95 % bootstrap interval; the cycle period's Δ on top (the report's chart with `--vs`).
+
+# %%
+plots.compare_delta(doc)
 
 # %%
 pl.DataFrame(doc["rows"]).select("phase", "kind", "a_ns_per_cycle", "b_ns_per_cycle", "delta_ns", "delta_compute_ns",

@@ -13,7 +13,8 @@ EXTERNAL = TRACES / "external"
 
 def need(path: Path) -> Path:
     if not path.exists():
-        pytest.skip(f"{path} not present (the shared traces live beside the checkout)")
+        # one reason for every such test, so that `pytest -rs` (make test) lists them on one line
+        pytest.skip(f"needs the shared real traces in {SHARED}/ (beside the checkout, not bundled: docs/cli.md)")
     return path
 
 

@@ -131,8 +131,11 @@ def test_coverage(res):
 
 def test_diagnostics(res):
     codes = {(d.code, d.level) for d in res.diagnostics}
-    assert ("UNCLOSED_RANGE", "warning") in codes
-    assert ("INCOMPLETE_COLLECTION", "warning") in codes
+    assert ("UNCLOSED_RANGE", "warning") in codes  # the unclosed cycle is counted: its span runs to the session end
+    assert "span and idle include the time to the session end" in \
+        next(d.message for d in res.diagnostics if d.code == "UNCLOSED_RANGE")
+    # nsys's "not all events" changes no number by itself (GPU_TAIL_LOST / WINDOW_CUT say when one is): a note
+    assert ("INCOMPLETE_COLLECTION", "info") in codes
     assert ("RANGE_NO_GPU", "info") in codes  # 1 of 3 verify ranges launched nothing
     assert ("COVERAGE", "info") in codes
     assert not any(d.code == "GRAPH_LEVEL_TRACE" for d in res.diagnostics)
@@ -159,6 +162,9 @@ def test_graph_level_trace(tmp_path):
     assert (v["span_ns"], v["busy_ns"], v["comm_ns"]) == (1000, 1000, 0)
     codes = {d.code for d in r.diagnostics}
     assert {"GRAPH_LEVEL_TRACE", "GRAPH_LAUNCH_NO_GPU"} <= codes
+    # the launch without GPU rows lies between the process's first and last GPU op: lost work, a warning
+    lost = next(d for d in r.diagnostics if d.code == "GRAPH_LAUNCH_NO_GPU")
+    assert lost.level == "warning" and "1 of 2 cudaGraphLaunch calls" in lost.message and "1 of them inside" in lost.message
     assert r.trace.graph_trace_mode == "Graph"
 
 
@@ -195,3 +201,28 @@ def test_gpu_idle_excludes_gaps_filled_by_other_work(tmp_path):
     r = analyze(s.save())
     v = row(r.phases, phase="verify")
     assert (v["span_ns"], v["busy_ns"], v["idle_ns"], v["gpu_idle_ns"]) == (400, 200, 200, 100)
+
+
+def test_diagnostics_by_consequence(tmp_path):
+    """nsys's "not all events" once for every process (a launcher process that is not a rank said once); a graph
+    launch after the last GPU op changes no number (info); full coverage says nothing."""
+    s = Synth(tmp_path / "c.sqlite", version="2025.3")
+    for pid, dev in ((1, 0), (2, 1)):
+        s.range(pid, pid, "cycle", 1000, 5000)
+        s.range(pid, pid, "verify", 1100, 3000)
+        s.api(pid, pid, "cudaLaunchKernel_v7000", 1200, 1300, 1)
+        s.kernel(pid, dev, 7, 1, 1500, 2500, "gemm")
+        s.api(pid, pid, "cudaGraphLaunch_v10000", 4000, 4100, 2)  # after the process's last GPU op
+    for pid in (1, 2, 9):  # 9: a launcher that ran no GPU work
+        s.diagnostic("Not all CUDA events might have been collected.", pid)
+    r = analyze(s.save(), ranges=r"^(cycle|verify)$")
+    by = {}
+    for d in r.diagnostics:
+        by.setdefault(d.code, []).append(d)
+    assert [d.level for d in by["INCOMPLETE_COLLECTION"]] == ["info"]
+    assert "(processes 1, 2, 9)" in by["INCOMPLETE_COLLECTION"][0].message
+    assert [d.message for d in by["NOT_A_RANK"]] == ["process 9 ran no GPU work: not a rank (e.g. the launcher)"]
+    assert [(d.level, d.message.endswith("(no number is affected)")) for d in by["GRAPH_LAUNCH_NO_GPU"]] == \
+        [("info", True)]
+    assert "COVERAGE" not in by  # phases received all the GPU time
+    assert not [d for d in r.diagnostics if d.level != "info"]

@@ -54,7 +54,11 @@ def test_rules_on_the_synthetic_cycle(res):
     assert [x["impact_ns"] for x in found] == sorted((x["impact_ns"] for x in found), reverse=True)
     assert all(x["share"] == pytest.approx(x["impact_ns"] / 10_000) for x in found)
     assert all(set(x) >= {"code", "severity", "phase", "rank", "evidence", "action"} for x in found)
-    assert all(x["action"] == next(r.action for r in findings.RULES if r.code == x["code"]) for x in found)
+    assert all(x["action"] == next(r.action for r in findings.RULES if r.code == x["code"])
+               for x in found if x["code"] != "COMM_SHARE")
+    # the draft's all-reduce kernel is ..._RING_LL (no manifest environment): the advice starts from LL
+    assert c["action"].startswith("This run uses NCCL's LL protocol, RING algorithm (its kernel "
+                                  "ncclDevKernel_AllReduce_Sum_bf16_RING_LL;") and "NCCL_PROTO=LL " not in c["action"]
 
 
 def test_whatif_finding_follows_the_model(res):
@@ -142,3 +146,35 @@ def test_ragged_window_pairs_by_cycle_and_names_no_false_straggler():
     st = headline.stragglers(res)
     assert st.height and st["max_delay_ns"].max() < 1_000_000
     assert all(x["impact_ns"] < 1_000_000 for x in by_code(findings.find(res)).get("STRAGGLER_RANK", []))
+
+
+def test_comm_advice_knows_the_nccl_protocol(tmp_path):
+    """Issue 28: COMM_SHARE's advice starts from the protocol the run already uses: the recorded environment's
+    NCCL_PROTO (the bundled tp2_nccl_ll / tp2_nccl_simple manifests), else the NCCL kernel's name (the rank-0-window
+    capture has no manifest; its all-reduce kernel is ..._RING_LL); never "try NCCL_PROTO=LL" on an LL run."""
+    import json
+
+    from paths import TP2, tp2
+
+    from analyze import analyze
+    from analyze.compute.findings import find
+
+    def advice(name: str, manifest: bool = True) -> list[str]:
+        p = tp2(name, tmp_path)
+        if not manifest:
+            p.with_suffix(".manifest.json").unlink(missing_ok=True)
+        return [f["action"] for f in find(analyze(p)) if f["code"] == "COMM_SHARE"]
+
+    assert json.loads((TP2 / "tp2_nccl_ll.manifest.json").read_text())["nccl_env"]["NCCL_PROTO"] == "LL"
+    assert json.loads((TP2 / "tp2_nccl_simple.manifest.json").read_text())["nccl_env"]["NCCL_PROTO"] == "Simple"
+    ll = advice("tp2_nccl_ll")
+    assert ll and all(a.startswith("This run uses NCCL's LL protocol (NCCL_PROTO in the capture's recorded "
+                                   "environment). LL is already the lowest-latency protocol: next try NCCL_ALGO")
+                      for a in ll)
+    assert not any("NCCL_PROTO=LL" in a for a in ll)
+    simple = advice("tp2_nccl_simple")
+    assert simple and all(a.startswith("This run uses NCCL's Simple protocol") and "try NCCL_PROTO=LL" in a
+                          for a in simple)
+    window = advice("tp2_rank0_window", manifest=False)
+    assert window and all(a.startswith("This run uses NCCL's LL protocol, RING algorithm (its kernel "
+                                       "ncclDevKernel_AllReduce_Sum_bf16_RING_LL;") for a in window)

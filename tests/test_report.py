@@ -1,7 +1,8 @@
-"""spectrace report: a self-contained DIR/index.html with its figures beside it."""
+"""spectrace report: one self-contained DIR/index.html, its figures inline (PNG data URIs)."""
 
 from __future__ import annotations
 
+import base64
 import re
 
 import eagle_synth as es
@@ -9,22 +10,46 @@ import eagle_synth as es
 from analyze.cli import main
 
 
-def test_report_with_baseline(tmp_path):
+def figures(page: str) -> dict[str, bytes]:
+    """The page's figures: name (the img's title) → its PNG bytes, decoded from the data URI."""
+    return {t: base64.b64decode(d) for d, t in
+            re.findall(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)" alt="[^"]*" title="([^"]+)">', page)}
+
+
+def test_report_with_vs(tmp_path, capsys):
     e, b = es.eagle(tmp_path / "e.sqlite"), es.baseline(tmp_path / "b.sqlite")
     out = tmp_path / "rep"
-    assert main(["report", str(e), "--baseline", str(b), "-o", str(out)]) == 0
+    assert main(["report", str(e), "--vs", str(b), "-o", str(out)]) == 0
+    assert [p.name for p in out.iterdir() if not p.name.startswith("SPECTRACE")] == ["index.html"]  # one file
     page = (out / "index.html").read_text()
-    imgs = re.findall(r'<img src="([^"]+)"', page)
-    assert {"phase_bars.png", "timeline.png", "distributions.png", "per_cycle.png", "whatif.png"} <= set(imgs)
-    assert all((out / i).stat().st_size > 1000 for i in imgs)
+    figs = figures(page)
+    assert {"phase_bars.png", "timeline.png", "distributions.png", "per_cycle.png", "whatif.png",
+            "compare.png"} <= set(figs)
+    assert len(figs) == page.count("<img ")
+    assert all(png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000 for png in figs.values())
     assert not re.search(r'(src|href)="(https?:)?//', page)  # nothing loaded from elsewhere
-    assert "6.00</b> tokens per cycle" in page and "Compared with the baseline" in page  # cycles 1..3: (4+6+8)/3
+    assert "<pre>" not in page  # no raw CLI text
+    assert "6.00</b> tokens per cycle" in page and "Compared with b.sqlite" in page  # cycles 1..3: (4+6+8)/3
+    # the comparison first: its verdict and chart before the steady state
+    assert page.index('class="verdict"') < page.index('title="compare.png"') < page.index('id="summary"')
+    # --vs is a run to compare with, not whatif's no-speculation baseline: no "not used for the verify slope"
+    assert "verify slope" not in page and "not used" not in page
+    assert "--baseline is now --vs" not in capsys.readouterr().err
     assert "best:" in page or "best within one step" in page
     # the budget's per-rank columns in µs: draft spans 1100 ns on rank 0 and 700 ns on rank 1 (eagle_synth)
     budget = page[page.index('id="budget"'):page.index('id="findings"')]
     row = re.search(r"<tr><td>draft</td>(.*?)</tr>", budget).group(1)
     cells = re.findall(r'<td class="n">([^<]*)</td>', row)
     assert cells[-2:] == ["1.1", "0.7"]
+
+
+def test_report_baseline_is_a_deprecated_vs(tmp_path, capsys):
+    e, b = es.eagle(tmp_path / "e.sqlite"), es.baseline(tmp_path / "b.sqlite")
+    assert main(["report", str(e), "--baseline", str(b)]) == 0  # and -o defaults to e_report beside e.sqlite
+    err = capsys.readouterr().err
+    assert err.count("\n") == 2 and "note: report --baseline is now --vs" in err
+    assert f"wrote {tmp_path / 'e_report' / 'index.html'}" in err
+    assert "Compared with b.sqlite" in (tmp_path / "e_report" / "index.html").read_text()
 
 
 def test_report_bad_output(tmp_path):
@@ -34,8 +59,8 @@ def test_report_bad_output(tmp_path):
     assert main(["report", str(e), "-o", str(f)]) == 2
 
 
-def png_size(path) -> tuple[int, int]:
-    head = path.read_bytes()[:24]
+def png_size(png: bytes) -> tuple[int, int]:
+    head = png[:24]
     assert head[:8] == b"\x89PNG\r\n\x1a\n"
     return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
 
@@ -51,10 +76,10 @@ def test_report_at_8_ranks(tmp_path):
     out = tmp_path / "rep8"
     assert main(["report", str(src), "-o", str(out)]) == 0
     page = (out / "index.html").read_text()
-    imgs = re.findall(r'<img src="([^"]+)"', page)
-    assert {"budget.png", "phase_bars.png", "rank_phase.png", "comm_split.png", "timeline.png"} <= set(imgs)
-    for i in imgs:
-        w, h = png_size(out / i)
+    figs = figures(page)
+    assert {"budget.png", "phase_bars.png", "rank_phase.png", "comm_split.png", "timeline.png"} <= set(figs)
+    for i, png in figs.items():
+        w, h = png_size(png)
         assert w <= 2400 and h <= 2400, (i, w, h)
     assert page.index('id="budget"') < page.index('id="findings"') < page.index('id="whole-run"')
     assert re.search(r"<code>GAP_HOST_BOUND</code>", page) and "<h3>Stragglers</h3>" in page

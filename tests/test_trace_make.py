@@ -77,3 +77,21 @@ def test_server_that_dies_fails_the_run(tmp_path):
     rc = serve.main(["--port", str(free_port()), "--poll-interval", "0.05", "--", sys.executable, "-c",
                      "raise SystemExit(4)"])
     assert rc == 1
+
+
+def test_make_test_says_why_and_make_notebooks_says_how(tmp_path):
+    """Issue 28: `make test` lists skip reasons (-rs); `make notebooks` without jupyter lab says in one line how to
+    install it (a venv whose python has no jupyterlab module: a stand-in that fails that import)."""
+    venv = Path(sys.executable).parent.parent
+    r = subprocess.run(["make", "-C", str(ROOT), "-n", "-o", f"{venv}/bin/spectrace", "test", f"VENV={venv}"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "-m pytest -q -rs --nbmake tests notebooks" in r.stdout, r.stdout + r.stderr
+    bin_ = tmp_path / "v" / "bin"
+    bin_.mkdir(parents=True)
+    (bin_ / "python").write_text('#!/bin/sh\nexit 1\n')  # `import jupyterlab` fails
+    (bin_ / "python").chmod(0o755)
+    (bin_ / "spectrace").write_text("")
+    r = subprocess.run(["make", "-s", "-C", str(ROOT), "-o", f"{bin_}/spectrace", "notebooks", f"VENV={tmp_path / 'v'}"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert r.stdout == f"jupyter lab is not in {tmp_path / 'v'}: {bin_}/pip install jupyterlab, then make notebooks again\n"

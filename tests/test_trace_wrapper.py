@@ -261,3 +261,16 @@ def test_gpu_metrics_in_manifest(tmp_path, nsys):
     assert "--gpu-metrics-frequency=20000" in m["nsys"]["profile_command"]
     assert main(["trace", "--nsys", str(nsys), "-o", str(tmp_path / "h"), "--", *CMD]) == 0
     assert "gpu_metrics" not in json.loads((tmp_path / "h.manifest.json").read_text())
+
+
+def test_dry_run_refuses_an_nsys_a_real_run_refuses(tmp_path, nsys, monkeypatch, capsys):
+    """Issue 28: --dry-run checks the nsys it finds as a real run does (2022.4 is older than MIN_NSYS)."""
+    monkeypatch.setenv("FAKE_NSYS_VERSION", "2022.4.1.21-0e2b1a3")
+    argv = ["trace", "--dry-run", "--nsys", str(nsys), "-o", str(tmp_path / "r"), "--", "python", "-V"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "2022.4" in err and "2024.2" in err, err
+    assert main([x for x in argv if x != "--dry-run"]) == 2  # what a real run says
+    assert capsys.readouterr().err == err and not list(tmp_path.glob("r*"))
+    monkeypatch.setenv("FAKE_NSYS_VERSION", "2024.2.1.106-0")
+    assert main(argv) == 0 and "profile" in capsys.readouterr().out

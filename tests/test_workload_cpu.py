@@ -163,7 +163,7 @@ def test_periodic_straggler(torch, monkeypatch, before):
     """``--delay-every 3 --delay-offset 1``: the straggler (rank 0 here) waits in cycles 1 and 4 of 0..4 (the
     warm-up cycle 0 counts), just before pushing ``before``; the record lists those cycles and the time the
     waits took."""
-    args = [*TINY, "--delay-rank", "0", "--delay-us", "60000", "--delay-every", "3", "--delay-offset", "1",
+    args = [*TINY, "--delay-rank", "0", "--delay-us", "200000", "--delay-every", "3", "--delay-offset", "1",
             "--delay-before", before, "--host-wait", "spin"]
     out, rec = run(args, monkeypatch)
     names = [n for _, n, _ in rec.events]
@@ -175,14 +175,17 @@ def test_periodic_straggler(torch, monkeypatch, before):
                                                       rec.times[k + 2] - rec.times[k + 1])
     assert sorted(gaps) == [0, 1, 2, 3, 4]
     where = 0 if before == "draft" else 1
-    # the wait is 60 ms; the rest of a gap is µs of tiny CPU work (< 30 ms even on a busy machine)
-    assert sorted(i for i, g in gaps.items() if g[where] >= 0.06) == [1, 4]
-    assert all(gaps[i][where] < 0.03 for i in (0, 2, 3)), gaps
-    assert all(g[1 - where] < 0.03 for g in gaps.values()), gaps  # the other gap has no wait
+    # the wait is 200 ms; the rest of a gap is tiny CPU work (µs; tens of ms on a loaded 2-core machine)
+    # (cycle 0's gaps also hold the first calls' one-time set-up, which a loaded machine can stretch past 0.2 s)
+    assert all(gaps[i][where] >= 0.2 for i in (1, 4)), gaps
+    assert all(gaps[i][where] < 0.1 for i in (2, 3)), gaps
+    assert all(gaps[i][1 - where] < 0.1 for i in (1, 2, 3, 4)), gaps  # the other gap has no wait
     d = out["delay"]
-    assert (d["rank"], d["every"], d["offset"], d["before"], d["us"], d["cycles"]) == (0, 3, 1, before, 60000, [1, 4])
-    assert 60000 <= d["measured_us_mean"] < 90000
-    assert out["delay_us"] == 60000
+    assert (d["rank"], d["every"], d["offset"], d["before"], d["us"], d["cycles"]) == (0, 3, 1, before, 200000, [1, 4])
+    # at least what was asked, and inside the gaps it delayed (no wall-clock bound: a loaded machine spins longer)
+    gap_us = 1e6 * sum(gaps[i][where] for i in (1, 4)) / 2
+    assert 200000 <= d["measured_us_mean"] <= gap_us, (d["measured_us_mean"], gap_us)
+    assert out["delay_us"] == 200000
 
 
 @pytest.mark.parametrize("us", [0, 1000])

@@ -16,6 +16,8 @@ from nvtx_hooks import phases as ph
 
 from .regex import check_regex
 
+CYCLE_RANGE = r"(^|[.:/ ])(cycle|decode_step)$"  # the cycle ranges (analyze.compute.tokens.CYCLE_NAMES), any prefix
+
 
 def select_ranges(ranges: pl.DataFrame, regex: str | None) -> tuple[pl.DataFrame, str]:
     """The ranges that are phases, and how they were chosen.
@@ -28,8 +30,17 @@ def select_ranges(ranges: pl.DataFrame, regex: str | None) -> tuple[pl.DataFrame
     full = pl.concat_str([pl.col("domain"), pl.lit(":"), pl.col("range")])
     if regex is not None:
         check_regex(regex, "--ranges")
-        sel = usable.filter(pl.col("range").str.contains(regex) | full.str.contains(regex))
+        chosen = pl.col("range").str.contains(regex) | full.str.contains(regex)
+        sel = usable.filter(chosen)
         how = f"ranges matching {regex!r}"
+        # The cycle ranges (cycle, decode_step, any prefix) stay selected whatever the regex chose: they say which
+        # cycle each phase belongs to (steady state, budget, cross-rank pairing, findings).
+        cyc = usable.filter(~chosen & pl.col("range").str.contains(CYCLE_RANGE)
+                            & pl.col("pid").is_in(sel["pid"].unique().implode()))
+        if sel.height and cyc.height:
+            names = ", ".join(repr(n) for n in sorted(cyc["range"].unique().to_list()))
+            sel = pl.concat([sel, cyc]).sort("range_id")
+            how += f" and the cycle ranges ({names}: which cycle each phase belongs to)"
     else:
         sel = usable.filter(pl.col("domain") == ph.DOMAIN)
         how = f"ranges of the {ph.DOMAIN!r} NVTX domain"

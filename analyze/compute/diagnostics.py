@@ -1,5 +1,8 @@
 """Warnings and notes about a trace and its attribution, each with a stable code (README: Diagnostics).
 
+Ranked by consequence: a *warning* only when a number the user reads is affected (the message says which);
+everything else is *info*. One diagnostic per cause, not one per process (the processes are listed in it).
+
 They are computed once, globally, from the small per-process results and the counts each process
 body reports (:data:`FACTS`), never from all GPU operations at once.
 """
@@ -11,7 +14,8 @@ import polars as pl
 from ..model import Diagnostic, Trace
 
 # Counts each process body returns, summed over processes.
-FACTS = ("graph_ops", "node_ops", "graph_launches", "orphan_launches", "unmatched_ops", "duplicate_ops")
+FACTS = ("graph_ops", "node_ops", "graph_launches", "orphan_launches", "orphan_launches_inside", "unmatched_ops",
+         "duplicate_ops")
 
 # Oddities met while reading (:attr:`analyze.model.Trace.read_warnings`): code and message per count.
 READ_WARNINGS = {
@@ -35,14 +39,24 @@ def diagnose(t: Trace, nested: pl.DataFrame, facts: dict[str, int], ranks: pl.Da
              cov: pl.DataFrame, phases: pl.DataFrame) -> list[Diagnostic]:
     """Warnings and notes about the trace and the attribution."""
     out = []
+    rank_pids = set(ranks["pid"].to_list()) if ranks.height else set()
     nd = t.nsys_diagnostics
     lost = nd.filter(pl.col("text").str.contains(r"(?i)not all .* events might have been collected"))
-    for row in lost.group_by("pid").agg(pl.col("text").unique().sort()).sort("pid").iter_rows(named=True):
+    if lost.height:  # one note for every process (nsys says it of each, the launcher too)
+        pids = sorted(lost["pid"].drop_nulls().unique().to_list())
+        said = " ".join(sorted(lost["text"].unique().to_list()))
         out.append(Diagnostic(
-            "warning", "INCOMPLETE_COLLECTION",
-            f"pid {row['pid']}: nsys says " + " ".join(row["text"])
-            + " Ranges at the end of the run may lack their GPU work; it is not counted as idle.",
+            "info", "INCOMPLETE_COLLECTION",
+            f"nsys says {said} (process{'es' if len(pids) > 1 else ''} {', '.join(map(str, pids))}). Ranges at the "
+            "end of the run may lack their GPU work; when that changes a number, GPU_TAIL_LOST or WINDOW_CUT says "
+            "which instances were left out.",
         ))
+    others = sorted(set(nd["pid"].drop_nulls().to_list()) | set(t.ranges["pid"].drop_nulls().to_list())) \
+        if rank_pids else []
+    others = [p for p in others if p not in rank_pids and p > 0]  # pid 0: nsys's own events
+    if others:
+        out.append(Diagnostic("info", "NOT_A_RANK", f"process{'es' if len(others) > 1 else ''} "
+                              f"{', '.join(map(str, others))} ran no GPU work: not a rank (e.g. the launcher)"))
     if t.dropped_ops:
         out.append(Diagnostic("warning", "DROPPED_OPS",
                               f"{t.dropped_ops} GPU operations with invalid timestamps (start <= 0 or end < start, "
@@ -56,13 +70,18 @@ def diagnose(t: Trace, nested: pl.DataFrame, facts: dict[str, int], ranks: pl.Da
                               "correlation id, start and end); their kernel time and op counts are counted twice"))
     unclosed = t.ranges.filter("unclosed")
     if unclosed.height:
-        sel_ids = nested["range_id"].implode()
-        per = (unclosed.with_columns(_sel=pl.col("range_id").is_in(sel_ids))
-               .group_by("domain", "range").agg(pl.len(), pl.col("_sel").any()).sort("range", "domain"))
+        counted = inst.filter(pl.col("i_ops") > 0)  # a selected instance with GPU work that no rule left out
+        if "left_out" in counted.columns:
+            counted = counted.filter(pl.col("left_out").is_null())
+        per = (unclosed.with_columns(_counted=pl.col("range_id").is_in(counted["range_id"].implode()))
+               .group_by("domain", "range").agg(pl.len(), pl.col("_counted").any()).sort("range", "domain"))
         for row in per.iter_rows(named=True):
+            name = label(row["domain"], row["range"])
             out.append(Diagnostic(
-                "warning" if row["_sel"] else "info", "UNCLOSED_RANGE",
-                f"{row['len']} {label(row['domain'], row['range'])} range(s) never closed; their end is the session end",
+                "warning" if row["_counted"] else "info", "UNCLOSED_RANGE",
+                f"{row['len']} {name} range(s) never closed; their end is the session end"
+                + (f": {name}'s span and idle include the time to the session end" if row["_counted"]
+                   else " (not counted in any number)"),
             ))
     cross = t.ranges.filter("cross_thread")
     if cross.height:
@@ -80,10 +99,13 @@ def diagnose(t: Trace, nested: pl.DataFrame, facts: dict[str, int], ranks: pl.Da
             "compute. Capture with --cuda-graph-trace=node for the split.",
         ))
     if facts["orphan_launches"]:
+        inside = facts.get("orphan_launches_inside", facts["orphan_launches"])
         out.append(Diagnostic(
-            "warning", "GRAPH_LAUNCH_NO_GPU",
-            f"{facts['orphan_launches']} of {facts['graph_launches']} cudaGraphLaunch calls have no GPU rows (events lost, "
-            "or launched outside the captured GPU window)",
+            "warning" if inside else "info", "GRAPH_LAUNCH_NO_GPU",
+            f"{facts['orphan_launches']} of {facts['graph_launches']} cudaGraphLaunch calls have no GPU rows"
+            + (f"; {inside} of them inside the captured GPU window (events lost): the spans of the ranges that "
+               "launched them lack that work" if inside else
+               ": launched outside the captured GPU window (no number is affected)"),
         ))
     if facts["unmatched_ops"]:
         out.append(Diagnostic("info", "UNMATCHED_OPS",
@@ -104,12 +126,13 @@ def diagnose(t: Trace, nested: pl.DataFrame, facts: dict[str, int], ranks: pl.Da
                               msg + (f"; never any: {shown}" if names else "")))
     gpu = int(cov["gpu_ns"].sum()) if cov.height else 0
     att = int(cov["attributed_ns"].sum()) if cov.height else 0
-    if gpu:
+    if gpu and att < gpu:  # nothing to say when phases received all of it
         share = 1 - att / gpu
         out.append(Diagnostic(
             "warning" if share > 0.1 else "info", "COVERAGE",
             f"{share:.1%} of GPU busy time inside the phased window ({(gpu - att) / 1e6:.3f} of {gpu / 1e6:.3f} ms) "
-            "belongs to no phase",
+            "belongs to no phase" + (": the per-phase tables miss it (the whole-run totals include it)"
+                                     if share > 0.1 else ""),
         ))
     if not phases.height:
         out.append(Diagnostic("warning", "NO_PHASE_WORK", "no GPU work was launched inside any selected range"))

@@ -180,8 +180,63 @@ def _comm(ctx: Context) -> list[dict]:
                    f"{_us(float(grp['wait'].mean()))} waiting for the last rank")
         elif name in ctx.untrusted:
             ev += "; no wait/transfer split: its matched collectives do not end together (matching suspect)"
-        out.append({"phase": name, "rank": None, "impact_ns": impact, "evidence": ev})
+        out.append({"phase": name, "rank": None, "impact_ns": impact, "evidence": ev,
+                    "action": comm_action(nccl_setting(ctx.res, name))})
     return out
+
+
+# NCCL's kernels name the algorithm and protocol they were built for: ncclDevKernel_AllReduce_Sum_bf16_RING_LL.
+NCCL_KERNEL = r"^ncclDevKernel_\w+?_(RING|TREE|NVLS_TREE|NVLSTREE|NVLS|COLLNET_DIRECT|COLLNET_CHAIN|PAT)_(LL128|LL|SIMPLE)\b"
+PROTOS = {"ll": "LL", "ll128": "LL128", "simple": "Simple"}
+
+
+@dataclass(frozen=True)
+class NcclSetting:
+    """The NCCL protocol (and algorithm) a phase's collectives ran with, and where that is known from."""
+
+    proto: str | None  # LL, LL128, Simple
+    algo: str | None  # Ring, Tree, NVLS, ...
+    source: str
+
+
+def nccl_setting(res, phase: str) -> NcclSetting | None:
+    """The protocol of ``phase``'s collectives: the recorded environment's ``NCCL_PROTO``/``NCCL_ALGO`` (the manifest
+    beside the capture), else the name of the NCCL kernel with the most time in the phase; None when neither says."""
+    from .tokens import read_manifest
+
+    env = (read_manifest(res.trace.path) or {}).get("nccl_env") or {}
+    proto = PROTOS.get(str(env.get("NCCL_PROTO", "")).strip().lower())
+    if proto is not None:
+        return NcclSetting(proto, env.get("NCCL_ALGO") or None, "NCCL_PROTO in the capture's recorded environment")
+    if res.kernels is None or res.kernels.height == 0:
+        return None
+    inst = res.instances.filter(pl.col("range") == phase).select("range_id")
+    k = (res.kernels.join(inst, on="range_id", how="semi").with_columns(pl.col("name").cast(pl.String))
+         .with_columns(m=pl.col("name").str.extract_groups(NCCL_KERNEL))
+         .filter(pl.col("m").struct.field("2").is_not_null())
+         .group_by("name").agg(pl.col("kernel_ns").sum(), pl.col("m").first()).sort("kernel_ns", descending=True))
+    if k.height == 0:
+        return None
+    top = k.row(0, named=True)
+    algo, proto = top["m"]["1"], PROTOS[top["m"]["2"].lower()]
+    short = top["name"].split("(")[0]
+    return NcclSetting(proto, algo, f"its kernel {short}; NCCL may pick another protocol inside the same kernel: "
+                                    "NCCL_PROTO fixes it")
+
+
+def comm_action(s: NcclSetting | None) -> str | None:
+    """COMM_SHARE's advice from the setting the run already has (None: the rule's general advice)."""
+    if s is None:
+        return None
+    rest = ("SGLang's custom all-reduce (do not pass --disable-custom-all-reduce; needs NVLink/P2P), NVLS or "
+            "symmetric-memory all-reduce on NVSwitch, or a smaller TP size for this model; measure with "
+            "`spectrace compare`.")
+    now = f"This run uses NCCL's {s.proto} protocol" + (f", {s.algo} algorithm" if s.algo else "") + f" ({s.source})."
+    if s.proto == "LL":
+        return f"{now} LL is already the lowest-latency protocol: next try NCCL_ALGO (e.g. Tree, or NVLS), {rest}"
+    if s.proto == "LL128":
+        return f"{now} For these small all-reduces try NCCL_PROTO=LL, then NCCL_ALGO, {rest}"
+    return f"{now} Simple is built for large messages: try NCCL_PROTO=LL (or LL128) and NCCL_ALGO, {rest}"
 
 
 def _per_cycle(ctx: Context, df: pl.DataFrame, col: str) -> pl.DataFrame:
@@ -470,7 +525,8 @@ def find(res, model=None) -> list[dict]:
                 continue
             out.append({"code": rule.code, "severity": severity(share), "phase": hit.get("phase"),
                         "rank": hit.get("rank"), "every": hit.get("every"), "extra_ns": hit.get("extra_ns"),
-                        "cycles": hit.get("cycles"), "evidence": hit["evidence"], "action": rule.action,
+                        "cycles": hit.get("cycles"), "evidence": hit["evidence"],
+                        "action": hit.get("action") or rule.action,
                         "impact_ns": hit["impact_ns"], "share": share,
                         "rank_is": "worst" if hit.get("worst") else "only" if hit.get("rank") is not None
                         else None})

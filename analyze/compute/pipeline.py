@@ -155,6 +155,13 @@ def process(source, pid: int, ctx: Context) -> dict:
     launches = int(api.select(is_launch.sum()).item())
     launched = calls.filter(pl.col("api_name_id").is_in(ctx.launch_ids.implode())).height
     del calls
+    # Graph launches without GPU rows inside the process's GPU window (lost mid-run: a number is short of them);
+    # those before its first or after its last GPU op were only outside the captured window.
+    orphans_inside = 0
+    if launches > launched and ops.height:
+        lo, hi = ops["start"].min(), ops["end"].max()
+        orphans_inside = (api.filter(is_launch & pl.col("start").is_between(lo, hi))
+                          .join(ops.select("corr").unique(), on="corr", how="anti").height)
     key_calls, firsts, per_inst = host.calls(ops, api, nested, ctx.sync_ids, ctx.launch_ids, tl) if ops.height else (
         None, None, None)
     del api
@@ -163,6 +170,7 @@ def process(source, pid: int, ctx: Context) -> dict:
         "node_ops": node_ops,
         "graph_launches": launches,
         "orphan_launches": launches - launched,
+        "orphan_launches_inside": orphans_inside,
         "unmatched_ops": int(ops["gtid"].null_count()),
     }
     out["ranks"] = rk
@@ -507,16 +515,17 @@ def analyze_each(
     cache: bool | None = None,
     jobs: int | None = None,
     executor=None,
+    progress: bool | None = None,
 ) -> list[Result]:
     """:func:`analyze` of each report, in parallel processes (``jobs``, default: CPUs, at most one per report).
 
     ``executor``: any ``concurrent.futures.Executor``-like object (``submit(fn, *args)`` returning
     futures with ``result()``) to run the per-report map elsewhere, e.g. a Dask cluster's
     ``Client.get_executor()``; the reports must be readable where the tasks run. Only the small
-    per-report results travel back.
+    per-report results travel back. ``progress``: the bar of a single report (as :func:`analyze`).
     """
     if len(paths) == 1 and executor is None:
-        return [analyze(paths[0], ranges, comm_patterns, store=store, cache=cache)]
+        return [analyze(paths[0], ranges, comm_patterns, store=store, cache=cache, progress=progress)]
     paths = [str(p) for p in paths]
     refuse_twice(paths)
     for p in paths:

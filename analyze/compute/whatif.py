@@ -320,6 +320,8 @@ class Model:
     # :func:`verify_prior`) or "assumed" (0 per token)
     verify_source: str = "assumed"
     verify_prior: dict | None = None  # with "gpu_metrics": verify's utilisation row the prior was taken from
+    steps_source: str = "given"  # how steps_now is known (steps_known): given, the manifest's, or inferred
+    alpha_given: bool = False  # alpha is the caller's (--acceptance), not measured
     segments: list = field(default_factory=list)  # SegmentModel per batch size (fit_segments), when several
     _runs: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -643,16 +645,49 @@ def solve_alpha(accepted: float, steps: int) -> float:
 
 
 def steps_of(res, steps_now: int | None) -> int:
-    """The trace's draft step count: the caller's, else the manifest's; InputError when unknown."""
+    """The trace's draft step count (:func:`steps_known`); InputError when unknown."""
+    return steps_known(res, steps_now)[0]
+
+
+def steps_known(res, steps_now: int | None) -> tuple[int, str]:
+    """The trace's draft step count and how it is known: the caller's, else the manifest's, else inferred from the
+    draft phase's repeated structure (:func:`draft_repeats`); InputError when none of them knows it."""
     if steps_now is not None:
         if steps_now < 1:
             raise InputError(f"--steps-now must be >= 1, not {steps_now}")
-        return steps_now
+        return steps_now, "given"
     spec = speculative(res.trace.path)
     if isinstance(spec.get("steps"), int) and spec["steps"] >= 1 and not spec.get("baseline"):
-        return spec["steps"]
+        return spec["steps"], "the manifest's speculative.steps"
+    rep = draft_repeats(res)
+    if rep is not None:
+        n, names, inst = rep
+        return n, (f"inferred: the draft phase's GPU work repeats {n} times per instance "
+                   f"({names} kernel names each run a multiple of {n} times in most of {inst} instances); "
+                   "--steps-now N if that is wrong")
     raise InputError(f"{res.trace.path}: the number of draft steps is not recorded (no manifest with "
-                     "speculative.steps beside it); pass --steps-now N", "NO_STEPS")
+                     "speculative.steps beside it) and cannot be inferred (no draft phase whose kernels repeat: 1 step, "
+                     "or a draft that is not a loop); "
+                     "pass --steps-now N (Python: steps_now=N; the notebooks: SPECTRACE_STEPS=N)", "NO_STEPS")
+
+
+def draft_repeats(res) -> tuple[int, int, int] | None:
+    """How many times the draft phase's GPU work repeats per instance: each draft step runs the draft model's
+    forward once, so every kernel name of it runs a multiple of the step count times. Per kernel name seen in at
+    least half the draft instances, its most common count per instance; the greatest common divisor of those.
+    ``(repeats, kernel names, draft instances)``, or None without draft instances or when nothing repeats (every
+    name once per instance is one step, or a draft that is not a loop: not guessed)."""
+    import math
+
+    inst = res.instances.filter(base_expr("range") == "draft").select("range_id")
+    if inst.height == 0 or res.kernels.height == 0:
+        return None
+    k = res.kernels.join(inst, on="range_id", how="semi")
+    per = (k.group_by("name", "count").agg(n=pl.len()).sort("n", "count", descending=[True, False])
+           .group_by("name", maintain_order=True).agg(pl.col("count").first(), seen=pl.col("n").sum()))
+    modal = per.filter(pl.col("seen") * 2 >= inst.height)["count"].to_list()
+    g = math.gcd(*modal) if modal else 0
+    return (g, len(modal), inst.height) if g >= 2 else None
 
 
 def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = None,
@@ -663,7 +698,7 @@ def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = 
     removed on a node-level trace. ``period_ns``: the measured period the predictions move from (default: the
     trace's cycle period).
     """
-    s0 = steps_of(res, steps_now)
+    s0, how = steps_known(res, steps_now)
     cp = cycle_phases(res)
     if cp.height == 0:
         raise InputError(f"{res.trace.path}: no cycle ranges with draft/verify phases inside; what-if needs "
@@ -714,6 +749,7 @@ def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = 
         notes.append(f"acceptance measured on {tk.accepted_cycles} cycles ({where}): mean {tk.accepted_per_request:.2f}, "
                      f"p50 {tk.accepted_p50:g}, p90 {tk.accepted_p90:g} accepted "
                      "draft tokens per request")
+    alpha_given = alpha is not None
     if alpha is None and tk.accepted_per_request is not None:
         alpha = solve_alpha(tk.accepted_per_request, s0)
     elif alpha is None:
@@ -736,7 +772,8 @@ def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = 
         notes.append("no cycle could be replayed (no key host calls: an older result?): phase cost changes are "
                      "added to the measured period")
     m = Model(s0, float(period), cost, 0.0, b, e1, batch, alpha, tk.accepted_per_request, notes, replay, *cut, mode,
-              verify_source=source, verify_prior=prior if source == "gpu_metrics" else None)
+              verify_source=source, verify_prior=prior if source == "gpu_metrics" else None, steps_source=how,
+              alpha_given=alpha_given)
     m.other_ns = m.predict(s0)["other_ns"]
     if cut[0]:
         now = m.cycle(s0)
@@ -779,7 +816,7 @@ def to_dict(m: Model, max_steps: int = MAX_STEPS) -> dict:
         "best": best["steps"] if best else None,
         "best_measured": near["steps"] if near else None,
         "model": {
-            "steps_now": m.steps_now, "period_ns": m.period_ns, "cost_ns": m.cost_ns, "other_ns": m.other_ns,
+            "steps_now": m.steps_now, "steps_source": m.steps_source, "period_ns": m.period_ns, "cost_ns": m.cost_ns, "other_ns": m.other_ns,
             "verify_per_token_ns": m.verify_per_token_ns, "verify_source": m.verify_source,
             **({"verify_prior": m.verify_prior} if m.verify_prior else {}),
             "extend_per_token_ns": m.extend_per_token_ns,

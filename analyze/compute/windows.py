@@ -520,7 +520,7 @@ def _diagnostics(x: pl.DataFrame, ranks: pl.DataFrame, ks: Keys) -> list[Diagnos
             if s.height:
                 sides.append(f"at its {side.split('_')[1]} {_names(s)}")
         out.append(Diagnostic(
-            "info", "WINDOW_CUT",
+            "warning", "WINDOW_CUT",
             f"rank {rank}: {g.height} instance(s) with GPU work cut by its capture window "
             f"({_ms(r['window_start_ns'])}–{_ms(r['window_end_ns'])} ms): {'; '.join(sides)}; left out of per-phase "
             "sums and cross-rank numbers on every rank"))

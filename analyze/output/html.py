@@ -1,4 +1,8 @@
-"""``DIR/index.html``: one self-contained page (tables inline, PNG figures beside it) for a browser.
+"""``DIR/index.html``: one self-contained page (tables and PNG figures inline, as data URIs) for a browser.
+
+Nothing on it is wider than the page: tables scroll inside their own box, figures shrink to the page, and no
+section is raw CLI text. Every table says its unit in its header, and whether a number is per instance, per
+cycle or a sum.
 
 The page is a list of :class:`Section` (id, title, body), in the order a reader needs them: the steady state
 and the cycle budget, the ranked findings, then the evidence. Other analyses add sections with
@@ -9,6 +13,7 @@ matched or were refused.
 
 from __future__ import annotations
 
+import base64
 import html
 import io
 from dataclasses import dataclass
@@ -24,16 +29,19 @@ from ..compute.tokens import DEFINITION, cycle_order, selection, summary
 from ..model import InputError
 from . import plots, terminal
 from .targets import FIGURES, PAGE_START, as_input_error, report_folder
-from .text import compare_table, kernel_label, probe_lines, whatif_table
+from .text import acceptance_text, best_text, display_names, probe_lines, ranked
 
 CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1250px;color:#222;padding:0 1em}
-table{border-collapse:collapse;margin:.5em 0 1.5em;font-size:13px}th,td{padding:3px 8px;border-bottom:1px solid #ddd;
+.tw{overflow-x:auto;max-width:100%;margin:.5em 0 1.5em}
+table{border-collapse:collapse;font-size:13px}th,td{padding:3px 8px;border-bottom:1px solid #ddd;
 vertical-align:top}td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-th{background:#f3f3f3;text-align:left}img{max-width:100%;border:1px solid #eee;margin:.5em 0}
+th{background:#f3f3f3;text-align:left}img{max-width:100%;height:auto;border:1px solid #eee;margin:.5em 0}
 code{background:#f5f5f5;padding:1px 4px}.note{color:#555;font-size:13px}.warn{color:#a4441b}
+p,li,h1,h2,h3,td.ev,td.act{overflow-wrap:anywhere}pre{white-space:pre-wrap;overflow-wrap:anywhere;font-size:12px}
 nav{font-size:13px;margin:.5em 0 1.5em}nav a{margin-right:.9em}.head{font-size:15px}
 .sev-high{background:#f8d7d3}.sev-medium{background:#fbe9c8}.sev-low{background:#eef2f5}
-td.ev{max-width:520px}td.act{max-width:380px;color:#333}"""
+td.ev{min-width:200px;max-width:520px}td.act{min-width:170px;max-width:380px;color:#333}
+td code{white-space:nowrap;overflow-wrap:normal}.verdict{font-size:16px;padding:.6em .8em;background:#eef2f5;border-left:4px solid #5a7d9a}"""
 
 
 @dataclass
@@ -58,23 +66,24 @@ def _cell(c: str, v) -> str:
 
 
 def _table(df: pl.DataFrame, heads: dict[str, str] | None = None) -> str:
-    """An HTML table; ``*_ns`` columns shown in µs, ``share`` in %; ``heads`` renames columns."""
+    """An HTML table in a box that scrolls sideways when wider than the page; ``*_ns`` columns shown in µs,
+    ``share`` in %; ``heads`` renames columns (and says per what: instance, cycle, or a sum)."""
     heads = heads or {}
     th = "".join(f"<th>{html.escape(heads.get(c, c.replace('_ns', ' µs') if c.endswith('_ns') else c))}</th>"
                  for c in df.columns)
     rows = "".join("<tr>" + "".join(_cell(c, v) for c, v in zip(df.columns, r)) + "</tr>" for r in df.iter_rows())
-    return f"<table><tr>{th}</tr>{rows}</table>"
+    return f'<div class="tw"><table><tr>{th}</tr>{rows}</table></div>'
 
 
 def _save(fig, out: NewFolder, name: str, alt: str) -> str:
-    """Write the figure ``name`` (one of :data:`~analyze.output.targets.FIGURES`) into the report folder; its
-    ``<img>``."""
-    if name not in FIGURES:  # what a report folder may hold (how an older report of ours is recognised)
+    """The figure ``name`` (one of :data:`~analyze.output.targets.FIGURES`) as an ``<img>`` holding its PNG (a
+    data URI): the page is one file, to be shared alone. ``out`` is unused (figures were files beside it)."""
+    if name not in FIGURES:
         raise ValueError(f"{name}: not one of the report's figures")
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=plots.DPI)
-    out.write(name, buf.getvalue())
-    return f'<img src="{name}" alt="{html.escape(alt)}">'
+    data = base64.b64encode(buf.getvalue()).decode("ascii")
+    return f'<img src="data:image/png;base64,{data}" alt="{html.escape(alt)}" title="{name}">'
 
 
 def _p(text: str, cls: str = "note") -> str:
@@ -90,7 +99,8 @@ def _summary(res, steps_now) -> Section:
     info = selection(res)
     body.append(_p(info["text"][0].upper() + info["text"][1:], "head"))
     if tk.period_ns:
-        line = f"<b>{tk.period_ns / 1e3:,.1f} µs</b> cycle period (p50 {tk.period_p50_ns / 1e3:,.1f} µs)"
+        line = (f"<b>{tk.period_ns / 1e3:,.1f} µs</b> cycle period, mean (p50 {tk.period_p50_ns / 1e3:,.1f} µs, "
+                f"p90 {tk.period_p90_ns / 1e3:,.1f} µs)")
         if tk.tokens_per_cycle is not None:
             line += (f" · <b>{tk.tokens_per_cycle:.2f}</b> tokens per {tk.kind} ({html.escape(str(tk.source))}) · "
                      f"<b>{tk.tokens_per_s:,.1f}</b> tokens/s")
@@ -119,9 +129,11 @@ def _budget(res, out: NewFolder) -> Section:
     note = ("The mean steady cycle on each rank's GPU clock, cut into consecutive pieces that add up to the cycle "
             "period: each phase (first → last GPU op of what it launched), the seams between phases (negative when "
             "they overlap) and the gap between cycles. In seams and between cycles the GPU waits for the host.")
+    heads = {"mean over ranks_ns": "µs per cycle (mean over ranks)", "share": "% of cycle",
+             "gpu_idle_ns": "GPU idle µs per cycle", **{c: c.replace("_ns", " µs per cycle") for c in tab.columns
+                                                        if c.startswith("rank ")}}
     return Section("budget", "Cycle budget",
-                   _p(note) + _save(plots.budget(res), out, "budget.png", "cycle budget per rank")
-                   + _table(tab, {"share": "% of cycle", "gpu_idle_ns": "GPU idle µs"}))
+                   _p(note) + _save(plots.budget(res), out, "budget.png", "cycle budget per rank") + _table(tab, heads))
 
 
 def _findings(found: list[dict]) -> Section:
@@ -140,20 +152,23 @@ def _findings(found: list[dict]) -> Section:
             "<th>evidence</th><th>what to try</th></tr>")
     return Section("findings", "Findings, ranked",
                    _p("Ranked by the cycle time each explains; severity: high ≥ 10 % of the cycle, medium ≥ 3 %.")
-                   + f"<table>{head}{''.join(rows)}</table>")
+                   + f'<div class="tw"><table>{head}{"".join(rows)}</table></div>')
 
 
-PHASE_COLS = ("phase", "instances", "span_mean_ns", "span_p50_ns", "span_p90_ns", "compute_mean_ns", "comm_mean_ns",
-              "idle_mean_ns", "idle_p50_ns", "idle_p90_ns")
+PHASE_COLS = ("phase", "instances", *(f"{k}_{s}_ns" for k in ("span", "compute", "comm", "idle")
+                                      for s in ("mean", "p50", "p90")))
+PHASE_HEADS = {f"{k}_{s}_ns": f"{k} µs/inst {s}" for k in ("span", "compute", "comm", "idle")
+               for s in ("mean", "p50", "p90")}
 
 
 def _phases(res, out: NewFolder) -> Section:
-    body = [_p("Per instance over the steady state (µs; mean unless p50/p90); span = compute + comm + idle."),
+    body = [_p("Per instance over the steady state (µs per instance: mean, p50, p90); span = compute + comm + idle "
+               "(means add up; percentiles do not)."),
             "<h3>All ranks</h3>", _table(headline.phases_all(res).with_columns(_o=cycle_order()).sort("_o", "phase")
-                                         .select("ranks", *PHASE_COLS))]
+                                         .select("ranks", *PHASE_COLS), PHASE_HEADS)]
     if res.ranks.height > 1:
         per = headline.phases(res).with_columns(_o=cycle_order()).sort("_o", "phase", "rank")
-        body += ["<h3>Per rank</h3>", _table(per.select("rank", *PHASE_COLS))]
+        body += ["<h3>Per rank</h3>", _table(per.select("rank", *PHASE_COLS), PHASE_HEADS)]
         hm = plots.rank_heatmap(res)
         if hm is not None:
             body.append(_save(hm, out, "rank_phase.png", "median span per rank and phase"))
@@ -174,13 +189,14 @@ def utilisation_section(res) -> Section | None:
     if u.height == 0:
         return None
     rows = u.filter(pl.col("rank").is_null() & (pl.col("scope") != "all")).with_columns(_o=cycle_order()).sort(
-        pl.col("scope") != "steady", "scope", "_o", "phase")
+        pl.col("scope") != "steady", pl.col("scope").str.extract(r"(\d+)$").cast(pl.Int64, strict=False), "scope",
+        "_o", "phase")
 
     def bar(v, colour: str) -> str:
         if v is None:
             return '<td class="n">–</td>'
         w = max(0.0, min(100.0, float(v)))
-        return (f'<td class="n"><div style="display:inline-block;width:110px;background:#eee;vertical-align:middle">'
+        return (f'<td class="n"><div style="display:inline-block;width:70px;background:#eee;vertical-align:middle">'
                 f'<div style="width:{w:.1f}%;background:{colour};height:10px"></div></div> {float(v):.0f} %</td>')
 
     head = "".join(f"<th>{html.escape(t)}</th>" for t in
@@ -190,7 +206,9 @@ def utilisation_section(res) -> Section | None:
         inst = f"{r['instances']}" + (f" (+{r['short']} too short)" if r["short"] else "")
         body.append("<tr>" + f"<td>{html.escape(r['phase'])}</td><td>{html.escape(r['scope'])}</td>"
                     + "".join(bar(r[k], c) for k, _, c in UTIL_BARS)
-                    + f"<td>{html.escape(r['bound'] or (r['note'] or ''))}</td><td class=\"n\">{r['samples']:,}</td>"
+                    + (f"<td>{html.escape(r['bound'])}</td>" if r["bound"] else
+                       f"<td title=\"{html.escape(r['note'] or '')}\">{'too short' if r['short'] else '–'}</td>")
+                    + f"<td class=\"n\">{r['samples']:,}</td>"
                     + f'<td class="n">{inst}</td></tr>')
     period = utilisation.period_ns(res) or 0
     note = (f"Time-weighted means of nsys GPU-metrics samples (every {period / 1e3:.0f} µs) over each phase "
@@ -199,10 +217,11 @@ def utilisation_section(res) -> Section | None:
             f"compute when tensor active ≥ {utilisation.TENSOR_BOUND_PCT:.0f} % (or SM issue ≥ "
             f"{utilisation.ISSUE_BOUND_PCT:.0f} %) with DRAM read below {utilisation.DRAM_BOUND_PCT:.0f} %; idle "
             f"when SMs are active under {utilisation.IDLE_PCT:.0f} % of the span. "
-            f"Instances shorter than {utilisation.MIN_PERIODS} sampling periods get no number. "
+            f"Instances shorter than {utilisation.MIN_PERIODS} sampling periods get no number (bound: too short; "
+            "the cell's tooltip gives their median span). "
             "Every metric: spectrace analyze REPORT --table gpu_metrics.")
     return Section("utilisation", "GPU utilisation per phase",
-                   _p(note) + f"<table><tr>{head}</tr>{''.join(body)}</table>")
+                   _p(note) + f"<div class=\"tw\"><table><tr>{head}</tr>{''.join(body)}</table></div>")
 
 
 def _comm(res, out: NewFolder) -> Section | None:
@@ -299,13 +318,21 @@ def _seams(res, out: NewFolder) -> Section:
         causes = [c for c in ("bound", "gpu_bound_ns", "launch_bound_ns", "host_bound_ns", "launch_block_ns",
                               "host_late_ns") if c in sa.columns]
         body.append(_table(sa.select("parent", "from", "to", "instances", "idle_mean_ns", "idle_p50_ns",
-                                     "idle_p90_ns", "busy_ns", "overlap_ns", *causes), {"busy_ns": "other work µs"}))
+                                     "idle_p90_ns", "idle_ns", "busy_ns", "overlap_ns", *causes), SEAM_HEADS))
         if causes:
             body.append(_p("bound: why the GPU waited, over the instances (gpu: the next phase was queued in time; "
                            "launch: its launch call returned after the earlier work ended; host: the launch began "
-                           "after it), with the idle time of each cause."))
+                           "after it), with the idle time of each cause summed over the steady state; block and late "
+                           "are means per instance of that cause."))
     body.append(_save(plots.distributions(res), out, "distributions.png", "idle inside phases and in seams"))
     return Section("seams", "Seams and idle gaps", "".join(body))
+
+
+SEAM_HEADS = {"idle_mean_ns": "idle µs/inst mean", "idle_p50_ns": "idle µs/inst p50", "idle_p90_ns": "idle µs/inst p90",
+              "idle_ns": "idle µs (sum)", "busy_ns": "other work µs (sum)", "overlap_ns": "overlap µs (sum)",
+              "gpu_bound_ns": "gpu-bound idle µs (sum)", "launch_bound_ns": "launch-bound idle µs (sum)",
+              "host_bound_ns": "host-bound idle µs (sum)", "launch_block_ns": "launch block µs/inst mean",
+              "host_late_ns": "host late µs/inst mean", "bound": "bound (instances)"}
 
 
 def _parents(res) -> Section:
@@ -318,12 +345,16 @@ def _parents(res) -> Section:
     if rows.height:
         body.append(_table(rows.with_columns(compute_ns=pl.col("busy_ns") - pl.col("comm_ns")).select(
             "rank", "range", "instances", "proj_span_ns", "compute_ns", "comm_ns", "idle_ns", "gpu_idle_ns")
-            .sort("range", "rank"), {"proj_span_ns": "span µs (sum)"}))
+            .sort("range", "rank"), {"proj_span_ns": "span µs (sum)", "compute_ns": "compute µs (sum)",
+                                     "comm_ns": "comm µs (sum)", "idle_ns": "idle µs (sum)",
+                                     "gpu_idle_ns": "GPU idle µs (sum)"}))
     cov = res.coverage
     if cov.height:
         body.append("<h3>Coverage</h3>" + _p("GPU busy time inside the phased window and how much of it phases "
                                              "received, whole run.")
-                    + _table(cov.select("rank", "window_ns", "gpu_ns", "attributed_ns")))
+                    + _table(cov.select("rank", "window_ns", "gpu_ns", "attributed_ns"),
+                             {"window_ns": "phased window µs", "gpu_ns": "GPU busy µs (sum)",
+                              "attributed_ns": "in phases µs (sum)"}))
     return Section("parents", "Parent ranges and coverage", "".join(body))
 
 
@@ -331,7 +362,7 @@ def _kernels(res) -> Section:
     k = headline.kernels(res, 5)
     if k.height == 0:
         return Section("kernels", "Top GPU operations", _p("No GPU operations in phases."))
-    k = k.with_columns(pl.col("name").map_elements(kernel_label, return_dtype=pl.String))
+    k = k.with_columns(name=pl.Series(display_names(k["name"].to_list())))
     return Section("kernels", "Top GPU operations per phase",
                    _p("Per phase, the 5 GPU operations with the most time, steady state, all ranks (per cycle = per "
                       "rank per steady cycle).")
@@ -340,11 +371,96 @@ def _kernels(res) -> Section:
                              "share": "% of phase"}))
 
 
-def _whatif(res, baseline, steps_now, out: NewFolder, model) -> Section:
+def _whatif(res, out: NewFolder, model, max_steps: int = whatif.MAX_STEPS) -> Section:
+    """The what-if model as prose and tables (what ``spectrace whatif`` prints), and its figure."""
     if isinstance(model, InputError):
         return Section("whatif", "What if: draft steps", _p(f"No what-if model: {model}"))
-    return Section("whatif", "What if: draft steps", f"<pre>{html.escape(whatif_table(model))}</pre>"
-                   + _save(plots.whatif_curve(model), out, "whatif.png", "what-if over draft steps"))
+    m = model
+    now = m.predict(m.steps_now)
+    body = [_p(f"From {m.steps_now} draft steps ({m.steps_source}): measured cycle {m.period_ns / 1e3:,.1f} µs (mean "
+               f"over the steady cycles); the model's {now['cycle_ns'] / 1e3:,.1f} µs = draft "
+               f"{now['draft_ns'] / 1e3:,.1f} + verify {now['verify_ns'] / 1e3:,.1f} + draft_extend "
+               f"{now['draft_extend_ns'] / 1e3:,.1f} + seams {now['seams_ns'] / 1e3:,.1f} + other "
+               f"{now['other_ns'] / 1e3:,.1f} µs.", "head")]
+    if m.alpha is not None:
+        body.append(_p(acceptance_text(m)))
+    body += [_p(f"Note: {n}") for n in m.notes]
+    preds = pl.DataFrame(m.predictions(max_steps))
+    marks = [("measured now" if p["measured"] else "extrapolated" if p["extrapolated"] else "")
+             for p in preds.iter_rows(named=True)]
+    body.append(_table(preds.select("steps", "cycle_ns", "draft_ns", "verify_ns", "draft_extend_ns", "seams_ns",
+                                    "other_ns", "tokens_per_cycle", "tokens_per_s").with_columns(pl.Series("", marks)),
+                       {"cycle_ns": "cycle µs", "draft_ns": "draft µs/cycle", "verify_ns": "verify µs/cycle",
+                        "draft_extend_ns": "draft_extend µs/cycle", "seams_ns": "seams µs/cycle",
+                        "other_ns": "other µs/cycle", "tokens_per_cycle": "tokens/cycle", "tokens_per_s": "tokens/s"}))
+    body.append(_p(best_text(m, max_steps), "head"))
+    body.append(_p(f"Verify: {m.verify_text()}"))
+    if m.segments:
+        rows = []
+        for sm in m.segments:
+            d = sm.as_dict(max_steps)
+            rows.append({"segment": sm.key, "cycles": sm.cycles, "period_p50_ns": sm.period_ns,
+                         **{f"{p['steps']} steps": (None if p["tokens_per_s"] is None else
+                                                    f"{p['tokens_per_s']:,.0f}" + ("*" if p["extrapolated"] else ""))
+                            for p in d["predictions"]},
+                         "best": d["best_steps"], "gain": None if d["gain"] is None else f"{100 * d['gain']:+.1f} %"})
+        body.append("<h3>Per segment</h3>" + _p("One model per batch size, from its own cycles: predicted tokens/s at "
+                                                 "each step count (* extrapolated); best among the others.")
+                    + _table(pl.DataFrame(rows), {"period_p50_ns": "cycle µs p50"}))
+    if m.probe is not None:
+        body.append(_p("Fitted on the graph-level pass (--timing)."))
+    body.append(_save(plots.whatif_curve(m, max_steps), out, "whatif.png", "what-if over draft steps"))
+    return Section("whatif", "What if: draft steps", "".join(body))
+
+
+def _comparison(doc: dict, out: NewFolder) -> Section:
+    """``--vs``: the verdict and a chart of Δ per phase and seam first, then the ranking, per rank, kernels."""
+    p = doc["cycle_period"]
+    tok = doc["per_token"]
+    body = [f'<p class="verdict">{html.escape(doc["verdict"]["text"])}</p>',
+            _p(f"A = {doc['a']} ({doc['a_cycles']} steady cycles over ranks), B = {doc['b']} (this report, "
+               f"{doc['b_cycles']}); Δ = B − A, per cycle (the mean over the steady cycles of the mean over ranks). "
+               f"Cycle period A {p['a_ns'] / 1e3:,.1f} µs, B {p['b_ns'] / 1e3:,.1f} µs.")]
+    body += [_p(f"Warning: {w}", "warn") for w in doc.get("warnings") or []]
+    for k in ("a", "b"):
+        for v in (doc.get("stragglers") or {}).get(k) or []:
+            body.append(_p(f"Straggler in {k.upper()}: rank {v['rank']} in {v['phase']}: the other ranks wait "
+                           f"{v['per_cycle_ns'] / 1e3:,.1f} µs per cycle for it ({100 * v['wait_share']:.0f} % of the "
+                           "waiting in its collectives)."))
+    fig = plots.compare_delta(doc)
+    if fig is not None:
+        body.append(_save(fig, out, "compare.png", "Δ per phase and seam, split into compute, comm and idle"))
+    rows = [{"phase or seam": r["phase"], "a_ns": r["a_ns_per_cycle"] if r["in_a"] else None,
+             "b_ns": r["b_ns_per_cycle"] if r["in_b"] else None, "delta_ns": r["delta_ns"],
+             "d_compute_ns": r["delta_compute_ns"], "d_comm_ns": r["delta_comm_ns"], "d_idle_ns": r["delta_idle_ns"],
+             "ci_low_ns": r.get("ci_low_ns"), "ci_high_ns": r.get("ci_high_ns"),
+             "outside noise": "yes" if r.get("significant") else "",
+             **({"d_token_ns": r["delta_ns_per_token"]} if tok else {})} for r in doc["rows"]]
+    rows.append({"phase or seam": "cycle period", "a_ns": p["a_ns"], "b_ns": p["b_ns"], "delta_ns": p["delta_ns"],
+                 "d_compute_ns": None, "d_comm_ns": None, "d_idle_ns": None, "ci_low_ns": p.get("ci_low_ns"),
+                 "ci_high_ns": p.get("ci_high_ns"), "outside noise": "",
+                 **({"d_token_ns": p["b_ns_per_token"] - p["a_ns_per_token"]} if tok else {})})
+    body.append(_table(pl.DataFrame(rows, infer_schema_length=None),
+                       {"a_ns": "A µs/cycle", "b_ns": "B µs/cycle", "delta_ns": "Δ µs/cycle",
+                        "d_compute_ns": "= compute", "d_comm_ns": "+ comm", "d_idle_ns": "+ idle",
+                        "ci_low_ns": "95 % low", "ci_high_ns": "95 % high", "d_token_ns": "Δ µs/token"}))
+    ranks = sorted({r["rank"] for r in doc["per_rank"] if r["rank"] is not None})
+    if len(ranks) > 1:
+        by = {(r["phase"], r["rank"]): r["delta_ns"] for r in doc["per_rank"]}
+        top = [r["phase"] for r in doc["rows"][:8]]
+        body.append("<h3>Δ per rank</h3>" + _table(pl.DataFrame(
+            [{"phase or seam": ph, **{f"rank {k}_ns": by.get((ph, k)) for k in ranks}} for ph in top],
+            infer_schema_length=None), {f"rank {k}_ns": f"rank {k} Δ µs/cycle" for k in ranks}))
+    if doc.get("kernels"):
+        moved = [k for k in doc["kernels"] if k["phase"] in {r["phase"] for r in doc["rows"][:6]}]
+        if moved:
+            body.append("<h3>GPU operations that moved most</h3>" + _table(pl.DataFrame(
+                [{"phase": k["phase"], "operation": name, "a_ns": k["a_ns_per_cycle"], "b_ns": k["b_ns_per_cycle"],
+                  "delta_ns": k["delta_ns"], "count/cycle": f"{k['a_count_per_cycle']:,.1f} → "
+                                                          f"{k['b_count_per_cycle']:,.1f}"}
+                 for k, name in zip(moved, display_names([k["name"] for k in moved]))]),
+                {"a_ns": "A µs/cycle", "b_ns": "B µs/cycle", "delta_ns": "Δ µs/cycle"}))
+    return Section("compare", "Compared with " + Path(str(doc["a"]).split(",")[0]).name, "".join(body))
 
 
 def _whole_run(res) -> Section:
@@ -352,58 +468,56 @@ def _whole_run(res) -> Section:
             _table(res.phases_all.select("ranks", "phase", "instances", "span_ns", "compute_ns", "comm_ns", "idle_ns",
                                          (pl.col("span_ns") / pl.col("instances")).alias("span_mean_ns")),
                    {"span_ns": "span µs (sum)", "compute_ns": "compute µs (sum)", "comm_ns": "comm µs (sum)",
-                    "idle_ns": "idle µs (sum)"})]
+                    "idle_ns": "idle µs (sum)", "span_mean_ns": "span µs/inst mean"})]
     if res.ranks.height > 1:
         body.append(_table(res.phases.with_columns(_o=cycle_order()).sort("_o", "phase", "rank").select(
             "rank", "phase", "instances", "span_ns", "compute_ns", "comm_ns", "idle_ns", "span_p50_ns"),
                            {"span_ns": "span µs (sum)", "compute_ns": "compute µs (sum)", "comm_ns": "comm µs (sum)",
-                            "idle_ns": "idle µs (sum)"}))
+                            "idle_ns": "idle µs (sum)", "span_p50_ns": "span µs/inst p50"}))
     return Section("whole-run", "Whole run", "".join(body))
 
 
-def write_page(res, out: str | Path, baseline=None, steps_now: int | None = None,
-               extra: list[Section] | tuple = (), force: bool = False, inputs=None) -> Path:
-    """Write ``out/index.html`` and its figures for an analysed trace (and an analysed baseline); returns the page.
+def write_page(res, out: str | Path, vs=None, steps_now: int | None = None,
+               extra: list[Section] | tuple = (), force: bool = False, inputs=None, baseline=None) -> Path:
+    """Write ``out/index.html`` for an analysed trace (and an analysed run ``vs`` to compare with: A = ``vs``,
+    B = ``res``; ``baseline`` is its old name); returns the page.
     ``extra``: more sections, placed before the whole-run tables. The folder is built beside ``out`` and put in
     its place whole when complete (:func:`analyze.output.targets.report_folder`): ``out`` may be new, empty or
     a report folder spectrace wrote; another folder is refused unless ``force``. ``inputs``: what must not be
-    written (default: the reports of ``res`` and ``baseline``). The page is UTF-8 whatever the locale."""
+    written (default: the reports of ``res`` and ``vs``). The page is UTF-8 whatever the locale."""
+    vs = vs if vs is not None else baseline
     if inputs is None:
-        inputs = [*res.reports, *(baseline.reports if baseline is not None else [])] or [res.trace.path]
+        inputs = [*res.reports, *(vs.reports if vs is not None else [])] or [res.trace.path]
     with as_input_error(), report_folder(out, inputs, force) as folder:
-        _write_page(res, folder, baseline, steps_now, extra)
+        _write_page(res, folder, vs, steps_now, extra)
     return Path(out) / "index.html"
 
 
-def _write_page(res, out: NewFolder, baseline, steps_now: int | None, extra) -> None:
+def _write_page(res, out: NewFolder, vs, steps_now: int | None, extra) -> None:
     name = ", ".join(Path(p).name for p in res.reports) or Path(res.trace.path).name
-    try:
-        model = whatif.fit(res, steps_now, baseline=baseline)
-        if baseline is None:  # one model per batch size when the run has several
-            model.segments = whatif.fit_segments(res, steps_now)
+    try:  # vs is a run to compare with, not whatif's no-speculation baseline: one model per batch size
+        model = whatif.fit(res, steps_now)
+        model.segments = whatif.fit_segments(res, steps_now)
     except InputError as e:
         model = e
     found = findings.find(res, None if isinstance(model, InputError) else model)
-    secs = [_summary(res, steps_now), _budget(res, out), _findings(found),
+    top = [_comparison(cmp.compare(vs, res), out)] if vs is not None else []
+    secs = [*top, _summary(res, steps_now), _budget(res, out), _findings(found),
             *[x for x in (_classes(res), _segments(res)) if x is not None], _phases(res, out)]
     secs += [s for s in (utilisation_section(res),) if s is not None]
     if res.probe_effect is not None:  # a two-pass capture (--timing): what node-level tracing cost
-        secs.insert(1, Section("probe", "Probe effect", f"<pre>{html.escape(chr(10).join(probe_lines(res.probe_effect)))}</pre>"))
+        secs.insert(len(top) + 1, Section("probe", "Probe effect", '<div class="tw"><pre>'
+                                          + html.escape(chr(10).join(probe_lines(res.probe_effect))) + "</pre></div>"))
     secs += [s for s in (_comm(res, out),) if s is not None]
     secs += [Section("timeline", "Timeline", _save(plots.timeline(res), out, "timeline.png", "a few cycles on the GPU")),
              _seams(res, out),
              Section("run", "Over the run", _save(plots.per_cycle(res), out, "per_cycle.png", "per-cycle times")),
-             _parents(res), _kernels(res), _whatif(res, baseline, steps_now, out, model)]
-    if baseline is not None:
-        doc = cmp.compare(baseline, res)
-        secs.append(Section("compare", "Compared with the baseline",
-                            _p(f"A = {doc['a']}, B = {doc['b']} (this report); Δ = B − A.")
-                            + f"<pre>{html.escape(compare_table(doc))}</pre>"))
+             _parents(res), _kernels(res), _whatif(res, out, model)]
     secs += list(extra)
     secs.append(_whole_run(res))
     secs.append(Section("diagnostics", "Diagnostics", "<ul>" + "".join(
         f'<li class="{"warn" if d.level != "info" else ""}">{html.escape(d.level)} <code>{html.escape(d.code)}</code>: '
-        f"{html.escape(d.message)}</li>" for d in res.diagnostics) + "</ul>"))
+        f"{html.escape(d.message)}</li>" for d in ranked(res.diagnostics)) + "</ul>"))
     nav = "<nav>" + "".join(f'<a href="#{s.id}">{html.escape(s.title)}</a>' for s in secs) + "</nav>"
     body = "".join(f'<section id="{s.id}"><h2>{html.escape(s.title)}</h2>{s.body}</section>' for s in secs)
     page = f"{html.escape(name)}</title><style>{CSS}</style></head><body><h1>spectrace · {html.escape(name)}</h1>" \

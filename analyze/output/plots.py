@@ -388,7 +388,11 @@ def utilisation_bars(res) -> Figure | None:
     if u.height == 0:
         return None
     order = {n: i for i, n in enumerate(_order(u["phase"].unique().to_list()))}
-    rows = sorted(u.iter_rows(named=True), key=lambda r: (r["scope"] != "steady", r["scope"], order[r["phase"]]))
+    def scope_key(scope: str) -> tuple:
+        n = scope.rsplit(" ", 1)[-1]
+        return (scope != "steady", int(n) if n.isdigit() else -1, scope)
+
+    rows = sorted(u.iter_rows(named=True), key=lambda r: (*scope_key(r["scope"]), order[r["phase"]]))
     fig = _figure(10, 0.45 * len(rows) * 1.6 + 1.2)
     ax = fig.add_subplot()
     h = 0.8 / len(UTIL_METRICS)
@@ -403,4 +407,42 @@ def utilisation_bars(res) -> Figure | None:
     ax.set_xlabel("% of peak (time-weighted over each instance's GPU span)")
     ax.set_title("GPU utilisation per phase (nsys GPU-metrics samples), all ranks")
     ax.legend(loc="lower right", fontsize=8)
+    return fig
+
+
+def compare_delta(doc: dict, top: int = 12) -> Figure | None:
+    """The comparison (``spectrace compare``'s document): Δ = B − A in µs per cycle for the phases and seams that
+    moved most, one horizontal bar each, stacked into compute, comm and idle (they add up to Δ), the 95 % interval
+    as a whisker; the cycle period's Δ on top. None when nothing is compared."""
+    rows = [r for r in doc["rows"] if r.get("delta_ns") is not None][:top]
+    if not rows:
+        return None
+    p = doc["cycle_period"]
+    names = ["cycle period", *[_t(r["phase"]) for r in rows]]
+    fig = _figure(11, 1.2 + 0.32 * len(names))
+    ax = fig.subplots()
+    y = np.arange(len(names))[::-1]
+    ax.barh(y[0], p["delta_ns"] / 1e3, color="#444444", label="cycle period")
+    for col, label, color, hatch in (("delta_compute_ns", "compute", "#4c78a8", None),
+                                     ("delta_comm_ns", "comm", COMM_COLOR, None),
+                                     ("delta_idle_ns", "idle", IDLE_COLOR, "//")):
+        vals = np.array([(r[col] or 0) / 1e3 for r in rows])
+        pos, neg = np.clip(vals, 0, None), np.clip(vals, None, 0)
+        if col == "delta_compute_ns":
+            left_pos, left_neg = np.zeros(len(rows)), np.zeros(len(rows))
+        ax.barh(y[1:], pos, left=left_pos, color=color, hatch=hatch, edgecolor="#555555", linewidth=0.3, label=label)
+        ax.barh(y[1:], neg, left=left_neg, color=color, hatch=hatch, edgecolor="#555555", linewidth=0.3)
+        left_pos, left_neg = left_pos + pos, left_neg + neg
+    ci = [(i, r) for i, r in enumerate([{"ci_low_ns": p.get("ci_low_ns"), "ci_high_ns": p.get("ci_high_ns"),
+                                         "delta_ns": p["delta_ns"]}, *rows]) if r.get("ci_low_ns") is not None]
+    if ci:
+        ax.errorbar([r["delta_ns"] / 1e3 for _, r in ci], [y[i] for i, _ in ci],
+                    xerr=[[(r["delta_ns"] - r["ci_low_ns"]) / 1e3 for _, r in ci],
+                          [(r["ci_high_ns"] - r["delta_ns"]) / 1e3 for _, r in ci]],
+                    fmt="none", ecolor="#222222", capsize=3, lw=1, label="95 % interval")
+    ax.axvline(0, color="#333333", lw=0.8)
+    ax.set_yticks(y, names, fontsize=8)
+    ax.set_xlabel("Δ = B − A, µs per cycle")
+    ax.set_title("What changed, per cycle (largest |Δ| first)", fontsize=10)
+    fig.legend(loc="outside lower center", ncol=5, fontsize=8, frameon=False)
     return fig

@@ -23,7 +23,7 @@ from ..read import store
 REPORT_MARKER = "SPECTRACE_REPORT"  # in every report folder spectrace writes: the files it wrote (JSON)
 # the figures a report may have, beside its index.html (analyze.output.html), and how every page begins
 FIGURES = ("budget.png", "rank_phase.png", "phase_bars.png", "comm_split.png", "timeline.png", "distributions.png",
-           "per_cycle.png", "whatif.png")
+           "per_cycle.png", "whatif.png", "compare.png")
 PAGE_START = b"<!doctype html><html><head><meta charset=utf-8><title>spectrace \xc2\xb7 "
 REP_SUFFIXES = (".nsys-rep", ".qdrep")
 

@@ -98,6 +98,81 @@ def kernel_label(name: str, width: int = 60) -> str:
     return n if len(n) <= width else n[: width - 1] + "…"
 
 
+TABLE_GAP = re.compile(r"\S  +\S")  # two spaces or more between words: a table row (or a bar), never wrapped
+DIAG = re.compile(r"^(  (?:info|warning|error) +)")
+
+
+def ranked(diagnostics: list) -> list:
+    """Errors, then warnings (a number the user reads is affected), then notes; each in its own order."""
+    order = {"error": 0, "warning": 1}
+    return sorted(diagnostics, key=lambda d: order.get(d.level, 2))
+
+
+def text_width() -> int:
+    """Where prose lines wrap: the terminal's width when standard output is one, else 120."""
+    import os
+    import sys
+
+    try:
+        if sys.stdout is not None and sys.stdout.isatty():
+            return max(60, os.get_terminal_size(sys.stdout.fileno()).columns)
+    except (OSError, ValueError, AttributeError):
+        pass
+    return 120
+
+
+def wrap_lines(lines: list[str], width: int | None = None) -> list[str]:
+    """Prose lines wrapped at ``width`` (default :func:`text_width`), continued under their own indent
+    (a diagnostic under its message); table rows (words two spaces apart) are kept whole."""
+    width = width or text_width()
+    out = []
+    for line in lines:
+        m = DIAG.match(line)
+        if len(line) <= width or (not m and TABLE_GAP.search(line.strip())):
+            out.append(line)
+            continue
+        lead = m.group(1) if m else line[: len(line) - len(line.lstrip())]
+        out += textwrap.wrap(line[len(lead):], width, initial_indent=lead, subsequent_indent=" " * len(lead),
+                             break_on_hyphens=False, break_long_words=False) or [line]
+    return out
+
+
+IDENT = re.compile(r"[A-Za-z_]\w*")
+
+
+def display_names(names: list[str], width: int = 60) -> list[str]:
+    """:func:`kernel_label` of each name, except that distinct names whose labels would be the same keep the part
+    that differs: the first identifiers of their template and argument lists that the others lack, e.g.
+    ``vectorized_elementwise_kernel<…GeluCUDAKernelImpl…>`` and ``vectorized_elementwise_kernel<…CUDAFunctor_add…>``
+    (at most ``width`` chars, cut inside the common part). Equal names get equal labels; distinct names that
+    still look the same are numbered (``#2``)."""
+    full = [str(n or "") for n in names]
+    labels = [kernel_label(n, 10**6) for n in full]
+    groups: dict[str, set[str]] = {}
+    for n, lab in zip(full, labels):
+        groups.setdefault(lab, set()).add(n)
+    named: dict[str, str] = {}
+    for lab, members in groups.items():
+        if len(members) == 1:
+            n = next(iter(members))
+            named[n] = lab if len(lab) <= width else lab[: width - 1] + "…"
+            continue
+        base = lab[:-3] if lab.endswith("<…>") else lab
+        toks = {n: list(dict.fromkeys(IDENT.findall(re.sub(r"^void\s+", "", n)[len(base):]))) for n in members}
+        common = set.intersection(*(set(t) for t in toks.values()))
+        seen: dict[str, int] = {}
+        for n in sorted(members):
+            diff = [t for t in toks[n] if t not in common][:2]
+            if len(diff) > 1 and len(base) + len(diff[0]) + len(diff[1]) + 5 > width:
+                diff = diff[:1]
+            tail = "<…" + "…".join(diff) + "…>" if diff else ""
+            head = base if len(base) + len(tail) <= width else base[: max(8, width - len(tail) - 1)] + "…"
+            lab_n = head + tail
+            seen[lab_n] = seen.get(lab_n, 0) + 1
+            named[n] = lab_n if seen[lab_n] == 1 else f"{lab_n} #{seen[lab_n]}"
+    return [named[n] for n in full]
+
+
 def selection_lines(res: Result) -> list[str]:
     """The steady-state statement and the cycle period / tokens headline (one definition, stated once)."""
     info = selection(res)
@@ -219,7 +294,8 @@ def steady_phase_text(res: Result) -> list[str]:
                          _us(r["compute_mean_ns"]), _us(r["comm_mean_ns"]), _us(r["idle_mean_ns"]),
                          _us(r["idle_p50_ns"]), _us(r["idle_p90_ns"]), _pct(r["comm_ns"], r["span_ns"]),
                          _pct(r["idle_ns"], r["span_ns"])])
-    return ["Phases per instance, steady state (µs; mean unless p50/p90; span = compute + comm + idle)",
+    which = "steady state" if selection(res).get("how") != "none" else "whole run (no cycle ranges)"
+    return [f"Phases per instance, {which} (µs; mean unless p50/p90; span = compute + comm + idle)",
             *_grid(STEADY_HEADER, rows, 2)]
 
 
@@ -243,6 +319,8 @@ def table_text(df: pl.DataFrame) -> str:
     if df.height == 0:
         return "(no rows)\n"
     head = [c[:-3] + " µs" if c.endswith("_ns") else c for c in df.columns]
+    if "name" in df.columns:
+        df = df.with_columns(name=pl.Series(display_names(df["name"].cast(pl.String).to_list())))
     rows = []
     for r in df.iter_rows():
         cells = []
@@ -253,8 +331,6 @@ def table_text(df: pl.DataFrame) -> str:
                 cells.append(_us(v))
             elif isinstance(v, float):
                 cells.append(f"{v:,.3f}")
-            elif c == "name":
-                cells.append(kernel_label(str(v)))
             else:
                 cells.append(str(v))
         rows.append(cells)
@@ -266,8 +342,9 @@ def kernels_text(res: Result, top: int = 5) -> str:
     """``analyze --table kernels``: the top GPU operations of each phase, steady state."""
     k = _order(hl.kernels(res, top), "phase")
     out = [f"Top {top} GPU operations per phase, steady state, all ranks (per cycle = per rank per steady cycle)"]
-    rows = [[r["phase"], kernel_label(r["name"]), f"{r['count_per_cycle']:,.1f}", _us(r["per_cycle_ns"]),
-             f"{100 * r['share']:.1f}", str(r["ranks"])] for r in k.iter_rows(named=True)]
+    rows = [[r["phase"], label, f"{r['count_per_cycle']:,.1f}", _us(r["per_cycle_ns"]),
+             f"{100 * r['share']:.1f}", str(r["ranks"])]
+            for r, label in zip(k.iter_rows(named=True), display_names(k["name"].to_list()))]
     out += _grid(["phase", "operation", "count/cycle", "µs/cycle", "% of phase", "ranks"], rows, 2)
     return "\n".join(out) + "\n"
 
@@ -328,10 +405,10 @@ def analyze_table(res: Result, found: list[dict] | None = None) -> str:
     if res.diagnostics:
         out.append("")
         out.append("Diagnostics")
-        out += [f"  {d.level:<7} {d.code}: {d.message}" for d in res.diagnostics]
+        out += [f"  {d.level:<7} {d.code}: {d.message}" for d in ranked(res.diagnostics)]
     if found is not None:
         out += ["", *findings_text(found)]
-    return "\n".join(out) + "\n"
+    return "\n".join(wrap_lines(out)) + "\n"
 
 
 def _seam_rows(sa: pl.DataFrame) -> list[str]:
@@ -466,7 +543,7 @@ def comm_table(res: CommResult) -> str:
         out.append("")
         out.append("Diagnostics")
         out += [f"  {x.level:<7} {x.code}: {x.message}" for x in res.diagnostics]
-    return "\n".join(out) + "\n"
+    return "\n".join(wrap_lines(out)) + "\n"
 
 
 def _f(v, scale=1e3, fmt="{:,.1f}") -> str:
@@ -530,16 +607,17 @@ def compare_table(doc: dict) -> str:
                      [[ph, *[_d(by[(ph, k)]["delta_ns"]) if (ph, k) in by else "–" for k in ranks]] for ph in top])
     if doc.get("kernels"):
         out += ["", "GPU operations that moved most, per phase (µs per cycle; count per cycle)"]
-        rows = [[k["phase"], kernel_label(k["name"], 56), _f(k["a_ns_per_cycle"]), _f(k["b_ns_per_cycle"]),
+        moved = [k for k in doc["kernels"] if k["phase"] in {r["phase"] for r in doc["rows"][:6]}]
+        rows = [[k["phase"], label, _f(k["a_ns_per_cycle"]), _f(k["b_ns_per_cycle"]),
                  _d(k["delta_ns"]), f"{k['a_count_per_cycle']:,.1f} → {k['b_count_per_cycle']:,.1f}"]
-                for k in doc["kernels"] if k["phase"] in {r["phase"] for r in doc["rows"][:6]}]
+                for k, label in zip(moved, display_names([k["name"] for k in moved], 56))]
         out += _grid(["phase", "operation", "A µs", "B µs", "Δ µs", "count"], rows, 2)
     out.append("")
     out.append("Δ = B − A over the steady cycles; per cycle = the mean over the cycles of the mean over their ranks, "
                "the cycle budget's pieces (they add up to the cycle period); one ranking by |Δ|"
                + (" per token" if tok else "") + "; – = not in that trace; * = the 95 % interval (bootstrap over "
                "cycles) excludes 0")
-    return "\n".join(out) + "\n"
+    return "\n".join(wrap_lines(out)) + "\n"
 
 
 def whatif_segment_lines(m: Model, max_steps: int = MAX_STEPS) -> list[str]:
@@ -562,6 +640,26 @@ def whatif_segment_lines(m: Model, max_steps: int = MAX_STEPS) -> list[str]:
             *_grid(["segment", "cycles", "p50 µs", *[f"{s} steps" for s in steps], "best", "gain"], rows)]
 
 
+def acceptance_text(m: Model) -> str:
+    """How the model's acceptance α is known: measured (accepted draft tokens per request per cycle) or given."""
+    if m.alpha_given or m.accepted_now is None:
+        return f"acceptance: α = {m.alpha:.3f}, given (--acceptance), not measured"
+    return f"acceptance: {m.accepted_now:.2f} accepted draft tokens/request/cycle (measured) → α = {m.alpha:.3f}"
+
+
+def best_text(m: Model, max_steps: int = MAX_STEPS) -> str:
+    """The best step count, or why it is not known."""
+    best, near = m.best(max_steps), m.best(max_steps, measured_only=True)
+    if best is None:
+        return "best: unknown without acceptance (shortest cycle is always 1 step)"
+    if near is not None and near["steps"] != best["steps"]:
+        return (f"best within one step of the measured {m.steps_now}: {near['steps']} steps, "
+                f"{near['tokens_per_s']:.1f} tok/s predicted; {best['steps']} steps predicts "
+                f"{best['tokens_per_s']:.1f} tok/s but is extrapolated (*)")
+    return (f"best: {best['steps']} steps, {best['tokens_per_s']:.1f} tok/s predicted"
+            + (" (extrapolated *)" if best["extrapolated"] else ""))
+
+
 def whatif_table(m: Model, max_steps: int = MAX_STEPS, explain: bool = False) -> str:
     """``spectrace whatif``: the fitted costs and the predictions per step count (``explain``: the assumptions)."""
     now = m.predict(m.steps_now)
@@ -572,9 +670,10 @@ def whatif_table(m: Model, max_steps: int = MAX_STEPS, explain: bool = False) ->
     seams = m.seams(m.steps_now)
     if seams:
         out.append("seams inside a cycle (median µs): " + ", ".join(f"{k} {v / 1e3:.1f}" for k, v in seams.items()))
+    if m.steps_source != "given":
+        out.append(f"draft steps: {m.steps_now}, {m.steps_source}")
     if m.alpha is not None:
-        acc = f"{m.accepted_now:.2f}" if m.accepted_now is not None else "given"
-        out.append(f"acceptance: {acc} accepted draft tokens/request/cycle → α = {m.alpha:.3f}")
+        out.append(acceptance_text(m))
     out += [f"note: {n}" for n in m.notes]
     out.append("")
     out.append(f"{'steps':>5}  {'cycle µs':>9}  {'draft':>8}  {'verify':>8}  {'extend':>8}  {'seams':>8}  {'other':>8}  "
@@ -585,21 +684,11 @@ def whatif_table(m: Model, max_steps: int = MAX_STEPS, explain: bool = False) ->
         mark = " ← now" if p["measured"] else " *" if p["extrapolated"] else ""
         out.append(f"{p['steps']:5d}  {p['cycle_ns'] / 1e3:9.1f}  {p['draft_ns'] / 1e3:8.1f}  {p['verify_ns'] / 1e3:8.1f}  "
                    f"{p['draft_extend_ns'] / 1e3:8.1f}  {p['seams_ns'] / 1e3:8.1f}  {p['other_ns'] / 1e3:8.1f}  {tok}  {tps}{mark}")
-    best, near = m.best(max_steps), m.best(max_steps, measured_only=True)
-    out.append("")
-    if best is None:
-        out.append("best: unknown without acceptance (shortest cycle is always 1 step)")
-    elif near is not None and near["steps"] != best["steps"]:
-        out.append(f"best within one step of the measured {m.steps_now}: {near['steps']} steps, "
-                   f"{near['tokens_per_s']:.1f} tok/s predicted; {best['steps']} steps predicts "
-                   f"{best['tokens_per_s']:.1f} tok/s but is extrapolated (*)")
-    else:
-        out.append(f"best: {best['steps']} steps, {best['tokens_per_s']:.1f} tok/s predicted"
-                   + (" (extrapolated *)" if best["extrapolated"] else ""))
+    out += ["", best_text(m, max_steps)]
     out.append(f"verify: {m.verify_text()}")
     out += whatif_segment_lines(m, max_steps)
     if m.probe is not None:
         out += ["", "Fitted on the graph-level pass (--timing).", *probe_lines(m.probe)]
     if explain:
         out += ["", "Assumptions"] + [f"  - {a}" for a in m.assumptions()]
-    return "\n".join(out) + "\n"
+    return "\n".join(wrap_lines(out)) + "\n"

@@ -268,8 +268,11 @@ def trace(a: argparse.Namespace) -> int:
     if a.dry_run:
         try:
             nsys = find_nsys(a.nsys)
-        except CaptureError:
+        except CaptureError:  # none here: the commands are still printed (to run elsewhere)
             nsys = a.nsys or os.environ.get("NSYS") or "nsys"
+        else:
+            if passes != ["plain"]:
+                nsys_version(nsys)  # one found here is checked as a real run checks it (too old: refused)
     elif passes == ["plain"]:
         nsys = ""
     else:
