@@ -148,6 +148,7 @@ def comm(reports: Reports, ranges: str | None = None, comm_patterns=None, *, ski
         return cr
     out = collectives.within(cr, headline.keys(res), info["text"])
     out.straggler = headline.straggler_verdict(res)  # the same rule and cycles as analyze's findings
+    keep_derived(res)
     return out
 
 
@@ -157,7 +158,10 @@ def compare(a: Reports, b: Reports, ranges: str | None = None, comm_patterns=Non
     (:mod:`analyze.compute.compare`). ``a``/``b``: one report or several each (multi-node runs)."""
     from .compute import compare as cmp
 
-    return cmp.compare(analyze(a, ranges, comm_patterns, **kw), analyze(b, ranges, comm_patterns, **kw))
+    ra, rb = analyze(a, ranges, comm_patterns, **kw), analyze(b, ranges, comm_patterns, **kw)
+    doc = cmp.compare(ra, rb)
+    keep_derived(ra, rb)
+    return doc
 
 
 def whatif(reports: Reports, steps_now: int | None = None, baseline: Reports | None = None,
@@ -181,6 +185,7 @@ def whatif(reports: Reports, steps_now: int | None = None, baseline: Reports | N
     m.probe = res.probe_effect
     if base is None:  # one model per batch size, verify's curve measured across them
         m.segments = wi.fit_segments(res, steps_now, alpha=acceptance, as_traced=as_traced)
+    keep_derived(res, base)
     return m
 
 
@@ -196,6 +201,20 @@ def report(reports: Reports, output: str | os.PathLike, baseline: Reports | None
     res = analyze(reports, ranges, comm_patterns, timing=timing, unprofiled_cycles_per_s=unprofiled_cycles_per_s,
                   **kw)
     base = analyze(baseline, ranges, comm_patterns, **kw) if baseline is not None else None
-    return html.write_page(res, output, baseline=base, steps_now=steps_now, force=force,
+    page = html.write_page(res, output, baseline=base, steps_now=steps_now, force=force,
                            inputs=[*_many(reports), *(_many(baseline) if baseline is not None else []),
                                    *(_many(timing) if timing is not None else [])])
+    keep_derived(res, base)
+    return page
+
+
+def keep_derived(*results: Result | None) -> None:
+    """Keep the tables derived from each result since the analysis (the headline tables of its cycle choice,
+    ...) in its report's result cache, so that the next command on the same capture reads them instead of
+    computing them (:mod:`analyze.read.results`). A no-op for a result that did not come from the cache (a small
+    export analysed in memory, ``cache=False``, a merge of several reports). The verbs call it once they are done."""
+    from .read import results as kept
+
+    for r in results:
+        if r is not None:
+            kept.keep_derived(r)
