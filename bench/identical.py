@@ -33,6 +33,12 @@ VERBS: dict[str, list[str]] = {
     "compare_json": ["compare", "{r}", "{r}", "--format", "json"],
     "whatif_json": ["whatif", "{r}", "--steps-now", "3", "--format", "json"],
     "report_html": ["report", "{r}", "--steps-now", "3", "-o", "{out}"],
+    # through the cache (a small export is otherwise analysed in memory and keeps none)
+    "cache_analyze_table": ["analyze", "{r}", "--cache"],
+    "cache_analyze_json": ["analyze", "{r}", "--format", "json", "-q", "--cache"],
+    "cache_comm_json": ["comm", "{r}", "--format", "json", "-q", "--cache"],
+    "cache_whatif_json": ["whatif", "{r}", "--steps-now", "3", "--format", "json", "--cache"],
+    "cache_report_html": ["report", "{r}", "--steps-now", "3", "-o", "{out}", "--cache"],
 }
 
 

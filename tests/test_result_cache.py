@@ -177,3 +177,27 @@ def test_a_cached_result_pickles_as_a_plain_result_and_copies_keep_nothing(repor
 def test_an_unwritable_cache_still_analyses(report, monkeypatch):
     monkeypatch.setattr(results, "_write_doc", lambda *a, **k: False)
     assert outputs(api.analyze(report, cache=True)) == outputs(api.analyze(report, cache=False))
+
+
+def test_frames_round_trip_exactly_with_long_string_columns_dictionary_encoded(tmp_path):
+    """Frames of every dtype the results hold come back equal, long string columns (written as dictionaries)
+    as strings again, nulls kept; a short frame is written as it is."""
+    import polars as pl
+
+    n = results.DICT_ROWS + 7
+    long = pl.DataFrame({"name": [None if i % 5 == 0 else f"k{i % 3}" for i in range(n)],
+                         "x": pl.Series(range(n), dtype=pl.Int64), "cat": pl.Series(["a", "b"] * (n // 2) + ["a"] * (n % 2),
+                                                                                    dtype=pl.Categorical),
+                         "u": pl.Series(range(n), dtype=pl.UInt32), "f": [i / 3 for i in range(n)],
+                         "b": [i % 2 == 0 for i in range(n)]})
+    short = long.head(3)
+    frames: list = []
+    body = results._encode({"long": long, ("t", "1"): (short, 2.5, None), "s": long["name"]}, frames)
+    assert results._write_doc(tmp_path, "k", "key", body, frames)
+    doc = json.loads((tmp_path / "k" / "result.json").read_text())
+    assert [f[2] for f in doc["files"]] == [["name"], [], ["name"]]
+    back = results._decode(*results._read_doc(tmp_path / "k", "key"))
+    assert back["long"].schema == long.schema and back["long"].equals(long)
+    assert back[("t", "1")][0].equals(short) and back[("t", "1")][1:] == (2.5, None)
+    assert back["s"].equals(long["name"])
+    assert results._read_doc(tmp_path / "k", "another key") is None
