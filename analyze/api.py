@@ -135,6 +135,7 @@ def comm(reports: Reports, ranges: str | None = None, comm_patterns=None, *, ski
     """
     from .compute import collectives, headline, pipeline, steady
     from .compute.tokens import selection
+    from .read.results import derived
 
     choice = steady.check_choice(skip_cycles, window)
     many, _ = _exported(_many(reports))
@@ -142,12 +143,19 @@ def comm(reports: Reports, ranges: str | None = None, comm_patterns=None, *, ski
     res = pipeline.merge(results) if len(results) > 1 else results[0]
     res.cycle_choice = choice
     info = selection(res)
-    cr = collectives.cross_rank(results)
-    if info.get("how") == "none":
-        cr.straggler = collectives.verdict(cr.stragglers)
-        return cr
-    out = collectives.within(cr, headline.keys(res), info["text"])
-    out.straggler = headline.straggler_verdict(res)  # the same rule and cycles as analyze's findings
+
+    def run() -> CommResult:
+        cr = collectives.cross_rank(results)
+        if info.get("how") == "none":
+            cr.straggler = collectives.verdict(cr.stragglers)
+            return cr
+        out = collectives.within(cr, headline.keys(res), info["text"])
+        out.straggler = headline.straggler_verdict(res)  # the same rule and cycles as analyze's findings
+        return out
+
+    # One report's document depends on its result and the cycle choice only: kept with the result (a merge's is
+    # computed each time).
+    out = derived(res, ("comm", repr(sorted(choice.items()))), run)
     keep_derived(res)
     return out
 

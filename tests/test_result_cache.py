@@ -201,3 +201,27 @@ def test_frames_round_trip_exactly_with_long_string_columns_dictionary_encoded(t
     assert back[("t", "1")][0].equals(short) and back[("t", "1")][1:] == (2.5, None)
     assert back["s"].equals(long["name"])
     assert results._read_doc(tmp_path / "k", "another key") is None
+
+
+def test_values_read_from_the_cache_can_be_kept_again(report):
+    """comm's matching holds the kept result's diagnostics (read from the cache): it is kept all the same, and
+    the next comm reads it (no matching) with the same document."""
+    from analyze.compute import collectives
+
+    want = data.doc_json(api.comm(report, cache=False).to_dict())
+    api.analyze(report, cache=True)
+    assert data.doc_json(api.comm(report, cache=True).to_dict()) == want  # result read, matching computed, kept
+    res = api.analyze(report, cache=True)
+    assert ("comm", "[]") in results._kept(res).derived
+    frames: list = []
+    assert results._encode(res.diagnostics, frames)[0]["$class"] == "Diagnostic"
+
+    def no_matching(*a, **k):
+        raise AssertionError("matched again")
+
+    orig = collectives.cross_rank
+    collectives.cross_rank = no_matching
+    try:
+        assert data.doc_json(api.comm(report, cache=True).to_dict()) == want
+    finally:
+        collectives.cross_rank = orig

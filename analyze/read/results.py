@@ -44,14 +44,14 @@ from pathlib import Path
 import polars as pl
 
 from .. import __version__
-from ..model import Diagnostic, Result, Trace
+from ..model import CommResult, Diagnostic, Result, Trace
 from .source import OpsWindow
 
 RESULT_VERSION = 1
 DICT_ROWS = 10_000  # string columns of frames this long are written dictionary-encoded
 FOLDER = "results"
 # The dataclasses a result may hold, by name: nothing else is ever built from a cache's JSON.
-KNOWN = {c.__name__: c for c in (Result, Trace, Diagnostic, OpsWindow)}
+KNOWN = {c.__name__: c for c in (Result, Trace, Diagnostic, OpsWindow, CommResult)}
 
 
 @functools.cache
@@ -97,8 +97,9 @@ def _encode(v, frames: list[pl.DataFrame]):
         return {"$set": [_encode(x, frames) for x in sorted(v, key=repr)]}
     if isinstance(v, dict):
         return {"$dict": [[_encode(k, frames), _encode(x, frames)] for k, x in v.items()]}
-    if dataclasses.is_dataclass(v) and type(v).__name__ in KNOWN and KNOWN[type(v).__name__] is type(v):
-        return {"$class": type(v).__name__,
+    cls = getattr(type(v), "_lazy_of", type(v))  # a value read from the cache is written as its plain class
+    if dataclasses.is_dataclass(v) and KNOWN.get(cls.__name__) is cls:
+        return {"$class": cls.__name__,
                 "fields": {f.name: _encode(getattr(v, f.name), frames) for f in dataclasses.fields(v)}}
     raise _Unsupported(type(v).__name__)
 
@@ -147,6 +148,7 @@ def _lazy(cls):
     names = [f.name for f in dataclasses.fields(cls)]
     ns = {n: _LazyField(n) for n in names}
     ns["__reduce__"] = lambda self: (_rebuild, (cls, {n: getattr(self, n) for n in names}))
+    ns["_lazy_of"] = cls
     return type(cls.__name__, (cls,), ns)
 
 
