@@ -61,7 +61,9 @@ def run_all(code: Path, report: Path, work: Path, verbs: list[str]) -> dict[str,
             argv = [a.format(r=copy, out=page) for a in VERBS[name]]
             p = subprocess.run([sys.executable, "-m", "analyze.cli", *argv], capture_output=True, env=env, cwd=work)
             text = p.stdout
-            if name == "report_html" and p.returncode == 0:
+            if p.returncode != 0:  # the error line is part of what must be identical
+                text += p.stderr[-2000:]
+            elif name.endswith("report_html"):
                 text = (page / "index.html").read_bytes()
             out[name + again] = f"rc={p.returncode}\n".encode() + text.replace(str(work).encode(), b"WORK")
     return out
