@@ -225,3 +225,16 @@ def test_values_read_from_the_cache_can_be_kept_again(report):
         assert data.doc_json(api.comm(report, cache=True).to_dict()) == want
     finally:
         collectives.cross_rank = orig
+
+
+def test_a_result_that_is_gone_leaves_nothing_behind(report):
+    """What the cache remembers of a result (its folder, the derived tables read) goes with the result."""
+    import gc
+
+    api.analyze(report, cache=True)
+    res = api.analyze(report, cache=True)
+    i = id(res)
+    assert results._KEPT.get(i) is not None and results._KEPT[i].derived is not None
+    del res
+    gc.collect()
+    assert i not in results._KEPT

@@ -248,6 +248,12 @@ class _Kept:
 _KEPT: dict[int, _Kept] = {}
 
 
+def _track(res: Result, folder: Path, key: str, derived: dict) -> None:
+    """Remember ``res`` as the cache's (until it is garbage: its entry, with the derived tables read, goes too)."""
+    i = id(res)
+    _KEPT[i] = _Kept(weakref.ref(res, lambda _gone: _KEPT.pop(i, None)), folder, key, derived)
+
+
 def _kept(res) -> _Kept | None:
     entry = _KEPT.get(id(res))
     return entry if entry is not None and entry.ref() is res else None
@@ -291,7 +297,7 @@ def load(store_root: Path, key: str) -> Result | None:
             with contextlib.suppress(ValueError, KeyError, TypeError, IndexError):
                 for k, body in memo[0]["$dict"]:
                     kept[_hashable(_decode(k, []))] = (body, memo[1])
-    _KEPT[id(res)] = _Kept(weakref.ref(res), folder, key, kept)
+    _track(res, folder, key, kept)
     return res
 
 
@@ -304,7 +310,7 @@ def save(store_root: Path, key: str, res: Result) -> bool:
         return False
     ok = _write_doc(store_root / FOLDER, key, key, body, frames)
     if ok:
-        _KEPT[id(res)] = _Kept(weakref.ref(res), store_root / FOLDER / key, key, {})
+        _track(res, store_root / FOLDER / key, key, {})
     return ok
 
 
