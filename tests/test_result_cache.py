@@ -238,3 +238,33 @@ def test_a_result_that_is_gone_leaves_nothing_behind(report):
     del res
     gc.collect()
     assert i not in results._KEPT
+
+
+def test_a_store_keeps_the_most_recently_used_results_and_removes_dead_builds(tmp_path):
+    import os
+    import time
+
+    parent = tmp_path / "results"
+    parent.mkdir()
+    now = time.time()
+    for i in range(7):  # r0 oldest ... r6 newest
+        (parent / f"r{i}").mkdir()
+        (parent / f"r{i}" / "result.json").write_text("{}")
+        os.utime(parent / f"r{i}", (now - 100 + i, now - 100 + i))
+    dead, alive = parent / ".r9.tmp-aaaaaaaaaaaa", parent / ".r8.tmp-bbbbbbbbbbbb"
+    dead.mkdir()
+    alive.mkdir()
+    os.utime(dead, (now - results.STALE_S - 10, now - results.STALE_S - 10))
+    results.prune(parent, "r1")  # the one just written stays, whatever its age
+    assert sorted(p.name for p in parent.iterdir()) == sorted(["r1", "r4", "r5", "r6", alive.name])
+    assert results.KEEP_RESULTS == 4
+
+
+def test_reading_a_result_marks_it_used(report):
+    import os
+
+    api.analyze(report, cache=True)
+    folder = next(results_dir(report).iterdir())
+    os.utime(folder, (1, 1))
+    api.analyze(report, cache=True)
+    assert folder.stat().st_mtime > 1e9

@@ -20,7 +20,8 @@ so it is not part of the key.
 ``result.json`` lists every frame file with its size and CRC-32 and carries a digest of itself; a result whose
 files do not match is not used (the analysis runs again and writes it anew). Writes are atomic: a folder built
 under a temporary name and renamed into place; one that cannot be written (a read-only cache, a full disk) is
-skipped, the analysis goes on. ``rm -r <report>.spectrace`` (or the cache folder under ``SPECTRACE_CACHE_DIR``)
+skipped, the analysis goes on. A store keeps the :data:`KEEP_RESULTS` most recently used results (:func:`prune`).
+``rm -r <report>.spectrace`` (or the cache folder under ``SPECTRACE_CACHE_DIR``)
 clears it with the store; ``rm -r <report>.spectrace/results`` only the results.
 
 Only plain values are written (JSON, Arrow): nothing in a cache folder is ever executed (no pickle).
@@ -36,6 +37,7 @@ import io
 import json
 import os
 import shutil
+import time
 import uuid
 import weakref
 import zlib
@@ -48,6 +50,8 @@ from ..model import CommResult, Diagnostic, Result, Trace
 from .source import OpsWindow
 
 RESULT_VERSION = 1
+KEEP_RESULTS = 4  # result folders kept per store: the most recently used (other selections, older versions go)
+STALE_S = 24 * 3600  # a build folder (``.<key>.tmp-*``) this old was left by a process that died
 DICT_ROWS = 10_000  # string columns of frames this long are written dictionary-encoded
 FOLDER = "results"
 # The dataclasses a result may hold, by name: nothing else is ever built from a cache's JSON.
@@ -298,6 +302,7 @@ def load(store_root: Path, key: str) -> Result | None:
                 for k, body in memo[0]["$dict"]:
                     kept[_hashable(_decode(k, []))] = (body, memo[1])
     _track(res, folder, key, kept)
+    _used(folder)
     return res
 
 
@@ -311,7 +316,34 @@ def save(store_root: Path, key: str, res: Result) -> bool:
     ok = _write_doc(store_root / FOLDER, key, key, body, frames)
     if ok:
         _track(res, store_root / FOLDER / key, key, {})
+        prune(store_root / FOLDER, key)
     return ok
+
+
+def prune(parent: Path, keep: str) -> None:
+    """Remove the result folders of ``parent`` beyond the :data:`KEEP_RESULTS` most recently used (``keep`` is
+    one of them), and build folders left by a process that died (older than :data:`STALE_S`). A folder is renamed
+    away before it is removed: a process reading it meanwhile finds it whole or not at all (then analyses)."""
+    try:
+        entries = [(d, d.stat().st_mtime) for d in parent.iterdir() if d.is_dir() and not d.is_symlink()]
+    except OSError:
+        return
+    now = time.time()
+    kept = sorted((e for e in entries if not e[0].name.startswith(".") and e[0].name != keep),
+                  key=lambda e: e[1], reverse=True)
+    gone = [d for d, _ in kept[KEEP_RESULTS - 1:]]
+    gone += [d for d, t in entries if d.name.startswith(".") and ".tmp-" in d.name and now - t > STALE_S]
+    for d in gone:
+        old = parent / f".{d.name.lstrip('.')}.old-{uuid.uuid4().hex[:12]}"
+        with contextlib.suppress(OSError):
+            os.replace(d, old)
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _used(folder: Path) -> None:
+    """Mark a result folder as just used (its mtime: :func:`prune` keeps the most recently used)."""
+    with contextlib.suppress(OSError):
+        os.utime(folder)
 
 
 def keep_derived(res: Result) -> bool:
