@@ -149,6 +149,7 @@ def comm(reports: Reports, ranges: str | None = None, comm_patterns=None, *, ski
     """
     from .compute import collectives, headline, pipeline, steady
     from .compute.tokens import selection
+    from .read.results import derived
 
     choice = steady.check_choice(skip_cycles, window)
     many, _ = _exported(_many(reports))
@@ -156,12 +157,20 @@ def comm(reports: Reports, ranges: str | None = None, comm_patterns=None, *, ski
     res = pipeline.merge(results) if len(results) > 1 else results[0]
     res.cycle_choice = choice
     info = selection(res)
-    cr = collectives.cross_rank(results)
-    if info.get("how") == "none":
-        cr.straggler = collectives.verdict(cr.stragglers)
-        return cr
-    out = collectives.within(cr, headline.keys(res), info["text"])
-    out.straggler = headline.straggler_verdict(res)  # the same rule and cycles as analyze's findings
+
+    def run() -> CommResult:
+        cr = collectives.cross_rank(results)
+        if info.get("how") == "none":
+            cr.straggler = collectives.verdict(cr.stragglers)
+            return cr
+        out = collectives.within(cr, headline.keys(res), info["text"])
+        out.straggler = headline.straggler_verdict(res)  # the same rule and cycles as analyze's findings
+        return out
+
+    # One report's document depends on its result and the cycle choice only: kept with the result (a merge's is
+    # computed each time).
+    out = derived(res, ("comm", repr(sorted(choice.items()))), run)
+    keep_derived(res)
     return out
 
 
@@ -171,7 +180,10 @@ def compare(a: Reports, b: Reports, ranges: str | None = None, comm_patterns=Non
     (:mod:`analyze.compute.compare`). ``a``/``b``: one report or several each (multi-node runs)."""
     from .compute import compare as cmp
 
-    return cmp.compare(analyze(a, ranges, comm_patterns, **kw), analyze(b, ranges, comm_patterns, **kw))
+    ra, rb = analyze(a, ranges, comm_patterns, **kw), analyze(b, ranges, comm_patterns, **kw)
+    doc = cmp.compare(ra, rb)
+    keep_derived(ra, rb)
+    return doc
 
 
 def whatif(reports: Reports, steps_now: int | None = None, baseline: Reports | None = None,
@@ -202,9 +214,10 @@ def whatif(reports: Reports, steps_now: int | None = None, baseline: Reports | N
             raise InputError("--other-steps joins runs per batch size: this run has fewer than two batch sizes "
                              "(no segments to join)", "NO_SEGMENTS")
         alpha = acceptance if acceptance is not None else wi.run_alpha(res, m.steps_now)
-        others = []
+        others, kept = [], []
         for o in other_steps:
             ro, name = analyze(o, ranges, comm_patterns, **kw), ", ".join(Path(p).name for p in _many(o))
+            kept.append(ro)
             try:
                 steps, how = wi.steps_known(ro, None)
             except InputError as e:
@@ -217,6 +230,8 @@ def whatif(reports: Reports, steps_now: int | None = None, baseline: Reports | N
                 m.notes.append(f"{name}: fewer than two batch sizes with enough cycles: not used")
             others.append((name, segs))
         m.notes += wi.merge_runs(m.segments, others)
+        keep_derived(*kept)
+    keep_derived(res, base)
     return m
 
 
@@ -234,6 +249,20 @@ def report(reports: Reports, output: str | os.PathLike, vs: Reports | None = Non
     res = analyze(reports, ranges, comm_patterns, timing=timing, unprofiled_cycles_per_s=unprofiled_cycles_per_s,
                   **kw)
     other = analyze(vs, ranges, comm_patterns, **kw) if vs is not None else None
-    return html.write_page(res, output, vs=other, steps_now=steps_now, force=force,
+    page = html.write_page(res, output, vs=other, steps_now=steps_now, force=force,
                            inputs=[*_many(reports), *(_many(vs) if vs is not None else []),
                                    *(_many(timing) if timing is not None else [])])
+    keep_derived(res, other)
+    return page
+
+
+def keep_derived(*results: Result | None) -> None:
+    """Keep the tables derived from each result since the analysis (the headline tables of its cycle choice,
+    ...) in its report's result cache, so that the next command on the same capture reads them instead of
+    computing them (:mod:`analyze.read.results`). A no-op for a result that did not come from the cache (a small
+    export analysed in memory, ``cache=False``, a merge of several reports). The verbs call it once they are done."""
+    from .read import results as kept
+
+    for r in results:
+        if r is not None:
+            kept.keep_derived(r)

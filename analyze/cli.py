@@ -158,7 +158,7 @@ REPORTS_HELP = ("nsys SQLite export(s) (`nsys export --type sqlite`, opened read
 
 
 def run_analyze(a) -> int:
-    from .api import analyze
+    from .api import analyze, keep_derived
     from .compute.findings import find
     from .output import data, text
     from .output.targets import check_db
@@ -192,6 +192,7 @@ def run_analyze(a) -> int:
         _warn(res.diagnostics, a.quiet)
     if a.db:
         data.to_db(res, a.db, _inputs(a))
+    keep_derived(res)
     return 0
 
 

@@ -274,3 +274,46 @@ def test_dry_run_refuses_an_nsys_a_real_run_refuses(tmp_path, nsys, monkeypatch,
     assert capsys.readouterr().err == err and not list(tmp_path.glob("r*"))
     monkeypatch.setenv("FAKE_NSYS_VERSION", "2024.2.1.106-0")
     assert main(argv) == 0 and "profile" in capsys.readouterr().out
+
+
+def test_columnar_export_beside_the_sqlite(tmp_path, nsys, capsys):
+    """--columnar parquetdir: one more nsys export after the SQLite one, into NAME_pqtdir/ (nsys's own naming)."""
+    rc = main(["trace", "--nsys", str(nsys), "--columnar", "parquetdir", "-o", str(tmp_path / "out" / "run"),
+               "--", *CMD])
+    assert rc == 0
+    c = calls(tmp_path)
+    assert [x["kind"] for x in c] == ["profile", "profiled", "export", "export_parquetdir"]
+    assert c[3]["argv"] == ["export", "--type=parquetdir", "--force-overwrite=true", "-o", str(tmp_path / "out" / "run"),
+                            str(tmp_path / "out" / "run.nsys-rep")]
+    out = tmp_path / "out"
+    assert {p.name for p in out.iterdir()} == {"run.nsys-rep", "run.sqlite", "run_pqtdir", "run.manifest.json"}
+    m = json.loads((out / "run.manifest.json").read_text())
+    assert m["columnar_export"] == "run_pqtdir" and "run_pqtdir" in m["outputs"]
+    assert f"spectrace analyze {out / 'run_pqtdir'}" in capsys.readouterr().err
+
+
+def test_columnar_default_off_old_nsys_skipped_failure_said(tmp_path, nsys, monkeypatch, capsys):
+    assert main(["trace", "--nsys", str(nsys), "-o", str(tmp_path / "a"), "--", *CMD]) == 0
+    assert [x["kind"] for x in calls(tmp_path)] == ["profile", "profiled", "export"]  # default: SQLite only
+    (tmp_path / "nsys.log").unlink()
+    monkeypatch.setattr(capture, "COLUMNAR_NSYS", (2099, 1))  # an nsys without the export: skipped, said
+    assert main(["trace", "--nsys", str(nsys), "--columnar", "arrowdir", "-o", str(tmp_path / "b"), "--", *CMD]) == 0
+    assert [x["kind"] for x in calls(tmp_path)] == ["profile", "profiled", "export"]
+    assert "has no --type arrowdir export" in capsys.readouterr().err
+    monkeypatch.setattr(capture, "COLUMNAR_NSYS", (2023, 4))
+    monkeypatch.setenv("FAKE_NSYS_NO_COLUMNAR", "1")  # the export fails: the SQLite capture stands, one line says so
+    assert main(["trace", "--nsys", str(nsys), "--columnar", "arrowdir", "-o", str(tmp_path / "c"), "--", *CMD]) == 0
+    err = capsys.readouterr().err
+    assert "--type=arrowdir failed" in err and (tmp_path / "c.sqlite").exists()
+    assert json.loads((tmp_path / "c.manifest.json").read_text())["columnar_export"] is None
+
+
+def test_columnar_refuses_an_existing_folder_and_dry_run_prints_it(tmp_path, nsys, capsys):
+    (tmp_path / "d_arwdir").mkdir()
+    assert main(["trace", "--nsys", str(nsys), "--columnar", "arrowdir", "-o", str(tmp_path / "d"), "--", *CMD]) == 2
+    assert "d_arwdir exists" in capsys.readouterr().err and not (tmp_path / "d.nsys-rep").exists()
+    assert main(["trace", "-n", "--nsys", "/opt/x/nsys", "--columnar", "parquetdir", "-o", str(tmp_path / "e"),
+                 "--", "python"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2] == f"/opt/x/nsys export --type=parquetdir --force-overwrite=true -o {tmp_path / 'e'} " \
+                       f"{tmp_path / 'e.nsys-rep'}"

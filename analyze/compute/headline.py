@@ -21,6 +21,7 @@ from __future__ import annotations
 import polars as pl
 
 from ..model import bound_expr
+from ..read import results
 from . import breakdown, collectives, host, windows
 from .tokens import base_expr, cycles, prefill_rows, summary
 
@@ -30,7 +31,7 @@ GAP = "between cycles"
 def _memo(res, name: str, fn):
     key = (name, repr(sorted(res.cycle_choice.items())))
     if key not in res.memo:
-        res.memo[key] = fn()
+        res.memo[key] = results.derived(res, key, fn)
     return res.memo[key]
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 import polars as pl
 
 from ..model import GRAPH_LAUNCH, SYNC_API, Diagnostic, InputError, Result, Trace
+from ..read import results
 from ..read.source import ManyWindows, OpsWindow, open_source
 from ..read.store import CacheError, Progress, discard, open_store
 from . import attribute, breakdown, collectives, host, windows
@@ -299,7 +300,18 @@ def analyze(
 def _analyze(report, store, cache, progress, ranges, comm_patterns, keep_ops, workers) -> Result:
     source = open_source(report, store=store, cache=cache, progress=progress)
     try:
-        return _run(source, ranges, comm_patterns, keep_ops, progress, workers)
+        kept = getattr(source, "store", None)
+        if keep_ops or kept is None or not kept.kept:  # the result cache lives in a kept store only
+            return _run(source, ranges, comm_patterns, keep_ops, progress, workers)
+        from .tokens import read_manifest  # the cycles' tokens may come from it: part of the key
+
+        key = results.result_key(source.path, kept.meta.get("build"), ranges, comm_patterns,
+                                 read_manifest(source.path))
+        res = results.load(kept.root, key)
+        if res is None:
+            res = _run(source, ranges, comm_patterns, keep_ops, progress, workers)
+            results.save(kept.root, key, res)
+        return res
     finally:
         source.close()
 

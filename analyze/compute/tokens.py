@@ -31,6 +31,7 @@ import polars as pl
 
 from nvtx_hooks import phases as ph
 
+from ..read import results
 from . import steady
 
 CYCLE_NAMES = ("cycle", "decode_step")
@@ -118,7 +119,7 @@ def cycles(res) -> pl.DataFrame:
     state (``steady``, ``why`` not, ``key`` = its identity across ranks; :mod:`analyze.compute.steady`)."""
     key = ("cycles", repr(sorted(res.cycle_choice.items())))
     if key not in res.memo:
-        res.memo[key] = steady.flag_cycles(_cycles(res), res.cycle_choice)
+        res.memo[key] = results.derived(res, key, lambda: steady.flag_cycles(_cycles(res), res.cycle_choice))
     return res.memo[key][0]
 
 

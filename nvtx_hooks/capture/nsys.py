@@ -37,6 +37,8 @@ from .files import OutputError, check_file
 MIN_NSYS = (2024, 2)  # DIAGNOSTIC_EVENT, GRAPH_TRACE and CUDA_GRAPH_NODE_EVENTS exist from here on
 STATS_REPORTS = ("nvtx_gpu_proj_sum", "nvtx_sum")
 HOOKS_ENV = {"SPECTRACE_HOOKS": "1"}
+COLUMNAR = {"parquetdir": "_pqtdir", "arrowdir": "_arwdir"}  # --columnar: the folder nsys names for -o NAME
+COLUMNAR_NSYS = (2023, 4)  # nsys export --type parquetdir/arrowdir exist from here on (docs/nsys-sqlite.md)
 PASSES = ("graph", "node", "plain")  # --passes: CUDA-graph trace level, or no profiler at all
 MAX_RECORDS, MAX_RECORD_BYTES = 64, 65536  # JSON-object lines of the program's output kept in the manifest
 
@@ -88,13 +90,15 @@ def output_base(name: str) -> Path:
     return Path(name)
 
 
-def outputs(base: Path, stats: bool) -> dict[str, Path]:
-    """The files a capture named ``base`` writes."""
+def outputs(base: Path, stats: bool, columnar: str | None = None) -> dict[str, Path]:
+    """The files a capture named ``base`` writes (``columnar``: also that export's folder, ``NAME_pqtdir``)."""
     out = {
         "report": base.with_name(base.name + ".nsys-rep"),
         "sqlite": base.with_name(base.name + ".sqlite"),
-        "manifest": base.with_name(base.name + ".manifest.json"),
     }
+    if columnar:
+        out["columnar"] = base.with_name(base.name + COLUMNAR[columnar])
+    out["manifest"] = base.with_name(base.name + ".manifest.json")
     if stats:
         for r in STATS_REPORTS:
             out[r] = base.with_name(f"{base.name}_{r}.csv")
@@ -159,14 +163,28 @@ def env_added(a: argparse.Namespace) -> dict[str, str]:
     return out
 
 
-def commands(nsys: str, a: argparse.Namespace, base: Path) -> dict[str, list[str]]:
-    """The nsys command lines: profile, export and (with --stats) stats."""
-    o = outputs(base, a.stats)
+def columnar(a: argparse.Namespace, version: str | None) -> str | None:
+    """The columnar export to write beside the SQLite one (``--columnar``), or None: none asked, or this nsys
+    (``version``; None: unknown, as in a dry run) has no such export."""
+    fmt = getattr(a, "columnar", None)
+    if not fmt or fmt == "none":
+        return None
+    ver = parse_version(version or "")
+    return fmt if ver is None or ver[:2] >= COLUMNAR_NSYS else None
+
+
+def commands(nsys: str, a: argparse.Namespace, base: Path, version: str | None = None) -> dict[str, list[str]]:
+    """The nsys command lines: profile, export, (with --columnar) the columnar export and (with --stats) stats."""
+    fmt = columnar(a, version)
+    o = outputs(base, a.stats, fmt)
     cmds = {
         "profile": [nsys, "profile", *profile_args(a), "-o", str(o["report"]), *a.command],
         "export": [nsys, "export", "--type=sqlite", "--force-overwrite=true", "-o", str(o["sqlite"]),
                    str(o["report"])],
     }
+    if fmt:
+        cmds["columnar"] = [nsys, "export", f"--type={fmt}", "--force-overwrite=true", "-o", str(base),
+                            str(o["report"])]
     if a.stats:
         cmds["stats"] = [nsys, "stats", "--report", ",".join(STATS_REPORTS), "--format", "csv",
                          "--force-export=false", "--force-overwrite=true", "-o", str(base), str(o["sqlite"])]
@@ -326,16 +344,25 @@ def _begin(base: Path, added: dict[str, str], shown: str) -> tuple[dict[str, str
 def _capture(a: argparse.Namespace, nsys: str, base: Path, added: dict[str, str], extra: dict | None = None) -> int:
     """One capture under nsys: profile, export, write the manifest (``extra``: more manifest keys)."""
     command = a.command
-    cmds = commands(nsys, a, base)
     if a.dry_run:
+        cmds = commands(nsys, a, base)
         print(f"{_env_line(added)} {shlex.join(cmds['profile'])}")
         print(shlex.join(cmds["export"]))
-        if "stats" in cmds:
-            print(shlex.join(cmds["stats"]))
+        for k in ("columnar", "stats"):
+            if k in cmds:
+                print(shlex.join(cmds[k]))
         return 0
     files = outputs(base, a.stats)
     _refuse_existing([files["report"], files["sqlite"], files["manifest"]], a.force)
     version = nsys_version(nsys)
+    cmds = commands(nsys, a, base, version)
+    fmt = columnar(a, version)
+    if fmt:
+        files = outputs(base, a.stats, fmt)
+        _refuse_existing([files["columnar"], files["manifest"]], a.force)
+    elif getattr(a, "columnar", None) not in (None, "none"):
+        print(f"spectrace: nsys {version} has no --type {a.columnar} export (nsys >= "
+              f"{'.'.join(map(str, COLUMNAR_NSYS))}): SQLite only", file=sys.stderr)
     env, started, t0 = _begin(base, added, shlex.join(cmds["profile"]))
     records: list[dict] = []
     rc, interrupted = _run_profile(cmds["profile"], env, records)
@@ -343,6 +370,10 @@ def _capture(a: argparse.Namespace, nsys: str, base: Path, added: dict[str, str]
     if files["report"].exists():
         # an interrupted capture still gets exported; a second Ctrl-C here stops only the export
         exported = subprocess.call(cmds["export"]) == 0 and files["sqlite"].exists()
+        if exported and "columnar" in cmds and not (subprocess.call(cmds["columnar"]) == 0
+                                                    and files["columnar"].is_dir()):
+            print(f"spectrace: nsys export {cmds['columnar'][2]} failed: {files['columnar']} not written",
+                  file=sys.stderr)
         if exported and "stats" in cmds:
             subprocess.call(cmds["stats"], stdout=subprocess.DEVNULL)
     wall = time.monotonic() - t0
@@ -353,6 +384,8 @@ def _capture(a: argparse.Namespace, nsys: str, base: Path, added: dict[str, str]
     rec["exported"] = exported
     if gpu_metrics_record(a) is not None:
         rec["gpu_metrics"] = gpu_metrics_record(a)
+    if "columnar" in files:
+        rec["columnar_export"] = files["columnar"].name if files["columnar"].is_dir() else None
     rec["program_output"] = records
     rec.update(extra or {})
     if not files["report"].exists():  # nothing captured: no manifest either (it would describe nothing)
@@ -364,6 +397,9 @@ def _capture(a: argparse.Namespace, nsys: str, base: Path, added: dict[str, str]
     mf.write(files["manifest"], rec, replace=a.force)
     print(f"spectrace: wrote {files['sqlite'] if exported else files['report']} and {files['manifest']}",
           file=sys.stderr)
+    if exported and "columnar" in files and files["columnar"].is_dir():
+        print(f"spectrace: and {files['columnar']}: analyse it with spectrace analyze {files['columnar']} "
+              "(faster on large captures: docs/speed.md)", file=sys.stderr)
     if interrupted:
         return 130
     if rc == 0 and exported and a.strict and not (ranks and all(r.complete for r in ranks)):
@@ -441,6 +477,10 @@ def add_trace_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nsys-arg", action="append", metavar="ARGS", type=shell_words,
                    help="extra nsys profile options, appended last so they override the defaults; "
                         "write --nsys-arg=--flag=value")
+    p.add_argument("--columnar", choices=("parquetdir", "arrowdir", "none"), default="none",
+                   help="also export NAME_pqtdir/ (parquetdir) or NAME_arwdir/ (arrowdir) beside the SQLite, when "
+                        "this nsys has that export (>= 2023.4); spectrace analyses either (default: %(default)s; "
+                        "docs/speed.md has the measured difference)")
     p.add_argument("--stats", action="store_true",
                    help=f"also write NAME_<report>.csv for {', '.join(STATS_REPORTS)} (nsys stats)")
     p.add_argument("-f", "--force", action="store_true", help="overwrite an existing report")

@@ -54,6 +54,17 @@ def main():
             f.write("fake report\n")
         log("profiled", rc=rc)
         return rc
+    if sub == "export" and opts.get("--type", "sqlite") in ("parquetdir", "arrowdir"):
+        log("export_" + opts["--type"])
+        if os.environ.get("FAKE_NSYS_NO_COLUMNAR"):
+            print("fake nsys: unknown export type", file=sys.stderr)
+            return 1
+        d = out + ("_pqtdir" if opts["--type"] == "parquetdir" else "_arwdir")
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "META_DATA_EXPORT" + (".parquet" if opts["--type"] == "parquetdir" else ".arrow")),
+                  "w") as f:
+            f.write("fake table\n")
+        return 0
     if sub == "export":
         log("export")
         if os.path.exists(out):

@@ -1,0 +1,270 @@
+"""The result cache (issue 26): a second command on the same capture reads the analysis instead of redoing it,
+and a stale result is never served.
+
+Every test analyses a bundled real TP=2 capture through its cache (``cache=True``) and checks, by making the
+analysis itself fail (``pipeline._run`` replaced), whether a result came from the cache; outputs from the cache
+are compared with those of a fresh analysis with no cache at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pickle
+import shutil
+import sqlite3
+
+import pytest
+from paths import tp2
+
+from analyze import api
+from analyze.compute import pipeline
+from analyze.compute.comm_patterns import PATTERNS
+from analyze.compute.whatif import to_dict
+from analyze.output import data, text
+from analyze.read import results
+from analyze.read.store import cache_dir_for
+
+
+@pytest.fixture(scope="module")
+def capture(tmp_path_factory):
+    return tp2("tp2_s3_node", tmp_path_factory.mktemp("rc"))
+
+
+@pytest.fixture
+def report(capture, tmp_path):
+    """A private copy of the capture and its manifest (each test has its own cache)."""
+    dst = tmp_path / capture.name
+    shutil.copyfile(capture, dst)
+    shutil.copyfile(capture.with_name("tp2_s3_node.manifest.json"), tmp_path / "tp2_s3_node.manifest.json")
+    return dst
+
+
+class Fresh(Exception):
+    pass
+
+
+@pytest.fixture
+def no_analysis(monkeypatch):
+    """Make the analysis proper fail: whatever still works came from the result cache."""
+    def fail(*a, **k):
+        raise Fresh
+
+    def on():
+        monkeypatch.setattr(pipeline, "_run", fail)
+    return on
+
+
+def outputs(res) -> tuple[str, str, str]:
+    from analyze.compute.findings import find
+
+    return data.to_json(res), data.to_csv(res, "phases"), text.analyze_table(res, find(res))
+
+
+def results_dir(report):
+    return cache_dir_for(report) / results.FOLDER
+
+
+def test_second_analysis_reads_the_result_and_outputs_are_identical(report, no_analysis):
+    fresh = outputs(api.analyze(report, cache=False))
+    first = api.analyze(report, cache=True)
+    assert outputs(first) == fresh
+    api.keep_derived(first)  # the headline tables the outputs computed, kept beside the result
+    kept = sorted(p.name for p in (results_dir(report)).iterdir())
+    assert len(kept) == 1 and sorted(q.name.split("-")[0] for q in (results_dir(report) / kept[0]).glob("memo-*")) \
+        == ["memo"]
+    no_analysis()
+    second = api.analyze(report, cache=True)
+    assert outputs(second) == fresh
+    third = api.analyze(report)  # the default (cache=None) reuses it too
+    assert outputs(third) == fresh
+    # another cycle choice: its headline tables are computed from the kept result, equal to a fresh analysis's
+    skip = api.analyze(report, skip_cycles=5)
+    assert results._kept(skip) is not None
+
+
+def test_skip_cycles_from_the_cache_equal_a_fresh_analysis(report):
+    fresh = outputs(api.analyze(report, cache=False, skip_cycles=5))
+    api.keep_derived(api.analyze(report, cache=True))  # default choice kept first
+    assert outputs(api.analyze(report, cache=True, skip_cycles=5)) == fresh
+    again = api.analyze(report, cache=True, skip_cycles=5)
+    assert outputs(again) == fresh
+
+
+def test_every_verb_equals_a_fresh_run(report, tmp_path, no_analysis):
+    want_comm = api.comm(report, cache=False).to_dict()
+    want_whatif = data.doc_json(to_dict(api.whatif(report, 3, cache=False), 10))
+    want_cmp = api.compare(report, report, cache=False)
+    api.comm(report, cache=True)
+    api.whatif(report, 3, cache=True)
+    no_analysis()
+    assert api.comm(report, cache=True).to_dict().keys() == want_comm.keys()
+    assert data.doc_json(api.comm(report, cache=True).to_dict()) == data.doc_json(want_comm)
+    assert data.doc_json(to_dict(api.whatif(report, 3, cache=True), 10)) == want_whatif
+    assert data.doc_json(api.compare(report, report, cache=True)) == data.doc_json(want_cmp)
+
+
+@pytest.mark.parametrize("change", ["ranges", "comm_patterns", "version", "code", "manifest", "report_path"])
+def test_a_change_of_what_the_result_depends_on_is_a_fresh_analysis(report, monkeypatch, no_analysis, change):
+    api.analyze(report, cache=True)
+    kw: dict = {}
+    if change == "ranges":
+        kw["ranges"] = "cycle|verify"
+    elif change == "comm_patterns":
+        kw["comm_patterns"] = list(PATTERNS)[:1]
+    elif change == "version":
+        monkeypatch.setattr(results, "__version__", "99.0")
+    elif change == "code":
+        monkeypatch.setattr(results, "code_digest", lambda: "another build of spectrace")
+    elif change == "manifest":
+        man = report.with_name("tp2_s3_node.manifest.json")
+        doc = json.loads(man.read_text())
+        doc["note"] = "edited"
+        man.write_text(json.dumps(doc))
+    no_analysis()
+    target = f"./{report.name}" if change == "report_path" else report
+    if change == "report_path":
+        monkeypatch.chdir(report.parent)
+    with pytest.raises(Fresh):
+        api.analyze(target, cache=True, **kw)
+
+
+def test_a_changed_input_is_never_served_the_old_result(report, no_analysis):
+    before = api.analyze(report, cache=True)
+    con = sqlite3.connect(report)  # one more NVTX range: the file's size, mtime and content change
+    con.execute("INSERT INTO NVTX_EVENTS (start, end, eventType, globalTid, text) "
+                "SELECT start + 1, end + 1, eventType, globalTid, 'extra' FROM NVTX_EVENTS LIMIT 1")
+    con.commit()
+    con.close()
+    no_analysis()
+    with pytest.raises(Fresh):
+        api.analyze(report, cache=True)
+    assert before.instances.height > 0
+
+
+def test_a_damaged_result_is_analysed_again(report):
+    first = outputs(api.analyze(report, cache=True))
+    folder = next(results_dir(report).iterdir())
+    big = max(folder.glob("*.arrow"), key=lambda f: f.stat().st_size)
+    raw = bytearray(big.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    big.write_bytes(bytes(raw))
+    assert results.load(folder.parent.parent, folder.name) is None
+    assert outputs(api.analyze(report, cache=True)) == first
+    (folder / "result.json").write_text((folder / "result.json").read_text().replace('"rank"', '"rnak"', 1))
+    assert results.load(folder.parent.parent, folder.name) is None
+
+
+def test_keep_ops_and_no_cache_never_use_it(report, no_analysis):
+    api.analyze(report, cache=True)
+    no_analysis()
+    with pytest.raises(Fresh):
+        api.analyze(report, cache=True, keep_ops=True)
+    with pytest.raises(Fresh):
+        api.analyze(report, cache=False)
+
+
+def test_a_cached_result_pickles_as_a_plain_result_and_copies_keep_nothing(report):
+    api.analyze(report, cache=True)
+    res = api.analyze(report, cache=True)
+    assert results._kept(res) is not None
+    back = pickle.loads(pickle.dumps(res))
+    assert type(back) is type(res).__mro__[1] and back.instances.equals(res.instances)
+    copy = dataclasses.replace(res, cycle_choice={"skip_cycles": 1})
+    assert results._kept(copy) is None and not results.keep_derived(copy)
+
+
+def test_an_unwritable_cache_still_analyses(report, monkeypatch):
+    monkeypatch.setattr(results, "_write_doc", lambda *a, **k: False)
+    assert outputs(api.analyze(report, cache=True)) == outputs(api.analyze(report, cache=False))
+
+
+def test_frames_round_trip_exactly_with_long_string_columns_dictionary_encoded(tmp_path):
+    """Frames of every dtype the results hold come back equal, long string columns (written as dictionaries)
+    as strings again, nulls kept; a short frame is written as it is."""
+    import polars as pl
+
+    n = results.DICT_ROWS + 7
+    long = pl.DataFrame({"name": [None if i % 5 == 0 else f"k{i % 3}" for i in range(n)],
+                         "x": pl.Series(range(n), dtype=pl.Int64), "cat": pl.Series(["a", "b"] * (n // 2) + ["a"] * (n % 2),
+                                                                                    dtype=pl.Categorical),
+                         "u": pl.Series(range(n), dtype=pl.UInt32), "f": [i / 3 for i in range(n)],
+                         "b": [i % 2 == 0 for i in range(n)]})
+    short = long.head(3)
+    frames: list = []
+    body = results._encode({"long": long, ("t", "1"): (short, 2.5, None), "s": long["name"]}, frames)
+    assert results._write_doc(tmp_path, "k", "key", body, frames)
+    doc = json.loads((tmp_path / "k" / "result.json").read_text())
+    assert [f[2] for f in doc["files"]] == [["name"], [], ["name"]]
+    back = results._decode(*results._read_doc(tmp_path / "k", "key"))
+    assert back["long"].schema == long.schema and back["long"].equals(long)
+    assert back[("t", "1")][0].equals(short) and back[("t", "1")][1:] == (2.5, None)
+    assert back["s"].equals(long["name"])
+    assert results._read_doc(tmp_path / "k", "another key") is None
+
+
+def test_values_read_from_the_cache_can_be_kept_again(report):
+    """comm's matching holds the kept result's diagnostics (read from the cache): it is kept all the same, and
+    the next comm reads it (no matching) with the same document."""
+    from analyze.compute import collectives
+
+    want = data.doc_json(api.comm(report, cache=False).to_dict())
+    api.analyze(report, cache=True)
+    assert data.doc_json(api.comm(report, cache=True).to_dict()) == want  # result read, matching computed, kept
+    res = api.analyze(report, cache=True)
+    assert ("comm", "[]") in results._kept(res).derived
+    frames: list = []
+    assert results._encode(res.diagnostics, frames)[0]["$class"] == "Diagnostic"
+
+    def no_matching(*a, **k):
+        raise AssertionError("matched again")
+
+    orig = collectives.cross_rank
+    collectives.cross_rank = no_matching
+    try:
+        assert data.doc_json(api.comm(report, cache=True).to_dict()) == want
+    finally:
+        collectives.cross_rank = orig
+
+
+def test_a_result_that_is_gone_leaves_nothing_behind(report):
+    """What the cache remembers of a result (its folder, the derived tables read) goes with the result."""
+    import gc
+
+    api.analyze(report, cache=True)
+    res = api.analyze(report, cache=True)
+    i = id(res)
+    assert results._KEPT.get(i) is not None and results._KEPT[i].derived is not None
+    del res
+    gc.collect()
+    assert i not in results._KEPT
+
+
+def test_a_store_keeps_the_most_recently_used_results_and_removes_dead_builds(tmp_path):
+    import os
+    import time
+
+    parent = tmp_path / "results"
+    parent.mkdir()
+    now = time.time()
+    for i in range(7):  # r0 oldest ... r6 newest
+        (parent / f"r{i}").mkdir()
+        (parent / f"r{i}" / "result.json").write_text("{}")
+        os.utime(parent / f"r{i}", (now - 100 + i, now - 100 + i))
+    dead, alive = parent / ".r9.tmp-aaaaaaaaaaaa", parent / ".r8.tmp-bbbbbbbbbbbb"
+    dead.mkdir()
+    alive.mkdir()
+    os.utime(dead, (now - results.STALE_S - 10, now - results.STALE_S - 10))
+    results.prune(parent, "r1")  # the one just written stays, whatever its age
+    assert sorted(p.name for p in parent.iterdir()) == sorted(["r1", "r4", "r5", "r6", alive.name])
+    assert results.KEEP_RESULTS == 4
+
+
+def test_reading_a_result_marks_it_used(report):
+    import os
+
+    api.analyze(report, cache=True)
+    folder = next(results_dir(report).iterdir())
+    os.utime(folder, (1, 1))
+    api.analyze(report, cache=True)
+    assert folder.stat().st_mtime > 1e9
