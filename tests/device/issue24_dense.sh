@@ -5,6 +5,7 @@
 #
 #   NPROC=1 bash tests/device/issue24_dense.sh     # from the repo root on the GPU machine; about 4 minutes
 #   REPS=1 CAPS=3 TAG=_r1 bash tests/device/issue24_dense.sh   # one more round: plain runs, then tp1_dense_s3_graph_r1
+#   REPS=0 CAPS="3 4" TAG=_gm TRACE_OPTS=--gpu-metrics bash tests/device/issue24_dense.sh   # with GPU metrics (clocks)
 #
 #   tp1_dense_sS_graph      S = 3 (then 2, 4, 1 while the budget lasts): the whole run under nsys, graph-level
 #   tp1_dense_plain.jsonl   REPS runs of each step count 1..4 without a profiler, interleaved (order rotates per
@@ -36,7 +37,8 @@ for S in $CAPS; do
   left || { log "skip steps $S (budget)"; continue; }
   name="${TP}_dense_s${S}_graph$TAG"
   log "capture $name"
-  timeout 120 python3 -m nvtx_hooks.capture trace --capture all --force --cuda-graph-trace graph -o "$W/$name" -- \
+  timeout 120 python3 -m nvtx_hooks.capture trace --capture all --force --cuda-graph-trace graph ${TRACE_OPTS:-} \
+    -o "$W/$name" -- \
     python3 -m nvtx_hooks.capture.workload --nproc "$NPROC" --steps "$S" "${WL[@]}" > "$W/$name.stdout" 2>&1
   log "  rc=$? $(grep -h '^{"rank"' "$W/$name.stdout" | cut -c1-160)"
   pack "$name"
