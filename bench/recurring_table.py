@@ -21,7 +21,6 @@ from analyze.compute.tokens import selection
 from bench.inject import inject
 from nvtx_hooks.capture import samples
 
-ROOT = Path(__file__).resolve().parents[1]
 BUILT = (("tp2_s3_node", ["1:draft:4:0:500"]), ("tp2_s3_graph", ["1:draft:4:0:500"]),
          ("tp2_rank0_window", ["1:draft:4:0:500"]), ("tp2_rank0_window", ["0:draft:3:0:300"]),
          ("tp2_rank0_window", ["1:draft:4:0:500", "0:draft:3:1:300"]))
@@ -76,8 +75,7 @@ def rows(tmp: Path) -> list[list[str]]:
 
 
 def _src(name: str, tmp: Path) -> Path:
-    sys.path.insert(0, str(ROOT / "tests"))
-    from paths import tp2
+    from tests.helpers.paths import tp2
 
     return tp2(name, tmp)
 

@@ -31,15 +31,15 @@ import zlib
 from collections.abc import Callable
 from pathlib import Path
 
-import killed_writer
 import pytest
-from paths import EXTERNAL, PROBE, need
-from synth import Synth
 
 from analyze import cli
 from analyze.model import InputError
 from analyze.read import store as st
 from nvtx_hooks.capture import samples
+from tests.helpers import killed_writer
+from tests.helpers.paths import EXTERNAL, PROBE, need
+from tests.helpers.synth import Synth
 
 
 def run_cli(*args):

@@ -21,11 +21,11 @@ import sys
 import time
 from pathlib import Path
 
-import killed_writer
 import pytest
 
 from analyze.output.targets import PAGE_START
 from nvtx_hooks.capture import samples
+from tests.helpers import killed_writer
 
 ROOT = Path(__file__).resolve().parents[1]
 NODE = "tp1_node"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import eagle_synth as es
 import matplotlib.colors as mc
 import polars as pl
 import pytest
@@ -12,6 +11,7 @@ from analyze import analyze
 from analyze.compute.whatif import fit
 from analyze.output import plots
 from nvtx_hooks.phases import COMM_COLOR, IDLE_COLOR, color_of
+from tests.helpers import eagle_synth as es
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-import eagle_synth as es
 import polars as pl
 import pytest
 
@@ -16,6 +15,7 @@ from analyze.compute.tokens import summary
 from analyze.compute.whatif import fit
 from bench.probe_check import median_cycle_period
 from nvtx_hooks.capture import samples
+from tests.helpers import eagle_synth as es
 
 
 @pytest.fixture(scope="module")

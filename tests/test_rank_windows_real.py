@@ -13,13 +13,13 @@ import sys
 
 import polars as pl
 import pytest
-from paths import PROBE, need, tp2
 from test_rank_windows import codes, cut_copy
 
 from analyze import analyze
 from analyze.compute.collectives import cross_rank
 from nvtx_hooks.capture import complete
 from nvtx_hooks.phases import decode_payload
+from tests.helpers.paths import PROBE, need, tp2
 
 OPS = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
 

@@ -28,7 +28,7 @@ from analyze.compute.compare import compare
 from analyze.compute.tokens import selection, summary
 from bench.inject import inject
 from nvtx_hooks.capture import samples
-from tests.paths import tp2
+from tests.helpers.paths import tp2
 
 US = 1_000
 

@@ -15,7 +15,6 @@ import shutil
 import sqlite3
 
 import pytest
-from paths import tp2
 
 from analyze import api
 from analyze.compute import pipeline
@@ -24,6 +23,7 @@ from analyze.compute.whatif import to_dict
 from analyze.output import data, text
 from analyze.read import results
 from analyze.read.store import cache_dir_for
+from tests.helpers.paths import tp2
 
 
 @pytest.fixture(scope="module")

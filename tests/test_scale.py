@@ -10,13 +10,13 @@ import sqlite3
 
 import polars as pl
 import pytest
-from paths import PROBE, need
 from test_collectives_real import split_probe
 
 from analyze import analyze
 from analyze.cli import main
 from analyze.compute.pipeline import analyze as analyze_store
 from analyze.read.store import open_store
+from tests.helpers.paths import PROBE, need
 
 SAMPLES = ["tp1_node", "tp1_graph", "tp1_eager"]
 

@@ -14,8 +14,6 @@ import polars as pl
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from paths import PROBE, need, tp2
-from synth import Synth
 from test_rank_windows import base, trace
 from test_scale import _same
 
@@ -23,6 +21,8 @@ from analyze import analyze
 from analyze.compute.pipeline import analyze as analyze_store
 from analyze.model import KEPT_API, SYNC_API
 from analyze.read.store import open_store
+from tests.helpers.paths import PROBE, need, tp2
+from tests.helpers.synth import Synth
 
 
 def odd_calls(path):

@@ -18,7 +18,6 @@ import json
 
 import polars as pl
 import pytest
-from paths import TP2, tp2
 from test_rank_windows import codes, cut_copy
 from test_rank_windows_real import check_same_cycles, cycles_sql
 
@@ -26,6 +25,7 @@ from analyze import analyze
 from analyze.compute.collectives import cross_rank
 from analyze.compute.tokens import cycles, summary
 from nvtx_hooks.capture import complete
+from tests.helpers.paths import TP2, tp2
 
 
 @pytest.fixture(scope="module")

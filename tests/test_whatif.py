@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sqlite3
 
-import eagle_synth as es
 import numpy as np
 import polars as pl
 import pytest
@@ -14,6 +13,7 @@ from analyze import analyze
 from analyze.cli import main
 from analyze.compute.whatif import Replay, fit, solve_alpha, validate
 from analyze.model import InputError
+from tests.helpers import eagle_synth as es
 
 
 @pytest.fixture(scope="module")
