@@ -1,4 +1,4 @@
-"""Hand-computed answers on synthetic exports built from nsys's real DDL (see tests/synth.py).
+"""Hand-computed answers on synthetic exports built from nsys's real DDL (see tests/helpers/synth.py).
 
 Every expected number below is derived by hand in the comments, not by running the analyzer.
 """

@@ -1,4 +1,4 @@
-"""spectrace compare on hand-computed synthetic traces (see tests/eagle_synth.py)."""
+"""spectrace compare on hand-computed synthetic traces (see tests/helpers/eagle_synth.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Findings on hand-computed synthetic traces (tests/eagle_synth.py): each rule's hit, impact and rank."""
+"""Findings on hand-computed synthetic traces (tests/helpers/eagle_synth.py): each rule's hit, impact and rank."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Figures: the drawn numbers are the hand-computed ones of tests/eagle_synth.py; colours from nvtx_hooks.phases."""
+"""Figures: the drawn numbers are the hand-computed ones of tests/helpers/eagle_synth.py; colours from
+nvtx_hooks.phases."""
 
 from __future__ import annotations
 

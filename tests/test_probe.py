@@ -1,5 +1,5 @@
 """Two-pass captures: the combined result and the probe effect (analyze/compute/probe.py), on the synthetic
-chained pair (tests/eagle_synth.py) and on the bundled real pair tp1_graph + tp1_node."""
+chained pair (tests/helpers/eagle_synth.py) and on the bundled real pair tp1_graph + tp1_node."""
 
 from __future__ import annotations
 

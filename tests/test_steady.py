@@ -1,4 +1,4 @@
-"""Steady state, headline tables and the cycle budget on a hand-computed synthetic trace (tests/eagle_synth.py).
+"""Steady state, headline tables and the cycle budget on a hand-computed synthetic trace (tests/helpers/eagle_synth.py).
 
 Twelve cycles on 2 ranks whose starts are 30 000, 20 000, then 10 000 apart except 25 000 between cycles 7 and 8.
 A cycle's period runs from the previous cycle's last GPU op to its own (every cycle's work lies at the same

@@ -1,4 +1,4 @@
-"""What-if model on a hand-computed synthetic trace (tests/eagle_synth.py)."""
+"""What-if model on a hand-computed synthetic trace (tests/helpers/eagle_synth.py)."""
 
 from __future__ import annotations
 

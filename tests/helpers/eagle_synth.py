@@ -1,4 +1,5 @@
-"""Hand-computable synthetic EAGLE and baseline exports (built on tests/helpers/synth.py) for report/compare/what-if tests.
+"""Hand-computable synthetic EAGLE and baseline exports (built on tests/helpers/synth.py) for report/compare/what-if
+tests.
 
 EAGLE trace (``eagle``): 2 ranks (pid 100 → device 0 → rank 0, pid 200 → device 1 → rank 1), 4 cycles,
 batch 2, 3 draft steps (manifest), cycle ``i`` at ``B = 10_000 + 10_000 i``; GPU ops (ns from B):
