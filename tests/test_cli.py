@@ -120,7 +120,7 @@ def test_samples_outside_a_checkout(tmp_path):
     assert p.returncode == 0 and "usage:" in p.stdout
 
 
-# ---- one option set, one meaning per flag (issue 28) ----------------------------------------------------
+# ---- one option set, one meaning per flag ---------------------------------------------------------------
 
 CAPTURE_VERBS = {"analyze": "csv", "comm": "json", "report": "html", "compare": "json", "whatif": "json"}
 

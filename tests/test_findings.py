@@ -134,7 +134,7 @@ def test_no_straggler_when_collectives_do_not_end_together(tmp_path):
 
 
 def test_ragged_window_pairs_by_cycle_and_names_no_false_straggler():
-    """tp2_rank0_window (issue 12): rank 1's window opens a cycle late; paired by cycle, every phase's collectives
+    """tp2_rank0_window: rank 1's window opens a cycle late; paired by cycle, every phase's collectives
     end together and no rank is a straggler by milliseconds (it looked 2.2 ms late at every all-reduce before)."""
     from analyze.compute import headline
     from tests.helpers.paths import TRACES, need
@@ -148,7 +148,7 @@ def test_ragged_window_pairs_by_cycle_and_names_no_false_straggler():
 
 
 def test_comm_advice_knows_the_nccl_protocol(tmp_path):
-    """Issue 28: COMM_SHARE's advice starts from the protocol the run already uses: the recorded environment's
+    """COMM_SHARE's advice starts from the protocol the run already uses: the recorded environment's
     NCCL_PROTO (the bundled tp2_nccl_ll / tp2_nccl_simple manifests), else the NCCL kernel's name (the rank-0-window
     capture has no manifest; its all-reduce kernel is ..._RING_LL); never "try NCCL_PROTO=LL" on an LL run."""
     import json

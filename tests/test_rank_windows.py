@@ -1,4 +1,4 @@
-"""Issue 12: ranks paired by cycle, capture windows, cut and lost instances, refusal (synthetic traces).
+"""Ranks paired by cycle, capture windows, cut and lost instances, refusal (synthetic traces).
 
 Two ranks (pid 100 → device 0 → rank 0, pid 200 → device 1 → rank 1), ``n`` cycles ``i`` at
 ``B = 100_000 (i + 1)``: ``cycle`` [B, B + 9000] with ``draft`` [B + 100, B + 4000] and ``verify``

@@ -1,4 +1,4 @@
-"""The result cache (issue 26): a second command on the same capture reads the analysis instead of redoing it,
+"""The result cache: a second command on the same capture reads the analysis instead of redoing it,
 and a stale result is never served.
 
 Every test analyses a bundled real TP=2 capture through its cache (``cache=True``) and checks, by making the
