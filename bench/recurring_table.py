@@ -1,11 +1,11 @@
 """Issue 23's shapes, injected vs reported: the table in the README (*Recurring slow cycles, measured*).
 
-``python -m bench.recurring_table`` analyses the bundled one-GPU captures of ``tests/device/issue23.sh`` and the
-two-rank shapes that ``bench/inject.py`` builds from the bundled real TP2 captures, and prints one Markdown row
-per shape: what was injected (the workload's measured record, or the injection's), how many cycles the steady
-state keeps after warm-up, the findings with an ``every`` (rank, phase, N, extra time per affected cycle), the
-straggler ``comm`` names, and for the serving schedule the worst per-segment p50 error against the workload's
-own per-segment median and the prefill piece.
+``python -m bench.recurring_table`` analyses the bundled one-GPU captures of
+``tests/device/recurring_slow_cycles.sh`` and the two-rank shapes that ``bench/inject.py`` builds from the
+bundled real TP2 captures, and prints one Markdown row per shape: what was injected (the workload's measured
+record, or the injection's), how many cycles the steady state keeps after warm-up, the findings with an
+``every`` (rank, phase, N, extra time per affected cycle), the straggler ``comm`` names, and for the serving
+schedule the worst per-segment p50 error against the workload's own per-segment median and the prefill piece.
 """
 
 from __future__ import annotations
