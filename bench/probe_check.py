@@ -1,5 +1,5 @@
-"""Issue 13's done-when checks on the captures of ``tests/device/issue13_sweep.sh``, ``issue13_repeat.sh`` and
-``issue13_spin.sh`` (run here, not on the GPU host).
+"""Issue 13's done-when checks on the captures of ``tests/device/probe_step_sweep.sh``,
+``probe_repeat_runs.sh`` and ``probe_spin_host.sh`` (run here, not on the GPU host).
 
     python -m bench.probe_check DIR          # DIR: an unpacked tar (tpN_s3_graph.sqlite.xz, tpN_r2_s3_graph..., ...)
 

@@ -1,11 +1,11 @@
 """Issue 23's shapes, injected vs reported: the table in the README (*Recurring slow cycles, measured*).
 
-``python -m bench.recurring_table`` analyses the bundled one-GPU captures of ``tests/device/issue23.sh`` and the
-two-rank shapes that ``bench/inject.py`` builds from the bundled real TP2 captures, and prints one Markdown row
-per shape: what was injected (the workload's measured record, or the injection's), how many cycles the steady
-state keeps after warm-up, the findings with an ``every`` (rank, phase, N, extra time per affected cycle), the
-straggler ``comm`` names, and for the serving schedule the worst per-segment p50 error against the workload's
-own per-segment median and the prefill piece.
+``python -m bench.recurring_table`` analyses the bundled one-GPU captures of
+``tests/device/recurring_slow_cycles.sh`` and the two-rank shapes that ``bench/inject.py`` builds from the
+bundled real TP2 captures, and prints one Markdown row per shape: what was injected (the workload's measured
+record, or the injection's), how many cycles the steady state keeps after warm-up, the findings with an
+``every`` (rank, phase, N, extra time per affected cycle), the straggler ``comm`` names, and for the serving
+schedule the worst per-segment p50 error against the workload's own per-segment median and the prefill piece.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from analyze.compute.tokens import selection
 from bench.inject import inject
 from nvtx_hooks.capture import samples
 
-ROOT = Path(__file__).resolve().parents[1]
 BUILT = (("tp2_s3_node", ["1:draft:4:0:500"]), ("tp2_s3_graph", ["1:draft:4:0:500"]),
          ("tp2_rank0_window", ["1:draft:4:0:500"]), ("tp2_rank0_window", ["0:draft:3:0:300"]),
          ("tp2_rank0_window", ["1:draft:4:0:500", "0:draft:3:1:300"]))
@@ -76,8 +75,7 @@ def rows(tmp: Path) -> list[list[str]]:
 
 
 def _src(name: str, tmp: Path) -> Path:
-    sys.path.insert(0, str(ROOT / "tests"))
-    from paths import tp2
+    from tests.helpers.paths import tp2
 
     return tp2(name, tmp)
 

@@ -6,10 +6,10 @@ import hashlib
 
 import polars as pl
 import pytest
-from paths import EXTERNAL, PROBE, PROBE_STATS, need
 
 from analyze import analyze
 from analyze.model import InputError
+from tests.helpers.paths import EXTERNAL, PROBE, PROBE_STATS, need
 
 
 @pytest.fixture(scope="module")

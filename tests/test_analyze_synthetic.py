@@ -1,4 +1,4 @@
-"""Hand-computed answers on synthetic exports built from nsys's real DDL (see tests/synth.py).
+"""Hand-computed answers on synthetic exports built from nsys's real DDL (see tests/helpers/synth.py).
 
 Every expected number below is derived by hand in the comments, not by running the analyzer.
 """
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import polars as pl
 import pytest
-from synth import Synth
 
 from analyze import analyze
+from tests.helpers.synth import Synth
 
 NCCL = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<(unsigned long)4096>)"
 CAR = "void vllm::cross_device_reduce_1stage<__nv_bfloat16, 8>(vllm::RankData*, vllm::RankSignals, vllm::Signal*, __nv_bfloat16*, int, int)"

@@ -1,4 +1,4 @@
-"""The package's shape (issue 11): no import cycles, dependencies pointing one way, no import-time work.
+"""The package's shape: no import cycles, dependencies pointing one way, no import-time work.
 
 The import graph is read from the source with ``ast`` (imports inside functions included), so a cycle
 hidden behind a function-level import fails here too.

@@ -1,4 +1,4 @@
-"""Bad input, faults and a hostile user (issue 15): one line on stderr and exit 2 (130 on Ctrl-C), never a
+"""Bad input, faults and a hostile user: one line on stderr and exit 2 (130 on Ctrl-C), never a
 traceback, never a write to the input, nothing left behind, and correct numbers whenever there is an answer.
 
 The first tests are the original ones (the shared probe capture). :data:`CASES` is the case list: each row is
@@ -31,15 +31,15 @@ import zlib
 from collections.abc import Callable
 from pathlib import Path
 
-import killed_writer
 import pytest
-from paths import EXTERNAL, PROBE, need
-from synth import Synth
 
 from analyze import cli
 from analyze.model import InputError
 from analyze.read import store as st
 from nvtx_hooks.capture import samples
+from tests.helpers import killed_writer
+from tests.helpers.paths import EXTERNAL, PROBE, need
+from tests.helpers.synth import Synth
 
 
 def run_cli(*args):
@@ -138,7 +138,7 @@ def test_input_never_written(tmp_path, fmt):
     assert not list(tmp_path.glob("p.sqlite-*"))  # no journal or WAL beside it
 
 
-# ---- the case list (issue 15) --------------------------------------------------------------------------
+# ---- the case list -------------------------------------------------------------------------------------
 
 NODE = "tp1_node"  # the bundled capture most rows start from (65 EAGLE cycles, 6,927 kernels, one rank)
 KERNEL, NVTX, RUNTIME = "CUPTI_ACTIVITY_KIND_KERNEL", "NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_RUNTIME"
@@ -446,7 +446,7 @@ def make_stale_build(e: Env) -> list:
     return ["analyze", p, "--cache", "--format", "json"]
 
 
-# -- recipes: the cache knows what it caches (issue 29, rule 3) --
+# -- recipes: the cache knows what it caches --
 
 LONG = "x" * 239 + ".sqlite"  # a name of 246 characters: "<name>.spectrace" would not fit in a file name
 
@@ -820,7 +820,7 @@ def make_report_o(where: Callable[[Env, Path], Path]) -> Callable[[Env], list]:
     return make
 
 
-# -- recipes: outputs written safely (issue 29, rules 1 and 2) --
+# -- recipes: outputs written safely (a new file renamed into place, never over an input) --
 
 FAKE_NSYS = Path(__file__).parent / "data" / "fake_nsys.py"
 USERS_PAGE = "<html><body>my own page</body></html>\n"
@@ -1196,7 +1196,7 @@ def make_plain(verb: str = "analyze", *opts: str) -> Callable[[Env], list]:
     return lambda e: [verb, e.copy(), *opts]
 
 
-# -- recipes: issue 29, inputs are data, bounded arguments (rules 4, 5) --
+# -- recipes: inputs are data, bounded arguments --
 
 SHIFT = 10**15  # ns (11.6 days): the capture's clock given another origin
 TIME_COLS = ("start", "end", "timestamp", "startTime", "stopTime")
@@ -1525,7 +1525,7 @@ CASES = [
     Case("missing_range_name_string", make_edit("DELETE FROM StringIds WHERE id = 37"), rc=0,
          says="MISSING_STRINGS",
          expect=edited(f"UPDATE {NVTX} SET textId = NULL, text = '' WHERE textId = 37")),
-    # ---- issue 29: outputs written safely (rules 1, 2)
+    # ---- outputs written safely (a new file renamed into place, never over an input)
     # (a) a figure's name in DIR that is the input: never written through
     Case("report_o_figure_hard_link_to_the_input", make_report_into(figure_hard_link), says="did not make",
          check=check_link_kept("per_cycle.png")),
@@ -1579,7 +1579,7 @@ CASES = [
          says="--force", check=check_users_manifest),
     Case("trace_manifest_onto_a_device_with_force", make_trace(True, device, "--force"), says="character device",
          check=check_still_a_device(manifest_of)),
-    # ---- issue 29: the cache knows what it caches (rule 3)
+    # ---- the cache knows what it caches
     # The report's path: absolute in the cache, the one the user gave in the analysis (and its manifest).
     Case("cache_rebuilt_from_another_folder_reads_the_same_report", make_cached_from_its_folder("tp1_baseline"),
          rc=0, expect="clean", later="clean", keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
@@ -1616,7 +1616,7 @@ CASES = [
     Case("store_no_cache_over_the_file_size_limit", make_plain("analyze", "--store", "--no-cache"),
          says="cannot write a temporary store (File too large)", proc=proc_file_size_limit_64k),
     Case("cache_build_on_a_full_disk", make_disk_full, rc=0, says="No space left on device", expect="clean"),
-    # ---- issue 29: inputs are data, bounded arguments (rules 4, 5)
+    # ---- inputs are data, bounded arguments
     # Payloads: a cycle index that cannot identify cycles is ignored (paired as without one), with a warning.
     Case("payload_cycle_index_the_same_everywhere", same_cycle_index("tp2_straggler"), rc=0,
          says="PAYLOAD_CYCLE_INDEX", expect=no_payload("tp2_straggler"), check=same_headline("tp2_straggler")),
@@ -1840,7 +1840,7 @@ def test_cache_read_error_rebuilds_once(env, capsys, monkeypatch, clean):
     """A cache whose checksum still holds (only the tail is checked) but cannot be read: rebuilt once, clean numbers."""
     monkeypatch.setattr(st, "TAIL", 16)  # the open-time check covers the last 16 bytes: a smashed middle passes it
     p = cached(env, "--store")
-    shutil.rmtree(cache_of(p) / "results")  # the kept result would answer without reading the ops (issue 26)
+    shutil.rmtree(cache_of(p) / "results")  # the kept result would answer without reading the ops (result cache)
     f = max((cache_of(p) / "ops").rglob("*.parquet"), key=lambda q: q.stat().st_size)
     _smash_middle(f)
     assert st.problem(cache_of(p), st.fingerprint(p)) is None  # verified on open...

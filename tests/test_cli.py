@@ -9,7 +9,8 @@ import sys
 
 import polars as pl
 import sqlite_utils
-from paths import PROBE, need
+
+from tests.helpers.paths import PROBE, need
 
 
 def cli(*args):
@@ -119,7 +120,7 @@ def test_samples_outside_a_checkout(tmp_path):
     assert p.returncode == 0 and "usage:" in p.stdout
 
 
-# ---- one option set, one meaning per flag (issue 28) ----------------------------------------------------
+# ---- one option set, one meaning per flag ---------------------------------------------------------------
 
 CAPTURE_VERBS = {"analyze": "csv", "comm": "json", "report": "html", "compare": "json", "whatif": "json"}
 
@@ -156,9 +157,8 @@ def test_did_you_mean_for_verbs_and_options(capsys):
 def test_a_path_without_its_suffix_gets_a_hint(tmp_path, capsys):
     import shutil
 
-    import eagle_synth as es
-
     from analyze.cli import main
+    from tests.helpers import eagle_synth as es
 
     run = es.eagle(tmp_path / "run.sqlite")
     assert main(["analyze", str(tmp_path / "run"), "-q"]) == 2
@@ -171,9 +171,8 @@ def test_a_path_without_its_suffix_gets_a_hint(tmp_path, capsys):
 
 
 def test_compare_and_whatif_take_q(tmp_path, capsys):
-    import eagle_synth as es
-
     from analyze.cli import main
+    from tests.helpers import eagle_synth as es
 
     a, b = es.eagle(tmp_path / "a.sqlite"), es.eagle(tmp_path / "b.sqlite")
     assert main(["compare", str(a), str(b), "-q", "--format", "json", "--skip-cycles", "1"]) == 0

@@ -1,4 +1,4 @@
-"""Issue 11: several reports analysed on a real Dask cluster (``spectrace[cluster]``), only small results crossing.
+"""Several reports analysed on a real Dask cluster (``spectrace[cluster]``), only small results crossing.
 
 A ``dask.distributed`` LocalCluster with worker *processes* runs the per-report map through
 ``Client.get_executor()``; the merged result must equal the one computed here in one process.

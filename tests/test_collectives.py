@@ -13,10 +13,10 @@ import sys
 
 import polars as pl
 import pytest
-from synth import Synth
 
 from analyze import analyze
 from analyze.compute.collectives import cross_rank
+from tests.helpers.synth import Synth
 
 NCCL = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<(unsigned long)4096>)"
 CAR = "void sglang::cross_device_reduce_1stage<__nv_bfloat16, 8>(sglang::RankData*, sglang::RankSignals, int)"

@@ -7,11 +7,11 @@ import sqlite3
 
 import polars as pl
 import pytest
-from paths import EXTERNAL, PROBE, need
 
 from analyze import analyze
 from analyze.compute.collectives import cross_rank
 from analyze.output.text import comm_table as table
+from tests.helpers.paths import EXTERNAL, PROBE, need
 
 NSYS_AI = EXTERNAL / "nsys-ai"
 

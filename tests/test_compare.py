@@ -1,16 +1,16 @@
-"""spectrace compare on hand-computed synthetic traces (see tests/eagle_synth.py)."""
+"""spectrace compare on hand-computed synthetic traces (see tests/helpers/eagle_synth.py)."""
 
 from __future__ import annotations
 
 import json
 
-import eagle_synth as es
 import pytest
 
 from analyze import analyze
 from analyze.cli import main
 from analyze.compute.compare import compare
 from analyze.output.text import compare_table
+from tests.helpers import eagle_synth as es
 
 
 @pytest.fixture(scope="module")
@@ -123,8 +123,9 @@ def test_verdict_and_fail_if_slower(tmp_path, capsys):
 
 def test_several_reports_per_side(tmp_path, capsys):
     """compare A1 A2 --vs B1 B2: each side merged (ranks numbered across its reports), then compared."""
-    from paths import PROBE, need
     from test_scale import split_probe
+
+    from tests.helpers.paths import PROBE, need
 
     need(PROBE)
     a0, a1 = split_probe(tmp_path, 1412), split_probe(tmp_path, 1413)

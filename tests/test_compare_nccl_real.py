@@ -1,5 +1,5 @@
 """compare on a real TP2 pair that differs only in NCCL_PROTO (Simple → LL), captured by
-tests/device/issue14_nccl.sh: the verify change is attributed to communication.
+tests/device/nccl_simple_vs_ll.sh: the verify change is attributed to communication.
 
 The pair is bundled (``tests/data/h200_tp2/tp2_nccl_{simple,ll}.sqlite.xz``). Ground truth: the change in the NCCL kernels' summed time per steady
 cycle in verify (from the kernel table, independent of the interval unions behind ``comm_ns``).
@@ -22,7 +22,7 @@ DATA = Path(__file__).parent / "data" / "h200_tp2"
 
 
 def capture(name: str, tmp: Path) -> Path:
-    """The bundled capture (tests/data/h200_tp2, made by tests/device/issue14_nccl.sh), decompressed into ``tmp``."""
+    """The bundled capture (tests/data/h200_tp2, made by tests/device/nccl_simple_vs_ll.sh), decompressed into ``tmp``."""
     xz = DATA / f"{name}.sqlite.xz"
     out = tmp / f"{name}.sqlite"
     with lzma.open(xz) as f, open(out, "wb") as g:

@@ -1,13 +1,13 @@
-"""Findings on hand-computed synthetic traces (tests/eagle_synth.py): each rule's hit, impact and rank."""
+"""Findings on hand-computed synthetic traces (tests/helpers/eagle_synth.py): each rule's hit, impact and rank."""
 
 from __future__ import annotations
 
-import eagle_synth as es
 import pytest
 
 from analyze import analyze
 from analyze.compute import findings
 from analyze.compute.whatif import fit
+from tests.helpers import eagle_synth as es
 
 PERIODS = [30_000, 20_000] + [10_000] * 5 + [25_000] + [10_000] * 3
 STARTS = [10_000 + sum(PERIODS[:i]) for i in range(12)]
@@ -83,7 +83,7 @@ def test_straggler_rank(tmp_path):
 
 def test_phase_idle_and_gpu_bound_gap(tmp_path):
     """Idle inside a phase, and a gap between cycles whose next cycle was launched before the GPU finished."""
-    from synth import Synth
+    from tests.helpers.synth import Synth
 
     path = tmp_path / "i.sqlite"
     s = Synth(path, duration=200_000)
@@ -134,11 +134,10 @@ def test_no_straggler_when_collectives_do_not_end_together(tmp_path):
 
 
 def test_ragged_window_pairs_by_cycle_and_names_no_false_straggler():
-    """tp2_rank0_window (issue 12): rank 1's window opens a cycle late; paired by cycle, every phase's collectives
+    """tp2_rank0_window: rank 1's window opens a cycle late; paired by cycle, every phase's collectives
     end together and no rank is a straggler by milliseconds (it looked 2.2 ms late at every all-reduce before)."""
-    from paths import TRACES, need
-
     from analyze.compute import headline
+    from tests.helpers.paths import TRACES, need
 
     res = analyze(need(TRACES / "tp2_rank0_window.sqlite"))
     m = headline.matching(res)
@@ -149,15 +148,14 @@ def test_ragged_window_pairs_by_cycle_and_names_no_false_straggler():
 
 
 def test_comm_advice_knows_the_nccl_protocol(tmp_path):
-    """Issue 28: COMM_SHARE's advice starts from the protocol the run already uses: the recorded environment's
+    """COMM_SHARE's advice starts from the protocol the run already uses: the recorded environment's
     NCCL_PROTO (the bundled tp2_nccl_ll / tp2_nccl_simple manifests), else the NCCL kernel's name (the rank-0-window
     capture has no manifest; its all-reduce kernel is ..._RING_LL); never "try NCCL_PROTO=LL" on an LL run."""
     import json
 
-    from paths import TP2, tp2
-
     from analyze import analyze
     from analyze.compute.findings import find
+    from tests.helpers.paths import TP2, tp2
 
     def advice(name: str, manifest: bool = True) -> list[str]:
         p = tp2(name, tmp_path)

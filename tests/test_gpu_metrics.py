@@ -1,5 +1,5 @@
-"""GPU-metrics samples per phase (issue 25): the bundled real H200 capture with 20 kHz GPU metrics
-(tests/data/h200_tp1/tp1_gpumetrics_graph, `tests/device/issue25.sh`) against computations written here from the
+"""GPU-metrics samples per phase: the bundled real H200 capture with 20 kHz GPU metrics
+(tests/data/h200_tp1/tp1_gpumetrics_graph, `tests/device/gpu_metrics_per_phase.sh`) against computations written here from the
 raw ``GPU_METRICS`` rows, and synthetic edge cases (a phase shorter than the sampling period, samples on one
 rank only, two GPUs in one process, an export without samples)."""
 

@@ -9,23 +9,16 @@ import sys
 import types
 
 import pytest
-from fake_hooks import record
-from fake_hooks import shape as _shape
 
 from nvtx_hooks import patch, ranges
 from nvtx_hooks.phases import decode_payload
 from nvtx_hooks.targets import ENTRY, V2, Target
+from tests.helpers.fake_hooks import shape as _shape
 
 CYCLE = ["cycle", "  draft", "  verify", "  draft_extend"]
 PREFILL = ["prefill", "  prefill_target_extend", "  prefill_draft_extend"]
 # Accepted draft tokens per request, per decode cycle (the fake worker cycles through them).
 ACCEPT = [[2, 0, 3], [1, 1, 1], [3, 3, 0]]
-
-
-@pytest.fixture
-def rec(monkeypatch):
-    """Fake SGLang on sys.path, hooks uninstalled after; the list of recorded NVTX calls."""
-    yield from record(monkeypatch)
 
 
 def _payloads(events, name):

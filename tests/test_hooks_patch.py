@@ -7,17 +7,10 @@ import sys
 import types
 
 import pytest
-from fake_hooks import record
-from fake_hooks import shape as _shape
 
 from nvtx_hooks import patch, ranges
 from nvtx_hooks.phases import decode_payload
-
-
-@pytest.fixture
-def rec(monkeypatch):
-    """Fake SGLang on sys.path, hooks uninstalled after; the list of recorded NVTX calls."""
-    yield from record(monkeypatch)
+from tests.helpers.fake_hooks import shape as _shape
 
 
 def test_v1_decode_cycle(rec):

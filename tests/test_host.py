@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import polars as pl
 import pytest
-from synth import Synth
 
 from analyze import analyze
 from analyze.model import SYNC_API, bound_expr
 from analyze.output.text import analyze_table
+from tests.helpers.synth import Synth
 
 PID = 100
 

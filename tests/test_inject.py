@@ -19,7 +19,7 @@ import pytest
 
 from bench.inject import InjectError, inject, main
 from nvtx_hooks.phases import base_name, decode_payload
-from tests.paths import tp2
+from tests.helpers.paths import tp2
 
 ROOT = Path(__file__).resolve().parents[1]
 GRAPH = "CUPTI_ACTIVITY_KIND_GRAPH_TRACE"

@@ -91,9 +91,8 @@ ops_st = st.lists(st.tuples(st.integers(1, 3), st.integers(0, 400), st.integers(
 @given(ops_st)
 def test_phase_metrics_on_random_traces(tmp_path_factory, ops):
     """Random kernels launched from three nested phases; every metric against brute force."""
-    from synth import Synth
-
     from analyze import analyze
+    from tests.helpers.synth import Synth
 
     s = Synth(tmp_path_factory.mktemp("h") / "r.sqlite")
     s.range(1, 1, "cycle", 10, 5000)

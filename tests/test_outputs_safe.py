@@ -1,4 +1,5 @@
-"""Issue 29, rules 1 and 2, against the CLI (a process of its own) on a real capture, several inputs per rule.
+"""Outputs written safely (rules 1 and 2), against the CLI (a process of its own) on a real capture, several
+inputs per rule.
 
 Rule 1: every file spectrace writes is new, written under a temporary name and renamed into place, after checking
 that it is no input by any name and not inside an input or the cache; outputs are regular files only; a folder
@@ -21,11 +22,11 @@ import sys
 import time
 from pathlib import Path
 
-import killed_writer
 import pytest
 
 from analyze.output.targets import PAGE_START
 from nvtx_hooks.capture import samples
+from tests.helpers import killed_writer
 
 ROOT = Path(__file__).resolve().parents[1]
 NODE = "tp1_node"

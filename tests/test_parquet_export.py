@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import polars as pl
 import pytest
-from paths import PROBE, need
 from test_scale import _same
 
 from analyze import analyze
 from analyze.read.export import load
 from analyze.read.exportdir import DirReader, is_export_dir
 from bench.export_dir import write_export_dir
+from tests.helpers.paths import PROBE, need
 
 
 @pytest.fixture(scope="module")

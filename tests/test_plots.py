@@ -1,8 +1,8 @@
-"""Figures: the drawn numbers are the hand-computed ones of tests/eagle_synth.py; colours from nvtx_hooks.phases."""
+"""Figures: the drawn numbers are the hand-computed ones of tests/helpers/eagle_synth.py; colours from
+nvtx_hooks.phases."""
 
 from __future__ import annotations
 
-import eagle_synth as es
 import matplotlib.colors as mc
 import polars as pl
 import pytest
@@ -12,6 +12,7 @@ from analyze import analyze
 from analyze.compute.whatif import fit
 from analyze.output import plots
 from nvtx_hooks.phases import COMM_COLOR, IDLE_COLOR, color_of
+from tests.helpers import eagle_synth as es
 
 
 @pytest.fixture(scope="module")

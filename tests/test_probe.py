@@ -1,11 +1,10 @@
 """Two-pass captures: the combined result and the probe effect (analyze/compute/probe.py), on the synthetic
-chained pair (tests/eagle_synth.py) and on the bundled real pair tp1_graph + tp1_node."""
+chained pair (tests/helpers/eagle_synth.py) and on the bundled real pair tp1_graph + tp1_node."""
 
 from __future__ import annotations
 
 import json
 
-import eagle_synth as es
 import polars as pl
 import pytest
 
@@ -16,6 +15,7 @@ from analyze.compute.tokens import summary
 from analyze.compute.whatif import fit
 from bench.probe_check import median_cycle_period
 from nvtx_hooks.capture import samples
+from tests.helpers import eagle_synth as es
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +125,8 @@ def real():
     return samples.path("tp1_node"), samples.path("tp1_graph")
 
 
-# tp1: the first bundled pair (16 layers, separate runs); tp1_s3/tp2_s3: issue 13's two-pass captures once bundled
+# tp1: the first bundled pair (16 layers, separate runs); tp1_s3/tp2_s3: the step sweep's two-pass captures
+# once bundled
 @pytest.mark.parametrize("pair_name", ["tp1", "tp1_s3", "tp2_s3"])
 def test_real_inflation_is_the_ratio_of_median_periods(pair_name):
     node, graph = samples.path(f"{pair_name}_node"), samples.path(f"{pair_name}_graph")
@@ -142,7 +143,7 @@ def test_real_inflation_is_the_ratio_of_median_periods(pair_name):
 
 @pytest.mark.parametrize("tp", ["tp1", "tp2"])
 def test_real_sweep_done_when(tp):
-    """Issue 13's criterion on its device captures, once bundled: fitted at 3 steps, the 1-step cycle within 3 %
+    """The step sweep's criterion on its device captures, once bundled: fitted at 3 steps, the 1-step cycle within 3 %
     (graph-level fit) and 5 % (node-level fit) of the measured 1-step graph-level capture."""
     names = [f"{tp}_s3_graph", f"{tp}_s3_node", f"{tp}_s1_graph"]
     g3, n3, g1 = (analyze(samples.path(n)) for n in names)
@@ -162,7 +163,7 @@ def test_real_node_fit_matches_graph_fit(real):
 
 
 def test_real_graph_sweep_cross_predictions():
-    """Issue 13 on one H200 (32 layers, graph-level tracing, 1..4 steps, separate runs): each fitted model predicts
+    """The step sweep on one H200 (32 layers, graph-level tracing, 1..4 steps, separate runs): each fitted model predicts
     every other step count's measured cycle period within 3 %."""
     runs = {s: analyze(samples.path(f"tp1_s{s}_graph")) for s in (1, 2, 3, 4)}
     models = {s: fit(r, s) for s, r in runs.items()}
@@ -175,7 +176,7 @@ def test_real_graph_sweep_cross_predictions():
                                             ("tp1_sleep_graph", "cycle", "host"), ("tp1_sleep_node", "cycle", "host"),
                                             ("tp2_s3_node", "draft", "launch"), ("tp2_s3_graph", "draft", "gpu")])
 def test_real_seam_causes_at_32_layers(name, frm, bound):
-    """Issue 13's seam criterion on its captures: under node-level tracing the 32-layer verify graph's launch
+    """The step sweep's seam criterion on its captures: under node-level tracing the 32-layer verify graph's launch
     returns after the draft ended (launch); queued in time under graph-level tracing (gpu); a host that syncs and
     sleeps between cycles (host)."""
     row = analyze(samples.path(name)).seams_all.filter(pl.col("from") == frm).row(0, named=True)

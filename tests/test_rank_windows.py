@@ -1,4 +1,4 @@
-"""Issue 12: ranks paired by cycle, capture windows, cut and lost instances, refusal (synthetic traces).
+"""Ranks paired by cycle, capture windows, cut and lost instances, refusal (synthetic traces).
 
 Two ranks (pid 100 → device 0 → rank 0, pid 200 → device 1 → rank 1), ``n`` cycles ``i`` at
 ``B = 100_000 (i + 1)``: ``cycle`` [B, B + 9000] with ``draft`` [B + 100, B + 4000] and ``verify``
@@ -19,13 +19,13 @@ import sys
 
 import polars as pl
 import pytest
-from synth import Synth
 
 from analyze import analyze
 from analyze.compute.collectives import cross_rank
 from analyze.compute.windows import END_SPREAD_BOUND_NS, WRAP
 from analyze.output.text import analyze_table, comm_table
 from nvtx_hooks.phases import encode_payload
+from tests.helpers.synth import Synth
 
 NCCL = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<(unsigned long)4096>)"
 DELAYS = [300, 2000, 400, 500, 700, 600, 900, 800, 1200, 1100, 1000, 350]  # D_i, ns; the largest at cycle 1

@@ -1,4 +1,4 @@
-"""Issue 12 on real TP=2 captures: ragged API windows, a lost GPU tail, and cut copies of whole captures.
+"""Ranks paired by cycle on real TP=2 captures: ragged API windows, a lost GPU tail, and cut copies of whole captures.
 
 ``tp2_rank0_window`` and ``tp2_workload_captureall`` are bundled (tests/data/h200_tp2); the cut copies of
 ``tp2_probe_node`` need the shared traces. Reference numbers come from the export itself (SQL) or from the
@@ -13,13 +13,13 @@ import sys
 
 import polars as pl
 import pytest
-from paths import PROBE, need, tp2
 from test_rank_windows import codes, cut_copy
 
 from analyze import analyze
 from analyze.compute.collectives import cross_rank
 from nvtx_hooks.capture import complete
 from nvtx_hooks.phases import decode_payload
+from tests.helpers.paths import PROBE, need, tp2
 
 OPS = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
 
@@ -278,7 +278,7 @@ def test_probe_window_opening_a_whole_cycle_late(probe, tmp_path):
 
 
 def test_rank0_window_warns_only_of_what_changes_a_number(window):
-    """Issue 28: on the rank-0-window capture the one warning is WINDOW_CUT (rank 1's cut cycles are left out of
+    """On the rank-0-window capture the one warning is WINDOW_CUT (rank 1's cut cycles are left out of
     the sums); nsys's "not all events" is one note for the three processes, the launcher said once not to be a
     rank; the unclosed ranges and the graph launch without GPU rows lie outside every counted number."""
     warn = [d.code for d in window.diagnostics if d.level != "info"]
@@ -292,7 +292,7 @@ def test_rank0_window_warns_only_of_what_changes_a_number(window):
 
 
 def test_text_wraps_prose_at_120(window):
-    """Issue 28: prose (diagnostics, notes) wraps at 120 columns when not on a terminal, under its own indent;
+    """Prose (diagnostics, notes) wraps at 120 columns when not on a terminal, under its own indent;
     only table rows (columns two spaces apart) may be wider. Before: 22 of 114 lines, the longest 589."""
     from analyze.compute.findings import find
     from analyze.output.text import TABLE_GAP, analyze_table
@@ -307,7 +307,7 @@ def test_text_wraps_prose_at_120(window):
 
 
 def test_ranges_that_skip_the_cycle_keep_the_cycles(window, data):
-    """Issue 28: --ranges 'verify|draft' (no cycle range in it) still knows the cycles from the trace's cycle
+    """--ranges 'verify|draft' (no cycle range in it) still knows the cycles from the trace's cycle
     ranges: the same steady cycles, period and per-phase steady numbers as the default selection, and findings."""
     from analyze.compute import headline
     from analyze.compute.findings import find

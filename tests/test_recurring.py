@@ -1,13 +1,13 @@
-"""Issue 23: every number tells the true story of every cycle, on captures whose truth is known.
+"""Recurring slow cycles: every number tells the true story of every cycle, on captures whose truth is known.
 
-- 1 GPU, real H200 captures (tests/data/h200_tp1, `tests/device/issue23.sh`): host work before every 5th cycle,
+- 1 GPU, real H200 captures (tests/data/h200_tp1, `tests/device/recurring_slow_cycles.sh`): host work before every 5th cycle,
   a 500 µs late draft every 4th cycle, a serving schedule (batch 1→4→16→64→16→4, prefills, 1 ms of host work
   every 10th cycle). The workload's record in each manifest says which cycles and how long (measured).
 - 2 ranks, *built* from real TP2 captures by `bench/inject.py` (only one GPU was lent): rank 1 late 500 µs
   before draft every 4th cycle (whole run, node and graph level), and the same on the rank-0 profiler window
   capture, with rank 0 late 300 µs every 3rd cycle too. The injection's JSON is the ground truth.
 
-Each test checks the issue's "done when": the steady state keeps ≥ 90 % of the cycles after warm-up; a finding
+Each test checks one of these criteria: the steady state keeps ≥ 90 % of the cycles after warm-up; a finding
 names the right rank, phase and `every` N with `extra_ns` within 20 % of what was injected; analyze's straggler
 is comm's; per-segment p50 periods within 3 % of the workload's own per-size median; the prefill shows as
 `prefill`; compare of the clean run against the straggler run fails a 2 % gate, and its per-cycle rows are
@@ -28,7 +28,7 @@ from analyze.compute.compare import compare
 from analyze.compute.tokens import selection, summary
 from bench.inject import inject
 from nvtx_hooks.capture import samples
-from tests.paths import tp2
+from tests.helpers.paths import tp2
 
 US = 1_000
 
@@ -40,7 +40,7 @@ def record(name: str) -> dict:
 
 
 def kept_share(res) -> float:
-    """Steady cycles / cycles after warm-up, per rank (the issue's ≥ 90 %)."""
+    """Steady cycles / cycles after warm-up, per rank (≥ 90 % wanted)."""
     info = selection(res)
     return info["steady"] / (info["cycles"] - info["warmup"])
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import base64
 import re
 
-import eagle_synth as es
-
 from analyze.cli import main
+from tests.helpers import eagle_synth as es
 
 
 def figures(page: str) -> dict[str, bytes]:
@@ -67,9 +66,8 @@ def png_size(png: bytes) -> tuple[int, int]:
 
 def test_report_at_8_ranks(tmp_path):
     """The probe inflated to 8 ranks (bench/inflate.py): every figure at most 2400 px wide, findings, stragglers."""
-    from paths import PROBE, need
-
     from bench.inflate import inflate
+    from tests.helpers.paths import PROBE, need
 
     src = tmp_path / "tp8.sqlite"
     inflate(need(PROBE), src, 4, 1)
@@ -91,8 +89,9 @@ def test_report_at_8_ranks(tmp_path):
 
 
 def test_report_of_several_reports(tmp_path):
-    from paths import PROBE, need
     from test_scale import split_probe
+
+    from tests.helpers.paths import PROBE, need
 
     need(PROBE)
     a, b = split_probe(tmp_path, 1412), split_probe(tmp_path, 1413)

@@ -1,4 +1,4 @@
-"""The result cache (issue 26): a second command on the same capture reads the analysis instead of redoing it,
+"""The result cache: a second command on the same capture reads the analysis instead of redoing it,
 and a stale result is never served.
 
 Every test analyses a bundled real TP=2 capture through its cache (``cache=True``) and checks, by making the
@@ -15,7 +15,6 @@ import shutil
 import sqlite3
 
 import pytest
-from paths import tp2
 
 from analyze import api
 from analyze.compute import pipeline
@@ -24,6 +23,7 @@ from analyze.compute.whatif import to_dict
 from analyze.output import data, text
 from analyze.read import results
 from analyze.read.store import cache_dir_for
+from tests.helpers.paths import tp2
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Issue 7: the streamed (per-process, from the parquet cache) path equals the in-memory one; many reports.
+"""The streamed (per-process, from the parquet cache) path equals the in-memory one; many reports.
 
 Small inputs only: speed and memory targets live in ``make bench`` (BENCHMARKS.md), not here.
 """
@@ -10,13 +10,13 @@ import sqlite3
 
 import polars as pl
 import pytest
-from paths import PROBE, need
 from test_collectives_real import split_probe
 
 from analyze import analyze
 from analyze.cli import main
 from analyze.compute.pipeline import analyze as analyze_store
 from analyze.read.store import open_store
+from tests.helpers.paths import PROBE, need
 
 SAMPLES = ["tp1_node", "tp1_graph", "tp1_eager"]
 
@@ -155,7 +155,7 @@ def test_cli_many_reports_and_stream(tmp_path, capsys):
 
 @pytest.mark.parametrize("extra", [False, True])
 def test_stream_equals_memory_with_comm_mismatch(tmp_path, extra):
-    """Hand-computed cross-rank trace (issue 5): matched and mismatched collectives, both paths."""
+    """Hand-computed cross-rank trace: matched and mismatched collectives, both paths."""
     from test_collectives import one_report
 
     p = one_report(tmp_path / "m.sqlite", extra=extra)
@@ -201,9 +201,9 @@ def test_inflated_million_kernel_trace_projection_equals_nsys_stats(tmp_path):
 
 @pytest.mark.parametrize("name", ["tp1_steps3", "tp1_node"])
 def test_whatif_and_plot_inputs_same_from_memory_and_store(tmp_path, name):
-    """One Result shape (issue 11): the what-if fit and the figures' op windows do not depend on where rows live.
+    """One Result shape: the what-if fit and the figures' op windows do not depend on where rows live.
 
-    Before issue 11 the streamed Result kept only communication kernels, and on tp1_steps3 its fit lost the
+    Once the streamed Result kept only communication kernels, and on tp1_steps3 its fit lost the
     verify→draft_extend launch seam."""
     from analyze.compute.whatif import fit
     from analyze.output import plots

@@ -1,4 +1,4 @@
-"""Steady state, headline tables and the cycle budget on a hand-computed synthetic trace (tests/eagle_synth.py).
+"""Steady state, headline tables and the cycle budget on a hand-computed synthetic trace (tests/helpers/eagle_synth.py).
 
 Twelve cycles on 2 ranks whose starts are 30 000, 20 000, then 10 000 apart except 25 000 between cycles 7 and 8.
 A cycle's period runs from the previous cycle's last GPU op to its own (every cycle's work lies at the same
@@ -10,7 +10,6 @@ offsets from its start), so cycle k's period is the start gap before it: none fo
 
 from __future__ import annotations
 
-import eagle_synth as es
 import polars as pl
 import pytest
 
@@ -19,6 +18,7 @@ from analyze.cli import main
 from analyze.compute import headline, steady
 from analyze.compute.tokens import cycles, selection, summary
 from analyze.model import InputError
+from tests.helpers import eagle_synth as es
 
 PERIODS = [30_000, 20_000] + [10_000] * 5 + [25_000] + [10_000] * 3  # 11 periods, 12 cycles
 STARTS = [10_000 + sum(PERIODS[:i]) for i in range(12)]

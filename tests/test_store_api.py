@@ -1,4 +1,4 @@
-"""The parquet store keeps only the CUDA API calls the analysis needs (issue 11), and analyses the same.
+"""The parquet store keeps only the CUDA API calls the analysis needs, and analyses the same.
 
 A large export's API table is mostly calls that launch nothing (cuGetProcAddress, cudaStreamIsCapturing,
 cudaEventQuery, ...: 9 of 11 M rows of the bench trace). The store reads the calls the analysis finds by
@@ -14,8 +14,6 @@ import polars as pl
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from paths import PROBE, need, tp2
-from synth import Synth
 from test_rank_windows import base, trace
 from test_scale import _same
 
@@ -23,6 +21,8 @@ from analyze import analyze
 from analyze.compute.pipeline import analyze as analyze_store
 from analyze.model import KEPT_API, SYNC_API
 from analyze.read.store import open_store
+from tests.helpers.paths import PROBE, need, tp2
+from tests.helpers.synth import Synth
 
 
 def odd_calls(path):
@@ -215,7 +215,7 @@ def test_too_many_early_calls_get_their_own_pass(tmp_path, monkeypatch):
     assert capped.api_first == {100: 5, 200: base(3) - 50}
 
 
-# ---- issue 29: the cache knows what it caches (rule 3) ------------------------------------------------------
+# ---- the cache knows what it caches -------------------------------------------------------------------------
 
 
 def test_key_hashes_a_few_blocks_of_each_file_and_sees_a_changed_page(tmp_path, monkeypatch):

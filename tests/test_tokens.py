@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import eagle_synth as es
 import polars as pl
 import pytest
 from hypothesis import given
@@ -11,6 +10,7 @@ from hypothesis import strategies as st
 from analyze import analyze
 from analyze.compute.tokens import cycles, decode_frame, manifest_path, summary
 from nvtx_hooks.phases import decode_payload, encode_payload
+from tests.helpers import eagle_synth as es
 
 
 @given(st.lists(st.one_of(

@@ -1,12 +1,12 @@
 """Real TP=2 captures made on two H200s this session (tests/device/session.sh 1; tests/data/h200_tp2/README.md).
 
 - ``tp2_all``: the workload captured whole (``--capture all``) with its new exit (CUPTI flush, NCCL teardown):
-  complete on every rank (issue 12).
+  complete on every rank.
 - ``tp2_straggler``: the capture window opened and closed by rank 0 only (``--profiler-rank 0``, what SGLang
   does), rank 1 sleeping 500 µs before every verify (``--delay-rank 1 --delay-us 500``): ragged windows and a
-  known straggler (issue 12).
+  known straggler.
 - ``tp2_v2``: the workload's SGLang-v2-like mode: accept lengths stay on the GPU and arrive in ``accept``
-  marks a cycle later (issue 17); its manifest keeps the workload's own record of the accept lengths.
+  marks a cycle later; its manifest keeps the workload's own record of the accept lengths.
 
 Expected numbers come from the capture's manifest (the injected delay, the workload's record) or from SQL on
 the export, never from the analysis under test.
@@ -18,7 +18,6 @@ import json
 
 import polars as pl
 import pytest
-from paths import TP2, tp2
 from test_rank_windows import codes, cut_copy
 from test_rank_windows_real import check_same_cycles, cycles_sql
 
@@ -26,6 +25,7 @@ from analyze import analyze
 from analyze.compute.collectives import cross_rank
 from analyze.compute.tokens import cycles, summary
 from nvtx_hooks.capture import complete
+from tests.helpers.paths import TP2, tp2
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,7 @@ def test_cut_mid_cycle_keeps_the_same_numbers(straggler, data, tmp_path, phase):
 
 
 def test_v2_acceptance_from_marks_equals_the_workload_record(data):
-    """Issue 17: per cycle, the accepted tokens measured from the accept marks equal what the workload used."""
+    """SGLang v2: per cycle, the accepted tokens measured from the accept marks equal what the workload used."""
     res = analyze(tp2("tp2_v2", data))
     records = [r for r in manifest("tp2_v2")["program_output"] if "accept_lengths" in r]
     assert len(records) == 2

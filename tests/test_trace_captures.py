@@ -119,7 +119,7 @@ def test_whole_run_captures_are_complete(cache):
         con.close()
         incomplete = any("Not all" in t for t in texts)
         # the cudaProfilerApi window loses the tail; the whole-run captures are complete, except the shared one
-        # whose ranks ended with os._exit before CUPTI flushed (issue 12: the workload flushes now)
+        # whose ranks ended with os._exit before CUPTI flushed (the workload flushes now)
         assert incomplete == (_api_window(n) or n == "tp2_workload_captureall"), n
 
 

@@ -80,7 +80,7 @@ def test_server_that_dies_fails_the_run(tmp_path):
 
 
 def test_make_test_says_why_and_make_notebooks_says_how(tmp_path):
-    """Issue 28: `make test` lists skip reasons (-rs); `make notebooks` without jupyter lab says in one line how to
+    """`make test` lists skip reasons (-rs); `make notebooks` without jupyter lab says in one line how to
     install it (a venv whose python has no jupyterlab module: a stand-in that fails that import)."""
     venv = Path(sys.executable).parent.parent
     r = subprocess.run(["make", "-C", str(ROOT), "-n", "-o", f"{venv}/bin/spectrace", "test", f"VENV={venv}"],

@@ -264,7 +264,7 @@ def test_gpu_metrics_in_manifest(tmp_path, nsys):
 
 
 def test_dry_run_refuses_an_nsys_a_real_run_refuses(tmp_path, nsys, monkeypatch, capsys):
-    """Issue 28: --dry-run checks the nsys it finds as a real run does (2022.4 is older than MIN_NSYS)."""
+    """--dry-run checks the nsys it finds as a real run does (2022.4 is older than MIN_NSYS)."""
     monkeypatch.setenv("FAKE_NSYS_VERSION", "2022.4.1.21-0e2b1a3")
     argv = ["trace", "--dry-run", "--nsys", str(nsys), "-o", str(tmp_path / "r"), "--", "python", "-V"]
     assert main(argv) == 2

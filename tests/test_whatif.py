@@ -1,11 +1,10 @@
-"""What-if model on a hand-computed synthetic trace (tests/eagle_synth.py)."""
+"""What-if model on a hand-computed synthetic trace (tests/helpers/eagle_synth.py)."""
 
 from __future__ import annotations
 
 import json
 import sqlite3
 
-import eagle_synth as es
 import numpy as np
 import polars as pl
 import pytest
@@ -14,6 +13,7 @@ from analyze import analyze
 from analyze.cli import main
 from analyze.compute.whatif import Replay, fit, solve_alpha, validate
 from analyze.model import InputError
+from tests.helpers import eagle_synth as es
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def test_alpha_and_predictions(traces):
     p1 = m.predict(1)
     tok1 = 2 * (1 + a)
     assert p1["tokens_per_cycle"] == pytest.approx(tok1)
-    # The replay (issue 13): every launch call of this trace is at a fixed host time (no sync), and each
+    # The replay: every launch call of this trace is at a fixed host time (no sync), and each
     # cycle's draft launch (B + 200, returns at B + 250) finds the GPU idle: the draft starts 750 ns after
     # it, every cycle, so the period stays 10 000 whatever the phases cost. Inside the cycle the GPU is
     # the bound: verify starts at draft end + 400 (rank 0) / 800 (rank 1), draft_extend 100 after verify,
@@ -98,7 +98,7 @@ def test_cli(traces, capsys):
 
 
 def test_acceptance_from_v2_accept_marks(tmp_path, traces):
-    """SGLang v2 (issue 17): the accept lengths arrive in ``accept`` marks, one cycle late; the what-if fits the
+    """SGLang v2: the accept lengths arrive in ``accept`` marks, one cycle late; the what-if fits the
     same α and extend slope from them as from the range payload."""
     m = fit(analyze(es.eagle(tmp_path / "v2.sqlite", prefix="eagle3.", accept_on="mark")))
     ref = fit(traces[0])
@@ -199,7 +199,7 @@ def test_replay_mechanics():
 @pytest.mark.parametrize("name,steps", [("tp1_steps2", 2), ("tp1_steps3", 3), ("tp1_steps4", 4),
                                         ("tp1_serve_node", 3)])
 def test_steps_inferred_without_a_manifest(tmp_path, name, steps):
-    """Issue 28: without a manifest, the draft step count comes from the draft phase's repeated structure; checked
+    """Without a manifest, the draft step count comes from the draft phase's repeated structure; checked
     against the manifest each bundled H200 capture was recorded with (left out of the copy analysed here)."""
     import lzma
     import shutil

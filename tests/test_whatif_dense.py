@@ -1,7 +1,7 @@
 """The what-if per batch size on a dense serving schedule, checked against runs without a profiler, and runs at
 other step counts joined to it (``whatif --other-steps``).
 
-`tests/device/issue24_dense.sh` on one H200: the workload's schedule of 11 batch sizes (1 … 160, 30 cycles each;
+`tests/device/best_steps_per_batch_dense.sh` on one H200: the workload's schedule of 11 batch sizes (1 … 160, 30 cycles each;
 geometric acceptance α = 0.7) captured at 1..4 draft steps (graph level, ``tp1_dense_sS_graph``) after 4 interleaved
 runs of each step count without a profiler (``tp1_dense_plain.jsonl``), and, on a second machine, three more rounds
 of (runs at 1..4 steps, a 3-step capture): ``tp1_dense_plain_rN.jsonl``, ``tp1_dense_s3_graph_rN``. The truth is

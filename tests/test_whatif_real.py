@@ -35,7 +35,7 @@ def test_predicted_cycle_time_within_10pct(sweep):
 def test_validate_over_repeated_runs(sweep):
     """Repeated runs of one step count: measured = the median of the runs' periods (tokens.DEFINITION), every
     run's model predicts every step count, the spread is (max − min) / median of the runs."""
-    other = analyze(samples.path("tp1_s3_graph"))  # another 3-step run (issue 13's 32-layer capture)
+    other = analyze(samples.path("tp1_s3_graph"))  # another 3-step run (the step sweep's 32-layer capture)
     a, b = summary(sweep[3]).period_ns, summary(other).period_ns
     assert abs(a / b - 1) > 0.01  # really different runs
     v = validate({3: [sweep[3], other, sweep[3]], 1: sweep[1]})

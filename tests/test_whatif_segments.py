@@ -1,6 +1,6 @@
-"""Issue 24: the best draft-step count per batch size from one trace, checked against a real sweep.
+"""The best draft-step count per batch size from one trace, checked against a real sweep.
 
-`tests/device/issue24.sh` on one H200: the workload's serving schedule (batch 1, 8, 32, 128; 30 cycles each;
+`tests/device/best_steps_per_batch.sh` on one H200: the workload's serving schedule (batch 1, 8, 32, 128; 30 cycles each;
 acceptance geometric, α = 0.7) captured at 1..4 draft steps (graph level), and run 3 times at each step count
 without a profiler (`tp1_sweep_plain.jsonl`: per segment the host-measured median period). The what-if per
 segment is fitted on the 3-step capture alone; the runs without a profiler are the truth.

@@ -133,7 +133,7 @@ def profile_args(a: argparse.Namespace) -> list[str]:
 
 # nsys samples GPU metrics at 10 Hz .. 200 kHz; 20 kHz (50 µs) gives a 100 µs phase two samples; on an H200 it
 # changed the EAGLE workload's cycle by +0.25 % on average (paired runs: -0.5 .. +1.3 %, inside the run-to-run
-# spread; docs/gpu-metrics.md, tests/device/issue25.sh)
+# spread; docs/gpu-metrics.md, tests/device/gpu_metrics_per_phase.sh)
 GPU_METRICS_HZ = 20_000
 
 

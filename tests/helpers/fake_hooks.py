@@ -7,7 +7,7 @@ from pathlib import Path
 
 from nvtx_hooks import patch, ranges
 
-FAKE = str(Path(__file__).parent / "fake_sglang")
+FAKE = str(Path(__file__).parents[1] / "fake_sglang")
 
 
 def purge() -> None:

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Issue 23 (recurring slow cycles, serving segments, prefill): captures of the embedded workload with known
+# Recurring slow cycles, serving segments, prefill: captures of the embedded workload with known
 # ground truth, on one H200. The workload's JSON record (one line on stdout, kept in each manifest's
 # program_output) says which cycle indices were stalled or delayed and for how long (measured), where each
 # serving segment starts, its batch size, whether a prefill ran before it and the host-measured median cycle
 # period per segment: what the analysis tests compare the traces against.
 #
-#   NPROC=1 bash tests/device/issue23.sh      # from the repo root on the GPU machine; about 4-5 minutes
+#   NPROC=1 bash tests/device/recurring_slow_cycles.sh      # from the repo root on the GPU machine; about 4-5 minutes
 #
 # Needs what setup.sh needs (.devdeps/*.deb or ../shared/nsys/*.deb: libdw/libelf for nsys's importer;
 # .whl/nvtx-*.whl: python nvtx); no SGLang. Workload defaults otherwise: 16 target layers, hidden 4096, bf16,
@@ -24,7 +24,7 @@
 #   tp1_serve_plain   the same schedule without any profiler, REPS runs: the per-segment medians unprofiled
 #
 # Out ($OUT, 8 files): NAME.sqlite.xz per capture (scrubbed, checked free of PATH/HOME, xz -9),
-# tp1_serve_plain.jsonl, log.txt, and issue23_text.tar (manifests, stdouts, log).
+# tp1_serve_plain.jsonl, log.txt, and recurring_slow_cycles_text.tar (manifests, stdouts, log).
 set -u
 NPROC=${NPROC:-1}
 REPS=${REPS:-2}
@@ -81,6 +81,6 @@ done
 log "done"
 ls -la "$OUT" >> "$OUT/log.txt"
 cd "$OUT" || exit 1
-tar -cf issue23_text.tar ./*.manifest.json ./*.stdout.txt log.txt ./*.jsonl 2>/dev/null
+tar -cf recurring_slow_cycles_text.tar ./*.manifest.json ./*.stdout.txt log.txt ./*.jsonl 2>/dev/null
 rm -f ./*.manifest.json ./*.stdout.txt
 ls -la

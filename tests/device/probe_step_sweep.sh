@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Issue 13 (probe effect, seam causes, what-if): captures of the embedded workload on the GPU machine.
+# The step sweep (probe effect, seam causes, what-if): captures of the embedded workload on the GPU machine.
 #
-#   NPROC=1 bash tests/device/issue13_sweep.sh      # one H200 (about 4-5 minutes)
-#   NPROC=2 bash tests/device/issue13_sweep.sh      # two H200s, TP2 (about 5-6 minutes)
+#   NPROC=1 bash tests/device/probe_step_sweep.sh      # one H200 (about 4-5 minutes)
+#   NPROC=2 bash tests/device/probe_step_sweep.sh      # two H200s, TP2 (about 5-6 minutes)
 #
-# Run from the repo root there; results in $OUT (default /tmp/spectrace-out): issue13_tpN.tar + issue13_tpN_log.txt.
+# Run from the repo root there; results in $OUT (default /tmp/spectrace-out): probe_step_sweep_tpN.tar +
+# probe_step_sweep_tpN_log.txt.
 # Needs what tests/device/capture_all.sh needs: .devdeps/*.deb (libdw/libelf for nsys's importer; else the debs
 # in ../shared/nsys) and .whl/nvtx-*.whl (python nvtx). Workload: LAYERS target layers (default 32, as in the
-# issue), batch 4, 1 draft layer per step, CYCLES measured cycles after 5 warm-up ones (whole run captured).
+# criteria), batch 4, 1 draft layer per step, CYCLES measured cycles after 5 warm-up ones (whole run captured).
 #
 #   1. two-pass captures `spectrace trace --passes graph,node,plain` at 3 and at 1 draft steps:
 #      tpN_s3_graph / tpN_s3_node / tpN_s3_plain (and s1): graph- and node-level CUDA-graph tracing, and a run
@@ -28,9 +29,9 @@ BUDGET_S=${BUDGET_S:-420}      # no new step starts after this many seconds
 OUT=${OUT:-/tmp/spectrace-out}
 REPO=$(pwd)
 TP=tp$NPROC
-W=/tmp/i13_$TP
+W=/tmp/probe_step_sweep_$TP
 mkdir -p "$W/pack" "$OUT"
-LOG="$OUT/issue13_${TP}_log.txt"
+LOG="$OUT/probe_step_sweep_${TP}_log.txt"
 T0=$(date +%s)
 log() { echo "== $(( $(date +%s) - T0 ))s $*" | tee -a "$LOG"; }
 left() { [ $(( $(date +%s) - T0 )) -lt "$BUDGET_S" ]; }
@@ -91,5 +92,5 @@ for f in *.sqlite; do
 done
 cp ./*.manifest.json pack/ 2>/dev/null
 ls -la pack >> "$LOG"
-tar -cf "$OUT/issue13_${TP}.tar" -C pack .
-log "done: $OUT/issue13_${TP}.tar"
+tar -cf "$OUT/probe_step_sweep_${TP}.tar" -C pack .
+log "done: $OUT/probe_step_sweep_${TP}.tar"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Issue 14: the same TP2 workload captured with NCCL_PROTO=Simple and with NCCL_PROTO=LL, for checking that
+# The same TP2 workload captured with NCCL_PROTO=Simple and with NCCL_PROTO=LL, for checking that
 # `spectrace compare` puts the verify change into communication (compare runs here, where polars is).
 # Run from the repo root on a machine with 2 GPUs (nvidia-h200-x2):
-#   bash tests/device/issue14_nccl.sh            (about 1-2 minutes; results under $OUT)
+#   bash tests/device/nccl_simple_vs_ll.sh            (about 1-2 minutes; results under $OUT)
 # Needs nsys (NSYS, default the Nsight Compute 2025.3.1 copy), libdw/libelf debs for its importer (.devdeps/*.deb
 # or shared/nsys/*.deb) and python nvtx (.whl/nvtx-*.whl, or installed) for the ranges, as capture_all.sh.
 # Writes $OUT/tp2_nccl_{simple,ll}.sqlite.xz (scrubbed), their manifests and stdout, and $OUT/log.txt with the

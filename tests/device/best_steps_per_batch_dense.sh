@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Issue 24, second sweep: a denser serving schedule, so that the verify curve measured across segments at 3 steps
-# has points at the verified tokens per cycle that other step counts of the other segments reach
+# The best draft-step count per batch size, second sweep: a denser serving schedule, so that the verify curve
+# measured across segments at 3 steps has points at the verified tokens per cycle that other step counts of the other segments reach
 # (batch b at s steps verifies b × (s + 1) tokens: batch 128 at 1, 2, 4 steps ↔ batch 64, 96, 160 at 3 steps).
 #
-#   NPROC=1 bash tests/device/issue24_dense.sh     # from the repo root on the GPU machine; about 4 minutes
-#   REPS=1 CAPS=3 TAG=_r1 bash tests/device/issue24_dense.sh   # one more round: plain runs, then tp1_dense_s3_graph_r1
-#   REPS=0 CAPS="3 4" TAG=_gm TRACE_OPTS=--gpu-metrics bash tests/device/issue24_dense.sh   # with GPU metrics (clocks)
+#   NPROC=1 bash tests/device/best_steps_per_batch_dense.sh     # from the repo root on the GPU machine; about 4 minutes
+#   REPS=1 CAPS=3 TAG=_r1 bash tests/device/best_steps_per_batch_dense.sh   # one more round: plain runs, then tp1_dense_s3_graph_r1
+#   REPS=0 CAPS="3 4" TAG=_gm TRACE_OPTS="--gpu-metrics --capture api" bash tests/device/best_steps_per_batch_dense.sh  # clocks
 #
 #   tp1_dense_sS_graph      S = 3 (then 2, 4, 1 while the budget lasts): the whole run under nsys, graph-level
 #   tp1_dense_plain.jsonl   REPS runs of each step count 1..4 without a profiler, interleaved (order rotates per
@@ -43,5 +43,5 @@ for S in $CAPS; do
   log "  rc=$? $(grep -h '^{"rank"' "$W/$name.stdout" | cut -c1-160)"
   pack "$name"
 done
-log "issue24 dense done"
+log "best_steps_per_batch dense done"
 cd "$OUT" && tar -cf "i24$TAG.tar" ./*dense* ./*.manifest.json ./*.stdout.txt 2>/dev/null && rm -f ./*dense* ./*.manifest.json ./*.stdout.txt

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Issue 25 (hardware utilisation per phase from nsys GPU-metrics sampling): one capture with GPU metrics of a
+# Hardware utilisation per phase from nsys GPU-metrics sampling: one capture with GPU metrics of a
 # schedule whose verify is memory-bound at batch 1 and compute-bound at batch 128, and the cost of sampling:
 # repeated interleaved runs under nsys without and with --gpu-metrics-devices at two frequencies.
 #
-#   NPROC=1 bash tests/device/issue25.sh      # from the repo root on the GPU machine; about 2 minutes
+#   NPROC=1 bash tests/device/gpu_metrics_per_phase.sh      # from the repo root on the GPU machine; about 2 minutes
 #
 #   tp1_gpumetrics_graph   3 steps, schedule 1:40,16:40,128:40, accept rate 0.7, graph-level CUDA-graph trace,
 #                          --capture api (the profiled loop only), GPU metrics sampled at 20 kHz (50 µs)
@@ -51,5 +51,5 @@ for rep in $(seq 1 "$REPS"); do
   done
 done
 cp "$W/${TP}_gpumetrics_cost.jsonl" "$OUT/" 2>/dev/null
-log "issue25 done"
+log "gpu_metrics_per_phase done"
 cd "$OUT" && tar -cf i25.tar ./*gpumetrics* && rm -f ./*gpumetrics*

@@ -1,4 +1,5 @@
-"""Hand-computable synthetic EAGLE and baseline exports (built on tests/synth.py) for report/compare/what-if tests.
+"""Hand-computable synthetic EAGLE and baseline exports (built on tests/helpers/synth.py) for report/compare/what-if
+tests.
 
 EAGLE trace (``eagle``): 2 ranks (pid 100 → device 0 → rank 0, pid 200 → device 1 → rank 1), 4 cycles,
 batch 2, 3 draft steps (manifest), cycle ``i`` at ``B = 10_000 + 10_000 i``; GPU ops (ns from B):
@@ -30,9 +31,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from synth import Synth
-
 from nvtx_hooks.phases import encode_payload
+
+from .synth import Synth
 
 NCCL = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<(unsigned long)4096>)"
 RANKS = ((100, 0, 500), (200, 1, 100))  # pid, device, draft NCCL length

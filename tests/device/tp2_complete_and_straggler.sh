@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issue 12 on 2 GPUs (nvidia-h200-x2): are TP2 captures of the embedded workload complete on every rank, and
+# On 2 GPUs (nvidia-h200-x2): are TP2 captures of the embedded workload complete on every rank, and
 # does a window opened by rank 0 alone still name the injected straggler? About 2-3 minutes.
-# Run from the repo root there: bash tests/device/issue12_tp2.sh      (results under $OUT)
+# Run from the repo root there: bash tests/device/tp2_complete_and_straggler.sh      (results under $OUT)
 # Needs: .devdeps/*.deb (libdw/libelf for nsys's importer), .whl/nvtx-*.whl (python nvtx for cp312).
 # Captures (each: `python -m nvtx_hooks.capture trace --strict`, which prints one line per rank and exits 3
 # when a rank's GPU tail is lost), 30 measured cycles, CUDA graphs, 2 ranks over NCCL:
@@ -10,10 +10,10 @@
 #   all_os    whole run with --exit os (the old os._exit after the barrier): expected to lose a GPU tail
 #   straggler window opened and closed by rank 0 only (--profiler-rank 0), rank 1 sleeping 500 µs before
 #             every verify (--delay-rank 1 --delay-us 500)
-# Out: $OUT/log.txt (per-rank lines, exit codes, row counts) and $OUT/issue12.tar (scrubbed, xz-compressed
-# exports with manifests and stdout).
+# Out: $OUT/log.txt (per-rank lines, exit codes, row counts) and $OUT/tp2_complete_and_straggler.tar (scrubbed,
+# xz-compressed exports with manifests and stdout).
 set -u
-W=/tmp/issue12
+W=/tmp/tp2_complete_and_straggler
 . tests/device/setup.sh
 versions
 
@@ -53,5 +53,5 @@ for f in all api all_os straggler; do
   cp "$f.stdout" "pack/tp2_$f.stdout" 2>/dev/null
 done
 ls -la pack >> "$OUT/log.txt"
-tar -cf "$OUT/issue12.tar" -C pack .
+tar -cf "$OUT/tp2_complete_and_straggler.tar" -C pack .
 log "done"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Issue 17 on the GPU machine (~1 min): the workload's SGLang-v2-like mode (accept lengths stay on the GPU,
+# On the GPU machine (~1 min): the workload's SGLang-v2-like mode (accept lengths stay on the GPU,
 # copied asynchronously, read one cycle later and marked 'accept') under nsys, and the same run with ranges
 # off: the marks must add no synchronising or copying CUDA call. Run from the repo root:
-#   bash tests/device/issue17_v2.sh            (results under $OUT: log.txt, *.sqlite.xz, *.stdout.txt)
+#   bash tests/device/sglang_v2_accept_marks.sh            (results under $OUT: log.txt, *.sqlite.xz, *.stdout.txt)
 # Check afterwards (here, with polars): per-cycle acceptance from the marks == the workload's accept_lengths;
 # log.txt's sync/copy counts equal for v2 and v2_noranges.
 set -u

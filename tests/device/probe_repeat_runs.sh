@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 13: how much do separate runs of the same TP2 workload differ? Graph-level captures of the 32-layer
+# How much do separate runs of the same TP2 workload differ? Graph-level captures of the 32-layer
 # workload at 1..4 draft steps, REPS times each (about 2-3 minutes on two H200s). Results under $OUT:
 # tp2_rN_sS_graph.sqlite.xz + manifests, log.txt. Check here: python -m bench.probe_check on them (the sweep table).
 set -u
@@ -16,5 +16,5 @@ for r in $(seq 1 "$REPS"); do
   done
 done
 rm -f "$OUT"/*.stdout.txt
-tar -cf "$OUT/issue13_repeat.tar" -C "$OUT" $(cd "$OUT" && ls *.xz *.manifest.json) && rm -f "$OUT"/*.xz "$OUT"/*.manifest.json
+tar -cf "$OUT/probe_repeat_runs.tar" -C "$OUT" $(cd "$OUT" && ls *.xz *.manifest.json) && rm -f "$OUT"/*.xz "$OUT"/*.manifest.json
 log done

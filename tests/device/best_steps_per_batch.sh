@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Issue 24 (the best draft-step count per batch size): a serving schedule swept over 1..4 draft steps on one
+# The best draft-step count per batch size: a serving schedule swept over 1..4 draft steps on one
 # H200, so that each segment's predicted period at other step counts can be checked against runs without a
 # profiler, and the best step count per batch size against the sweep's.
 #
-#   NPROC=1 bash tests/device/issue24.sh      # from the repo root on the GPU machine; about 3-4 minutes
+#   NPROC=1 bash tests/device/best_steps_per_batch.sh      # from the repo root on the GPU machine; about 3-4 minutes
 #
 # The workload: 16 target layers, hidden 4096, bf16, host work spun (--host-wait spin: no sleep wake-up noise),
 # acceptance geometric (--accept-rate 0.7: each draft token accepted with p = 0.7 until the first rejection),
@@ -15,7 +15,8 @@
 #   tp1_sweep_plain.jsonl  REPS runs of each step count without a profiler, interleaved (the order rotates per
 #                          repetition): per segment the host-measured median cycle period, the ground truth
 #
-# Out ($OUT, 7 files): four NAME.sqlite.xz, tp1_sweep_plain.jsonl, log.txt, issue24_text.tar (manifests, stdouts).
+# Out ($OUT, 7 files): four NAME.sqlite.xz, tp1_sweep_plain.jsonl, log.txt, best_steps_per_batch_text.tar
+# (manifests, stdouts).
 set -u
 NPROC=${NPROC:-1}
 REPS=${REPS:-3}
@@ -48,6 +49,6 @@ done
 
 log "done"
 cd "$OUT" || exit 1
-tar -cf issue24_text.tar ./*.manifest.json ./*.stdout.txt 2>/dev/null
+tar -cf best_steps_per_batch_text.tar ./*.manifest.json ./*.stdout.txt 2>/dev/null
 rm -f ./*.manifest.json ./*.stdout.txt
 ls -la

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-DDL = Path(__file__).parent / "ddl"
+DDL = Path(__file__).parents[1] / "ddl"
 DDLS = {
     "2022.4": ("ddl_2022.4.2.1.sql", "2022.4.2.1", "3.0.0", "EXPORT_META_DATA"),
     "2024.2": ("ddl_2024.2.3.38.sql", "2024.2.3.38", "3.11.1", "META_DATA_EXPORT"),

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Issue 13: the step sweep with a deterministic host (`--host-wait spin`: host_overhead's 300 µs is a busy loop,
+# The step sweep with a deterministic host (`--host-wait spin`: host_overhead's 300 µs is a busy loop,
 # as a scheduler's CPU work, instead of a sleep whose wake-up varied ±35 µs from run to run), repeated and
 # interleaved (s1 s2 s3 s4, s1 s2 s3 s4, ...) so that run-to-run noise shows and drifts spread evenly.
-# About 5-6 minutes on two H200s. Results under $OUT: issue13_spin.tar (tpN_rR_sS_{graph,node,plain}.sqlite.xz +
+# About 5-6 minutes on two H200s. Results under $OUT: probe_spin_host.tar (tpN_rR_sS_{graph,node,plain}.sqlite.xz +
 # manifests) and log.txt. Check here: python -m bench.probe_check DIR (after `tar -xf`).
 #   TP2: REPS graph-level captures at 1..4 steps (CYCLES cycles each); in the first repetition, 1 and 3 steps
 #        also get a node-level pass and a run without a profiler (--passes graph,node,plain).
@@ -38,5 +38,5 @@ for r in $(seq 1 "$REPS1"); do
   for s in 1 2 3 4; do CUDA_VISIBLE_DEVICES=0 cap "tp1_r${r}_s${s}" 1 graph "$s"; done
 done
 rm -f "$OUT"/*.stdout.txt
-tar -cf "$OUT/issue13_spin.tar" -C "$OUT" $(cd "$OUT" && ls *.xz *.manifest.json) && rm -f "$OUT"/*.xz "$OUT"/*.manifest.json
+tar -cf "$OUT/probe_spin_host.tar" -C "$OUT" $(cd "$OUT" && ls *.xz *.manifest.json) && rm -f "$OUT"/*.xz "$OUT"/*.manifest.json
 log done

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+SHARED = Path(__file__).resolve().parents[3] / "shared"
 TRACES = SHARED / "traces"
 PROBE = TRACES / "tp2_probe_node.sqlite"
 PROBE_STATS = TRACES / "tp2_probe_node.nsys-stats"
@@ -18,7 +18,7 @@ def need(path: Path) -> Path:
     return path
 
 
-TP2 = Path(__file__).parent / "data" / "h200_tp2"
+TP2 = Path(__file__).parents[1] / "data" / "h200_tp2"
 
 
 def tp2(name: str, dest: Path) -> Path:
