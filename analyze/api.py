@@ -10,10 +10,20 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .model import CommResult, Diagnostic, InputError, Result, Trace
 
-Report = str | os.PathLike | Trace
+if TYPE_CHECKING:
+    import polars as pl
+
+    from .compute.compare import Comparison
+    from .compute.whatif import Model
+
+__all__ = ["analyze", "comm", "compare", "whatif", "whatif_validation", "report", "probe_effect", "keep_derived",
+           "Report", "Reports"]
+
+Report = str | os.PathLike | Trace | Result
 Reports = Report | Sequence[Report]
 
 
@@ -21,12 +31,20 @@ REP_SUFFIXES = (".nsys-rep", ".qdrep")
 
 
 def _many(reports: Reports) -> list:
-    if isinstance(reports, str | os.PathLike | Trace):
+    if isinstance(reports, str | os.PathLike | Trace | Result):
         return [reports]
     out = list(reports)
     if not out:
         raise InputError("no report given", "NO_FILE")
+    if len(out) > 1 and any(isinstance(r, Result) for r in out):
+        raise InputError("an analysed Result stands alone: give it, or the reports to analyse together", "BAD_OPTION")
     return out
+
+
+def _paths(reports: Reports) -> list:
+    """The files behind ``reports`` (an analysed Result: the reports it was analysed from)."""
+    return [p for r in _many(reports)
+            for p in ((r.reports or [r.trace.path]) if isinstance(r, Result) else [r])]
 
 
 def _exported(reports: list) -> tuple[list, list[Diagnostic]]:
@@ -79,7 +97,8 @@ def analyze(
 ) -> Result:
     """Per rank and phase: GPU compute, communication and idle time, seams, projections, coverage.
 
-    ``reports``: an nsys SQLite export (or parquetdir/arrowdir, or a loaded Trace), or several.
+    ``reports``: an nsys SQLite export (or parquetdir/arrowdir, or a loaded Trace), or several; an analysed
+    Result is returned as it is (so that every verb also takes one), with no option that would change it.
     ``ranges``: the NVTX ranges that are phases (regex; default: the spectrace domain). ``comm_patterns``:
     the communication kernel table (default: :data:`analyze.compute.comm_patterns.PATTERNS`).
     ``store``/``cache``: where the rows live (default: by size; a valid cache is reused).
@@ -91,16 +110,25 @@ def analyze(
     ``timing``: a graph-level pass of the same workload (``reports`` then being the node-level pass): spans,
     seams and cycle period from it, the split inside graphs from ``reports``, and ``Result.probe_effect``
     (:mod:`analyze.compute.probe`; ``unprofiled_cycles_per_s``: the workload's throughput without a profiler).
+    ``Result.steady``: the steady state, what ``spectrace analyze`` prints first
+    (:class:`~analyze.compute.steady_state.SteadyState`: ``res.steady.budget``, ``.phases``, ``.findings``, ...).
     """
     from .compute import pipeline, steady
+    from .compute.steady_state import SteadyState
 
+    if isinstance(reports, Result):
+        return _analysed(reports, ranges=ranges, comm_patterns=comm_patterns, keep_ops=keep_ops or None,
+                         skip_cycles=skip_cycles, window=window, timing=timing,
+                         unprofiled_cycles_per_s=unprofiled_cycles_per_s)
     choice = steady.check_choice(skip_cycles, window)
     if timing is not None:
         kw = dict(store=store, cache=cache, jobs=jobs, executor=executor, progress=progress, skip_cycles=skip_cycles,
                   window=window)
         node = analyze(reports, ranges, comm_patterns, **kw)
         graph = analyze(timing, ranges, comm_patterns, **kw)
-        return _combined(node, graph, unprofiled_cycles_per_s)
+        out = _combined(node, graph, unprofiled_cycles_per_s)
+        out.steady_class = SteadyState
+        return out
     many, notes = _exported(_many(reports))
     if len(many) == 1 and executor is None:
         res = pipeline.analyze(many[0], ranges, comm_patterns, store=store, cache=cache, keep_ops=keep_ops,
@@ -112,10 +140,25 @@ def analyze(
                                                    jobs=jobs, executor=executor))
     res.cycle_choice = choice
     res.diagnostics[:0] = notes
+    res.steady_class = SteadyState
     if choice:
         from .compute.tokens import selection
 
         selection(res)  # a choice that leaves no cycle fails here, not later
+    return res
+
+
+def _analysed(res: Result, **options) -> Result:
+    """An analysed Result given where a report is expected: itself, refused with an option that would need it
+    analysed again (a silently ignored ``skip_cycles`` would print numbers of other cycles than asked)."""
+    given = sorted(k for k, v in options.items() if v is not None)
+    if given:
+        raise InputError(f"an analysed Result is used as it is: analyse the report again for {', '.join(given)}",
+                         "BAD_OPTION")
+    if res.steady_class is None:
+        from .compute.steady_state import SteadyState
+
+        res.steady_class = SteadyState
     return res
 
 
@@ -151,6 +194,9 @@ def comm(reports: Reports, ranges: str | None = None, comm_patterns=None, *, ski
     from .compute.tokens import selection
     from .read.results import derived
 
+    if isinstance(reports, Result):
+        raise InputError("comm matches collectives across the reports themselves: give the reports, not an "
+                         "analysed Result", "BAD_OPTION")
     choice = steady.check_choice(skip_cycles, window)
     many, _ = _exported(_many(reports))
     results = pipeline.analyze_each(many, ranges, comm_patterns, **kw)  # kw: store, cache, jobs, executor, progress
@@ -174,10 +220,11 @@ def comm(reports: Reports, ranges: str | None = None, comm_patterns=None, *, ski
     return out
 
 
-def compare(a: Reports, b: Reports, ranges: str | None = None, comm_patterns=None, **kw) -> dict:
+def compare(a: Reports, b: Reports, ranges: str | None = None, comm_patterns=None, **kw) -> Comparison:
     """Phase by phase and seam by seam, GPU time per cycle (and per token) of runs A and B over their steady
-    cycles, the difference B − A split into compute / comm / idle, and a noise-aware verdict
-    (:mod:`analyze.compute.compare`). ``a``/``b``: one report or several each (multi-node runs)."""
+    cycles, the difference B − A split into compute / comm / idle, and a noise-aware verdict: a
+    :class:`~analyze.compute.compare.Comparison` (``to_dict()``: the JSON document). ``a``/``b``: one report or
+    several each (multi-node runs), or an analysed :class:`Result`."""
     from .compute import compare as cmp
 
     ra, rb = analyze(a, ranges, comm_patterns, **kw), analyze(b, ranges, comm_patterns, **kw)
@@ -189,7 +236,7 @@ def compare(a: Reports, b: Reports, ranges: str | None = None, comm_patterns=Non
 def whatif(reports: Reports, steps_now: int | None = None, baseline: Reports | None = None,
            acceptance: float | None = None, ranges: str | None = None, comm_patterns=None, *,
            as_traced: bool = False, timing: Reports | None = None, unprofiled_cycles_per_s: float | None = None,
-           other_steps: list[Reports] | None = None, **kw):
+           other_steps: list[Reports] | None = None, **kw) -> Model:
     """The cost model fitted on one speculative run (:class:`analyze.compute.whatif.Model`): predictions
     for other draft-step counts. ``baseline``: a run without speculation (calibrates verify's slope).
     ``as_traced``: keep node-level graph tracing's launch cost in the prediction (default: removed).
@@ -216,7 +263,7 @@ def whatif(reports: Reports, steps_now: int | None = None, baseline: Reports | N
         alpha = acceptance if acceptance is not None else wi.run_alpha(res, m.steps_now)
         others, kept = [], []
         for o in other_steps:
-            ro, name = analyze(o, ranges, comm_patterns, **kw), ", ".join(Path(p).name for p in _many(o))
+            ro, name = analyze(o, ranges, comm_patterns, **kw), ", ".join(Path(p).name for p in _paths(o))
             kept.append(ro)
             try:
                 steps, how = wi.steps_known(ro, None)
@@ -235,6 +282,26 @@ def whatif(reports: Reports, steps_now: int | None = None, baseline: Reports | N
     return m
 
 
+def whatif_validation(runs: dict[int, Reports | list[Reports]], baseline: Reports | None = None,
+                      as_traced: bool = True, ranges: str | None = None, comm_patterns=None, **kw) -> pl.DataFrame:
+    """The what-if checked against a sweep of draft steps: ``runs`` maps a step count to its run (or a list of
+    repeated runs); a model fitted on each run predicts every step count, one row each (``from_steps, steps,
+    predicted_ns, measured_ns, error_pct``, ...: :func:`analyze.compute.whatif.validate`). ``baseline``: a run
+    without speculation, as for :func:`whatif`; ``as_traced`` (default): the models keep the traces' own probe
+    effect, so that like is compared with like. ``kw``: as for :func:`analyze`."""
+    from .compute import whatif as wi
+
+    def one(r: Reports) -> Result:
+        return analyze(r, ranges, comm_patterns, **kw)
+
+    analysed = {s: [one(x) for x in r] if isinstance(r, list) else one(r) for s, r in runs.items()}
+    base = one(baseline) if baseline is not None else None
+    out = wi.validate(analysed, baseline=base, as_traced=as_traced)
+    for r in analysed.values():
+        keep_derived(*(r if isinstance(r, list) else [r]))
+    return out
+
+
 def report(reports: Reports, output: str | os.PathLike, vs: Reports | None = None,
            steps_now: int | None = None, ranges: str | None = None, comm_patterns=None, *,
            timing: Reports | None = None, unprofiled_cycles_per_s: float | None = None, force: bool = False,
@@ -250,8 +317,8 @@ def report(reports: Reports, output: str | os.PathLike, vs: Reports | None = Non
                   **kw)
     other = analyze(vs, ranges, comm_patterns, **kw) if vs is not None else None
     page = html.write_page(res, output, vs=other, steps_now=steps_now, force=force,
-                           inputs=[*_many(reports), *(_many(vs) if vs is not None else []),
-                                   *(_many(timing) if timing is not None else [])])
+                           inputs=[*_paths(reports), *(_paths(vs) if vs is not None else []),
+                                   *(_paths(timing) if timing is not None else [])])
     keep_derived(res, other)
     return page
 

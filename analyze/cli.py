@@ -239,7 +239,6 @@ def default_report_folder(report) -> str:
 
 def run_compare(a) -> int:
     from .api import compare
-    from .compute.compare import slower_than
     from .model import InputError
     from .output import data, text
 
@@ -251,12 +250,12 @@ def run_compare(a) -> int:
         raise InputError("give two reports (A B), or A's reports then --vs and B's (several per side for "
                          "multi-node runs)", "BAD_OPTION")
     doc = compare(side_a, side_b, **_options(a))
-    _out(data.doc_json(doc) if a.format == "json" else text.compare_table(doc))
-    for w in doc.get("warnings") or []:
+    _out(data.doc_json(doc.to_dict()) if a.format == "json" else text.compare_table(doc))
+    for w in doc.warnings:
         if a.format == "json" and not a.quiet:
             print(f"spectrace: warning: {w}", file=sys.stderr)
-    if a.fail_if_slower is not None and slower_than(doc, a.fail_if_slower):
-        print(f"spectrace: B is slower than A by {doc['verdict']['change_pct']:.1f} % (more than "
+    if a.fail_if_slower is not None and doc.slower_than(a.fail_if_slower):
+        print(f"spectrace: B is slower than A by {doc.verdict['change_pct']:.1f} % (more than "
               f"{a.fail_if_slower} %, outside the noise): exit 1", file=sys.stderr)
         return 1
     return 0

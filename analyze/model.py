@@ -13,6 +13,10 @@ import polars as pl
 
 from . import __version__
 
+__all__ = ["PHASE_SUMS", "RANGE_SUMS", "OP_KIND", "MARKS_SCHEMA", "SEAM_CAUSES", "SYNC_API", "GRAPH_LAUNCH",
+           "KEPT_API", "SEAM_SUMS", "InputError", "Diagnostic", "Trace", "bound_expr", "sum_over_ranks", "Result",
+           "CommResult"]
+
 # Sums over ranks: the columns of each per-rank table that add up (the first one orders the rows).
 PHASE_SUMS = ("span_ns", "busy_ns", "compute_ns", "comm_ns", "idle_ns", "kernel_ns", "ops", "launches",
               "gpu_idle_ns", "instances", "comm_wait_ns", "comm_transfer_ns", "launch_api_ns", "host_wait_ns", "syncs")
@@ -154,8 +158,9 @@ class Result:
     were put on one clock. ``kernels``: GPU operations summed per (rank, range instance, name): ``rank,
     range_id, name, count, kernel_ns`` (the top-kernels tables). ``cycle_choice``: which cycles are the
     steady state (``skip_cycles``/``window``; empty = detected, :mod:`analyze.compute.tokens`).
-    ``memo``: results derived from this one, kept by the functions that computed them.
-    were put on one clock. ``comm_refused``: phases whose matched collectives do not end together
+    ``memo``: results derived from this one, kept by the functions that computed them. :attr:`steady`: the
+    steady state (what ``spectrace analyze`` prints first). ``comm_refused``: phases whose matched collectives
+    do not end together
     (``domain, phase, collectives, end_spread_p50_ns, bound_ns``): their ``comm_wait_ns``/``comm_transfer_ns``
     are null. ``instances`` rows with ``left_out`` set (cut by a capture window, GPU tail lost, or without
     a counterpart on every rank) are not in ``phases`` or ``seams``.
@@ -185,6 +190,20 @@ class Result:
     # With a graph-level timing pass (analyze.compute.probe): what node-level tracing cost.
     probe_effect: dict[str, Any] | None = None
     comm_refused: pl.DataFrame = field(default_factory=pl.DataFrame)
+    # What :attr:`steady` builds (analyze.compute.steady_state.SteadyState), set by analyze.api.analyze: this
+    # layer does not import the computations.
+    steady_class: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def steady(self) -> Any:
+        """The steady state (:class:`analyze.compute.steady_state.SteadyState`): ``res.steady.phases``,
+        ``.seams``, ``.budget``, ``.findings``, ``.tokens``, ``.segments``, ``.cycle_classes``, ... — the
+        numbers ``spectrace analyze`` prints, over the steady cycles of :attr:`cycle_choice`. Set on every
+        Result :func:`analyze.analyze` returns; ``SteadyState(res)`` for one built otherwise."""
+        if self.steady_class is None:
+            raise AttributeError("this Result did not come from analyze.analyze: use "
+                                 "analyze.SteadyState(res) for its steady state")
+        return self.steady_class(self)
 
     @property
     def phases_all(self) -> pl.DataFrame:

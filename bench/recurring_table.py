@@ -36,8 +36,8 @@ def _kept(res) -> str:
 
 
 def _named(res) -> str:
-    return "; ".join(f"`{f['code']}` rank {f['rank']} {f['phase'] or f'{chr(8212)}'} every {f['every']}, "
-                     f"+{f['extra_ns'] / 1e3:,.0f} µs" for f in findings.find(res) if f["every"]) or "—"
+    return "; ".join(f"`{f.code}` rank {f.rank} {f.phase or f'{chr(8212)}'} every {f.every}, "
+                     f"+{f.extra_ns / 1e3:,.0f} µs" for f in findings.find(res) if f.every) or "—"
 
 
 def rows(tmp: Path) -> list[list[str]]:

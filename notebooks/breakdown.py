@@ -29,21 +29,15 @@ import os
 
 import polars as pl
 
-from analyze import analyze
-from analyze.compute import anatomy, headline, utilisation
-from analyze.compute.findings import find
-from analyze.compute.tokens import selection, summary
-from analyze.compute.whatif import fit
-from analyze.model import InputError
-from analyze.output import plots
-from analyze.output.text import findings_text, whatif_table
+from analyze import InputError, analyze, findings_text, plots, whatif, whatif_table
 from nvtx_hooks.capture import samples
 
 REPORT = os.environ.get("SPECTRACE_REPORT") or str(samples.path("tp1_serve_graph"))
 STEPS = int(os.environ["SPECTRACE_STEPS"]) if os.environ.get("SPECTRACE_STEPS") else None
 res = analyze(REPORT)
 print(REPORT, "·", res.ranks.height, "rank(s) ·", res.selection)
-print(selection(res)["text"])
+steady = res.steady  # the steady state: what `spectrace analyze` prints first
+print(steady.selection["text"])
 
 # %% [markdown]
 # ## The cycle budget: where one steady cycle goes, per rank
@@ -52,35 +46,35 @@ print(selection(res)["text"])
 plots.budget(res)
 
 # %%
-headline.budget(res).select("rank", "segment", "kind", "ns", "share", "gpu_idle_ns")
+steady.budget.select("rank", "segment", "kind", "ns", "share", "gpu_idle_ns")
 
 # %% [markdown]
 # ## Slower cycles: what recurs (kept, described) and the rare stalls (left out)
 
 # %%
-for c in anatomy.cycle_classes(res):
+for c in steady.cycle_classes:
     print(("kept · " if c.kept else "left out · ") + c.text)
 
 # %%
-pl.DataFrame([p | {"class": c.label} for c in anatomy.cycle_classes(res) for p in c.pieces])
+pl.DataFrame([p | {"class": c.label} for c in steady.cycle_classes for p in c.pieces])
 
 # %% [markdown]
 # ## Segments: cycles of one batch size
 
 # %%
-pl.DataFrame([s.as_dict() for s in anatomy.segments(res)]).drop("budget")
+pl.DataFrame([s.as_dict() for s in steady.segments]).drop("budget")
 
 # %% [markdown]
 # ## What to change first: ranked findings
 
 # %%
-print("\n".join(findings_text(find(res))))
+print("\n".join(findings_text(steady.findings)))
 
 # %% [markdown]
 # ## Phases per instance, steady state (ns; span = compute + comm + idle)
 
 # %%
-headline.phases_all(res).select("phase", "ranks", "instances", "span_mean_ns", "span_p50_ns", "span_p90_ns",
+steady.phases_all.select("phase", "ranks", "instances", "span_mean_ns", "span_p50_ns", "span_p90_ns",
                                 "compute_mean_ns", "comm_mean_ns", "idle_mean_ns")
 
 # %%
@@ -97,7 +91,7 @@ plots.rank_heatmap(res)  # None with one rank
 # (docs/gpu-metrics.md).
 
 # %%
-util = utilisation.phases(res)
+util = steady.utilisation
 util.filter(pl.col("rank").is_null()).select(
     "phase", "scope", "sm_active_pct", "sm_issue_pct", "tensor_active_pct", "dram_read_pct", "dram_write_pct",
     "samples", "instances", "short", "bound", "note") if util.height else util
@@ -115,7 +109,7 @@ plots.timeline(res)
 # ## Idle inside phases and in the seams between them
 
 # %%
-headline.seams_all(res).select("parent", "from", "to", "instances", "idle_mean_ns", "idle_p50_ns", "idle_p90_ns")
+steady.seams_all.select("parent", "from", "to", "instances", "idle_mean_ns", "idle_p50_ns", "idle_p90_ns")
 
 # %%
 plots.distributions(res)
@@ -127,19 +121,19 @@ plots.distributions(res)
 plots.per_cycle(res)
 
 # %%
-split = plots.comm_split(headline.phases(res))  # None without communication
+split = plots.comm_split(steady.phases)  # None without communication
 split
 
 # %% [markdown]
 # ## Tokens and the what-if over draft steps
 
 # %%
-tk = summary(res, steps=STEPS)
+tk = steady.tokens_with_steps(STEPS)
 pl.DataFrame([tk.as_dict()])
 
 # %%
 try:
-    model = fit(res, STEPS)
+    model = whatif(res, STEPS)
     print(whatif_table(model))
     display(plots.whatif_curve(model))  # noqa: F821
 except InputError as e:

@@ -24,16 +24,13 @@ import os
 
 import polars as pl
 
-from analyze import analyze, compare
-from analyze.compute.whatif import validate
-from analyze.output import plots
-from analyze.output.text import compare_table
+from analyze import compare, compare_table, plots, whatif_validation
 from nvtx_hooks.capture import samples
 
 A = os.environ.get("SPECTRACE_BASELINE") or str(samples.path("tp1_baseline"))
 B = os.environ.get("SPECTRACE_REPORT") or str(samples.path("tp1_node"))
-doc = compare(A, B)
-print(compare_table(doc))
+cmp = compare(A, B)  # a Comparison: .verdict, .rows, .cycle_period, ...; cmp.to_dict() is the JSON
+print(compare_table(cmp))
 
 # %% [markdown]
 # ## What changed, per cycle
@@ -42,11 +39,11 @@ print(compare_table(doc))
 # up to Δ), with the 95 % bootstrap interval; the cycle period's Δ on top (the report's chart with `--vs`).
 
 # %%
-plots.compare_delta(doc)
+plots.compare_delta(cmp)
 
 # %%
-pl.DataFrame(doc["rows"]).select("phase", "kind", "a_ns_per_cycle", "b_ns_per_cycle", "delta_ns", "delta_compute_ns",
-                                 "delta_comm_ns", "delta_idle_ns", "ci_low_ns", "ci_high_ns")
+pl.DataFrame(cmp.rows).select("phase", "kind", "a_ns_per_cycle", "b_ns_per_cycle", "delta_ns", "delta_compute_ns",
+                              "delta_comm_ns", "delta_idle_ns", "ci_low_ns", "ci_high_ns")
 
 # %% [markdown]
 # ## What-if validation on the bundled steps sweep (1..4 draft steps)
@@ -56,8 +53,7 @@ pl.DataFrame(doc["rows"]).select("phase", "kind", "a_ns_per_cycle", "b_ns_per_cy
 # model's geometric acceptance does not follow.
 
 # %%
-sweep = {s: analyze(samples.path(f"tp1_steps{s}")) for s in (1, 2, 3, 4)}
-v = validate(sweep)
+v = whatif_validation({s: samples.path(f"tp1_steps{s}") for s in (1, 2, 3, 4)})
 v.pivot(on="steps", index="from_steps", values="error_pct")
 
 # %%

@@ -38,7 +38,7 @@ def nccl_per_cycle(res, phase: str) -> float:
 def test_simple_to_ll_is_communication(tmp_path):
     a = analyze(capture("tp2_nccl_simple", tmp_path))
     b = analyze(capture("tp2_nccl_ll", tmp_path))
-    doc = compare(a, b)
+    doc = compare(a, b).to_dict()
     v = next(r for r in doc["rows"] if r["phase"] == "verify")
     truth = nccl_per_cycle(b, "verify") - nccl_per_cycle(a, "verify")
     assert v["delta_comm_ns"] == pytest.approx(truth, rel=0.05)

@@ -18,7 +18,7 @@ TOKENS = [es.ACCEPT[i % 4] + es.BATCH for i in range(12)]
 def by_code(found):
     out: dict = {}
     for f in found:
-        out.setdefault(f["code"], []).append(f)
+        out.setdefault(f.code, []).append(f)
     return out
 
 
@@ -33,32 +33,32 @@ def test_rules_on_the_synthetic_cycle(res):
     # gap between cycles: last op at +7100, next cycle's first at +10 000 → 3900 of 10 000 ns; the next cycle's
     # first launch call (+200) comes after the last op: host-bound; the same on both ranks
     gap = f["GAP_HOST_BOUND"][0]
-    assert (gap["impact_ns"], gap["severity"], gap["rank"], gap["phase"]) == (3_900, "high", None, None)
+    assert (gap.impact_ns, gap.severity, gap.rank, gap.phase) == (3_900, "high", None, None)
     assert "GAP_GPU_BOUND" not in f
     # seams: every next phase was launched (API at +1100/+2100/+3100) before the earlier one's GPU work ended,
     # so the GPU-side wait is "blocked": draft→verify 2500 − (1600 + w): 400 (rank 0), 800 (rank 1)
-    seams = {x["phase"]: x for x in f["SEAM_BLOCKED_LAUNCH"]}
+    seams = {x.phase: x for x in f["SEAM_BLOCKED_LAUNCH"]}
     dv = seams["draft → verify"]
-    assert (dv["impact_ns"], dv["rank"], dv["rank_is"], dv["severity"]) == (600, 1, "worst", "medium")
+    assert (dv.impact_ns, dv.rank, dv.rank_is, dv.severity) == (600, 1, "worst", "medium")
     ext = sum(100 + 25 * TOKENS[i] for i in STEADY) / len(STEADY)  # draft_extend span over the steady cycles
-    assert seams["draft_extend → host_overhead"]["impact_ns"] == pytest.approx(1_400 - ext)
-    assert seams["verify → draft_extend"]["impact_ns"] == 100 and "SEAM_HOST_BOUND" not in f
+    assert seams["draft_extend → host_overhead"].impact_ns == pytest.approx(1_400 - ext)
+    assert seams["verify → draft_extend"].impact_ns == 100 and "SEAM_HOST_BOUND" not in f
     # draft: comm 500 + 100 of span 1100 + 700 (33 %); no wait (both ranks start together): impact = transfer
     c = f["COMM_SHARE"][0]
-    assert (c["phase"], c["impact_ns"], c["severity"]) == ("draft", 300, "medium")
+    assert (c.phase, c.impact_ns, c.severity) == ("draft", 300, "medium")
     # one rare stall of 25 000 against a median of 10 000: 15 000 over 8 steady cycles
-    assert f["STALLS"][0]["impact_ns"] == pytest.approx(15_000 / 8)
-    assert "RECURRING_SLOW_CYCLES" not in f and f["STALLS"][0]["every"] is None
+    assert f["STALLS"][0].impact_ns == pytest.approx(15_000 / 8)
+    assert "RECURRING_SLOW_CYCLES" not in f and f["STALLS"][0].every is None
     assert "STRAGGLER_RANK" not in f and "PHASE_IDLE" not in f
     # ranked by impact, severity from the share of the 10 000 ns cycle
-    assert [x["impact_ns"] for x in found] == sorted((x["impact_ns"] for x in found), reverse=True)
-    assert all(x["share"] == pytest.approx(x["impact_ns"] / 10_000) for x in found)
-    assert all(set(x) >= {"code", "severity", "phase", "rank", "evidence", "action"} for x in found)
-    assert all(x["action"] == next(r.action for r in findings.RULES if r.code == x["code"])
-               for x in found if x["code"] != "COMM_SHARE")
+    assert [x.impact_ns for x in found] == sorted((x.impact_ns for x in found), reverse=True)
+    assert all(x.share == pytest.approx(x.impact_ns / 10_000) for x in found)
+    assert all(set(x.to_dict()) >= {"code", "severity", "phase", "rank", "evidence", "action"} for x in found)
+    assert all(x.action == next(r.action for r in findings.RULES if r.code == x.code)
+               for x in found if x.code != "COMM_SHARE")
     # the draft's all-reduce kernel is ..._RING_LL (no manifest environment): the advice starts from LL
-    assert c["action"].startswith("This run uses NCCL's LL protocol, RING algorithm (its kernel "
-                                  "ncclDevKernel_AllReduce_Sum_bf16_RING_LL;") and "NCCL_PROTO=LL " not in c["action"]
+    assert c.action.startswith("This run uses NCCL's LL protocol, RING algorithm (its kernel "
+                               "ncclDevKernel_AllReduce_Sum_bf16_RING_LL;") and "NCCL_PROTO=LL " not in c.action
 
 
 def test_whatif_finding_follows_the_model(res):
@@ -69,7 +69,7 @@ def test_whatif_finding_follows_the_model(res):
     if best["steps"] == m.steps_now or gain < findings.GAIN:
         assert f is None
     else:
-        assert f[0]["impact_ns"] == pytest.approx(gain * 10_000) and f"{best['steps']} draft steps" in f[0]["evidence"]
+        assert f[0].impact_ns == pytest.approx(gain * 10_000) and f"{best['steps']} draft steps" in f[0].evidence
 
 
 def test_straggler_rank(tmp_path):
@@ -77,8 +77,8 @@ def test_straggler_rank(tmp_path):
     f = by_code(findings.find(r))
     s = f["STRAGGLER_RANK"][0]
     # rank 1 starts every draft all-reduce 600 ns after rank 0, which waits 600 ns per cycle
-    assert (s["rank"], s["phase"], s["impact_ns"], s["rank_is"]) == (1, "draft", 600, "only")
-    assert "8 of 8" in s["evidence"]
+    assert (s.rank, s.phase, s.impact_ns, s.rank_is) == (1, "draft", 600, "only")
+    assert "8 of 8" in s.evidence
 
 
 def test_phase_idle_and_gpu_bound_gap(tmp_path):
@@ -100,11 +100,11 @@ def test_phase_idle_and_gpu_bound_gap(tmp_path):
     r = analyze(s.save(), ranges="cycle|verify")
     f = by_code(findings.find(r))
     idle = f["PHASE_IDLE"][0]
-    assert (idle["phase"], idle["impact_ns"], idle["rank"], idle["severity"]) == ("verify", 2_000, 0, "high")
+    assert (idle.phase, idle.impact_ns, idle.rank, idle.severity) == ("verify", 2_000, 0, "high")
     # gap: last op at +10 200, next first at +11 000 → 800; the next cycle's first launch (+10 150) came before
     # the last op ended → the wait is on the GPU side
     g = f["GAP_GPU_BOUND"][0]
-    assert (g["impact_ns"], g["severity"]) == (800, "medium") and "GAP_HOST_BOUND" not in f
+    assert (g.impact_ns, g.severity) == (800, "medium") and "GAP_HOST_BOUND" not in f
 
 
 def test_no_straggler_when_collectives_do_not_end_together(tmp_path):
@@ -124,7 +124,7 @@ def test_no_straggler_when_collectives_do_not_end_together(tmp_path):
     assert set(res.comm_refused["phase"]) == {"draft", "verify"}
     f = by_code(findings.find(res))
     assert "STRAGGLER_RANK" not in f
-    assert all("no wait/transfer split" in x["evidence"] for x in f.get("COMM_SHARE", []))
+    assert all("no wait/transfer split" in x.evidence for x in f.get("COMM_SHARE", []))
     out = tmp_path / "rep"
     assert main(["report", str(path), "-o", str(out), "--steps-now", "3"]) == 0
     page = (out / "index.html").read_text()
@@ -144,7 +144,7 @@ def test_ragged_window_pairs_by_cycle_and_names_no_false_straggler():
     assert m.height and m["trusted"].all() and (m["end_spread_p50_ns"] < 20_000).all()
     st = headline.stragglers(res)
     assert st.height and st["max_delay_ns"].max() < 1_000_000
-    assert all(x["impact_ns"] < 1_000_000 for x in by_code(findings.find(res)).get("STRAGGLER_RANK", []))
+    assert all(x.impact_ns < 1_000_000 for x in by_code(findings.find(res)).get("STRAGGLER_RANK", []))
 
 
 def test_comm_advice_knows_the_nccl_protocol(tmp_path):
@@ -161,7 +161,7 @@ def test_comm_advice_knows_the_nccl_protocol(tmp_path):
         p = tp2(name, tmp_path)
         if not manifest:
             p.with_suffix(".manifest.json").unlink(missing_ok=True)
-        return [f["action"] for f in find(analyze(p)) if f["code"] == "COMM_SHARE"]
+        return [f.action for f in find(analyze(p)) if f.code == "COMM_SHARE"]
 
     assert json.loads((TP2 / "tp2_nccl_ll.manifest.json").read_text())["nccl_env"]["NCCL_PROTO"] == "LL"
     assert json.loads((TP2 / "tp2_nccl_simple.manifest.json").read_text())["nccl_env"]["NCCL_PROTO"] == "Simple"

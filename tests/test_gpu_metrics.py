@@ -149,7 +149,7 @@ def test_verify_is_memory_bound_at_batch_1_and_compute_bound_at_128(res):
     b128 = u.filter(pl.col("scope") == "batch 128").row(0, named=True)
     assert b1["bound"] == "memory" and b1["dram_read_pct"] > 60 and b1["tensor_active_pct"] < 20
     assert b128["bound"] == "compute" and b128["tensor_active_pct"] > 50
-    found = {(f["code"], f["phase"]) for f in findings.find(res)}
+    found = {(f.code, f.phase) for f in findings.find(res)}
     assert ("PHASE_MEMORY_BOUND", "verify (batch 1)") in found
     assert ("PHASE_COMPUTE_BOUND", "verify (batch 128)") in found
 
@@ -286,7 +286,7 @@ def test_absent_metrics_give_nothing(tmp_path):
     r = api.analyze(str(src))
     assert gpu_metrics.read(src) is None
     assert utilisation.phases(r).height == 0 and utilisation.seams(r).height == 0
-    assert not [f for f in findings.find(r) if f["code"].startswith("PHASE_") and f["code"].endswith("_BOUND")]
+    assert not [f for f in findings.find(r) if f.code.startswith("PHASE_") and f.code.endswith("_BOUND")]
 
 
 def test_whatif_uses_the_measured_bound_as_its_prior(res, capture):

@@ -324,4 +324,4 @@ def test_ranges_that_skip_the_cycle_keep_the_cycles(window, data):
     mine = mine.filter(pl.col("phase") != "eagle3.cycle")
     assert mine.equals(headline.phases_all(window).select(cols).filter(pl.col("phase").is_in(mine["phase"].implode()))
                        .sort("phase"))
-    assert {"GAP_HOST_BOUND", "STRAGGLER_RANK"} <= {f["code"] for f in find(some)}
+    assert {"GAP_HOST_BOUND", "STRAGGLER_RANK"} <= {f.code for f in find(some)}

@@ -25,6 +25,7 @@ from analyze import analyze, comm
 from analyze.cli import main
 from analyze.compute import anatomy, findings, headline
 from analyze.compute.compare import compare
+from analyze.compute.findings import Finding
 from analyze.compute.tokens import selection, summary
 from bench.inject import inject
 from nvtx_hooks.capture import samples
@@ -45,9 +46,9 @@ def kept_share(res) -> float:
     return info["steady"] / (info["cycles"] - info["warmup"])
 
 
-def one(found: list[dict], code: str, **want) -> dict:
-    hits = [f for f in found if f["code"] == code and all(f.get(k) == v for k, v in want.items())]
-    assert len(hits) == 1, (code, want, [(f["code"], f["rank"], f["phase"], f["every"]) for f in found])
+def one(found: list[Finding], code: str, **want) -> Finding:
+    hits = [f for f in found if f.code == code and all(getattr(f, k) == v for k, v in want.items())]
+    assert len(hits) == 1, (code, want, [(f.code, f.rank, f.phase, f.every) for f in found])
     return hits[0]
 
 
@@ -70,9 +71,9 @@ def test_host_work_every_5th_cycle(stall):
     assert cl[0].keys == stalled[:20] and cl[0].affected == len(stalled) == 20
     assert cl[0].piece == "between cycles"  # outside any range, before the cycle
     f = one(findings.find(stall), "RECURRING_SLOW_CYCLES", every=5)
-    assert f["extra_ns"] == pytest.approx(truth["measured_us_mean"] * US, rel=0.2)
-    assert "between cycles" in f["evidence"]
-    assert not [x for x in findings.find(stall) if x["code"] == "STALLS" and x["every"]]
+    assert f.extra_ns == pytest.approx(truth["measured_us_mean"] * US, rel=0.2)
+    assert "between cycles" in f.evidence
+    assert not [x for x in findings.find(stall) if x.code == "STALLS" and x.every]
 
 
 def test_late_draft_every_4th_cycle_one_gpu():
@@ -134,7 +135,7 @@ def test_serving_host_work_every_10th_cycle(serve, mode):
     (c,) = [c for c in anatomy.cycle_classes(res) if c.kind == "every"]
     assert (c.every, c.offset) == (10, 0) and c.piece == "between cycles"
     f = one(findings.find(res), "RECURRING_SLOW_CYCLES", every=10)
-    assert f["extra_ns"] == pytest.approx(truth["measured_us_mean"] * US, rel=0.2)
+    assert f.extra_ns == pytest.approx(truth["measured_us_mean"] * US, rel=0.2)
 
 
 # ---- two ranks, built from real TP2 captures ---------------------------------------------------------
@@ -162,12 +163,12 @@ def test_straggler_every_4th_cycle_whole_run(tp2_dir, src):
     res = analyze(path)
     assert kept_share(res) >= 0.9
     f = one(findings.find(res), "STRAGGLER_RANK", rank=1, phase="draft", every=4)
-    assert f["extra_ns"] == pytest.approx(500 * US, rel=0.2)
+    assert f.extra_ns == pytest.approx(500 * US, rel=0.2)
     (c,) = [c for c in anatomy.cycle_classes(res) if c.kind == "every"]
     assert c.offset == 0 and c.waiting_ranks == [0]
     assert set(c.keys) <= {t["cycle"] for t in truth}
     # no finding names the rank that was on time
-    assert not [x for x in findings.find(res) if x["code"] == "STRAGGLER_RANK" and x["rank"] == 0]
+    assert not [x for x in findings.find(res) if x.code == "STRAGGLER_RANK" and x.rank == 0]
     # the headline period is the mean over every steady cycle: the straggler cycles are in it
     whole = summary(analyze(path, skip_cycles=0)).period_ns
     assert summary(res).period_ns == pytest.approx(whole, rel=0.02)
@@ -194,11 +195,11 @@ def test_straggler_with_rank0_profiler_window(tp2_dir, specs, late, every, us):
     res = analyze(path)
     assert kept_share(res) >= 0.9
     f = one(findings.find(res), "STRAGGLER_RANK", rank=late, every=every)
-    assert f["phase"].endswith("draft")
+    assert f.phase.endswith("draft")
     # within 20 % of what the waiting ranks actually got (the injection's measured wait on them)
     added = sum(t["wait_added_ns"] for t in truth) / len(truth)
-    assert f["extra_ns"] == pytest.approx(added, rel=0.2) and added == pytest.approx(us * US, rel=0.2)
-    assert not [x for x in findings.find(res) if x["code"] == "STRAGGLER_RANK" and x["rank"] != late]
+    assert f.extra_ns == pytest.approx(added, rel=0.2) and added == pytest.approx(us * US, rel=0.2)
+    assert not [x for x in findings.find(res) if x.code == "STRAGGLER_RANK" and x.rank != late]
     assert comm(path).straggler.select("rank").to_series().to_list() == [late]
 
 
@@ -218,7 +219,7 @@ def test_compare_fails_the_gate_on_the_straggler_run(straggler_node, tmp_path, c
     path, _ = straggler_node
     clean = path.with_name("tp2_s3_node.sqlite")
     a, b = analyze(clean), analyze(path)
-    doc = compare(a, b)
+    doc = compare(a, b).to_dict()
     assert doc["verdict"]["result"] == "slower" and doc["verdict"]["metric"] == "cycle period"
     # 16 of 64 cycles 500 µs late (less where rank 0 was late itself): ≈ +5 %
     assert 3 < doc["verdict"]["change_pct"] < 8
@@ -249,9 +250,9 @@ def test_compare_one_gpu_delay_fails_the_gate():
 
 def test_compare_warns_when_captures_differ(tp2_dir, capsys):
     node, graph = tp2("tp2_s3_node", tp2_dir), tp2("tp2_s3_graph", tp2_dir)
-    doc = compare(analyze(node), analyze(graph))
+    doc = compare(analyze(node), analyze(graph)).to_dict()
     assert any("trace levels differ" in w for w in doc["warnings"])
-    doc = compare(analyze(samples.path("tp1_clean")), analyze(node))
+    doc = compare(analyze(samples.path("tp1_clean")), analyze(node)).to_dict()
     assert any("rank counts differ" in w for w in doc["warnings"])
     assert main(["compare", str(node), str(graph)]) == 0
     assert "Warning: CUDA-graph trace levels differ" in capsys.readouterr().out

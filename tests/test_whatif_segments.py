@@ -111,20 +111,20 @@ def test_sglang_config_reads_back(model, tmp_path):
 
 def test_no_finding_recommends_an_extrapolated_or_assumed_step_count():
     res = analyze(samples.path("tp1_node"))  # the demo: one batch size, no baseline
-    (f,) = [x for x in findings.find(res) if x["code"] == "WHATIF_STEPS"]
-    assert "ASSUMED" in f["evidence"] and "extrapolated, not recommended" in f["evidence"]
+    (f,) = [x for x in findings.find(res) if x.code == "WHATIF_STEPS"]
+    assert "ASSUMED" in f.evidence and "extrapolated, not recommended" in f.evidence
     m = whatif(samples.path("tp1_node"))
     near = m.best(measured_only=True)
-    assert abs(near["steps"] - m.steps_now) <= 1 and f"at {near['steps']} draft steps" in f["evidence"]
+    assert abs(near["steps"] - m.steps_now) <= 1 and f"at {near['steps']} draft steps" in f.evidence
     assert m.best()["extrapolated"]  # the overall best is further out, and said to be
 
 
 def test_per_batch_finding_on_the_serving_sweep():
     res = analyze(samples.path("tp1_sweep_s3_graph"))
     found = findings.find(res)
-    (f,) = [x for x in found if x["code"] == "WHATIF_STEPS_PER_BATCH"]
-    assert "batch 1: 4" in f["evidence"] and "batch 128: 2" in f["evidence"]
-    assert not [x for x in found if x["code"] == "WHATIF_STEPS"]  # one average model: right for no batch size
+    (f,) = [x for x in found if x.code == "WHATIF_STEPS_PER_BATCH"]
+    assert "batch 1: 4" in f.evidence and "batch 128: 2" in f.evidence
+    assert not [x for x in found if x.code == "WHATIF_STEPS"]  # one average model: right for no batch size
 
 
 def test_tiers_merge_and_keep_the_current_step():

@@ -24,16 +24,79 @@ cycle in A and B, B − A split into compute, communication and idle, one rankin
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import polars as pl
 
 from . import headline, steady
-from .tokens import DEFINITION, base_expr, selection, summary
+from .tokens import DEFINITION, Tokens, base_expr, selection, summary
+
+__all__ = ["BOOT", "MAX_DRAWS", "SPLIT", "VALS", "PHASE_KINDS", "Comparison", "per_cycle", "kernels", "warnings",
+           "compare", "slower_than"]
 
 BOOT = 1000
 MAX_DRAWS = 2_000_000  # resamples × cycles, at most (fewer resamples for very long runs)
 SPLIT = ("compute", "comm", "idle")
 VALS = ("ns", "compute_ns", "comm_ns", "idle_ns")
 PHASE_KINDS = ("phase", "prefill")
+
+
+@dataclass
+class Comparison:
+    """What ``spectrace compare`` reports: runs A and B over their steady cycles (see the module docstring).
+
+    ``a``/``b``: the reports of each side; ``a_cycles``/``b_cycles``: steady cycles with a period, summed over
+    ranks; ``per_token``: both sides know tokens (rows carry ``*_per_token`` values and are ranked by them);
+    ``definition``: the cycle period's definition; ``steady``: each side's steady-state sentence; ``warnings``:
+    how the captures differ in how they were made; ``rows``: every piece of the cycle (phases, seams, the gap
+    between cycles, prefill), largest |Δ| first, one dict per row (``phase, kind, in_a, in_b, a_ns_per_cycle,
+    b_ns_per_cycle, delta_ns, delta_compute_ns, delta_comm_ns, delta_idle_ns``, the interval ``ci_low_ns,
+    ci_high_ns, significant`` when there are enough cycles); ``per_rank``: the same per rank; ``cycle_period``:
+    A, B, Δ and its interval; ``verdict``: ``metric, result`` (``slower``, ``faster``, ``no clear change`` or
+    ``unknown``), ``change_pct``, the interval and ``text``; ``stragglers``: each side's straggler verdict;
+    ``kernels``: the GPU operations that moved most per phase; ``tokens``: each side's :class:`Tokens`.
+    """
+
+    a: str
+    b: str
+    a_cycles: int
+    b_cycles: int
+    per_token: bool
+    definition: str
+    steady: dict[str, str]
+    warnings: list[str]
+    rows: list[dict]
+    per_rank: list[dict]
+    cycle_period: dict
+    verdict: dict
+    stragglers: dict[str, list[dict]]
+    kernels: list[dict]
+    tokens: dict[str, Tokens]
+
+    @property
+    def phases(self) -> list[dict]:
+        """The rows of phases (and prefill), in the ranking's order."""
+        return [r for r in self.rows if r["kind"] in PHASE_KINDS]
+
+    @property
+    def seams(self) -> list[dict]:
+        """The rows of seams (and the gap between cycles), in the ranking's order."""
+        return [r for r in self.rows if r["kind"] not in PHASE_KINDS]
+
+    def slower_than(self, pct: float) -> bool:
+        """Whether B is slower than A by more than ``pct`` % and the verdict says it is not noise (CI gate)."""
+        return self.verdict.get("result") == "slower" and self.verdict.get("change_pct", 0) > pct
+
+    def to_dict(self) -> dict:
+        """The JSON document (``spectrace compare --format json``)."""
+        return {
+            "a": self.a, "b": self.b, "a_cycles": self.a_cycles, "b_cycles": self.b_cycles,
+            "per_token": self.per_token, "definition": self.definition, "steady": self.steady,
+            "warnings": self.warnings, "rows": self.rows, "phases": self.phases, "seams": self.seams,
+            "per_rank": self.per_rank, "cycle_period": self.cycle_period, "verdict": self.verdict,
+            "stragglers": self.stragglers, "kernels": self.kernels,
+            "tokens": {k: t.as_dict() for k, t in self.tokens.items()},
+        }
 
 
 def _n_cycles(res) -> int:
@@ -204,8 +267,8 @@ def _gpus(res) -> list[str]:
     return [str(n) for n in names]
 
 
-def compare(a, b, boot: int = BOOT, seed: int = 0) -> dict:
-    """The comparison document of analysed traces ``a`` and ``b`` (JSON-ready; see the module docstring)."""
+def compare(a, b, boot: int = BOOT, seed: int = 0) -> Comparison:
+    """The comparison of analysed traces ``a`` and ``b`` (see the module docstring; ``to_dict()``: the JSON)."""
     ta, tb = summary(a), summary(b)
     tok = ta.tokens_per_cycle is not None and tb.tokens_per_cycle is not None
     key = "delta_ns_per_token" if tok else "delta_ns"
@@ -227,23 +290,21 @@ def compare(a, b, boot: int = BOOT, seed: int = 0) -> dict:
     if tok:
         period |= {"a_ns_per_token": ta.period_ns / ta.tokens_per_cycle,
                    "b_ns_per_token": tb.period_ns / tb.tokens_per_cycle}
-    return {
-        "a": ", ".join(a.reports) or str(a.trace.path), "b": ", ".join(b.reports) or str(b.trace.path),
-        "a_cycles": _n_cycles(a), "b_cycles": _n_cycles(b),
-        "per_token": tok,
-        "definition": DEFINITION,
-        "steady": {"a": selection(a)["text"], "b": selection(b)["text"]},
-        "warnings": warnings(a, b),
-        "rows": rows.to_dicts(),
-        "phases": rows.filter(pl.col("kind").is_in(PHASE_KINDS)).to_dicts(),
-        "seams": rows.filter(~pl.col("kind").is_in(PHASE_KINDS)).to_dicts(),
-        "per_rank": rank_rows.to_dicts(),
-        "cycle_period": period,
-        "verdict": _verdict(ta, tb, tok, verdict),
-        "stragglers": {"a": _straggler(a), "b": _straggler(b)},
-        "kernels": kernels(a, b, tok, ta, tb).to_dicts(),
-        "tokens": {"a": ta.as_dict(), "b": tb.as_dict()},
-    }
+    return Comparison(
+        a=", ".join(a.reports) or str(a.trace.path), b=", ".join(b.reports) or str(b.trace.path),
+        a_cycles=_n_cycles(a), b_cycles=_n_cycles(b),
+        per_token=tok,
+        definition=DEFINITION,
+        steady={"a": selection(a)["text"], "b": selection(b)["text"]},
+        warnings=warnings(a, b),
+        rows=rows.to_dicts(),
+        per_rank=rank_rows.to_dicts(),
+        cycle_period=period,
+        verdict=_verdict(ta, tb, tok, verdict),
+        stragglers={"a": _straggler(a), "b": _straggler(b)},
+        kernels=kernels(a, b, tok, ta, tb).to_dicts(),
+        tokens={"a": ta, "b": tb},
+    )
 
 
 def _straggler(res) -> list[dict]:
@@ -286,7 +347,6 @@ def _verdict(ta, tb, tok: bool, ci: dict) -> dict:
     return out
 
 
-def slower_than(doc: dict, pct: float) -> bool:
+def slower_than(doc: Comparison, pct: float) -> bool:
     """Whether B is slower than A by more than ``pct`` % and the verdict says it is not noise (CI gate)."""
-    v = doc["verdict"]
-    return v.get("result") == "slower" and v.get("change_pct", 0) > pct
+    return doc.slower_than(pct)

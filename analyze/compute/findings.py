@@ -19,13 +19,17 @@ later: the launch or the GPU queue held it (*blocked*: a synchronous call, an ev
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import polars as pl
 
 from ..model import InputError
 from . import anatomy, breakdown, headline, steady, utilisation
 from .tokens import CYCLE_NAMES, base_expr, selection, summary
+
+__all__ = ["HIGH", "MEDIUM", "FLOOR", "RULES", "COMM_SHARE", "IDLE_SHARE", "GAIN", "Context", "Finding", "Rule",
+           "SAME", "launch_timing", "NCCL_KERNEL", "PROTOS", "NcclSetting", "nccl_setting", "comm_action",
+           "PHASE_SHARE", "severity", "context", "find"]
 
 HIGH, MEDIUM, FLOOR = 0.10, 0.03, 0.01
 COMM_SHARE = 0.10  # a phase's communication share of its span worth a finding
@@ -48,6 +52,35 @@ class Context:
     cycles: pl.DataFrame  # rank, ncyc: steady cycles per rank
     untrusted: set  # phases whose matched collectives do not end together: no straggler or wait findings
     classes: list = field(default_factory=list)  # anatomy.CycleClass: the slower cycles that recur, and rare stalls
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One ranked finding: what costs cycle time, the evidence, and what to try.
+
+    ``code``: the rule (:data:`RULES`); ``severity``: ``high``/``medium``/``low`` from ``share``, the impact's share
+    of the cycle period; ``impact_ns``: the cycle time it explains (ns per cycle); ``phase``/``rank``: where
+    (``rank`` None when all ranks are about the same; ``rank_is``: ``worst`` when it holds on several ranks and
+    ``rank`` has the most of it, ``only`` when it is about that rank alone); ``every``: N when it happens every
+    N-th cycle, with ``extra_ns`` per affected cycle, ``cycles`` of them; ``evidence``; ``action``: what to try.
+    """
+
+    code: str
+    severity: str
+    phase: str | None
+    rank: int | None
+    every: int | None
+    extra_ns: float | None
+    cycles: int | None
+    evidence: str
+    action: str
+    impact_ns: float
+    share: float
+    rank_is: str | None
+
+    def to_dict(self) -> dict:
+        """The finding as the JSON document has it (``findings`` of ``spectrace analyze --format json``)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 @dataclass(frozen=True)
@@ -508,12 +541,9 @@ def context(res, model=None) -> Context:
                    classes=anatomy.cycle_classes(res))
 
 
-def find(res, model=None) -> list[dict]:
-    """Ranked findings: ``{code, severity, phase, rank, every, extra_ns, cycles, evidence, action, impact_ns,
-    share, rank_is}``, biggest first (``rank_is``: ``worst`` when the finding holds on several ranks and ``rank``
-    has the most of it, ``only`` when it is about that rank alone; ``rank`` is None when all ranks are about the
-    same; ``every``: N when it happens every N-th cycle, with ``extra_ns`` per affected cycle, ``cycles`` of
-    them)."""
+def find(res, model=None) -> list[Finding]:
+    """Ranked findings (:class:`Finding`), biggest impact first; ``model``: a fitted what-if model (else one is
+    tried). ``Result.steady.findings`` has them with the default model."""
     ctx = context(res, model)
     if not ctx.period_ns:
         return []
@@ -523,11 +553,11 @@ def find(res, model=None) -> list[dict]:
             share = hit["impact_ns"] / ctx.period_ns
             if share < FLOOR:
                 continue
-            out.append({"code": rule.code, "severity": severity(share), "phase": hit.get("phase"),
-                        "rank": hit.get("rank"), "every": hit.get("every"), "extra_ns": hit.get("extra_ns"),
-                        "cycles": hit.get("cycles"), "evidence": hit["evidence"],
-                        "action": hit.get("action") or rule.action,
-                        "impact_ns": hit["impact_ns"], "share": share,
-                        "rank_is": "worst" if hit.get("worst") else "only" if hit.get("rank") is not None
-                        else None})
-    return sorted(out, key=lambda f: -f["impact_ns"])
+            out.append(Finding(code=rule.code, severity=severity(share), phase=hit.get("phase"),
+                               rank=hit.get("rank"), every=hit.get("every"), extra_ns=hit.get("extra_ns"),
+                               cycles=hit.get("cycles"), evidence=hit["evidence"],
+                               action=hit.get("action") or rule.action,
+                               impact_ns=hit["impact_ns"], share=share,
+                               rank_is="worst" if hit.get("worst") else "only" if hit.get("rank") is not None
+                               else None))
+    return sorted(out, key=lambda f: -f.impact_ns)

@@ -20,11 +20,14 @@ from ..compute.tokens import DEFINITION, cycles, selection, summary
 from ..model import InputError, Result
 from .targets import as_input_error, check_db, fences, inputs_of
 
+__all__ = ["CSV_TABLES", "TOP_KERNELS", "FINDING_KEYS", "document", "to_json", "frame", "to_csv", "to_db",
+           "doc_json", "finite"]
+
 FINDING_KEYS = ("code", "severity", "phase", "rank", "every", "extra_ns", "cycles", "evidence", "action", "impact_ns",
                 "share", "rank_is")
 
 
-def document(res: Result, found: list[dict] | None = None) -> dict:
+def document(res: Result, found: list[findings.Finding] | None = None) -> dict:
     """The JSON document: :meth:`Result.to_dict` (every captured instance) plus the headline numbers over the
     steady state: ``steady`` (which cycles and why, and the cycle period's ``definition``), ``tokens`` (the cycle
     period with p50/p90, tokens per cycle, tokens/s, acceptance), ``budget``, ``phases_steady``,
@@ -45,7 +48,7 @@ def document(res: Result, found: list[dict] | None = None) -> dict:
     st = headline.stragglers(res)
     d["stragglers_steady"] = st.to_dicts()
     d["straggler"] = collectives.verdict(st).to_dicts() if st.height else []
-    d["findings"] = findings.find(res) if found is None else found
+    d["findings"] = [f.to_dict() for f in (findings.find(res) if found is None else found)]
     util = utilisation.phases(res)
     if util.height:  # only for an export with GPU-metrics samples (docs/gpu-metrics.md)
         d["utilisation"] = util.to_dicts()
@@ -54,7 +57,7 @@ def document(res: Result, found: list[dict] | None = None) -> dict:
     return d
 
 
-def to_json(res: Result, found: list[dict] | None = None) -> str:
+def to_json(res: Result, found: list[findings.Finding] | None = None) -> str:
     return doc_json(document(res, found))
 
 
@@ -87,7 +90,7 @@ def frame(res: Result, name: str) -> pl.DataFrame:
         rows = [{k: v for k, v in s.as_dict().items() if k != "budget"} for s in anatomy.segments(res)]
         return pl.DataFrame(rows) if rows else pl.DataFrame(schema={"key": pl.String})
     if name == "findings":
-        f = findings.find(res)
+        f = [x.to_dict() for x in findings.find(res)]
         return pl.DataFrame(f) if f else pl.DataFrame(schema={k: pl.String for k in FINDING_KEYS})
     if name == "utilisation":  # GPU-metrics samples per phase (analyze.compute.utilisation); empty without
         p = utilisation.phases(res)

@@ -31,6 +31,8 @@ from . import plots, terminal
 from .targets import FIGURES, PAGE_START, as_input_error, report_folder
 from .text import acceptance_text, best_text, display_names, probe_lines, ranked
 
+__all__ = ["Section", "utilisation_section", "write_page"]
+
 CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1250px;color:#222;padding:0 1em}
 .tw{overflow-x:auto;max-width:100%;margin:.5em 0 1.5em}
 table{border-collapse:collapse;font-size:13px}th,td{padding:3px 8px;border-bottom:1px solid #ddd;
@@ -136,18 +138,18 @@ def _budget(res, out: NewFolder) -> Section:
                    _p(note) + _save(plots.budget(res), out, "budget.png", "cycle budget per rank") + _table(tab, heads))
 
 
-def _findings(found: list[dict]) -> Section:
+def _findings(found: list[findings.Finding]) -> Section:
     if not found:
         return Section("findings", "Findings", _p("Nothing above 1 % of the cycle."))
     rows = []
     for i, f in enumerate(found, 1):
-        where = ", ".join(x for x in (f["phase"], None if f["rank"] is None else
-                                      ("worst rank " if f.get("rank_is") == "worst" else "rank ") + str(f["rank"]))
+        where = ", ".join(x for x in (f.phase, None if f.rank is None else
+                                      ("worst rank " if f.rank_is == "worst" else "rank ") + str(f.rank))
                           if x)
-        rows.append(f'<tr class="sev-{f["severity"]}"><td class="n">{i}</td><td>{f["severity"]}</td>'
-                    f"<td><code>{f['code']}</code></td><td>{html.escape(where or '-')}</td>"
-                    f'<td class="n">{f["impact_ns"] / 1e3:,.1f} ({100 * f["share"]:.1f} %)</td>'
-                    f'<td class="ev">{html.escape(f["evidence"])}</td><td class="act">{html.escape(f["action"])}</td></tr>')
+        rows.append(f'<tr class="sev-{f.severity}"><td class="n">{i}</td><td>{f.severity}</td>'
+                    f"<td><code>{f.code}</code></td><td>{html.escape(where or '-')}</td>"
+                    f'<td class="n">{f.impact_ns / 1e3:,.1f} ({100 * f.share:.1f} %)</td>'
+                    f'<td class="ev">{html.escape(f.evidence)}</td><td class="act">{html.escape(f.action)}</td></tr>')
     head = ("<tr><th>#</th><th>severity</th><th>finding</th><th>where</th><th>µs per cycle (% of cycle)</th>"
             "<th>evidence</th><th>what to try</th></tr>")
     return Section("findings", "Findings, ranked",
@@ -413,17 +415,17 @@ def _whatif(res, out: NewFolder, model, max_steps: int = whatif.MAX_STEPS) -> Se
     return Section("whatif", "What if: draft steps", "".join(body))
 
 
-def _comparison(doc: dict, out: NewFolder) -> Section:
+def _comparison(doc: cmp.Comparison, out: NewFolder) -> Section:
     """``--vs``: the verdict and a chart of Δ per phase and seam first, then the ranking, per rank, kernels."""
-    p = doc["cycle_period"]
-    tok = doc["per_token"]
-    body = [f'<p class="verdict">{html.escape(doc["verdict"]["text"])}</p>',
-            _p(f"A = {doc['a']} ({doc['a_cycles']} steady cycles over ranks), B = {doc['b']} (this report, "
-               f"{doc['b_cycles']}); Δ = B − A, per cycle (the mean over the steady cycles of the mean over ranks). "
+    p = doc.cycle_period
+    tok = doc.per_token
+    body = [f'<p class="verdict">{html.escape(doc.verdict["text"])}</p>',
+            _p(f"A = {doc.a} ({doc.a_cycles} steady cycles over ranks), B = {doc.b} (this report, "
+               f"{doc.b_cycles}); Δ = B − A, per cycle (the mean over the steady cycles of the mean over ranks). "
                f"Cycle period A {p['a_ns'] / 1e3:,.1f} µs, B {p['b_ns'] / 1e3:,.1f} µs.")]
-    body += [_p(f"Warning: {w}", "warn") for w in doc.get("warnings") or []]
+    body += [_p(f"Warning: {w}", "warn") for w in doc.warnings]
     for k in ("a", "b"):
-        for v in (doc.get("stragglers") or {}).get(k) or []:
+        for v in doc.stragglers.get(k) or []:
             body.append(_p(f"Straggler in {k.upper()}: rank {v['rank']} in {v['phase']}: the other ranks wait "
                            f"{v['per_cycle_ns'] / 1e3:,.1f} µs per cycle for it ({100 * v['wait_share']:.0f} % of the "
                            "waiting in its collectives)."))
@@ -435,7 +437,7 @@ def _comparison(doc: dict, out: NewFolder) -> Section:
              "d_compute_ns": r["delta_compute_ns"], "d_comm_ns": r["delta_comm_ns"], "d_idle_ns": r["delta_idle_ns"],
              "ci_low_ns": r.get("ci_low_ns"), "ci_high_ns": r.get("ci_high_ns"),
              "outside noise": "yes" if r.get("significant") else "",
-             **({"d_token_ns": r["delta_ns_per_token"]} if tok else {})} for r in doc["rows"]]
+             **({"d_token_ns": r["delta_ns_per_token"]} if tok else {})} for r in doc.rows]
     rows.append({"phase or seam": "cycle period", "a_ns": p["a_ns"], "b_ns": p["b_ns"], "delta_ns": p["delta_ns"],
                  "d_compute_ns": None, "d_comm_ns": None, "d_idle_ns": None, "ci_low_ns": p.get("ci_low_ns"),
                  "ci_high_ns": p.get("ci_high_ns"), "outside noise": "",
@@ -444,15 +446,15 @@ def _comparison(doc: dict, out: NewFolder) -> Section:
                        {"a_ns": "A µs/cycle", "b_ns": "B µs/cycle", "delta_ns": "Δ µs/cycle",
                         "d_compute_ns": "= compute", "d_comm_ns": "+ comm", "d_idle_ns": "+ idle",
                         "ci_low_ns": "95 % low", "ci_high_ns": "95 % high", "d_token_ns": "Δ µs/token"}))
-    ranks = sorted({r["rank"] for r in doc["per_rank"] if r["rank"] is not None})
+    ranks = sorted({r["rank"] for r in doc.per_rank if r["rank"] is not None})
     if len(ranks) > 1:
-        by = {(r["phase"], r["rank"]): r["delta_ns"] for r in doc["per_rank"]}
-        top = [r["phase"] for r in doc["rows"][:8]]
+        by = {(r["phase"], r["rank"]): r["delta_ns"] for r in doc.per_rank}
+        top = [r["phase"] for r in doc.rows[:8]]
         body.append("<h3>Δ per rank</h3>" + _table(pl.DataFrame(
             [{"phase or seam": ph, **{f"rank {k}_ns": by.get((ph, k)) for k in ranks}} for ph in top],
             infer_schema_length=None), {f"rank {k}_ns": f"rank {k} Δ µs/cycle" for k in ranks}))
-    if doc.get("kernels"):
-        moved = [k for k in doc["kernels"] if k["phase"] in {r["phase"] for r in doc["rows"][:6]}]
+    if doc.kernels:
+        moved = [k for k in doc.kernels if k["phase"] in {r["phase"] for r in doc.rows[:6]}]
         if moved:
             body.append("<h3>GPU operations that moved most</h3>" + _table(pl.DataFrame(
                 [{"phase": k["phase"], "operation": name, "a_ns": k["a_ns_per_cycle"], "b_ns": k["b_ns_per_cycle"],
@@ -460,7 +462,7 @@ def _comparison(doc: dict, out: NewFolder) -> Section:
                                                           f"{k['b_count_per_cycle']:,.1f}"}
                  for k, name in zip(moved, display_names([k["name"] for k in moved]))]),
                 {"a_ns": "A µs/cycle", "b_ns": "B µs/cycle", "delta_ns": "Δ µs/cycle"}))
-    return Section("compare", "Compared with " + Path(str(doc["a"]).split(",")[0]).name, "".join(body))
+    return Section("compare", "Compared with " + Path(str(doc.a).split(",")[0]).name, "".join(body))
 
 
 def _whole_run(res) -> Section:

@@ -23,8 +23,12 @@ from matplotlib.patches import Patch
 from nvtx_hooks.phases import COMM_COLOR, CYCLE_ORDER, IDLE_COLOR, SEAM_COLOR, base_name, color_of
 
 from ..compute import headline
+from ..compute.compare import Comparison
 from ..compute.tokens import base_expr, cycles
 from . import terminal
+
+__all__ = ["InlineFigure", "phase_bars", "rank_heatmap", "budget", "timeline", "distributions", "per_cycle",
+           "has_comm_split", "comm_split", "whatif_curve", "utilisation_bars", "compare_delta"]
 
 WAIT_COLOR = "#f4a259"  # comm wait (a rank waiting for the others); transfer uses COMM_COLOR
 
@@ -410,14 +414,14 @@ def utilisation_bars(res) -> Figure | None:
     return fig
 
 
-def compare_delta(doc: dict, top: int = 12) -> Figure | None:
+def compare_delta(doc: Comparison, top: int = 12) -> Figure | None:
     """The comparison (``spectrace compare``'s document): Δ = B − A in µs per cycle for the phases and seams that
     moved most, one horizontal bar each, stacked into compute, comm and idle (they add up to Δ), the 95 % interval
     as a whisker; the cycle period's Δ on top. None when nothing is compared."""
-    rows = [r for r in doc["rows"] if r.get("delta_ns") is not None][:top]
+    rows = [r for r in doc.rows if r.get("delta_ns") is not None][:top]
     if not rows:
         return None
-    p = doc["cycle_period"]
+    p = doc.cycle_period
     names = ["cycle period", *[_t(r["phase"]) for r in rows]]
     fig = _figure(11, 1.2 + 0.32 * len(names))
     ax = fig.subplots()

@@ -13,10 +13,17 @@ from nvtx_hooks.phases import base_name
 from ..compute import anatomy
 from ..compute import headline as hl
 from ..compute.collectives import short_name
+from ..compute.compare import Comparison
+from ..compute.findings import Finding
 from ..compute.headline import budget
 from ..compute.tokens import DEFINITION, cycle_order, selection, summary
 from ..compute.whatif import MAX_STEPS, Model
 from ..model import SEAM_CAUSES, CommResult, Result
+
+__all__ = ["kernel_label", "ranked", "text_width", "wrap_lines", "display_names", "selection_lines", "class_lines",
+           "segment_lines", "budget_text", "steady_phase_text", "findings_text", "table_text", "kernels_text",
+           "analyze_table", "probe_lines", "comm_table", "compare_table", "whatif_segment_lines", "acceptance_text",
+           "best_text", "whatif_table"]
 
 NO_PHASE = "(none)"  # how a null phase (GPU work outside every selected range) is shown
 
@@ -299,18 +306,18 @@ def steady_phase_text(res: Result) -> list[str]:
             *_grid(STEADY_HEADER, rows, 2)]
 
 
-def findings_text(found: list[dict], width: int = 110) -> list[str]:
-    """Ranked findings with their evidence and what to try."""
+def findings_text(found: list[Finding], width: int = 110) -> list[str]:
+    """Ranked findings with their evidence and what to try (the lines ``spectrace analyze`` prints)."""
     out = ["Findings, ranked by the cycle time they explain (what to change first)"]
     if not found:
         return [*out, "  none above 1 % of the cycle."]
     for i, f in enumerate(found, 1):
-        rk = None if f["rank"] is None else ("worst rank " if f.get("rank_is") == "worst" else "rank ") + str(f["rank"])
-        where = " · ".join(x for x in (f["phase"], rk) if x)
-        out.append(f"{i:>2}. [{f['severity']}] {f['code']}" + (f" · {where}" if where else "")
-                   + f" · {_us(f['impact_ns'])} µs per cycle ({100 * f['share']:.1f} %)")
-        out += textwrap.wrap(f["evidence"], width, initial_indent="    ", subsequent_indent="    ")
-        out += textwrap.wrap("try: " + f["action"], width, initial_indent="    ", subsequent_indent="         ")
+        rk = None if f.rank is None else ("worst rank " if f.rank_is == "worst" else "rank ") + str(f.rank)
+        where = " · ".join(x for x in (f.phase, rk) if x)
+        out.append(f"{i:>2}. [{f.severity}] {f.code}" + (f" · {where}" if where else "")
+                   + f" · {_us(f.impact_ns)} µs per cycle ({100 * f.share:.1f} %)")
+        out += textwrap.wrap(f.evidence, width, initial_indent="    ", subsequent_indent="    ")
+        out += textwrap.wrap("try: " + f.action, width, initial_indent="    ", subsequent_indent="         ")
     return out
 
 
@@ -349,7 +356,7 @@ def kernels_text(res: Result, top: int = 5) -> str:
     return "\n".join(out) + "\n"
 
 
-def analyze_table(res: Result, found: list[dict] | None = None) -> str:
+def analyze_table(res: Result, found: list[Finding] | None = None) -> str:
     """``spectrace analyze``: steady state and cycle budget first, per-instance phases, the whole run's totals,
     comm split, seams, parent ranges, coverage, diagnostics, then the ranked findings."""
     t, out = res.trace, []
@@ -554,26 +561,26 @@ def _d(v, fmt="{:+,.1f}") -> str:
     return "-" if v is None else fmt.format(v / 1e3)
 
 
-def compare_table(doc: dict) -> str:
+def compare_table(doc: Comparison) -> str:
     """``spectrace compare``: the verdict, then phases and seams in one ranking (µs per cycle, B − A split into
     compute / comm / idle, 95 % interval), per rank, and the kernels that moved."""
-    tok = doc["per_token"]
-    out = [f"A: {doc['a']} ({doc['a_cycles']} steady cycles over ranks)",
-           f"   {doc['steady']['a']}",
-           f"B: {doc['b']} ({doc['b_cycles']} steady cycles over ranks)",
-           f"   {doc['steady']['b']}"]
-    p = doc["cycle_period"]
+    tok = doc.per_token
+    out = [f"A: {doc.a} ({doc.a_cycles} steady cycles over ranks)",
+           f"   {doc.steady['a']}",
+           f"B: {doc.b} ({doc.b_cycles} steady cycles over ranks)",
+           f"   {doc.steady['b']}"]
+    p = doc.cycle_period
     for k in ("a", "b"):
-        t = doc["tokens"][k]
+        t = doc.tokens[k]
         line = f"{k.upper()}: cycle period {_f(p[f'{k}_ns'])} µs"
-        if t["tokens_per_cycle"] is not None:
-            line += (f", {t['tokens_per_cycle']:.2f} tokens per {t['kind']} ({t['source']}), "
-                     f"{t['tokens_per_s']:,.1f} tokens/s")
+        if t.tokens_per_cycle is not None:
+            line += (f", {t.tokens_per_cycle:.2f} tokens per {t.kind} ({t.source}), "
+                     f"{t.tokens_per_s:,.1f} tokens/s")
         out.append(line)
-    out.append(f"   ({doc['definition']})")
-    out += ["", f"Verdict: {doc['verdict']['text']}"]
-    out += [f"Warning: {w}" for w in doc.get("warnings") or []]
-    st = doc.get("stragglers") or {}
+    out.append(f"   ({doc.definition})")
+    out += ["", f"Verdict: {doc.verdict['text']}"]
+    out += [f"Warning: {w}" for w in doc.warnings]
+    st = doc.stragglers
     for k in ("a", "b"):
         for v in st.get(k) or []:
             out.append(f"Straggler in {k.upper()}: rank {v['rank']} in {v['phase']}: the other ranks wait "
@@ -584,7 +591,7 @@ def compare_table(doc: dict) -> str:
     if tok:
         head.append("Δ µs/token")
     rows = []
-    for r in doc["rows"]:
+    for r in doc.rows:
         ci = (f"{_d(r.get('ci_low_ns'))} … {_d(r.get('ci_high_ns'))}" + (" *" if r.get("significant") else "  ")
               if r.get("ci_low_ns") is not None else "-")
         cells = [r["phase"], _f(r["a_ns_per_cycle"]) if r["in_a"] else "–", _f(r["b_ns_per_cycle"]) if r["in_b"] else "–",
@@ -598,16 +605,16 @@ def compare_table(doc: dict) -> str:
         cells.append(_d(p["b_ns_per_token"] - p["a_ns_per_token"]))
     rows.append(cells)
     out += _grid(head, rows)
-    ranks = sorted({r["rank"] for r in doc["per_rank"] if r["rank"] is not None})
+    ranks = sorted({r["rank"] for r in doc.per_rank if r["rank"] is not None})
     if len(ranks) > 1:
-        top = [r["phase"] for r in doc["rows"][:8]]
-        by = {(r["phase"], r["rank"]): r for r in doc["per_rank"]}
+        top = [r["phase"] for r in doc.rows[:8]]
+        by = {(r["phase"], r["rank"]): r for r in doc.per_rank}
         out += ["", "Δ per rank, µs per cycle (compute / comm / idle of the change in the JSON's per_rank)"]
         out += _grid(["phase or seam", *[f"rank {k}" for k in ranks]],
                      [[ph, *[_d(by[(ph, k)]["delta_ns"]) if (ph, k) in by else "–" for k in ranks]] for ph in top])
-    if doc.get("kernels"):
+    if doc.kernels:
         out += ["", "GPU operations that moved most, per phase (µs per cycle; count per cycle)"]
-        moved = [k for k in doc["kernels"] if k["phase"] in {r["phase"] for r in doc["rows"][:6]}]
+        moved = [k for k in doc.kernels if k["phase"] in {r["phase"] for r in doc.rows[:6]}]
         rows = [[k["phase"], label, _f(k["a_ns_per_cycle"]), _f(k["b_ns_per_cycle"]),
                  _d(k["delta_ns"]), f"{k['a_count_per_cycle']:,.1f} → {k['b_count_per_cycle']:,.1f}"]
                 for k, label in zip(moved, display_names([k["name"] for k in moved], 56))]

@@ -1,0 +1,133 @@
+"""The steady state of an analysed trace, as one object: ``res.steady`` (:attr:`analyze.model.Result.steady`).
+
+Everything ``spectrace analyze`` prints over the steady cycles (warm-up and rare stalls left out, what recurs
+kept: :mod:`analyze.compute.steady`) is an attribute of :class:`SteadyState`: the cycle budget, the phases and
+seams per instance, the tokens, the slower cycles, the segments of one batch size, the stragglers, the ranked
+findings and the GPU utilisation. Each attribute calls the function that computes it
+(:mod:`analyze.compute.headline`, :mod:`~analyze.compute.tokens`, :mod:`~analyze.compute.anatomy`,
+:mod:`~analyze.compute.findings`, :mod:`~analyze.compute.utilisation`); those keep what they computed in
+``Result.memo``, so that asking twice computes once and the CLI, the report and a notebook share the tables.
+
+A :class:`SteadyState` holds nothing but its :class:`~analyze.model.Result`: ``res.steady`` builds one on each
+access (the class is attached to the Result by :func:`analyze.api.analyze`, the model layer does not import
+this one), and ``SteadyState(res)`` works on any Result, one built by hand too. The cycle choice is the
+Result's (``analyze(..., skip_cycles=, window=)``).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from ..model import Result
+from . import anatomy, findings, headline, utilisation
+from .anatomy import CycleClass, Segment
+from .findings import Finding
+from .tokens import Tokens, cycles, selection, summary
+
+__all__ = ["SteadyState"]
+
+
+class SteadyState:
+    """The steady-state view of one analysed trace (module docstring): ``res.steady.phases``, ``.budget``, ..."""
+
+    def __init__(self, res: Result):
+        self.result = res
+
+    def __repr__(self) -> str:
+        return f"SteadyState({self.selection['text']!r})"
+
+    @property
+    def selection(self) -> dict:
+        """Which cycles are the steady state and why: ``text`` (the sentence ``analyze`` prints), ``how``, counts."""
+        return selection(self.result)
+
+    @property
+    def cycles(self) -> pl.DataFrame:
+        """Every cycle per rank (``rank, key, kind, period_ns, tokens, ...``) with ``steady`` flagging the kept ones."""
+        return cycles(self.result)
+
+    @property
+    def tokens(self) -> Tokens:
+        """The cycle period (mean, p50, p90), tokens per cycle, tokens/s and the acceptance over the steady cycles."""
+        return summary(self.result)
+
+    def tokens_with_steps(self, steps: int | None) -> Tokens:
+        """:attr:`tokens` for a trace whose number of draft steps is known to the caller only (no manifest)."""
+        return summary(self.result, steps=steps)
+
+    @property
+    def budget(self) -> pl.DataFrame:
+        """Where one steady cycle goes, per rank: ``rank, segment, kind, ns, share, gpu_idle_ns`` (the pieces add
+        up to the cycle period)."""
+        return headline.budget(self.result)
+
+    @property
+    def phases(self) -> pl.DataFrame:
+        """Per rank and phase: sums, per-instance mean/p50/p90 of span, compute, comm and idle, the comm
+        wait/transfer split."""
+        return headline.phases(self.result)
+
+    @property
+    def phases_all(self) -> pl.DataFrame:
+        """Per phase over all ranks (``ranks``: how many had it)."""
+        return headline.phases_all(self.result)
+
+    @property
+    def seams(self) -> pl.DataFrame:
+        """Per rank and seam (``parent, from, to``): the idle between consecutive phases, with what bound it."""
+        return headline.seams(self.result)
+
+    @property
+    def seams_all(self) -> pl.DataFrame:
+        """Per seam over all ranks."""
+        return headline.seams_all(self.result)
+
+    @property
+    def instances(self) -> pl.DataFrame:
+        """Every range instance with ``steady`` (in a steady cycle) and its cycle ``key``."""
+        return headline.instances(self.result)
+
+    @property
+    def kernels(self) -> pl.DataFrame:
+        """GPU operations per phase, all ranks, biggest first, with per-cycle time and count."""
+        return headline.kernels(self.result)
+
+    @property
+    def stragglers(self) -> pl.DataFrame:
+        """Per phase and rank: last arrivals at matched collectives and the waiting they caused."""
+        return headline.stragglers(self.result)
+
+    @property
+    def straggler(self) -> pl.DataFrame:
+        """The straggler of each phase (the one ``analyze``, ``comm``, ``compare`` and the report name), with
+        ``per_cycle_ns``; no row when no rank makes the others wait enough."""
+        return headline.straggler_verdict(self.result)
+
+    @property
+    def cycle_classes(self) -> list[CycleClass]:
+        """The slower cycles: classes that recur (kept, described) and the rare stalls (left out)."""
+        return anatomy.cycle_classes(self.result)
+
+    @property
+    def segments(self) -> list[Segment]:
+        """The run cut into segments of one decode batch size (none without a batch size in the payload)."""
+        return anatomy.segments(self.result)
+
+    @property
+    def findings(self) -> list[Finding]:
+        """The ranked findings, biggest impact first (:func:`analyze.compute.findings.find`, with the what-if
+        model fitted on this trace when it can be)."""
+        key = ("findings", repr(sorted(self.result.cycle_choice.items())))
+        if key not in self.result.memo:
+            self.result.memo[key] = findings.find(self.result)
+        return self.result.memo[key]
+
+    @property
+    def utilisation(self) -> pl.DataFrame:
+        """GPU-metrics samples per phase (percent of peak, ``bound``); empty without ``--gpu-metrics``."""
+        return utilisation.phases(self.result)
+
+    @property
+    def utilisation_seams(self) -> pl.DataFrame:
+        """GPU-metrics samples over the seams; empty without ``--gpu-metrics``."""
+        return utilisation.seams(self.result)
