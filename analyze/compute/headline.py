@@ -102,7 +102,7 @@ def matched(res) -> pl.DataFrame:
 def phases(res) -> pl.DataFrame:
     """Per rank and phase over the steady state: sums, per-instance mean/p50/p90, the comm wait/transfer split."""
     def run():
-        p = breakdown.phases(instances(res).filter("steady"))
+        p = breakdown.sum_phases(instances(res).filter("steady"))
         split = collectives.phase_split(matched(res)) if res.comm_kernels.height else None
         if split is None or split.height == 0:
             return p.with_columns(pl.lit(0, pl.Int64).alias(c) for c in collectives.SPLIT)
@@ -115,7 +115,7 @@ def phases_all(res) -> pl.DataFrame:
     """Per phase over all ranks' steady instances: sums and per-instance mean/p50/p90 (``ranks`` = ranks with it)."""
     def run():
         inst = instances(res).filter("steady")
-        p = breakdown.phases(inst, by=())
+        p = breakdown.sum_phases(inst, by=())
         n = inst.filter(pl.col("x_ops") > 0).group_by("domain", range="range").agg(ranks=pl.col("rank").n_unique())
         return p.join(n.rename({"range": "phase"}), on=["domain", "phase"], how="left")
     return _memo(res, "phases_all", run)
@@ -132,12 +132,12 @@ def seam_instances(res) -> pl.DataFrame:
 
 
 def seams(res) -> pl.DataFrame:
-    """Seams per rank over the steady state (as :func:`analyze.compute.breakdown.seams`)."""
+    """Seams per rank over the steady state (as :func:`analyze.compute.breakdown.sum_seams`)."""
     def run():
         s = seam_instances(res)
         if s.height == 0:
             return res.seams.head(0)
-        return breakdown.seams(s, res.instances)
+        return breakdown.sum_seams(s, res.instances)
     return _memo(res, "seams", run)
 
 

@@ -188,10 +188,10 @@ def process(source, pid: int, ctx: Context) -> dict:
     out["facts"]["duplicate_ops"] = duplicate_ops(ops)
     if ops.height:
         anc = attribute.ancestors(nested)
-        inst = breakdown.instances(nested, ops, anc)
+        inst = breakdown.measure_instances(nested, ops, anc)
         blocks = breakdown.gpu_blocks(ops)
         inst = windows.with_cycle(breakdown.add_gpu_idle(inst, blocks), anc, ctx.cycle_index)
-        out["seam"] = host.seam_causes(breakdown.seam_instances(inst, blocks), firsts)
+        out["seam"] = host.seam_causes(breakdown.measure_seams(inst, blocks), firsts)
         out["cov"] = breakdown.coverage(inst, ops, blocks)
         out["inst"] = with_graphs(host.add_instance_cols(inst, per_inst), graphs, anc)
         out["calls"] = key_calls
@@ -253,7 +253,7 @@ def kernel_stats(ops: pl.DataFrame, kinds: pl.DataFrame, rank: int | None) -> pl
 
 def _without_gpu(nested: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
     """Instances of ranges whose process ran no GPU work (every metric zero)."""
-    return host.add_instance_cols(breakdown.instances(nested, ops, attribute.ancestors(nested)).with_columns(
+    return host.add_instance_cols(breakdown.measure_instances(nested, ops, attribute.ancestors(nested)).with_columns(
         x_gpu_idle_ns=pl.lit(0, pl.Int64), i_gpu_idle_ns=pl.lit(0, pl.Int64)), None)
 
 
@@ -384,7 +384,7 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
     inst, kern = paired.instances, paired.kernels
     counted = inst.filter(pl.col("left_out").is_null())
     seam_inst = counted_seams(seam_inst, inst)
-    phases = breakdown.phases(counted).join(host.phase_host(counted), on=["rank", "domain", "phase"], how="left",
+    phases = breakdown.sum_phases(counted).join(host.phase_host(counted), on=["rank", "domain", "phase"], how="left",
                                             maintain_order="left")
     diags.extend(diagnose(head, nested, facts, rk, inst, cov, phases))
     diags.extend(paired.diagnostics)
@@ -402,7 +402,7 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
         phases=phases,
         ranges=breakdown.projections(counted),
         seam_instances=seam_inst,
-        seams=breakdown.seams(seam_inst, inst),
+        seams=breakdown.sum_seams(seam_inst, inst),
         coverage=cov,
         comm_kernels=kern,
         ops=ops,
@@ -480,12 +480,12 @@ def merge(results: list[Result]) -> Result:
     if seam_inst.height:  # instance ids are per report: seams find their instances within their own report
         seam_inst = (seam_inst.join(gone, on=["report", "range_id"], how="anti")
                      .join(gone.rename({"range_id": "prev_range_id"}), on=["report", "prev_range_id"], how="anti"))
-    seams = [breakdown.seams(seam_inst.filter(pl.col("report") == i).drop("report"),
+    seams = [breakdown.sum_seams(seam_inst.filter(pl.col("report") == i).drop("report"),
                              inst.filter(pl.col("report") == i)).with_columns(report=pl.lit(i, pl.Int32))
              for i in range(len(results))]
     report_of = cat["ranks"].select("rank", "report")
     counted = inst.filter(pl.col("left_out").is_null())
-    phases = (breakdown.phases(counted).join(host.phase_host(counted), on=["rank", "domain", "phase"], how="left",
+    phases = (breakdown.sum_phases(counted).join(host.phase_host(counted), on=["rank", "domain", "phase"], how="left",
                                              maintain_order="left").join(report_of, on="rank", how="left"))
     phases = collectives.with_split(phases, comm.matched, comm.refused)
     diags += comm.diagnostics  # the pairing diagnostics of every rank, then matching
