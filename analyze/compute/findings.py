@@ -125,7 +125,7 @@ def _ranks_txt(o: dict) -> str:
 def launch_timing(res) -> pl.DataFrame:
     """Steady seam instances with ``late_ns`` (the GPU idle before the next range's first launch call began:
     the CPU was late) and ``held_ns`` (the rest of the gap: launched in time, started later)."""
-    s = headline.seam_instances(res)
+    s = headline.steady_seam_instances(res)
     if s.height == 0:
         return s
     nxt = res.instances.filter(pl.col("rank").is_not_null()).select("rank", "range_id", launch="i_first_launch")
@@ -535,7 +535,7 @@ def context(res, model=None) -> Context:
             model = None
     ncyc = headline.cycles_per_rank(res).rename({"cycles": "ncyc"})
     return Context(res=res, period_ns=float(summary(res).period_ns or 0.0), budget=headline.budget(res),
-                   phases=headline.phases(res), seams=launch_timing(res), stragglers=headline.stragglers(res),
+                   phases=headline.steady_phases(res), seams=launch_timing(res), stragglers=headline.stragglers(res),
                    info=selection(res), model=model, cycles=ncyc,
                    untrusted=set(headline.matching(res).filter(~pl.col("trusted"))["phase"].to_list()),
                    classes=anatomy.cycle_classes(res))

@@ -40,7 +40,7 @@ def _ids(inst: pl.DataFrame) -> list[str]:
     return ["report", "range_id"] if "report" in inst.columns else ["range_id"]
 
 
-def instances(res) -> pl.DataFrame:
+def instances_marked_steady(res) -> pl.DataFrame:
     """``res.instances`` with ``steady`` (bool) and ``top`` (the range_id of its outermost selected range)."""
     return _memo(res, "instances", lambda: _instances(res))
 
@@ -81,7 +81,7 @@ def _instances(res) -> pl.DataFrame:
 
 def keys(res) -> pl.DataFrame:
     """``rank, range_id`` of the steady instances with GPU work (ranks are unique across merged reports)."""
-    return _memo(res, "keys", lambda: instances(res).filter(pl.col("steady") & pl.col("rank").is_not_null())
+    return _memo(res, "keys", lambda: instances_marked_steady(res).filter(pl.col("steady") & pl.col("rank").is_not_null())
                  .select("rank", "range_id"))
 
 
@@ -99,10 +99,10 @@ def matched(res) -> pl.DataFrame:
     return _memo(res, "matched", run)
 
 
-def phases(res) -> pl.DataFrame:
+def steady_phases(res) -> pl.DataFrame:
     """Per rank and phase over the steady state: sums, per-instance mean/p50/p90, the comm wait/transfer split."""
     def run():
-        p = breakdown.sum_phases(instances(res).filter("steady"))
+        p = breakdown.sum_phases(instances_marked_steady(res).filter("steady"))
         split = collectives.phase_split(matched(res)) if res.comm_kernels.height else None
         if split is None or split.height == 0:
             return p.with_columns(pl.lit(0, pl.Int64).alias(c) for c in collectives.SPLIT)
@@ -111,17 +111,17 @@ def phases(res) -> pl.DataFrame:
     return _memo(res, "phases", run)
 
 
-def phases_all(res) -> pl.DataFrame:
+def steady_phases_all_ranks(res) -> pl.DataFrame:
     """Per phase over all ranks' steady instances: sums and per-instance mean/p50/p90 (``ranks`` = ranks with it)."""
     def run():
-        inst = instances(res).filter("steady")
+        inst = instances_marked_steady(res).filter("steady")
         p = breakdown.sum_phases(inst, by=())
         n = inst.filter(pl.col("x_ops") > 0).group_by("domain", range="range").agg(ranks=pl.col("rank").n_unique())
         return p.join(n.rename({"range": "phase"}), on=["domain", "phase"], how="left")
     return _memo(res, "phases_all", run)
 
 
-def seam_instances(res) -> pl.DataFrame:
+def steady_seam_instances(res) -> pl.DataFrame:
     """Seam instances that lead into a steady instance (the wait before a cycle belongs to that cycle's period)."""
     def run():
         s = res.seam_instances
@@ -131,20 +131,20 @@ def seam_instances(res) -> pl.DataFrame:
     return _memo(res, "seam_instances", run)
 
 
-def seams(res) -> pl.DataFrame:
+def steady_seams(res) -> pl.DataFrame:
     """Seams per rank over the steady state (as :func:`analyze.compute.breakdown.sum_seams`)."""
     def run():
-        s = seam_instances(res)
+        s = steady_seam_instances(res)
         if s.height == 0:
             return res.seams.head(0)
         return breakdown.sum_seams(s, res.instances)
     return _memo(res, "seams", run)
 
 
-def seams_all(res) -> pl.DataFrame:
+def steady_seams_all_ranks(res) -> pl.DataFrame:
     """Seams over all ranks, steady state: sums and per-instance idle mean/p50/p90."""
     def run():
-        s = seam_instances(res)
+        s = steady_seam_instances(res)
         if s.height == 0:
             return pl.DataFrame()
         parents = res.instances.filter(pl.col("rank").is_not_null()).select("rank", parent="range_id",
@@ -213,7 +213,7 @@ def straggler_verdict(res) -> pl.DataFrame:
 
 def ranges(res) -> pl.DataFrame:
     """NVIDIA-style inclusive projections (:func:`analyze.compute.breakdown.projections`) over the steady state."""
-    return _memo(res, "ranges", lambda: breakdown.projections(instances(res).filter("steady")))
+    return _memo(res, "ranges", lambda: breakdown.projections(instances_marked_steady(res).filter("steady")))
 
 
 def kernels(res, top: int | None = None) -> pl.DataFrame:
