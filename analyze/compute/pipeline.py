@@ -105,7 +105,7 @@ def gather_kinds(kinds: pl.DataFrame, cols: list[str]) -> list[pl.Expr]:
 
 
 @dataclasses.dataclass
-class Context:
+class ProcessContext:
     """What every process body shares: the selected ranges, op kinds, devices, graph-launch API names."""
 
     nested: pl.DataFrame
@@ -118,7 +118,7 @@ class Context:
     cycle_index: bool = True  # the payload's cycle index identifies cycles (windows.cycle_index_problem)
 
 
-def process(source, pid: int, ctx: Context) -> dict:
+def process(source, pid: int, ctx: ProcessContext) -> dict:
     """The per-process body: attribute one process's GPU ops to its ranges and measure every instance.
 
     Returns small frames (``ranks``, ``inst``, ``seam``, ``cov``, ``kern``, ``calls``: the key host calls of
@@ -331,7 +331,7 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
     bad_index = windows.cycle_index_problem(sel)
     if bad_index:
         diags.append(Diagnostic("warning", "PAYLOAD_CYCLE_INDEX", bad_index))
-    ctx = Context(nested_all, kinds, head.devices, launch_ids, keep_ops, sync_ids, graphs=not payload_batches(sel),
+    ctx = ProcessContext(nested_all, kinds, head.devices, launch_ids, keep_ops, sync_ids, graphs=not payload_batches(sel),
                   cycle_index=bad_index is None)
 
     parts: dict[str, list] = {k: [] for k in ("ranks", "inst", "seam", "cov", "ops", "kern", "kstat", "facts",
