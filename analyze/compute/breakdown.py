@@ -10,7 +10,7 @@ import polars as pl
 
 from ..model import bound_expr
 from . import host
-from .intervals import busy_between, busy_function, group_parts, merge, union_length
+from .intervals import busy_between, busy_function, group_parts, union_blocks, union_length
 
 METRICS = ("span_ns", "busy_ns", "compute_ns", "comm_ns", "idle_ns", "kernel_ns", "ops", "launches")
 
@@ -205,7 +205,7 @@ def gpu_blocks(ops: pl.DataFrame) -> pl.DataFrame:
 
     With ``before`` (busy time of the process's earlier blocks), ready for repeated window queries.
     """
-    return busy_function(merge(ops, ["pid"], presorted=True).collect(), ["pid"]).collect()
+    return busy_function(union_blocks(ops, ["pid"], presorted=True).collect(), ["pid"]).collect()
 
 
 def measure_seams(inst: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:

@@ -9,7 +9,7 @@ when they are small enough) and then runs the global steps once, on those small 
 numbering, per-phase sums, cross-rank collective matching, diagnostics.
 
 :func:`analyze_each` maps :func:`analyze` over several reports (worker processes, or any executor
-such as a Dask cluster's) and :func:`merge` makes one result of them: ranks numbered across reports in the
+such as a Dask cluster's) and :func:`merge_results` makes one result of them: ranks numbered across reports in the
 order given; communication matched across all ranks with the clock alignment of
 :func:`analyze.compute.collectives.cross_rank`.
 """
@@ -442,7 +442,7 @@ def _no_kernels() -> pl.DataFrame:
 
 def analyze_for_merge(path: str, ranges: str | None, comm_patterns: list[CommPattern] | None,
                       store: bool | None, cache: bool | None) -> Result:
-    """:func:`analyze` of one report for :func:`merge`: the unit a worker process, Ray or Dask task runs."""
+    """:func:`analyze` of one report for :func:`merge_results`: the unit a worker process, Ray or Dask task runs."""
     return analyze(path, ranges, comm_patterns, store=store, cache=cache, progress=False)
 
 
@@ -452,7 +452,7 @@ def _offset(df: pl.DataFrame, base: int, i: int) -> pl.DataFrame:
     return df.with_columns(pl.col("rank") + base, report=pl.lit(i, pl.Int32))
 
 
-def merge(results: list[Result]) -> Result:
+def merge_results(results: list[Result]) -> Result:
     """One result from several reports' (see the module docstring)."""
     if len(results) == 1:
         return results[0]
