@@ -228,7 +228,7 @@ def compare(a: Reports, b: Reports, ranges: str | None = None, comm_patterns=Non
     from .compute import compare as cmp
 
     ra, rb = analyze(a, ranges, comm_patterns, **kw), analyze(b, ranges, comm_patterns, **kw)
-    doc = cmp.compare(ra, rb)
+    doc = cmp.compare_results(ra, rb)
     keep_derived(ra, rb)
     return doc
 

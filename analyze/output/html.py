@@ -503,7 +503,7 @@ def _write_page(res, out: NewFolder, vs, steps_now: int | None, extra) -> None:
     except InputError as e:
         model = e
     found = findings.find(res, None if isinstance(model, InputError) else model)
-    top = [_comparison(cmp.compare(vs, res), out)] if vs is not None else []
+    top = [_comparison(cmp.compare_results(vs, res), out)] if vs is not None else []
     secs = [*top, _summary(res, steps_now), _budget(res, out), _findings(found),
             *[x for x in (_classes(res), _segments(res)) if x is not None], _phases(res, out)]
     secs += [s for s in (utilisation_section(res),) if s is not None]
