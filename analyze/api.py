@@ -136,7 +136,7 @@ def analyze(
     elif keep_ops:
         raise InputError("keep_ops needs a single report", "BAD_OPTION")
     else:
-        res = pipeline.merge(pipeline.analyze_each(many, ranges, comm_patterns, store=store, cache=cache,
+        res = pipeline.merge_results(pipeline.analyze_each(many, ranges, comm_patterns, store=store, cache=cache,
                                                    jobs=jobs, executor=executor))
     res.cycle_choice = choice
     res.diagnostics[:0] = notes
@@ -200,7 +200,7 @@ def comm(reports: Reports, ranges: str | None = None, comm_patterns=None, *, ski
     choice = steady.check_choice(skip_cycles, window)
     many, _ = _exported(_many(reports))
     results = pipeline.analyze_each(many, ranges, comm_patterns, **kw)  # kw: store, cache, jobs, executor, progress
-    res = pipeline.merge(results) if len(results) > 1 else results[0]
+    res = pipeline.merge_results(results) if len(results) > 1 else results[0]
     res.cycle_choice = choice
     info = selection(res)
 
@@ -228,7 +228,7 @@ def compare(a: Reports, b: Reports, ranges: str | None = None, comm_patterns=Non
     from .compute import compare as cmp
 
     ra, rb = analyze(a, ranges, comm_patterns, **kw), analyze(b, ranges, comm_patterns, **kw)
-    doc = cmp.compare(ra, rb)
+    doc = cmp.compare_results(ra, rb)
     keep_derived(ra, rb)
     return doc
 

@@ -8,7 +8,7 @@ import pytest
 
 from analyze import analyze
 from analyze.cli import main
-from analyze.compute.compare import compare
+from analyze.compute.compare import compare_results
 from analyze.output.text import compare_table
 from tests.helpers import eagle_synth as es
 
@@ -24,7 +24,7 @@ def rows(doc, section="phases"):
 
 
 def test_phase_per_cycle_and_per_token(paths):
-    doc = compare(analyze(paths[0]), analyze(paths[1])).to_dict()
+    doc = compare_results(analyze(paths[0]), analyze(paths[1])).to_dict()
     r = rows(doc)
     # B per cycle, over the cycles with a period (1..3: the first has none), mean over ranks: draft (1100 + 700) / 2
     # = 900; verify 3000; extend (200 + 250 + 300) / 3 = 250
@@ -70,7 +70,7 @@ def comm_pair(tmp_path_factory):
 
 
 def test_change_split_into_compute_comm_idle(comm_pair):
-    doc = compare(analyze(comm_pair[0]), analyze(comm_pair[1])).to_dict()
+    doc = compare_results(analyze(comm_pair[0]), analyze(comm_pair[1])).to_dict()
     r = rows(doc, "rows")
     v = r["verify"]
     # verify: gemm 2500 + all-reduce 400 → 100: the whole −300 ns per cycle is communication
@@ -93,7 +93,7 @@ def test_change_split_into_compute_comm_idle(comm_pair):
 
 
 def test_missing_side_shows_a_dash(paths):
-    cmp = compare(analyze(paths[0]), analyze(paths[1]))
+    cmp = compare_results(analyze(paths[0]), analyze(paths[1]))
     r = rows(cmp.to_dict(), "rows")
     assert (r["draft"]["in_a"], r["draft"]["in_b"], r["decode_step"]["in_b"]) == (False, True, False)
     line = next(ln for ln in compare_table(cmp).splitlines() if ln.startswith("draft "))
@@ -111,9 +111,9 @@ def test_verdict_and_fail_if_slower(tmp_path, capsys):
     a = _periodic(tmp_path / "a.sqlite", jitter)
     same = _periodic(tmp_path / "same.sqlite", jitter[1:] + jitter[:1])  # the same periods in another order
     slow = _periodic(tmp_path / "slow.sqlite", [p + 600 for p in jitter])  # +5.9 %
-    doc = compare(analyze(a), analyze(same)).to_dict()
+    doc = compare_results(analyze(a), analyze(same)).to_dict()
     assert doc["verdict"]["result"] == "no clear change" and doc["verdict"]["ci_low_pct"] < 0 < doc["verdict"]["ci_high_pct"]
-    doc = compare(analyze(a), analyze(slow)).to_dict()
+    doc = compare_results(analyze(a), analyze(slow)).to_dict()
     assert doc["verdict"]["result"] == "slower" and doc["verdict"]["change_pct"] == pytest.approx(100 * 600 / 10_200)
     assert main(["compare", str(a), str(slow), "--fail-if-slower", "3"]) == 1
     assert "exit 1" in capsys.readouterr().err

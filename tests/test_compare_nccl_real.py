@@ -16,7 +16,7 @@ import pytest
 
 from analyze import analyze
 from analyze.compute import headline
-from analyze.compute.compare import compare
+from analyze.compute.compare import compare_results
 
 DATA = Path(__file__).parent / "data" / "h200_tp2"
 
@@ -38,7 +38,7 @@ def nccl_per_cycle(res, phase: str) -> float:
 def test_simple_to_ll_is_communication(tmp_path):
     a = analyze(capture("tp2_nccl_simple", tmp_path))
     b = analyze(capture("tp2_nccl_ll", tmp_path))
-    doc = compare(a, b).to_dict()
+    doc = compare_results(a, b).to_dict()
     v = next(r for r in doc["rows"] if r["phase"] == "verify")
     truth = nccl_per_cycle(b, "verify") - nccl_per_cycle(a, "verify")
     assert v["delta_comm_ns"] == pytest.approx(truth, rel=0.05)

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from analyze.compute import breakdown
-from analyze.compute.intervals import busy_between, group_parts, merge, union_length
+from analyze.compute.intervals import busy_between, group_parts, union_blocks, union_length
 
 ivs = st.lists(st.tuples(st.integers(0, 60), st.integers(0, 15), st.integers(0, 2)), min_size=0, max_size=25)
 
@@ -32,7 +32,7 @@ def test_union_length_is_number_of_covered_points(items):
 @settings(max_examples=200, deadline=None)
 @given(ivs)
 def test_merge_gives_disjoint_sorted_blocks_covering_the_same_points(items):
-    blocks = merge(frame(items), ["g"]).collect()
+    blocks = union_blocks(frame(items), ["g"]).collect()
     for g, b in blocks.group_by("g"):
         s, e = b["start"].to_list(), b["end"].to_list()
         assert all(e[i] < s[i + 1] for i in range(len(s) - 1))  # disjoint, not touching
@@ -43,7 +43,7 @@ def test_merge_gives_disjoint_sorted_blocks_covering_the_same_points(items):
 @settings(max_examples=200, deadline=None)
 @given(ivs, st.lists(st.tuples(st.integers(-5, 80), st.integers(-10, 40)), min_size=1, max_size=8))
 def test_busy_between_is_covered_points_in_window(items, windows):
-    blocks = merge(frame(items), ["g"]).collect()
+    blocks = union_blocks(frame(items), ["g"]).collect()
     w = pl.DataFrame({"g": [0] * len(windows), "a": [a for a, _ in windows], "b": [a + d for a, d in windows]},
                      schema={"g": pl.Int64, "a": pl.Int64, "b": pl.Int64})
     got = busy_between(blocks, w, ["g"]).collect()

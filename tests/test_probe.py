@@ -50,7 +50,7 @@ def test_combined_instances_carry_the_node_split(pair):
     cyc = res.instances.filter(pl.col("range") == "cycle")
     assert (cyc["i_span_ns"] == cyc["i_compute_ns"] + cyc["i_comm_ns"] + cyc["i_idle_ns"]).all()
     assert cyc["i_comm_ns"].sum() > 0 and analyze(graph).instances.filter(pl.col("range") == "cycle")["i_comm_ns"].sum() == 0
-    v = headline.phases(res).filter(pl.col("phase") == "verify").row(0, named=True)
+    v = headline.steady_phases(res).filter(pl.col("phase") == "verify").row(0, named=True)
     assert (v["compute_mean_ns"], v["comm_mean_ns"], v["idle_mean_ns"]) == (900, 100, 0)
 
 

@@ -24,7 +24,7 @@ import pytest
 from analyze import analyze, comm
 from analyze.cli import main
 from analyze.compute import anatomy, findings, headline
-from analyze.compute.compare import compare
+from analyze.compute.compare import compare_results
 from analyze.compute.findings import Finding
 from analyze.compute.tokens import selection, summary
 from bench.inject import inject
@@ -219,7 +219,7 @@ def test_compare_fails_the_gate_on_the_straggler_run(straggler_node, tmp_path, c
     path, _ = straggler_node
     clean = path.with_name("tp2_s3_node.sqlite")
     a, b = analyze(clean), analyze(path)
-    doc = compare(a, b).to_dict()
+    doc = compare_results(a, b).to_dict()
     assert doc["verdict"]["result"] == "slower" and doc["verdict"]["metric"] == "cycle period"
     # 16 of 64 cycles 500 µs late (less where rank 0 was late itself): ≈ +5 %
     assert 3 < doc["verdict"]["change_pct"] < 8
@@ -250,9 +250,9 @@ def test_compare_one_gpu_delay_fails_the_gate():
 
 def test_compare_warns_when_captures_differ(tp2_dir, capsys):
     node, graph = tp2("tp2_s3_node", tp2_dir), tp2("tp2_s3_graph", tp2_dir)
-    doc = compare(analyze(node), analyze(graph)).to_dict()
+    doc = compare_results(analyze(node), analyze(graph)).to_dict()
     assert any("trace levels differ" in w for w in doc["warnings"])
-    doc = compare(analyze(samples.path("tp1_clean")), analyze(node)).to_dict()
+    doc = compare_results(analyze(samples.path("tp1_clean")), analyze(node)).to_dict()
     assert any("rank counts differ" in w for w in doc["warnings"])
     assert main(["compare", str(node), str(graph)]) == 0
     assert "Warning: CUDA-graph trace levels differ" in capsys.readouterr().out

@@ -64,7 +64,7 @@ def test_user_choice(path, choice, period, n):
     r = analyze(path, **choice)
     assert summary(r).period_ns == pytest.approx(period)
     assert selection(r)["steady"] == n
-    assert headline.phases_all(r).filter(pl.col("phase") == "verify")["instances"].item() == 2 * n
+    assert headline.steady_phases_all_ranks(r).filter(pl.col("phase") == "verify")["instances"].item() == 2 * n
 
 
 def test_time_window_and_bad_choices(path):
@@ -82,7 +82,7 @@ def test_time_window_and_bad_choices(path):
 
 
 def test_steady_tables_leave_out_warmup_and_stall(res):
-    ph = headline.phases(res)
+    ph = headline.steady_phases(res)
     v = ph.filter((pl.col("rank") == 0) & (pl.col("phase") == "verify")).row(0, named=True)
     assert (v["instances"], v["span_ns"], v["span_p50_ns"], v["span_p90_ns"]) == (8, 24_000, 3_000, 3_000)
     d = ph.filter((pl.col("rank") == 0) & (pl.col("phase") == "draft")).row(0, named=True)
@@ -90,7 +90,7 @@ def test_steady_tables_leave_out_warmup_and_stall(res):
     assert res.phases.filter((pl.col("rank") == 0) & (pl.col("phase") == "verify"))["instances"].item() == 12
     # a seam counts with the steady instance it leads into: the cycle → cycle seam before each steady cycle
     # (3..7, 9..11): 8 per rank, gap 10 000 − 6 100 each
-    s = headline.seams_all(res).filter(pl.col("from") == "cycle").row(0, named=True)
+    s = headline.steady_seams_all_ranks(res).filter(pl.col("from") == "cycle").row(0, named=True)
     assert (s["instances"], s["idle_p50_ns"]) == (16, 3_900)
 
 

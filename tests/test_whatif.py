@@ -172,9 +172,9 @@ def _one_window(wait: int, own: float = 0, rho: float = 50) -> Replay:
     max(start + ``own``, the work's end + ``rho``)."""
     nan = np.nan
     cols = {"s": [0, 100, 450], "e": [20, 400, 470], "sync": [False, True, False], "has_unit": [True, False, True],
-            "code": [0, -1, 0], "lam": [5, nan, 5], "dlt": [5, nan, 5], "g": [300, nan, 300], "pred": [-1, -1, 0],
-            "a_pred": [nan, nan, nan], "wait": [-1, wait, -1], "w_off": [0, 25, 0], "w_ext": [nan, 325, nan],
-            "own": [nan, own, nan], "rho": [nan, rho, nan], "trans": [-1, -1, -1], "nodes": [3, 0, 3],
+            "code": [0, -1, 0], "launch_latency": [5, nan, 5], "device_gap": [5, nan, 5], "gpu_span": [300, nan, 300], "pred": [-1, -1, 0],
+            "pred_gpu_last": [nan, nan, nan], "wait": [-1, wait, -1], "w_off": [0, 25, 0], "w_ext": [nan, 325, nan],
+            "own_time": [nan, own, nan], "return_latency": [nan, rho, nan], "trans": [-1, -1, -1], "nodes": [3, 0, 3],
             "graph": [True, False, True], "gap_nodes": [0, 10, 0], "gap_launches": [0, 1, 0]}
     a = {k: np.array([v], dtype=bool if k in ("sync", "has_unit", "graph") else
                      (np.int64 if k in ("code", "pred", "wait", "trans") else float)) for k, v in cols.items()}

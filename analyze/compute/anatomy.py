@@ -210,7 +210,7 @@ def _class_stragglers(res, members: pl.DataFrame, phase: str) -> pl.DataFrame | 
     m = m.filter(pl.col("phase") == phase) if m.height else m
     if m.height == 0:
         return None
-    inst = headline.instances(res)
+    inst = headline.instances_marked_steady(res)
     inside = (inst.filter(pl.col("range") == phase).select("rank", "range_id", "top")
               .join(members.select("rank", top="range_id"), on=["rank", "top"], how="semi").select("rank", "range_id"))
     m = m.join(inside, on=["rank", "range_id"], how="semi")

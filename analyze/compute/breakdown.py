@@ -10,7 +10,7 @@ import polars as pl
 
 from ..model import bound_expr
 from . import host
-from .intervals import busy_between, busy_function, group_parts, merge, union_length
+from .intervals import busy_between, busy_function, group_parts, union_blocks, union_length
 
 METRICS = ("span_ns", "busy_ns", "compute_ns", "comm_ns", "idle_ns", "kernel_ns", "ops", "launches")
 
@@ -93,7 +93,7 @@ def _derived(lf: pl.LazyFrame) -> pl.LazyFrame:
             .with_columns(compute_ns=pl.col("busy_ns") - pl.col("comm_ns"), idle_ns=pl.col("span_ns") - pl.col("busy_ns")))
 
 
-def instances(nested: pl.DataFrame, ops: pl.DataFrame, anc: pl.DataFrame) -> pl.DataFrame:
+def measure_instances(nested: pl.DataFrame, ops: pl.DataFrame, anc: pl.DataFrame) -> pl.DataFrame:
     """Every selected range instance with its exclusive (``x_``) and inclusive (``i_``) metrics.
 
     Exclusive: the ops whose innermost selected range it is (the phase view). Inclusive: the ops
@@ -145,7 +145,7 @@ def spread(col: str, name: str) -> list[pl.Expr]:
             c.quantile(0.9, "nearest").alias(f"{name}_p90_ns")]
 
 
-def phases(inst: pl.DataFrame, by: tuple[str, ...] = ("rank",)) -> pl.DataFrame:
+def sum_phases(inst: pl.DataFrame, by: tuple[str, ...] = ("rank",)) -> pl.DataFrame:
     """Per rank (``by``) and phase name, summed over the instances that received GPU work (exclusive view),
     with each per-instance figure's mean, p50 and p90."""
     x = inst.filter(pl.col("x_ops") > 0)
@@ -205,10 +205,10 @@ def gpu_blocks(ops: pl.DataFrame) -> pl.DataFrame:
 
     With ``before`` (busy time of the process's earlier blocks), ready for repeated window queries.
     """
-    return busy_function(merge(ops, ["pid"], presorted=True).collect(), ["pid"]).collect()
+    return busy_function(union_blocks(ops, ["pid"], presorted=True).collect(), ["pid"]).collect()
 
 
-def seam_instances(inst: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:
+def measure_seams(inst: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:
     """Each transition between consecutive sibling ranges with GPU work, on the GPU.
 
     The window runs from the last op of the earlier sibling to the first op of the next (inclusive
@@ -236,7 +236,7 @@ def seam_instances(inst: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:
     ).with_columns(idle_ns=pl.col("gap_ns") - pl.col("busy_ns"))
 
 
-def seams(seam_inst: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
+def sum_seams(seam_inst: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
     """Seams summed per rank and transition (parent, from, to), with their causes when the instances have them
     (:func:`analyze.compute.host.seam_causes`: ``bound`` and per-cause time)."""
     # A seam's parent runs on its thread, so in its process and rank: (rank, parent) also tells merged reports apart.

@@ -32,7 +32,7 @@ from . import headline, steady
 from .tokens import DEFINITION, Tokens, base_expr, selection, summary
 
 __all__ = ["BOOT", "MAX_DRAWS", "SPLIT", "VALS", "PHASE_KINDS", "Comparison", "per_cycle", "kernels", "warnings",
-           "compare", "slower_than"]
+           "compare_results", "slower_than"]
 
 BOOT = 1000
 MAX_DRAWS = 2_000_000  # resamples × cycles, at most (fewer resamples for very long runs)
@@ -267,7 +267,7 @@ def _gpus(res) -> list[str]:
     return [str(n) for n in names]
 
 
-def compare(a, b, boot: int = BOOT, seed: int = 0) -> Comparison:
+def compare_results(a, b, boot: int = BOOT, seed: int = 0) -> Comparison:
     """The comparison of analysed traces ``a`` and ``b`` (see the module docstring; ``to_dict()``: the JSON)."""
     ta, tb = summary(a), summary(b)
     tok = ta.tokens_per_cycle is not None and tb.tokens_per_cycle is not None

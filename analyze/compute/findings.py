@@ -27,7 +27,7 @@ from ..model import InputError
 from . import anatomy, breakdown, headline, steady, utilisation
 from .tokens import CYCLE_NAMES, base_expr, selection, summary
 
-__all__ = ["HIGH", "MEDIUM", "FLOOR", "RULES", "COMM_SHARE", "IDLE_SHARE", "GAIN", "Context", "Finding", "Rule",
+__all__ = ["HIGH", "MEDIUM", "FLOOR", "RULES", "COMM_SHARE", "IDLE_SHARE", "GAIN", "RuleContext", "Finding", "Rule",
            "SAME", "launch_timing", "NCCL_KERNEL", "PROTOS", "NcclSetting", "nccl_setting", "comm_action",
            "PHASE_SHARE", "severity", "context", "find"]
 
@@ -38,7 +38,7 @@ GAIN = 0.03  # a what-if step count predicted this much faster is worth trying
 
 
 @dataclass
-class Context:
+class RuleContext:
     """What the rules read: the steady-state tables of one analysed trace."""
 
     res: object
@@ -88,7 +88,7 @@ class Rule:
     code: str
     looks_at: str
     action: str
-    check: Callable[[Context], list[dict]]
+    check: Callable[[RuleContext], list[dict]]
 
 
 def _us(ns: float) -> str:
@@ -125,7 +125,7 @@ def _ranks_txt(o: dict) -> str:
 def launch_timing(res) -> pl.DataFrame:
     """Steady seam instances with ``late_ns`` (the GPU idle before the next range's first launch call began:
     the CPU was late) and ``held_ns`` (the rest of the gap: launched in time, started later)."""
-    s = headline.seam_instances(res)
+    s = headline.steady_seam_instances(res)
     if s.height == 0:
         return s
     nxt = res.instances.filter(pl.col("rank").is_not_null()).select("rank", "range_id", launch="i_first_launch")
@@ -142,7 +142,7 @@ def launch_timing(res) -> pl.DataFrame:
 # ---- the rules --------------------------------------------------------------------------------------------
 
 
-def _gap(ctx: Context) -> list[dict]:
+def _gap(ctx: RuleContext) -> list[dict]:
     g = ctx.budget.filter(pl.col("kind") == "gap")
     if g.height == 0:
         return []
@@ -165,7 +165,7 @@ def _gap(ctx: Context) -> list[dict]:
              "evidence": ev, "host_bound": late is None or late >= 0.5}]
 
 
-def _seam(ctx: Context, blocked: bool) -> list[dict]:
+def _seam(ctx: RuleContext, blocked: bool) -> list[dict]:
     s = ctx.seams.filter(pl.col("parent").is_not_null())
     if s.height == 0:
         return []
@@ -193,7 +193,7 @@ def _seam(ctx: Context, blocked: bool) -> list[dict]:
     return out
 
 
-def _comm(ctx: Context) -> list[dict]:
+def _comm(ctx: RuleContext) -> list[dict]:
     p = ctx.phases.filter(pl.col("comm_ns") > 0)
     out = []
     for (name,), grp in p.group_by("phase", maintain_order=True):
@@ -272,16 +272,16 @@ def comm_action(s: NcclSetting | None) -> str | None:
     return f"{now} Simple is built for large messages: try NCCL_PROTO=LL (or LL128) and NCCL_ALGO, {rest}"
 
 
-def _per_cycle(ctx: Context, df: pl.DataFrame, col: str) -> pl.DataFrame:
+def _per_cycle(ctx: RuleContext, df: pl.DataFrame, col: str) -> pl.DataFrame:
     """``df`` (per rank) with ``per``: ``col`` summed over the steady state / the rank's steady cycles."""
     return df.join(ctx.cycles, on="rank", how="left").with_columns(per=pl.col(col) / pl.col("ncyc"))
 
 
-def _class_stragglers(ctx: Context) -> list:
+def _class_stragglers(ctx: RuleContext) -> list:
     return [c for c in ctx.classes if c.kept and c.affected and c.waiting_ranks and c.rank is not None]
 
 
-def _straggler(ctx: Context) -> list[dict]:
+def _straggler(ctx: RuleContext) -> list[dict]:
     """One straggler verdict (:func:`collectives.verdict`, the rank that caused most of a phase's collective
     waiting), named with its class when it is late only in a recurring class of cycles."""
     out = []
@@ -309,7 +309,7 @@ def _straggler(ctx: Context) -> list[dict]:
     return out
 
 
-def _recurring(ctx: Context) -> list[dict]:
+def _recurring(ctx: RuleContext) -> list[dict]:
     """Classes of slower cycles that recur (kept in the steady state) without one late rank."""
     out = []
     for c in ctx.classes:
@@ -322,7 +322,7 @@ def _recurring(ctx: Context) -> list[dict]:
     return out
 
 
-def _idle(ctx: Context) -> list[dict]:
+def _idle(ctx: RuleContext) -> list[dict]:
     p = ctx.phases.filter(pl.col("idle_ns") > 0)
     out = []
     for (name,), grp in p.group_by("phase", maintain_order=True):
@@ -336,7 +336,7 @@ def _idle(ctx: Context) -> list[dict]:
     return out
 
 
-def _stalls(ctx: Context) -> list[dict]:
+def _stalls(ctx: RuleContext) -> list[dict]:
     st = ctx.info.get("stalls") or []
     if not st or not ctx.info.get("steady"):
         return []
@@ -354,7 +354,7 @@ def _stalls(ctx: Context) -> list[dict]:
         + (" (kept in the numbers: you chose the cycles)" if kept else " (left out of the numbers above)"))}]
 
 
-def _left_out(ctx: Context) -> list[dict]:
+def _left_out(ctx: RuleContext) -> list[dict]:
     share = ctx.info.get("left_out_share") or 0.0
     if ctx.info.get("how") != "detected" or share <= steady.LEFT_OUT_WARN:
         return []
@@ -364,7 +364,7 @@ def _left_out(ctx: Context) -> list[dict]:
         "the headline numbers describe the rest only")}]
 
 
-def _whatif(ctx: Context) -> list[dict]:
+def _whatif(ctx: RuleContext) -> list[dict]:
     """The step count the what-if predicts faster, among the predictions within one step of what was measured
     (an extrapolated one is named as such, never recommended), with how verify's growth is known."""
     m = ctx.model
@@ -398,7 +398,7 @@ def _verify_how(source: str) -> str:
             "baseline": "measured against the baseline"}.get(source, "assumed")
 
 
-def _whatif_per_batch(ctx: Context) -> list[dict]:
+def _whatif_per_batch(ctx: RuleContext) -> list[dict]:
     """Different best step counts for different batch sizes (the what-if per segment)."""
     m = ctx.model
     segs = [sm.as_dict() for sm in (m.segments if m is not None else [])]
@@ -483,7 +483,7 @@ def _pt(x: float | None) -> str:
 PHASE_SHARE = 0.10  # a phase this share of the cycle (or more) gets a memory-/compute-bound finding
 
 
-def _bound(ctx: Context, which: str) -> list[dict]:
+def _bound(ctx: RuleContext, which: str) -> list[dict]:
     """Phases over :data:`PHASE_SHARE` of the cycle whose GPU-metrics samples say ``which`` bound
     (:func:`analyze.compute.utilisation.bound_expr`), over the steady state; where the steady state as a whole is
     mixed, per decode-batch segment (``verify (batch 1)``). Impact: the phase's time per steady cycle in that
@@ -522,7 +522,7 @@ def severity(share: float) -> str:
     return "high" if share >= HIGH else "medium" if share >= MEDIUM else "low"
 
 
-def context(res, model=None) -> Context:
+def context(res, model=None) -> RuleContext:
     """The rules' inputs for one analysed trace (``model``: a fitted what-if model, else one is tried, with its
     per-segment models when the run has several batch sizes)."""
     if model is None:
@@ -534,8 +534,8 @@ def context(res, model=None) -> Context:
         except InputError:
             model = None
     ncyc = headline.cycles_per_rank(res).rename({"cycles": "ncyc"})
-    return Context(res=res, period_ns=float(summary(res).period_ns or 0.0), budget=headline.budget(res),
-                   phases=headline.phases(res), seams=launch_timing(res), stragglers=headline.stragglers(res),
+    return RuleContext(res=res, period_ns=float(summary(res).period_ns or 0.0), budget=headline.budget(res),
+                   phases=headline.steady_phases(res), seams=launch_timing(res), stragglers=headline.stragglers(res),
                    info=selection(res), model=model, cycles=ncyc,
                    untrusted=set(headline.matching(res).filter(~pl.col("trusted"))["phase"].to_list()),
                    classes=anatomy.cycle_classes(res))

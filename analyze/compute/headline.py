@@ -40,7 +40,7 @@ def _ids(inst: pl.DataFrame) -> list[str]:
     return ["report", "range_id"] if "report" in inst.columns else ["range_id"]
 
 
-def instances(res) -> pl.DataFrame:
+def instances_marked_steady(res) -> pl.DataFrame:
     """``res.instances`` with ``steady`` (bool) and ``top`` (the range_id of its outermost selected range)."""
     return _memo(res, "instances", lambda: _instances(res))
 
@@ -81,7 +81,7 @@ def _instances(res) -> pl.DataFrame:
 
 def keys(res) -> pl.DataFrame:
     """``rank, range_id`` of the steady instances with GPU work (ranks are unique across merged reports)."""
-    return _memo(res, "keys", lambda: instances(res).filter(pl.col("steady") & pl.col("rank").is_not_null())
+    return _memo(res, "keys", lambda: instances_marked_steady(res).filter(pl.col("steady") & pl.col("rank").is_not_null())
                  .select("rank", "range_id"))
 
 
@@ -99,10 +99,10 @@ def matched(res) -> pl.DataFrame:
     return _memo(res, "matched", run)
 
 
-def phases(res) -> pl.DataFrame:
+def steady_phases(res) -> pl.DataFrame:
     """Per rank and phase over the steady state: sums, per-instance mean/p50/p90, the comm wait/transfer split."""
     def run():
-        p = breakdown.phases(instances(res).filter("steady"))
+        p = breakdown.sum_phases(instances_marked_steady(res).filter("steady"))
         split = collectives.phase_split(matched(res)) if res.comm_kernels.height else None
         if split is None or split.height == 0:
             return p.with_columns(pl.lit(0, pl.Int64).alias(c) for c in collectives.SPLIT)
@@ -111,17 +111,17 @@ def phases(res) -> pl.DataFrame:
     return _memo(res, "phases", run)
 
 
-def phases_all(res) -> pl.DataFrame:
+def steady_phases_all_ranks(res) -> pl.DataFrame:
     """Per phase over all ranks' steady instances: sums and per-instance mean/p50/p90 (``ranks`` = ranks with it)."""
     def run():
-        inst = instances(res).filter("steady")
-        p = breakdown.phases(inst, by=())
+        inst = instances_marked_steady(res).filter("steady")
+        p = breakdown.sum_phases(inst, by=())
         n = inst.filter(pl.col("x_ops") > 0).group_by("domain", range="range").agg(ranks=pl.col("rank").n_unique())
         return p.join(n.rename({"range": "phase"}), on=["domain", "phase"], how="left")
     return _memo(res, "phases_all", run)
 
 
-def seam_instances(res) -> pl.DataFrame:
+def steady_seam_instances(res) -> pl.DataFrame:
     """Seam instances that lead into a steady instance (the wait before a cycle belongs to that cycle's period)."""
     def run():
         s = res.seam_instances
@@ -131,20 +131,20 @@ def seam_instances(res) -> pl.DataFrame:
     return _memo(res, "seam_instances", run)
 
 
-def seams(res) -> pl.DataFrame:
-    """Seams per rank over the steady state (as :func:`analyze.compute.breakdown.seams`)."""
+def steady_seams(res) -> pl.DataFrame:
+    """Seams per rank over the steady state (as :func:`analyze.compute.breakdown.sum_seams`)."""
     def run():
-        s = seam_instances(res)
+        s = steady_seam_instances(res)
         if s.height == 0:
             return res.seams.head(0)
-        return breakdown.seams(s, res.instances)
+        return breakdown.sum_seams(s, res.instances)
     return _memo(res, "seams", run)
 
 
-def seams_all(res) -> pl.DataFrame:
+def steady_seams_all_ranks(res) -> pl.DataFrame:
     """Seams over all ranks, steady state: sums and per-instance idle mean/p50/p90."""
     def run():
-        s = seam_instances(res)
+        s = steady_seam_instances(res)
         if s.height == 0:
             return pl.DataFrame()
         parents = res.instances.filter(pl.col("rank").is_not_null()).select("rank", parent="range_id",
@@ -213,7 +213,7 @@ def straggler_verdict(res) -> pl.DataFrame:
 
 def ranges(res) -> pl.DataFrame:
     """NVIDIA-style inclusive projections (:func:`analyze.compute.breakdown.projections`) over the steady state."""
-    return _memo(res, "ranges", lambda: breakdown.projections(instances(res).filter("steady")))
+    return _memo(res, "ranges", lambda: breakdown.projections(instances_marked_steady(res).filter("steady")))
 
 
 def kernels(res, top: int | None = None) -> pl.DataFrame:
@@ -287,83 +287,93 @@ def _pieces(res) -> pl.DataFrame:
     c = main_cycles(res)
     if c.height == 0:
         return pl.DataFrame(schema=PIECE_SCHEMA)
-    cyc_e = c.select("rank", "key", cid="range_id", crange="range", c0="i_first", c1="i_last", lead="lead_ns",
-                     pre="prefill_ns")
+    cyc_e = c.select("rank", "key", cycle_id="range_id", cycle_range="range", cycle_first="i_first",
+                     cycle_last="i_last", lead_ns="lead_ns", prefill_ns="prefill_ns")
     inst_e = res.instances.filter((pl.col("i_ops") > 0) & pl.col("rank").is_not_null())
     # a handful of prefills, each on the cycle that ran next (a rank's first cycle has no period: its prefill
     # is no piece)
-    pre = prefill_rows(inst_e, cycles(res)).join(cyc_e.select("rank", "cid"), on=["rank", "cid"], how="semi")
+    pre = prefill_rows(inst_e, cycles(res)).join(cyc_e.select("rank", "cycle_id"), on=["rank", "cycle_id"],
+                                                  how="semi")
     # One lazy plan for the rest (a few hundred thousand rows at 10 M kernels): polars runs the branches together.
     cyc, inst = cyc_e.lazy(), inst_e.lazy()
-    kids = (inst.join(cyc.select("rank", parent="cid"), on=["rank", "parent"], how="semi")
-            .select("rank", "range_id", cid="parent", name="range", start="start", a="i_first", b="i_last",
+    kids = (inst.join(cyc.select("rank", parent="cycle_id"), on=["rank", "parent"], how="semi")
+            .select("rank", "range_id", cycle_id="parent", name="range", start="start", gpu_first="i_first",
+                    gpu_last="i_last",
                     compute=pl.col("i_busy_ns") - pl.col("i_comm_ns"), comm="i_comm_ns", idle="i_idle_ns",
-                    gidle="i_gpu_idle_ns"))
+                    gpu_idle="i_gpu_idle_ns"))
     # A cycle without child phases is one piece: itself (a baseline decode step).
-    alone = (cyc.join(kids.select("rank", "cid").unique(), on=["rank", "cid"], how="anti")
-             .join(inst.select("rank", cid="range_id", start="start", compute=pl.col("i_busy_ns") - pl.col("i_comm_ns"),
-                               comm="i_comm_ns", idle="i_idle_ns", gidle="i_gpu_idle_ns"), on=["rank", "cid"])
-             .select("rank", range_id="cid", cid="cid", name="crange", start="start", a="c0", b="c1",
-                     compute="compute", comm="comm", idle="idle", gidle="gidle"))
-    kids = pl.concat([kids, alone], how="vertical_relaxed").sort("rank", "cid", "start")
+    alone = (cyc.join(kids.select("rank", "cycle_id").unique(), on=["rank", "cycle_id"], how="anti")
+             .join(inst.select("rank", cycle_id="range_id", start="start",
+                               compute=pl.col("i_busy_ns") - pl.col("i_comm_ns"),
+                               comm="i_comm_ns", idle="i_idle_ns", gpu_idle="i_gpu_idle_ns"), on=["rank", "cycle_id"])
+             .select("rank", range_id="cycle_id", cycle_id="cycle_id", name="cycle_range", start="start",
+                     gpu_first="cycle_first", gpu_last="cycle_last",
+                     compute="compute", comm="comm", idle="idle", gpu_idle="gpu_idle"))
+    kids = pl.concat([kids, alone], how="vertical_relaxed").sort("rank", "cycle_id", "start")
     # Sorted by cycle: a child's position and its previous sibling are read off the rows (no window per cycle).
-    same = (pl.col("rank") == pl.col("rank").shift(1)) & (pl.col("cid") == pl.col("cid").shift(1))
+    same = (pl.col("rank") == pl.col("rank").shift(1)) & (pl.col("cycle_id") == pl.col("cycle_id").shift(1))
     i = pl.int_range(pl.len())
     kids = kids.with_columns(pos=i - pl.when(~same.fill_null(False)).then(i).forward_fill()).cache()
     none = pl.lit(None, pl.Float64)
-    ph = kids.select("rank", "cid", segment="name", item=base_expr("name"), kind=pl.lit("phase"),
+    ph = kids.select("rank", "cycle_id", segment="name", item=base_expr("name"), kind=pl.lit("phase"),
                      order=2.0 * pl.col("pos"),
-                     ns=(pl.col("b") - pl.col("a")).cast(pl.Float64), compute_ns="compute", comm_ns="comm",
-                     idle_ns="idle", gpu_idle_ns="gidle")
-    # Seams between consecutive children: b(next) − a(last of previous), signed, so pieces telescope.
-    nxt = kids.with_columns(prev_name=pl.when(same).then(pl.col("name").shift(1)),
-                            prev_base=pl.when(same).then(base_expr("name").shift(1)),
-                            prev_b=pl.when(same).then(pl.col("b").shift(1))).filter(pl.col("prev_b").is_not_null())
+                     ns=(pl.col("gpu_last") - pl.col("gpu_first")).cast(pl.Float64), compute_ns="compute",
+                     comm_ns="comm",
+                     idle_ns="idle", gpu_idle_ns="gpu_idle")
+    # Seams between consecutive children: gpu_first(next) − gpu_last(previous), signed, so pieces telescope.
+    nxt = (kids.with_columns(prev_name=pl.when(same).then(pl.col("name").shift(1)),
+                             prev_base=pl.when(same).then(base_expr("name").shift(1)),
+                             prev_gpu_last=pl.when(same).then(pl.col("gpu_last").shift(1)))
+           .filter(pl.col("prev_gpu_last").is_not_null()))
     si = res.seam_instances
-    idle_of = (si.select("rank", "range_id", sidle="idle_ns") if si.height else
-               pl.DataFrame(schema={"rank": pl.Int64, "range_id": pl.Int64, "sidle": pl.Int64})).lazy()
+    idle_of = (si.select("rank", "range_id", seam_gpu_idle="idle_ns") if si.height else
+               pl.DataFrame(schema={"rank": pl.Int64, "range_id": pl.Int64, "seam_gpu_idle": pl.Int64})).lazy()
     sm = (nxt.join(idle_of, on=["rank", "range_id"], how="left")
-          .select("rank", "cid", segment=pl.format("{} → {}", "prev_name", "name"),
+          .select("rank", "cycle_id", segment=pl.format("{} → {}", "prev_name", "name"),
                   item=pl.format("seam:{}→{}", "prev_base", base_expr("name")), kind=pl.lit("seam"),
-                  order=2.0 * pl.col("pos") - 1, ns=(pl.col("a") - pl.col("prev_b")).cast(pl.Float64),
+                  order=2.0 * pl.col("pos") - 1, ns=(pl.col("gpu_first") - pl.col("prev_gpu_last")).cast(pl.Float64),
                   compute_ns=none, comm_ns=none,
-                  idle_ns=(pl.col("a") - pl.col("prev_b")).clip(lower_bound=0).cast(pl.Float64),
-                  gpu_idle_ns=pl.col("sidle").cast(pl.Float64)))
-    ends = kids.group_by("rank", "cid").agg(first_a=pl.col("a").first(), last_b=pl.col("b").last(),
+                  idle_ns=(pl.col("gpu_first") - pl.col("prev_gpu_last")).clip(lower_bound=0).cast(pl.Float64),
+                  gpu_idle_ns=pl.col("seam_gpu_idle").cast(pl.Float64)))
+    ends = kids.group_by("rank", "cycle_id").agg(first_child_gpu=pl.col("gpu_first").first(),
+                                                 last_child_gpu=pl.col("gpu_last").last(),
                                             first=pl.col("name").first(), last=pl.col("name").last())
-    cc = cyc.join(ends, on=["rank", "cid"])
+    cc = cyc.join(ends, on=["rank", "cycle_id"])
     # The top-level seams from the previous cycle's last op to this cycle's first (through any prefill): the GPU
     # idle between cycles.
-    before = cyc.select("rank", "cid", target="cid")
+    before = cyc.select("rank", "cycle_id", target="cycle_id")
     if pre.height:
-        before = pl.concat([before, pre.lazy().select("rank", "cid", target="range_id")])
-    gidle = (si.lazy().filter(pl.col("parent").is_null()).select("rank", target="range_id", g="idle_ns")
-             .join(before, on=["rank", "target"]).group_by("rank", "cid").agg(gidle=pl.col("g").sum())
-             if si.height else pl.LazyFrame(schema={"rank": pl.Int64, "cid": pl.Int64, "gidle": pl.Int64}))
-    cc = cc.join(gidle, on=["rank", "cid"], how="left").cache()
-    head = cc.select("rank", "cid", segment=pl.format("cycle start → {}", "first"), item=pl.lit("head"),
+        before = pl.concat([before, pre.lazy().select("rank", "cycle_id", target="range_id")])
+    between_idle = (si.lazy().filter(pl.col("parent").is_null()).select("rank", target="range_id", seam_idle="idle_ns")
+                    .join(before, on=["rank", "target"]).group_by("rank", "cycle_id")
+                    .agg(gpu_idle=pl.col("seam_idle").sum())
+                    if si.height else pl.LazyFrame(schema={"rank": pl.Int64, "cycle_id": pl.Int64, "gpu_idle": pl.Int64}))
+    cc = cc.join(between_idle, on=["rank", "cycle_id"], how="left").cache()
+    head = cc.select("rank", "cycle_id", segment=pl.format("cycle start → {}", "first"), item=pl.lit("head"),
                      kind=pl.lit("head"),
-                     order=pl.lit(-1.0), ns=(pl.col("first_a") - pl.col("c0")).cast(pl.Float64), compute_ns=none,
+                     order=pl.lit(-1.0), ns=(pl.col("first_child_gpu") - pl.col("cycle_first")).cast(pl.Float64),
+                     compute_ns=none,
                      comm_ns=none, idle_ns=none, gpu_idle_ns=none)
-    tail = cc.select("rank", "cid", segment=pl.format("{} → cycle end", "last"), item=pl.lit("tail"),
+    tail = cc.select("rank", "cycle_id", segment=pl.format("{} → cycle end", "last"), item=pl.lit("tail"),
                      kind=pl.lit("tail"),
-                     order=pl.lit(1e6), ns=(pl.col("c1") - pl.col("last_b")).cast(pl.Float64), compute_ns=none,
+                     order=pl.lit(1e6), ns=(pl.col("cycle_last") - pl.col("last_child_gpu")).cast(pl.Float64),
+                     compute_ns=none,
                      comm_ns=none, idle_ns=none, gpu_idle_ns=none)
-    gap_ns = (pl.col("lead") - pl.col("pre")).cast(pl.Float64)
-    gap = cc.select("rank", "cid", segment=pl.lit(GAP), item=pl.lit(GAP), kind=pl.lit("gap"), order=pl.lit(-3.0),
+    gap_ns = (pl.col("lead_ns") - pl.col("prefill_ns")).cast(pl.Float64)
+    gap = cc.select("rank", "cycle_id", segment=pl.lit(GAP), item=pl.lit(GAP), kind=pl.lit("gap"), order=pl.lit(-3.0),
                     ns=gap_ns,
-                    compute_ns=none, comm_ns=none, idle_ns=gap_ns, gpu_idle_ns=pl.col("gidle").cast(pl.Float64))
+                    compute_ns=none, comm_ns=none, idle_ns=gap_ns, gpu_idle_ns=pl.col("gpu_idle").cast(pl.Float64))
     parts = [gap, head.filter(pl.col("ns") != 0), ph, sm, tail.filter(pl.col("ns") != 0)]  # heads/tails: mostly 0
     if pre.height:
-        parts.append(pre.lazy().group_by("rank", "cid").agg(
+        parts.append(pre.lazy().group_by("rank", "cycle_id").agg(
             ns=pl.col("span").sum(), compute_ns=pl.col("compute").sum(), comm_ns=pl.col("comm").sum(),
-            idle_ns=pl.col("idle").sum(), gpu_idle_ns=pl.col("gidle").sum())
-            .select("rank", "cid", *[pl.col(x).cast(pl.Float64) for x in ("ns", "compute_ns", "comm_ns", "idle_ns",
+            idle_ns=pl.col("idle").sum(), gpu_idle_ns=pl.col("gpu_idle").sum())
+            .select("rank", "cycle_id", *[pl.col(x).cast(pl.Float64) for x in ("ns", "compute_ns", "comm_ns", "idle_ns",
                                                                            "gpu_idle_ns")])
             .with_columns(segment=pl.lit(PREFILL), item=pl.lit(PREFILL), kind=pl.lit("prefill"), order=pl.lit(-2.0)))
-    cols = ["rank", "cid", *[c for c in PIECE_SCHEMA if c not in ("rank", "key")]]
+    cols = ["rank", "cycle_id", *[c for c in PIECE_SCHEMA if c not in ("rank", "key")]]
     pieces = pl.concat([x.select(cols) for x in parts], how="vertical_relaxed")
-    return (pieces.join(cyc.select("rank", "cid", "key"), on=["rank", "cid"])
+    return (pieces.join(cyc.select("rank", "cycle_id", "key"), on=["rank", "cycle_id"])
             .select(list(PIECE_SCHEMA)).cast(PIECE_SCHEMA).collect())
 
 
@@ -395,13 +405,15 @@ def mean_budget(res, which: pl.DataFrame, by_rank: bool = True) -> pl.DataFrame:
     out = (p.group_by(*grp, "segment", "kind")
            .agg(order=pl.col("order").mean(), ns=pl.col("ns").sum(), compute_ns=pl.col("compute_ns").sum(),
                 comm_ns=pl.col("comm_ns").sum(), idle_ns=pl.col("idle_ns").sum(),
-                gpu_idle_ns=pl.col("gpu_idle_ns").sum(), _cmp=pl.col("compute_ns").is_not_null().any(),
-                _gi=pl.col("gpu_idle_ns").is_not_null().any(), _id=pl.col("idle_ns").is_not_null().any()))
+                gpu_idle_ns=pl.col("gpu_idle_ns").sum(), _has_compute=pl.col("compute_ns").is_not_null().any(),
+                _has_gpu_idle=pl.col("gpu_idle_ns").is_not_null().any(),
+                _has_idle=pl.col("idle_ns").is_not_null().any()))
     out = (out.join(n, on=grp, how="left") if grp else out.join(n, how="cross"))
     out = (out.join(period, on=grp, how="left") if grp else out.join(period, how="cross"))
     out = (out.with_columns(pl.col("ns", "compute_ns", "comm_ns", "idle_ns", "gpu_idle_ns", "period") / pl.col("cycles"))
-           .with_columns(compute_ns=pl.when("_cmp").then("compute_ns"), comm_ns=pl.when("_cmp").then("comm_ns"),
-                         idle_ns=pl.when("_id").then("idle_ns"), gpu_idle_ns=pl.when("_gi").then("gpu_idle_ns"),
+           .with_columns(compute_ns=pl.when("_has_compute").then("compute_ns"),
+                         comm_ns=pl.when("_has_compute").then("comm_ns"), idle_ns=pl.when("_has_idle").then("idle_ns"),
+                         gpu_idle_ns=pl.when("_has_gpu_idle").then("gpu_idle_ns"),
                          share=pl.col("ns") / pl.col("period"))
            .filter((pl.col("ns") != 0) | (pl.col("kind") == "phase")))
     if not by_rank:

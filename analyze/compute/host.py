@@ -4,7 +4,7 @@ Small pure functions over one process's frames (:func:`analyze.compute.pipeline.
 its GPU ``ops`` (attributed: ``range_id``, ``api_start``) and its CUDA API calls ``api``
 (``pid, gtid, corr, start, end, name_id``).
 
-- **Seam causes.** For each transition between sibling ranges (:func:`analyze.compute.breakdown.seam_instances`:
+- **Seam causes.** For each transition between sibling ranges (:func:`analyze.compute.breakdown.measure_seams`:
   the earlier one's last GPU op ends at ``a``, the next one's first GPU op starts at ``b``), the API call
   that launched the op at ``b`` says why the GPU waited:
 

@@ -63,7 +63,7 @@ def _one_group(by: list[str], *frames: pl.DataFrame | pl.LazyFrame) -> bool:
     return len(seen) == 1
 
 
-def merge(df: pl.DataFrame | pl.LazyFrame, by: Sequence[str] = (), presorted: bool = False) -> pl.LazyFrame:
+def union_blocks(df: pl.DataFrame | pl.LazyFrame, by: Sequence[str] = (), presorted: bool = False) -> pl.LazyFrame:
     """The union of the intervals of each group, as disjoint sorted blocks ``by..., start, end``.
 
     HTA's idiom: a new block starts where ``start`` passes the running maximum of earlier ends. With

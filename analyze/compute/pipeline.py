@@ -9,7 +9,7 @@ when they are small enough) and then runs the global steps once, on those small 
 numbering, per-phase sums, cross-rank collective matching, diagnostics.
 
 :func:`analyze_each` maps :func:`analyze` over several reports (worker processes, or any executor
-such as a Dask cluster's) and :func:`merge` makes one result of them: ranks numbered across reports in the
+such as a Dask cluster's) and :func:`merge_results` makes one result of them: ranks numbered across reports in the
 order given; communication matched across all ranks with the clock alignment of
 :func:`analyze.compute.collectives.cross_rank`.
 """
@@ -105,7 +105,7 @@ def gather_kinds(kinds: pl.DataFrame, cols: list[str]) -> list[pl.Expr]:
 
 
 @dataclasses.dataclass
-class Context:
+class ProcessContext:
     """What every process body shares: the selected ranges, op kinds, devices, graph-launch API names."""
 
     nested: pl.DataFrame
@@ -118,7 +118,7 @@ class Context:
     cycle_index: bool = True  # the payload's cycle index identifies cycles (windows.cycle_index_problem)
 
 
-def process(source, pid: int, ctx: Context) -> dict:
+def process(source, pid: int, ctx: ProcessContext) -> dict:
     """The per-process body: attribute one process's GPU ops to its ranges and measure every instance.
 
     Returns small frames (``ranks``, ``inst``, ``seam``, ``cov``, ``kern``, ``calls``: the key host calls of
@@ -188,10 +188,10 @@ def process(source, pid: int, ctx: Context) -> dict:
     out["facts"]["duplicate_ops"] = duplicate_ops(ops)
     if ops.height:
         anc = attribute.ancestors(nested)
-        inst = breakdown.instances(nested, ops, anc)
+        inst = breakdown.measure_instances(nested, ops, anc)
         blocks = breakdown.gpu_blocks(ops)
         inst = windows.with_cycle(breakdown.add_gpu_idle(inst, blocks), anc, ctx.cycle_index)
-        out["seam"] = host.seam_causes(breakdown.seam_instances(inst, blocks), firsts)
+        out["seam"] = host.seam_causes(breakdown.measure_seams(inst, blocks), firsts)
         out["cov"] = breakdown.coverage(inst, ops, blocks)
         out["inst"] = with_graphs(host.add_instance_cols(inst, per_inst), graphs, anc)
         out["calls"] = key_calls
@@ -253,7 +253,7 @@ def kernel_stats(ops: pl.DataFrame, kinds: pl.DataFrame, rank: int | None) -> pl
 
 def _without_gpu(nested: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
     """Instances of ranges whose process ran no GPU work (every metric zero)."""
-    return host.add_instance_cols(breakdown.instances(nested, ops, attribute.ancestors(nested)).with_columns(
+    return host.add_instance_cols(breakdown.measure_instances(nested, ops, attribute.ancestors(nested)).with_columns(
         x_gpu_idle_ns=pl.lit(0, pl.Int64), i_gpu_idle_ns=pl.lit(0, pl.Int64)), None)
 
 
@@ -331,7 +331,7 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
     bad_index = windows.cycle_index_problem(sel)
     if bad_index:
         diags.append(Diagnostic("warning", "PAYLOAD_CYCLE_INDEX", bad_index))
-    ctx = Context(nested_all, kinds, head.devices, launch_ids, keep_ops, sync_ids, graphs=not payload_batches(sel),
+    ctx = ProcessContext(nested_all, kinds, head.devices, launch_ids, keep_ops, sync_ids, graphs=not payload_batches(sel),
                   cycle_index=bad_index is None)
 
     parts: dict[str, list] = {k: [] for k in ("ranks", "inst", "seam", "cov", "ops", "kern", "kstat", "facts",
@@ -384,7 +384,7 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
     inst, kern = paired.instances, paired.kernels
     counted = inst.filter(pl.col("left_out").is_null())
     seam_inst = counted_seams(seam_inst, inst)
-    phases = breakdown.phases(counted).join(host.phase_host(counted), on=["rank", "domain", "phase"], how="left",
+    phases = breakdown.sum_phases(counted).join(host.phase_host(counted), on=["rank", "domain", "phase"], how="left",
                                             maintain_order="left")
     diags.extend(diagnose(head, nested, facts, rk, inst, cov, phases))
     diags.extend(paired.diagnostics)
@@ -402,7 +402,7 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
         phases=phases,
         ranges=breakdown.projections(counted),
         seam_instances=seam_inst,
-        seams=breakdown.seams(seam_inst, inst),
+        seams=breakdown.sum_seams(seam_inst, inst),
         coverage=cov,
         comm_kernels=kern,
         ops=ops,
@@ -442,7 +442,7 @@ def _no_kernels() -> pl.DataFrame:
 
 def analyze_for_merge(path: str, ranges: str | None, comm_patterns: list[CommPattern] | None,
                       store: bool | None, cache: bool | None) -> Result:
-    """:func:`analyze` of one report for :func:`merge`: the unit a worker process, Ray or Dask task runs."""
+    """:func:`analyze` of one report for :func:`merge_results`: the unit a worker process, Ray or Dask task runs."""
     return analyze(path, ranges, comm_patterns, store=store, cache=cache, progress=False)
 
 
@@ -452,7 +452,7 @@ def _offset(df: pl.DataFrame, base: int, i: int) -> pl.DataFrame:
     return df.with_columns(pl.col("rank") + base, report=pl.lit(i, pl.Int32))
 
 
-def merge(results: list[Result]) -> Result:
+def merge_results(results: list[Result]) -> Result:
     """One result from several reports' (see the module docstring)."""
     if len(results) == 1:
         return results[0]
@@ -480,12 +480,12 @@ def merge(results: list[Result]) -> Result:
     if seam_inst.height:  # instance ids are per report: seams find their instances within their own report
         seam_inst = (seam_inst.join(gone, on=["report", "range_id"], how="anti")
                      .join(gone.rename({"range_id": "prev_range_id"}), on=["report", "prev_range_id"], how="anti"))
-    seams = [breakdown.seams(seam_inst.filter(pl.col("report") == i).drop("report"),
+    seams = [breakdown.sum_seams(seam_inst.filter(pl.col("report") == i).drop("report"),
                              inst.filter(pl.col("report") == i)).with_columns(report=pl.lit(i, pl.Int32))
              for i in range(len(results))]
     report_of = cat["ranks"].select("rank", "report")
     counted = inst.filter(pl.col("left_out").is_null())
-    phases = (breakdown.phases(counted).join(host.phase_host(counted), on=["rank", "domain", "phase"], how="left",
+    phases = (breakdown.sum_phases(counted).join(host.phase_host(counted), on=["rank", "domain", "phase"], how="left",
                                              maintain_order="left").join(report_of, on="rank", how="left"))
     phases = collectives.with_split(phases, comm.matched, comm.refused)
     diags += comm.diagnostics  # the pairing diagnostics of every rank, then matching

@@ -65,27 +65,27 @@ class SteadyState:
     def phases(self) -> pl.DataFrame:
         """Per rank and phase: sums, per-instance mean/p50/p90 of span, compute, comm and idle, the comm
         wait/transfer split."""
-        return headline.phases(self.result)
+        return headline.steady_phases(self.result)
 
     @property
     def phases_all(self) -> pl.DataFrame:
         """Per phase over all ranks (``ranks``: how many had it)."""
-        return headline.phases_all(self.result)
+        return headline.steady_phases_all_ranks(self.result)
 
     @property
     def seams(self) -> pl.DataFrame:
         """Per rank and seam (``parent, from, to``): the idle between consecutive phases, with what bound it."""
-        return headline.seams(self.result)
+        return headline.steady_seams(self.result)
 
     @property
     def seams_all(self) -> pl.DataFrame:
         """Per seam over all ranks."""
-        return headline.seams_all(self.result)
+        return headline.steady_seams_all_ranks(self.result)
 
     @property
     def instances(self) -> pl.DataFrame:
         """Every range instance with ``steady`` (in a steady cycle) and its cycle ``key``."""
-        return headline.instances(self.result)
+        return headline.instances_marked_steady(self.result)
 
     @property
     def kernels(self) -> pl.DataFrame:

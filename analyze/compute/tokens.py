@@ -175,14 +175,14 @@ def _cycles(res) -> pl.DataFrame:
 PREFILL_NAMES = ("prefill",)
 
 
-PREFILL_ROWS = {"rank": pl.Int64, "range_id": pl.Int64, "cid": pl.Int64, "span": pl.Int64, "compute": pl.Int64,
-                "comm": pl.Int64, "idle": pl.Int64, "gidle": pl.Int64}
+PREFILL_ROWS = {"rank": pl.Int64, "range_id": pl.Int64, "cycle_id": pl.Int64, "span": pl.Int64, "compute": pl.Int64,
+                "comm": pl.Int64, "idle": pl.Int64, "gpu_idle": pl.Int64}
 
 
 def prefill_rows(inst: pl.DataFrame, cyc: pl.DataFrame) -> pl.DataFrame:
     """The top-level prefill instances with GPU work, each with the cycle of ``cyc`` (every cycle, ``range_id``,
-    ``i_first``) that ran next on its rank: ``rank, range_id, cid`` (that cycle's range_id) and the prefill's
-    GPU ``span`` (first op → last op), ``compute, comm, idle, gidle``. A prefill after a rank's last cycle has
+    ``i_first``) that ran next on its rank: ``rank, range_id, cycle_id`` (that cycle's range_id) and the prefill's
+    GPU ``span`` (first op → last op), ``compute, comm, idle, gpu_idle``. A prefill after a rank's last cycle has
     none and is left out. One mapping for the cycles' ``prefill_ns`` and the budget's prefill pieces."""
     pre = inst.filter(base_expr().is_in(PREFILL_NAMES) & (pl.col("i_ops") > 0) & pl.col("parent").is_null()
                       & pl.col("rank").is_not_null())
@@ -190,16 +190,16 @@ def prefill_rows(inst: pl.DataFrame, cyc: pl.DataFrame) -> pl.DataFrame:
         return pl.DataFrame(schema=PREFILL_ROWS)
     return (pre.select("rank", "range_id", _t="i_first", span="i_span_ns",
                        compute=pl.col("i_busy_ns") - pl.col("i_comm_ns"), comm="i_comm_ns", idle="i_idle_ns",
-                       gidle="i_gpu_idle_ns").sort("_t")
-            .join_asof(cyc.select("rank", cid="range_id", _t="i_first").sort("_t"), on="_t", by="rank",
+                       gpu_idle="i_gpu_idle_ns").sort("_t")
+            .join_asof(cyc.select("rank", cycle_id="range_id", _t="i_first").sort("_t"), on="_t", by="rank",
                        strategy="forward", check_sortedness=False)
-            .filter(pl.col("cid").is_not_null()).select(list(PREFILL_ROWS)).cast(PREFILL_ROWS))
+            .filter(pl.col("cycle_id").is_not_null()).select(list(PREFILL_ROWS)).cast(PREFILL_ROWS))
 
 
 def _with_prefill(cyc: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
     """``cyc`` (sorted by rank, i_first) with ``prefill_ns``/``prefills``: the GPU spans (first op → last op) of
     the top-level prefill ranges that ran between the previous cycle's last GPU op and this cycle's first."""
-    pre = (prefill_rows(inst, cyc).group_by("rank", range_id="cid")
+    pre = (prefill_rows(inst, cyc).group_by("rank", range_id="cycle_id")
            .agg(prefill_ns=pl.col("span").sum(), prefills=pl.len()))
     return (cyc.join(pre, on=["rank", "range_id"], how="left", maintain_order="left")
             .with_columns(pl.col("prefill_ns").fill_null(0).cast(pl.Int64),

@@ -138,7 +138,7 @@ def instances(res) -> pl.DataFrame:
     got = samples(res)
     out = pl.DataFrame()
     if got:
-        inst = headline.instances(res).filter(pl.col("left_out").is_null() & (pl.col("x_ops") > 0)
+        inst = headline.instances_marked_steady(res).filter(pl.col("left_out").is_null() & (pl.col("x_ops") > 0)
                                               & pl.col("rank").is_not_null())
         rep = pl.col("report").cast(pl.Int64) if "report" in inst.columns else pl.lit(0, pl.Int64)
         seg = _segments(res)
@@ -266,7 +266,7 @@ def seams(res) -> pl.DataFrame:
     """Per seam (``parent, from, to``) of the steady state, all ranks: the main metrics over the gaps between
     consecutive phases (``[end of from, start of to)``), as :func:`phases`; empty without samples."""
     got = samples(res)
-    s = headline.seam_instances(res)
+    s = headline.steady_seam_instances(res)
     if not got or s.height == 0 or "a" not in s.columns:
         return pl.DataFrame()
     rep = pl.col("report").cast(pl.Int64) if "report" in s.columns else pl.lit(0, pl.Int64)

@@ -71,8 +71,8 @@ def cycle_phases(res) -> pl.DataFrame:
 
 # ---- the replay ----------------------------------------------------------------------------------------
 
-_ITEM_COLS = ("s", "e", "sync", "has_unit", "code", "lam", "dlt", "g", "pred", "a_pred", "wait", "w_off", "w_ext",
-              "own", "rho", "trans", "nodes", "graph", "gap_nodes", "gap_launches")
+_ITEM_COLS = ("s", "e", "sync", "has_unit", "code", "launch_latency", "device_gap", "gpu_span", "pred", "pred_gpu_last",
+              "wait", "w_off", "w_ext", "own_time", "return_latency", "trans", "nodes", "graph", "gap_nodes", "gap_launches")
 
 
 @dataclass
@@ -82,7 +82,7 @@ class Replay:
 
     Arrays are ``(windows, slots)``, padded with NaN. ``pred``/``wait``: the slot (same window) that launched
     the phase this one follows on the GPU / the work a sync waits for, -1 when that was launched before the
-    window (then ``a_pred``/``w_ext`` hold its measured time). ``code``: index of the phase in
+    window (then ``pred_gpu_last``/``w_ext`` hold its measured time). ``code``: index of the phase in
     :data:`MODEL_PHASES` (-1: any other range). ``trans``: index into ``labels`` of the seam this phase ends
     (-1: not a seam inside the window's cycle).
     """
@@ -107,7 +107,7 @@ class Replay:
         a, n_w = self.a, self.windows
         k_max = a["s"].shape[1] if n_w else 0
         d = np.array([delta.get(p, 0.0) for p in MODEL_PHASES] + [0.0])
-        g = np.maximum(a["g"] + d[a["code"]], 0.0)
+        g = np.maximum(a["gpu_span"] + d[a["code"]], 0.0)
         dur = a["e"] - a["s"] - np.where(a["graph"], cut[0] * np.maximum(a["nodes"] - cut[1], 0.0), 0.0)
         dur = np.maximum(dur, 0.0)
         e_, s_gpu, a_gpu = (np.full((n_w, k_max), np.nan) for _ in range(3))
@@ -125,12 +125,13 @@ class Replay:
             plain = sk + dur[:, k]
             sync = a["sync"][:, k]
             sub = np.where(sync, sk, plain)  # a sync call's own op is submitted at its start, a launch's at its end
-            start = np.fmax(sub + a["lam"][:, k], at(a_gpu, a["pred"][:, k], a["a_pred"][:, k]) + a["dlt"][:, k])
+            after_pred = at(a_gpu, a["pred"][:, k], a["pred_gpu_last"][:, k]) + a["device_gap"][:, k]
+            start = np.fmax(sub + a["launch_latency"][:, k], after_pred)
             unit = a["has_unit"][:, k]
             s_gpu[:, k] = np.where(unit, start, np.nan)
             a_gpu[:, k] = np.where(unit, start + g[:, k], np.nan)
             waited = at(a_gpu, a["wait"][:, k], a["w_ext"][:, k]) + a["w_off"][:, k]
-            e_[:, k] = np.where(sync, np.fmax(sk + a["own"][:, k], waited + a["rho"][:, k]), plain)
+            e_[:, k] = np.where(sync, np.fmax(sk + a["own_time"][:, k], waited + a["return_latency"][:, k]), plain)
         last = self.n_items - 1
         period = s_gpu[rows, last] - s_gpu[:, 0] if n_w else np.zeros(0)
         gap = np.where(a["trans"] >= 0, s_gpu - at2(a_gpu, a["pred"]), np.nan) if n_w else np.zeros((0, 0))
@@ -175,12 +176,14 @@ def build_replay(res) -> Replay:
     inst = res.instances.with_columns(range_id=uid("range_id"), parent=uid("parent"))
     cyc_ids = cyc["range_id"].implode()
     units = (inst.filter(pl.col("x_ops") > 0)
-             .select("rank", "gtid", "range_id", "parent", "range", S="x_first", A="x_last", G="x_span_ns")
+             .select("rank", "gtid", "range_id", "parent", "range", gpu_first="x_first", gpu_last="x_last",
+                     gpu_span="x_span_ns")
              .with_columns(phase=base_expr(),
                            cyc=pl.when(pl.col("range_id").is_in(cyc_ids)).then("range_id")
                            .when(pl.col("parent").is_in(cyc_ids)).then("parent"))
-             .sort("rank", "S")
-             .with_columns(pred=pl.col("range_id").shift(1).over("rank"), a_pred=pl.col("A").shift(1).over("rank"),
+             .sort("rank", "gpu_first")
+             .with_columns(pred=pl.col("range_id").shift(1).over("rank"),
+                           pred_gpu_last=pl.col("gpu_last").shift(1).over("rank"),
                            pred_phase=pl.col("phase").shift(1).over("rank"), pred_cyc=pl.col("cyc").shift(1).over("rank")))
     code = {p: i for i, p in enumerate(MODEL_PHASES)}
     units = units.with_columns(code=pl.col("phase").replace_strict(code, default=-1, return_dtype=pl.Int64))
@@ -188,33 +191,40 @@ def build_replay(res) -> Replay:
     items = (calls.filter(pl.col("sync") | pl.col("unit").is_not_null()).join(threads, on=["rank", "gtid"], how="semi")
              .select("rank", "name_id", "sync", "unit", "ops", "graph", "wait_end", "wait_range_id",
                      s="start", e="end")
-             .join(units.select("range_id", "S", "A", "G", "code", "pred", "a_pred", "cyc", "phase", "pred_phase",
+             .join(units.select("range_id", "gpu_first", "gpu_last", "gpu_span", "code", "pred", "pred_gpu_last", "cyc", "phase",
+                                "pred_phase",
                                 "pred_cyc"), left_on="unit", right_on="range_id", how="left")
-             .join(units.select(wait_range_id="range_id", _wa="A"), on="wait_range_id", how="left"))
+             .join(units.select(wait_range_id="range_id", _wait_gpu_last="gpu_last"), on="wait_range_id", how="left"))
     # Which term bound each phase's GPU start in the trace, and the defaults for the other term.
     sub = pl.when("sync").then("s").otherwise("e")
-    host_bound = pl.col("a_pred").is_null() | (pl.col("e") > pl.col("a_pred"))
-    items = items.with_columns(lam_obs=pl.col("S") - sub, dlt_obs=pl.col("S") - pl.col("a_pred"),
-                               hb=pl.col("unit").is_not_null() & host_bound,
-                               gb=pl.col("unit").is_not_null() & ~host_bound,
+    host_bound_expr = pl.col("pred_gpu_last").is_null() | (pl.col("e") > pl.col("pred_gpu_last"))
+    items = items.with_columns(launch_latency_obs=pl.col("gpu_first") - sub,
+                               device_gap_obs=pl.col("gpu_first") - pl.col("pred_gpu_last"),
+                               host_bound=pl.col("unit").is_not_null() & host_bound_expr,
+                               gpu_bound=pl.col("unit").is_not_null() & ~host_bound_expr,
                                waited=pl.col("sync") & (pl.col("s") < pl.col("wait_end"))
                                & (pl.col("e") >= pl.col("wait_end")),
-                               rho_obs=pl.col("e") - pl.col("wait_end"), own_obs=pl.col("e") - pl.col("s"))
+                               return_latency_obs=pl.col("e") - pl.col("wait_end"),
+                               own_time_obs=pl.col("e") - pl.col("s"))
     items = items.with_columns(key=pl.when("sync").then(pl.lit("sync")).otherwise("phase"))
     defaults = {}
-    for col, ok in (("lam_obs", pl.col("hb")), ("dlt_obs", pl.col("gb")), ("rho_obs", pl.col("waited")),
-                    ("own_obs", pl.col("sync") & ~pl.col("waited"))):
+    for col, ok in (("launch_latency_obs", pl.col("host_bound")), ("device_gap_obs", pl.col("gpu_bound")),
+                    ("return_latency_obs", pl.col("waited")),
+                    ("own_time_obs", pl.col("sync") & ~pl.col("waited"))):
         fine, coarse = _median_by(items, col, ok, ["rank", "key"])
         items = items.join(fine, on=["rank", "key"], how="left").join(coarse, on="rank", how="left")
         items = items.with_columns(pl.coalesce(f"_{col}_1", f"_{col}_2", pl.lit(0.0)).alias(f"def_{col}"))
         obs = items.filter(ok)[col]
         defaults[col[:-4]] = float(obs.median()) if obs.len() else 0.0
     items = items.with_columns(
-        lam=pl.when("hb").then("lam_obs").otherwise(pl.min_horizontal("def_lam_obs", "lam_obs")),
-        dlt=pl.when("gb").then("dlt_obs").otherwise(pl.min_horizontal("def_dlt_obs", "dlt_obs")),
-        rho=pl.when("waited").then("rho_obs").otherwise(pl.min_horizontal("def_rho_obs", "rho_obs")),
-        own=pl.when("waited").then(pl.min_horizontal("def_own_obs", "own_obs")).otherwise("own_obs"),
-        w_off=(pl.col("wait_end") - pl.col("_wa")).fill_null(0),
+        launch_latency=pl.when("host_bound").then("launch_latency_obs")
+        .otherwise(pl.min_horizontal("def_launch_latency_obs", "launch_latency_obs")),
+        device_gap=pl.when("gpu_bound").then("device_gap_obs")
+        .otherwise(pl.min_horizontal("def_device_gap_obs", "device_gap_obs")),
+        return_latency=pl.when("waited").then("return_latency_obs")
+        .otherwise(pl.min_horizontal("def_return_latency_obs", "return_latency_obs")),
+        own_time=pl.when("waited").then(pl.min_horizontal("def_own_time_obs", "own_time_obs")).otherwise("own_time_obs"),
+        w_off=(pl.col("wait_end") - pl.col("_wait_gpu_last")).fill_null(0),
     )
     # Graph launches between two key calls (not the first launch of a phase) are part of the host's time
     # between them: node tracing's cost of each is taken off that time too.
@@ -226,20 +236,23 @@ def build_replay(res) -> Replay:
                                        gap_launches=pl.len().cast(pl.Float64)))
     items = items.join(gaps, on=["rank", "s"], how="left").with_columns(pl.col("gap_nodes", "gap_launches").fill_null(0))
     # Windows: cycle n of a rank runs from the launch call of its first phase to that of cycle n + 1's.
-    first = (units.filter(pl.col("cyc").is_not_null()).sort("S").group_by("cyc").agg(pl.col("range_id").first())
+    first = (units.filter(pl.col("cyc").is_not_null()).sort("gpu_first").group_by("cyc")
+             .agg(pl.col("range_id").first())
              .join(items.select("unit", "s"), left_on="range_id", right_on="unit")
              .join(cyc.select("rank", "n", cyc="range_id", period="period_ns"), on="cyc")
-             .select("rank", "n", "cyc", "period", L="s").sort("rank", "n"))
-    first = first.with_columns(L_next=pl.col("L").shift(-1).over("rank"), n_next=pl.col("n").shift(-1).over("rank"))
+             .select("rank", "n", "cyc", "period", window_start="s").sort("rank", "n"))
+    first = first.with_columns(next_window_start=pl.col("window_start").shift(-1).over("rank"),
+                               n_next=pl.col("n").shift(-1).over("rank"))
     win = first.filter(pl.col("period").is_not_null() & (pl.col("n_next") == pl.col("n") + 1)).with_row_index("w")
-    inside = (items.sort("s").join_asof(win.select("rank", "w", "L", "L_next", wcyc="cyc").sort("L"),
-                                        left_on="s", right_on="L", by="rank", strategy="backward",
+    bounds = win.select("rank", "w", "window_start", "next_window_start", wcyc="cyc").sort("window_start")
+    inside = (items.sort("s").join_asof(bounds,
+                                        left_on="s", right_on="window_start", by="rank", strategy="backward",
                                         check_sortedness=False)
-              .filter(pl.col("w").is_not_null() & (pl.col("s") < pl.col("L_next"))))
-    closing = items.join(win.select("rank", "w", wcyc="cyc", s="L_next"), on=["rank", "s"]).filter(
+              .filter(pl.col("w").is_not_null() & (pl.col("s") < pl.col("next_window_start"))))
+    closing = items.join(win.select("rank", "w", wcyc="cyc", s="next_window_start"), on=["rank", "s"]).filter(
         pl.col("unit").is_not_null())
-    long = pl.concat([inside.drop("L", "L_next"), closing.select(inside.drop("L", "L_next").columns)],
-                     how="vertical_relaxed").sort("w", "s")
+    in_window = inside.drop("window_start", "next_window_start")
+    long = pl.concat([in_window, closing.select(in_window.columns)], how="vertical_relaxed").sort("w", "s")
     long = long.with_columns(k=pl.int_range(pl.len()).over("w"))
     slot_of = long.filter(pl.col("unit").is_not_null()).select("w", ref="unit", ref_k="k")
     long = (long.join(slot_of.rename({"ref": "pred", "ref_k": "pred_k"}), on=["w", "pred"], how="left")
@@ -252,7 +265,7 @@ def build_replay(res) -> Replay:
         .then(pl.format("{}→{}", "pred_phase", "phase").replace_strict(
             {lab: i for i, lab in enumerate(labels)}, default=-1, return_dtype=pl.Int64)).otherwise(-1),
         has_unit=pl.col("unit").is_not_null(), pred=pl.col("pred_k").fill_null(-1), wait=pl.col("wait_k").fill_null(-1),
-        w_ext=pl.col("wait_end") - pl.col("w_off"), nodes=pl.col("ops"), code=pl.col("code").fill_null(-1), g=pl.col("G"))
+        w_ext=pl.col("wait_end") - pl.col("w_off"), nodes=pl.col("ops"), code=pl.col("code").fill_null(-1))
     n_w = win.height
     k_max = int(long["k"].max()) + 1 if long.height else 0
     arrays = {}
@@ -457,10 +470,10 @@ class Model:
             "launch calls take the time they took; a launch that returned after the earlier GPU work ended is "
             "slow, not blocked: it does not move with the GPU (README: what the bundled sweep shows)",
             "sync-like calls return at max(start + own time, end of the GPU work they wait for + return latency)"
-            f" (median return latency {dflt.get('rho', 0) / 1e3:.1f} µs)",
+            f" (median return latency {dflt.get('return_latency', 0) / 1e3:.1f} µs)",
             "the GPU runs the phases of a rank in launch order, one queue: a phase starts at max(launch end + "
             f"launch latency, previous phase end + device gap) (medians where not bound: latency "
-            f"{dflt.get('lam', 0) / 1e3:.1f} µs, gap {dflt.get('dlt', 0) / 1e3:.1f} µs)",
+            f"{dflt.get('launch_latency', 0) / 1e3:.1f} µs, gap {dflt.get('device_gap', 0) / 1e3:.1f} µs)",
             f"predicted cycle = the measured cycle period moved by the mean change over {n} replayed windows "
             f"(first GPU op of a steady cycle → first of the next{f'; {rest} cycles not replayed' if rest else ''});"
             " ranks replayed independently (their skew stays as measured)",

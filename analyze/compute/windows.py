@@ -379,7 +379,7 @@ def pair(inst: pl.DataFrame, kern: pl.DataFrame, ranks: pl.DataFrame, bound: int
 
 def pair_reports(results: list) -> Paired:
     """:func:`pair` over the ranks of several analysed reports (one per node or rank): ranks numbered across
-    them in order and a ``report`` column, as :func:`analyze.compute.pipeline.merge` does; times put on
+    them in order and a ``report`` column, as :func:`analyze.compute.pipeline.merge_results` does; times put on
     report 0's session clock (utcEpochNs) for the pairing only, then given back as each report has them."""
     offs = align.session_offsets([r.trace.utc_epoch_ns for r in results]) or [0] * len(results)
     insts, kerns, rks = [], [], []

@@ -39,9 +39,9 @@ def document(res: Result, found: list[findings.Finding] | None = None) -> dict:
     d["steady"] = {**selection(res), "definition": DEFINITION}
     d["tokens"] = summary(res).as_dict()
     d["budget"] = headline.budget(res).to_dicts()
-    d["phases_steady"] = headline.phases(res).to_dicts()
-    d["phases_steady_all_ranks"] = headline.phases_all(res).to_dicts()
-    d["seams_steady"] = headline.seams(res).to_dicts()
+    d["phases_steady"] = headline.steady_phases(res).to_dicts()
+    d["phases_steady_all_ranks"] = headline.steady_phases_all_ranks(res).to_dicts()
+    d["seams_steady"] = headline.steady_seams(res).to_dicts()
     d["kernels"] = headline.kernels(res, TOP_KERNELS).to_dicts()
     d["cycle_classes"] = [c.as_dict() for c in anatomy.cycle_classes(res)]
     d["segments"] = [s.as_dict() for s in anatomy.segments(res)]
@@ -71,10 +71,10 @@ def frame(res: Result, name: str) -> pl.DataFrame:
     """One result table by name; ``phases``/``ranges``/``seams`` include all-ranks rows (rank null), and so do
     ``phases_steady``/``seams_steady`` (the steady state, :mod:`analyze.compute.headline`)."""
     if name == "phases_steady":
-        return pl.concat([headline.phases(res), headline.phases_all(res).drop("ranks")], how="diagonal_relaxed")
+        return pl.concat([headline.steady_phases(res), headline.steady_phases_all_ranks(res).drop("ranks")], how="diagonal_relaxed")
     if name == "seams_steady":
-        s = headline.seams(res)
-        return pl.concat([s, headline.seams_all(res).drop("ranks")], how="diagonal_relaxed") if s.height else s
+        s = headline.steady_seams(res)
+        return pl.concat([s, headline.steady_seams_all_ranks(res).drop("ranks")], how="diagonal_relaxed") if s.height else s
     if name == "budget":
         return headline.budget(res)
     if name == "kernels":

@@ -166,10 +166,10 @@ PHASE_HEADS = {f"{k}_{s}_ns": f"{k} µs/inst {s}" for k in ("span", "compute", "
 def _phases(res, out: NewFolder) -> Section:
     body = [_p("Per instance over the steady state (µs per instance: mean, p50, p90); span = compute + comm + idle "
                "(means add up; percentiles do not)."),
-            "<h3>All ranks</h3>", _table(headline.phases_all(res).with_columns(_o=cycle_order()).sort("_o", "phase")
+            "<h3>All ranks</h3>", _table(headline.steady_phases_all_ranks(res).with_columns(_o=cycle_order()).sort("_o", "phase")
                                          .select("ranks", *PHASE_COLS), PHASE_HEADS)]
     if res.ranks.height > 1:
-        per = headline.phases(res).with_columns(_o=cycle_order()).sort("_o", "phase", "rank")
+        per = headline.steady_phases(res).with_columns(_o=cycle_order()).sort("_o", "phase", "rank")
         body += ["<h3>Per rank</h3>", _table(per.select("rank", *PHASE_COLS), PHASE_HEADS)]
         hm = plots.rank_heatmap(res)
         if hm is not None:
@@ -230,7 +230,7 @@ def _comm(res, out: NewFolder) -> Section | None:
     mt = headline.matching(res)
     bad = mt.filter(~pl.col("trusted"))
     refused = set(bad["phase"].to_list())
-    p = headline.phases(res).filter(~pl.col("phase").is_in(list(refused)))
+    p = headline.steady_phases(res).filter(~pl.col("phase").is_in(list(refused)))
     split = plots.comm_split(p)
     st = headline.stragglers(res)
     st = st.filter(~pl.col("phase").is_in(list(refused))) if st.height else st
@@ -314,7 +314,7 @@ def _segments(res) -> Section | None:
 
 
 def _seams(res, out: NewFolder) -> Section:
-    sa = headline.seams_all(res)
+    sa = headline.steady_seams_all_ranks(res)
     body = [_p("GPU idle between consecutive ranges (last op of one → first op of the next), steady state, all ranks.")]
     if sa.height:
         causes = [c for c in ("bound", "gpu_bound_ns", "launch_bound_ns", "host_bound_ns", "launch_block_ns",
@@ -338,7 +338,7 @@ SEAM_HEADS = {"idle_mean_ns": "idle µs/inst mean", "idle_p50_ns": "idle µs/ins
 
 
 def _parents(res) -> Section:
-    parents = headline.seams_all(res)
+    parents = headline.steady_seams_all_ranks(res)
     names = parents["parent"].drop_nulls().unique() if parents.height else pl.Series([], dtype=pl.String)
     pr = headline.ranges(res)
     body = [_p("Ranges with selected ranges inside them, inclusive (NVIDIA-style projection of everything launched "
@@ -503,7 +503,7 @@ def _write_page(res, out: NewFolder, vs, steps_now: int | None, extra) -> None:
     except InputError as e:
         model = e
     found = findings.find(res, None if isinstance(model, InputError) else model)
-    top = [_comparison(cmp.compare(vs, res), out)] if vs is not None else []
+    top = [_comparison(cmp.compare_results(vs, res), out)] if vs is not None else []
     secs = [*top, _summary(res, steps_now), _budget(res, out), _findings(found),
             *[x for x in (_classes(res), _segments(res)) if x is not None], _phases(res, out)]
     secs += [s for s in (utilisation_section(res),) if s is not None]

@@ -114,7 +114,7 @@ def _small_multiples(p: pl.DataFrame, stacks: list[tuple[str, str, str | None, s
 def phase_bars(res) -> Figure:
     """Small multiples, one panel per phase: per rank, µs per instance (steady-state mean) stacked compute (phase
     colour), communication, idle; a tick at the median span. Legible at any number of ranks."""
-    p = _leaf_phases(headline.phases(res)).with_columns(
+    p = _leaf_phases(headline.steady_phases(res)).with_columns(
         *[(pl.col(c) / pl.col("instances") / 1e3).alias(c) for c in ("compute_ns", "comm_ns", "idle_ns")],
         span_p50=pl.col("span_p50_ns") / 1e3)
     return _small_multiples(p, [("compute_ns", "phase", None, "compute (phase colour)"),
@@ -127,7 +127,7 @@ def phase_bars(res) -> Figure:
 def rank_heatmap(res) -> Figure | None:
     """Rank × phase: median span per instance, coloured by how far above the fastest rank (stragglers stand out).
     None with one rank."""
-    p = _leaf_phases(headline.phases(res))
+    p = _leaf_phases(headline.steady_phases(res))
     ranks = sorted(p["rank"].unique().to_list())
     if len(ranks) < 2:
         return None
@@ -251,7 +251,7 @@ def distributions(res) -> Figure:
     the steady-state instances of all ranks (symlog axes starting at 0)."""
     fig = _figure(12, 4.4)
     a1, a2 = fig.subplots(1, 2)
-    inst = headline.instances(res).filter(pl.col("steady") & (pl.col("x_ops") > 0)).with_columns(base=base_expr())
+    inst = headline.instances_marked_steady(res).filter(pl.col("steady") & (pl.col("x_ops") > 0)).with_columns(base=base_expr())
     inst = inst.filter(~pl.col("base").is_in(["cycle", "decode_step"])) if inst.height else inst
     names = _order(inst["range"].unique().to_list())
     data = [(inst.filter(pl.col("range") == n)["x_idle_ns"] / 1e3).to_list() for n in names]
@@ -265,7 +265,7 @@ def distributions(res) -> Figure:
     a1.set_ylabel("µs idle inside one instance (symlog)")
     a1.set_title("Idle gaps inside phases (per instance, steady state, all ranks)", fontsize=10)
     a1.grid(axis="y", alpha=0.3)
-    s = headline.seam_instances(res)
+    s = headline.steady_seam_instances(res)
     s = s.with_columns(tr=pl.format("{} → {}", "prev_range", "range")) if s.height else s
     trs = s.group_by("tr").agg(pl.col("idle_ns").median()).sort("idle_ns", descending=True)["tr"].to_list() \
         if s.height else []
@@ -328,7 +328,7 @@ def has_comm_split(frame: pl.DataFrame) -> bool:
 def comm_split(phases: pl.DataFrame) -> Figure | None:
     """Small multiples, one panel per phase: per rank, communication time split into transfer vs waiting for the
     other ranks (µs per instance). ``phases``: a frame with ``rank, phase, instances, comm_wait_ns,
-    comm_transfer_ns`` (e.g. :func:`analyze.compute.headline.phases`); None without the split or communication."""
+    comm_transfer_ns`` (e.g. :func:`analyze.compute.headline.steady_phases`); None without the split or communication."""
     if not has_comm_split(phases):
         return None
     p = phases.filter((pl.col("comm_wait_ns") + pl.col("comm_transfer_ns")) > 0)

@@ -289,8 +289,8 @@ STEADY_HEADER = ["phase", "rank", "inst", "span µs", "p50", "p90", "compute µs
 
 def steady_phase_text(res: Result) -> list[str]:
     """Per phase (all ranks, then each rank when there are several): per-instance mean / p50 / p90, steady state."""
-    pa = _order(hl.phases_all(res).with_columns(rank=pl.lit(None, pl.Int64)), "phase")
-    pr = hl.phases(res)
+    pa = _order(hl.steady_phases_all_ranks(res).with_columns(rank=pl.lit(None, pl.Int64)), "phase")
+    pr = hl.steady_phases(res)
     multi = res.ranks.height > 1
     rows = []
     for a in pa.iter_rows(named=True):
@@ -386,7 +386,7 @@ def analyze_table(res: Result, found: list[Finding] | None = None) -> str:
     out.append(f"All ranks ({res.ranks.height}), times summed over ranks")
     out += _grid(PHASE_HEADER, _phase_rows(_order(pa, "phase"), total))
     out += _comm_split(res)
-    sa = hl.seams_all(res)
+    sa = hl.steady_seams_all_ranks(res)
     if sa.height:
         out.append("")
         out.append("Seams, steady state: GPU idle between consecutive ranges (last op of one → first op of the next), "
