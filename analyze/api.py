@@ -260,23 +260,15 @@ def whatif(reports: Reports, steps_now: int | None = None, baseline: Reports | N
         if not m.segments:
             raise InputError("--other-steps joins runs per batch size: this run has fewer than two batch sizes "
                              "(no segments to join)", "NO_SEGMENTS")
+        kept = []
+
+        def runs():  # analysed one at a time, as join_runs reaches them (its refusal comes before the next run)
+            for o in other_steps:
+                kept.append(analyze(o, ranges, comm_patterns, **kw))
+                yield ", ".join(Path(p).name for p in _paths(o)), kept[-1]
+
         alpha = acceptance if acceptance is not None else wi.run_alpha(res, m.steps_now)
-        others, kept = [], []
-        for o in other_steps:
-            ro, name = analyze(o, ranges, comm_patterns, **kw), ", ".join(Path(p).name for p in _paths(o))
-            kept.append(ro)
-            try:
-                steps, how = wi.steps_known(ro, None)
-            except InputError as e:
-                raise InputError(f"--other-steps {name}: the number of draft steps is not recorded (no manifest "
-                                 "with speculative.steps beside it) and cannot be inferred", e.code) from None
-            if how.startswith("inferred"):
-                m.notes.append(f"{name}: {steps} draft steps, {how}")
-            segs = wi.fit_segments(ro, None, alpha=alpha, as_traced=as_traced)
-            if not segs:
-                m.notes.append(f"{name}: fewer than two batch sizes with enough cycles: not used")
-            others.append((name, segs))
-        m.notes += wi.merge_runs(m.segments, others)
+        m.notes += wi.join_runs(m.segments, runs(), alpha, as_traced)
         keep_derived(*kept)
     keep_derived(res, base)
     return m

@@ -44,6 +44,7 @@ Validated on real step sweeps of the embedded workload (README: "Reports, compar
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -430,9 +431,7 @@ class Model:
     def best(self, max_steps: int = MAX_STEPS, measured_only: bool = False) -> dict | None:
         """The step count with the most tokens/s, or None when acceptance is unknown (``measured_only``: among the
         predictions that are not extrapolated)."""
-        rows = [p for p in self.predictions(max_steps) if p["tokens_per_s"] is not None
-                and not (measured_only and p["extrapolated"])]
-        return max(rows, key=lambda p: p["tokens_per_s"]) if rows else None
+        return _best(self.predictions(max_steps), measured_only)
 
     def verify_text(self) -> str:
         """How verify's cost per extra verified token is known: measured (segments, baseline) or assumed."""
@@ -489,6 +488,12 @@ class Model:
         return out
 
 
+def _best(predictions: list[dict], measured_only: bool) -> dict | None:
+    """The prediction with the most tokens/s (``measured_only``: among those not extrapolated); None without any."""
+    rows = [p for p in predictions if p["tokens_per_s"] is not None and not (measured_only and p["extrapolated"])]
+    return max(rows, key=lambda p: p["tokens_per_s"]) if rows else None
+
+
 def _interp(points: tuple[tuple[float, float], ...], x: float) -> float:
     """Piecewise-linear ``f(x)`` through ``points`` (sorted by x), extended by the end segments' slopes."""
     if len(points) == 1:
@@ -540,9 +545,7 @@ class SegmentModel:
 
     def best(self, max_steps: int = MAX_STEPS, measured_only: bool = False) -> dict | None:
         """As :meth:`Model.best`, over the predictions of every run."""
-        rows = [p for p in self.predictions(max_steps) if p["tokens_per_s"] is not None
-                and not (measured_only and p["extrapolated"])]
-        return max(rows, key=lambda p: p["tokens_per_s"]) if rows else None
+        return _best(self.predictions(max_steps), measured_only)
 
     def as_dict(self, max_steps: int = MAX_STEPS) -> dict:
         m = self.model
@@ -618,20 +621,32 @@ def run_alpha(res, steps: int) -> float | None:
     return solve_alpha(tk.accepted_per_request, steps) if tk.accepted_per_request is not None else None
 
 
-def merge_runs(segments: list[SegmentModel], others: list[tuple[str, list[SegmentModel]]]) -> list[str]:
-    """Join each segment with the same batch size's models from runs at other step counts (``others``: each run's
-    name and :func:`fit_segments` of it, fitted with this run's acceptance); notes on what was not joined."""
-    notes = []
+def join_runs(segments: list[SegmentModel], runs: Iterable[tuple[str, object]], alpha: float | None,
+              as_traced: bool = False) -> list[str]:
+    """Join each segment with the same batch size's models from runs of the same workload at other step counts
+    (``runs``: each run's name and analysed Result; ``whatif --other-steps``), fitted with ``alpha``, this run's
+    acceptance; notes on what was not joined. InputError when a run's step count is neither recorded nor
+    inferable."""
+    notes, unused = [], []  # the runs' own notes first, then the batch sizes not joined
     by_batch = {sm.batch_size: sm for sm in segments if sm.batch_size}
-    for name, segs in others:
-        used = [o for o in segs if o.batch_size in by_batch]
-        for o in used:
-            sm = by_batch[o.batch_size]
-            sm.others = (*sm.others, o.model)
+    for name, ro in runs:
+        try:
+            steps, how = steps_known(ro, None)
+        except InputError as e:
+            raise InputError(f"--other-steps {name}: the number of draft steps is not recorded (no manifest "
+                             "with speculative.steps beside it) and cannot be inferred", e.code) from None
+        if how.startswith("inferred"):
+            notes.append(f"{name}: {steps} draft steps, {how}")
+        segs = fit_segments(ro, steps, alpha=alpha, as_traced=as_traced)
+        if not segs:
+            notes.append(f"{name}: fewer than two batch sizes with enough cycles: not used")
+        for o in segs:
+            if o.batch_size in by_batch:
+                by_batch[o.batch_size].others += (o.model,)
         left = sorted(b for b in {o.batch_size for o in segs} - set(by_batch) if b is not None)
         if left:
-            notes.append(f"{name}: batch sizes {', '.join(map(str, left))} are not in the main run: not used")
-    return notes
+            unused.append(f"{name}: batch sizes {', '.join(map(str, left))} are not in the main run: not used")
+    return notes + unused
 
 
 def theil_sen(xy: pl.DataFrame) -> float:
