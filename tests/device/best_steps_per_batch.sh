@@ -37,15 +37,7 @@ for S in 1 2 3 4; do
   pack "$name"
 done
 
-for rep in $(seq 1 "$REPS"); do
-  for k in 0 1 2 3; do
-    left || break 2
-    S=$(( (k + rep) % 4 + 1 ))
-    python3 -m nvtx_hooks.capture.workload --nproc "$NPROC" --steps "$S" "${WL[@]}" 2>> "$OUT/log.txt" \
-      | grep '^{"rank"' | sed "s/^{/{\"rep\": $rep, /" >> "$OUT/${TP}_sweep_plain.jsonl"
-    log "plain steps $S rep $rep"
-  done
-done
+plain_sweep "$OUT/${TP}_sweep_plain.jsonl" "${WL[@]}"
 
 log "done"
 cd "$OUT" || exit 1

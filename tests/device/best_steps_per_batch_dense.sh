@@ -22,15 +22,7 @@ TP=tp$NPROC
 versions
 WL=(--schedule 1:30,4:30,8:30,16:30,24:30,32:30,48:30,64:30,96:30,128:30,160:30 --accept-rate 0.7 --host-wait spin)
 
-for rep in $(seq 1 "$REPS"); do
-  for k in 0 1 2 3; do
-    left || break 2
-    S=$(( (k + rep) % 4 + 1 ))
-    python3 -m nvtx_hooks.capture.workload --nproc "$NPROC" --steps "$S" "${WL[@]}" 2>> "$OUT/log.txt" \
-      | grep '^{"rank"' | sed "s/^{/{\"rep\": $rep, /" >> "$W/${TP}_dense_plain$TAG.jsonl"
-    log "plain steps $S rep $rep"
-  done
-done
+plain_sweep "$W/${TP}_dense_plain$TAG.jsonl" "${WL[@]}"
 cp "$W/${TP}_dense_plain$TAG.jsonl" "$OUT/" 2>/dev/null
 
 for S in $CAPS; do

@@ -36,3 +36,20 @@ pack() {
   cp "$W/$1.stdout" "$OUT/$1.stdout.txt" 2>/dev/null
   return 0
 }
+
+# plain_sweep FILE WORKLOAD_ARGS...: REPS rounds of the workload at 1..4 draft steps without a profiler, the order
+# rotating per round (round r: steps r+1, r+2, ... mod 4); each rank's JSON record, with "rep", appended to FILE.
+# Stops when the budget (left) is spent.
+plain_sweep() {
+  local file=$1 rep k S
+  shift
+  for rep in $(seq 1 "$REPS"); do
+    for k in 0 1 2 3; do
+      left || return 0
+      S=$(( (k + rep) % 4 + 1 ))
+      python3 -m nvtx_hooks.capture.workload --nproc "$NPROC" --steps "$S" "$@" 2>> "$OUT/log.txt" \
+        | grep '^{"rank"' | sed "s/^{/{\"rep\": $rep, /" >> "$file"
+      log "plain steps $S rep $rep"
+    done
+  done
+}
