@@ -191,6 +191,13 @@ def _aggregate(inst: pl.DataFrame, keys: list[str], ms: list[str]) -> pl.DataFra
     )
 
 
+def scope_order() -> pl.Expr:
+    """A sort key of ``scope`` for the figures and the report: ``steady``, ``all``, scopes without a number, then
+    ``batch N`` in numeric order (``batch 16`` before ``batch 128``); ties broken by the scope's name."""
+    return (pl.when(pl.col("scope") == "steady").then(-3).when(pl.col("scope") == "all").then(-2)
+            .otherwise(pl.col("scope").str.extract(r"(\d+)$").cast(pl.Int64, strict=False).fill_null(-1)))
+
+
 def phases(res) -> pl.DataFrame:
     """Per rank, phase and scope (``steady``, ``all``, the steady state's ``batch N`` segments), plus all-ranks
     rows (``rank`` null): the main metrics as columns (percent of peak), ``samples``, ``instances`` measured,

@@ -191,8 +191,7 @@ def utilisation_section(res) -> Section | None:
     if u.height == 0:
         return None
     rows = u.filter(pl.col("rank").is_null() & (pl.col("scope") != "all")).with_columns(_o=cycle_order()).sort(
-        pl.col("scope") != "steady", pl.col("scope").str.extract(r"(\d+)$").cast(pl.Int64, strict=False), "scope",
-        "_o", "phase")
+        utilisation.scope_order(), "scope", "_o", "phase")
 
     def bar(v, colour: str) -> str:
         if v is None:

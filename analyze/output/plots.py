@@ -392,11 +392,8 @@ def utilisation_bars(res) -> Figure | None:
     if u.height == 0:
         return None
     order = {n: i for i, n in enumerate(_order(u["phase"].unique().to_list()))}
-    def scope_key(scope: str) -> tuple:
-        n = scope.rsplit(" ", 1)[-1]
-        return (scope != "steady", int(n) if n.isdigit() else -1, scope)
-
-    rows = sorted(u.iter_rows(named=True), key=lambda r: (*scope_key(r["scope"]), order[r["phase"]]))
+    rows = list(u.with_columns(_p=pl.col("phase").replace_strict(order, return_dtype=pl.Int64))
+                .sort(utilisation.scope_order(), "scope", "_p", maintain_order=True).iter_rows(named=True))
     fig = _figure(10, 0.45 * len(rows) * 1.6 + 1.2)
     ax = fig.add_subplot()
     h = 0.8 / len(UTIL_METRICS)
