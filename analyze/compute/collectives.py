@@ -34,6 +34,7 @@ import polars as pl
 
 from ..model import CommResult, Diagnostic
 from . import align, windows
+from .scalars import to_int, whole
 
 GROUP = ["domain", "phase", "k", "name"]
 KEY = [*GROUP, "j"]
@@ -79,7 +80,7 @@ def with_group_ids(kernels: pl.DataFrame) -> pl.DataFrame:
     dp = kernels.select("domain", "phase").unique(maintain_order=True).with_row_index("_p")
     names = kernels.select("name").unique(maintain_order=True).with_row_index("_n")
     c = kernels.join(dp, on=["domain", "phase"], how="left", nulls_equal=True).join(names, on="name", how="left")
-    bits = [int(x).bit_length() for x in (dp.height, c["k"].max() + 1, names.height)]
+    bits = [int(x).bit_length() for x in (dp.height, whole(c["k"].max()) + 1, names.height)]
     if sum(bits) <= 62:
         g = (pl.col("_p").cast(pl.Int64) * 2 ** (bits[1] + bits[2]) + (pl.col("k") + 1) * 2 ** bits[2]
              + pl.col("_n").cast(pl.Int64))
@@ -146,9 +147,9 @@ def match(kernels: pl.DataFrame, counts: pl.DataFrame | None = None, ordered: bo
 
 def _bits(s: pl.Series) -> int | None:
     """Bits that hold every value of an integer column, or None when it has nulls or negative values."""
-    if s.null_count() or (s.len() and s.min() < 0):
+    if s.null_count() or (s.len() and whole(s.min()) < 0):
         return None
-    return int(s.max() or 0).bit_length()
+    return to_int(s.max() or 0).bit_length()
 
 
 def _sorted_by_collective(m: pl.DataFrame) -> pl.DataFrame:
@@ -156,22 +157,22 @@ def _sorted_by_collective(m: pl.DataFrame) -> pl.DataFrame:
     columns compares them one by one), on the four columns otherwise."""
     if m.height == 0:
         return m
-    s0 = int(m["start"].min())
-    bits = [_bits(m["_g"]), _bits(m["j"]), _bits(m["start"] - s0), _bits(m["rank"])]
-    if None in bits or bits[0] + bits[1] > 62 or bits[2] + bits[3] > 62:
+    s0 = to_int(m["start"].min())
+    g, j, start, rank = _bits(m["_g"]), _bits(m["j"]), _bits(m["start"] - s0), _bits(m["rank"])
+    if g is None or j is None or start is None or rank is None or g + j > 62 or start + rank > 62:
         return m.sort("_g", "j", "start", "rank")
-    return (m.with_columns(_k1=pl.col("_g") * 2 ** bits[1] + pl.col("j"),
-                           _k2=(pl.col("start") - s0) * 2 ** bits[3] + pl.col("rank"))
+    return (m.with_columns(_k1=pl.col("_g") * 2 ** j + pl.col("j"),
+                           _k2=(pl.col("start") - s0) * 2 ** rank + pl.col("rank"))
             .sort("_k1", "_k2").drop("_k1", "_k2"))
 
 
 def per_collective(matched: pl.DataFrame) -> pl.DataFrame:
     """One row per matched collective: its straggler rank (null on a tie) and delay, start spread, end spread."""
-    bits = [_bits(matched["_g"]), _bits(matched["j"])]
-    if None in bits or sum(bits) > 62:
+    g, j = _bits(matched["_g"]), _bits(matched["j"])
+    if g is None or j is None or g + j > 62:
         by, ids = [pl.col("_g"), pl.col("j")], []
     else:  # one integer per collective: a one-key group-by
-        by, ids = [(pl.col("_g") * 2 ** bits[1] + pl.col("j")).alias("_c")], [pl.col("_g", "j").first()]
+        by, ids = [(pl.col("_g") * 2 ** j + pl.col("j")).alias("_c")], [pl.col("_g", "j").first()]
     return (
         matched.group_by(*by)
         .agg(

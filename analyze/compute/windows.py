@@ -48,6 +48,7 @@ from nvtx_hooks import phases as ph
 
 from ..model import Diagnostic
 from . import align, attribute
+from .scalars import whole, whole_or_none
 from .tokens import CYCLE_NAMES, base_expr, decode_exprs, decode_frame
 
 WRAP = 1 << ph._CYC_BITS  # the payload's cycle index counts modulo this
@@ -185,9 +186,9 @@ def ordinal(df: pl.DataFrame, key: str, name: str, out: str, by: tuple[str, ...]
     else:
         code = pl.col(name).rank("dense").cast(pl.Int64)
     d = df.with_columns(_nc=code)
-    n = (d["_nc"].max() or 0) + 1
-    lo, hi = d[key].min(), d[key].max()
-    if d.height == 0 or lo is None or lo < 0 or (hi + 1) * n >= 2**62 or d["_nc"].null_count():
+    n = whole(d["_nc"].max() or 0) + 1
+    lo, hi = whole_or_none(d[key].min()), whole_or_none(d[key].max())
+    if d.height == 0 or lo is None or hi is None or lo < 0 or (hi + 1) * n >= 2**62 or d["_nc"].null_count():
         d = df.sort(*by, maintain_order=True) if by and not keep_order else df
         return d.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).over(key, name).alias(out))
     if keep_order:
@@ -496,15 +497,15 @@ def _diagnostics(x: pl.DataFrame, ranks: pl.DataFrame, ks: Keys) -> list[Diagnos
             how.append("by the payload's cycle index: " + ", ".join(repr(p) for p in ks.payload_phases))
         off = ks.offsets.join(multi.select(PHASE), on=PHASE)
         if off.height:
-            per = []
+            per_phase = []
             for (_, rng), g in off.group_by(PHASE, maintain_order=True):
-                ref = g["rank"].min()
+                ref = whole_or_none(g["rank"].min())
                 shifts = ", ".join(f"rank {r['rank']}'s n-th = rank {ref}'s (n{-r['offset']:+d})-th" + (
                     f", ends {r['spread_p50_ns'] / 1e3:,.1f} µs apart" if r["spread_p50_ns"] is not None else "")
                     for r in g.iter_rows(named=True) if r["offset"] is not None and r["rank"] != ref)
-                per.append(f"{rng!r} ({shifts})")
+                per_phase.append(f"{rng!r} ({shifts})")
             how.append("by time, the instance offset under which collectives end together (p50 end "
-                       "difference): " + "; ".join(per))
+                       "difference): " + "; ".join(per_phase))
         counted = (x.filter(pl.col("left_out").is_null() & (pl.col("i_ops") > 0)).join(multi, on=PHASE)
                    .group_by(PHASE).agg(n=pl.col("key").n_unique()).sort("range"))
         same = ", ".join(f"{r['range']!r} ×{r['n']}" for r in counted.iter_rows(named=True))
