@@ -20,12 +20,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
 import polars as pl
 
 from ..model import InputError
 from . import anatomy, breakdown, headline, steady, utilisation
+from .scalars import real, to_float
 from .tokens import CYCLE_NAMES, base_expr, selection, summary
+
+if TYPE_CHECKING:
+    from .whatif import Model
 
 __all__ = ["HIGH", "MEDIUM", "FLOOR", "RULES", "COMM_SHARE", "IDLE_SHARE", "GAIN", "RuleContext", "Finding", "Rule",
            "SAME", "launch_timing", "NCCL_KERNEL", "PROTOS", "NcclSetting", "nccl_setting", "comm_action",
@@ -48,7 +53,7 @@ class RuleContext:
     seams: pl.DataFrame  # seam instances, steady, with launch timing
     stragglers: pl.DataFrame
     info: dict
-    model: object | None  # the what-if model, when it could be fitted
+    model: Model | None  # the what-if model, when it could be fitted
     cycles: pl.DataFrame  # rank, ncyc: steady cycles per rank
     untrusted: set  # phases whose matched collectives do not end together: no straggler or wait findings
     classes: list = field(default_factory=list)  # anatomy.CycleClass: the slower cycles that recur, and rare stalls
@@ -105,7 +110,7 @@ SAME = 0.02  # ranks within this fraction of each other count as "the same on ev
 def _over_ranks(df: pl.DataFrame, col: str) -> dict:
     """Mean over ranks of ``col``, the rank with the most (None when all ranks are about the same) and the range."""
     w = df.sort(col, "rank", descending=[True, False]).row(0, named=True)
-    mean, lo, hi = float(df[col].mean()), float(df[col].min()), float(w[col])
+    mean, lo, hi = to_float(df[col].mean()), to_float(df[col].min()), float(w[col])
     same = df.height > 1 and hi - lo <= SAME * abs(mean)
     return {"mean": mean, "rank": None if same else w["rank"], "max": hi, "min": lo, "ranks": df.height,
             "worst": df.height > 1 and not same}
@@ -149,7 +154,7 @@ def _gap(ctx: RuleContext) -> list[dict]:
     o = _over_ranks(g, "ns")
     s = ctx.seams.filter(pl.col("parent").is_null()).filter(base_expr("prev_range").is_in(CYCLE_NAMES)
                                                              & base_expr("range").is_in(CYCLE_NAMES))
-    late = float(s["host_late"].mean()) if s.height else None
+    late = to_float(s["host_late"].mean()) if s.height else None
     ev = (f"the GPU is idle {_us(o['mean'])} between the last GPU op of a cycle and the first of the next = "
           f"{_pct(o['mean'] / ctx.period_ns)} of the {_us(ctx.period_ns)} cycle ({_ranks_txt(o)})")
     held = [c for c in ctx.classes if c.kept and c.piece == headline.GAP and c.per_cycle_ns > 0]
@@ -186,7 +191,7 @@ def _seam(ctx: RuleContext, blocked: bool) -> list[dict]:
                   f"already made ({_ranks_txt(o)}): the launch or the GPU queue held it")
         else:
             ev = (f"between {f} and {t} the GPU waits {_us(o['mean'])} per cycle for the CPU to launch {t} "
-                  f"({_ranks_txt(o)}; launched after {f}'s GPU work ended in {_pct(float(grp['share'].mean()))} "
+                  f"({_ranks_txt(o)}; launched after {f}'s GPU work ended in {_pct(to_float(grp['share'].mean()))} "
                   "of cycles)")
         out.append({"phase": f"{f} → {t}", "rank": o["rank"], "worst": o["worst"], "impact_ns": o["mean"],
                     "evidence": ev})
@@ -197,20 +202,20 @@ def _comm(ctx: RuleContext) -> list[dict]:
     p = ctx.phases.filter(pl.col("comm_ns") > 0)
     out = []
     for (name,), grp in p.group_by("phase", maintain_order=True):
-        share = float(grp["comm_ns"].sum() / grp["span_ns"].sum())
+        share = float(real(grp["comm_ns"].sum()) / real(grp["span_ns"].sum()))
         if share < COMM_SHARE:
             continue
         grp = _per_cycle(ctx, grp, "comm_ns").with_columns(
             transfer=pl.col("comm_transfer_ns") / pl.col("ncyc"), wait=pl.col("comm_wait_ns") / pl.col("ncyc"))
         # What a faster collective could save: the transfer, when wait/transfer are known, else the union.
-        split = float(grp["transfer"].sum() + grp["wait"].sum()) > 0 and name not in ctx.untrusted
-        impact = float(grp["transfer"].mean()) if split else float(grp["per"].mean())
+        split = float(real(grp["transfer"].sum()) + real(grp["wait"].sum())) > 0 and name not in ctx.untrusted
+        impact = to_float(grp["transfer"].mean()) if split else to_float(grp["per"].mean())
         o = _over_ranks(grp, "per")
         ev = (f"{name}: communication {_us(o['mean'])} per cycle = {_pct(share)} of its GPU span, "
               f"{_pct(o['mean'] / ctx.period_ns)} of the cycle ({_ranks_txt(o)})")
         if split:
-            ev += (f"; of the collectives' kernel time {_us(float(grp['transfer'].mean()))} is transfer and "
-                   f"{_us(float(grp['wait'].mean()))} waiting for the last rank")
+            ev += (f"; of the collectives' kernel time {_us(to_float(grp['transfer'].mean()))} is transfer and "
+                   f"{_us(to_float(grp['wait'].mean()))} waiting for the last rank")
         elif name in ctx.untrusted:
             ev += "; no wait/transfer split: its matched collectives do not end together (matching suspect)"
         out.append({"phase": name, "rank": None, "impact_ns": impact, "evidence": ev,
@@ -326,7 +331,7 @@ def _idle(ctx: RuleContext) -> list[dict]:
     p = ctx.phases.filter(pl.col("idle_ns") > 0)
     out = []
     for (name,), grp in p.group_by("phase", maintain_order=True):
-        share = float(grp["idle_ns"].sum() / grp["span_ns"].sum())
+        share = float(real(grp["idle_ns"].sum()) / real(grp["span_ns"].sum()))
         if share < IDLE_SHARE:
             continue
         o = _over_ranks(_per_cycle(ctx, grp, "idle_ns"), "per")
@@ -383,7 +388,7 @@ def _whatif(ctx: RuleContext) -> list[dict]:
     if m.verify_source == "assumed":
         ev += ("; verify's cost per extra verified token is ASSUMED 0 (not measured: no baseline, one batch size): "
                "the gain is an upper bound until a run at that step count confirms it")
-    elif m.verify_source == "gpu_metrics":
+    elif m.verify_source == "gpu_metrics" and m.verify_prior is not None:  # "gpu_metrics" comes with its prior
         ev += (f"; verify's cost per extra verified token is a PRIOR from its measured {m.verify_prior['bound']}-bound "
                "GPU metrics (not a measured slope): confirm with a run at that step count")
     if far is not None and far["steps"] != best["steps"]:
@@ -492,7 +497,7 @@ def _bound(ctx: RuleContext, which: str) -> list[dict]:
     u = utilisation.phases(ctx.res)
     if u.height == 0 or not ctx.period_ns:
         return []
-    ncyc = float(ctx.cycles["ncyc"].mean() or 0) if ctx.cycles.height else 0.0
+    ncyc = to_float(ctx.cycles["ncyc"].mean() or 0) if ctx.cycles.height else 0.0
     rows = u.filter(pl.col("rank").is_null() & (pl.col("instances") > 0))
     steady_rows = rows.filter(pl.col("scope") == "steady")
     segs = rows.filter(~pl.col("scope").is_in(["steady", "all"]))
