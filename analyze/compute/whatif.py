@@ -51,6 +51,7 @@ import numpy as np
 import polars as pl
 
 from ..model import InputError
+from .scalars import real_or_none, to_float
 from .tokens import base_expr, cycles, speculative, summary
 
 MODEL_PHASES = ("draft", "verify", "draft_extend")
@@ -386,6 +387,8 @@ class Model:
         """:meth:`Replay.run` at ``steps`` (kept: predict, cycle and seams ask for the same replay)."""
         key = (tuple(sorted(self.deltas(steps).items())), self._cut)
         if key not in self._runs:
+            if self.replay is None:
+                raise ValueError("a Model without its Replay cannot predict (fit builds both)")
             self._runs[key] = self.replay.run(dict(key[0]), self._cut)
         return self._runs[key]
 
@@ -592,7 +595,7 @@ def fit_segments(res, steps_now: int | None = None, alpha: float | None = None,
                        & ~pl.col("slow") & pl.col("period_ns").is_not_null())
         if typ.height < MIN_SEGMENT_CYCLES:
             continue
-        period = float(typ["period_ns"].median())
+        period = to_float(typ["period_ns"].median())
         own = alpha is None and typ.select("key").unique().height >= OWN_ALPHA_CYCLES
         try:
             m = fit(view, s0, alpha=None if own else pooled, as_traced=as_traced, period_ns=period)
@@ -746,8 +749,8 @@ def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = 
     prior = None
     if baseline is not None:
         bt = summary(baseline)
-        step = cycles(baseline).filter((pl.col("kind") == "decode_step") & pl.col("steady")).group_by("n") \
-            .agg(pl.col("i_span_ns").min())["i_span_ns"].median()
+        step = real_or_none(cycles(baseline).filter((pl.col("kind") == "decode_step") & pl.col("steady"))
+                            .group_by("n").agg(pl.col("i_span_ns").min())["i_span_ns"].median())
         if step is None:
             notes.append(f"{baseline.trace.path} has no decode_step ranges: not used for the verify slope")
         else:
