@@ -47,6 +47,7 @@ import re
 import polars as pl
 
 from ..model import InputError
+from .scalars import real, to_float, to_int
 
 SETTLE = 3  # consecutive explained cycles that end the warm-up
 MIN_TOL = 0.10  # the band is at least this far above the median period
@@ -83,7 +84,8 @@ def parse_window(text: str | tuple | None) -> dict | None:
     if len(parts) != 2:
         raise InputError(f"--window {text!r}: expected START:END (cycles, e.g. 5:50, or times, e.g. 1.5s:3s)",
                          "BAD_OPTION")
-    vals, units = [], set()
+    vals: list[int | None] = []
+    units = set()
     for p in parts:
         p = p.strip()
         if not p:
@@ -164,7 +166,7 @@ def _typical(t: pl.Series) -> tuple[float, float]:
     width = v.tail(n - h + 1) - lo.to_numpy() if n > 1 else pl.Series([0.0])
     i = int(width.arg_min() or 0)
     window = v.slice(i, h)
-    return float(window.median()), float(width[i]) / DENSE_Z
+    return to_float(window.median()), float(width[i]) / DENSE_Z
 
 
 def _bands(s: pl.DataFrame) -> pl.DataFrame:
@@ -291,8 +293,8 @@ def _describe_classes(s: pl.DataFrame, classes: list[dict], w: int) -> list[dict
         extra = hit.select((pl.col("t") - pl.col("typical_ns")).mean()).item() if hit.height else 0.0
         out.append({**c, "slots": m.height, "affected": hit.height, "keys": keys[:20], "more_keys": max(0, len(keys) - 20),
                     "first_key": keys[0] if keys else None, "n": hit["n"].to_list()[:20],
-                    "extra_ns": float(extra or 0.0), "period_ns": float(hit["t"].mean() or 0.0),
-                    "typical_ns": float(hit["typical_ns"].mean() or 0.0)})
+                    "extra_ns": float(extra or 0.0), "period_ns": to_float(hit["t"].mean() or 0.0),
+                    "typical_ns": to_float(hit["typical_ns"].mean() or 0.0)})
     return out
 
 
@@ -318,12 +320,13 @@ def flag_cycles(cyc: pl.DataFrame, choice: dict | None = None) -> tuple[pl.DataF
     w0 = w0 if w0 is not None else int(s.with_columns(c=(~pl.col("slow")).cum_sum()).filter(pl.col("c") == 0).height)
     s1, _ = _classes(s, w0)
     explained = ~s1["slow"] | s1["cycle_class"].is_not_null()
-    w = _settle(explained, half)
-    settled = w is not None
-    w = w if settled else 0
+    settled_at = _settle(explained, half)
+    settled = settled_at is not None
+    w = settled_at if settled_at is not None else 0
     s, classes = _classes(s, w)
     how = "detected"
     post = pl.col("pos") >= w
+    why: pl.Expr
     if "skip_cycles" in choice:
         how = "skip"
         why = pl.when(pl.col("n") < choice["skip_cycles"]).then(pl.lit("skipped"))
@@ -352,12 +355,13 @@ def flag_cycles(cyc: pl.DataFrame, choice: dict | None = None) -> tuple[pl.DataF
         c = c.with_columns(why=pl.when(is_main).then(why))
     c = c.with_columns(pl.col("why").cast(pl.String)).with_columns(steady=pl.col("why").is_null())
     per_rank = c.filter(is_main).group_by("rank").agg(total=pl.len(), steady=pl.col("steady").sum())
-    if how != "detected" and int(per_rank["steady"].max()) == 0:
+    if how != "detected" and to_int(per_rank["steady"].max()) == 0:
         mm = c.filter(is_main)
         raise InputError(
             f"{'--skip-cycles ' + str(choice['skip_cycles']) if how == 'skip' else '--window ' + choice['window']['text']}"
-            f" leaves no cycle: there are {int(per_rank['total'].max())} per rank (n = 0…{int(mm['n'].max())}), their "
-            f"first GPU ops from {mm['i_first'].min() / 1e9:.3f} s to {mm['i_first'].max() / 1e9:.3f} s on the "
+            f" leaves no cycle: there are {to_int(per_rank['total'].max())} per rank (n = 0…{to_int(mm['n'].max())}), "
+            f"their first GPU ops from {real(mm['i_first'].min()) / 1e9:.3f} s to {real(mm['i_first'].max()) / 1e9:.3f} s "
+            "on the "
             "capture's clock", "BAD_OPTION")
     if how != "detected":  # the user chose the cycles: what is described is what they hold
         chosen = c.filter(is_main & pl.col("steady"))["key"].unique().implode()
@@ -378,16 +382,16 @@ def flag_cycles(cyc: pl.DataFrame, choice: dict | None = None) -> tuple[pl.DataF
         "how": how,
         "kind": main,
         "identity": identity,
-        "cycles": int(per_rank["total"].max()),
-        "steady": int(per_rank["steady"].max()),
-        "left_out": int((per_rank["total"] - per_rank["steady"]).max()),
-        "warmup": int(w) if how == "detected" else 0,
+        "cycles": to_int(per_rank["total"].max()),
+        "steady": to_int(per_rank["steady"].max()),
+        "left_out": to_int((per_rank["total"] - per_rank["steady"]).max()),
+        "warmup": w if how == "detected" else 0,
         "post_warmup": npost,
         "left_out_share": left_keys / npost if npost else 0.0,
         "settled": settled,
-        "median_ns": float(s["median_ns"].median()) if n else None,
-        "limit_ns": float(s["limit_ns"].median()) if n else None,
-        "tolerance": float(s["tol"].max()) if n else None,
+        "median_ns": to_float(s["median_ns"].median()) if n else None,
+        "limit_ns": to_float(s["limit_ns"].median()) if n else None,
+        "tolerance": to_float(s["tol"].max()) if n else None,
         "stalls": [{"key": r["key"], "n": r["n"], "period_ns": r["period"], "excess_ns": r["t"] - r["median_ns"]}
                    for r in stalls.iter_rows(named=True)],
         "pauses": [{"key": r["key"], "n": r["n"], "period_ns": r["period"]} for r in pauses.iter_rows(named=True)],
