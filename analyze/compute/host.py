@@ -31,9 +31,10 @@ import polars as pl
 from ..model import SEAM_CAUSES
 from .attribute import innermost
 
-CALL_SCHEMA = {"pid": pl.Int64, "gtid": pl.Int64, "corr": pl.Int64, "start": pl.Int64, "end": pl.Int64,
-               "name_id": pl.Int64, "sync": pl.Boolean, "graph": pl.Boolean, "unit": pl.Int64, "ops": pl.UInt32,
-               "range_id": pl.Int64, "wait_end": pl.Int64, "wait_range_id": pl.Int64, "wait_ns": pl.Int64}
+CALL_SCHEMA = pl.Schema({"pid": pl.Int64, "gtid": pl.Int64, "corr": pl.Int64, "start": pl.Int64, "end": pl.Int64,
+                         "name_id": pl.Int64, "sync": pl.Boolean, "graph": pl.Boolean, "unit": pl.Int64,
+                         "ops": pl.UInt32, "range_id": pl.Int64, "wait_end": pl.Int64, "wait_range_id": pl.Int64,
+                         "wait_ns": pl.Int64})
 INSTANCE_COLS = ("x_launch_api_ns", "x_host_wait_ns", "x_syncs")
 
 

@@ -33,6 +33,7 @@ from nvtx_hooks import phases as ph
 
 from ..read import results
 from . import steady
+from .scalars import real_or_none, to_float
 
 CYCLE_NAMES = ("cycle", "decode_step")
 DEFINITION = ("cycle period = last GPU op of the previous cycle → last GPU op of this cycle, mean over the "
@@ -175,8 +176,8 @@ def _cycles(res) -> pl.DataFrame:
 PREFILL_NAMES = ("prefill",)
 
 
-PREFILL_ROWS = {"rank": pl.Int64, "range_id": pl.Int64, "cycle_id": pl.Int64, "span": pl.Int64, "compute": pl.Int64,
-                "comm": pl.Int64, "idle": pl.Int64, "gpu_idle": pl.Int64}
+PREFILL_ROWS = pl.Schema({"rank": pl.Int64, "range_id": pl.Int64, "cycle_id": pl.Int64, "span": pl.Int64,
+                          "compute": pl.Int64, "comm": pl.Int64, "idle": pl.Int64, "gpu_idle": pl.Int64})
 
 
 def prefill_rows(inst: pl.DataFrame, cyc: pl.DataFrame) -> pl.DataFrame:
@@ -263,31 +264,34 @@ def summary(res, steps: int | None = None) -> Tokens:
     if c["period_ns"].null_count() < c.height:  # the period and the tokens over the same cycles: those with a period
         c = c.filter(pl.col("period_ns").is_not_null())
     r0 = c.filter(pl.col("rank") == c["rank"].min())
-    period = c.group_by("rank").agg(pl.col("period_ns").mean())["period_ns"].mean()
-    p50, p90 = c["period_ns"].median(), c["period_ns"].quantile(0.9, "nearest")
+    period = real_or_none(c.group_by("rank").agg(pl.col("period_ns").mean())["period_ns"].mean())
+    p50, p90 = real_or_none(c["period_ns"].median()), c["period_ns"].quantile(0.9, "nearest")
     known = r0.filter(pl.col("tokens").is_not_null())
     payload_bs = r0["batch_size"].is_not_null().any() and _has_payload(res)
     src = None
-    tpc = acc = bs = None
+    tpc: float | None = None
+    acc: float | None = None
+    bs: float | None = None
     if known.height:
-        tpc = float(known["tokens"].mean())
-        bs = float(known["batch_size"].mean())
+        tpc = to_float(known["tokens"].mean())
+        bs = to_float(known["batch_size"].mean())
         src = "payload" if payload_bs else "manifest"
         if kind == "cycle":
             per = known["accept_length"] / known["batch_size"]
-            acc = float(per.mean())
-            dist = (float(per.quantile(0.5, "nearest")), float(per.quantile(0.9, "nearest")))
+            acc = to_float(per.mean())
+            dist = (to_float(per.quantile(0.5, "nearest")), to_float(per.quantile(0.9, "nearest")))
             how = known["accept_source"].drop_nulls().unique().sort().to_list()
     elif r0["batch_size"].is_not_null().any():
-        bs = float(r0["batch_size"].mean())
+        bs = to_float(r0["batch_size"].mean())
     if steps is None and kind == "decode_step":
         steps = 0
     tps = tpc / period * 1e9 if tpc is not None and period else None
-    steadiness = {"steady_cycles": c.height, "period_p90_ns": float(p90) if p90 is not None else None}
+    p90_ns = float(p90) if p90 is not None else None
     if acc is None:
-        return Tokens(kind, src, every.height, steps, bs, period, p50, tpc, acc, tps, **steadiness)
+        return Tokens(kind, src, every.height, steps, bs, period, p50, tpc, acc, tps, steady_cycles=c.height,
+                      period_p90_ns=p90_ns)
     return Tokens(kind, src, every.height, steps, bs, period, p50, tpc, acc, tps, "+".join(how) or None,
-                  known.height, *dist, **steadiness)
+                  known.height, *dist, steady_cycles=c.height, period_p90_ns=p90_ns)
 
 
 def _has_payload(res) -> bool:

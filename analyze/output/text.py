@@ -16,6 +16,7 @@ from ..compute.collectives import short_name
 from ..compute.compare import Comparison
 from ..compute.findings import Finding
 from ..compute.headline import budget
+from ..compute.scalars import real, to_float
 from ..compute.tokens import DEFINITION, cycle_order, selection, summary
 from ..compute.whatif import MAX_STEPS, Model
 from ..model import SEAM_CAUSES, CommResult, Result
@@ -249,7 +250,7 @@ def budget_text(res: Result, width: int = 64) -> list[str]:
     sym = _symbols(order.filter(pl.col("kind") == "phase")["segment"].to_list())
     mark = {"seam": "·", "head": "·", "tail": "·", "gap": "-", "prefill": "p"}
     periods = b.group_by("rank").agg(pl.col("ns").sum())
-    scale = width / float(periods["ns"].max())
+    scale = width / to_float(periods["ns"].max())
     out = ["Cycle budget: the mean steady cycle on each rank's GPU clock, piece by piece (they add up to the period)"]
     for rk in ranks:
         r = b.filter(pl.col("rank") == rk).sort("order", "segment")
@@ -265,18 +266,18 @@ def budget_text(res: Result, width: int = 64) -> list[str]:
                + ("  p prefill" if (b["kind"] == "prefill").any() else ""))
     head = ["piece", *[f"rank {r} µs" for r in ranks], "% of cycle", "GPU idle µs"]
     rows = []
-    mean_period = float(periods["ns"].mean())
+    mean_period = to_float(periods["ns"].mean())
     for seg in order.iter_rows(named=True):
         per = b.filter(pl.col("segment") == seg["segment"])
         vals = dict(zip(per["rank"].to_list(), per["ns"].to_list()))
         gi = per["gpu_idle_ns"].drop_nulls()
         rows.append([seg["segment"], *[_us(vals[r]) if r in vals else "-" for r in ranks],
                      f"{100 * float(per['ns'].sum()) / len(ranks) / mean_period:5.1f} %",
-                     _us(float(gi.mean())) if gi.len() else "-"])
+                     _us(to_float(gi.mean())) if gi.len() else "-"])
     out += _grid(head, rows)
-    idle = b.filter(pl.col("kind").is_in(["seam", "gap"]))["gpu_idle_ns"].fill_null(0).sum() / len(ranks)
-    inside = b.filter(pl.col("kind") == "phase")["gpu_idle_ns"].fill_null(0).sum() / len(ranks)
-    gap = b.filter(pl.col("kind") == "gap")["gpu_idle_ns"].fill_null(0).sum() / len(ranks)
+    idle = real(b.filter(pl.col("kind").is_in(["seam", "gap"]))["gpu_idle_ns"].fill_null(0).sum()) / len(ranks)
+    inside = real(b.filter(pl.col("kind") == "phase")["gpu_idle_ns"].fill_null(0).sum()) / len(ranks)
+    gap = real(b.filter(pl.col("kind") == "gap")["gpu_idle_ns"].fill_null(0).sum()) / len(ranks)
     out.append(f"GPU idle per cycle (mean over ranks): {_us(idle + inside)} µs = "
                f"{100 * (idle + inside) / mean_period:.1f} % of the cycle: {_us(gap)} between cycles and "
                f"{_us(idle - gap)} in seams (waiting for the host to launch), {_us(inside)} inside phases.")
@@ -451,7 +452,7 @@ def _seam_rows(sa: pl.DataFrame) -> list[str]:
 
 def _host_waits(pa: pl.DataFrame) -> list[str]:
     """Per phase: the host's time in launching calls and waiting in sync-like calls (all ranks)."""
-    if "host_wait_ns" not in pa.columns or not int(pa["launch_api_ns"].sum() + pa["host_wait_ns"].sum()):
+    if "host_wait_ns" not in pa.columns or not int(real(pa["launch_api_ns"].sum()) + real(pa["host_wait_ns"].sum())):
         return []
     rows = [[r["phase"], str(r["instances"]), _ms(r["launch_api_ns"]), _us(r["launch_api_ns"] / max(r["instances"], 1)),
              str(r["syncs"]), _ms(r["host_wait_ns"]), _us(r["host_wait_ns"] / max(r["instances"], 1))]
