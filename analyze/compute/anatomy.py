@@ -26,6 +26,7 @@ import polars as pl
 
 from . import collectives, headline
 from .steady import class_label
+from .scalars import to_float, to_int
 from .tokens import selection
 
 GROW = 0.5  # a piece that grew by this share of a class's extra time holds it
@@ -198,7 +199,7 @@ def _late_rank(res, out: CycleClass, d: pl.DataFrame, members: pl.DataFrame, ran
     out.rank, out.phase, out.waiting_ranks, out.evidence = late, phase, waiting, evidence
     out.late_ns = float(pre[0]) if pre.len() else None
     w = mine.filter(pl.col("rank").is_in(waiting))["delta_ns"]
-    out.wait_ns = float(w.mean()) if w.len() else None
+    out.wait_ns = to_float(w.mean()) if w.len() else None
 
 
 def _class_stragglers(res, members: pl.DataFrame, phase: str) -> pl.DataFrame | None:
@@ -286,9 +287,9 @@ def _segments(res) -> list[Segment]:
         out.append(Segment(
             segment=sg["segment"], key=sg["key"] or "all",
             batch_size=sg["batch_size"], first_cycle=sg["first_key"], last_cycle=sg["last_key"], cycles=st.height,
-            prefills=int(mine.group_by("rank").agg(pl.col("prefills").sum())["prefills"].max() or 0),
-            period_p50_ns=float(p.median()) if p.len() else None,
-            period_p90_ns=float(p.quantile(0.9, "nearest")) if p.len() else None,
-            period_mean_ns=float(p.mean()) if p.len() else None,
+            prefills=to_int(mine.group_by("rank").agg(pl.col("prefills").sum())["prefills"].max() or 0),
+            period_p50_ns=to_float(p.median()) if p.len() else None,
+            period_p90_ns=to_float(p.quantile(0.9, "nearest")) if p.len() else None,
+            period_mean_ns=to_float(p.mean()) if p.len() else None,
             budget=b.select("segment", "kind", "ns", "share").to_dicts()))
     return out

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from . import headline, steady
+from .scalars import real, to_float
 from .tokens import DEFINITION, Tokens, base_expr, selection, summary
 
 __all__ = ["BOOT", "MAX_DRAWS", "SPLIT", "VALS", "PHASE_KINDS", "Comparison", "per_cycle", "kernels", "warnings",
@@ -163,7 +164,7 @@ def _q(d: pl.Series, point: float | None) -> dict:
     """2.5 / 97.5 % quantiles of the resampled differences ``d``, widened to contain the measured ``point``."""
     lo, hi = d.quantile(0.025, "linear"), d.quantile(0.975, "linear")
     if point is not None:
-        lo, hi = min(lo, point), max(hi, point)
+        lo, hi = min(real(lo), point), max(real(hi), point)
     return {"lo": lo, "hi": hi}
 
 
@@ -178,7 +179,7 @@ def _intervals(wa: pl.DataFrame, wb: pl.DataFrame, tok: bool, boot: int, seed: i
     ba = ba.with_columns(pl.lit(0.0).alias(c) for c in names if c not in ba.columns)
     bb = bb.with_columns(pl.lit(0.0).alias(c) for c in names if c not in bb.columns)
     def means(w: pl.DataFrame) -> dict:
-        return {c: float(w[c].mean() or 0.0) if c in w.columns else 0.0 for c in [*names, "period", "tokens"]}
+        return {c: to_float(w[c].mean() or 0.0) if c in w.columns else 0.0 for c in [*names, "period", "tokens"]}
 
     ma, mb = means(wa), means(wb)
     out: dict = {}
@@ -287,9 +288,9 @@ def compare_results(a, b, boot: int = BOOT, seed: int = 0) -> Comparison:
     period = {"a_ns": ta.period_ns, "b_ns": tb.period_ns,
               "delta_ns": tb.period_ns - ta.period_ns if ta.period_ns and tb.period_ns else None,
               **ci.get("period", {})}
-    if tok:
-        period |= {"a_ns_per_token": ta.period_ns / ta.tokens_per_cycle,
-                   "b_ns_per_token": tb.period_ns / tb.tokens_per_cycle}
+    if ta.tokens_per_cycle is not None and tb.tokens_per_cycle is not None:  # tok
+        period |= {"a_ns_per_token": real(ta.period_ns) / ta.tokens_per_cycle,
+                   "b_ns_per_token": real(tb.period_ns) / tb.tokens_per_cycle}
     return Comparison(
         a=", ".join(a.reports) or str(a.trace.path), b=", ".join(b.reports) or str(b.trace.path),
         a_cycles=_n_cycles(a), b_cycles=_n_cycles(b),
