@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass, field
 import polars as pl
 
 from . import collectives, headline
-from .steady import class_label
 from .scalars import to_float, to_int
+from .steady import class_label
 from .tokens import selection
 
 GROW = 0.5  # a piece that grew by this share of a class's extra time holds it

@@ -15,6 +15,7 @@ import polars as pl
 from nvtx_hooks import phases as ph
 
 from .regex import check_regex
+from .scalars import to_int
 
 CYCLE_RANGE = r"(^|[.:/ ])(cycle|decode_step)$"  # the cycle ranges (analyze.compute.tokens.CYCLE_NAMES), any prefix
 
@@ -109,7 +110,7 @@ def ancestors(nested: pl.DataFrame) -> pl.DataFrame:
     par = nested.select(pl.col("range_id").alias("anc"), pl.col("parent").alias("_up"))
     level = nested.select(range_id="range_id", anc="range_id")
     out = [level]
-    for _ in range(int(nested["depth"].max() or 0)):
+    for _ in range(to_int(nested["depth"].max() or 0)):
         level = level.join(par, on="anc").select("range_id", anc="_up").drop_nulls("anc")
         if level.height == 0:
             break
@@ -140,7 +141,7 @@ def launching_calls(ops: pl.DataFrame, api: pl.DataFrame, nested: pl.DataFrame,
 
 def _one_pid(*frames: pl.DataFrame) -> bool:
     """Whether the rows of all ``frames`` have at most one distinct process id (null counting as one)."""
-    vals = set()
+    vals: set[object] = set()
     for f in frames:
         col = f["pid"]
         if col.null_count():

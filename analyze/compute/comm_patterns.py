@@ -11,11 +11,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import polars as pl
 
 from ..model import InputError
 from .regex import check_regex
+
+if TYPE_CHECKING:
+    from polars.expr.whenthen import ChainedThen, Then
 
 
 @dataclass(frozen=True)
@@ -82,7 +86,7 @@ def load_patterns(extra: Iterable[str] = (), files: Iterable[str | Path] = ()) -
 
 def family_expr(name: pl.Expr, patterns: Iterable[CommPattern] = PATTERNS) -> pl.Expr:
     """The communication family of each kernel name, or null for compute."""
-    expr = pl.when(name.str.contains(EXCLUDE)).then(pl.lit(None, pl.String))
+    expr: Then | ChainedThen = pl.when(name.str.contains(EXCLUDE)).then(pl.lit(None, pl.String))
     for p in patterns:
         expr = expr.when(name.str.contains(p.regex)).then(pl.lit(p.family))
     expr = expr.when(name == P2P_LABEL).then(pl.lit("p2p_copy"))

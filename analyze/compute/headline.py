@@ -151,7 +151,8 @@ def steady_seams_all_ranks(res) -> pl.DataFrame:
                                                                             parent_range="range")
         causes = host.seam_aggs() if "cause" in s.columns else []
         out = (s.join(parents, on=["rank", "parent"], how="left")
-               .group_by(parent="parent_range", **{"from": "prev_range"}, to="range")
+               .group_by(pl.col("parent_range").alias("parent"), pl.col("prev_range").alias("from"),
+                         pl.col("range").alias("to"))
                .agg(pl.col("rank").n_unique().alias("ranks"), pl.len().alias("instances"),
                     *[pl.col(c).sum() for c in ("gap_ns", "idle_ns", "busy_ns", "overlap_ns")],
                     *breakdown.spread("idle_ns", "idle"), *causes)
@@ -257,9 +258,10 @@ def steady_cycles(res) -> int:
 
 PIECE_KIND = pl.Enum(["gap", "prefill", "head", "phase", "seam", "tail"])
 # segment/item: a handful of names repeated for every cycle: categorical (a third of the strings' memory)
-PIECE_SCHEMA = {"rank": pl.Int64, "key": pl.Int64, "segment": pl.Categorical, "item": pl.Categorical,
-                "kind": PIECE_KIND, "order": pl.Float64, "ns": pl.Float64, "compute_ns": pl.Float64,
-                "comm_ns": pl.Float64, "idle_ns": pl.Float64, "gpu_idle_ns": pl.Float64}
+PIECE_SCHEMA: dict[str, pl.DataType | type[pl.DataType]] = {
+    "rank": pl.Int64, "key": pl.Int64, "segment": pl.Categorical, "item": pl.Categorical, "kind": PIECE_KIND,
+    "order": pl.Float64, "ns": pl.Float64, "compute_ns": pl.Float64, "comm_ns": pl.Float64, "idle_ns": pl.Float64,
+    "gpu_idle_ns": pl.Float64}
 BUDGET_SCHEMA = {"rank": pl.Int64, "segment": pl.String, "kind": pl.String, "order": pl.Float64, "ns": pl.Float64,
                  "share": pl.Float64, "compute_ns": pl.Float64, "comm_ns": pl.Float64, "idle_ns": pl.Float64,
                  "gpu_idle_ns": pl.Float64, "cycles": pl.UInt32}

@@ -165,11 +165,11 @@ def _tables_in_memory(res: Result) -> sqlite3.Connection:
     for name in CSV_TABLES:
         rows = frame(res, name).to_dicts()
         if rows:
-            db[name].insert_all(_rows(rows), alter=True)
+            db.table(name).insert_all(_rows(rows), alter=True)
     if res.diagnostics:
-        db["diagnostics"].insert_all(_rows([d.as_dict() for d in res.diagnostics]))
+        db.table("diagnostics").insert_all(_rows([d.as_dict() for d in res.diagnostics]))
     meta = {k: v for k, v in res.to_dict().items() if isinstance(v, str | int | float) or v is None}
-    db["meta"].insert_all(_rows([{"key": k, "value": str(v)} for k, v in meta.items()]), pk="key")
+    db.table("meta").insert_all(_rows([{"key": k, "value": str(v)} for k, v in meta.items()]), pk="key")
     db.conn.commit()
     return db.conn
 

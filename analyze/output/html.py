@@ -25,6 +25,7 @@ from nvtx_hooks.capture.files import NewFolder, utf8
 
 from ..compute import anatomy, findings, headline, utilisation, whatif
 from ..compute import compare as cmp
+from ..compute.scalars import real
 from ..compute.tokens import DEFINITION, cycle_order, selection, summary
 from ..model import InputError
 from . import plots, terminal
@@ -101,8 +102,8 @@ def _summary(res, steps_now) -> Section:
     info = selection(res)
     body.append(_p(info["text"][0].upper() + info["text"][1:], "head"))
     if tk.period_ns:
-        line = (f"<b>{tk.period_ns / 1e3:,.1f} µs</b> cycle period, mean (p50 {tk.period_p50_ns / 1e3:,.1f} µs, "
-                f"p90 {tk.period_p90_ns / 1e3:,.1f} µs)")
+        line = (f"<b>{tk.period_ns / 1e3:,.1f} µs</b> cycle period, mean (p50 {real(tk.period_p50_ns) / 1e3:,.1f} µs, "
+                f"p90 {real(tk.period_p90_ns) / 1e3:,.1f} µs)")
         if tk.tokens_per_cycle is not None:
             line += (f" · <b>{tk.tokens_per_cycle:.2f}</b> tokens per {tk.kind} ({html.escape(str(tk.source))}) · "
                      f"<b>{tk.tokens_per_s:,.1f}</b> tokens/s")
@@ -496,6 +497,7 @@ def write_page(res, out: str | Path, vs=None, steps_now: int | None = None,
 
 def _write_page(res, out: NewFolder, vs, steps_now: int | None, extra) -> None:
     name = ", ".join(Path(p).name for p in res.reports) or Path(res.trace.path).name
+    model: whatif.Model | InputError  # the error is shown in the what-if section
     try:  # vs is a run to compare with, not whatif's no-speculation baseline: one model per batch size
         model = whatif.fit(res, steps_now)
         model.segments = whatif.fit_segments(res, steps_now)

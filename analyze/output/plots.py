@@ -16,6 +16,7 @@ import io
 
 import numpy as np
 import polars as pl
+from matplotlib.artist import Artist
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
@@ -24,6 +25,7 @@ from nvtx_hooks.phases import COMM_COLOR, CYCLE_ORDER, IDLE_COLOR, SEAM_COLOR, b
 
 from ..compute import headline
 from ..compute.compare import Comparison
+from ..compute.scalars import to_float, to_int
 from ..compute.tokens import base_expr, cycles
 from . import terminal
 
@@ -102,8 +104,8 @@ def _small_multiples(p: pl.DataFrame, stacks: list[tuple[str, str, str | None, s
         ax.set_xlim(left=0)
     for k in range(len(names), nrows * ncols):
         axes[k // ncols][k % ncols].set_visible(False)
-    handles = [Patch(facecolor="#999999" if c == "phase" else c, hatch=h, edgecolor="#555555", label=lab)
-               for _, c, h, lab in stacks]
+    handles: list[Artist] = [Patch(facecolor="#999999" if c == "phase" else c, hatch=h, edgecolor="#555555",
+                                   label=lab) for _, c, h, lab in stacks]
     if marker:
         handles.append(Line2D([], [], marker="|", color="#111111", ls="none", ms=10, mew=1.6, label="span p50"))
     fig.suptitle(title, fontsize=10)
@@ -208,9 +210,9 @@ def timeline(res, cycles_shown: int = 3, first: int | None = None) -> Figure:
         ax.text(0.5, 0.5, "no cycle ranges", ha="center", transform=ax.transAxes)
         return fig
     steady = cyc.filter("steady")["n"] if cyc["steady"].any() else cyc["n"]
-    first = max(0, int(steady.median()) - cycles_shown // 2) if first is None else first
+    first = max(0, to_int(steady.median()) - cycles_shown // 2) if first is None else first
     win = cyc.filter(pl.col("n").is_between(first, first + cycles_shown - 1))
-    t0, t1 = int(win["i_first"].min()), int(win["i_last"].max())
+    t0, t1 = to_int(win["i_first"].min()), to_int(win["i_last"].max())
     pad = (t1 - t0) // 50
     t0, t1 = t0 - pad, t1 + pad
     inst = res.instances.filter((pl.col("x_ops") > 0) & (pl.col("x_last") > t0) & (pl.col("x_first") < t1))
@@ -277,7 +279,7 @@ def distributions(res) -> Figure:
         a2.set_yticks(range(1, len(trs) + 1), [_t(t) for t in trs], fontsize=8)
         a2.invert_yaxis()
     a2.set_xscale("symlog", linthresh=1)
-    a2.set_xlim(0, 1.8 * float(s["idle_ns"].max() or 0) / 1e3 + 1 if s.height else 10)
+    a2.set_xlim(0, 1.8 * to_float(s["idle_ns"].max() or 0) / 1e3 + 1 if s.height else 10)
     a2.set_xlabel("µs GPU idle in the seam (symlog)")
     a2.set_title("Seams: GPU idle between consecutive ranges (steady state)", fontsize=10)
     a2.grid(axis="x", alpha=0.3)
