@@ -14,6 +14,8 @@ import polars as pl
 
 from .scalars import to_int
 
+__all__ = ["ONE_CLOCK", "session_offsets", "shift", "end_skew", "end_spread"]
+
 ONE_CLOCK = "one report: all processes share the nsys session clock (no alignment needed)"
 
 

@@ -29,8 +29,10 @@ from .scalars import to_float, to_int
 from .steady import class_label
 from .tokens import selection
 
-GROW = 0.5  # a piece that grew by this share of a class's extra time holds it
-SHOWN = 0.1  # pieces that grew by less than this share of the extra time are not listed
+__all__ = ["CycleClass", "cycle_classes", "Segment", "segments"]
+
+_GROW = 0.5  # a piece that grew by this share of a class's extra time holds it
+_SHOWN = 0.1  # pieces that grew by less than this share of the extra time are not listed
 
 
 @dataclass
@@ -65,7 +67,7 @@ class CycleClass:
 
 def cycle_classes(res) -> list[CycleClass]:
     """The classes of slower cycles with their anatomy (module docstring), the recurring ones first."""
-    return headline._memo(res, "cycle_classes", lambda: _classes(res))
+    return headline.memoised(res, "cycle_classes", lambda: _classes(res))
 
 
 def _classes(res) -> list[CycleClass]:
@@ -144,7 +146,7 @@ def _anatomy(res, cl: dict, members: pl.DataFrame, typical: pl.DataFrame, steady
                      per_cycle_ns=extra * len(keys) / steady_n if kept else 0.0,
                      rank=None, phase=None, piece=None)
     floor = max(abs(extra), 1.0)
-    out.pieces = (d.filter(pl.col("delta_ns").abs() >= SHOWN * floor)
+    out.pieces = (d.filter(pl.col("delta_ns").abs() >= _SHOWN * floor)
                   .select("rank", "segment", "kind", "class_ns", "typical_ns", "delta_ns").to_dicts())
     # The piece that holds most of it (mean over ranks), and the rank where it sits most.
     by_piece = d.group_by("segment", "kind").agg(pl.col("delta_ns").mean()).sort("delta_ns", descending=True)
@@ -154,15 +156,15 @@ def _anatomy(res, cl: dict, members: pl.DataFrame, typical: pl.DataFrame, steady
     if out.rank is None and len(ranks) > 1:
         tot = d.filter(pl.col("delta_ns") > 0).group_by("rank").agg(pl.col("delta_ns").sum()).sort(
             "delta_ns", "rank", descending=[True, False])
-        if tot.height and (tot.height == 1 or tot["delta_ns"][1] < GROW * tot["delta_ns"][0]):
+        if tot.height and (tot.height == 1 or tot["delta_ns"][1] < _GROW * tot["delta_ns"][0]):
             out.rank = int(tot["rank"][0])
     elif out.rank is None:
         out.rank = ranks[0] if ranks else None
     if out.phase is None:
         top = by_piece.filter(pl.col("kind") == "phase")
-        if top.height and top["delta_ns"][0] >= GROW * floor:
+        if top.height and top["delta_ns"][0] >= _GROW * floor:
             out.phase = top["segment"][0]
-    out.text = describe(out)
+    out.text = _describe(out)
     return out
 
 
@@ -177,15 +179,15 @@ def _late_rank(res, out: CycleClass, d: pl.DataFrame, members: pl.DataFrame, ran
         return
     grow = ph.group_by("segment").agg(pl.col("delta_ns").max(), order=pl.col("order").mean()).sort(
         "delta_ns", descending=True)
-    if grow["delta_ns"][0] < GROW * extra:
+    if grow["delta_ns"][0] < _GROW * extra:
         return
     phase, order = grow["segment"][0], grow["order"][0]
     mine = ph.filter(pl.col("segment") == phase)
-    waiting = sorted(mine.filter(pl.col("delta_ns") >= GROW * extra)["rank"].to_list())
+    waiting = sorted(mine.filter(pl.col("delta_ns") >= _GROW * extra)["rank"].to_list())
     before = (d.filter(pl.col("order") < order).group_by("rank").agg(pre=pl.col("delta_ns").sum())
               .join(mine.select("rank", "delta_ns"), on="rank", how="left"))
     cand = before.filter(~pl.col("rank").is_in(waiting)).sort("pre", "rank", descending=[True, False])
-    late = int(cand["rank"][0]) if cand.height and cand["pre"][0] >= GROW * extra else None
+    late = int(cand["rank"][0]) if cand.height and cand["pre"][0] >= _GROW * extra else None
     evidence = "budget"
     st = _class_stragglers(res, members, phase)
     if st is not None:
@@ -226,7 +228,7 @@ def _keys(keys: list[int], n: int) -> str:
     return ", ".join(str(k) for k in keys[:5]) + (" …" if n > 5 else "")
 
 
-def describe(c: CycleClass) -> str:
+def _describe(c: CycleClass) -> str:
     """One sentence: which cycles, how much slower, where, and who was late (when one rank was)."""
     head = f"{c.label}: {c.affected} cycle{'s' if c.affected != 1 else ''} ({_keys(c.keys, c.affected)}) " \
            f"+{_us(c.extra_ns)} each"
@@ -266,7 +268,7 @@ class Segment:
 
 def segments(res) -> list[Segment]:
     """The run cut into segments of one batch size (module docstring); none when the payload has no batch size."""
-    return headline._memo(res, "segments", lambda: _segments(res))
+    return headline.memoised(res, "segments", lambda: _segments(res))
 
 
 def _segments(res) -> list[Segment]:

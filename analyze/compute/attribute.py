@@ -17,7 +17,9 @@ from nvtx_hooks import phases as ph
 from .regex import check_regex
 from .scalars import to_int
 
-CYCLE_RANGE = r"(^|[.:/ ])(cycle|decode_step)$"  # the cycle ranges (analyze.compute.tokens.CYCLE_NAMES), any prefix
+__all__ = ["select_ranges", "nest", "timeline", "innermost", "ancestors", "launching_calls", "join_calls"]
+
+_CYCLE_RANGE = r"(^|[.:/ ])(cycle|decode_step)$"  # the cycle ranges (analyze.compute.tokens.CYCLE_NAMES), any prefix
 
 
 def select_ranges(ranges: pl.DataFrame, regex: str | None) -> tuple[pl.DataFrame, str]:
@@ -36,7 +38,7 @@ def select_ranges(ranges: pl.DataFrame, regex: str | None) -> tuple[pl.DataFrame
         how = f"ranges matching {regex!r}"
         # The cycle ranges (cycle, decode_step, any prefix) stay selected whatever the regex chose: they say which
         # cycle each phase belongs to (steady state, budget, cross-rank pairing, findings).
-        cyc = usable.filter(~chosen & pl.col("range").str.contains(CYCLE_RANGE)
+        cyc = usable.filter(~chosen & pl.col("range").str.contains(_CYCLE_RANGE)
                             & pl.col("pid").is_in(sel["pid"].unique().implode()))
         if sel.height and cyc.height:
             names = ", ".join(repr(n) for n in sorted(cyc["range"].unique().to_list()))
@@ -158,6 +160,6 @@ def join_calls(ops: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
     return ops.join(calls, on=["pid", "corr"], how="left")
 
 
-def attribute_ops(ops: pl.DataFrame, api: pl.DataFrame, nested: pl.DataFrame) -> pl.DataFrame:
+def _attribute_ops(ops: pl.DataFrame, api: pl.DataFrame, nested: pl.DataFrame) -> pl.DataFrame:
     """GPU ops with their launching call's thread (``gtid``), ``api_name_id`` and range ``range_id``."""
     return join_calls(ops, launching_calls(ops, api, nested))

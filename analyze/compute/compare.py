@@ -114,7 +114,7 @@ def _long(res) -> pl.DataFrame:
                 .agg(kind=pl.col("kind").first(), ns=pl.col("ns").sum(), compute_ns=pl.col("compute_ns").sum(),
                      comm_ns=pl.col("comm_ns").sum(), idle_ns=pl.col("idle_ns").sum())
                 .with_columns(pl.col(*VALS).fill_null(0.0), pl.col("name", "kind").cast(pl.String)))
-    return headline._memo(res, "compare_long", run)
+    return headline.memoised(res, "compare_long", run)
 
 
 def per_cycle(res, by_rank: bool = False) -> pl.DataFrame:

@@ -35,6 +35,10 @@ from ..read import results
 from . import steady
 from .scalars import real_or_none, to_float
 
+__all__ = ["CYCLE_NAMES", "DEFINITION", "base_expr", "cycle_order", "decode_exprs", "decode_frame",
+           "manifest_path", "speculative", "read_manifest", "cycles", "selection", "prefill_rows", "Tokens",
+           "summary"]
+
 CYCLE_NAMES = ("cycle", "decode_step")
 DEFINITION = ("cycle period = last GPU op of the previous cycle → last GPU op of this cycle, mean over the "
               "steady-state cycles of each rank, averaged over ranks; tokens/s = tokens per cycle (mean over the same cycles) "
@@ -144,7 +148,7 @@ def _cycles(res) -> pl.DataFrame:
     known = pl.col("accept_length").is_not_null() & pl.col("cycle_index").is_not_null()
     acc = pl.concat([
         inst.filter(known).select("pid", "cycle_index", "accept_length", src=pl.lit("payload")),
-        accept_marks(res).filter(known).select("pid", "cycle_index", "accept_length", src=pl.lit("marks")),
+        _accept_marks(res).filter(known).select("pid", "cycle_index", "accept_length", src=pl.lit("marks")),
     ]).sort("src", descending=True)  # a range's payload first, then the marks
     acc = acc.group_by("pid", "cycle_index").agg(acc_any=pl.col("accept_length").first(),
                                                  acc_src=pl.col("src").first())
@@ -173,11 +177,11 @@ def _cycles(res) -> pl.DataFrame:
         "pair_key", "accept_length", "accept_source", "tokens")
 
 
-PREFILL_NAMES = ("prefill",)
+_PREFILL_NAMES = ("prefill",)
 
 
-PREFILL_ROWS = pl.Schema({"rank": pl.Int64, "range_id": pl.Int64, "cycle_id": pl.Int64, "span": pl.Int64,
-                          "compute": pl.Int64, "comm": pl.Int64, "idle": pl.Int64, "gpu_idle": pl.Int64})
+_PREFILL_ROWS = pl.Schema({"rank": pl.Int64, "range_id": pl.Int64, "cycle_id": pl.Int64, "span": pl.Int64,
+                           "compute": pl.Int64, "comm": pl.Int64, "idle": pl.Int64, "gpu_idle": pl.Int64})
 
 
 def prefill_rows(inst: pl.DataFrame, cyc: pl.DataFrame) -> pl.DataFrame:
@@ -185,16 +189,16 @@ def prefill_rows(inst: pl.DataFrame, cyc: pl.DataFrame) -> pl.DataFrame:
     ``i_first``) that ran next on its rank: ``rank, range_id, cycle_id`` (that cycle's range_id) and the prefill's
     GPU ``span`` (first op → last op), ``compute, comm, idle, gpu_idle``. A prefill after a rank's last cycle has
     none and is left out. One mapping for the cycles' ``prefill_ns`` and the budget's prefill pieces."""
-    pre = inst.filter(base_expr().is_in(PREFILL_NAMES) & (pl.col("i_ops") > 0) & pl.col("parent").is_null()
+    pre = inst.filter(base_expr().is_in(_PREFILL_NAMES) & (pl.col("i_ops") > 0) & pl.col("parent").is_null()
                       & pl.col("rank").is_not_null())
     if pre.height == 0 or cyc.height == 0:
-        return pl.DataFrame(schema=PREFILL_ROWS)
+        return pl.DataFrame(schema=_PREFILL_ROWS)
     return (pre.select("rank", "range_id", _t="i_first", span="i_span_ns",
                        compute=pl.col("i_busy_ns") - pl.col("i_comm_ns"), comm="i_comm_ns", idle="i_idle_ns",
                        gpu_idle="i_gpu_idle_ns").sort("_t")
             .join_asof(cyc.select("rank", cycle_id="range_id", _t="i_first").sort("_t"), on="_t", by="rank",
                        strategy="forward", check_sortedness=False)
-            .filter(pl.col("cycle_id").is_not_null()).select(list(PREFILL_ROWS)).cast(PREFILL_ROWS))
+            .filter(pl.col("cycle_id").is_not_null()).select(list(_PREFILL_ROWS)).cast(_PREFILL_ROWS))
 
 
 def _with_prefill(cyc: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
@@ -207,7 +211,7 @@ def _with_prefill(cyc: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
                           pl.col("prefills").fill_null(0).cast(pl.UInt32)))
 
 
-def accept_marks(res) -> pl.DataFrame:
+def _accept_marks(res) -> pl.DataFrame:
     """The hooks' ``accept`` marks decoded: ``rank, pid, time, batch_size, cycle_index, accept_length``.
 
     SGLang's v2 worker keeps accept lengths on the GPU; the hooks mark them where the scheduler has them on

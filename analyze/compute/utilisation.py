@@ -32,16 +32,20 @@ from ..read import gpu_metrics
 from . import headline
 from .tokens import cycles, selection
 
+__all__ = ["MIN_PERIODS", "DRAM_BOUND_PCT", "TENSOR_LOW_PCT", "TENSOR_BOUND_PCT", "ISSUE_BOUND_PCT",
+           "IDLE_PCT", "period_ns", "interval_means", "instances", "scope_order", "phases", "bound_expr",
+           "long", "seams"]
+
 MIN_PERIODS = 2  # a span shorter than this many sampling periods gets no number
 DRAM_BOUND_PCT = 60.0  # DRAM read bandwidth share of peak at or above which a phase is memory-bound ...
 TENSOR_LOW_PCT = 20.0  # ... while its tensor cores are active at most this share of the time
 TENSOR_BOUND_PCT = 50.0  # tensor cores active at least this share: compute-bound
 ISSUE_BOUND_PCT = 60.0  # or SM issue slots used at least this share (non-tensor compute)
 IDLE_PCT = 10.0  # SMs active below this share of the time: the GPU mostly idle in the span, no bound
-SPAN_SCHEMA = {"rank": pl.Int64, "id": pl.Int64, "start": pl.Int64, "end": pl.Int64}
+_SPAN_SCHEMA = {"rank": pl.Int64, "id": pl.Int64, "start": pl.Int64, "end": pl.Int64}
 
 
-def samples(res) -> dict[int, gpu_metrics.GpuSamples]:
+def _samples(res) -> dict[int, gpu_metrics.GpuSamples]:
     """The GPU-metrics samples of each report of ``res`` (index in ``res.reports``), read once per result."""
     key = ("gpu_metrics", "samples")
     if key not in res.memo:
@@ -61,7 +65,7 @@ def samples(res) -> dict[int, gpu_metrics.GpuSamples]:
 
 def period_ns(res) -> int | None:
     """The sampling period (ns), the longest of the reports'; None without samples."""
-    s = samples(res)
+    s = _samples(res)
     return max(x.period_ns for x in s.values()) if s else None
 
 
@@ -135,7 +139,7 @@ def instances(res) -> pl.DataFrame:
     key = ("gpu_metrics", "instances", repr(sorted(res.cycle_choice.items())))
     if key in res.memo:
         return res.memo[key]
-    got = samples(res)
+    got = _samples(res)
     out = pl.DataFrame()
     if got:
         inst = headline.instances_marked_steady(res).filter(pl.col("left_out").is_null() & (pl.col("x_ops") > 0)
@@ -171,9 +175,9 @@ def _measure(res, spans: pl.DataFrame, got: dict[int, gpu_metrics.GpuSamples]) -
     return pl.concat(parts, how="diagonal_relaxed") if parts else pl.DataFrame()
 
 
-def metric_names(res) -> list[str]:
+def _metric_names(res) -> list[str]:
     """The metric keys measured (the main five first, in :data:`gpu_metrics.MAIN` order)."""
-    have = sorted({m for s in samples(res).values() for m in s.metrics["metric"].to_list()})
+    have = sorted({m for s in _samples(res).values() for m in s.metrics["metric"].to_list()})
     return [m for m in gpu_metrics.MAIN if m in have] + [m for m in have if m not in gpu_metrics.MAIN]
 
 
@@ -209,7 +213,7 @@ def phases(res) -> pl.DataFrame:
     if inst.height == 0:
         res.memo[key] = pl.DataFrame()
         return res.memo[key]
-    ms = metric_names(res)
+    ms = _metric_names(res)
     scoped = pl.concat([
         inst.filter("steady").with_columns(scope=pl.lit("steady")),
         inst.with_columns(scope=pl.lit("all")),
@@ -260,8 +264,8 @@ def long(res) -> pl.DataFrame:
     if p.height == 0:
         return pl.DataFrame(schema={"rank": pl.Int64, "domain": pl.String, "phase": pl.String, "scope": pl.String,
                                     "metric": pl.String, "mean": pl.Float64})
-    ms = metric_names(res)
-    names = pl.concat([s.metrics for s in samples(res).values()]).unique("metric", keep="first")
+    ms = _metric_names(res)
+    names = pl.concat([s.metrics for s in _samples(res).values()]).unique("metric", keep="first")
     return (p.unpivot(on=ms, index=["rank", "domain", "phase", "scope", "samples", "instances", "short", "note"],
                       variable_name="metric", value_name="mean")
             .join(names, on="metric", how="left")
@@ -272,7 +276,7 @@ def long(res) -> pl.DataFrame:
 def seams(res) -> pl.DataFrame:
     """Per seam (``parent, from, to``) of the steady state, all ranks: the main metrics over the gaps between
     consecutive phases (``[end of from, start of to)``), as :func:`phases`; empty without samples."""
-    got = samples(res)
+    got = _samples(res)
     s = headline.steady_seam_instances(res)
     if not got or s.height == 0 or "a" not in s.columns:
         return pl.DataFrame()
@@ -285,7 +289,7 @@ def seams(res) -> pl.DataFrame:
     m = _measure(res, spans, got)
     if m.height == 0:
         return pl.DataFrame()
-    ms = metric_names(res)
+    ms = _metric_names(res)
     out = _aggregate(m, ["parent", "from", "to"], ms)
     return (_finish(out, ms, period_ns(res), ("parent", "from", "to"))
             .sort("sampled_ns", "parent", "from", "to", descending=[True, False, False, False], nulls_last=True))

@@ -54,11 +54,14 @@ from ..model import InputError
 from .scalars import real_or_none, to_float
 from .tokens import base_expr, cycles, speculative, summary
 
-MODEL_PHASES = ("draft", "verify", "draft_extend")
+__all__ = ["MAX_STEPS", "Replay", "Model", "SegmentModel", "fit_segments", "run_alpha", "join_runs",
+           "solve_alpha", "fit", "to_dict", "validate"]
+
+_MODEL_PHASES = ("draft", "verify", "draft_extend")
 MAX_STEPS = 10
 
 
-def cycle_phases(res) -> pl.DataFrame:
+def _cycle_phases(res) -> pl.DataFrame:
     """Per rank and cycle (``n``): each child phase's GPU span (``x_span_ns``) by base name, one row each."""
     c = cycles(res).filter((pl.col("kind") == "cycle") & pl.col("steady")).select(
         "rank", "n", parent="range_id", tokens="tokens",
@@ -85,7 +88,7 @@ class Replay:
     Arrays are ``(windows, slots)``, padded with NaN. ``pred``/``wait``: the slot (same window) that launched
     the phase this one follows on the GPU / the work a sync waits for, -1 when that was launched before the
     window (then ``pred_gpu_last``/``w_ext`` hold its measured time). ``code``: index of the phase in
-    :data:`MODEL_PHASES` (-1: any other range). ``trans``: index into ``labels`` of the seam this phase ends
+    :data:`_MODEL_PHASES` (-1: any other range). ``trans``: index into ``labels`` of the seam this phase ends
     (-1: not a seam inside the window's cycle).
     """
 
@@ -108,7 +111,7 @@ class Replay:
         seams per window and the seam ending at each slot."""
         a, n_w = self.a, self.windows
         k_max = a["s"].shape[1] if n_w else 0
-        d = np.array([delta.get(p, 0.0) for p in MODEL_PHASES] + [0.0])
+        d = np.array([delta.get(p, 0.0) for p in _MODEL_PHASES] + [0.0])
         g = np.maximum(a["gpu_span"] + d[a["code"]], 0.0)
         dur = a["e"] - a["s"] - np.where(a["graph"], cut[0] * np.maximum(a["nodes"] - cut[1], 0.0), 0.0)
         dur = np.maximum(dur, 0.0)
@@ -136,12 +139,12 @@ class Replay:
             e_[:, k] = np.where(sync, np.fmax(sk + a["own_time"][:, k], waited + a["return_latency"][:, k]), plain)
         last = self.n_items - 1
         period = s_gpu[rows, last] - s_gpu[:, 0] if n_w else np.zeros(0)
-        gap = np.where(a["trans"] >= 0, s_gpu - at2(a_gpu, a["pred"]), np.nan) if n_w else np.zeros((0, 0))
+        gap = np.where(a["trans"] >= 0, s_gpu - _at2(a_gpu, a["pred"]), np.nan) if n_w else np.zeros((0, 0))
         seams = np.nansum(np.maximum(gap, 0.0), axis=1) if n_w else np.zeros(0)
         return period, seams, gap
 
 
-def at2(arr: np.ndarray, ref: np.ndarray) -> np.ndarray:
+def _at2(arr: np.ndarray, ref: np.ndarray) -> np.ndarray:
     """``arr[w, ref[w, k]]`` per slot (NaN where ``ref`` is -1)."""
     rows = np.arange(arr.shape[0])[:, None]
     return np.where(ref >= 0, arr[rows, np.maximum(ref, 0)], np.nan)
@@ -156,7 +159,7 @@ def _median_by(df: pl.DataFrame, col: str, ok: pl.Expr, keys: list[str]) -> tupl
     return fine, coarse
 
 
-def build_replay(res) -> Replay:
+def _build_replay(res) -> Replay:
     """The :class:`Replay` of an analysed trace (its cycles, phase instances and key host calls)."""
     empty = Replay(np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64), {}, [], np.zeros(0))
     # Range ids are unique per report only (a merged result has several): qualified by rank here.
@@ -187,7 +190,7 @@ def build_replay(res) -> Replay:
              .with_columns(pred=pl.col("range_id").shift(1).over("rank"),
                            pred_gpu_last=pl.col("gpu_last").shift(1).over("rank"),
                            pred_phase=pl.col("phase").shift(1).over("rank"), pred_cyc=pl.col("cyc").shift(1).over("rank")))
-    code = {p: i for i, p in enumerate(MODEL_PHASES)}
+    code = {p: i for i, p in enumerate(_MODEL_PHASES)}
     units = units.with_columns(code=pl.col("phase").replace_strict(code, default=-1, return_dtype=pl.Int64))
     threads = inst.filter(pl.col("range_id").is_in(cyc_ids)).select("rank", "gtid").unique()
     items = (calls.filter(pl.col("sync") | pl.col("unit").is_not_null()).join(threads, on=["rank", "gtid"], how="semi")
@@ -291,7 +294,7 @@ def build_replay(res) -> Replay:
                   defaults)
 
 
-def graph_launch_cost(res) -> tuple[float, int] | None:
+def _graph_launch_cost(res) -> tuple[float, int] | None:
     """Node tracing's host cost per node of a graph launch and the smallest graph (nodes) of the trace: the
     slope of the median launch time of each node count (Theil–Sen over node counts), or None with fewer
     than two counts. Launches of that smallest graph are the reference: a larger graph's launch is assumed
@@ -303,7 +306,7 @@ def graph_launch_cost(res) -> tuple[float, int] | None:
          .group_by("ops").agg(y=(pl.col("end") - pl.col("start")).median()).select(x="ops", y="y").sort("x"))
     if g.height < 2:
         return None
-    return max(theil_sen(g.cast({"x": pl.Float64})), 0.0), int(g["x"][0])
+    return max(_theil_sen(g.cast({"x": pl.Float64})), 0.0), int(g["x"][0])
 
 
 # ---- the model ----------------------------------------------------------------------------------------
@@ -332,10 +335,10 @@ class Model:
     # other batch sizes): (tokens, ns), sorted; None: the linear ``verify_per_token_ns`` (baseline, or assumed)
     verify_points: tuple[tuple[float, float], ...] | None = None
     # "baseline", "segments" (the points above), "gpu_metrics" (a prior from verify's measured bound:
-    # :func:`verify_prior`) or "assumed" (0 per token)
+    # :func:`_verify_prior`) or "assumed" (0 per token)
     verify_source: str = "assumed"
     verify_prior: dict | None = None  # with "gpu_metrics": verify's utilisation row the prior was taken from
-    steps_source: str = "given"  # how steps_now is known (steps_known): given, the manifest's, or inferred
+    steps_source: str = "given"  # how steps_now is known (_steps_known): given, the manifest's, or inferred
     alpha_given: bool = False  # alpha is the caller's (--acceptance), not measured
     segments: list = field(default_factory=list)  # SegmentModel per batch size (fit_segments), when several
     _runs: dict = field(default_factory=dict, repr=False, compare=False)
@@ -508,8 +511,8 @@ def _interp(points: tuple[tuple[float, float], ...], x: float) -> float:
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0) if x1 != x0 else y1
 
 
-MIN_SEGMENT_CYCLES = 5  # a segment's own model needs this many typical steady cycles
-OWN_ALPHA_CYCLES = 100  # ... and this many to use its own acceptance rather than the whole run's
+_MIN_SEGMENT_CYCLES = 5  # a segment's own model needs this many typical steady cycles
+_OWN_ALPHA_CYCLES = 100  # ... and this many to use its own acceptance rather than the whole run's
 
 
 @dataclass
@@ -580,10 +583,10 @@ def fit_segments(res, steps_now: int | None = None, alpha: float | None = None,
 
     from . import anatomy
 
-    segs = [g for g in anatomy.segments(res) if g.cycles >= MIN_SEGMENT_CYCLES]
+    segs = [g for g in anatomy.segments(res) if g.cycles >= _MIN_SEGMENT_CYCLES]
     if len(segs) < 2:
         return []
-    s0 = steps_of(res, steps_now)
+    s0 = _steps_of(res, steps_now)
     c = cycles(res)
     # acceptance: the segment's own when it has enough cycles to measure it, else the whole run's (one draft
     # model, one data set: a few dozen cycles measure α to ± 0.1, which moves the best step count)
@@ -593,16 +596,16 @@ def fit_segments(res, steps_now: int | None = None, alpha: float | None = None,
         view = dataclasses.replace(res, cycle_choice={**res.cycle_choice, "segment": g.segment})
         typ = c.filter(pl.col("steady") & (pl.col("segment") == g.segment) & pl.col("cycle_class").is_null()
                        & ~pl.col("slow") & pl.col("period_ns").is_not_null())
-        if typ.height < MIN_SEGMENT_CYCLES:
+        if typ.height < _MIN_SEGMENT_CYCLES:
             continue
         period = to_float(typ["period_ns"].median())
-        own = alpha is None and typ.select("key").unique().height >= OWN_ALPHA_CYCLES
+        own = alpha is None and typ.select("key").unique().height >= _OWN_ALPHA_CYCLES
         try:
             m = fit(view, s0, alpha=None if own else pooled, as_traced=as_traced, period_ns=period)
         except InputError:
             continue
         m.notes.append("acceptance α measured on this segment's own cycles" if own else
-                       f"acceptance α of the whole run (this segment has fewer than {OWN_ALPHA_CYCLES} cycles)")
+                       f"acceptance α of the whole run (this segment has fewer than {_OWN_ALPHA_CYCLES} cycles)")
         out.append(SegmentModel(g.segment, g.key, g.batch_size, typ.height, g.first_cycle, period, m))
     # the verify curve: each batch size's verify time at the tokens it verifies per cycle
     pts: dict[float, list[float]] = {}
@@ -634,7 +637,7 @@ def join_runs(segments: list[SegmentModel], runs: Iterable[tuple[str, object]], 
     by_batch = {sm.batch_size: sm for sm in segments if sm.batch_size}
     for name, ro in runs:
         try:
-            steps, how = steps_known(ro, None)
+            steps, how = _steps_known(ro, None)
         except InputError as e:
             raise InputError(f"--other-steps {name}: the number of draft steps is not recorded (no manifest "
                              "with speculative.steps beside it) and cannot be inferred", e.code) from None
@@ -652,7 +655,7 @@ def join_runs(segments: list[SegmentModel], runs: Iterable[tuple[str, object]], 
     return notes + unused
 
 
-def theil_sen(xy: pl.DataFrame) -> float:
+def _theil_sen(xy: pl.DataFrame) -> float:
     """Median of the pairwise slopes of ``x, y`` (robust to warm-up and stall outliers)."""
     p = xy.with_row_index("i").join(xy.with_row_index("j"), how="cross", suffix="2")
     p = p.filter((pl.col("i") < pl.col("j")) & (pl.col("x") != pl.col("x2")))
@@ -675,14 +678,14 @@ def solve_alpha(accepted: float, steps: int) -> float:
     return (lo + hi) / 2
 
 
-def steps_of(res, steps_now: int | None) -> int:
-    """The trace's draft step count (:func:`steps_known`); InputError when unknown."""
-    return steps_known(res, steps_now)[0]
+def _steps_of(res, steps_now: int | None) -> int:
+    """The trace's draft step count (:func:`_steps_known`); InputError when unknown."""
+    return _steps_known(res, steps_now)[0]
 
 
-def steps_known(res, steps_now: int | None) -> tuple[int, str]:
+def _steps_known(res, steps_now: int | None) -> tuple[int, str]:
     """The trace's draft step count and how it is known: the caller's, else the manifest's, else inferred from the
-    draft phase's repeated structure (:func:`draft_repeats`); InputError when none of them knows it."""
+    draft phase's repeated structure (:func:`_draft_repeats`); InputError when none of them knows it."""
     if steps_now is not None:
         if steps_now < 1:
             raise InputError(f"--steps-now must be >= 1, not {steps_now}")
@@ -690,7 +693,7 @@ def steps_known(res, steps_now: int | None) -> tuple[int, str]:
     spec = speculative(res.trace.path)
     if isinstance(spec.get("steps"), int) and spec["steps"] >= 1 and not spec.get("baseline"):
         return spec["steps"], "the manifest's speculative.steps"
-    rep = draft_repeats(res)
+    rep = _draft_repeats(res)
     if rep is not None:
         n, names, inst = rep
         return n, (f"inferred: the draft phase's GPU work repeats {n} times per instance "
@@ -702,7 +705,7 @@ def steps_known(res, steps_now: int | None) -> tuple[int, str]:
                      "pass --steps-now N (Python: steps_now=N; the notebooks: SPECTRACE_STEPS=N)", "NO_STEPS")
 
 
-def draft_repeats(res) -> tuple[int, int, int] | None:
+def _draft_repeats(res) -> tuple[int, int, int] | None:
     """How many times the draft phase's GPU work repeats per instance: each draft step runs the draft model's
     forward once, so every kernel name of it runs a multiple of the step count times. Per kernel name seen in at
     least half the draft instances, its most common count per instance; the greatest common divisor of those.
@@ -729,12 +732,12 @@ def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = 
     removed on a node-level trace. ``period_ns``: the measured period the predictions move from (default: the
     trace's cycle period).
     """
-    s0, how = steps_known(res, steps_now)
-    cp = cycle_phases(res)
+    s0, how = _steps_known(res, steps_now)
+    cp = _cycle_phases(res)
     if cp.height == 0:
         raise InputError(f"{res.trace.path}: no cycle ranges with draft/verify phases inside; what-if needs "
                          "an EAGLE trace (cycle ⊃ draft, verify, draft_extend)", "NO_CYCLES")
-    per = (cp.filter(pl.col("phase").is_in(MODEL_PHASES))
+    per = (cp.filter(pl.col("phase").is_in(_MODEL_PHASES))
            .group_by("n", "phase").agg(pl.col("x_span_ns").min(), pl.col("tokens").first()))
     cost = {k: float(v) for k, v in per.group_by("phase").agg(pl.col("x_span_ns").median()).sort("phase").iter_rows()}
     if "verify" not in cost:
@@ -762,7 +765,7 @@ def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = 
             notes.append(f"verify cost per verified token per request from the baseline step ({step / 1e3:.1f} µs, "
                          f"batch {bt.batch_size}): {b / 1e3:.2f} µs")
     else:
-        prior = verify_prior(res)
+        prior = _verify_prior(res)
         if prior is None:
             notes.append("no baseline: verify cost assumed independent of the number of verified tokens")
         else:
@@ -774,7 +777,7 @@ def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = 
     e1 = 0.0
     ext = per.filter((pl.col("phase") == "draft_extend") & pl.col("tokens").is_not_null())
     if ext.height >= 3 and ext["tokens"].n_unique() > 1:
-        e1 = theil_sen(ext.select(x="tokens", y="x_span_ns"))
+        e1 = _theil_sen(ext.select(x="tokens", y="x_span_ns"))
     if tk.accepted_per_request is not None:
         where = "the hooks' accept marks" if tk.acceptance_source == "marks" else "the range payload"
         notes.append(f"acceptance measured on {tk.accepted_cycles} cycles ({where}): mean {tk.accepted_per_request:.2f}, "
@@ -789,11 +792,11 @@ def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = 
     if alpha is not None and batch is None:
         batch = 1.0
         notes.append("batch size unknown: tokens and tokens/s are per request")
-    replay = build_replay(res)
+    replay = _build_replay(res)
     mode = res.trace.graph_trace_mode
     cut = (0.0, 0)
     if mode == "Node" and not as_traced:
-        lc = graph_launch_cost(res)
+        lc = _graph_launch_cost(res)
         if lc is None:
             notes.append("node-level graph trace with one graph size only: node tracing's launch cost cannot be "
                          "estimated; replayed as traced")
@@ -815,7 +818,7 @@ def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = 
     return m
 
 
-def verify_prior(res) -> dict | None:
+def _verify_prior(res) -> dict | None:
     """Verify's utilisation over the steady state of ``res`` (all ranks; :mod:`analyze.compute.utilisation`) when
     GPU-metrics samples measure it: ``bound, dram_read_pct, tensor_active_pct, samples``; else None.
 

@@ -34,7 +34,7 @@ from .text import acceptance_text, best_text, display_names, probe_lines, ranked
 
 __all__ = ["Section", "utilisation_section", "write_page"]
 
-CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1250px;color:#222;padding:0 1em}
+_CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1250px;color:#222;padding:0 1em}
 .tw{overflow-x:auto;max-width:100%;margin:.5em 0 1.5em}
 table{border-collapse:collapse;font-size:13px}th,td{padding:3px 8px;border-bottom:1px solid #ddd;
 vertical-align:top}td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
@@ -158,20 +158,20 @@ def _findings(found: list[findings.Finding]) -> Section:
                    + f'<div class="tw"><table>{head}{"".join(rows)}</table></div>')
 
 
-PHASE_COLS = ("phase", "instances", *(f"{k}_{s}_ns" for k in ("span", "compute", "comm", "idle")
-                                      for s in ("mean", "p50", "p90")))
-PHASE_HEADS = {f"{k}_{s}_ns": f"{k} µs/inst {s}" for k in ("span", "compute", "comm", "idle")
-               for s in ("mean", "p50", "p90")}
+_PHASE_COLS = ("phase", "instances", *(f"{k}_{s}_ns" for k in ("span", "compute", "comm", "idle")
+                                       for s in ("mean", "p50", "p90")))
+_PHASE_HEADS = {f"{k}_{s}_ns": f"{k} µs/inst {s}" for k in ("span", "compute", "comm", "idle")
+                for s in ("mean", "p50", "p90")}
 
 
 def _phases(res, out: NewFolder) -> Section:
     body = [_p("Per instance over the steady state (µs per instance: mean, p50, p90); span = compute + comm + idle "
                "(means add up; percentiles do not)."),
             "<h3>All ranks</h3>", _table(headline.steady_phases_all_ranks(res).with_columns(_o=cycle_order()).sort("_o", "phase")
-                                         .select("ranks", *PHASE_COLS), PHASE_HEADS)]
+                                         .select("ranks", *_PHASE_COLS), _PHASE_HEADS)]
     if res.ranks.height > 1:
         per = headline.steady_phases(res).with_columns(_o=cycle_order()).sort("_o", "phase", "rank")
-        body += ["<h3>Per rank</h3>", _table(per.select("rank", *PHASE_COLS), PHASE_HEADS)]
+        body += ["<h3>Per rank</h3>", _table(per.select("rank", *_PHASE_COLS), _PHASE_HEADS)]
         hm = plots.rank_heatmap(res)
         if hm is not None:
             body.append(_save(hm, out, "rank_phase.png", "median span per rank and phase"))
@@ -179,9 +179,9 @@ def _phases(res, out: NewFolder) -> Section:
     return Section("phases", "Phases", "".join(body))
 
 
-UTIL_BARS = (("sm_active_pct", "SMs active", "#4c78a8"), ("sm_issue_pct", "SM issue", "#72b7b2"),
-             ("tensor_active_pct", "tensor active", "#e45756"), ("dram_read_pct", "DRAM read", "#f58518"),
-             ("dram_write_pct", "DRAM write", "#eeca3b"))
+_UTIL_BARS = (("sm_active_pct", "SMs active", "#4c78a8"), ("sm_issue_pct", "SM issue", "#72b7b2"),
+              ("tensor_active_pct", "tensor active", "#e45756"), ("dram_read_pct", "DRAM read", "#f58518"),
+              ("dram_write_pct", "DRAM write", "#eeca3b"))
 
 
 def utilisation_section(res) -> Section | None:
@@ -202,12 +202,12 @@ def utilisation_section(res) -> Section | None:
                 f'<div style="width:{w:.1f}%;background:{colour};height:10px"></div></div> {float(v):.0f} %</td>')
 
     head = "".join(f"<th>{html.escape(t)}</th>" for t in
-                   ("phase", "cycles", *[n for _, n, _ in UTIL_BARS], "bound", "samples", "instances"))
+                   ("phase", "cycles", *[n for _, n, _ in _UTIL_BARS], "bound", "samples", "instances"))
     body = []
     for r in rows.iter_rows(named=True):
         inst = f"{r['instances']}" + (f" (+{r['short']} too short)" if r["short"] else "")
         body.append("<tr>" + f"<td>{html.escape(r['phase'])}</td><td>{html.escape(r['scope'])}</td>"
-                    + "".join(bar(r[k], c) for k, _, c in UTIL_BARS)
+                    + "".join(bar(r[k], c) for k, _, c in _UTIL_BARS)
                     + (f"<td>{html.escape(r['bound'])}</td>" if r["bound"] else
                        f"<td title=\"{html.escape(r['note'] or '')}\">{'too short' if r['short'] else '–'}</td>")
                     + f"<td class=\"n\">{r['samples']:,}</td>"
@@ -320,7 +320,7 @@ def _seams(res, out: NewFolder) -> Section:
         causes = [c for c in ("bound", "gpu_bound_ns", "launch_bound_ns", "host_bound_ns", "launch_block_ns",
                               "host_late_ns") if c in sa.columns]
         body.append(_table(sa.select("parent", "from", "to", "instances", "idle_mean_ns", "idle_p50_ns",
-                                     "idle_p90_ns", "idle_ns", "busy_ns", "overlap_ns", *causes), SEAM_HEADS))
+                                     "idle_p90_ns", "idle_ns", "busy_ns", "overlap_ns", *causes), _SEAM_HEADS))
         if causes:
             body.append(_p("bound: why the GPU waited, over the instances (gpu: the next phase was queued in time; "
                            "launch: its launch call returned after the earlier work ended; host: the launch began "
@@ -330,11 +330,11 @@ def _seams(res, out: NewFolder) -> Section:
     return Section("seams", "Seams and idle gaps", "".join(body))
 
 
-SEAM_HEADS = {"idle_mean_ns": "idle µs/inst mean", "idle_p50_ns": "idle µs/inst p50", "idle_p90_ns": "idle µs/inst p90",
-              "idle_ns": "idle µs (sum)", "busy_ns": "other work µs (sum)", "overlap_ns": "overlap µs (sum)",
-              "gpu_bound_ns": "gpu-bound idle µs (sum)", "launch_bound_ns": "launch-bound idle µs (sum)",
-              "host_bound_ns": "host-bound idle µs (sum)", "launch_block_ns": "launch block µs/inst mean",
-              "host_late_ns": "host late µs/inst mean", "bound": "bound (instances)"}
+_SEAM_HEADS = {"idle_mean_ns": "idle µs/inst mean", "idle_p50_ns": "idle µs/inst p50", "idle_p90_ns": "idle µs/inst p90",
+               "idle_ns": "idle µs (sum)", "busy_ns": "other work µs (sum)", "overlap_ns": "overlap µs (sum)",
+               "gpu_bound_ns": "gpu-bound idle µs (sum)", "launch_bound_ns": "launch-bound idle µs (sum)",
+               "host_bound_ns": "host-bound idle µs (sum)", "launch_block_ns": "launch block µs/inst mean",
+               "host_late_ns": "host late µs/inst mean", "bound": "bound (instances)"}
 
 
 def _parents(res) -> Section:
@@ -523,6 +523,6 @@ def _write_page(res, out: NewFolder, vs, steps_now: int | None, extra) -> None:
         f"{html.escape(d.message)}</li>" for d in ranked(res.diagnostics)) + "</ul>"))
     nav = "<nav>" + "".join(f'<a href="#{s.id}">{html.escape(s.title)}</a>' for s in secs) + "</nav>"
     body = "".join(f'<section id="{s.id}"><h2>{html.escape(s.title)}</h2>{s.body}</section>' for s in secs)
-    page = f"{html.escape(name)}</title><style>{CSS}</style></head><body><h1>spectrace · {html.escape(name)}</h1>" \
+    page = f"{html.escape(name)}</title><style>{_CSS}</style></head><body><h1>spectrace · {html.escape(name)}</h1>" \
            f"{nav}{body}</body></html>\n"
     out.write("index.html", PAGE_START + utf8(terminal.clean(page)))  # names are data: no control characters

@@ -2,7 +2,7 @@
 
 Each function returns a :class:`matplotlib.figure.Figure` (an :class:`InlineFigure`, which Jupyter shows as a
 PNG by itself) and saves nothing. Figures are made without pyplot (no backend is chosen, no global figure
-list): a notebook shows them inline, a script saves them. None is wider than :data:`MAX_WIDTH_IN` inches
+list): a notebook shows them inline, a script saves them. None is wider than :data:`_MAX_WIDTH_IN` inches
 (1400 px at the report's 100 dpi) at any number of ranks: ranks go down the page (small multiples, one bar or
 lane per rank), never across it. Headline figures use the steady-state cycles
 (:mod:`analyze.compute.headline`). Names from the input are shown literally (:func:`_t`: ``$`` escaped, never
@@ -30,7 +30,7 @@ from ..compute.tokens import base_expr, cycles
 from . import terminal
 
 __all__ = ["InlineFigure", "phase_bars", "rank_heatmap", "budget", "timeline", "distributions", "per_cycle",
-           "has_comm_split", "comm_split", "whatif_curve", "utilisation_bars", "compare_delta"]
+           "has_comm_split", "comm_split", "whatif_curve", "utilisation_bars", "compare_delta", "DPI", "WAIT_COLOR"]
 
 WAIT_COLOR = "#f4a259"  # comm wait (a rank waiting for the others); transfer uses COMM_COLOR
 
@@ -65,13 +65,13 @@ class InlineFigure(Figure):
         return buf.getvalue()
 
 
-DPI = 100  # what the report saves at; every figure is at most MAX_WIDTH_IN wide, so <= 1400 px
-MAX_WIDTH_IN = 14.0
-GAP_COLOR = "#9a9a9a"  # GPU idle between cycles
+DPI = 100  # what the report saves at; every figure is at most _MAX_WIDTH_IN wide, so <= 1400 px
+_MAX_WIDTH_IN = 14.0
+_GAP_COLOR = "#9a9a9a"  # GPU idle between cycles
 
 
 def _figure(width: float, height: float) -> InlineFigure:
-    return InlineFigure(figsize=(min(width, MAX_WIDTH_IN), height), layout="constrained")
+    return InlineFigure(figsize=(min(width, _MAX_WIDTH_IN), height), layout="constrained")
 
 
 def _small_multiples(p: pl.DataFrame, stacks: list[tuple[str, str, str | None, str]], title: str, xlabel: str,
@@ -175,7 +175,7 @@ def budget(res) -> Figure:
         for row in r.iter_rows(named=True):
             w = max(row["ns"], 0.0) / 1e3
             kind = row["kind"]
-            color = (color_of(row["segment"]) if kind in ("phase", "prefill") else GAP_COLOR if kind == "gap"
+            color = (color_of(row["segment"]) if kind in ("phase", "prefill") else _GAP_COLOR if kind == "gap"
                      else SEAM_COLOR)
             hatch = None if kind in ("phase", "prefill") else ("//" if kind == "gap" else "..")
             ax.barh(y, w, 0.7, left=left, color=color, hatch=hatch, edgecolor="#555555", linewidth=0.4)
@@ -376,9 +376,9 @@ def whatif_curve(model, max_steps: int = 10) -> Figure:
     return fig
 
 
-UTIL_METRICS = (("sm_active_pct", "SMs active", "#4c78a8"), ("sm_issue_pct", "SM issue", "#72b7b2"),
-                ("tensor_active_pct", "tensor active", "#e45756"), ("dram_read_pct", "DRAM read", "#f58518"),
-                ("dram_write_pct", "DRAM write", "#eeca3b"))
+_UTIL_METRICS = (("sm_active_pct", "SMs active", "#4c78a8"), ("sm_issue_pct", "SM issue", "#72b7b2"),
+                 ("tensor_active_pct", "tensor active", "#e45756"), ("dram_read_pct", "DRAM read", "#f58518"),
+                 ("dram_write_pct", "DRAM write", "#eeca3b"))
 
 
 def utilisation_bars(res) -> Figure | None:
@@ -398,8 +398,8 @@ def utilisation_bars(res) -> Figure | None:
                 .sort(utilisation.scope_order(), "scope", "_p", maintain_order=True).iter_rows(named=True))
     fig = _figure(10, 0.45 * len(rows) * 1.6 + 1.2)
     ax = fig.add_subplot()
-    h = 0.8 / len(UTIL_METRICS)
-    for j, (col, label, colour) in enumerate(UTIL_METRICS):
+    h = 0.8 / len(_UTIL_METRICS)
+    for j, (col, label, colour) in enumerate(_UTIL_METRICS):
         vals = [r[col] if r[col] is not None else 0.0 for r in rows]
         ax.barh(np.arange(len(rows)) + (j - 2) * h, vals, height=h, color=colour, label=label)
     ax.set_yticks(np.arange(len(rows)))
