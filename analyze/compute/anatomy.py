@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 
 import polars as pl
 
+from ..model import Result
 from . import collectives, headline
 from .scalars import to_float, to_int
 from .steady import class_label
@@ -65,12 +66,12 @@ class CycleClass:
         return asdict(self)
 
 
-def cycle_classes(res) -> list[CycleClass]:
+def cycle_classes(res: Result) -> list[CycleClass]:
     """The classes of slower cycles with their anatomy (module docstring), the recurring ones first."""
     return headline.memoised(res, "cycle_classes", lambda: _classes(res))
 
 
-def _classes(res) -> list[CycleClass]:
+def _classes(res: Result) -> list[CycleClass]:
     info = selection(res)
     c = headline.main_cycles(res)
     if c.height == 0 or not info.get("classes") and not info.get("stalls"):
@@ -93,7 +94,7 @@ def _classes(res) -> list[CycleClass]:
     return out
 
 
-def _deltas(res, members: pl.DataFrame, typical: pl.DataFrame) -> pl.DataFrame:
+def _deltas(res: Result, members: pl.DataFrame, typical: pl.DataFrame) -> pl.DataFrame:
     """Per rank and budget piece: the mean over the class's cycles, the mean over typical cycles of the same
     segments (weighted as the class's cycles fall in them), and the difference (prefill pieces left out: a
     class's extra time is over its cycles' periods without their prefill). One pass over the pieces, joined on
@@ -133,7 +134,7 @@ def _deltas(res, members: pl.DataFrame, typical: pl.DataFrame) -> pl.DataFrame:
             .sort("rank", "order", "segment"))
 
 
-def _anatomy(res, cl: dict, members: pl.DataFrame, typical: pl.DataFrame, steady_n: int) -> CycleClass:
+def _anatomy(res: Result, cl: dict, members: pl.DataFrame, typical: pl.DataFrame, steady_n: int) -> CycleClass:
     keys = members.select("key").unique().sort("key")["key"].to_list()
     extra, typical_ns = float(cl.get("extra_ns") or 0.0), float(cl.get("typical_ns") or 0.0)
     d = _deltas(res, members, typical)
@@ -168,7 +169,7 @@ def _anatomy(res, cl: dict, members: pl.DataFrame, typical: pl.DataFrame, steady
     return out
 
 
-def _late_rank(res, out: CycleClass, d: pl.DataFrame, members: pl.DataFrame, ranks: list, extra: float) -> None:
+def _late_rank(res: Result, out: CycleClass, d: pl.DataFrame, members: pl.DataFrame, ranks: list, extra: float) -> None:
     """Set the late rank, the phase the others wait in and the waiting ranks (module docstring): the phase is
     the one whose span grew most on some rank; its matched collectives in these cycles, when it has any, name the
     rank that caused the waiting, else the rank whose pieces before the phase grew while the phase did not."""
@@ -204,7 +205,7 @@ def _late_rank(res, out: CycleClass, d: pl.DataFrame, members: pl.DataFrame, ran
     out.wait_ns = to_float(w.mean()) if w.len() else None
 
 
-def _class_stragglers(res, members: pl.DataFrame, phase: str) -> pl.DataFrame | None:
+def _class_stragglers(res: Result, members: pl.DataFrame, phase: str) -> pl.DataFrame | None:
     """:func:`collectives.stragglers` over the matched collectives of ``phase`` in the class's cycles (None without
     any, or when the phase's collectives do not end together)."""
     if phase in headline.matching(res).filter(~pl.col("trusted"))["phase"].to_list():
@@ -266,12 +267,12 @@ class Segment:
         return asdict(self)
 
 
-def segments(res) -> list[Segment]:
+def segments(res: Result) -> list[Segment]:
     """The run cut into segments of one batch size (module docstring); none when the payload has no batch size."""
     return headline.memoised(res, "segments", lambda: _segments(res))
 
 
-def _segments(res) -> list[Segment]:
+def _segments(res: Result) -> list[Segment]:
     info = selection(res)
     if not info.get("segments"):
         return []

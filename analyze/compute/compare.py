@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from ..model import Result
 from . import headline, steady
 from .scalars import real, to_float
 from .tokens import DEFINITION, Tokens, base_expr, selection, summary
@@ -100,12 +101,12 @@ class Comparison:
         }
 
 
-def _n_cycles(res) -> int:
+def _n_cycles(res: Result) -> int:
     """Steady cycles with a period, summed over ranks."""
     return headline.steady_keys(res).height
 
 
-def _long(res) -> pl.DataFrame:
+def _long(res: Result) -> pl.DataFrame:
     """``rank, key, name, kind`` and the piece's ``ns, compute_ns, comm_ns, idle_ns`` of every steady cycle
     (computed once per result: :func:`per_cycle` and :func:`_wide` both read it)."""
     def run():
@@ -117,7 +118,7 @@ def _long(res) -> pl.DataFrame:
     return headline.memoised(res, "compare_long", run)
 
 
-def per_cycle(res, by_rank: bool = False) -> pl.DataFrame:
+def per_cycle(res: Result, by_rank: bool = False) -> pl.DataFrame:
     """Per piece (base names; per rank with ``by_rank``): ``name, kind, ns, compute_ns, comm_ns, idle_ns`` per
     cycle: the mean over the steady cycles of the mean over each cycle's ranks (per rank: over its cycles)."""
     lg = _long(res)
@@ -133,7 +134,7 @@ def per_cycle(res, by_rank: bool = False) -> pl.DataFrame:
             .group_by("name").agg(pl.col("kind").first(), *[(pl.col(c).sum() / nkeys) for c in VALS]))
 
 
-def _wide(res) -> pl.DataFrame:
+def _wide(res: Result) -> pl.DataFrame:
     """One row per steady cycle (``key``): period and tokens (mean over its ranks) and each piece's ns."""
     keys = headline.steady_keys(res)
     if keys.height == 0:
@@ -227,7 +228,7 @@ def _joined(x: pl.DataFrame, y: pl.DataFrame, keys: list[str], ta, tb, tok: bool
 def kernels(a, b, tok: bool, ta, tb, top: int = 3) -> pl.DataFrame:
     """Per phase (base name) and kernel: time and count per cycle in A and B, the biggest |Δ| first, ``top`` per
     phase."""
-    def side(res):
+    def side(res: Result):
         k = headline.kernels(res).with_columns(phase=base_expr("phase"))
         return k.group_by("phase", "name").agg(pl.col("per_cycle_ns").sum(), pl.col("count_per_cycle").sum())
     ka, kb = side(a), side(b)
@@ -263,7 +264,7 @@ def warnings(a, b) -> list[str]:
     return out
 
 
-def _gpus(res) -> list[str]:
+def _gpus(res: Result) -> list[str]:
     names = res.ranks["device_name"].drop_nulls().unique().sort().to_list() if "device_name" in res.ranks.columns else []
     return [str(n) for n in names]
 
@@ -308,7 +309,7 @@ def compare_results(a, b, boot: int = BOOT, seed: int = 0) -> Comparison:
     )
 
 
-def _straggler(res) -> list[dict]:
+def _straggler(res: Result) -> list[dict]:
     """The straggler verdict of one side over its steady cycles (:func:`headline.straggler_verdict`: the one
     ``analyze`` and ``comm`` name)."""
     return headline.straggler_verdict(res).select("phase", "rank", "caused_wait_ns", "wait_share",

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
-from ..model import InputError
+from ..model import InputError, Result
 from . import anatomy, breakdown, headline, steady, utilisation
 from .scalars import real, to_float
 from .tokens import CYCLE_NAMES, base_expr, selection, summary
@@ -46,7 +46,7 @@ GAIN = 0.03  # a what-if step count predicted this much faster is worth trying
 class RuleContext:
     """What the rules read: the steady-state tables of one analysed trace."""
 
-    res: object
+    res: Result
     period_ns: float
     budget: pl.DataFrame
     phases: pl.DataFrame  # per rank, steady
@@ -157,7 +157,7 @@ def _ranks_txt(o: _OverRanks) -> str:
 # ---- the launch side of seams --------------------------------------------------------------------------
 
 
-def launch_timing(res) -> pl.DataFrame:
+def launch_timing(res: Result) -> pl.DataFrame:
     """Steady seam instances with ``late_ns`` (the GPU idle before the next range's first launch call began:
     the CPU was late) and ``held_ns`` (the rest of the gap: launched in time, started later)."""
     s = headline.steady_seam_instances(res)
@@ -264,7 +264,7 @@ class NcclSetting:
     source: str
 
 
-def nccl_setting(res, phase: str) -> NcclSetting | None:
+def nccl_setting(res: Result, phase: str) -> NcclSetting | None:
     """The protocol of ``phase``'s collectives: the recorded environment's ``NCCL_PROTO``/``NCCL_ALGO`` (the manifest
     beside the capture), else the name of the NCCL kernel with the most time in the phase; None when neither says."""
     from .tokens import read_manifest
@@ -553,7 +553,7 @@ def severity(share: float) -> str:
     return "high" if share >= HIGH else "medium" if share >= MEDIUM else "low"
 
 
-def context(res, model=None) -> RuleContext:
+def context(res: Result, model: Model | None = None) -> RuleContext:
     """The rules' inputs for one analysed trace (``model``: a fitted what-if model, else one is tried, with its
     per-segment models when the run has several batch sizes)."""
     if model is None:
@@ -572,7 +572,7 @@ def context(res, model=None) -> RuleContext:
                    classes=anatomy.cycle_classes(res))
 
 
-def find(res, model=None) -> list[Finding]:
+def find(res: Result, model: Model | None = None) -> list[Finding]:
     """Ranked findings (:class:`Finding`), biggest impact first; ``model``: a fitted what-if model (else one is
     tried). ``Result.steady.findings`` has them with the default model."""
     ctx = context(res, model)

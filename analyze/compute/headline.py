@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from ..model import bound_expr
+from ..model import Result, bound_expr
 from ..read import results
 from . import breakdown, collectives, host, windows
 from .tokens import base_expr, cycles, prefill_rows, summary
@@ -33,7 +33,7 @@ __all__ = ["GAP", "memoised", "instances_marked_steady", "keys", "matched", "ste
 GAP = "between cycles"
 
 
-def memoised(res, name: str, fn):
+def memoised(res: Result, name: str, fn):
     key = (name, repr(sorted(res.cycle_choice.items())))
     if key not in res.memo:
         res.memo[key] = results.derived(res, key, fn)
@@ -45,12 +45,12 @@ def _ids(inst: pl.DataFrame) -> list[str]:
     return ["report", "range_id"] if "report" in inst.columns else ["range_id"]
 
 
-def instances_marked_steady(res) -> pl.DataFrame:
+def instances_marked_steady(res: Result) -> pl.DataFrame:
     """``res.instances`` with ``steady`` (bool) and ``top`` (the range_id of its outermost selected range)."""
     return memoised(res, "instances", lambda: _instances(res))
 
 
-def _instances(res) -> pl.DataFrame:
+def _instances(res: Result) -> pl.DataFrame:
     inst = res.instances
     ids = _ids(inst)
     rep = ids[:-1]
@@ -84,13 +84,13 @@ def _instances(res) -> pl.DataFrame:
     return inst.with_columns(top=top, steady=narrow.select(steady=steady)["steady"])
 
 
-def keys(res) -> pl.DataFrame:
+def keys(res: Result) -> pl.DataFrame:
     """``rank, range_id`` of the steady instances with GPU work (ranks are unique across merged reports)."""
     return memoised(res, "keys", lambda: instances_marked_steady(res).filter(pl.col("steady") & pl.col("rank").is_not_null())
                     .select("rank", "range_id"))
 
 
-def matched(res) -> pl.DataFrame:
+def matched(res: Result) -> pl.DataFrame:
     """The matched collectives (:func:`analyze.compute.collectives.match`) of steady phase instances."""
     def run():
         m = res.memo.get("matched_counted")  # matched once by the analysis over the counted instances
@@ -104,7 +104,7 @@ def matched(res) -> pl.DataFrame:
     return memoised(res, "matched", run)
 
 
-def steady_phases(res) -> pl.DataFrame:
+def steady_phases(res: Result) -> pl.DataFrame:
     """Per rank and phase over the steady state: sums, per-instance mean/p50/p90, the comm wait/transfer split."""
     def run():
         p = breakdown.sum_phases(instances_marked_steady(res).filter("steady"))
@@ -116,7 +116,7 @@ def steady_phases(res) -> pl.DataFrame:
     return memoised(res, "phases", run)
 
 
-def steady_phases_all_ranks(res) -> pl.DataFrame:
+def steady_phases_all_ranks(res: Result) -> pl.DataFrame:
     """Per phase over all ranks' steady instances: sums and per-instance mean/p50/p90 (``ranks`` = ranks with it)."""
     def run():
         inst = instances_marked_steady(res).filter("steady")
@@ -126,7 +126,7 @@ def steady_phases_all_ranks(res) -> pl.DataFrame:
     return memoised(res, "phases_all", run)
 
 
-def steady_seam_instances(res) -> pl.DataFrame:
+def steady_seam_instances(res: Result) -> pl.DataFrame:
     """Seam instances that lead into a steady instance (the wait before a cycle belongs to that cycle's period)."""
     def run():
         s = res.seam_instances
@@ -136,7 +136,7 @@ def steady_seam_instances(res) -> pl.DataFrame:
     return memoised(res, "seam_instances", run)
 
 
-def steady_seams(res) -> pl.DataFrame:
+def steady_seams(res: Result) -> pl.DataFrame:
     """Seams per rank over the steady state (as :func:`analyze.compute.breakdown.sum_seams`)."""
     def run():
         s = steady_seam_instances(res)
@@ -146,7 +146,7 @@ def steady_seams(res) -> pl.DataFrame:
     return memoised(res, "seams", run)
 
 
-def steady_seams_all_ranks(res) -> pl.DataFrame:
+def steady_seams_all_ranks(res: Result) -> pl.DataFrame:
     """Seams over all ranks, steady state: sums and per-instance idle mean/p50/p90."""
     def run():
         s = steady_seam_instances(res)
@@ -166,7 +166,7 @@ def steady_seams_all_ranks(res) -> pl.DataFrame:
     return memoised(res, "seams_all", run)
 
 
-def matching(res) -> pl.DataFrame:
+def matching(res: Result) -> pl.DataFrame:
     """Per phase: ``collectives`` matched and the p50 spread of their end times across ranks (``end_spread_p50_ns``);
     ``trusted`` when it is within :data:`analyze.compute.windows.END_SPREAD_BOUND_NS`, the bound of
     :func:`analyze.compute.collectives.refused` (collectives of one job end together; far more means instances
@@ -183,19 +183,19 @@ def matching(res) -> pl.DataFrame:
     return memoised(res, "matching", run)
 
 
-def _per_collective(res) -> pl.DataFrame:
+def _per_collective(res: Result) -> pl.DataFrame:
     """One row per matched collective of the steady state (:func:`analyze.compute.collectives.per_collective`)."""
     return memoised(res, "per_collective", lambda: collectives.per_collective(matched(res)))
 
 
-def stragglers(res) -> pl.DataFrame:
+def stragglers(res: Result) -> pl.DataFrame:
     """Per phase and rank over the steady state: last arrivals at matched collectives (see collectives)."""
     return memoised(res, "stragglers", lambda: collectives.stragglers(matched(res), coll=_per_collective(res))
                     if matched(res).height
                     else pl.DataFrame())
 
 
-def straggler_verdict(res) -> pl.DataFrame:
+def straggler_verdict(res: Result) -> pl.DataFrame:
     """The straggler of each phase over the steady cycles (:func:`collectives.verdict`) with ``per_cycle_ns``, the
     waiting it caused per steady cycle, kept when that is at least :data:`collectives.STRAGGLER_FLOOR` of the
     cycle period: the one verdict that ``analyze``'s findings, ``comm``, ``compare`` and the report name."""
@@ -217,12 +217,12 @@ def straggler_verdict(res) -> pl.DataFrame:
     return memoised(res, "straggler_verdict", run)
 
 
-def ranges(res) -> pl.DataFrame:
+def ranges(res: Result) -> pl.DataFrame:
     """NVIDIA-style inclusive projections (:func:`analyze.compute.breakdown.projections`) over the steady state."""
     return memoised(res, "ranges", lambda: breakdown.projections(instances_marked_steady(res).filter("steady")))
 
 
-def kernels(res, top: int | None = None) -> pl.DataFrame:
+def kernels(res: Result, top: int | None = None) -> pl.DataFrame:
     """GPU operations per phase over the steady state, all ranks: ``phase, name, count, kernel_ns, ranks,
     per_cycle_ns, count_per_cycle, share`` (of the phase's kernel time), biggest first; ``top`` per phase."""
     def run():
@@ -245,7 +245,7 @@ def kernels(res, top: int | None = None) -> pl.DataFrame:
     return k.group_by("phase", maintain_order=True).head(top) if top else k
 
 
-def cycles_per_rank(res) -> pl.DataFrame:
+def cycles_per_rank(res: Result) -> pl.DataFrame:
     """``rank, cycles``: steady cycles of the trace's cycle kind on each rank (the divisor of per-cycle numbers)."""
     def run():
         c = cycles(res)
@@ -256,7 +256,7 @@ def cycles_per_rank(res) -> pl.DataFrame:
     return memoised(res, "cycles_per_rank", run)
 
 
-def _steady_cycles(res) -> int:
+def _steady_cycles(res: Result) -> int:
     """Steady cycles of the trace's cycle kind, summed over ranks."""
     return int(cycles_per_rank(res)["cycles"].sum())
 
@@ -273,7 +273,7 @@ _BUDGET_SCHEMA = {"rank": pl.Int64, "segment": pl.String, "kind": pl.String, "or
 _PREFILL = "prefill"
 
 
-def main_cycles(res) -> pl.DataFrame:
+def main_cycles(res: Result) -> pl.DataFrame:
     """The cycles of the trace's cycle kind that have a period (every one but each rank's first)."""
     c = cycles(res)
     if c.height == 0:
@@ -282,7 +282,7 @@ def main_cycles(res) -> pl.DataFrame:
     return c.filter((pl.col("kind") == main) & pl.col("period_ns").is_not_null())
 
 
-def cycle_pieces(res) -> pl.DataFrame:
+def cycle_pieces(res: Result) -> pl.DataFrame:
     """Every cycle with a period cut into consecutive pieces on its rank's GPU clock that add up to its period
     exactly (module docstring): ``rank, key, segment, item, kind, order, ns, compute_ns, comm_ns, idle_ns,
     gpu_idle_ns``; ``kind``: gap (between cycles), prefill, head, phase, seam, tail; ``item``: the piece by base
@@ -290,7 +290,7 @@ def cycle_pieces(res) -> pl.DataFrame:
     return memoised(res, "pieces", lambda: _pieces(res))
 
 
-def _pieces(res) -> pl.DataFrame:
+def _pieces(res: Result) -> pl.DataFrame:
     c = main_cycles(res)
     if c.height == 0:
         return pl.DataFrame(schema=_PIECE_SCHEMA)
@@ -381,23 +381,25 @@ def _pieces(res) -> pl.DataFrame:
     cols = ["rank", "cycle_id", *[c for c in _PIECE_SCHEMA if c not in ("rank", "key")]]
     pieces = pl.concat([x.select(cols) for x in parts], how="vertical_relaxed")
     return (pieces.join(cyc.select("rank", "cycle_id", "key"), on=["rank", "cycle_id"])
-            .select(list(_PIECE_SCHEMA)).cast(_PIECE_SCHEMA).collect())
+            .select(list(_PIECE_SCHEMA))
+            .cast(_PIECE_SCHEMA)  # type: ignore[arg-type]  # polars' stub: a dict keyed by str is not its key union
+            .collect())
 
 
-def budget(res) -> pl.DataFrame:
+def budget(res: Result) -> pl.DataFrame:
     """Per rank and piece of the mean steady cycle (module docstring): ``rank, segment, kind, order, ns, share,
     compute_ns, comm_ns, idle_ns, gpu_idle_ns, cycles``; a rank's ``ns`` add up to its mean cycle period."""
     return memoised(res, "budget", lambda: mean_budget(res, steady_keys(res)))
 
 
-def steady_keys(res) -> pl.DataFrame:
+def steady_keys(res: Result) -> pl.DataFrame:
     """``rank, key`` of the steady cycles that have a period (what the budget and per-cycle means average over)."""
     c = main_cycles(res)
     return c.filter("steady").select("rank", "key") if c.height else pl.DataFrame(
         schema={"rank": pl.Int64, "key": pl.Int64})
 
 
-def mean_budget(res, which: pl.DataFrame, by_rank: bool = True) -> pl.DataFrame:
+def mean_budget(res: Result, which: pl.DataFrame, by_rank: bool = True) -> pl.DataFrame:
     """The mean cycle over the cycles ``which`` (``rank, key``) cut into its pieces, per rank (``by_rank``) or
     over all ranks' cycles (``rank`` null); ``ns`` add up to the mean period of those cycles."""
     p = cycle_pieces(res)

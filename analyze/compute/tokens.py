@@ -31,6 +31,7 @@ import polars as pl
 
 from nvtx_hooks import phases as ph
 
+from ..model import Result
 from ..read import results
 from . import steady
 from .scalars import real_or_none, to_float
@@ -118,7 +119,7 @@ def read_manifest(report: str | Path) -> dict | None:
         return None
 
 
-def cycles(res) -> pl.DataFrame:
+def cycles(res: Result) -> pl.DataFrame:
     """One row per cycle instance with GPU work: rank, n (order on its rank), kind, GPU first/last, period,
     batch_size, cycle_index, accept_length, tokens (null when unknown), and whether it is in the steady
     state (``steady``, ``why`` not, ``key`` = its identity across ranks; :mod:`analyze.compute.steady`)."""
@@ -128,13 +129,13 @@ def cycles(res) -> pl.DataFrame:
     return res.memo[key][0]
 
 
-def selection(res) -> dict:
+def selection(res: Result) -> dict:
     """What :func:`cycles` decided: counts of cycles, warm-up and stalls, the text that says so."""
     cycles(res)
     return res.memo[("cycles", repr(sorted(res.cycle_choice.items())))][1]
 
 
-def _cycles(res) -> pl.DataFrame:
+def _cycles(res: Result) -> pl.DataFrame:
     inst = decode_frame(res.instances).with_columns(base=base_expr())
     if "cycle" in inst.columns:  # an index the pairing ignored (analyze.compute.windows: PAYLOAD_CYCLE_INDEX) is none
         inst = inst.with_columns(cycle_index=pl.when(pl.col("cycle").is_not_null()).then("cycle_index"))
@@ -211,7 +212,7 @@ def _with_prefill(cyc: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
                           pl.col("prefills").fill_null(0).cast(pl.UInt32)))
 
 
-def _accept_marks(res) -> pl.DataFrame:
+def _accept_marks(res: Result) -> pl.DataFrame:
     """The hooks' ``accept`` marks decoded: ``rank, pid, time, batch_size, cycle_index, accept_length``.
 
     SGLang's v2 worker keeps accept lengths on the GPU; the hooks mark them where the scheduler has them on
@@ -221,7 +222,7 @@ def _accept_marks(res) -> pl.DataFrame:
     return decode_frame(m).select("rank", "pid", "time", "batch_size", "cycle_index", "accept_length")
 
 
-def _manifest_batch(res) -> int | None:
+def _manifest_batch(res: Result) -> int | None:
     b = speculative(res.trace.path).get("batch")
     return b if isinstance(b, int) else None
 
@@ -251,7 +252,7 @@ class Tokens:
         return asdict(self)
 
 
-def summary(res, steps: int | None = None) -> Tokens:
+def summary(res: Result, steps: int | None = None) -> Tokens:
     """Tokens per cycle, tokens/s and the acceptance of a trace over its steady-state cycles (:data:`DEFINITION`;
     first rank's cycles for tokens: ranks run the same)."""
     c = cycles(res)
@@ -298,6 +299,6 @@ def summary(res, steps: int | None = None) -> Tokens:
                   known.height, *dist, steady_cycles=c.height, period_p90_ns=p90_ns)
 
 
-def _has_payload(res) -> bool:
+def _has_payload(res: Result) -> bool:
     inst = decode_frame(res.instances.select("uint64", "int64"))
     return bool(inst["batch_size"].is_not_null().any())

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from ..model import InputError
+from ..model import InputError, Result
 from ..read import gpu_metrics
 from . import headline
 from .tokens import cycles, selection
@@ -45,7 +45,7 @@ IDLE_PCT = 10.0  # SMs active below this share of the time: the GPU mostly idle 
 _SPAN_SCHEMA = {"rank": pl.Int64, "id": pl.Int64, "start": pl.Int64, "end": pl.Int64}
 
 
-def _samples(res) -> dict[int, gpu_metrics.GpuSamples]:
+def _samples(res: Result) -> dict[int, gpu_metrics.GpuSamples]:
     """The GPU-metrics samples of each report of ``res`` (index in ``res.reports``), read once per result."""
     key = ("gpu_metrics", "samples")
     if key not in res.memo:
@@ -63,13 +63,13 @@ def _samples(res) -> dict[int, gpu_metrics.GpuSamples]:
     return res.memo[key]
 
 
-def period_ns(res) -> int | None:
+def period_ns(res: Result) -> int | None:
     """The sampling period (ns), the longest of the reports'; None without samples."""
     s = _samples(res)
     return max(x.period_ns for x in s.values()) if s else None
 
 
-def _rank_gpu(res) -> pl.DataFrame:
+def _rank_gpu(res: Result) -> pl.DataFrame:
     """``rank, report, gpu``: each rank's GPU (the CUDA device its kernels ran on)."""
     r = res.ranks
     rep = pl.col("report").cast(pl.Int64) if "report" in r.columns else pl.lit(0, pl.Int64)
@@ -133,7 +133,7 @@ def interval_means(spans: pl.DataFrame, s: gpu_metrics.GpuSamples) -> pl.DataFra
     )
 
 
-def instances(res) -> pl.DataFrame:
+def instances(res: Result) -> pl.DataFrame:
     """Per phase instance with GPU work: ``rank, report, range_id, domain, phase, steady, segment, start, end``
     and the columns of :func:`interval_means`; empty without samples."""
     key = ("gpu_metrics", "instances", repr(sorted(res.cycle_choice.items())))
@@ -154,7 +154,7 @@ def instances(res) -> pl.DataFrame:
     return out
 
 
-def _segments(res) -> pl.DataFrame:
+def _segments(res: Result) -> pl.DataFrame:
     """``rank, top, segment``: the decode-batch segment (its key, ``batch 16``) of each steady cycle."""
     c = cycles(res)
     segs = selection(res).get("segments") or []
@@ -166,7 +166,7 @@ def _segments(res) -> pl.DataFrame:
             .join(names, on="segment", how="left").select("rank", "top", segment="_name"))
 
 
-def _measure(res, spans: pl.DataFrame, got: dict[int, gpu_metrics.GpuSamples]) -> pl.DataFrame:
+def _measure(res: Result, spans: pl.DataFrame, got: dict[int, gpu_metrics.GpuSamples]) -> pl.DataFrame:
     """:func:`interval_means` of ``spans`` (with ``rank, report``) on each rank's GPU of its report."""
     spans = spans.join(_rank_gpu(res), on=["rank", "report"], how="left")
     parts = [interval_means(spans.filter((pl.col("report") == i) & pl.col("gpu").is_in(s.gpus)), s)
@@ -175,7 +175,7 @@ def _measure(res, spans: pl.DataFrame, got: dict[int, gpu_metrics.GpuSamples]) -
     return pl.concat(parts, how="diagonal_relaxed") if parts else pl.DataFrame()
 
 
-def _metric_names(res) -> list[str]:
+def _metric_names(res: Result) -> list[str]:
     """The metric keys measured (the main five first, in :data:`gpu_metrics.MAIN` order)."""
     have = sorted({m for s in _samples(res).values() for m in s.metrics["metric"].to_list()})
     return [m for m in gpu_metrics.MAIN if m in have] + [m for m in have if m not in gpu_metrics.MAIN]
@@ -202,7 +202,7 @@ def scope_order() -> pl.Expr:
             .otherwise(pl.col("scope").str.extract(r"(\d+)$").cast(pl.Int64, strict=False).fill_null(-1)))
 
 
-def phases(res) -> pl.DataFrame:
+def phases(res: Result) -> pl.DataFrame:
     """Per rank, phase and scope (``steady``, ``all``, the steady state's ``batch N`` segments), plus all-ranks
     rows (``rank`` null): the main metrics as columns (percent of peak), ``samples``, ``instances`` measured,
     ``short`` instances, ``bound`` and ``note``; empty without samples."""
@@ -257,7 +257,7 @@ def bound_expr() -> pl.Expr:
             .otherwise(pl.lit("mixed")))
 
 
-def long(res) -> pl.DataFrame:
+def long(res: Result) -> pl.DataFrame:
     """Every metric per rank, phase and scope as rows: ``rank, domain, phase, scope, metric, name, unit, mean,
     samples, instances, short, note`` (``--table gpu_metrics``)."""
     p = phases(res)
@@ -273,7 +273,7 @@ def long(res) -> pl.DataFrame:
                     "short", "note"))
 
 
-def seams(res) -> pl.DataFrame:
+def seams(res: Result) -> pl.DataFrame:
     """Per seam (``parent, from, to``) of the steady state, all ranks: the main metrics over the gaps between
     consecutive phases (``[end of from, start of to)``), as :func:`phases`; empty without samples."""
     got = _samples(res)

@@ -44,14 +44,14 @@ Validated on real step sweeps of the embedded workload (README: "Reports, compar
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import polars as pl
 
-from ..model import InputError
-from .scalars import real_or_none, to_float
+from ..model import InputError, Result
+from .scalars import real_or_none, to_float, to_int
 from .tokens import base_expr, cycles, speculative, summary
 
 __all__ = ["MAX_STEPS", "Replay", "Model", "SegmentModel", "fit_segments", "run_alpha", "join_runs",
@@ -61,7 +61,7 @@ _MODEL_PHASES = ("draft", "verify", "draft_extend")
 MAX_STEPS = 10
 
 
-def _cycle_phases(res) -> pl.DataFrame:
+def _cycle_phases(res: Result) -> pl.DataFrame:
     """Per rank and cycle (``n``): each child phase's GPU span (``x_span_ns``) by base name, one row each."""
     c = cycles(res).filter((pl.col("kind") == "cycle") & pl.col("steady")).select(
         "rank", "n", parent="range_id", tokens="tokens",
@@ -159,7 +159,7 @@ def _median_by(df: pl.DataFrame, col: str, ok: pl.Expr, keys: list[str]) -> tupl
     return fine, coarse
 
 
-def _build_replay(res) -> Replay:
+def _build_replay(res: Result) -> Replay:
     """The :class:`Replay` of an analysed trace (its cycles, phase instances and key host calls)."""
     empty = Replay(np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64), {}, [], np.zeros(0))
     # Range ids are unique per report only (a merged result has several): qualified by rank here.
@@ -220,7 +220,7 @@ def _build_replay(res) -> Replay:
         items = items.join(fine, on=["rank", "key"], how="left").join(coarse, on="rank", how="left")
         items = items.with_columns(pl.coalesce(f"_{col}_1", f"_{col}_2", pl.lit(0.0)).alias(f"def_{col}"))
         obs = items.filter(ok)[col]
-        defaults[col[:-4]] = float(obs.median()) if obs.len() else 0.0
+        defaults[col[:-4]] = to_float(obs.median()) if obs.len() else 0.0
     items = items.with_columns(
         launch_latency=pl.when("host_bound").then("launch_latency_obs")
         .otherwise(pl.min_horizontal("def_launch_latency_obs", "launch_latency_obs")),
@@ -272,20 +272,20 @@ def _build_replay(res) -> Replay:
         has_unit=pl.col("unit").is_not_null(), pred=pl.col("pred_k").fill_null(-1), wait=pl.col("wait_k").fill_null(-1),
         w_ext=pl.col("wait_end") - pl.col("w_off"), nodes=pl.col("ops"), code=pl.col("code").fill_null(-1))
     n_w = win.height
-    k_max = int(long["k"].max()) + 1 if long.height else 0
+    k_max = to_int(long["k"].max()) + 1 if long.height else 0
     arrays = {}
     w_idx, k_idx = long["w"].to_numpy(), long["k"].to_numpy()
     for c in _ITEM_COLS:
-        col = long[c]
-        if col.dtype == pl.Boolean:
+        values = long[c]
+        if values.dtype == pl.Boolean:
             arr = np.zeros((n_w, k_max), bool)
-            arr[w_idx, k_idx] = col.fill_null(False).to_numpy()
+            arr[w_idx, k_idx] = values.fill_null(False).to_numpy()
         elif c in ("pred", "wait", "trans", "code"):
             arr = np.full((n_w, k_max), -1, np.int64)
-            arr[w_idx, k_idx] = col.to_numpy()
+            arr[w_idx, k_idx] = values.to_numpy()
         else:
             arr = np.full((n_w, k_max), np.nan)
-            arr[w_idx, k_idx] = col.cast(pl.Float64).to_numpy()
+            arr[w_idx, k_idx] = values.cast(pl.Float64).to_numpy()
         arrays[c] = arr
     n_items = long.group_by("w").agg(pl.len()).sort("w")["len"].to_numpy() if n_w else np.zeros(0, np.int64)
     done = win["cyc"].implode()
@@ -294,7 +294,7 @@ def _build_replay(res) -> Replay:
                   defaults)
 
 
-def _graph_launch_cost(res) -> tuple[float, int] | None:
+def _graph_launch_cost(res: Result) -> tuple[float, int] | None:
     """Node tracing's host cost per node of a graph launch and the smallest graph (nodes) of the trace: the
     slope of the median launch time of each node count (Theil–Sen over node counts), or None with fewer
     than two counts. Launches of that smallest graph are the reference: a larger graph's launch is assumed
@@ -570,7 +570,7 @@ class SegmentModel:
                 and best_any["steps"] != (best or {}).get("steps") else None}
 
 
-def fit_segments(res, steps_now: int | None = None, alpha: float | None = None,
+def fit_segments(res: Result, steps_now: int | None = None, alpha: float | None = None,
                  as_traced: bool = False) -> list[SegmentModel]:
     """One model per segment of the trace (:func:`analyze.compute.anatomy.segments`: the cycles of one decode batch
     size), each fitted on the segment's own steady cycles and moving from its typical period (the p50 of its cycles
@@ -621,13 +621,13 @@ def fit_segments(res, steps_now: int | None = None, alpha: float | None = None,
     return out
 
 
-def run_alpha(res, steps: int) -> float | None:
+def run_alpha(res: Result, steps: int) -> float | None:
     """The whole run's per-token acceptance α (from its accepted tokens per request per cycle), None unknown."""
     tk = summary(res, steps=steps)
     return solve_alpha(tk.accepted_per_request, steps) if tk.accepted_per_request is not None else None
 
 
-def join_runs(segments: list[SegmentModel], runs: Iterable[tuple[str, object]], alpha: float | None,
+def join_runs(segments: list[SegmentModel], runs: Iterable[tuple[str, Result]], alpha: float | None,
               as_traced: bool = False) -> list[str]:
     """Join each segment with the same batch size's models from runs of the same workload at other step counts
     (``runs``: each run's name and analysed Result; ``whatif --other-steps``), fitted with ``alpha``, this run's
@@ -678,12 +678,12 @@ def solve_alpha(accepted: float, steps: int) -> float:
     return (lo + hi) / 2
 
 
-def _steps_of(res, steps_now: int | None) -> int:
+def _steps_of(res: Result, steps_now: int | None) -> int:
     """The trace's draft step count (:func:`_steps_known`); InputError when unknown."""
     return _steps_known(res, steps_now)[0]
 
 
-def _steps_known(res, steps_now: int | None) -> tuple[int, str]:
+def _steps_known(res: Result, steps_now: int | None) -> tuple[int, str]:
     """The trace's draft step count and how it is known: the caller's, else the manifest's, else inferred from the
     draft phase's repeated structure (:func:`_draft_repeats`); InputError when none of them knows it."""
     if steps_now is not None:
@@ -705,7 +705,7 @@ def _steps_known(res, steps_now: int | None) -> tuple[int, str]:
                      "pass --steps-now N (Python: steps_now=N; the notebooks: SPECTRACE_STEPS=N)", "NO_STEPS")
 
 
-def _draft_repeats(res) -> tuple[int, int, int] | None:
+def _draft_repeats(res: Result) -> tuple[int, int, int] | None:
     """How many times the draft phase's GPU work repeats per instance: each draft step runs the draft model's
     forward once, so every kernel name of it runs a multiple of the step count times. Per kernel name seen in at
     least half the draft instances, its most common count per instance; the greatest common divisor of those.
@@ -714,7 +714,7 @@ def _draft_repeats(res) -> tuple[int, int, int] | None:
     import math
 
     inst = res.instances.filter(base_expr("range") == "draft").select("range_id")
-    if inst.height == 0 or res.kernels.height == 0:
+    if inst.height == 0 or res.kernels is None or res.kernels.height == 0:
         return None
     k = res.kernels.join(inst, on="range_id", how="semi")
     per = (k.group_by("name", "count").agg(n=pl.len()).sort("n", "count", descending=[True, False])
@@ -724,7 +724,7 @@ def _draft_repeats(res) -> tuple[int, int, int] | None:
     return (g, len(modal), inst.height) if g >= 2 else None
 
 
-def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = None,
+def fit(res: Result, steps_now: int | None = None, baseline: Result | None = None, alpha: float | None = None,
         as_traced: bool = False, period_ns: float | None = None) -> Model:
     """Fit the cost model on one analysed trace (``baseline``: an analysed decode_step trace, optional).
 
@@ -818,7 +818,7 @@ def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = 
     return m
 
 
-def _verify_prior(res) -> dict | None:
+def _verify_prior(res: Result) -> dict | None:
     """Verify's utilisation over the steady state of ``res`` (all ranks; :mod:`analyze.compute.utilisation`) when
     GPU-metrics samples measure it: ``bound, dram_read_pct, tensor_active_pct, samples``; else None.
 
@@ -865,7 +865,8 @@ def to_dict(m: Model, max_steps: int = MAX_STEPS) -> dict:
     }
 
 
-def validate(results: dict[int, object], baseline=None, as_traced: bool = True) -> pl.DataFrame:
+def validate(results: dict[int, Result | Sequence[Result]], baseline: Result | None = None,
+             as_traced: bool = True) -> pl.DataFrame:
     """Predicted vs measured cycle time: a model from each trace (steps → analysed Result, or a list of repeated
     runs' Results) predicts every step count.
 
@@ -874,7 +875,7 @@ def validate(results: dict[int, object], baseline=None, as_traced: bool = True) 
     they were ((max − min) / median), i.e. how much of an error is run-to-run noise. ``from_run`` numbers the
     runs of ``from_steps`` in the order given. ``as_traced`` (default): models keep the traces' own probe
     effect, so that like is compared with like."""
-    runs = {s: list(r) if isinstance(r, (list, tuple)) else [r] for s, r in results.items()}
+    runs = {s: [r] if isinstance(r, Result) else list(r) for s, r in results.items()}
     models = {s: [fit(r, s, baseline=baseline, as_traced=as_traced) for r in rs] for s, rs in runs.items()}
     measured = {}
     for s, rs in runs.items():

@@ -27,7 +27,7 @@ from ..compute import anatomy, findings, headline, utilisation, whatif
 from ..compute import compare as cmp
 from ..compute.scalars import real
 from ..compute.tokens import DEFINITION, cycle_order, selection, summary
-from ..model import InputError
+from ..model import InputError, Result
 from . import plots, terminal
 from .targets import FIGURES, PAGE_START, as_input_error, report_folder
 from .text import acceptance_text, best_text, display_names, probe_lines, ranked
@@ -93,7 +93,7 @@ def _p(text: str, cls: str = "note") -> str:
     return f'<p class="{cls}">{html.escape(text)}</p>'
 
 
-def _summary(res, steps_now) -> Section:
+def _summary(res: Result, steps_now) -> Section:
     t = res.trace
     tk = summary(res, steps=steps_now)
     bits = [f"nsys {t.nsys_version}", f"{res.ranks.height} rank(s)", f"CUDA graph trace: {t.graph_trace_mode or 'none'}",
@@ -115,7 +115,7 @@ def _summary(res, steps_now) -> Section:
     return Section("summary", "Steady state", "".join(body))
 
 
-def _budget(res, out: NewFolder) -> Section:
+def _budget(res: Result, out: NewFolder) -> Section:
     b = headline.budget(res)
     if b.height == 0:
         return Section("budget", "Cycle budget", _p("No steady cycles with a period: no cycle budget."))
@@ -164,7 +164,7 @@ _PHASE_HEADS = {f"{k}_{s}_ns": f"{k} µs/inst {s}" for k in ("span", "compute", 
                 for s in ("mean", "p50", "p90")}
 
 
-def _phases(res, out: NewFolder) -> Section:
+def _phases(res: Result, out: NewFolder) -> Section:
     body = [_p("Per instance over the steady state (µs per instance: mean, p50, p90); span = compute + comm + idle "
                "(means add up; percentiles do not)."),
             "<h3>All ranks</h3>", _table(headline.steady_phases_all_ranks(res).with_columns(_o=cycle_order()).sort("_o", "phase")
@@ -184,7 +184,7 @@ _UTIL_BARS = (("sm_active_pct", "SMs active", "#4c78a8"), ("sm_issue_pct", "SM i
               ("dram_write_pct", "DRAM write", "#eeca3b"))
 
 
-def utilisation_section(res) -> Section | None:
+def utilisation_section(res: Result) -> Section | None:
     """GPU utilisation per phase from nsys GPU-metrics samples (docs/gpu-metrics.md): one bar per metric, percent
     of peak, over the steady state and each batch size; None without samples. Self-contained (inline bars, no
     figure file)."""
@@ -226,7 +226,7 @@ def utilisation_section(res) -> Section | None:
                    _p(note) + f"<div class=\"tw\"><table><tr>{head}</tr>{''.join(body)}</table></div>")
 
 
-def _comm(res, out: NewFolder) -> Section | None:
+def _comm(res: Result, out: NewFolder) -> Section | None:
     mt = headline.matching(res)
     bad = mt.filter(~pl.col("trusted"))
     refused = set(bad["phase"].to_list())
@@ -264,7 +264,7 @@ def _comm(res, out: NewFolder) -> Section | None:
     return Section("communication", "Communication: transfer, waiting, stragglers", "".join(body))
 
 
-def _stragglers(res, st: pl.DataFrame) -> pl.DataFrame:
+def _stragglers(res: Result, st: pl.DataFrame) -> pl.DataFrame:
     """One row per phase: its straggler (:func:`headline.straggler_verdict`) and the wait it costs the others."""
     v = headline.straggler_verdict(res).select("phase", straggler=pl.col("rank").cast(pl.String), wait_share="wait_share",
                                                per_cycle_ns="per_cycle_ns")
@@ -274,7 +274,7 @@ def _stragglers(res, st: pl.DataFrame) -> pl.DataFrame:
             .sort("_o", "phase").select("phase", "collectives", "straggler", "wait_share", "per_cycle_ns"))
 
 
-def _classes(res) -> Section | None:
+def _classes(res: Result) -> Section | None:
     """The slower cycles: the classes that recur (kept in the steady state) and the rare stalls (left out)."""
     cl = anatomy.cycle_classes(res)
     if not cl:
@@ -296,7 +296,7 @@ def _classes(res) -> Section | None:
     return Section("classes", "Slower cycles", body)
 
 
-def _segments(res) -> Section | None:
+def _segments(res: Result) -> Section | None:
     """Per decode batch size: cycles, period p50/p90/mean, prefills, the biggest pieces of its mean cycle."""
     seg = anatomy.segments(res)
     if len(seg) < 2:
@@ -313,7 +313,7 @@ def _segments(res) -> Section | None:
                                       "period_mean_ns": "mean µs"}))
 
 
-def _seams(res, out: NewFolder) -> Section:
+def _seams(res: Result, out: NewFolder) -> Section:
     sa = headline.steady_seams_all_ranks(res)
     body = [_p("GPU idle between consecutive ranges (last op of one → first op of the next), steady state, all ranks.")]
     if sa.height:
@@ -337,7 +337,7 @@ _SEAM_HEADS = {"idle_mean_ns": "idle µs/inst mean", "idle_p50_ns": "idle µs/in
                "host_late_ns": "host late µs/inst mean", "bound": "bound (instances)"}
 
 
-def _parents(res) -> Section:
+def _parents(res: Result) -> Section:
     parents = headline.steady_seams_all_ranks(res)
     names = parents["parent"].drop_nulls().unique() if parents.height else pl.Series([], dtype=pl.String)
     pr = headline.ranges(res)
@@ -360,7 +360,7 @@ def _parents(res) -> Section:
     return Section("parents", "Parent ranges and coverage", "".join(body))
 
 
-def _kernels(res) -> Section:
+def _kernels(res: Result) -> Section:
     k = headline.kernels(res, 5)
     if k.height == 0:
         return Section("kernels", "Top GPU operations", _p("No GPU operations in phases."))
@@ -373,7 +373,7 @@ def _kernels(res) -> Section:
                              "share": "% of phase"}))
 
 
-def _whatif(res, out: NewFolder, model, max_steps: int = whatif.MAX_STEPS) -> Section:
+def _whatif(res: Result, out: NewFolder, model: whatif.Model | InputError, max_steps: int = whatif.MAX_STEPS) -> Section:
     """The what-if model as prose and tables (what ``spectrace whatif`` prints), and its figure."""
     if isinstance(model, InputError):
         return Section("whatif", "What if: draft steps", _p(f"No what-if model: {model}"))
@@ -465,7 +465,7 @@ def _comparison(doc: cmp.Comparison, out: NewFolder) -> Section:
     return Section("compare", "Compared with " + Path(str(doc.a).split(",")[0]).name, "".join(body))
 
 
-def _whole_run(res) -> Section:
+def _whole_run(res: Result) -> Section:
     body = [_p("Every captured instance, warm-up and stalls included: these sums equal nsys stats' projections."),
             _table(res.phases_all.select("ranks", "phase", "instances", "span_ns", "compute_ns", "comm_ns", "idle_ns",
                                          (pl.col("span_ns") / pl.col("instances")).alias("span_mean_ns")),
@@ -479,7 +479,7 @@ def _whole_run(res) -> Section:
     return Section("whole-run", "Whole run", "".join(body))
 
 
-def write_page(res, out: str | Path, vs=None, steps_now: int | None = None,
+def write_page(res: Result, out: str | Path, vs: Result | None = None, steps_now: int | None = None,
                extra: list[Section] | tuple = (), force: bool = False, inputs=None, baseline=None) -> Path:
     """Write ``out/index.html`` for an analysed trace (and an analysed run ``vs`` to compare with: A = ``vs``,
     B = ``res``; ``baseline`` is its old name); returns the page.
@@ -495,7 +495,7 @@ def write_page(res, out: str | Path, vs=None, steps_now: int | None = None,
     return Path(out) / "index.html"
 
 
-def _write_page(res, out: NewFolder, vs, steps_now: int | None, extra) -> None:
+def _write_page(res: Result, out: NewFolder, vs: Result | None, steps_now: int | None, extra) -> None:
     name = ", ".join(Path(p).name for p in res.reports) or Path(res.trace.path).name
     model: whatif.Model | InputError  # the error is shown in the what-if section
     try:  # vs is a run to compare with, not whatif's no-speculation baseline: one model per batch size

@@ -27,6 +27,8 @@ from ..compute import headline
 from ..compute.compare import Comparison
 from ..compute.scalars import to_float, to_int
 from ..compute.tokens import base_expr, cycles
+from ..compute.whatif import Model
+from ..model import Result
 from . import terminal
 
 __all__ = ["InlineFigure", "phase_bars", "rank_heatmap", "budget", "timeline", "distributions", "per_cycle",
@@ -113,7 +115,7 @@ def _small_multiples(p: pl.DataFrame, stacks: list[tuple[str, str, str | None, s
     return fig
 
 
-def phase_bars(res) -> Figure:
+def phase_bars(res: Result) -> Figure:
     """Small multiples, one panel per phase: per rank, µs per instance (steady-state mean) stacked compute (phase
     colour), communication, idle; a tick at the median span. Legible at any number of ranks."""
     p = _leaf_phases(headline.steady_phases(res)).with_columns(
@@ -126,7 +128,7 @@ def phase_bars(res) -> Figure:
                             "µs per instance", marker="span_p50")
 
 
-def rank_heatmap(res) -> Figure | None:
+def rank_heatmap(res: Result) -> Figure | None:
     """Rank × phase: median span per instance, coloured by how far above the fastest rank (stragglers stand out).
     None with one rank."""
     p = _leaf_phases(headline.steady_phases(res))
@@ -157,7 +159,7 @@ def rank_heatmap(res) -> Figure | None:
     return fig
 
 
-def budget(res) -> Figure:
+def budget(res: Result) -> Figure:
     """The cycle budget: one horizontal bar per rank, the mean steady cycle cut into phases, seams and the gap
     between cycles (µs; labels give % of the cycle)."""
     b = headline.budget(res)
@@ -197,7 +199,7 @@ def budget(res) -> Figure:
     return fig
 
 
-def timeline(res, cycles_shown: int = 3, first: int | None = None) -> Figure:
+def timeline(res: Result, cycles_shown: int = 3, first: int | None = None) -> Figure:
     """A few cycles on the GPU clock: one lane per rank; phase spans, seams, and the GPU ops below them.
 
     ``first``: the first cycle (0-based, rank 0's order); default: the middle of the steady state.
@@ -248,7 +250,7 @@ def timeline(res, cycles_shown: int = 3, first: int | None = None) -> Figure:
     return fig
 
 
-def distributions(res) -> Figure:
+def distributions(res: Result) -> Figure:
     """Left: idle time inside each phase instance; right: GPU idle in each seam (transition), µs, boxplots over
     the steady-state instances of all ranks (symlog axes starting at 0)."""
     fig = _figure(12, 4.4)
@@ -286,7 +288,7 @@ def distributions(res) -> Figure:
     return fig
 
 
-def per_cycle(res) -> Figure:
+def per_cycle(res: Result) -> Figure:
     """Each phase's GPU span per cycle over the run (mean over ranks), and the cycle period per rank; the cycles
     left out of the steady state shaded (warm-up grey, stalls red)."""
     fig = _figure(12, 6.5)
@@ -343,7 +345,7 @@ def comm_split(phases: pl.DataFrame) -> Figure | None:
                             "µs per instance (matched collectives' kernel time)")
 
 
-def whatif_curve(model, max_steps: int = 10) -> Figure:
+def whatif_curve(model: Model, max_steps: int = 10) -> Figure:
     """Predicted cycle time (stacked: draft, verify, draft_extend, the seams between them, other) and tokens/s
     against the number of draft steps; the bars add up to the predicted cycle."""
     preds = pl.DataFrame(model.predictions(max_steps))
@@ -381,7 +383,7 @@ _UTIL_METRICS = (("sm_active_pct", "SMs active", "#4c78a8"), ("sm_issue_pct", "S
                  ("dram_write_pct", "DRAM write", "#eeca3b"))
 
 
-def utilisation_bars(res) -> Figure | None:
+def utilisation_bars(res: Result) -> Figure | None:
     """GPU utilisation per phase (nsys GPU-metrics samples, :mod:`analyze.compute.utilisation`): per phase and
     scope (steady state, each batch size), all ranks, one bar per metric in percent of peak; phases too short for
     the sampling period are left out. None without samples."""
