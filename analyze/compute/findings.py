@@ -52,11 +52,11 @@ class RuleContext:
     phases: pl.DataFrame  # per rank, steady
     seams: pl.DataFrame  # seam instances, steady, with launch timing
     stragglers: pl.DataFrame
-    info: dict
+    info: dict  # tokens.selection: which cycles are the steady state, and why
     model: Model | None  # the what-if model, when it could be fitted
     cycles: pl.DataFrame  # rank, ncyc: steady cycles per rank
-    untrusted: set  # phases whose matched collectives do not end together: no straggler or wait findings
-    classes: list = field(default_factory=list)  # anatomy.CycleClass: the slower cycles that recur, and rare stalls
+    untrusted: set[str]  # phases whose matched collectives do not end together: no straggler or wait findings
+    classes: list[anatomy.CycleClass] = field(default_factory=list)  # the slower cycles that recur, rare stalls
 
 
 @dataclass(frozen=True)

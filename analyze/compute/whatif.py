@@ -340,8 +340,10 @@ class Model:
     verify_prior: dict | None = None  # with "gpu_metrics": verify's utilisation row the prior was taken from
     steps_source: str = "given"  # how steps_now is known (_steps_known): given, the manifest's, or inferred
     alpha_given: bool = False  # alpha is the caller's (--acceptance), not measured
-    segments: list = field(default_factory=list)  # SegmentModel per batch size (fit_segments), when several
-    _runs: dict = field(default_factory=dict, repr=False, compare=False)
+    segments: list[SegmentModel] = field(default_factory=list)  # one per batch size (fit_segments), when several
+    # Replay.run's arrays per (phase deltas, launch cut): predict, cycle and seams ask for the same replay
+    _runs: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False,
+                                                                         compare=False)
 
     @property
     def _cut(self) -> tuple[float, int]:
