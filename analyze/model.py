@@ -184,7 +184,7 @@ class Result:
     window: Any = field(default=None, repr=False)  # reads ops by time window: analyze.read.source.OpsWindow
     kernels: pl.DataFrame | None = None
     cycle_choice: dict[str, Any] = field(default_factory=dict)
-    memo: dict[str, Any] = field(default_factory=dict, repr=False)
+    memo: dict[str | tuple[str, ...], Any] = field(default_factory=dict, repr=False)
     # The key CUDA API calls of each rank (analyze.compute.host.CALL_SCHEMA): what the what-if replays.
     host_calls: pl.DataFrame | None = field(default=None, repr=False)
     # With a graph-level timing pass (analyze.compute.probe): what node-level tracing cost.

@@ -12,14 +12,19 @@ from __future__ import annotations
 
 import polars as pl
 
+from .scalars import to_int
+
+__all__ = ["ONE_CLOCK", "session_offsets", "shift", "end_skew", "end_spread"]
+
 ONE_CLOCK = "one report: all processes share the nsys session clock (no alignment needed)"
 
 
 def session_offsets(utc: list[int | None]) -> list[int] | None:
     """Per report, ns to add to its timestamps to put it on report 0's clock; None if any utcEpochNs is missing."""
-    if any(u is None for u in utc):
+    known = [u for u in utc if u is not None]
+    if len(known) < len(utc):
         return None
-    return [int(u) - int(utc[0]) for u in utc]
+    return [int(u) - int(known[0]) for u in known]
 
 
 def shift(df: pl.DataFrame, offsets: pl.DataFrame, cols: tuple[str, ...] = ("start", "end")) -> pl.DataFrame:
@@ -48,7 +53,7 @@ def end_spread(matched: pl.DataFrame, key: list[str]) -> dict[str, int | None]:
     if s.len() == 0:
         return {"end_spread_p50_ns": None, "end_spread_p99_ns": None, "end_spread_max_ns": None}
     return {
-        "end_spread_p50_ns": int(s.quantile(0.5, "nearest")),
-        "end_spread_p99_ns": int(s.quantile(0.99, "nearest")),
-        "end_spread_max_ns": int(s.max()),
+        "end_spread_p50_ns": to_int(s.quantile(0.5, "nearest")),
+        "end_spread_p99_ns": to_int(s.quantile(0.99, "nearest")),
+        "end_spread_max_ns": to_int(s.max()),
     }

@@ -24,12 +24,16 @@ from dataclasses import asdict, dataclass, field
 
 import polars as pl
 
+from ..model import Result
 from . import collectives, headline
+from .scalars import to_float, to_int
 from .steady import class_label
 from .tokens import selection
 
-GROW = 0.5  # a piece that grew by this share of a class's extra time holds it
-SHOWN = 0.1  # pieces that grew by less than this share of the extra time are not listed
+__all__ = ["CycleClass", "cycle_classes", "Segment", "segments"]
+
+_GROW = 0.5  # a piece that grew by this share of a class's extra time holds it
+_SHOWN = 0.1  # pieces that grew by less than this share of the extra time are not listed
 
 
 @dataclass
@@ -62,12 +66,12 @@ class CycleClass:
         return asdict(self)
 
 
-def cycle_classes(res) -> list[CycleClass]:
+def cycle_classes(res: Result) -> list[CycleClass]:
     """The classes of slower cycles with their anatomy (module docstring), the recurring ones first."""
-    return headline._memo(res, "cycle_classes", lambda: _classes(res))
+    return headline.memoised(res, "cycle_classes", lambda: _classes(res))
 
 
-def _classes(res) -> list[CycleClass]:
+def _classes(res: Result) -> list[CycleClass]:
     info = selection(res)
     c = headline.main_cycles(res)
     if c.height == 0 or not info.get("classes") and not info.get("stalls"):
@@ -90,7 +94,7 @@ def _classes(res) -> list[CycleClass]:
     return out
 
 
-def _deltas(res, members: pl.DataFrame, typical: pl.DataFrame) -> pl.DataFrame:
+def _deltas(res: Result, members: pl.DataFrame, typical: pl.DataFrame) -> pl.DataFrame:
     """Per rank and budget piece: the mean over the class's cycles, the mean over typical cycles of the same
     segments (weighted as the class's cycles fall in them), and the difference (prefill pieces left out: a
     class's extra time is over its cycles' periods without their prefill). One pass over the pieces, joined on
@@ -130,7 +134,7 @@ def _deltas(res, members: pl.DataFrame, typical: pl.DataFrame) -> pl.DataFrame:
             .sort("rank", "order", "segment"))
 
 
-def _anatomy(res, cl: dict, members: pl.DataFrame, typical: pl.DataFrame, steady_n: int) -> CycleClass:
+def _anatomy(res: Result, cl: dict, members: pl.DataFrame, typical: pl.DataFrame, steady_n: int) -> CycleClass:
     keys = members.select("key").unique().sort("key")["key"].to_list()
     extra, typical_ns = float(cl.get("extra_ns") or 0.0), float(cl.get("typical_ns") or 0.0)
     d = _deltas(res, members, typical)
@@ -143,7 +147,7 @@ def _anatomy(res, cl: dict, members: pl.DataFrame, typical: pl.DataFrame, steady
                      per_cycle_ns=extra * len(keys) / steady_n if kept else 0.0,
                      rank=None, phase=None, piece=None)
     floor = max(abs(extra), 1.0)
-    out.pieces = (d.filter(pl.col("delta_ns").abs() >= SHOWN * floor)
+    out.pieces = (d.filter(pl.col("delta_ns").abs() >= _SHOWN * floor)
                   .select("rank", "segment", "kind", "class_ns", "typical_ns", "delta_ns").to_dicts())
     # The piece that holds most of it (mean over ranks), and the rank where it sits most.
     by_piece = d.group_by("segment", "kind").agg(pl.col("delta_ns").mean()).sort("delta_ns", descending=True)
@@ -153,19 +157,19 @@ def _anatomy(res, cl: dict, members: pl.DataFrame, typical: pl.DataFrame, steady
     if out.rank is None and len(ranks) > 1:
         tot = d.filter(pl.col("delta_ns") > 0).group_by("rank").agg(pl.col("delta_ns").sum()).sort(
             "delta_ns", "rank", descending=[True, False])
-        if tot.height and (tot.height == 1 or tot["delta_ns"][1] < GROW * tot["delta_ns"][0]):
+        if tot.height and (tot.height == 1 or tot["delta_ns"][1] < _GROW * tot["delta_ns"][0]):
             out.rank = int(tot["rank"][0])
     elif out.rank is None:
         out.rank = ranks[0] if ranks else None
     if out.phase is None:
         top = by_piece.filter(pl.col("kind") == "phase")
-        if top.height and top["delta_ns"][0] >= GROW * floor:
+        if top.height and top["delta_ns"][0] >= _GROW * floor:
             out.phase = top["segment"][0]
-    out.text = describe(out)
+    out.text = _describe(out)
     return out
 
 
-def _late_rank(res, out: CycleClass, d: pl.DataFrame, members: pl.DataFrame, ranks: list, extra: float) -> None:
+def _late_rank(res: Result, out: CycleClass, d: pl.DataFrame, members: pl.DataFrame, ranks: list, extra: float) -> None:
     """Set the late rank, the phase the others wait in and the waiting ranks (module docstring): the phase is
     the one whose span grew most on some rank; its matched collectives in these cycles, when it has any, name the
     rank that caused the waiting, else the rank whose pieces before the phase grew while the phase did not."""
@@ -176,15 +180,15 @@ def _late_rank(res, out: CycleClass, d: pl.DataFrame, members: pl.DataFrame, ran
         return
     grow = ph.group_by("segment").agg(pl.col("delta_ns").max(), order=pl.col("order").mean()).sort(
         "delta_ns", descending=True)
-    if grow["delta_ns"][0] < GROW * extra:
+    if grow["delta_ns"][0] < _GROW * extra:
         return
     phase, order = grow["segment"][0], grow["order"][0]
     mine = ph.filter(pl.col("segment") == phase)
-    waiting = sorted(mine.filter(pl.col("delta_ns") >= GROW * extra)["rank"].to_list())
+    waiting = sorted(mine.filter(pl.col("delta_ns") >= _GROW * extra)["rank"].to_list())
     before = (d.filter(pl.col("order") < order).group_by("rank").agg(pre=pl.col("delta_ns").sum())
               .join(mine.select("rank", "delta_ns"), on="rank", how="left"))
     cand = before.filter(~pl.col("rank").is_in(waiting)).sort("pre", "rank", descending=[True, False])
-    late = int(cand["rank"][0]) if cand.height and cand["pre"][0] >= GROW * extra else None
+    late = int(cand["rank"][0]) if cand.height and cand["pre"][0] >= _GROW * extra else None
     evidence = "budget"
     st = _class_stragglers(res, members, phase)
     if st is not None:
@@ -198,10 +202,10 @@ def _late_rank(res, out: CycleClass, d: pl.DataFrame, members: pl.DataFrame, ran
     out.rank, out.phase, out.waiting_ranks, out.evidence = late, phase, waiting, evidence
     out.late_ns = float(pre[0]) if pre.len() else None
     w = mine.filter(pl.col("rank").is_in(waiting))["delta_ns"]
-    out.wait_ns = float(w.mean()) if w.len() else None
+    out.wait_ns = to_float(w.mean()) if w.len() else None
 
 
-def _class_stragglers(res, members: pl.DataFrame, phase: str) -> pl.DataFrame | None:
+def _class_stragglers(res: Result, members: pl.DataFrame, phase: str) -> pl.DataFrame | None:
     """:func:`collectives.stragglers` over the matched collectives of ``phase`` in the class's cycles (None without
     any, or when the phase's collectives do not end together)."""
     if phase in headline.matching(res).filter(~pl.col("trusted"))["phase"].to_list():
@@ -225,7 +229,7 @@ def _keys(keys: list[int], n: int) -> str:
     return ", ".join(str(k) for k in keys[:5]) + (" …" if n > 5 else "")
 
 
-def describe(c: CycleClass) -> str:
+def _describe(c: CycleClass) -> str:
     """One sentence: which cycles, how much slower, where, and who was late (when one rank was)."""
     head = f"{c.label}: {c.affected} cycle{'s' if c.affected != 1 else ''} ({_keys(c.keys, c.affected)}) " \
            f"+{_us(c.extra_ns)} each"
@@ -263,12 +267,12 @@ class Segment:
         return asdict(self)
 
 
-def segments(res) -> list[Segment]:
+def segments(res: Result) -> list[Segment]:
     """The run cut into segments of one batch size (module docstring); none when the payload has no batch size."""
-    return headline._memo(res, "segments", lambda: _segments(res))
+    return headline.memoised(res, "segments", lambda: _segments(res))
 
 
-def _segments(res) -> list[Segment]:
+def _segments(res: Result) -> list[Segment]:
     info = selection(res)
     if not info.get("segments"):
         return []
@@ -286,9 +290,9 @@ def _segments(res) -> list[Segment]:
         out.append(Segment(
             segment=sg["segment"], key=sg["key"] or "all",
             batch_size=sg["batch_size"], first_cycle=sg["first_key"], last_cycle=sg["last_key"], cycles=st.height,
-            prefills=int(mine.group_by("rank").agg(pl.col("prefills").sum())["prefills"].max() or 0),
-            period_p50_ns=float(p.median()) if p.len() else None,
-            period_p90_ns=float(p.quantile(0.9, "nearest")) if p.len() else None,
-            period_mean_ns=float(p.mean()) if p.len() else None,
+            prefills=to_int(mine.group_by("rank").agg(pl.col("prefills").sum())["prefills"].max() or 0),
+            period_p50_ns=to_float(p.median()) if p.len() else None,
+            period_p90_ns=to_float(p.quantile(0.9, "nearest")) if p.len() else None,
+            period_mean_ns=to_float(p.mean()) if p.len() else None,
             budget=b.select("segment", "kind", "ns", "share").to_dicts()))
     return out

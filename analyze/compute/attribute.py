@@ -15,8 +15,11 @@ import polars as pl
 from nvtx_hooks import phases as ph
 
 from .regex import check_regex
+from .scalars import to_int
 
-CYCLE_RANGE = r"(^|[.:/ ])(cycle|decode_step)$"  # the cycle ranges (analyze.compute.tokens.CYCLE_NAMES), any prefix
+__all__ = ["select_ranges", "nest", "timeline", "innermost", "ancestors", "launching_calls", "join_calls"]
+
+_CYCLE_RANGE = r"(^|[.:/ ])(cycle|decode_step)$"  # the cycle ranges (analyze.compute.tokens.CYCLE_NAMES), any prefix
 
 
 def select_ranges(ranges: pl.DataFrame, regex: str | None) -> tuple[pl.DataFrame, str]:
@@ -35,7 +38,7 @@ def select_ranges(ranges: pl.DataFrame, regex: str | None) -> tuple[pl.DataFrame
         how = f"ranges matching {regex!r}"
         # The cycle ranges (cycle, decode_step, any prefix) stay selected whatever the regex chose: they say which
         # cycle each phase belongs to (steady state, budget, cross-rank pairing, findings).
-        cyc = usable.filter(~chosen & pl.col("range").str.contains(CYCLE_RANGE)
+        cyc = usable.filter(~chosen & pl.col("range").str.contains(_CYCLE_RANGE)
                             & pl.col("pid").is_in(sel["pid"].unique().implode()))
         if sel.height and cyc.height:
             names = ", ".join(repr(n) for n in sorted(cyc["range"].unique().to_list()))
@@ -109,7 +112,7 @@ def ancestors(nested: pl.DataFrame) -> pl.DataFrame:
     par = nested.select(pl.col("range_id").alias("anc"), pl.col("parent").alias("_up"))
     level = nested.select(range_id="range_id", anc="range_id")
     out = [level]
-    for _ in range(int(nested["depth"].max() or 0)):
+    for _ in range(to_int(nested["depth"].max() or 0)):
         level = level.join(par, on="anc").select("range_id", anc="_up").drop_nulls("anc")
         if level.height == 0:
             break
@@ -140,7 +143,7 @@ def launching_calls(ops: pl.DataFrame, api: pl.DataFrame, nested: pl.DataFrame,
 
 def _one_pid(*frames: pl.DataFrame) -> bool:
     """Whether the rows of all ``frames`` have at most one distinct process id (null counting as one)."""
-    vals = set()
+    vals: set[object] = set()
     for f in frames:
         col = f["pid"]
         if col.null_count():
@@ -157,6 +160,6 @@ def join_calls(ops: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
     return ops.join(calls, on=["pid", "corr"], how="left")
 
 
-def attribute_ops(ops: pl.DataFrame, api: pl.DataFrame, nested: pl.DataFrame) -> pl.DataFrame:
+def _attribute_ops(ops: pl.DataFrame, api: pl.DataFrame, nested: pl.DataFrame) -> pl.DataFrame:
     """GPU ops with their launching call's thread (``gtid``), ``api_name_id`` and range ``range_id``."""
     return join_calls(ops, launching_calls(ops, api, nested))

@@ -34,9 +34,14 @@ import polars as pl
 
 from ..model import CommResult, Diagnostic
 from . import align, windows
+from .scalars import to_int, whole
 
-GROUP = ["domain", "phase", "k", "name"]
-KEY = [*GROUP, "j"]
+__all__ = ["SPLIT", "comm_kernels", "usable", "with_group_ids", "match", "per_collective", "stragglers",
+           "STRAGGLER_FLOOR", "verdict", "phase_split", "with_split", "refused", "short_name",
+           "phase_comm_split", "cross_rank", "within"]
+
+_GROUP = ["domain", "phase", "k", "name"]
+_KEY = [*_GROUP, "j"]
 SPLIT = ("comm_wait_ns", "comm_transfer_ns")  # the columns ``spectrace analyze`` gains per phase
 
 
@@ -58,7 +63,7 @@ def comm_kernels(ops: pl.DataFrame, instances: pl.DataFrame) -> pl.DataFrame:
         c = windows.ordinal(c, "range_id", "name", "j", by=(), keep_order=True)
     else:
         c = c.with_columns(j=pl.int_range(pl.len(), dtype=pl.Int64).over("rank", "range_id", "name"))
-    return c.with_columns(k=pl.lit(None, pl.Int64)).select("rank", *KEY, "range_id", "corr", "comm", "start", "end")
+    return c.with_columns(k=pl.lit(None, pl.Int64)).select("rank", *_KEY, "range_id", "corr", "comm", "start", "end")
 
 
 def usable(kernels: pl.DataFrame) -> pl.DataFrame:
@@ -79,7 +84,7 @@ def with_group_ids(kernels: pl.DataFrame) -> pl.DataFrame:
     dp = kernels.select("domain", "phase").unique(maintain_order=True).with_row_index("_p")
     names = kernels.select("name").unique(maintain_order=True).with_row_index("_n")
     c = kernels.join(dp, on=["domain", "phase"], how="left", nulls_equal=True).join(names, on="name", how="left")
-    bits = [int(x).bit_length() for x in (dp.height, c["k"].max() + 1, names.height)]
+    bits = [int(x).bit_length() for x in (dp.height, whole(c["k"].max()) + 1, names.height)]
     if sum(bits) <= 62:
         g = (pl.col("_p").cast(pl.Int64) * 2 ** (bits[1] + bits[2]) + (pl.col("k") + 1) * 2 ** bits[2]
              + pl.col("_n").cast(pl.Int64))
@@ -88,15 +93,15 @@ def with_group_ids(kernels: pl.DataFrame) -> pl.DataFrame:
     return c.join(ids, on=["_p", "k", "_n"], how="left").drop("_p", "_n")
 
 
-def group_counts(kernels: pl.DataFrame) -> pl.DataFrame:
+def _group_counts(kernels: pl.DataFrame) -> pl.DataFrame:
     """Per group ``(domain, phase, k, name)``: kernels per rank, where it starts, and whether it matches."""
     participants = kernels["rank"].n_unique()
-    per = kernels.group_by("_g", "rank").agg(*[pl.col(c).first() for c in GROUP], n=pl.len(),
+    per = kernels.group_by("_g", "rank").agg(*[pl.col(c).first() for c in _GROUP], n=pl.len(),
                                                first=pl.col("start").min())
     return (
         per.group_by("_g")
         .agg(
-            *[pl.col(c).first() for c in GROUP],
+            *[pl.col(c).first() for c in _GROUP],
             ranks=pl.len(),
             n_min=pl.col("n").min(),
             n_max=pl.col("n").max(),
@@ -111,10 +116,10 @@ def group_counts(kernels: pl.DataFrame) -> pl.DataFrame:
 def match(kernels: pl.DataFrame, counts: pl.DataFrame | None = None, ordered: bool = True) -> pl.DataFrame:
     """One row per (matched collective, rank): last arrival, skew, wait, transfer, straggler flag.
 
-    ``kernels`` carry group ids (:func:`with_group_ids`); ``counts`` is :func:`group_counts` of
+    ``kernels`` carry group ids (:func:`with_group_ids`); ``counts`` is :func:`_group_counts` of
     them if already computed. ``ordered``: rows by first arrival, then rank.
     """
-    counts = group_counts(kernels) if counts is None else counts
+    counts = _group_counts(kernels) if counts is None else counts
     m = kernels.filter(pl.col("_g").is_in(counts.filter("matched")["_g"].implode()))
     # Each collective's rows contiguous, by arrival: first, last and second-latest arrivals are
     # read off its first and last rows (no window per collective).
@@ -146,9 +151,9 @@ def match(kernels: pl.DataFrame, counts: pl.DataFrame | None = None, ordered: bo
 
 def _bits(s: pl.Series) -> int | None:
     """Bits that hold every value of an integer column, or None when it has nulls or negative values."""
-    if s.null_count() or (s.len() and s.min() < 0):
+    if s.null_count() or (s.len() and whole(s.min()) < 0):
         return None
-    return int(s.max() or 0).bit_length()
+    return to_int(s.max() or 0).bit_length()
 
 
 def _sorted_by_collective(m: pl.DataFrame) -> pl.DataFrame:
@@ -156,27 +161,27 @@ def _sorted_by_collective(m: pl.DataFrame) -> pl.DataFrame:
     columns compares them one by one), on the four columns otherwise."""
     if m.height == 0:
         return m
-    s0 = int(m["start"].min())
-    bits = [_bits(m["_g"]), _bits(m["j"]), _bits(m["start"] - s0), _bits(m["rank"])]
-    if None in bits or bits[0] + bits[1] > 62 or bits[2] + bits[3] > 62:
+    s0 = to_int(m["start"].min())
+    g, j, start, rank = _bits(m["_g"]), _bits(m["j"]), _bits(m["start"] - s0), _bits(m["rank"])
+    if g is None or j is None or start is None or rank is None or g + j > 62 or start + rank > 62:
         return m.sort("_g", "j", "start", "rank")
-    return (m.with_columns(_k1=pl.col("_g") * 2 ** bits[1] + pl.col("j"),
-                           _k2=(pl.col("start") - s0) * 2 ** bits[3] + pl.col("rank"))
+    return (m.with_columns(_k1=pl.col("_g") * 2 ** j + pl.col("j"),
+                           _k2=(pl.col("start") - s0) * 2 ** rank + pl.col("rank"))
             .sort("_k1", "_k2").drop("_k1", "_k2"))
 
 
 def per_collective(matched: pl.DataFrame) -> pl.DataFrame:
     """One row per matched collective: its straggler rank (null on a tie) and delay, start spread, end spread."""
-    bits = [_bits(matched["_g"]), _bits(matched["j"])]
-    if None in bits or sum(bits) > 62:
+    g, j = _bits(matched["_g"]), _bits(matched["j"])
+    if g is None or j is None or g + j > 62:
         by, ids = [pl.col("_g"), pl.col("j")], []
     else:  # one integer per collective: a one-key group-by
-        by, ids = [(pl.col("_g") * 2 ** bits[1] + pl.col("j")).alias("_c")], [pl.col("_g", "j").first()]
+        by, ids = [(pl.col("_g") * 2 ** j + pl.col("j")).alias("_c")], [pl.col("_g", "j").first()]
     return (
         matched.group_by(*by)
         .agg(
             *ids,
-            *[pl.col(c).first() for c in GROUP],
+            *[pl.col(c).first() for c in _GROUP],
             ranks=pl.len(),
             first_arrival=pl.col("first_arrival").first(),
             last_arrival=pl.col("last").first(),
@@ -188,7 +193,7 @@ def per_collective(matched: pl.DataFrame) -> pl.DataFrame:
         )
         .with_columns(start_spread_ns=pl.col("last_arrival") - pl.col("first_arrival"), name=pl.col("name").cast(pl.String))
         .sort("first_arrival", "_g", "j")
-        .select(*KEY, pl.exclude(*KEY, "_g", "_c"))
+        .select(*_KEY, pl.exclude(*_KEY, "_g", "_c"))
     )
 
 
@@ -204,7 +209,7 @@ def _refused_flag(df: pl.DataFrame, refused_phases: pl.DataFrame | None) -> pl.D
     return df.join(r, on=["domain", "phase"], how="left", nulls_equal=True).with_columns(pl.col("_ref").fill_null(False))
 
 
-def summary(matched: pl.DataFrame, refused_phases: pl.DataFrame | None = None) -> pl.DataFrame:
+def _summary(matched: pl.DataFrame, refused_phases: pl.DataFrame | None = None) -> pl.DataFrame:
     """Per rank, phase and kernel name: count, duration, wait, transfer, p50/p99 arrival skew.
 
     In a phase of ``refused_phases`` (:func:`refused`) wait, transfer, skew and last arrivals are null.
@@ -277,25 +282,25 @@ def stragglers(matched: pl.DataFrame, refused_phases: pl.DataFrame | None = None
     )
 
 
-STRAGGLER_WAIT_SHARE = 0.5  # a rank that caused this share of a phase's collective waiting is its straggler
+_STRAGGLER_WAIT_SHARE = 0.5  # a rank that caused this share of a phase's collective waiting is its straggler
 STRAGGLER_FLOOR = 0.01  # ... when that waiting is at least this share of the cycle period, per cycle
 
 
 def verdict(st: pl.DataFrame) -> pl.DataFrame:
     """The straggler of each phase from :func:`stragglers` rows: the rank that caused most of the waiting, when it
-    caused at least :data:`STRAGGLER_WAIT_SHARE` of it (one row per phase at most; phases outside any range
+    caused at least :data:`_STRAGGLER_WAIT_SHARE` of it (one row per phase at most; phases outside any range
     have none). Every verb names the straggler through this."""
     if st.height == 0:
         return st
     return (st.filter(pl.col("phase").is_not_null() & (pl.col("caused_wait_ns") > 0)
-                      & (pl.col("wait_share") >= STRAGGLER_WAIT_SHARE))
+                      & (pl.col("wait_share") >= _STRAGGLER_WAIT_SHARE))
             .sort("phase", "caused_wait_ns", "rank", descending=[False, True, False])
             .group_by("domain", "phase", maintain_order=True).head(1))
 
 
-def mismatches(kernels: pl.DataFrame, counts: pl.DataFrame | None = None) -> pl.DataFrame:
+def _mismatches(kernels: pl.DataFrame, counts: pl.DataFrame | None = None) -> pl.DataFrame:
     """Groups whose kernel counts differ across ranks, in order of their first kernel."""
-    g = (group_counts(kernels) if counts is None else counts).filter(~pl.col("matched"))
+    g = (_group_counts(kernels) if counts is None else counts).filter(~pl.col("matched"))
     return g.with_columns(phase=pl.when(pl.col("k") >= 0).then("phase"), name=pl.col("name").cast(pl.String)).select(
         "domain", "phase", "k", "name", "first", "counts"
     )
@@ -352,15 +357,15 @@ def _where(row: dict) -> str:
     return f"{phase}, {row['name'][:60]!r} ({counts}) at {row['first'] / 1e6:,.6f} ms on the first report's session clock"
 
 
-def diagnostics(kernels: pl.DataFrame, matched: pl.DataFrame, counts: pl.DataFrame | None = None,
-                refused_phases: pl.DataFrame | None = None) -> list:
+def _diagnostics(kernels: pl.DataFrame, matched: pl.DataFrame, counts: pl.DataFrame | None = None,
+                 refused_phases: pl.DataFrame | None = None) -> list:
     """Notes on matching: no communication, a single rank, count mismatches (with where they start), refusals."""
     out = []
     if kernels.height == 0:
         return [_diag("info", "COMM_NONE", "no communication kernels: nothing to match across ranks")]
     if kernels["rank"].n_unique() < 2:
         return [_diag("info", "COMM_ONE_RANK", "communication kernels on one rank only: nothing to match across ranks")]
-    mm = mismatches(kernels, counts)
+    mm = _mismatches(kernels, counts)
     if mm.height:
         left = kernels.height - matched.height
         first = mm.row(0, named=True)
@@ -388,12 +393,12 @@ def phase_comm_split(phases: pl.DataFrame, kernels: pl.DataFrame
     :func:`analyze.compute.windows.pair`).
     """
     # Only what matching, the split and the diagnostics read: at 10 M kernels every copy of the frame counts.
-    kernels = with_group_ids(usable(kernels).select("rank", *KEY, "range_id", "start", "end"))
-    counts = group_counts(kernels)
+    kernels = with_group_ids(usable(kernels).select("rank", *_KEY, "range_id", "start", "end"))
+    counts = _group_counts(kernels)
     matched = match(kernels, counts, ordered=False)
     ref = refused(matched, grouped=True)
     out = with_split(phases, matched, ref)
-    diags = [d for d in diagnostics(kernels, matched, counts, ref) if d.code not in ("COMM_NONE", "COMM_ONE_RANK")]
+    diags = [d for d in _diagnostics(kernels, matched, counts, ref) if d.code not in ("COMM_NONE", "COMM_ONE_RANK")]
     return out, diags, ref, matched
 
 
@@ -432,7 +437,7 @@ def cross_rank(results: list, paired: windows.Paired | None = None) -> CommResul
             table = table.join(sess.rename({"offset_ns": "session_offset_ns"}), on="report")
         else:
             table = table.with_columns(session_offset_ns=pl.lit(None, pl.Int64))
-        good = kernels.filter(pl.col("_g").is_in(group_counts(kernels).filter("matched")["_g"].implode()))
+        good = kernels.filter(pl.col("_g").is_in(_group_counts(kernels).filter("matched")["_g"].implode()))
         clock.update({f"before_refine_{k}": v for k, v in align.end_spread(good, ["_g", "j"]).items()})
         if good.height:
             sk = align.end_skew(good, ["_g", "j"]).with_columns(pl.col("report").cast(pl.Int32))
@@ -442,21 +447,21 @@ def cross_rank(results: list, paired: windows.Paired | None = None) -> CommResul
                                on="report", how="left")
         clock["alignment"] = " + ".join(steps) or "none (a report lacks utcEpochNs and no collective matched)"
         clock["per_report"] = table.with_columns(path=pl.Series([r.trace.path for r in results])).to_dicts()
-    counts = group_counts(kernels)
+    counts = _group_counts(kernels)
     matched = match(kernels, counts)
     clock.update(align.end_spread(matched, ["_g", "j"]))
     ref = refused(matched)
     diags = [_diag("info", "COMM_CLOCK", f"clock: {clock['alignment']}"), *pairing,
-             *diagnostics(kernels, matched, counts, ref)]
+             *_diagnostics(kernels, matched, counts, ref)]
     return CommResult(
         reports=[r.trace.path for r in results],
         selection=results[0].selection if results else "",
         ranks=ranks,
         kernels=kernels,
         matched=matched,
-        collectives=summary(matched, ref),
+        collectives=_summary(matched, ref),
         stragglers=stragglers(matched, ref),
-        mismatches=mismatches(kernels, counts),
+        mismatches=_mismatches(kernels, counts),
         clock=clock,
         diagnostics=diags,
         refused=ref,
@@ -474,5 +479,5 @@ def within(cr: CommResult, keys: pl.DataFrame, cycles: str) -> CommResult:
                    cr.matched.filter(~inside).join(keys, on=["rank", "range_id"], how="semi")], how="vertical_relaxed")
     m = m.sort("first_arrival", "_g", "j", "rank")
     st = stragglers(m, cr.refused)
-    return dataclasses.replace(cr, matched=m, collectives=summary(m, cr.refused), stragglers=st, cycles=cycles,
+    return dataclasses.replace(cr, matched=m, collectives=_summary(m, cr.refused), stragglers=st, cycles=cycles,
                                outside_cycles=cr.matched.height - m.height, straggler=verdict(st))

@@ -11,11 +11,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import polars as pl
 
 from ..model import InputError
 from .regex import check_regex
+
+if TYPE_CHECKING:
+    from polars.expr.whenthen import ChainedThen, Then
+
+__all__ = ["CommPattern", "PATTERNS", "EXCLUDE", "load_patterns", "family_expr", "classify"]
 
 
 @dataclass(frozen=True)
@@ -48,7 +54,7 @@ PATTERNS: tuple[CommPattern, ...] = (
 # Helpers that run next to collectives but move no data between GPUs.
 EXCLUDE = r"\bsglang::memcpy_kernel\b"
 
-P2P_LABEL = "[CUDA memcpy PtoP]"
+_P2P_LABEL = "[CUDA memcpy PtoP]"
 
 
 def load_patterns(extra: Iterable[str] = (), files: Iterable[str | Path] = ()) -> list[CommPattern]:
@@ -82,10 +88,10 @@ def load_patterns(extra: Iterable[str] = (), files: Iterable[str | Path] = ()) -
 
 def family_expr(name: pl.Expr, patterns: Iterable[CommPattern] = PATTERNS) -> pl.Expr:
     """The communication family of each kernel name, or null for compute."""
-    expr = pl.when(name.str.contains(EXCLUDE)).then(pl.lit(None, pl.String))
+    expr: Then | ChainedThen = pl.when(name.str.contains(EXCLUDE)).then(pl.lit(None, pl.String))
     for p in patterns:
         expr = expr.when(name.str.contains(p.regex)).then(pl.lit(p.family))
-    expr = expr.when(name == P2P_LABEL).then(pl.lit("p2p_copy"))
+    expr = expr.when(name == _P2P_LABEL).then(pl.lit("p2p_copy"))
     return expr.otherwise(pl.lit(None, pl.String))
 
 

@@ -28,7 +28,9 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from ..model import Result
 from . import headline, steady
+from .scalars import real, to_float
 from .tokens import DEFINITION, Tokens, base_expr, selection, summary
 
 __all__ = ["BOOT", "MAX_DRAWS", "SPLIT", "VALS", "PHASE_KINDS", "Comparison", "per_cycle", "kernels", "warnings",
@@ -99,12 +101,12 @@ class Comparison:
         }
 
 
-def _n_cycles(res) -> int:
+def _n_cycles(res: Result) -> int:
     """Steady cycles with a period, summed over ranks."""
     return headline.steady_keys(res).height
 
 
-def _long(res) -> pl.DataFrame:
+def _long(res: Result) -> pl.DataFrame:
     """``rank, key, name, kind`` and the piece's ``ns, compute_ns, comm_ns, idle_ns`` of every steady cycle
     (computed once per result: :func:`per_cycle` and :func:`_wide` both read it)."""
     def run():
@@ -113,10 +115,10 @@ def _long(res) -> pl.DataFrame:
                 .agg(kind=pl.col("kind").first(), ns=pl.col("ns").sum(), compute_ns=pl.col("compute_ns").sum(),
                      comm_ns=pl.col("comm_ns").sum(), idle_ns=pl.col("idle_ns").sum())
                 .with_columns(pl.col(*VALS).fill_null(0.0), pl.col("name", "kind").cast(pl.String)))
-    return headline._memo(res, "compare_long", run)
+    return headline.memoised(res, "compare_long", run)
 
 
-def per_cycle(res, by_rank: bool = False) -> pl.DataFrame:
+def per_cycle(res: Result, by_rank: bool = False) -> pl.DataFrame:
     """Per piece (base names; per rank with ``by_rank``): ``name, kind, ns, compute_ns, comm_ns, idle_ns`` per
     cycle: the mean over the steady cycles of the mean over each cycle's ranks (per rank: over its cycles)."""
     lg = _long(res)
@@ -132,7 +134,7 @@ def per_cycle(res, by_rank: bool = False) -> pl.DataFrame:
             .group_by("name").agg(pl.col("kind").first(), *[(pl.col(c).sum() / nkeys) for c in VALS]))
 
 
-def _wide(res) -> pl.DataFrame:
+def _wide(res: Result) -> pl.DataFrame:
     """One row per steady cycle (``key``): period and tokens (mean over its ranks) and each piece's ns."""
     keys = headline.steady_keys(res)
     if keys.height == 0:
@@ -163,7 +165,7 @@ def _q(d: pl.Series, point: float | None) -> dict:
     """2.5 / 97.5 % quantiles of the resampled differences ``d``, widened to contain the measured ``point``."""
     lo, hi = d.quantile(0.025, "linear"), d.quantile(0.975, "linear")
     if point is not None:
-        lo, hi = min(lo, point), max(hi, point)
+        lo, hi = min(real(lo), point), max(real(hi), point)
     return {"lo": lo, "hi": hi}
 
 
@@ -178,7 +180,7 @@ def _intervals(wa: pl.DataFrame, wb: pl.DataFrame, tok: bool, boot: int, seed: i
     ba = ba.with_columns(pl.lit(0.0).alias(c) for c in names if c not in ba.columns)
     bb = bb.with_columns(pl.lit(0.0).alias(c) for c in names if c not in bb.columns)
     def means(w: pl.DataFrame) -> dict:
-        return {c: float(w[c].mean() or 0.0) if c in w.columns else 0.0 for c in [*names, "period", "tokens"]}
+        return {c: to_float(w[c].mean() or 0.0) if c in w.columns else 0.0 for c in [*names, "period", "tokens"]}
 
     ma, mb = means(wa), means(wb)
     out: dict = {}
@@ -226,7 +228,7 @@ def _joined(x: pl.DataFrame, y: pl.DataFrame, keys: list[str], ta, tb, tok: bool
 def kernels(a, b, tok: bool, ta, tb, top: int = 3) -> pl.DataFrame:
     """Per phase (base name) and kernel: time and count per cycle in A and B, the biggest |Δ| first, ``top`` per
     phase."""
-    def side(res):
+    def side(res: Result):
         k = headline.kernels(res).with_columns(phase=base_expr("phase"))
         return k.group_by("phase", "name").agg(pl.col("per_cycle_ns").sum(), pl.col("count_per_cycle").sum())
     ka, kb = side(a), side(b)
@@ -262,7 +264,7 @@ def warnings(a, b) -> list[str]:
     return out
 
 
-def _gpus(res) -> list[str]:
+def _gpus(res: Result) -> list[str]:
     names = res.ranks["device_name"].drop_nulls().unique().sort().to_list() if "device_name" in res.ranks.columns else []
     return [str(n) for n in names]
 
@@ -287,9 +289,9 @@ def compare_results(a, b, boot: int = BOOT, seed: int = 0) -> Comparison:
     period = {"a_ns": ta.period_ns, "b_ns": tb.period_ns,
               "delta_ns": tb.period_ns - ta.period_ns if ta.period_ns and tb.period_ns else None,
               **ci.get("period", {})}
-    if tok:
-        period |= {"a_ns_per_token": ta.period_ns / ta.tokens_per_cycle,
-                   "b_ns_per_token": tb.period_ns / tb.tokens_per_cycle}
+    if ta.tokens_per_cycle is not None and tb.tokens_per_cycle is not None:  # tok
+        period |= {"a_ns_per_token": real(ta.period_ns) / ta.tokens_per_cycle,
+                   "b_ns_per_token": real(tb.period_ns) / tb.tokens_per_cycle}
     return Comparison(
         a=", ".join(a.reports) or str(a.trace.path), b=", ".join(b.reports) or str(b.trace.path),
         a_cycles=_n_cycles(a), b_cycles=_n_cycles(b),
@@ -307,7 +309,7 @@ def compare_results(a, b, boot: int = BOOT, seed: int = 0) -> Comparison:
     )
 
 
-def _straggler(res) -> list[dict]:
+def _straggler(res: Result) -> list[dict]:
     """The straggler verdict of one side over its steady cycles (:func:`headline.straggler_verdict`: the one
     ``analyze`` and ``comm`` name)."""
     return headline.straggler_verdict(res).select("phase", "rank", "caused_wait_ns", "wait_share",

@@ -13,12 +13,14 @@ import polars as pl
 
 from ..model import Diagnostic, Trace
 
+__all__ = ["FACTS", "diagnose"]
+
 # Counts each process body returns, summed over processes.
 FACTS = ("graph_ops", "node_ops", "graph_launches", "orphan_launches", "orphan_launches_inside", "unmatched_ops",
          "duplicate_ops")
 
 # Oddities met while reading (:attr:`analyze.model.Trace.read_warnings`): code and message per count.
-READ_WARNINGS = {
+_READ_WARNINGS = {
     "lossy_strings": ("NON_UTF8_STRINGS", "{n} strings in the export are not valid UTF-8; they were decoded with "
                                           "U+FFFD replacement characters"),
     "missing_strings": ("MISSING_STRINGS", "{n} NVTX ranges name a string id that StringIds lacks; their name is "
@@ -31,7 +33,7 @@ READ_WARNINGS = {
 }
 
 
-def label(domain: str, text: str) -> str:
+def _label(domain: str, text: str) -> str:
     return f"{domain}:{text}" if domain else text
 
 
@@ -61,7 +63,7 @@ def diagnose(t: Trace, nested: pl.DataFrame, facts: dict[str, int], ranks: pl.Da
         out.append(Diagnostic("warning", "DROPPED_OPS",
                               f"{t.dropped_ops} GPU operations with invalid timestamps (start <= 0 or end < start, "
                               "or longer than the whole session) or no process id (NULL globalPid) dropped"))
-    for key, (code, msg) in READ_WARNINGS.items():
+    for key, (code, msg) in _READ_WARNINGS.items():
         if t.read_warnings.get(key):
             out.append(Diagnostic("warning", code, msg.format(n=t.read_warnings[key])))
     if facts.get("duplicate_ops"):
@@ -76,7 +78,7 @@ def diagnose(t: Trace, nested: pl.DataFrame, facts: dict[str, int], ranks: pl.Da
         per = (unclosed.with_columns(_counted=pl.col("range_id").is_in(counted["range_id"].implode()))
                .group_by("domain", "range").agg(pl.len(), pl.col("_counted").any()).sort("range", "domain"))
         for row in per.iter_rows(named=True):
-            name = label(row["domain"], row["range"])
+            name = _label(row["domain"], row["range"])
             out.append(Diagnostic(
                 "warning" if row["_counted"] else "info", "UNCLOSED_RANGE",
                 f"{row['len']} {name} range(s) never closed; their end is the session end"
@@ -119,7 +121,7 @@ def diagnose(t: Trace, nested: pl.DataFrame, facts: dict[str, int], ranks: pl.Da
     nowork = per_name.filter(pl.col("empty") > 0).sort("empty", "domain", "range", descending=[True, False, False])
     if nowork.height:
         dead = nowork.filter(pl.col("empty") == pl.col("n"))
-        names = [label(d, t) for d, t in dead.select("domain", "range").rows()]
+        names = [_label(d, t) for d, t in dead.select("domain", "range").rows()]
         shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
         msg = f"{int(nowork['empty'].sum())} of {int(per_name['n'].sum())} selected range instances launched no GPU work"
         out.append(Diagnostic("warning" if names else "info", "RANGE_NO_GPU",

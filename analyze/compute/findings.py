@@ -20,14 +20,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
 import polars as pl
 
-from ..model import InputError
+from ..model import InputError, Result
 from . import anatomy, breakdown, headline, steady, utilisation
+from .scalars import real, to_float
 from .tokens import CYCLE_NAMES, base_expr, selection, summary
 
-__all__ = ["HIGH", "MEDIUM", "FLOOR", "RULES", "COMM_SHARE", "IDLE_SHARE", "GAIN", "RuleContext", "Finding", "Rule",
+if TYPE_CHECKING:
+    from .whatif import Model
+
+__all__ = ["HIGH", "MEDIUM", "FLOOR", "RULES", "COMM_SHARE", "IDLE_SHARE", "GAIN", "RuleContext", "Finding", "RuleHit", "Rule",
            "SAME", "launch_timing", "NCCL_KERNEL", "PROTOS", "NcclSetting", "nccl_setting", "comm_action",
            "PHASE_SHARE", "severity", "context", "find"]
 
@@ -41,17 +46,17 @@ GAIN = 0.03  # a what-if step count predicted this much faster is worth trying
 class RuleContext:
     """What the rules read: the steady-state tables of one analysed trace."""
 
-    res: object
+    res: Result
     period_ns: float
     budget: pl.DataFrame
     phases: pl.DataFrame  # per rank, steady
     seams: pl.DataFrame  # seam instances, steady, with launch timing
     stragglers: pl.DataFrame
-    info: dict
-    model: object | None  # the what-if model, when it could be fitted
+    info: dict  # tokens.selection: which cycles are the steady state, and why
+    model: Model | None  # the what-if model, when it could be fitted
     cycles: pl.DataFrame  # rank, ncyc: steady cycles per rank
-    untrusted: set  # phases whose matched collectives do not end together: no straggler or wait findings
-    classes: list = field(default_factory=list)  # anatomy.CycleClass: the slower cycles that recur, and rare stalls
+    untrusted: set[str]  # phases whose matched collectives do not end together: no straggler or wait findings
+    classes: list[anatomy.CycleClass] = field(default_factory=list)  # the slower cycles that recur, rare stalls
 
 
 @dataclass(frozen=True)
@@ -84,11 +89,29 @@ class Finding:
 
 
 @dataclass(frozen=True)
+class RuleHit:
+    """What a rule found, before :func:`find` sizes it against the cycle period and makes it a :class:`Finding`
+    (the fields of the same name; ``worst``: ``rank`` has the most of it among several ranks, else it is about
+    that rank alone; ``action``: in place of the rule's own; ``host_bound``: which of the two gap rules)."""
+
+    impact_ns: float
+    evidence: str
+    phase: str | None = None
+    rank: int | None = None
+    worst: bool = False
+    every: int | None = None
+    extra_ns: float | None = None
+    cycles: int | None = None
+    action: str | None = None
+    host_bound: bool = False
+
+
+@dataclass(frozen=True)
 class Rule:
     code: str
     looks_at: str
     action: str
-    check: Callable[[RuleContext], list[dict]]
+    check: Callable[[RuleContext], list[RuleHit]]
 
 
 def _us(ns: float) -> str:
@@ -102,27 +125,39 @@ def _pct(x: float) -> str:
 SAME = 0.02  # ranks within this fraction of each other count as "the same on every rank"
 
 
-def _over_ranks(df: pl.DataFrame, col: str) -> dict:
-    """Mean over ranks of ``col``, the rank with the most (None when all ranks are about the same) and the range."""
+@dataclass(frozen=True)
+class _OverRanks:
+    """A quantity over ranks: its mean, the rank with the most (None when all ranks are about the same), the range."""
+
+    mean: float
+    rank: int | None
+    max: float
+    min: float
+    ranks: int
+    worst: bool  # several ranks, not about the same: ``rank`` has the most
+
+
+def _over_ranks(df: pl.DataFrame, col: str) -> _OverRanks:
+    """``col`` over the ranks of ``df`` (:class:`_OverRanks`)."""
     w = df.sort(col, "rank", descending=[True, False]).row(0, named=True)
-    mean, lo, hi = float(df[col].mean()), float(df[col].min()), float(w[col])
+    mean, lo, hi = to_float(df[col].mean()), to_float(df[col].min()), float(w[col])
     same = df.height > 1 and hi - lo <= SAME * abs(mean)
-    return {"mean": mean, "rank": None if same else w["rank"], "max": hi, "min": lo, "ranks": df.height,
-            "worst": df.height > 1 and not same}
+    return _OverRanks(mean=mean, rank=None if same else w["rank"], max=hi, min=lo, ranks=df.height,
+                      worst=df.height > 1 and not same)
 
 
-def _ranks_txt(o: dict) -> str:
-    if o["ranks"] == 1:
-        return f"rank {o['rank']}"
-    if o["rank"] is None:
-        return f"about the same on all {o['ranks']} ranks"
-    return f"mean over {o['ranks']} ranks; most on rank {o['rank']} ({_us(o['max'])}), least {_us(o['min'])}"
+def _ranks_txt(o: _OverRanks) -> str:
+    if o.ranks == 1:
+        return f"rank {o.rank}"
+    if o.rank is None:
+        return f"about the same on all {o.ranks} ranks"
+    return f"mean over {o.ranks} ranks; most on rank {o.rank} ({_us(o.max)}), least {_us(o.min)}"
 
 
 # ---- the launch side of seams --------------------------------------------------------------------------
 
 
-def launch_timing(res) -> pl.DataFrame:
+def launch_timing(res: Result) -> pl.DataFrame:
     """Steady seam instances with ``late_ns`` (the GPU idle before the next range's first launch call began:
     the CPU was late) and ``held_ns`` (the rest of the gap: launched in time, started later)."""
     s = headline.steady_seam_instances(res)
@@ -142,16 +177,16 @@ def launch_timing(res) -> pl.DataFrame:
 # ---- the rules --------------------------------------------------------------------------------------------
 
 
-def _gap(ctx: RuleContext) -> list[dict]:
+def _gap(ctx: RuleContext) -> list[RuleHit]:
     g = ctx.budget.filter(pl.col("kind") == "gap")
     if g.height == 0:
         return []
     o = _over_ranks(g, "ns")
     s = ctx.seams.filter(pl.col("parent").is_null()).filter(base_expr("prev_range").is_in(CYCLE_NAMES)
                                                              & base_expr("range").is_in(CYCLE_NAMES))
-    late = float(s["host_late"].mean()) if s.height else None
-    ev = (f"the GPU is idle {_us(o['mean'])} between the last GPU op of a cycle and the first of the next = "
-          f"{_pct(o['mean'] / ctx.period_ns)} of the {_us(ctx.period_ns)} cycle ({_ranks_txt(o)})")
+    late = to_float(s["host_late"].mean()) if s.height else None
+    ev = (f"the GPU is idle {_us(o.mean)} between the last GPU op of a cycle and the first of the next = "
+          f"{_pct(o.mean / ctx.period_ns)} of the {_us(ctx.period_ns)} cycle ({_ranks_txt(o)})")
     held = [c for c in ctx.classes if c.kept and c.piece == headline.GAP and c.per_cycle_ns > 0]
     if held:
         ev += "; of which " + ", ".join(f"{_us(c.per_cycle_ns)} from {c.label} (+{_us(c.extra_ns)} each)"
@@ -161,11 +196,10 @@ def _gap(ctx: RuleContext) -> list[dict]:
                f"{_pct(late)} of cycles (host-bound)" if late >= 0.5 else
                f"; in {_pct(1 - late)} of cycles the next cycle was launched before the GPU finished, so the "
                "wait is on the GPU side (a sync or event), not the CPU")
-    return [{"phase": None, "rank": o["rank"], "worst": o["worst"], "impact_ns": o["mean"],
-             "evidence": ev, "host_bound": late is None or late >= 0.5}]
+    return [RuleHit(o.mean, ev, rank=o.rank, worst=o.worst, host_bound=late is None or late >= 0.5)]
 
 
-def _seam(ctx: RuleContext, blocked: bool) -> list[dict]:
+def _seam(ctx: RuleContext, blocked: bool) -> list[RuleHit]:
     s = ctx.seams.filter(pl.col("parent").is_not_null())
     if s.height == 0:
         return []
@@ -179,42 +213,40 @@ def _seam(ctx: RuleContext, blocked: bool) -> list[dict]:
     out = []
     for (f, t), grp in per.group_by("prev_range", "range", maintain_order=True):
         o = _over_ranks(grp, col)
-        if o["mean"] <= 0:
+        if o.mean <= 0:
             continue
         if blocked:
-            ev = (f"between {f} and {t} the GPU waits {_us(o['mean'])} per cycle after the next launch call was "
+            ev = (f"between {f} and {t} the GPU waits {_us(o.mean)} per cycle after the next launch call was "
                   f"already made ({_ranks_txt(o)}): the launch or the GPU queue held it")
         else:
-            ev = (f"between {f} and {t} the GPU waits {_us(o['mean'])} per cycle for the CPU to launch {t} "
-                  f"({_ranks_txt(o)}; launched after {f}'s GPU work ended in {_pct(float(grp['share'].mean()))} "
+            ev = (f"between {f} and {t} the GPU waits {_us(o.mean)} per cycle for the CPU to launch {t} "
+                  f"({_ranks_txt(o)}; launched after {f}'s GPU work ended in {_pct(to_float(grp['share'].mean()))} "
                   "of cycles)")
-        out.append({"phase": f"{f} → {t}", "rank": o["rank"], "worst": o["worst"], "impact_ns": o["mean"],
-                    "evidence": ev})
+        out.append(RuleHit(o.mean, ev, phase=f"{f} → {t}", rank=o.rank, worst=o.worst))
     return out
 
 
-def _comm(ctx: RuleContext) -> list[dict]:
+def _comm(ctx: RuleContext) -> list[RuleHit]:
     p = ctx.phases.filter(pl.col("comm_ns") > 0)
     out = []
     for (name,), grp in p.group_by("phase", maintain_order=True):
-        share = float(grp["comm_ns"].sum() / grp["span_ns"].sum())
+        share = float(real(grp["comm_ns"].sum()) / real(grp["span_ns"].sum()))
         if share < COMM_SHARE:
             continue
         grp = _per_cycle(ctx, grp, "comm_ns").with_columns(
             transfer=pl.col("comm_transfer_ns") / pl.col("ncyc"), wait=pl.col("comm_wait_ns") / pl.col("ncyc"))
         # What a faster collective could save: the transfer, when wait/transfer are known, else the union.
-        split = float(grp["transfer"].sum() + grp["wait"].sum()) > 0 and name not in ctx.untrusted
-        impact = float(grp["transfer"].mean()) if split else float(grp["per"].mean())
+        split = float(real(grp["transfer"].sum()) + real(grp["wait"].sum())) > 0 and name not in ctx.untrusted
+        impact = to_float(grp["transfer"].mean()) if split else to_float(grp["per"].mean())
         o = _over_ranks(grp, "per")
-        ev = (f"{name}: communication {_us(o['mean'])} per cycle = {_pct(share)} of its GPU span, "
-              f"{_pct(o['mean'] / ctx.period_ns)} of the cycle ({_ranks_txt(o)})")
+        ev = (f"{name}: communication {_us(o.mean)} per cycle = {_pct(share)} of its GPU span, "
+              f"{_pct(o.mean / ctx.period_ns)} of the cycle ({_ranks_txt(o)})")
         if split:
-            ev += (f"; of the collectives' kernel time {_us(float(grp['transfer'].mean()))} is transfer and "
-                   f"{_us(float(grp['wait'].mean()))} waiting for the last rank")
+            ev += (f"; of the collectives' kernel time {_us(to_float(grp['transfer'].mean()))} is transfer and "
+                   f"{_us(to_float(grp['wait'].mean()))} waiting for the last rank")
         elif name in ctx.untrusted:
             ev += "; no wait/transfer split: its matched collectives do not end together (matching suspect)"
-        out.append({"phase": name, "rank": None, "impact_ns": impact, "evidence": ev,
-                    "action": comm_action(nccl_setting(ctx.res, name))})
+        out.append(RuleHit(impact, ev, phase=name, action=comm_action(nccl_setting(ctx.res, name))))
     return out
 
 
@@ -232,7 +264,7 @@ class NcclSetting:
     source: str
 
 
-def nccl_setting(res, phase: str) -> NcclSetting | None:
+def nccl_setting(res: Result, phase: str) -> NcclSetting | None:
     """The protocol of ``phase``'s collectives: the recorded environment's ``NCCL_PROTO``/``NCCL_ALGO`` (the manifest
     beside the capture), else the name of the NCCL kernel with the most time in the phase; None when neither says."""
     from .tokens import read_manifest
@@ -281,7 +313,7 @@ def _class_stragglers(ctx: RuleContext) -> list:
     return [c for c in ctx.classes if c.kept and c.affected and c.waiting_ranks and c.rank is not None]
 
 
-def _straggler(ctx: RuleContext) -> list[dict]:
+def _straggler(ctx: RuleContext) -> list[RuleHit]:
     """One straggler verdict (:func:`collectives.verdict`, the rank that caused most of a phase's collective
     waiting), named with its class when it is late only in a recurring class of cycles."""
     out = []
@@ -291,52 +323,52 @@ def _straggler(ctx: RuleContext) -> list[dict]:
         waits = (f"; over all steady cycles the other ranks wait {_us(v['per_cycle_ns'][0])} per cycle in "
                  f"{c.phase}'s collectives for rank {c.rank} ({_pct(v['wait_share'][0])} of that waiting)"
                  if v.height else "")
-        out.append({"phase": c.phase, "rank": c.rank, "impact_ns": c.per_cycle_ns, "every": c.every,
-                    "extra_ns": c.extra_ns, "cycles": c.affected, "evidence": (
-                        f"{c.text}; {_us(c.per_cycle_ns)} per steady cycle on average ("
-                        + ("the late rank from the matched collectives of those cycles" if c.evidence == "collectives"
-                           else "the late rank from the cycle budget of those cycles") + ")" + waits)})
+        out.append(RuleHit(c.per_cycle_ns, (
+            f"{c.text}; {_us(c.per_cycle_ns)} per steady cycle on average ("
+            + ("the late rank from the matched collectives of those cycles" if c.evidence == "collectives"
+               else "the late rank from the cycle budget of those cycles") + ")" + waits),
+            phase=c.phase, rank=c.rank, every=c.every, extra_ns=c.extra_ns, cycles=c.affected))
     v = headline.straggler_verdict(ctx.res).filter(pl.col("collectives") >= 5)
-    named = {(h["rank"], h["phase"]) for h in out}
+    named = {(h.rank, h.phase) for h in out}
     for r in v.iter_rows(named=True):
         if (r["rank"], r["phase"]) in named:
             continue
         wait = r["per_cycle_ns"]
-        out.append({"phase": r["phase"], "rank": r["rank"], "impact_ns": wait, "every": None, "evidence": (
+        out.append(RuleHit(wait, (
             f"rank {r['rank']} caused {_pct(r['wait_share'])} of the waiting in {r['phase']}'s collectives: the "
             f"other ranks wait {_us(wait)} per cycle for it (it arrives last at {r['last_arrivals']} of "
-            f"{r['collectives']}, on average {_us(r['mean_delay_ns'])} after the next-latest rank)")})
+            f"{r['collectives']}, on average {_us(r['mean_delay_ns'])} after the next-latest rank)"),
+            phase=r["phase"], rank=r["rank"]))
     return out
 
 
-def _recurring(ctx: RuleContext) -> list[dict]:
+def _recurring(ctx: RuleContext) -> list[RuleHit]:
     """Classes of slower cycles that recur (kept in the steady state) without one late rank."""
     out = []
     for c in ctx.classes:
         if not c.kept or not c.affected or c in _class_stragglers(ctx):
             continue
-        out.append({"phase": c.phase, "rank": c.rank, "impact_ns": c.per_cycle_ns, "every": c.every,
-                    "extra_ns": c.extra_ns, "cycles": c.affected, "piece": c.piece, "evidence": (
-                        f"{c.text}; {_us(c.per_cycle_ns)} per steady cycle on average (kept in the numbers above: "
-                        "it recurs)")})
+        out.append(RuleHit(c.per_cycle_ns, (
+            f"{c.text}; {_us(c.per_cycle_ns)} per steady cycle on average (kept in the numbers above: it recurs)"),
+            phase=c.phase, rank=c.rank, every=c.every, extra_ns=c.extra_ns, cycles=c.affected))
     return out
 
 
-def _idle(ctx: RuleContext) -> list[dict]:
+def _idle(ctx: RuleContext) -> list[RuleHit]:
     p = ctx.phases.filter(pl.col("idle_ns") > 0)
     out = []
     for (name,), grp in p.group_by("phase", maintain_order=True):
-        share = float(grp["idle_ns"].sum() / grp["span_ns"].sum())
+        share = float(real(grp["idle_ns"].sum()) / real(grp["span_ns"].sum()))
         if share < IDLE_SHARE:
             continue
         o = _over_ranks(_per_cycle(ctx, grp, "idle_ns"), "per")
-        out.append({"phase": name, "rank": o["rank"], "worst": o["worst"], "impact_ns": o["mean"], "evidence": (
-            f"{name}: the GPU is idle {_us(o['mean'])} per cycle between {name}'s own operations = {_pct(share)} "
-            f"of its span ({_ranks_txt(o)})")})
+        out.append(RuleHit(o.mean, (
+            f"{name}: the GPU is idle {_us(o.mean)} per cycle between {name}'s own operations = {_pct(share)} "
+            f"of its span ({_ranks_txt(o)})"), phase=name, rank=o.rank, worst=o.worst))
     return out
 
 
-def _stalls(ctx: RuleContext) -> list[dict]:
+def _stalls(ctx: RuleContext) -> list[RuleHit]:
     st = ctx.info.get("stalls") or []
     if not st or not ctx.info.get("steady"):
         return []
@@ -345,26 +377,26 @@ def _stalls(ctx: RuleContext) -> list[dict]:
     kept = ctx.info["how"] != "detected"
     worst = max(st, key=lambda s: s["period_ns"])
     where = next((c for c in ctx.classes if c.kind == "stall"), None)
-    return [{"phase": where.phase if where else None, "rank": None, "impact_ns": per, "every": None,
-             "extra_ns": excess / len(st), "cycles": len(st), "evidence": (
+    return [RuleHit(per, (
         f"{len(st)} cycle(s) took longer than {_us(ctx.info['limit_ns'])} (median period "
         f"{_us(ctx.info['median_ns'])}) and do not recur, the worst cycle {worst['key']} at {_us(worst['period_ns'])}; "
         f"together {_us(excess)} more than median cycles, {_us(per)} per steady cycle"
         + (f"; {where.text}" if where else "")
-        + (" (kept in the numbers: you chose the cycles)" if kept else " (left out of the numbers above)"))}]
+        + (" (kept in the numbers: you chose the cycles)" if kept else " (left out of the numbers above)")),
+        phase=where.phase if where else None, extra_ns=excess / len(st), cycles=len(st))]
 
 
-def _left_out(ctx: RuleContext) -> list[dict]:
+def _left_out(ctx: RuleContext) -> list[RuleHit]:
     share = ctx.info.get("left_out_share") or 0.0
     if ctx.info.get("how") != "detected" or share <= steady.LEFT_OUT_WARN:
         return []
     n = ctx.info.get("post_warmup") or 0
-    return [{"phase": None, "rank": None, "impact_ns": share * ctx.period_ns, "every": None, "evidence": (
+    return [RuleHit(share * ctx.period_ns, (
         f"{share:.0%} of the {n} cycles after warm-up are left out of the steady state (rare stalls and pauses): "
-        "the headline numbers describe the rest only")}]
+        "the headline numbers describe the rest only"))]
 
 
-def _whatif(ctx: RuleContext) -> list[dict]:
+def _whatif(ctx: RuleContext) -> list[RuleHit]:
     """The step count the what-if predicts faster, among the predictions within one step of what was measured
     (an extrapolated one is named as such, never recommended), with how verify's growth is known."""
     m = ctx.model
@@ -383,14 +415,14 @@ def _whatif(ctx: RuleContext) -> list[dict]:
     if m.verify_source == "assumed":
         ev += ("; verify's cost per extra verified token is ASSUMED 0 (not measured: no baseline, one batch size): "
                "the gain is an upper bound until a run at that step count confirms it")
-    elif m.verify_source == "gpu_metrics":
+    elif m.verify_source == "gpu_metrics" and m.verify_prior is not None:  # "gpu_metrics" comes with its prior
         ev += (f"; verify's cost per extra verified token is a PRIOR from its measured {m.verify_prior['bound']}-bound "
                "GPU metrics (not a measured slope): confirm with a run at that step count")
     if far is not None and far["steps"] != best["steps"]:
         ev += (f"; {far['steps']} steps predicts more ({far['tokens_per_s']:,.0f} tokens/s) but is "
                f"{abs(far['steps'] - m.steps_now)} steps from the measured {m.steps_now}: extrapolated, not "
                "recommended")
-    return [{"phase": None, "rank": None, "impact_ns": gain * ctx.period_ns, "steps": best["steps"], "evidence": ev}]
+    return [RuleHit(gain * ctx.period_ns, ev)]
 
 
 def _verify_how(source: str) -> str:
@@ -398,7 +430,7 @@ def _verify_how(source: str) -> str:
             "baseline": "measured against the baseline"}.get(source, "assumed")
 
 
-def _whatif_per_batch(ctx: RuleContext) -> list[dict]:
+def _whatif_per_batch(ctx: RuleContext) -> list[RuleHit]:
     """Different best step counts for different batch sizes (the what-if per segment)."""
     m = ctx.model
     segs = [sm.as_dict() for sm in (m.segments if m is not None else [])]
@@ -408,11 +440,11 @@ def _whatif_per_batch(ctx: RuleContext) -> list[dict]:
     gain = max((d["gain"] or 0.0) for d in segs)
     per = ", ".join(f"{k}: {v}" for k, v in best.items())
     runs = sorted({s for d in segs for s in d["measured_steps"]})
-    return [{"phase": None, "rank": None, "impact_ns": gain * ctx.period_ns, "evidence": (
+    return [RuleHit(gain * ctx.period_ns, (
         f"the best draft-step count depends on the batch size ({per}; predicted from each batch size's own "
         f"cycles, within one step of the measured {', '.join(map(str, runs))}; verify's growth "
         f"{_verify_how(segs[0]['verify_source'])}); up to "
-        f"+{_pct(gain)} tokens/s in one of them")}]
+        f"+{_pct(gain)} tokens/s in one of them"))]
 
 
 RULES: tuple[Rule, ...] = (
@@ -420,11 +452,11 @@ RULES: tuple[Rule, ...] = (
          "Cut the CPU work between decode iterations: scheduler bookkeeping, sampling, `.tolist()`/`.item()` "
          "syncs, logging, Python overhead; keep SGLang's overlap scheduler on; check the CUDA-graph launch "
          "latency. `nsys profile -s cpu` shows where the host thread is.",
-         lambda c: [h for h in _gap(c) if h.pop("host_bound")]),
+         lambda c: [h for h in _gap(c) if h.host_bound]),
     Rule("GAP_GPU_BOUND", "GPU idle between cycles although the next cycle was already launched",
          "The next cycle waits on something on the GPU side: a device sync, an event wait or a copy before its "
          "first kernel; look at the first API calls of a cycle in the nsys timeline.",
-         lambda c: [h for h in _gap(c) if not h.pop("host_bound")]),
+         lambda c: [h for h in _gap(c) if not h.host_bound]),
     Rule("SEAM_HOST_BOUND", "GPU idle between two phases of a cycle, the next phase launched late by the CPU",
          "Move host work out of the transition (syncs, allocations, Python between the two launches) or capture "
          "both phases in one CUDA graph.", lambda c: _seam(c, blocked=False)),
@@ -483,7 +515,7 @@ def _pt(x: float | None) -> str:
 PHASE_SHARE = 0.10  # a phase this share of the cycle (or more) gets a memory-/compute-bound finding
 
 
-def _bound(ctx: RuleContext, which: str) -> list[dict]:
+def _bound(ctx: RuleContext, which: str) -> list[RuleHit]:
     """Phases over :data:`PHASE_SHARE` of the cycle whose GPU-metrics samples say ``which`` bound
     (:func:`analyze.compute.utilisation.bound_expr`), over the steady state; where the steady state as a whole is
     mixed, per decode-batch segment (``verify (batch 1)``). Impact: the phase's time per steady cycle in that
@@ -492,7 +524,7 @@ def _bound(ctx: RuleContext, which: str) -> list[dict]:
     u = utilisation.phases(ctx.res)
     if u.height == 0 or not ctx.period_ns:
         return []
-    ncyc = float(ctx.cycles["ncyc"].mean() or 0) if ctx.cycles.height else 0.0
+    ncyc = to_float(ctx.cycles["ncyc"].mean() or 0) if ctx.cycles.height else 0.0
     rows = u.filter(pl.col("rank").is_null() & (pl.col("instances") > 0))
     steady_rows = rows.filter(pl.col("scope") == "steady")
     segs = rows.filter(~pl.col("scope").is_in(["steady", "all"]))
@@ -507,14 +539,13 @@ def _bound(ctx: RuleContext, which: str) -> list[dict]:
         if per_inst < PHASE_SHARE * ctx.period_ns or not once_a_cycle:
             continue
         scope = "" if r["scope"] == "steady" else f" ({r['scope']})"
-        out.append({
-            "phase": f"{r['phase']}{scope}",
-            "impact_ns": r["sampled_ns"] / ncyc if ncyc else per_inst,
-            "evidence": (f"{r['phase']}{scope}: DRAM read {_pt(r['dram_read_pct'])} of peak, tensor cores active "
-                         f"{_pt(r['tensor_active_pct'])}, SMs active {_pt(r['sm_active_pct'])}, SM issue "
-                         f"{_pt(r['sm_issue_pct'])} ({r['samples']:,} GPU-metrics samples over {r['instances']} "
-                         f"instances, {_us(per_inst)} each)"),
-        })
+        out.append(RuleHit(
+            r["sampled_ns"] / ncyc if ncyc else per_inst,
+            (f"{r['phase']}{scope}: DRAM read {_pt(r['dram_read_pct'])} of peak, tensor cores active "
+             f"{_pt(r['tensor_active_pct'])}, SMs active {_pt(r['sm_active_pct'])}, SM issue "
+             f"{_pt(r['sm_issue_pct'])} ({r['samples']:,} GPU-metrics samples over {r['instances']} "
+             f"instances, {_us(per_inst)} each)"),
+            phase=f"{r['phase']}{scope}"))
     return out
 
 
@@ -522,7 +553,7 @@ def severity(share: float) -> str:
     return "high" if share >= HIGH else "medium" if share >= MEDIUM else "low"
 
 
-def context(res, model=None) -> RuleContext:
+def context(res: Result, model: Model | None = None) -> RuleContext:
     """The rules' inputs for one analysed trace (``model``: a fitted what-if model, else one is tried, with its
     per-segment models when the run has several batch sizes)."""
     if model is None:
@@ -541,7 +572,7 @@ def context(res, model=None) -> RuleContext:
                    classes=anatomy.cycle_classes(res))
 
 
-def find(res, model=None) -> list[Finding]:
+def find(res: Result, model: Model | None = None) -> list[Finding]:
     """Ranked findings (:class:`Finding`), biggest impact first; ``model``: a fitted what-if model (else one is
     tried). ``Result.steady.findings`` has them with the default model."""
     ctx = context(res, model)
@@ -550,14 +581,14 @@ def find(res, model=None) -> list[Finding]:
     out = []
     for rule in RULES:
         for hit in rule.check(ctx):
-            share = hit["impact_ns"] / ctx.period_ns
+            share = hit.impact_ns / ctx.period_ns
             if share < FLOOR:
                 continue
-            out.append(Finding(code=rule.code, severity=severity(share), phase=hit.get("phase"),
-                               rank=hit.get("rank"), every=hit.get("every"), extra_ns=hit.get("extra_ns"),
-                               cycles=hit.get("cycles"), evidence=hit["evidence"],
-                               action=hit.get("action") or rule.action,
-                               impact_ns=hit["impact_ns"], share=share,
-                               rank_is="worst" if hit.get("worst") else "only" if hit.get("rank") is not None
+            out.append(Finding(code=rule.code, severity=severity(share), phase=hit.phase,
+                               rank=hit.rank, every=hit.every, extra_ns=hit.extra_ns,
+                               cycles=hit.cycles, evidence=hit.evidence,
+                               action=hit.action or rule.action,
+                               impact_ns=hit.impact_ns, share=share,
+                               rank_is="worst" if hit.worst else "only" if hit.rank is not None
                                else None))
     return sorted(out, key=lambda f: -f.impact_ns)

@@ -20,15 +20,20 @@ from __future__ import annotations
 
 import polars as pl
 
-from ..model import bound_expr
+from ..model import Result, bound_expr
 from ..read import results
 from . import breakdown, collectives, host, windows
 from .tokens import base_expr, cycles, prefill_rows, summary
 
+__all__ = ["GAP", "memoised", "instances_marked_steady", "keys", "matched", "steady_phases",
+           "steady_phases_all_ranks", "steady_seam_instances", "steady_seams", "steady_seams_all_ranks",
+           "matching", "stragglers", "straggler_verdict", "ranges", "kernels", "cycles_per_rank",
+           "main_cycles", "cycle_pieces", "budget", "steady_keys", "mean_budget"]
+
 GAP = "between cycles"
 
 
-def _memo(res, name: str, fn):
+def memoised(res: Result, name: str, fn):
     key = (name, repr(sorted(res.cycle_choice.items())))
     if key not in res.memo:
         res.memo[key] = results.derived(res, key, fn)
@@ -40,12 +45,12 @@ def _ids(inst: pl.DataFrame) -> list[str]:
     return ["report", "range_id"] if "report" in inst.columns else ["range_id"]
 
 
-def instances_marked_steady(res) -> pl.DataFrame:
+def instances_marked_steady(res: Result) -> pl.DataFrame:
     """``res.instances`` with ``steady`` (bool) and ``top`` (the range_id of its outermost selected range)."""
-    return _memo(res, "instances", lambda: _instances(res))
+    return memoised(res, "instances", lambda: _instances(res))
 
 
-def _instances(res) -> pl.DataFrame:
+def _instances(res: Result) -> pl.DataFrame:
     inst = res.instances
     ids = _ids(inst)
     rep = ids[:-1]
@@ -79,13 +84,13 @@ def _instances(res) -> pl.DataFrame:
     return inst.with_columns(top=top, steady=narrow.select(steady=steady)["steady"])
 
 
-def keys(res) -> pl.DataFrame:
+def keys(res: Result) -> pl.DataFrame:
     """``rank, range_id`` of the steady instances with GPU work (ranks are unique across merged reports)."""
-    return _memo(res, "keys", lambda: instances_marked_steady(res).filter(pl.col("steady") & pl.col("rank").is_not_null())
-                 .select("rank", "range_id"))
+    return memoised(res, "keys", lambda: instances_marked_steady(res).filter(pl.col("steady") & pl.col("rank").is_not_null())
+                    .select("rank", "range_id"))
 
 
-def matched(res) -> pl.DataFrame:
+def matched(res: Result) -> pl.DataFrame:
     """The matched collectives (:func:`analyze.compute.collectives.match`) of steady phase instances."""
     def run():
         m = res.memo.get("matched_counted")  # matched once by the analysis over the counted instances
@@ -96,10 +101,10 @@ def matched(res) -> pl.DataFrame:
             return m
         (mk, ks), on = breakdown.one_key(m, keys(res))
         return mk.join(ks.select(on), on=on, how="semi").drop("_key", strict=False)
-    return _memo(res, "matched", run)
+    return memoised(res, "matched", run)
 
 
-def steady_phases(res) -> pl.DataFrame:
+def steady_phases(res: Result) -> pl.DataFrame:
     """Per rank and phase over the steady state: sums, per-instance mean/p50/p90, the comm wait/transfer split."""
     def run():
         p = breakdown.sum_phases(instances_marked_steady(res).filter("steady"))
@@ -108,40 +113,40 @@ def steady_phases(res) -> pl.DataFrame:
             return p.with_columns(pl.lit(0, pl.Int64).alias(c) for c in collectives.SPLIT)
         return p.join(split, on=["rank", "domain", "phase"], how="left", maintain_order="left").with_columns(
             pl.col(*collectives.SPLIT).fill_null(0).cast(pl.Int64))
-    return _memo(res, "phases", run)
+    return memoised(res, "phases", run)
 
 
-def steady_phases_all_ranks(res) -> pl.DataFrame:
+def steady_phases_all_ranks(res: Result) -> pl.DataFrame:
     """Per phase over all ranks' steady instances: sums and per-instance mean/p50/p90 (``ranks`` = ranks with it)."""
     def run():
         inst = instances_marked_steady(res).filter("steady")
         p = breakdown.sum_phases(inst, by=())
         n = inst.filter(pl.col("x_ops") > 0).group_by("domain", range="range").agg(ranks=pl.col("rank").n_unique())
         return p.join(n.rename({"range": "phase"}), on=["domain", "phase"], how="left")
-    return _memo(res, "phases_all", run)
+    return memoised(res, "phases_all", run)
 
 
-def steady_seam_instances(res) -> pl.DataFrame:
+def steady_seam_instances(res: Result) -> pl.DataFrame:
     """Seam instances that lead into a steady instance (the wait before a cycle belongs to that cycle's period)."""
     def run():
         s = res.seam_instances
         if s.height == 0:
             return s
         return s.join(keys(res), on=["rank", "range_id"], how="semi")
-    return _memo(res, "seam_instances", run)
+    return memoised(res, "seam_instances", run)
 
 
-def steady_seams(res) -> pl.DataFrame:
+def steady_seams(res: Result) -> pl.DataFrame:
     """Seams per rank over the steady state (as :func:`analyze.compute.breakdown.sum_seams`)."""
     def run():
         s = steady_seam_instances(res)
         if s.height == 0:
             return res.seams.head(0)
         return breakdown.sum_seams(s, res.instances)
-    return _memo(res, "seams", run)
+    return memoised(res, "seams", run)
 
 
-def steady_seams_all_ranks(res) -> pl.DataFrame:
+def steady_seams_all_ranks(res: Result) -> pl.DataFrame:
     """Seams over all ranks, steady state: sums and per-instance idle mean/p50/p90."""
     def run():
         s = steady_seam_instances(res)
@@ -151,16 +156,17 @@ def steady_seams_all_ranks(res) -> pl.DataFrame:
                                                                             parent_range="range")
         causes = host.seam_aggs() if "cause" in s.columns else []
         out = (s.join(parents, on=["rank", "parent"], how="left")
-               .group_by(parent="parent_range", **{"from": "prev_range"}, to="range")
+               .group_by(pl.col("parent_range").alias("parent"), pl.col("prev_range").alias("from"),
+                         pl.col("range").alias("to"))
                .agg(pl.col("rank").n_unique().alias("ranks"), pl.len().alias("instances"),
                     *[pl.col(c).sum() for c in ("gap_ns", "idle_ns", "busy_ns", "overlap_ns")],
                     *breakdown.spread("idle_ns", "idle"), *causes)
                .sort("idle_ns", "from", "to", descending=[True, False, False]))
         return out.with_columns(bound_expr()) if causes else out
-    return _memo(res, "seams_all", run)
+    return memoised(res, "seams_all", run)
 
 
-def matching(res) -> pl.DataFrame:
+def matching(res: Result) -> pl.DataFrame:
     """Per phase: ``collectives`` matched and the p50 spread of their end times across ranks (``end_spread_p50_ns``);
     ``trusted`` when it is within :data:`analyze.compute.windows.END_SPREAD_BOUND_NS`, the bound of
     :func:`analyze.compute.collectives.refused` (collectives of one job end together; far more means instances
@@ -170,26 +176,26 @@ def matching(res) -> pl.DataFrame:
         if m.height == 0:
             return pl.DataFrame(schema={"phase": pl.String, "collectives": pl.UInt32, "end_spread_p50_ns": pl.Int64,
                                         "trusted": pl.Boolean})
-        per = per_collective(res)
+        per = _per_collective(res)
         return (per.group_by("phase").agg(collectives=pl.len(),
                                           end_spread_p50_ns=pl.col("end_spread_ns").quantile(0.5, "nearest"))
                 .with_columns(trusted=pl.col("end_spread_p50_ns") <= windows.END_SPREAD_BOUND_NS).sort("phase"))
-    return _memo(res, "matching", run)
+    return memoised(res, "matching", run)
 
 
-def per_collective(res) -> pl.DataFrame:
+def _per_collective(res: Result) -> pl.DataFrame:
     """One row per matched collective of the steady state (:func:`analyze.compute.collectives.per_collective`)."""
-    return _memo(res, "per_collective", lambda: collectives.per_collective(matched(res)))
+    return memoised(res, "per_collective", lambda: collectives.per_collective(matched(res)))
 
 
-def stragglers(res) -> pl.DataFrame:
+def stragglers(res: Result) -> pl.DataFrame:
     """Per phase and rank over the steady state: last arrivals at matched collectives (see collectives)."""
-    return _memo(res, "stragglers", lambda: collectives.stragglers(matched(res), coll=per_collective(res))
-                 if matched(res).height
-                 else pl.DataFrame())
+    return memoised(res, "stragglers", lambda: collectives.stragglers(matched(res), coll=_per_collective(res))
+                    if matched(res).height
+                    else pl.DataFrame())
 
 
-def straggler_verdict(res) -> pl.DataFrame:
+def straggler_verdict(res: Result) -> pl.DataFrame:
     """The straggler of each phase over the steady cycles (:func:`collectives.verdict`) with ``per_cycle_ns``, the
     waiting it caused per steady cycle, kept when that is at least :data:`collectives.STRAGGLER_FLOOR` of the
     cycle period: the one verdict that ``analyze``'s findings, ``comm``, ``compare`` and the report name."""
@@ -208,15 +214,15 @@ def straggler_verdict(res) -> pl.DataFrame:
         v = collectives.verdict(st.filter(~pl.col("phase").is_in(untrusted)))
         return (v.with_columns(per_cycle_ns=pl.col("caused_wait_ns") / n)
                 .filter(pl.col("per_cycle_ns") >= collectives.STRAGGLER_FLOOR * period))
-    return _memo(res, "straggler_verdict", run)
+    return memoised(res, "straggler_verdict", run)
 
 
-def ranges(res) -> pl.DataFrame:
+def ranges(res: Result) -> pl.DataFrame:
     """NVIDIA-style inclusive projections (:func:`analyze.compute.breakdown.projections`) over the steady state."""
-    return _memo(res, "ranges", lambda: breakdown.projections(instances_marked_steady(res).filter("steady")))
+    return memoised(res, "ranges", lambda: breakdown.projections(instances_marked_steady(res).filter("steady")))
 
 
-def kernels(res, top: int | None = None) -> pl.DataFrame:
+def kernels(res: Result, top: int | None = None) -> pl.DataFrame:
     """GPU operations per phase over the steady state, all ranks: ``phase, name, count, kernel_ns, ranks,
     per_cycle_ns, count_per_cycle, share`` (of the phase's kernel time), biggest first; ``top`` per phase."""
     def run():
@@ -231,15 +237,15 @@ def kernels(res, top: int | None = None) -> pl.DataFrame:
                 .group_by("phase", "name").agg(pl.col("count").sum(), pl.col("kernel_ns").sum(),
                                                ranks=pl.col("rank").n_unique())
                 .with_columns(pl.col("name").cast(pl.String)))
-    k = _memo(res, "kernels", run)
-    n = max(steady_cycles(res), 1)
+    k = memoised(res, "kernels", run)
+    n = max(_steady_cycles(res), 1)
     k = k.with_columns(per_cycle_ns=pl.col("kernel_ns") / n, count_per_cycle=pl.col("count") / n,
                        share=pl.col("kernel_ns") / pl.col("kernel_ns").sum().over("phase"))
     k = k.sort("phase", "kernel_ns", "name", descending=[False, True, False])
     return k.group_by("phase", maintain_order=True).head(top) if top else k
 
 
-def cycles_per_rank(res) -> pl.DataFrame:
+def cycles_per_rank(res: Result) -> pl.DataFrame:
     """``rank, cycles``: steady cycles of the trace's cycle kind on each rank (the divisor of per-cycle numbers)."""
     def run():
         c = cycles(res)
@@ -247,26 +253,27 @@ def cycles_per_rank(res) -> pl.DataFrame:
             return pl.DataFrame(schema={"rank": pl.Int64, "cycles": pl.UInt32})
         main = c["kind"].mode().sort()[0]
         return c.filter(pl.col("steady") & (pl.col("kind") == main)).group_by("rank").agg(cycles=pl.len()).sort("rank")
-    return _memo(res, "cycles_per_rank", run)
+    return memoised(res, "cycles_per_rank", run)
 
 
-def steady_cycles(res) -> int:
+def _steady_cycles(res: Result) -> int:
     """Steady cycles of the trace's cycle kind, summed over ranks."""
     return int(cycles_per_rank(res)["cycles"].sum())
 
 
-PIECE_KIND = pl.Enum(["gap", "prefill", "head", "phase", "seam", "tail"])
+_PIECE_KIND = pl.Enum(["gap", "prefill", "head", "phase", "seam", "tail"])
 # segment/item: a handful of names repeated for every cycle: categorical (a third of the strings' memory)
-PIECE_SCHEMA = {"rank": pl.Int64, "key": pl.Int64, "segment": pl.Categorical, "item": pl.Categorical,
-                "kind": PIECE_KIND, "order": pl.Float64, "ns": pl.Float64, "compute_ns": pl.Float64,
-                "comm_ns": pl.Float64, "idle_ns": pl.Float64, "gpu_idle_ns": pl.Float64}
-BUDGET_SCHEMA = {"rank": pl.Int64, "segment": pl.String, "kind": pl.String, "order": pl.Float64, "ns": pl.Float64,
-                 "share": pl.Float64, "compute_ns": pl.Float64, "comm_ns": pl.Float64, "idle_ns": pl.Float64,
-                 "gpu_idle_ns": pl.Float64, "cycles": pl.UInt32}
-PREFILL = "prefill"
+_PIECE_SCHEMA: dict[str, pl.DataType | type[pl.DataType]] = {
+    "rank": pl.Int64, "key": pl.Int64, "segment": pl.Categorical, "item": pl.Categorical, "kind": _PIECE_KIND,
+    "order": pl.Float64, "ns": pl.Float64, "compute_ns": pl.Float64, "comm_ns": pl.Float64, "idle_ns": pl.Float64,
+    "gpu_idle_ns": pl.Float64}
+_BUDGET_SCHEMA = {"rank": pl.Int64, "segment": pl.String, "kind": pl.String, "order": pl.Float64, "ns": pl.Float64,
+                  "share": pl.Float64, "compute_ns": pl.Float64, "comm_ns": pl.Float64, "idle_ns": pl.Float64,
+                  "gpu_idle_ns": pl.Float64, "cycles": pl.UInt32}
+_PREFILL = "prefill"
 
 
-def main_cycles(res) -> pl.DataFrame:
+def main_cycles(res: Result) -> pl.DataFrame:
     """The cycles of the trace's cycle kind that have a period (every one but each rank's first)."""
     c = cycles(res)
     if c.height == 0:
@@ -275,18 +282,18 @@ def main_cycles(res) -> pl.DataFrame:
     return c.filter((pl.col("kind") == main) & pl.col("period_ns").is_not_null())
 
 
-def cycle_pieces(res) -> pl.DataFrame:
+def cycle_pieces(res: Result) -> pl.DataFrame:
     """Every cycle with a period cut into consecutive pieces on its rank's GPU clock that add up to its period
     exactly (module docstring): ``rank, key, segment, item, kind, order, ns, compute_ns, comm_ns, idle_ns,
     gpu_idle_ns``; ``kind``: gap (between cycles), prefill, head, phase, seam, tail; ``item``: the piece by base
     names (``verify``, ``seam:draft→verify``), the same across traces whatever the ranges' prefix."""
-    return _memo(res, "pieces", lambda: _pieces(res))
+    return memoised(res, "pieces", lambda: _pieces(res))
 
 
-def _pieces(res) -> pl.DataFrame:
+def _pieces(res: Result) -> pl.DataFrame:
     c = main_cycles(res)
     if c.height == 0:
-        return pl.DataFrame(schema=PIECE_SCHEMA)
+        return pl.DataFrame(schema=_PIECE_SCHEMA)
     cyc_e = c.select("rank", "key", cycle_id="range_id", cycle_range="range", cycle_first="i_first",
                      cycle_last="i_last", lead_ns="lead_ns", prefill_ns="prefill_ns")
     inst_e = res.instances.filter((pl.col("i_ops") > 0) & pl.col("rank").is_not_null())
@@ -370,32 +377,34 @@ def _pieces(res) -> pl.DataFrame:
             idle_ns=pl.col("idle").sum(), gpu_idle_ns=pl.col("gpu_idle").sum())
             .select("rank", "cycle_id", *[pl.col(x).cast(pl.Float64) for x in ("ns", "compute_ns", "comm_ns", "idle_ns",
                                                                            "gpu_idle_ns")])
-            .with_columns(segment=pl.lit(PREFILL), item=pl.lit(PREFILL), kind=pl.lit("prefill"), order=pl.lit(-2.0)))
-    cols = ["rank", "cycle_id", *[c for c in PIECE_SCHEMA if c not in ("rank", "key")]]
+            .with_columns(segment=pl.lit(_PREFILL), item=pl.lit(_PREFILL), kind=pl.lit("prefill"), order=pl.lit(-2.0)))
+    cols = ["rank", "cycle_id", *[c for c in _PIECE_SCHEMA if c not in ("rank", "key")]]
     pieces = pl.concat([x.select(cols) for x in parts], how="vertical_relaxed")
     return (pieces.join(cyc.select("rank", "cycle_id", "key"), on=["rank", "cycle_id"])
-            .select(list(PIECE_SCHEMA)).cast(PIECE_SCHEMA).collect())
+            .select(list(_PIECE_SCHEMA))
+            .cast(_PIECE_SCHEMA)  # type: ignore[arg-type]  # polars' stub: a dict keyed by str is not its key union
+            .collect())
 
 
-def budget(res) -> pl.DataFrame:
+def budget(res: Result) -> pl.DataFrame:
     """Per rank and piece of the mean steady cycle (module docstring): ``rank, segment, kind, order, ns, share,
     compute_ns, comm_ns, idle_ns, gpu_idle_ns, cycles``; a rank's ``ns`` add up to its mean cycle period."""
-    return _memo(res, "budget", lambda: mean_budget(res, steady_keys(res)))
+    return memoised(res, "budget", lambda: mean_budget(res, steady_keys(res)))
 
 
-def steady_keys(res) -> pl.DataFrame:
+def steady_keys(res: Result) -> pl.DataFrame:
     """``rank, key`` of the steady cycles that have a period (what the budget and per-cycle means average over)."""
     c = main_cycles(res)
     return c.filter("steady").select("rank", "key") if c.height else pl.DataFrame(
         schema={"rank": pl.Int64, "key": pl.Int64})
 
 
-def mean_budget(res, which: pl.DataFrame, by_rank: bool = True) -> pl.DataFrame:
+def mean_budget(res: Result, which: pl.DataFrame, by_rank: bool = True) -> pl.DataFrame:
     """The mean cycle over the cycles ``which`` (``rank, key``) cut into its pieces, per rank (``by_rank``) or
     over all ranks' cycles (``rank`` null); ``ns`` add up to the mean period of those cycles."""
     p = cycle_pieces(res)
     if p.height == 0 or which.height == 0:
-        return pl.DataFrame(schema=BUDGET_SCHEMA)
+        return pl.DataFrame(schema=_BUDGET_SCHEMA)
     p = p.join(which.select("rank", "key").unique(), on=["rank", "key"], how="semi")
     grp = ["rank"] if by_rank else []
     cyc = p.select("rank", "key").unique()

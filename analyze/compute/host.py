@@ -31,13 +31,16 @@ import polars as pl
 from ..model import SEAM_CAUSES
 from .attribute import innermost
 
-CALL_SCHEMA = {"pid": pl.Int64, "gtid": pl.Int64, "corr": pl.Int64, "start": pl.Int64, "end": pl.Int64,
-               "name_id": pl.Int64, "sync": pl.Boolean, "graph": pl.Boolean, "unit": pl.Int64, "ops": pl.UInt32,
-               "range_id": pl.Int64, "wait_end": pl.Int64, "wait_range_id": pl.Int64, "wait_ns": pl.Int64}
-INSTANCE_COLS = ("x_launch_api_ns", "x_host_wait_ns", "x_syncs")
+__all__ = ["CALL_SCHEMA", "calls", "add_instance_cols", "seam_causes", "seam_aggs", "phase_host"]
+
+CALL_SCHEMA = pl.Schema({"pid": pl.Int64, "gtid": pl.Int64, "corr": pl.Int64, "start": pl.Int64, "end": pl.Int64,
+                         "name_id": pl.Int64, "sync": pl.Boolean, "graph": pl.Boolean, "unit": pl.Int64,
+                         "ops": pl.UInt32, "range_id": pl.Int64, "wait_end": pl.Int64, "wait_range_id": pl.Int64,
+                         "wait_ns": pl.Int64})
+_INSTANCE_COLS = ("x_launch_api_ns", "x_host_wait_ns", "x_syncs")
 
 
-def per_call(ops: pl.DataFrame) -> pl.DataFrame:
+def _per_call(ops: pl.DataFrame) -> pl.DataFrame:
     """One row per launching call (``corr``): its op count, range, start and end, first op start, last op end.
 
     ``ops`` carry their launching call's ``api_start``/``api_end`` (:func:`analyze.compute.attribute.join_calls`;
@@ -47,7 +50,7 @@ def per_call(ops: pl.DataFrame) -> pl.DataFrame:
                                     start=pl.col("api_start").first(), end=pl.col("api_end").first())
 
 
-def first_launches(per_corr: pl.DataFrame) -> pl.DataFrame:
+def _first_launches(per_corr: pl.DataFrame) -> pl.DataFrame:
     """Per range instance with GPU work (exclusive view): its earliest op's start, the call that launched it
     (``corr, launch_start, launch_end``) and ``x_launch_api_ns``, the time in all the calls that launched its
     ops (a call's ops share its range: the innermost one open while it ran)."""
@@ -57,7 +60,7 @@ def first_launches(per_corr: pl.DataFrame) -> pl.DataFrame:
                  launch_end=pl.col("end").get(at), x_launch_api_ns=(pl.col("end") - pl.col("start")).sum()))
 
 
-def waits(calls: pl.DataFrame, per_corr: pl.DataFrame) -> pl.DataFrame:
+def _waits(calls: pl.DataFrame, per_corr: pl.DataFrame) -> pl.DataFrame:
     """``calls`` with ``wait_end`` (latest end of the ops launched by calls that started no later) and
     ``wait_range_id`` (the range of that op), both null before the first launch."""
     launched = (per_corr.filter(pl.col("start").is_not_null()).sort("start", "last")
@@ -73,11 +76,11 @@ def waits(calls: pl.DataFrame, per_corr: pl.DataFrame) -> pl.DataFrame:
 def calls(ops: pl.DataFrame, api: pl.DataFrame, nested: pl.DataFrame, sync_ids: pl.Series,
           launch_ids: pl.Series, tl: pl.DataFrame | None = None) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """One process's key calls (:data:`CALL_SCHEMA`), the first launch of each range instance
-    (:func:`first_launches`) and per range instance ``x_launch_api_ns``, ``x_host_wait_ns`` and ``x_syncs``
+    (:func:`_first_launches`) and per range instance ``x_launch_api_ns``, ``x_host_wait_ns`` and ``x_syncs``
     (its sync-like calls' wait and count). ``tl``: the timeline of ``nested``
     (:func:`analyze.compute.attribute.timeline`) if already made."""
-    per_corr = per_call(ops)
-    firsts = first_launches(per_corr)
+    per_corr = _per_call(ops)
+    firsts = _first_launches(per_corr)
     is_sync, is_graph = pl.col("name_id").is_in(sync_ids.implode()), pl.col("name_id").is_in(launch_ids.implode())
     key = (api.filter(is_sync | is_graph | pl.col("corr").is_in(firsts["corr"].implode()))
            .join(per_corr.select("corr", "ops", "range_id"), on="corr", how="left")
@@ -88,7 +91,7 @@ def calls(ops: pl.DataFrame, api: pl.DataFrame, nested: pl.DataFrame, sync_ids: 
     if bare.height:
         open_at = innermost(bare.select("pid", "gtid", "corr", "start", "end"), nested, tl).select("corr", _open="range_id")
         key = key.join(open_at, on="corr", how="left").with_columns(range_id=pl.coalesce("range_id", "_open"))
-    key = waits(key, per_corr).with_columns(
+    key = _waits(key, per_corr).with_columns(
         wait_ns=pl.when("sync").then((pl.min_horizontal("wait_end", "end") - pl.col("start")).clip(lower_bound=0))
         .otherwise(0).fill_null(0))
     key = key.select(list(CALL_SCHEMA)).cast(CALL_SCHEMA).sort("start")
@@ -99,12 +102,12 @@ def calls(ops: pl.DataFrame, api: pl.DataFrame, nested: pl.DataFrame, sync_ids: 
 
 
 def add_instance_cols(inst: pl.DataFrame, per_inst: pl.DataFrame | None) -> pl.DataFrame:
-    """``inst`` with :data:`INSTANCE_COLS` (0 where a range launched nothing and waited for nothing)."""
+    """``inst`` with :data:`_INSTANCE_COLS` (0 where a range launched nothing and waited for nothing)."""
     if per_inst is None:
         per_inst = pl.DataFrame(schema={"range_id": pl.Int64, "x_launch_api_ns": pl.Int64,
                                         "x_host_wait_ns": pl.Int64, "x_syncs": pl.UInt32})
     out = inst.join(per_inst, on="range_id", how="left")
-    return out.with_columns(pl.col(c).fill_null(0) for c in INSTANCE_COLS)
+    return out.with_columns(pl.col(c).fill_null(0) for c in _INSTANCE_COLS)
 
 
 def seam_causes(seam: pl.DataFrame, firsts: pl.DataFrame) -> pl.DataFrame:

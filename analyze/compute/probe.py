@@ -31,8 +31,10 @@ from nvtx_hooks.phases import CYCLE_ORDER
 from ..model import Diagnostic, InputError, Result
 from .tokens import base_expr, read_manifest, summary
 
-SPLIT = ("compute_ns", "comm_ns", "gpu_idle_ns", "comm_wait_ns", "comm_transfer_ns")
-FROM_NODE = ("kernel_ns", "ops")
+__all__ = ["combine", "own_rate", "unprofiled_rate", "probe_effect"]
+
+_SPLIT = ("compute_ns", "comm_ns", "gpu_idle_ns", "comm_wait_ns", "comm_transfer_ns")
+_FROM_NODE = ("kernel_ns", "ops")
 
 
 def combine(node: Result, graph: Result) -> Result:
@@ -42,15 +44,15 @@ def combine(node: Result, graph: Result) -> Result:
                          f"{Path(node.trace.path).name} {node.ranks.height}: not two passes of one workload",
                          "TIMING_MISMATCH")
     keys = ["rank", "domain", "phase"]
-    have = [c for c in SPLIT if c in node.phases.columns and c in graph.phases.columns]
+    have = [c for c in _SPLIT if c in node.phases.columns and c in graph.phases.columns]
     n = node.phases.select(*keys, pl.col("span_ns").alias("_nspan"),
-                           *[pl.col(c).alias(f"_n_{c}") for c in (*have, *FROM_NODE)])
+                           *[pl.col(c).alias(f"_n_{c}") for c in (*have, *_FROM_NODE)])
     g = graph.phases.join(n, on=keys, how="left", maintain_order="left")
     share = {c: pl.when(pl.col("_nspan") > 0).then(
         (pl.col("span_ns") * pl.col(f"_n_{c}") / pl.col("_nspan")).round().cast(pl.Int64)).otherwise(pl.col(c))
         for c in have}
     g = g.with_columns(**share).with_columns(
-        pl.coalesce(f"_n_{c}", c).cast(graph.phases.schema[c]).alias(c) for c in FROM_NODE)
+        pl.coalesce(f"_n_{c}", c).cast(graph.phases.schema[c]).alias(c) for c in _FROM_NODE)
     g = g.with_columns(idle_ns=pl.col("span_ns") - pl.col("compute_ns") - pl.col("comm_ns"),
                        busy_ns=pl.col("compute_ns") + pl.col("comm_ns"))
     phases = g.select(graph.phases.columns)

@@ -7,6 +7,8 @@ import polars as pl
 
 from ..model import InputError
 
+__all__ = ["check_regex"]
+
 
 def check_regex(regex: str, where: str) -> None:
     """Raise a one-line :class:`InputError` unless polars accepts ``regex``."""

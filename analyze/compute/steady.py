@@ -17,17 +17,17 @@ it in a collective all see the same long cycle; one late event counts once):
   ``typical × (1 + tol)``, ``tol = max(10 %, 5 × sd / typical)``, where *typical* and *sd* come from the
   densest 40 % of its cycle times (:func:`_typical`: the median and standard deviation for normal noise, but
   still the fast cycles' level when a third or half of them belong to slower classes); a cycle above the
-  band is *slow*, one over :data:`PAUSE` × typical a *pause* (idle: no requests);
+  band is *slow*, one over :data:`_PAUSE` × typical a *pause* (idle: no requests);
 - *classes* of slower cycles that recur, kept in the steady state and described: slow cycles right after a
-  prefill, slow cycles among the first :data:`SEG_SETTLE` of a new batch size, **every N-th cycle** by index
+  prefill, slow cycles among the first :data:`_SEG_SETTLE` of a new batch size, **every N-th cycle** by index
   with an offset (most of its slots *elevated*, i.e. above ``typical × (1 + max(5 %, 3 × sd / typical))``,
   a lower bar than the band's);
-  :data:`COVER`; far more than chance: binomial tail × hypotheses < :data:`CHANCE`; up to
-  :data:`MAX_CLASSES`), and *a second mode*: slow cycles without a period that are more than
-  :data:`MODE_SHARE` of the cycles (and at least :data:`MIN_HITS`);
-- *warm-up*: the cycles before the first :data:`SETTLE` cycles in a row that are in band or in a class
+  :data:`_COVER`; far more than chance: binomial tail × hypotheses < :data:`_CHANCE`; up to
+  :data:`_MAX_CLASSES`), and *a second mode*: slow cycles without a period that are more than
+  :data:`_MODE_SHARE` of the cycles (and at least :data:`_MIN_HITS`);
+- *warm-up*: the cycles before the first :data:`_SETTLE` cycles in a row that are in band or in a class
   (looked for in the first half; if the period never settles, nothing is called warm-up);
-- *stalls*: the rest of the slow cycles after warm-up, rare by construction (≤ :data:`MODE_SHARE`), left
+- *stalls*: the rest of the slow cycles after warm-up, rare by construction (≤ :data:`_MODE_SHARE`), left
   out like the warm-up and the pauses; leaving out more than :data:`LEFT_OUT_WARN` is said first.
 
 Cycles are identified across ranks by the pairing of :mod:`analyze.compute.windows` (the payload's cycle
@@ -47,29 +47,32 @@ import re
 import polars as pl
 
 from ..model import InputError
+from .scalars import real, to_float, to_int
 
-SETTLE = 3  # consecutive explained cycles that end the warm-up
-MIN_TOL = 0.10  # the band is at least this far above the median period
-MAD_K = 5.0  # ... or this many robust standard deviations
-PAUSE = 10.0  # a period this many times the median is a pause, not a stall
-SEG_SETTLE = 5  # slow cycles among the first this many of a new batch size: after a batch-size change (kept)
-MODE_SHARE = 0.05  # slow cycles that recur without a period, above this share of the cycles: a mode, kept
+__all__ = ["LEFT_OUT_WARN", "parse_window", "check_choice", "flag_cycles", "class_label"]
+
+_SETTLE = 3  # consecutive explained cycles that end the warm-up
+_MIN_TOL = 0.10  # the band is at least this far above the median period
+_MAD_K = 5.0  # ... or this many robust standard deviations
+_PAUSE = 10.0  # a period this many times the median is a pause, not a stall
+_SEG_SETTLE = 5  # slow cycles among the first this many of a new batch size: after a batch-size change (kept)
+_MODE_SHARE = 0.05  # slow cycles that recur without a period, above this share of the cycles: a mode, kept
 LEFT_OUT_WARN = 0.10  # leaving out more than this share of the post-warm-up cycles is said first
-ELEV_TOL = 0.05  # a cycle this far above its segment's typical level (or ELEV_K sds) is *elevated*: a candidate
-ELEV_K = 3.0  # for a periodic class
-COVER = 0.6  # a periodic class: at least this share of its slots are elevated
-MIN_HITS = 3  # ... and at least this many of them
-MIN_SLOTS = 4
-MAX_EVERY = 32  # periods looked for: every 2nd … every 32nd cycle
-MAX_CLASSES = 3  # periodic classes looked for, one after the other
-CHANCE = 0.01  # a periodic class must be this unlikely by chance (binomial tail × hypotheses tried)
-UNITS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
-ORDINAL = {1: "st", 2: "nd", 3: "rd"}
+_ELEV_TOL = 0.05  # a cycle this far above its segment's typical level (or _ELEV_K sds) is *elevated*: a candidate
+_ELEV_K = 3.0  # for a periodic class
+_COVER = 0.6  # a periodic class: at least this share of its slots are elevated
+_MIN_HITS = 3  # ... and at least this many of them
+_MIN_SLOTS = 4
+_MAX_EVERY = 32  # periods looked for: every 2nd … every 32nd cycle
+_MAX_CLASSES = 3  # periodic classes looked for, one after the other
+_CHANCE = 0.01  # a periodic class must be this unlikely by chance (binomial tail × hypotheses tried)
+_UNITS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
+_ORDINAL = {1: "st", 2: "nd", 3: "rd"}
 
 
-def nth(n: int) -> str:
+def _nth(n: int) -> str:
     """2 → "2nd", 4 → "4th", 11 → "11th"."""
-    return f"{n}{'th' if 10 <= n % 100 <= 20 else ORDINAL.get(n % 10, 'th')}"
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else _ORDINAL.get(n % 10, 'th')}"
 
 
 def parse_window(text: str | tuple | None) -> dict | None:
@@ -83,7 +86,8 @@ def parse_window(text: str | tuple | None) -> dict | None:
     if len(parts) != 2:
         raise InputError(f"--window {text!r}: expected START:END (cycles, e.g. 5:50, or times, e.g. 1.5s:3s)",
                          "BAD_OPTION")
-    vals, units = [], set()
+    vals: list[int | None] = []
+    units = set()
     for p in parts:
         p = p.strip()
         if not p:
@@ -94,7 +98,7 @@ def parse_window(text: str | tuple | None) -> dict | None:
             raise InputError(f"--window {text!r}: {p!r} is neither a cycle number nor a time such as 250ms",
                              "BAD_OPTION")
         units.add("cycle" if m.group(2) is None else "ns")
-        vals.append(int(m.group(1)) if m.group(2) is None else int(float(m.group(1)) * UNITS[m.group(2)]))
+        vals.append(int(m.group(1)) if m.group(2) is None else int(float(m.group(1)) * _UNITS[m.group(2)]))
     if len(units) > 1:
         raise InputError(f"--window {text!r}: give both ends as cycles or both as times", "BAD_OPTION")
     if vals[0] is not None and vals[1] is not None and vals[1] <= vals[0]:
@@ -146,25 +150,25 @@ def _series(m: pl.DataFrame) -> pl.DataFrame:
             .with_columns(seg_pos=pl.int_range(pl.len()).over("segment")))
 
 
-DENSE = 0.4  # the typical level is the median of the densest DENSE of the cycle times
-DENSE_Z = 1.0488  # the range of the central 40 % of a normal distribution, in standard deviations
+_DENSE = 0.4  # the typical level is the median of the densest _DENSE of the cycle times
+_DENSE_Z = 1.0488  # the range of the central 40 % of a normal distribution, in standard deviations
 
 
 def _typical(t: pl.Series) -> tuple[float, float]:
     """The typical level and spread of cycle times ``t``: the median and the range of their densest
-    :data:`DENSE` (the shortest window holding that share of the values; ``DENSE_Z`` standard deviations for
+    :data:`_DENSE` (the shortest window holding that share of the values; :data:`_DENSE_Z` standard deviations for
     normal noise). Unlike the median and MAD of all values, it stays on the fast cycles even when half of them
     belong to slower classes."""
     v = t.drop_nulls().sort()
     n = v.len()
     if n == 0:
         return float("nan"), 0.0
-    h = max(1, math.ceil(DENSE * n))
+    h = max(1, math.ceil(_DENSE * n))
     lo = v.head(n - h + 1)
     width = v.tail(n - h + 1) - lo.to_numpy() if n > 1 else pl.Series([0.0])
     i = int(width.arg_min() or 0)
     window = v.slice(i, h)
-    return float(window.median()), float(width[i]) / DENSE_Z
+    return to_float(window.median()), float(width[i]) / _DENSE_Z
 
 
 def _bands(s: pl.DataFrame) -> pl.DataFrame:
@@ -177,20 +181,20 @@ def _bands(s: pl.DataFrame) -> pl.DataFrame:
         rows.append({"seg_value": value, "median_ns": m, "sd_ns": sd})
     band = (pl.DataFrame(rows, schema={"seg_value": s.schema["seg_value"], "median_ns": pl.Float64,
                                        "sd_ns": pl.Float64})
-            .with_columns(tol=pl.max_horizontal(pl.lit(MIN_TOL), MAD_K * pl.col("sd_ns") / pl.col("median_ns")),
-                          etol=pl.max_horizontal(pl.lit(ELEV_TOL), ELEV_K * pl.col("sd_ns") / pl.col("median_ns")))
+            .with_columns(tol=pl.max_horizontal(pl.lit(_MIN_TOL), _MAD_K * pl.col("sd_ns") / pl.col("median_ns")),
+                          etol=pl.max_horizontal(pl.lit(_ELEV_TOL), _ELEV_K * pl.col("sd_ns") / pl.col("median_ns")))
             .with_columns(limit_ns=pl.col("median_ns") * (1 + pl.col("tol"))))
     return (s.join(band, on="seg_value", how="left", nulls_equal=True, maintain_order="left")
             .with_columns(slow=(t > pl.col("limit_ns")).fill_null(False),
                           elevated=(t > pl.col("median_ns") * (1 + pl.col("etol"))).fill_null(False),
-                          pause=(t > PAUSE * pl.col("median_ns")).fill_null(False)))
+                          pause=(t > _PAUSE * pl.col("median_ns")).fill_null(False)))
 
 
 def _settle(ok: pl.Series, half: int) -> int | None:
-    """The first position (at most ``half``) that starts :data:`SETTLE` consecutive ``ok`` cycles, or None."""
-    run = ok.cast(pl.Int32).rolling_sum(SETTLE).shift(-(SETTLE - 1))
+    """The first position (at most ``half``) that starts :data:`_SETTLE` consecutive ``ok`` cycles, or None."""
+    run = ok.cast(pl.Int32).rolling_sum(_SETTLE).shift(-(_SETTLE - 1))
     hit = pl.DataFrame({"run": run, "pos": pl.int_range(len(ok), eager=True)}).filter(
-        (pl.col("run") == SETTLE) & (pl.col("pos") <= half))
+        (pl.col("run") == _SETTLE) & (pl.col("pos") <= half))
     return int(hit["pos"][0]) if hit.height else None
 
 
@@ -207,27 +211,27 @@ def _periodic(post: pl.DataFrame) -> list[dict]:
     found: list[dict] = []
     rows = post.filter(pl.col("t").is_not_null()).select("key", "cand")
     n = rows.height
-    top = min(MAX_EVERY, n // MIN_SLOTS)
+    top = min(_MAX_EVERY, n // _MIN_SLOTS)
     if top < 2:
         return found
     tried = sum(range(2, top + 1))
     taken = pl.lit(False)
-    for _ in range(MAX_CLASSES):
+    for _ in range(_MAX_CLASSES):
         cand = rows.with_columns(cand=pl.col("cand") & ~taken)
         k = int(cand["cand"].sum())
-        if k < MIN_HITS:
+        if k < _MIN_HITS:
             break
         p = k / n
         ev = (cand.join(pl.DataFrame({"every": range(2, top + 1)}), how="cross")
               .group_by("every", offset=pl.col("key") % pl.col("every"))
               .agg(slots=pl.len(), hits=pl.col("cand").sum())
-              .filter((pl.col("slots") >= MIN_SLOTS) & (pl.col("hits") >= MIN_HITS)
-                      & (pl.col("hits") >= COVER * pl.col("slots")))
+              .filter((pl.col("slots") >= _MIN_SLOTS) & (pl.col("hits") >= _MIN_HITS)
+                      & (pl.col("hits") >= _COVER * pl.col("slots")))
               .with_columns(score=pl.col("hits") * pl.col("hits") / pl.col("slots"))
               .sort("score", "every", "offset", descending=[True, False, False]))
         best = None
         for row in ev.head(20).iter_rows(named=True):  # a handful of candidates, not events
-            if _tail(row["hits"], row["slots"], p) * tried < CHANCE:
+            if _tail(row["hits"], row["slots"], p) * tried < _CHANCE:
                 best = row
                 break
         if best is None:
@@ -255,14 +259,14 @@ def _classes(s: pl.DataFrame, w: int) -> tuple[pl.DataFrame, list[dict]]:
 
     free = pl.col("cycle_class").is_null()
     add(slow & pl.col("prefill"), {"kind": "prefill", "every": None, "offset": None})
-    add(slow & (pl.col("seg_pos") < SEG_SETTLE) & (pl.col("segment") > 0),
+    add(slow & (pl.col("seg_pos") < _SEG_SETTLE) & (pl.col("segment") > 0),
         {"kind": "batch change", "every": None, "offset": None})
     s = s.with_columns(cand=post & pl.col("elevated") & ~pl.col("pause") & free)
     for per in _periodic(s.filter(post)):
         add(post & per.pop("member"), {"kind": "every", **per})
     rest = s.filter(slow & free)
     npost = s.filter(post).height
-    if rest.height >= MIN_HITS and rest.height > MODE_SHARE * npost:
+    if rest.height >= _MIN_HITS and rest.height > _MODE_SHARE * npost:
         add(slow & free, {"kind": "mode", "every": None, "offset": None})
     s = s.with_columns(out=pl.when(post & pl.col("pause")).then(pl.lit("pause"))
                        .when(slow & pl.col("cycle_class").is_null()).then(pl.lit("stall")))
@@ -291,8 +295,8 @@ def _describe_classes(s: pl.DataFrame, classes: list[dict], w: int) -> list[dict
         extra = hit.select((pl.col("t") - pl.col("typical_ns")).mean()).item() if hit.height else 0.0
         out.append({**c, "slots": m.height, "affected": hit.height, "keys": keys[:20], "more_keys": max(0, len(keys) - 20),
                     "first_key": keys[0] if keys else None, "n": hit["n"].to_list()[:20],
-                    "extra_ns": float(extra or 0.0), "period_ns": float(hit["t"].mean() or 0.0),
-                    "typical_ns": float(hit["typical_ns"].mean() or 0.0)})
+                    "extra_ns": float(extra or 0.0), "period_ns": to_float(hit["t"].mean() or 0.0),
+                    "typical_ns": to_float(hit["typical_ns"].mean() or 0.0)})
     return out
 
 
@@ -312,18 +316,19 @@ def flag_cycles(cyc: pl.DataFrame, choice: dict | None = None) -> tuple[pl.DataF
     s = _bands(_series(cyc.filter(is_main)))
     n = s.height
     half = n // 2
-    # Warm-up: a provisional one (the leading slow cycles), the classes after it, then the first SETTLE cycles
+    # Warm-up: a provisional one (the leading slow cycles), the classes after it, then the first _SETTLE cycles
     # in a row that are in band or explained by a class (a periodic slot, a prefill, a batch change).
     w0 = _settle(~s["slow"], half)
     w0 = w0 if w0 is not None else int(s.with_columns(c=(~pl.col("slow")).cum_sum()).filter(pl.col("c") == 0).height)
     s1, _ = _classes(s, w0)
     explained = ~s1["slow"] | s1["cycle_class"].is_not_null()
-    w = _settle(explained, half)
-    settled = w is not None
-    w = w if settled else 0
+    settled_at = _settle(explained, half)
+    settled = settled_at is not None
+    w = settled_at if settled_at is not None else 0
     s, classes = _classes(s, w)
     how = "detected"
     post = pl.col("pos") >= w
+    why: pl.Expr
     if "skip_cycles" in choice:
         how = "skip"
         why = pl.when(pl.col("n") < choice["skip_cycles"]).then(pl.lit("skipped"))
@@ -352,12 +357,13 @@ def flag_cycles(cyc: pl.DataFrame, choice: dict | None = None) -> tuple[pl.DataF
         c = c.with_columns(why=pl.when(is_main).then(why))
     c = c.with_columns(pl.col("why").cast(pl.String)).with_columns(steady=pl.col("why").is_null())
     per_rank = c.filter(is_main).group_by("rank").agg(total=pl.len(), steady=pl.col("steady").sum())
-    if how != "detected" and int(per_rank["steady"].max()) == 0:
+    if how != "detected" and to_int(per_rank["steady"].max()) == 0:
         mm = c.filter(is_main)
         raise InputError(
             f"{'--skip-cycles ' + str(choice['skip_cycles']) if how == 'skip' else '--window ' + choice['window']['text']}"
-            f" leaves no cycle: there are {int(per_rank['total'].max())} per rank (n = 0…{int(mm['n'].max())}), their "
-            f"first GPU ops from {mm['i_first'].min() / 1e9:.3f} s to {mm['i_first'].max() / 1e9:.3f} s on the "
+            f" leaves no cycle: there are {to_int(per_rank['total'].max())} per rank (n = 0…{to_int(mm['n'].max())}), "
+            f"their first GPU ops from {real(mm['i_first'].min()) / 1e9:.3f} s to {real(mm['i_first'].max()) / 1e9:.3f} s "
+            "on the "
             "capture's clock", "BAD_OPTION")
     if how != "detected":  # the user chose the cycles: what is described is what they hold
         chosen = c.filter(is_main & pl.col("steady"))["key"].unique().implode()
@@ -378,16 +384,16 @@ def flag_cycles(cyc: pl.DataFrame, choice: dict | None = None) -> tuple[pl.DataF
         "how": how,
         "kind": main,
         "identity": identity,
-        "cycles": int(per_rank["total"].max()),
-        "steady": int(per_rank["steady"].max()),
-        "left_out": int((per_rank["total"] - per_rank["steady"]).max()),
-        "warmup": int(w) if how == "detected" else 0,
+        "cycles": to_int(per_rank["total"].max()),
+        "steady": to_int(per_rank["steady"].max()),
+        "left_out": to_int((per_rank["total"] - per_rank["steady"]).max()),
+        "warmup": w if how == "detected" else 0,
         "post_warmup": npost,
         "left_out_share": left_keys / npost if npost else 0.0,
         "settled": settled,
-        "median_ns": float(s["median_ns"].median()) if n else None,
-        "limit_ns": float(s["limit_ns"].median()) if n else None,
-        "tolerance": float(s["tol"].max()) if n else None,
+        "median_ns": to_float(s["median_ns"].median()) if n else None,
+        "limit_ns": to_float(s["limit_ns"].median()) if n else None,
+        "tolerance": to_float(s["tol"].max()) if n else None,
         "stalls": [{"key": r["key"], "n": r["n"], "period_ns": r["period"], "excess_ns": r["t"] - r["median_ns"]}
                    for r in stalls.iter_rows(named=True)],
         "pauses": [{"key": r["key"], "n": r["n"], "period_ns": r["period"]} for r in pauses.iter_rows(named=True)],
@@ -398,14 +404,14 @@ def flag_cycles(cyc: pl.DataFrame, choice: dict | None = None) -> tuple[pl.DataF
                      for r in seg.iter_rows(named=True)] if segmented else [],
         "choice": {k: (v["text"] if k == "window" else v) for k, v in choice.items()},
     }
-    info["text"] = describe(info)
+    info["text"] = _describe(info)
     return c.drop("out", "_kw").with_columns(slow=pl.col("slow").fill_null(False)), info
 
 
 def class_label(c: dict) -> str:
     """``every 4th cycle (offset 1)``, ``after a prefill``, ``after a batch-size change``, ``a second mode``."""
     if c["kind"] == "every":
-        return f"every {nth(c['every'])} cycle" + (f" (offset {c['offset']})" if c["offset"] else "")
+        return f"every {_nth(c['every'])} cycle" + (f" (offset {c['offset']})" if c["offset"] else "")
     return {"prefill": "after a prefill", "batch change": "after a batch-size change",
             "mode": "a second mode (slower, not periodic)"}[c["kind"]]
 
@@ -414,7 +420,7 @@ def _keys_txt(keys: list, more: int) -> str:
     return ", ".join(str(k) for k in keys[:6]) + (" …" if len(keys) > 6 or more else "")
 
 
-def describe(info: dict) -> str:
+def _describe(info: dict) -> str:
     """One sentence: which cycles the numbers use, what was left out and why, what recurs (kept), how to choose."""
     if info["how"] == "none":
         return info["text"]
@@ -442,7 +448,7 @@ def describe(info: dict) -> str:
                     f"not recurring: cycle {st_txt})")
     pa = info.get("pauses") or []
     if pa:
-        left.append(f"{len(pa)} pause{'s' if len(pa) > 1 else ''} (over {PAUSE:.0f} × the median: cycle "
+        left.append(f"{len(pa)} pause{'s' if len(pa) > 1 else ''} (over {_PAUSE:.0f} × the median: cycle "
                     + ", ".join(f"{p['key']} ({p['period_ns'] / 1e6:,.1f} ms)" for p in pa[:5]) + ")")
     text = head + ("; left out: " + ", ".join(left[:-1]) + (" and " if len(left) > 1 else "") + left[-1] if left
                    else "; nothing left out")

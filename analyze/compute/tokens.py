@@ -31,8 +31,14 @@ import polars as pl
 
 from nvtx_hooks import phases as ph
 
+from ..model import Result
 from ..read import results
 from . import steady
+from .scalars import real_or_none, to_float
+
+__all__ = ["CYCLE_NAMES", "DEFINITION", "base_expr", "cycle_order", "decode_exprs", "decode_frame",
+           "manifest_path", "speculative", "read_manifest", "cycles", "selection", "prefill_rows", "Tokens",
+           "summary"]
 
 CYCLE_NAMES = ("cycle", "decode_step")
 DEFINITION = ("cycle period = last GPU op of the previous cycle → last GPU op of this cycle, mean over the "
@@ -113,7 +119,7 @@ def read_manifest(report: str | Path) -> dict | None:
         return None
 
 
-def cycles(res) -> pl.DataFrame:
+def cycles(res: Result) -> pl.DataFrame:
     """One row per cycle instance with GPU work: rank, n (order on its rank), kind, GPU first/last, period,
     batch_size, cycle_index, accept_length, tokens (null when unknown), and whether it is in the steady
     state (``steady``, ``why`` not, ``key`` = its identity across ranks; :mod:`analyze.compute.steady`)."""
@@ -123,13 +129,13 @@ def cycles(res) -> pl.DataFrame:
     return res.memo[key][0]
 
 
-def selection(res) -> dict:
+def selection(res: Result) -> dict:
     """What :func:`cycles` decided: counts of cycles, warm-up and stalls, the text that says so."""
     cycles(res)
     return res.memo[("cycles", repr(sorted(res.cycle_choice.items())))][1]
 
 
-def _cycles(res) -> pl.DataFrame:
+def _cycles(res: Result) -> pl.DataFrame:
     inst = decode_frame(res.instances).with_columns(base=base_expr())
     if "cycle" in inst.columns:  # an index the pairing ignored (analyze.compute.windows: PAYLOAD_CYCLE_INDEX) is none
         inst = inst.with_columns(cycle_index=pl.when(pl.col("cycle").is_not_null()).then("cycle_index"))
@@ -143,7 +149,7 @@ def _cycles(res) -> pl.DataFrame:
     known = pl.col("accept_length").is_not_null() & pl.col("cycle_index").is_not_null()
     acc = pl.concat([
         inst.filter(known).select("pid", "cycle_index", "accept_length", src=pl.lit("payload")),
-        accept_marks(res).filter(known).select("pid", "cycle_index", "accept_length", src=pl.lit("marks")),
+        _accept_marks(res).filter(known).select("pid", "cycle_index", "accept_length", src=pl.lit("marks")),
     ]).sort("src", descending=True)  # a range's payload first, then the marks
     acc = acc.group_by("pid", "cycle_index").agg(acc_any=pl.col("accept_length").first(),
                                                  acc_src=pl.col("src").first())
@@ -172,11 +178,11 @@ def _cycles(res) -> pl.DataFrame:
         "pair_key", "accept_length", "accept_source", "tokens")
 
 
-PREFILL_NAMES = ("prefill",)
+_PREFILL_NAMES = ("prefill",)
 
 
-PREFILL_ROWS = {"rank": pl.Int64, "range_id": pl.Int64, "cycle_id": pl.Int64, "span": pl.Int64, "compute": pl.Int64,
-                "comm": pl.Int64, "idle": pl.Int64, "gpu_idle": pl.Int64}
+_PREFILL_ROWS = pl.Schema({"rank": pl.Int64, "range_id": pl.Int64, "cycle_id": pl.Int64, "span": pl.Int64,
+                           "compute": pl.Int64, "comm": pl.Int64, "idle": pl.Int64, "gpu_idle": pl.Int64})
 
 
 def prefill_rows(inst: pl.DataFrame, cyc: pl.DataFrame) -> pl.DataFrame:
@@ -184,16 +190,16 @@ def prefill_rows(inst: pl.DataFrame, cyc: pl.DataFrame) -> pl.DataFrame:
     ``i_first``) that ran next on its rank: ``rank, range_id, cycle_id`` (that cycle's range_id) and the prefill's
     GPU ``span`` (first op → last op), ``compute, comm, idle, gpu_idle``. A prefill after a rank's last cycle has
     none and is left out. One mapping for the cycles' ``prefill_ns`` and the budget's prefill pieces."""
-    pre = inst.filter(base_expr().is_in(PREFILL_NAMES) & (pl.col("i_ops") > 0) & pl.col("parent").is_null()
+    pre = inst.filter(base_expr().is_in(_PREFILL_NAMES) & (pl.col("i_ops") > 0) & pl.col("parent").is_null()
                       & pl.col("rank").is_not_null())
     if pre.height == 0 or cyc.height == 0:
-        return pl.DataFrame(schema=PREFILL_ROWS)
+        return pl.DataFrame(schema=_PREFILL_ROWS)
     return (pre.select("rank", "range_id", _t="i_first", span="i_span_ns",
                        compute=pl.col("i_busy_ns") - pl.col("i_comm_ns"), comm="i_comm_ns", idle="i_idle_ns",
                        gpu_idle="i_gpu_idle_ns").sort("_t")
             .join_asof(cyc.select("rank", cycle_id="range_id", _t="i_first").sort("_t"), on="_t", by="rank",
                        strategy="forward", check_sortedness=False)
-            .filter(pl.col("cycle_id").is_not_null()).select(list(PREFILL_ROWS)).cast(PREFILL_ROWS))
+            .filter(pl.col("cycle_id").is_not_null()).select(list(_PREFILL_ROWS)).cast(_PREFILL_ROWS))
 
 
 def _with_prefill(cyc: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
@@ -206,7 +212,7 @@ def _with_prefill(cyc: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
                           pl.col("prefills").fill_null(0).cast(pl.UInt32)))
 
 
-def accept_marks(res) -> pl.DataFrame:
+def _accept_marks(res: Result) -> pl.DataFrame:
     """The hooks' ``accept`` marks decoded: ``rank, pid, time, batch_size, cycle_index, accept_length``.
 
     SGLang's v2 worker keeps accept lengths on the GPU; the hooks mark them where the scheduler has them on
@@ -216,7 +222,7 @@ def accept_marks(res) -> pl.DataFrame:
     return decode_frame(m).select("rank", "pid", "time", "batch_size", "cycle_index", "accept_length")
 
 
-def _manifest_batch(res) -> int | None:
+def _manifest_batch(res: Result) -> int | None:
     b = speculative(res.trace.path).get("batch")
     return b if isinstance(b, int) else None
 
@@ -246,7 +252,7 @@ class Tokens:
         return asdict(self)
 
 
-def summary(res, steps: int | None = None) -> Tokens:
+def summary(res: Result, steps: int | None = None) -> Tokens:
     """Tokens per cycle, tokens/s and the acceptance of a trace over its steady-state cycles (:data:`DEFINITION`;
     first rank's cycles for tokens: ranks run the same)."""
     c = cycles(res)
@@ -263,33 +269,36 @@ def summary(res, steps: int | None = None) -> Tokens:
     if c["period_ns"].null_count() < c.height:  # the period and the tokens over the same cycles: those with a period
         c = c.filter(pl.col("period_ns").is_not_null())
     r0 = c.filter(pl.col("rank") == c["rank"].min())
-    period = c.group_by("rank").agg(pl.col("period_ns").mean())["period_ns"].mean()
-    p50, p90 = c["period_ns"].median(), c["period_ns"].quantile(0.9, "nearest")
+    period = real_or_none(c.group_by("rank").agg(pl.col("period_ns").mean())["period_ns"].mean())
+    p50, p90 = real_or_none(c["period_ns"].median()), c["period_ns"].quantile(0.9, "nearest")
     known = r0.filter(pl.col("tokens").is_not_null())
     payload_bs = r0["batch_size"].is_not_null().any() and _has_payload(res)
     src = None
-    tpc = acc = bs = None
+    tpc: float | None = None
+    acc: float | None = None
+    bs: float | None = None
     if known.height:
-        tpc = float(known["tokens"].mean())
-        bs = float(known["batch_size"].mean())
+        tpc = to_float(known["tokens"].mean())
+        bs = to_float(known["batch_size"].mean())
         src = "payload" if payload_bs else "manifest"
         if kind == "cycle":
             per = known["accept_length"] / known["batch_size"]
-            acc = float(per.mean())
-            dist = (float(per.quantile(0.5, "nearest")), float(per.quantile(0.9, "nearest")))
+            acc = to_float(per.mean())
+            dist = (to_float(per.quantile(0.5, "nearest")), to_float(per.quantile(0.9, "nearest")))
             how = known["accept_source"].drop_nulls().unique().sort().to_list()
     elif r0["batch_size"].is_not_null().any():
-        bs = float(r0["batch_size"].mean())
+        bs = to_float(r0["batch_size"].mean())
     if steps is None and kind == "decode_step":
         steps = 0
     tps = tpc / period * 1e9 if tpc is not None and period else None
-    steadiness = {"steady_cycles": c.height, "period_p90_ns": float(p90) if p90 is not None else None}
+    p90_ns = float(p90) if p90 is not None else None
     if acc is None:
-        return Tokens(kind, src, every.height, steps, bs, period, p50, tpc, acc, tps, **steadiness)
+        return Tokens(kind, src, every.height, steps, bs, period, p50, tpc, acc, tps, steady_cycles=c.height,
+                      period_p90_ns=p90_ns)
     return Tokens(kind, src, every.height, steps, bs, period, p50, tpc, acc, tps, "+".join(how) or None,
-                  known.height, *dist, **steadiness)
+                  known.height, *dist, steady_cycles=c.height, period_p90_ns=p90_ns)
 
 
-def _has_payload(res) -> bool:
+def _has_payload(res: Result) -> bool:
     inst = decode_frame(res.instances.select("uint64", "int64"))
     return bool(inst["batch_size"].is_not_null().any())

@@ -27,10 +27,14 @@ from __future__ import annotations
 
 import polars as pl
 
-from ..model import InputError
+from ..model import InputError, Result
 from ..read import gpu_metrics
 from . import headline
 from .tokens import cycles, selection
+
+__all__ = ["MIN_PERIODS", "DRAM_BOUND_PCT", "TENSOR_LOW_PCT", "TENSOR_BOUND_PCT", "ISSUE_BOUND_PCT",
+           "IDLE_PCT", "period_ns", "interval_means", "instances", "scope_order", "phases", "bound_expr",
+           "long", "seams"]
 
 MIN_PERIODS = 2  # a span shorter than this many sampling periods gets no number
 DRAM_BOUND_PCT = 60.0  # DRAM read bandwidth share of peak at or above which a phase is memory-bound ...
@@ -38,10 +42,10 @@ TENSOR_LOW_PCT = 20.0  # ... while its tensor cores are active at most this shar
 TENSOR_BOUND_PCT = 50.0  # tensor cores active at least this share: compute-bound
 ISSUE_BOUND_PCT = 60.0  # or SM issue slots used at least this share (non-tensor compute)
 IDLE_PCT = 10.0  # SMs active below this share of the time: the GPU mostly idle in the span, no bound
-SPAN_SCHEMA = {"rank": pl.Int64, "id": pl.Int64, "start": pl.Int64, "end": pl.Int64}
+_SPAN_SCHEMA = {"rank": pl.Int64, "id": pl.Int64, "start": pl.Int64, "end": pl.Int64}
 
 
-def samples(res) -> dict[int, gpu_metrics.GpuSamples]:
+def _samples(res: Result) -> dict[int, gpu_metrics.GpuSamples]:
     """The GPU-metrics samples of each report of ``res`` (index in ``res.reports``), read once per result."""
     key = ("gpu_metrics", "samples")
     if key not in res.memo:
@@ -59,13 +63,13 @@ def samples(res) -> dict[int, gpu_metrics.GpuSamples]:
     return res.memo[key]
 
 
-def period_ns(res) -> int | None:
+def period_ns(res: Result) -> int | None:
     """The sampling period (ns), the longest of the reports'; None without samples."""
-    s = samples(res)
+    s = _samples(res)
     return max(x.period_ns for x in s.values()) if s else None
 
 
-def _rank_gpu(res) -> pl.DataFrame:
+def _rank_gpu(res: Result) -> pl.DataFrame:
     """``rank, report, gpu``: each rank's GPU (the CUDA device its kernels ran on)."""
     r = res.ranks
     rep = pl.col("report").cast(pl.Int64) if "report" in r.columns else pl.lit(0, pl.Int64)
@@ -129,13 +133,13 @@ def interval_means(spans: pl.DataFrame, s: gpu_metrics.GpuSamples) -> pl.DataFra
     )
 
 
-def instances(res) -> pl.DataFrame:
+def instances(res: Result) -> pl.DataFrame:
     """Per phase instance with GPU work: ``rank, report, range_id, domain, phase, steady, segment, start, end``
     and the columns of :func:`interval_means`; empty without samples."""
     key = ("gpu_metrics", "instances", repr(sorted(res.cycle_choice.items())))
     if key in res.memo:
         return res.memo[key]
-    got = samples(res)
+    got = _samples(res)
     out = pl.DataFrame()
     if got:
         inst = headline.instances_marked_steady(res).filter(pl.col("left_out").is_null() & (pl.col("x_ops") > 0)
@@ -150,7 +154,7 @@ def instances(res) -> pl.DataFrame:
     return out
 
 
-def _segments(res) -> pl.DataFrame:
+def _segments(res: Result) -> pl.DataFrame:
     """``rank, top, segment``: the decode-batch segment (its key, ``batch 16``) of each steady cycle."""
     c = cycles(res)
     segs = selection(res).get("segments") or []
@@ -162,7 +166,7 @@ def _segments(res) -> pl.DataFrame:
             .join(names, on="segment", how="left").select("rank", "top", segment="_name"))
 
 
-def _measure(res, spans: pl.DataFrame, got: dict[int, gpu_metrics.GpuSamples]) -> pl.DataFrame:
+def _measure(res: Result, spans: pl.DataFrame, got: dict[int, gpu_metrics.GpuSamples]) -> pl.DataFrame:
     """:func:`interval_means` of ``spans`` (with ``rank, report``) on each rank's GPU of its report."""
     spans = spans.join(_rank_gpu(res), on=["rank", "report"], how="left")
     parts = [interval_means(spans.filter((pl.col("report") == i) & pl.col("gpu").is_in(s.gpus)), s)
@@ -171,9 +175,9 @@ def _measure(res, spans: pl.DataFrame, got: dict[int, gpu_metrics.GpuSamples]) -
     return pl.concat(parts, how="diagonal_relaxed") if parts else pl.DataFrame()
 
 
-def metric_names(res) -> list[str]:
+def _metric_names(res: Result) -> list[str]:
     """The metric keys measured (the main five first, in :data:`gpu_metrics.MAIN` order)."""
-    have = sorted({m for s in samples(res).values() for m in s.metrics["metric"].to_list()})
+    have = sorted({m for s in _samples(res).values() for m in s.metrics["metric"].to_list()})
     return [m for m in gpu_metrics.MAIN if m in have] + [m for m in have if m not in gpu_metrics.MAIN]
 
 
@@ -198,7 +202,7 @@ def scope_order() -> pl.Expr:
             .otherwise(pl.col("scope").str.extract(r"(\d+)$").cast(pl.Int64, strict=False).fill_null(-1)))
 
 
-def phases(res) -> pl.DataFrame:
+def phases(res: Result) -> pl.DataFrame:
     """Per rank, phase and scope (``steady``, ``all``, the steady state's ``batch N`` segments), plus all-ranks
     rows (``rank`` null): the main metrics as columns (percent of peak), ``samples``, ``instances`` measured,
     ``short`` instances, ``bound`` and ``note``; empty without samples."""
@@ -209,7 +213,7 @@ def phases(res) -> pl.DataFrame:
     if inst.height == 0:
         res.memo[key] = pl.DataFrame()
         return res.memo[key]
-    ms = metric_names(res)
+    ms = _metric_names(res)
     scoped = pl.concat([
         inst.filter("steady").with_columns(scope=pl.lit("steady")),
         inst.with_columns(scope=pl.lit("all")),
@@ -253,15 +257,15 @@ def bound_expr() -> pl.Expr:
             .otherwise(pl.lit("mixed")))
 
 
-def long(res) -> pl.DataFrame:
+def long(res: Result) -> pl.DataFrame:
     """Every metric per rank, phase and scope as rows: ``rank, domain, phase, scope, metric, name, unit, mean,
     samples, instances, short, note`` (``--table gpu_metrics``)."""
     p = phases(res)
     if p.height == 0:
         return pl.DataFrame(schema={"rank": pl.Int64, "domain": pl.String, "phase": pl.String, "scope": pl.String,
                                     "metric": pl.String, "mean": pl.Float64})
-    ms = metric_names(res)
-    names = pl.concat([s.metrics for s in samples(res).values()]).unique("metric", keep="first")
+    ms = _metric_names(res)
+    names = pl.concat([s.metrics for s in _samples(res).values()]).unique("metric", keep="first")
     return (p.unpivot(on=ms, index=["rank", "domain", "phase", "scope", "samples", "instances", "short", "note"],
                       variable_name="metric", value_name="mean")
             .join(names, on="metric", how="left")
@@ -269,10 +273,10 @@ def long(res) -> pl.DataFrame:
                     "short", "note"))
 
 
-def seams(res) -> pl.DataFrame:
+def seams(res: Result) -> pl.DataFrame:
     """Per seam (``parent, from, to``) of the steady state, all ranks: the main metrics over the gaps between
     consecutive phases (``[end of from, start of to)``), as :func:`phases`; empty without samples."""
-    got = samples(res)
+    got = _samples(res)
     s = headline.steady_seam_instances(res)
     if not got or s.height == 0 or "a" not in s.columns:
         return pl.DataFrame()
@@ -285,7 +289,7 @@ def seams(res) -> pl.DataFrame:
     m = _measure(res, spans, got)
     if m.height == 0:
         return pl.DataFrame()
-    ms = metric_names(res)
+    ms = _metric_names(res)
     out = _aggregate(m, ["parent", "from", "to"], ms)
     return (_finish(out, ms, period_ns(res), ("parent", "from", "to"))
             .sort("sampled_ns", "parent", "from", "to", descending=[True, False, False, False], nulls_last=True))

@@ -44,20 +44,24 @@ Validated on real step sweeps of the embedded workload (README: "Reports, compar
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import polars as pl
 
-from ..model import InputError
+from ..model import InputError, Result
+from .scalars import real_or_none, to_float, to_int
 from .tokens import base_expr, cycles, speculative, summary
 
-MODEL_PHASES = ("draft", "verify", "draft_extend")
+__all__ = ["MAX_STEPS", "Replay", "Model", "SegmentModel", "fit_segments", "run_alpha", "join_runs",
+           "solve_alpha", "fit", "to_dict", "validate"]
+
+_MODEL_PHASES = ("draft", "verify", "draft_extend")
 MAX_STEPS = 10
 
 
-def cycle_phases(res) -> pl.DataFrame:
+def _cycle_phases(res: Result) -> pl.DataFrame:
     """Per rank and cycle (``n``): each child phase's GPU span (``x_span_ns``) by base name, one row each."""
     c = cycles(res).filter((pl.col("kind") == "cycle") & pl.col("steady")).select(
         "rank", "n", parent="range_id", tokens="tokens",
@@ -84,7 +88,7 @@ class Replay:
     Arrays are ``(windows, slots)``, padded with NaN. ``pred``/``wait``: the slot (same window) that launched
     the phase this one follows on the GPU / the work a sync waits for, -1 when that was launched before the
     window (then ``pred_gpu_last``/``w_ext`` hold its measured time). ``code``: index of the phase in
-    :data:`MODEL_PHASES` (-1: any other range). ``trans``: index into ``labels`` of the seam this phase ends
+    :data:`_MODEL_PHASES` (-1: any other range). ``trans``: index into ``labels`` of the seam this phase ends
     (-1: not a seam inside the window's cycle).
     """
 
@@ -107,7 +111,7 @@ class Replay:
         seams per window and the seam ending at each slot."""
         a, n_w = self.a, self.windows
         k_max = a["s"].shape[1] if n_w else 0
-        d = np.array([delta.get(p, 0.0) for p in MODEL_PHASES] + [0.0])
+        d = np.array([delta.get(p, 0.0) for p in _MODEL_PHASES] + [0.0])
         g = np.maximum(a["gpu_span"] + d[a["code"]], 0.0)
         dur = a["e"] - a["s"] - np.where(a["graph"], cut[0] * np.maximum(a["nodes"] - cut[1], 0.0), 0.0)
         dur = np.maximum(dur, 0.0)
@@ -135,12 +139,12 @@ class Replay:
             e_[:, k] = np.where(sync, np.fmax(sk + a["own_time"][:, k], waited + a["return_latency"][:, k]), plain)
         last = self.n_items - 1
         period = s_gpu[rows, last] - s_gpu[:, 0] if n_w else np.zeros(0)
-        gap = np.where(a["trans"] >= 0, s_gpu - at2(a_gpu, a["pred"]), np.nan) if n_w else np.zeros((0, 0))
+        gap = np.where(a["trans"] >= 0, s_gpu - _at2(a_gpu, a["pred"]), np.nan) if n_w else np.zeros((0, 0))
         seams = np.nansum(np.maximum(gap, 0.0), axis=1) if n_w else np.zeros(0)
         return period, seams, gap
 
 
-def at2(arr: np.ndarray, ref: np.ndarray) -> np.ndarray:
+def _at2(arr: np.ndarray, ref: np.ndarray) -> np.ndarray:
     """``arr[w, ref[w, k]]`` per slot (NaN where ``ref`` is -1)."""
     rows = np.arange(arr.shape[0])[:, None]
     return np.where(ref >= 0, arr[rows, np.maximum(ref, 0)], np.nan)
@@ -155,7 +159,7 @@ def _median_by(df: pl.DataFrame, col: str, ok: pl.Expr, keys: list[str]) -> tupl
     return fine, coarse
 
 
-def build_replay(res) -> Replay:
+def _build_replay(res: Result) -> Replay:
     """The :class:`Replay` of an analysed trace (its cycles, phase instances and key host calls)."""
     empty = Replay(np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64), {}, [], np.zeros(0))
     # Range ids are unique per report only (a merged result has several): qualified by rank here.
@@ -186,7 +190,7 @@ def build_replay(res) -> Replay:
              .with_columns(pred=pl.col("range_id").shift(1).over("rank"),
                            pred_gpu_last=pl.col("gpu_last").shift(1).over("rank"),
                            pred_phase=pl.col("phase").shift(1).over("rank"), pred_cyc=pl.col("cyc").shift(1).over("rank")))
-    code = {p: i for i, p in enumerate(MODEL_PHASES)}
+    code = {p: i for i, p in enumerate(_MODEL_PHASES)}
     units = units.with_columns(code=pl.col("phase").replace_strict(code, default=-1, return_dtype=pl.Int64))
     threads = inst.filter(pl.col("range_id").is_in(cyc_ids)).select("rank", "gtid").unique()
     items = (calls.filter(pl.col("sync") | pl.col("unit").is_not_null()).join(threads, on=["rank", "gtid"], how="semi")
@@ -216,7 +220,7 @@ def build_replay(res) -> Replay:
         items = items.join(fine, on=["rank", "key"], how="left").join(coarse, on="rank", how="left")
         items = items.with_columns(pl.coalesce(f"_{col}_1", f"_{col}_2", pl.lit(0.0)).alias(f"def_{col}"))
         obs = items.filter(ok)[col]
-        defaults[col[:-4]] = float(obs.median()) if obs.len() else 0.0
+        defaults[col[:-4]] = to_float(obs.median()) if obs.len() else 0.0
     items = items.with_columns(
         launch_latency=pl.when("host_bound").then("launch_latency_obs")
         .otherwise(pl.min_horizontal("def_launch_latency_obs", "launch_latency_obs")),
@@ -268,20 +272,20 @@ def build_replay(res) -> Replay:
         has_unit=pl.col("unit").is_not_null(), pred=pl.col("pred_k").fill_null(-1), wait=pl.col("wait_k").fill_null(-1),
         w_ext=pl.col("wait_end") - pl.col("w_off"), nodes=pl.col("ops"), code=pl.col("code").fill_null(-1))
     n_w = win.height
-    k_max = int(long["k"].max()) + 1 if long.height else 0
+    k_max = to_int(long["k"].max()) + 1 if long.height else 0
     arrays = {}
     w_idx, k_idx = long["w"].to_numpy(), long["k"].to_numpy()
     for c in _ITEM_COLS:
-        col = long[c]
-        if col.dtype == pl.Boolean:
+        values = long[c]
+        if values.dtype == pl.Boolean:
             arr = np.zeros((n_w, k_max), bool)
-            arr[w_idx, k_idx] = col.fill_null(False).to_numpy()
+            arr[w_idx, k_idx] = values.fill_null(False).to_numpy()
         elif c in ("pred", "wait", "trans", "code"):
             arr = np.full((n_w, k_max), -1, np.int64)
-            arr[w_idx, k_idx] = col.to_numpy()
+            arr[w_idx, k_idx] = values.to_numpy()
         else:
             arr = np.full((n_w, k_max), np.nan)
-            arr[w_idx, k_idx] = col.cast(pl.Float64).to_numpy()
+            arr[w_idx, k_idx] = values.cast(pl.Float64).to_numpy()
         arrays[c] = arr
     n_items = long.group_by("w").agg(pl.len()).sort("w")["len"].to_numpy() if n_w else np.zeros(0, np.int64)
     done = win["cyc"].implode()
@@ -290,7 +294,7 @@ def build_replay(res) -> Replay:
                   defaults)
 
 
-def graph_launch_cost(res) -> tuple[float, int] | None:
+def _graph_launch_cost(res: Result) -> tuple[float, int] | None:
     """Node tracing's host cost per node of a graph launch and the smallest graph (nodes) of the trace: the
     slope of the median launch time of each node count (Theil–Sen over node counts), or None with fewer
     than two counts. Launches of that smallest graph are the reference: a larger graph's launch is assumed
@@ -302,7 +306,7 @@ def graph_launch_cost(res) -> tuple[float, int] | None:
          .group_by("ops").agg(y=(pl.col("end") - pl.col("start")).median()).select(x="ops", y="y").sort("x"))
     if g.height < 2:
         return None
-    return max(theil_sen(g.cast({"x": pl.Float64})), 0.0), int(g["x"][0])
+    return max(_theil_sen(g.cast({"x": pl.Float64})), 0.0), int(g["x"][0])
 
 
 # ---- the model ----------------------------------------------------------------------------------------
@@ -331,13 +335,15 @@ class Model:
     # other batch sizes): (tokens, ns), sorted; None: the linear ``verify_per_token_ns`` (baseline, or assumed)
     verify_points: tuple[tuple[float, float], ...] | None = None
     # "baseline", "segments" (the points above), "gpu_metrics" (a prior from verify's measured bound:
-    # :func:`verify_prior`) or "assumed" (0 per token)
+    # :func:`_verify_prior`) or "assumed" (0 per token)
     verify_source: str = "assumed"
     verify_prior: dict | None = None  # with "gpu_metrics": verify's utilisation row the prior was taken from
-    steps_source: str = "given"  # how steps_now is known (steps_known): given, the manifest's, or inferred
+    steps_source: str = "given"  # how steps_now is known (_steps_known): given, the manifest's, or inferred
     alpha_given: bool = False  # alpha is the caller's (--acceptance), not measured
-    segments: list = field(default_factory=list)  # SegmentModel per batch size (fit_segments), when several
-    _runs: dict = field(default_factory=dict, repr=False, compare=False)
+    segments: list[SegmentModel] = field(default_factory=list)  # one per batch size (fit_segments), when several
+    # Replay.run's arrays per (phase deltas, launch cut): predict, cycle and seams ask for the same replay
+    _runs: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False,
+                                                                         compare=False)
 
     @property
     def _cut(self) -> tuple[float, int]:
@@ -386,6 +392,8 @@ class Model:
         """:meth:`Replay.run` at ``steps`` (kept: predict, cycle and seams ask for the same replay)."""
         key = (tuple(sorted(self.deltas(steps).items())), self._cut)
         if key not in self._runs:
+            if self.replay is None:
+                raise ValueError("a Model without its Replay cannot predict (fit builds both)")
             self._runs[key] = self.replay.run(dict(key[0]), self._cut)
         return self._runs[key]
 
@@ -505,8 +513,8 @@ def _interp(points: tuple[tuple[float, float], ...], x: float) -> float:
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0) if x1 != x0 else y1
 
 
-MIN_SEGMENT_CYCLES = 5  # a segment's own model needs this many typical steady cycles
-OWN_ALPHA_CYCLES = 100  # ... and this many to use its own acceptance rather than the whole run's
+_MIN_SEGMENT_CYCLES = 5  # a segment's own model needs this many typical steady cycles
+_OWN_ALPHA_CYCLES = 100  # ... and this many to use its own acceptance rather than the whole run's
 
 
 @dataclass
@@ -564,7 +572,7 @@ class SegmentModel:
                 and best_any["steps"] != (best or {}).get("steps") else None}
 
 
-def fit_segments(res, steps_now: int | None = None, alpha: float | None = None,
+def fit_segments(res: Result, steps_now: int | None = None, alpha: float | None = None,
                  as_traced: bool = False) -> list[SegmentModel]:
     """One model per segment of the trace (:func:`analyze.compute.anatomy.segments`: the cycles of one decode batch
     size), each fitted on the segment's own steady cycles and moving from its typical period (the p50 of its cycles
@@ -577,10 +585,10 @@ def fit_segments(res, steps_now: int | None = None, alpha: float | None = None,
 
     from . import anatomy
 
-    segs = [g for g in anatomy.segments(res) if g.cycles >= MIN_SEGMENT_CYCLES]
+    segs = [g for g in anatomy.segments(res) if g.cycles >= _MIN_SEGMENT_CYCLES]
     if len(segs) < 2:
         return []
-    s0 = steps_of(res, steps_now)
+    s0 = _steps_of(res, steps_now)
     c = cycles(res)
     # acceptance: the segment's own when it has enough cycles to measure it, else the whole run's (one draft
     # model, one data set: a few dozen cycles measure α to ± 0.1, which moves the best step count)
@@ -590,16 +598,16 @@ def fit_segments(res, steps_now: int | None = None, alpha: float | None = None,
         view = dataclasses.replace(res, cycle_choice={**res.cycle_choice, "segment": g.segment})
         typ = c.filter(pl.col("steady") & (pl.col("segment") == g.segment) & pl.col("cycle_class").is_null()
                        & ~pl.col("slow") & pl.col("period_ns").is_not_null())
-        if typ.height < MIN_SEGMENT_CYCLES:
+        if typ.height < _MIN_SEGMENT_CYCLES:
             continue
-        period = float(typ["period_ns"].median())
-        own = alpha is None and typ.select("key").unique().height >= OWN_ALPHA_CYCLES
+        period = to_float(typ["period_ns"].median())
+        own = alpha is None and typ.select("key").unique().height >= _OWN_ALPHA_CYCLES
         try:
             m = fit(view, s0, alpha=None if own else pooled, as_traced=as_traced, period_ns=period)
         except InputError:
             continue
         m.notes.append("acceptance α measured on this segment's own cycles" if own else
-                       f"acceptance α of the whole run (this segment has fewer than {OWN_ALPHA_CYCLES} cycles)")
+                       f"acceptance α of the whole run (this segment has fewer than {_OWN_ALPHA_CYCLES} cycles)")
         out.append(SegmentModel(g.segment, g.key, g.batch_size, typ.height, g.first_cycle, period, m))
     # the verify curve: each batch size's verify time at the tokens it verifies per cycle
     pts: dict[float, list[float]] = {}
@@ -615,13 +623,13 @@ def fit_segments(res, steps_now: int | None = None, alpha: float | None = None,
     return out
 
 
-def run_alpha(res, steps: int) -> float | None:
+def run_alpha(res: Result, steps: int) -> float | None:
     """The whole run's per-token acceptance α (from its accepted tokens per request per cycle), None unknown."""
     tk = summary(res, steps=steps)
     return solve_alpha(tk.accepted_per_request, steps) if tk.accepted_per_request is not None else None
 
 
-def join_runs(segments: list[SegmentModel], runs: Iterable[tuple[str, object]], alpha: float | None,
+def join_runs(segments: list[SegmentModel], runs: Iterable[tuple[str, Result]], alpha: float | None,
               as_traced: bool = False) -> list[str]:
     """Join each segment with the same batch size's models from runs of the same workload at other step counts
     (``runs``: each run's name and analysed Result; ``whatif --other-steps``), fitted with ``alpha``, this run's
@@ -631,7 +639,7 @@ def join_runs(segments: list[SegmentModel], runs: Iterable[tuple[str, object]], 
     by_batch = {sm.batch_size: sm for sm in segments if sm.batch_size}
     for name, ro in runs:
         try:
-            steps, how = steps_known(ro, None)
+            steps, how = _steps_known(ro, None)
         except InputError as e:
             raise InputError(f"--other-steps {name}: the number of draft steps is not recorded (no manifest "
                              "with speculative.steps beside it) and cannot be inferred", e.code) from None
@@ -649,7 +657,7 @@ def join_runs(segments: list[SegmentModel], runs: Iterable[tuple[str, object]], 
     return notes + unused
 
 
-def theil_sen(xy: pl.DataFrame) -> float:
+def _theil_sen(xy: pl.DataFrame) -> float:
     """Median of the pairwise slopes of ``x, y`` (robust to warm-up and stall outliers)."""
     p = xy.with_row_index("i").join(xy.with_row_index("j"), how="cross", suffix="2")
     p = p.filter((pl.col("i") < pl.col("j")) & (pl.col("x") != pl.col("x2")))
@@ -672,14 +680,14 @@ def solve_alpha(accepted: float, steps: int) -> float:
     return (lo + hi) / 2
 
 
-def steps_of(res, steps_now: int | None) -> int:
-    """The trace's draft step count (:func:`steps_known`); InputError when unknown."""
-    return steps_known(res, steps_now)[0]
+def _steps_of(res: Result, steps_now: int | None) -> int:
+    """The trace's draft step count (:func:`_steps_known`); InputError when unknown."""
+    return _steps_known(res, steps_now)[0]
 
 
-def steps_known(res, steps_now: int | None) -> tuple[int, str]:
+def _steps_known(res: Result, steps_now: int | None) -> tuple[int, str]:
     """The trace's draft step count and how it is known: the caller's, else the manifest's, else inferred from the
-    draft phase's repeated structure (:func:`draft_repeats`); InputError when none of them knows it."""
+    draft phase's repeated structure (:func:`_draft_repeats`); InputError when none of them knows it."""
     if steps_now is not None:
         if steps_now < 1:
             raise InputError(f"--steps-now must be >= 1, not {steps_now}")
@@ -687,7 +695,7 @@ def steps_known(res, steps_now: int | None) -> tuple[int, str]:
     spec = speculative(res.trace.path)
     if isinstance(spec.get("steps"), int) and spec["steps"] >= 1 and not spec.get("baseline"):
         return spec["steps"], "the manifest's speculative.steps"
-    rep = draft_repeats(res)
+    rep = _draft_repeats(res)
     if rep is not None:
         n, names, inst = rep
         return n, (f"inferred: the draft phase's GPU work repeats {n} times per instance "
@@ -699,7 +707,7 @@ def steps_known(res, steps_now: int | None) -> tuple[int, str]:
                      "pass --steps-now N (Python: steps_now=N; the notebooks: SPECTRACE_STEPS=N)", "NO_STEPS")
 
 
-def draft_repeats(res) -> tuple[int, int, int] | None:
+def _draft_repeats(res: Result) -> tuple[int, int, int] | None:
     """How many times the draft phase's GPU work repeats per instance: each draft step runs the draft model's
     forward once, so every kernel name of it runs a multiple of the step count times. Per kernel name seen in at
     least half the draft instances, its most common count per instance; the greatest common divisor of those.
@@ -708,7 +716,7 @@ def draft_repeats(res) -> tuple[int, int, int] | None:
     import math
 
     inst = res.instances.filter(base_expr("range") == "draft").select("range_id")
-    if inst.height == 0 or res.kernels.height == 0:
+    if inst.height == 0 or res.kernels is None or res.kernels.height == 0:
         return None
     k = res.kernels.join(inst, on="range_id", how="semi")
     per = (k.group_by("name", "count").agg(n=pl.len()).sort("n", "count", descending=[True, False])
@@ -718,7 +726,7 @@ def draft_repeats(res) -> tuple[int, int, int] | None:
     return (g, len(modal), inst.height) if g >= 2 else None
 
 
-def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = None,
+def fit(res: Result, steps_now: int | None = None, baseline: Result | None = None, alpha: float | None = None,
         as_traced: bool = False, period_ns: float | None = None) -> Model:
     """Fit the cost model on one analysed trace (``baseline``: an analysed decode_step trace, optional).
 
@@ -726,12 +734,12 @@ def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = 
     removed on a node-level trace. ``period_ns``: the measured period the predictions move from (default: the
     trace's cycle period).
     """
-    s0, how = steps_known(res, steps_now)
-    cp = cycle_phases(res)
+    s0, how = _steps_known(res, steps_now)
+    cp = _cycle_phases(res)
     if cp.height == 0:
         raise InputError(f"{res.trace.path}: no cycle ranges with draft/verify phases inside; what-if needs "
                          "an EAGLE trace (cycle ⊃ draft, verify, draft_extend)", "NO_CYCLES")
-    per = (cp.filter(pl.col("phase").is_in(MODEL_PHASES))
+    per = (cp.filter(pl.col("phase").is_in(_MODEL_PHASES))
            .group_by("n", "phase").agg(pl.col("x_span_ns").min(), pl.col("tokens").first()))
     cost = {k: float(v) for k, v in per.group_by("phase").agg(pl.col("x_span_ns").median()).sort("phase").iter_rows()}
     if "verify" not in cost:
@@ -746,8 +754,8 @@ def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = 
     prior = None
     if baseline is not None:
         bt = summary(baseline)
-        step = cycles(baseline).filter((pl.col("kind") == "decode_step") & pl.col("steady")).group_by("n") \
-            .agg(pl.col("i_span_ns").min())["i_span_ns"].median()
+        step = real_or_none(cycles(baseline).filter((pl.col("kind") == "decode_step") & pl.col("steady"))
+                            .group_by("n").agg(pl.col("i_span_ns").min())["i_span_ns"].median())
         if step is None:
             notes.append(f"{baseline.trace.path} has no decode_step ranges: not used for the verify slope")
         else:
@@ -759,7 +767,7 @@ def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = 
             notes.append(f"verify cost per verified token per request from the baseline step ({step / 1e3:.1f} µs, "
                          f"batch {bt.batch_size}): {b / 1e3:.2f} µs")
     else:
-        prior = verify_prior(res)
+        prior = _verify_prior(res)
         if prior is None:
             notes.append("no baseline: verify cost assumed independent of the number of verified tokens")
         else:
@@ -771,7 +779,7 @@ def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = 
     e1 = 0.0
     ext = per.filter((pl.col("phase") == "draft_extend") & pl.col("tokens").is_not_null())
     if ext.height >= 3 and ext["tokens"].n_unique() > 1:
-        e1 = theil_sen(ext.select(x="tokens", y="x_span_ns"))
+        e1 = _theil_sen(ext.select(x="tokens", y="x_span_ns"))
     if tk.accepted_per_request is not None:
         where = "the hooks' accept marks" if tk.acceptance_source == "marks" else "the range payload"
         notes.append(f"acceptance measured on {tk.accepted_cycles} cycles ({where}): mean {tk.accepted_per_request:.2f}, "
@@ -786,11 +794,11 @@ def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = 
     if alpha is not None and batch is None:
         batch = 1.0
         notes.append("batch size unknown: tokens and tokens/s are per request")
-    replay = build_replay(res)
+    replay = _build_replay(res)
     mode = res.trace.graph_trace_mode
     cut = (0.0, 0)
     if mode == "Node" and not as_traced:
-        lc = graph_launch_cost(res)
+        lc = _graph_launch_cost(res)
         if lc is None:
             notes.append("node-level graph trace with one graph size only: node tracing's launch cost cannot be "
                          "estimated; replayed as traced")
@@ -812,7 +820,7 @@ def fit(res, steps_now: int | None = None, baseline=None, alpha: float | None = 
     return m
 
 
-def verify_prior(res) -> dict | None:
+def _verify_prior(res: Result) -> dict | None:
     """Verify's utilisation over the steady state of ``res`` (all ranks; :mod:`analyze.compute.utilisation`) when
     GPU-metrics samples measure it: ``bound, dram_read_pct, tensor_active_pct, samples``; else None.
 
@@ -859,7 +867,8 @@ def to_dict(m: Model, max_steps: int = MAX_STEPS) -> dict:
     }
 
 
-def validate(results: dict[int, object], baseline=None, as_traced: bool = True) -> pl.DataFrame:
+def validate(results: dict[int, Result | Sequence[Result]], baseline: Result | None = None,
+             as_traced: bool = True) -> pl.DataFrame:
     """Predicted vs measured cycle time: a model from each trace (steps → analysed Result, or a list of repeated
     runs' Results) predicts every step count.
 
@@ -868,7 +877,7 @@ def validate(results: dict[int, object], baseline=None, as_traced: bool = True) 
     they were ((max − min) / median), i.e. how much of an error is run-to-run noise. ``from_run`` numbers the
     runs of ``from_steps`` in the order given. ``as_traced`` (default): models keep the traces' own probe
     effect, so that like is compared with like."""
-    runs = {s: list(r) if isinstance(r, (list, tuple)) else [r] for s, r in results.items()}
+    runs = {s: [r] if isinstance(r, Result) else list(r) for s, r in results.items()}
     models = {s: [fit(r, s, baseline=baseline, as_traced=as_traced) for r in rs] for s, rs in runs.items()}
     measured = {}
     for s, rs in runs.items():

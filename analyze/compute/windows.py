@@ -8,28 +8,28 @@ and summing a cut rank with a whole one mixes different cycles. Here:
 - **Window** (per rank, :func:`rank_window`): ``window_start_ns`` = its first CUDA event (API call or GPU
   op), ``window_end_ns`` = the end of its last GPU op; ``ranges_start_ns``/``ranges_end_ns`` = the first
   start and last end of its selected ranges.
-- **Cuts** (:func:`edges`, column ``cut``): an instance with GPU work whose range began before
+- **Cuts** (:func:`_edges`, column ``cut``): an instance with GPU work whose range began before
   ``window_start_ns`` may have lost launches (``window_start``) when the window evidently opened mid-run:
   another rank of the report was already recording at the range's start, or an earlier instance of the
   phase ran on this rank before its window (a run whose ranges begin before its first CUDA call is not
   cut). A rank's GPU tail is lost when its ranges go on after its GPU rows stop: a range of a phase that
-  nearly always has GPU work on that rank (:data:`ALWAYS_GPU`) starts after ``window_end_ns`` without any.
+  nearly always has GPU work on that rank (:data:`_ALWAYS_GPU`) starts after ``window_end_ns`` without any.
   Then instances with GPU work still open at ``window_end_ns`` or holding its last op are
   ``window_end``, the ones after it ``tail_lost``.
-- **Keys** (:func:`keys`, column ``key``): equal on every rank for the same instance of a phase. From
+- **Keys** (:func:`_keys`, column ``key``): equal on every rank for the same instance of a phase. From
   the hooks' payload when present: the cycle index of the instance or its nearest ancestor (24 bits,
   unwrapped) and the order in that cycle. A payload index that cannot identify cycles is ignored, with a
   ``PAYLOAD_CYCLE_INDEX`` warning, and the instances are paired as without one: within a process, cycle
   ranges whose index repeats or goes back (:func:`cycle_index_problem`), or ranks that ran at the same time
   under indices they share none of (:func:`_disjoint_ranks`). Otherwise by time, per phase and rank: the instance offset under
-  which the collectives launched inside the instances (the first :data:`ALIGN_KERNELS` of each kernel
-  name in each innermost instance) end together (the kernels of up to :data:`VOTE_INSTANCES`
+  which the collectives launched inside the instances (the first :data:`_ALIGN_KERNELS` of each kernel
+  name in each innermost instance) end together (the kernels of up to :data:`_VOTE_INSTANCES`
   reference-rank instances each vote for the offset to the other rank's instance holding the same-name
   kernel that ends nearest), checked per instance (median end difference of its paired collectives
   within :data:`END_SPREAD_BOUND_NS`, else ``misaligned``). One clock is assumed (one report; several
   reports shifted by their session start). Instances without communication inside take their parent's
   identity and their order in it.
-- **Presence** (:func:`presence`, :func:`whole_cycles`, column ``left_out``): in a phase keyed on several
+- **Presence** (:func:`_presence`, :func:`_whole_cycles`, column ``left_out``): in a phase keyed on several
   ranks, an instance is left out (``unpaired``) when another rank with GPU work in that phase has the same
   key cut, misaligned or without GPU work, or lacks it while not recording (before its window, after its
   last GPU op); an instance missing on another rank that was recording stays counted (its collectives have
@@ -48,23 +48,27 @@ from nvtx_hooks import phases as ph
 
 from ..model import Diagnostic
 from . import align, attribute
+from .scalars import whole, whole_or_none
 from .tokens import CYCLE_NAMES, base_expr, decode_exprs, decode_frame
+
+__all__ = ["WRAP", "END_SPREAD_BOUND_NS", "CODES", "rank_window", "cycle_index_problem", "with_cycle",
+           "ordinal", "Paired", "pair", "pair_reports"]
 
 WRAP = 1 << ph._CYC_BITS  # the payload's cycle index counts modulo this
 # Collectives of one cycle end within a few µs of each other on one node; paired instances (and, in
 # collectives.py, the matched collectives of a phase) whose ends are further apart than this are refused.
 END_SPREAD_BOUND_NS = 50_000
-ALWAYS_GPU = 0.9  # share of a phase's instances with GPU work above which a range without any means lost rows
-VOTE_INSTANCES = 64  # reference-rank instances per phase whose collectives vote for the time offset
-ALIGN_KERNELS = 4  # collectives per kernel name and innermost instance that take part in the time alignment
+_ALWAYS_GPU = 0.9  # share of a phase's instances with GPU work above which a range without any means lost rows
+_VOTE_INSTANCES = 64  # reference-rank instances per phase whose collectives vote for the time offset
+_ALIGN_KERNELS = 4  # collectives per kernel name and innermost instance that take part in the time alignment
 CODES = ("PAYLOAD_CYCLE_INDEX", "INSTANCE_PAIRING", "WINDOW_CUT", "GPU_TAIL_LOST", "UNPAIRED_INSTANCES", "MISALIGNED_INSTANCES")
-WINDOW_COLS = ("window_start_ns", "window_end_ns", "ranges_start_ns", "ranges_end_ns")
-PHASE = ["domain", "range"]
-CYCLE_PHASES = [p.name for p in ph.PHASES if p.role == "cycle"]
+_WINDOW_COLS = ("window_start_ns", "window_end_ns", "ranges_start_ns", "ranges_end_ns")
+_PHASE = ["domain", "range"]
+_CYCLE_PHASES = [p.name for p in ph.PHASES if p.role == "cycle"]
 
 
 def rank_window(ops: pl.DataFrame, api_first: int | None, nested: pl.DataFrame) -> dict[str, int | None]:
-    """One process's capture window (:data:`WINDOW_COLS`, ns; None where it has no such rows); ``api_first``:
+    """One process's capture window (:data:`_WINDOW_COLS`, ns; None where it has no such rows); ``api_first``:
     the start of its first CUDA API call."""
     def first(df: pl.DataFrame, c: str):
         return df[c].min() if df.height else None
@@ -95,11 +99,11 @@ def cycle_index_problem(sel: pl.DataFrame) -> str | None:
     r = per.row(0, named=True)
     more = f" (and {per.height - 1} more process(es))" if per.height > 1 else ""
     return (f"the payload's cycle index does not identify cycles: process {r['pid']}'s {r['n']} cycle ranges carry "
-            f"{r['distinct']} distinct indices, {r['bad']} of them repeated or going back{more}; " + IGNORED)
+            f"{r['distinct']} distinct indices, {r['bad']} of them repeated or going back{more}; " + _IGNORED)
 
 
-IGNORED = ("the index is ignored: cycles are paired across ranks as without a payload (by their collectives, else "
-           "by order), accept lengths come from each cycle range or the ranges directly inside it")
+_IGNORED = ("the index is ignored: cycles are paired across ranks as without a payload (by their collectives, else "
+            "by order), accept lengths come from each cycle range or the ranges directly inside it")
 
 
 def with_cycle(inst: pl.DataFrame, anc: pl.DataFrame, use_index: bool = True) -> pl.DataFrame:
@@ -120,7 +124,7 @@ def with_cycle(inst: pl.DataFrame, anc: pl.DataFrame, use_index: bool = True) ->
 # ---- cuts -------------------------------------------------------------------------------------------------
 
 
-def edges(inst: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
+def _edges(inst: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
     """``inst`` with ``cut`` (``window_start``, ``window_end``, ``tail_lost`` or null) and ``_tail``
     (the rank's ranges go on after its GPU rows stop)."""
     w = ranks.select("rank", _w0="window_start_ns", _w1="window_end_ns",
@@ -136,10 +140,10 @@ def edges(inst: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
     # Start: the range began before this rank's first CUDA event, while another rank was already recording
     # or after an earlier instance of the phase ran here unrecorded (the window opened mid-run).
     late = (pl.col("_w0o") <= pl.col("start")).fill_null(False) | (
-        (pl.col("end") < pl.col("_w0")).fill_null(False).any().over("rank", *PHASE))
-    rate = (x.filter(pl.col("start") <= pl.col("_w1")).group_by("rank", *PHASE).agg(_rate=gpu.mean()))
-    x = x.join(rate, on=["rank", *PHASE], how="left", nulls_equal=True)
-    after = ((pl.col("start") > pl.col("_w1")) & ~gpu & (pl.col("_rate") >= ALWAYS_GPU)).fill_null(False)
+        (pl.col("end") < pl.col("_w0")).fill_null(False).any().over("rank", *_PHASE))
+    rate = (x.filter(pl.col("start") <= pl.col("_w1")).group_by("rank", *_PHASE).agg(_rate=gpu.mean()))
+    x = x.join(rate, on=["rank", *_PHASE], how="left", nulls_equal=True)
+    after = ((pl.col("start") > pl.col("_w1")) & ~gpu & (pl.col("_rate") >= _ALWAYS_GPU)).fill_null(False)
     x = x.with_columns(_after=after).with_columns(_tail=pl.col("_after").any().over("rank"))
     at_end = (pl.col("end") > pl.col("_w1")) | (pl.col("i_last") >= pl.col("_w1"))
     cut = (pl.when(gpu & (pl.col("start") < pl.col("_w0")) & late).then(pl.lit("window_start"))
@@ -185,9 +189,9 @@ def ordinal(df: pl.DataFrame, key: str, name: str, out: str, by: tuple[str, ...]
     else:
         code = pl.col(name).rank("dense").cast(pl.Int64)
     d = df.with_columns(_nc=code)
-    n = (d["_nc"].max() or 0) + 1
-    lo, hi = d[key].min(), d[key].max()
-    if d.height == 0 or lo is None or lo < 0 or (hi + 1) * n >= 2**62 or d["_nc"].null_count():
+    n = whole(d["_nc"].max() or 0) + 1
+    lo, hi = whole_or_none(d[key].min()), whole_or_none(d[key].max())
+    if d.height == 0 or lo is None or hi is None or lo < 0 or (hi + 1) * n >= 2**62 or d["_nc"].null_count():
         d = df.sort(*by, maintain_order=True) if by and not keep_order else df
         return d.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).over(key, name).alias(out))
     if keep_order:
@@ -202,7 +206,7 @@ def ordinal(df: pl.DataFrame, key: str, name: str, out: str, by: tuple[str, ...]
 
 
 @dataclass
-class TimeAlignment:
+class _TimeAlignment:
     """By-time keys and how they were found: ``keys`` (range_id, _a, _mis), ``offsets`` (domain, range,
     rank, offset, spread_p50_ns: median end difference of the paired collectives)."""
 
@@ -210,19 +214,19 @@ class TimeAlignment:
     offsets: pl.DataFrame
 
 
-def time_keys(cand: pl.DataFrame, anc: pl.DataFrame, kern: pl.DataFrame, bound: int = END_SPREAD_BOUND_NS
-              ) -> TimeAlignment:
+def _time_keys(cand: pl.DataFrame, anc: pl.DataFrame, kern: pl.DataFrame, bound: int = END_SPREAD_BOUND_NS
+              ) -> _TimeAlignment:
     """Keys by time for the instances ``cand`` (no payload) that have communication inside (see module doc).
 
     ``anc``: the nesting (:func:`attribute.ancestors`); ``kern``: communication kernels with ``range_id``
     (innermost).
     """
     # Phases numbered: one integer instead of two strings in the joins and groups below.
-    ph_ids = cand.select(PHASE).unique().with_row_index("_ph").with_columns(pl.col("_ph").cast(pl.Int64))
-    cand = cand.join(ph_ids, on=PHASE, how="left")
+    ph_ids = cand.select(_PHASE).unique().with_row_index("_ph").with_columns(pl.col("_ph").cast(pl.Int64))
+    cand = cand.join(ph_ids, on=_PHASE, how="left")
     ph = ["_ph"]
     # the first few collectives of each name in each instance are enough to pair and check it
-    inc = (kern.filter(pl.col("range_id").is_not_null() & (pl.col("j") < ALIGN_KERNELS))
+    inc = (kern.filter(pl.col("range_id").is_not_null() & (pl.col("j") < _ALIGN_KERNELS))
            .select("range_id", "name", "start", "end")
            .join(anc, on="range_id").drop("range_id").rename({"anc": "range_id"})
            .join(cand.select("range_id", "rank", "_ph", _is="start"), on="range_id"))
@@ -234,7 +238,7 @@ def time_keys(cand: pl.DataFrame, anc: pl.DataFrame, kern: pl.DataFrame, bound: 
     is_ref = pl.col("rank") == pl.col("_ref")
     # Votes: each kernel of a sample of reference instances, for the offset to the instance of another
     # rank whose kernel of the same name ends nearest (within the bound).
-    step = (pl.col("_n") // VOTE_INSTANCES).clip(lower_bound=1)
+    step = (pl.col("_n") // _VOTE_INSTANCES).clip(lower_bound=1)
     left = inc.filter(is_ref & (pl.col("_o") % step == 0)).select(*ph, "name", "end", _oref="_o")
     right = inc.filter(~is_ref).select(*ph, "name", "rank", "end", _or="_o", _er="end")
     left = left.join(right.select(*ph, "rank").unique(), on=ph)
@@ -257,8 +261,8 @@ def time_keys(cand: pl.DataFrame, anc: pl.DataFrame, kern: pl.DataFrame, bound: 
     offsets = (offs.join(spread, on=[*ph, "rank"], how="left")
                .join(io.group_by(ph).agg(_ranks=pl.col("rank").n_unique()), on=ph)
                .filter(pl.col("_ranks") > 1).drop("_ranks").join(ph_ids, on="_ph").drop("_ph")
-               .select(*PHASE, pl.exclude(*PHASE)).sort(*PHASE, "rank"))
-    return TimeAlignment(io.select("range_id", "_a", "_mis"), offsets)
+               .select(*_PHASE, pl.exclude(*_PHASE)).sort(*_PHASE, "rank"))
+    return _TimeAlignment(io.select("range_id", "_a", "_mis"), offsets)
 
 
 def _median_above(df: pl.DataFrame, by: str, col: str, bound: int, out: str) -> pl.DataFrame:
@@ -275,33 +279,33 @@ def _median_above(df: pl.DataFrame, by: str, col: str, bound: int, out: str) -> 
 
 
 @dataclass
-class Keys:
+class _Keys:
     instances: pl.DataFrame  # range_id, cycle (on the lowest rank's wrap count), key (null: unpaired), misaligned
     payload_phases: list[str]
-    offsets: pl.DataFrame  # TimeAlignment.offsets
+    offsets: pl.DataFrame  # _TimeAlignment.offsets
     ignored_index: str | None = None  # why the payload's cycle index was not used (:func:`_disjoint_ranks`)
 
 
-def keys(x: pl.DataFrame, anc: pl.DataFrame, kern: pl.DataFrame, bound: int = END_SPREAD_BOUND_NS) -> Keys:
+def _keys(x: pl.DataFrame, anc: pl.DataFrame, kern: pl.DataFrame, bound: int = END_SPREAD_BOUND_NS) -> _Keys:
     """Cross-rank keys of the instances ``x`` (of ranked processes; see the module docstring); ``anc``: their
     nesting (:func:`attribute.ancestors`)."""
     if x["rank"].n_unique() < 2:  # nothing to pair: each instance's order in its phase
         ordered = x.sort("start", "range_id")
-        out = ordered.select("range_id", "cycle", key=pl.int_range(pl.len(), dtype=pl.Int64).over(PHASE),
+        out = ordered.select("range_id", "cycle", key=pl.int_range(pl.len(), dtype=pl.Int64).over(_PHASE),
                              misaligned=pl.lit(False))
-        return Keys(out, [], pl.DataFrame())
+        return _Keys(out, [], pl.DataFrame())
     x = _epochs(x)
     disjoint = _disjoint_ranks(x)
     if disjoint:
         x = x.with_columns(cycle=pl.lit(None, pl.Int64))
     ordered = x.sort("start", "range_id")
     pay = (ordered.filter(pl.col("cycle").is_not_null())
-           .with_columns(_b=pl.int_range(pl.len(), dtype=pl.Int64).over("rank", *PHASE, "cycle"))
-           .select("range_id", *PHASE, _src=pl.lit(0), _a="cycle", _b="_b", _p=pl.lit("")))
-    ta = time_keys(x.filter(pl.col("cycle").is_null()), anc, kern, bound)
+           .with_columns(_b=pl.int_range(pl.len(), dtype=pl.Int64).over("rank", *_PHASE, "cycle"))
+           .select("range_id", *_PHASE, _src=pl.lit(0), _a="cycle", _b="_b", _p=pl.lit("")))
+    ta = _time_keys(x.filter(pl.col("cycle").is_null()), anc, kern, bound)
     # misaligned instances keep the key of their offset: their partners learn that they are bad
-    tk = (ta.keys.filter(pl.col("_a").is_not_null()).join(x.select("range_id", *PHASE), on="range_id")
-          .select("range_id", *PHASE, _src=pl.lit(1), _a="_a", _b=pl.lit(0, pl.Int64), _p=pl.lit("")))
+    tk = (ta.keys.filter(pl.col("_a").is_not_null()).join(x.select("range_id", *_PHASE), on="range_id")
+          .select("range_id", *_PHASE, _src=pl.lit(1), _a="_a", _b=pl.lit(0, pl.Int64), _p=pl.lit("")))
     mis = ta.keys.filter("_mis").select("range_id")
     known = pl.concat([pay, tk])
     # Instances without communication inside: their parent's identity and their order in the parent.
@@ -312,14 +316,14 @@ def keys(x: pl.DataFrame, anc: pl.DataFrame, kern: pl.DataFrame, bound: int = EN
             known.select(parent="range_id", _pp=ident), on="parent")
         if lvl.height == 0:
             continue
-        lvl = lvl.with_columns(_b=pl.int_range(pl.len(), dtype=pl.Int64).over("parent", *PHASE)).select(
-            "range_id", *PHASE, _src=pl.lit(2), _a=pl.lit(0, pl.Int64), _b="_b", _p="_pp")
+        lvl = lvl.with_columns(_b=pl.int_range(pl.len(), dtype=pl.Int64).over("parent", *_PHASE)).select(
+            "range_id", *_PHASE, _src=pl.lit(2), _a=pl.lit(0, pl.Int64), _b="_b", _p="_pp")
         known = pl.concat([known, lvl])
-    k = known.with_columns(key=_dense(known, PHASE, ["_src", "_a", "_b", "_p"]))
+    k = known.with_columns(key=_dense(known, _PHASE, ["_src", "_a", "_b", "_p"]))
     out = (x.select("range_id", "cycle").join(k.select("range_id", "key"), on="range_id", how="left")
            .with_columns(misaligned=pl.col("range_id").is_in(mis["range_id"].implode())))
     phases_by_payload = sorted(x.filter(pl.col("cycle").is_not_null())["range"].unique().to_list())
-    return Keys(out, phases_by_payload, ta.offsets, disjoint)
+    return _Keys(out, phases_by_payload, ta.offsets, disjoint)
 
 
 def _disjoint_ranks(x: pl.DataFrame) -> str | None:
@@ -335,7 +339,7 @@ def _disjoint_ranks(x: pl.DataFrame) -> str | None:
             both = min(a["t1"], b["t1"]) - max(a["t0"], b["t0"])
             if both > 0.5 * min(a["t1"] - a["t0"], b["t1"] - b["t0"]) and not set(a["idx"]) & set(b["idx"]):
                 return (f"the payload's cycle index does not identify cycles: ranks {a['rank']} and {b['rank']} ran "
-                        "their cycles at the same time under indices they share none of; " + IGNORED)
+                        "their cycles at the same time under indices they share none of; " + _IGNORED)
     return None
 
 
@@ -353,17 +357,17 @@ def pair(inst: pl.DataFrame, kern: pl.DataFrame, ranks: pl.DataFrame, bound: int
     """Cuts, keys and presence over every rank's instances (one clock); kernels keyed by their instance."""
     if "cycle" not in inst.columns:
         inst = inst.with_columns(cycle=pl.lit(None, pl.Int64))
-    x = edges(inst.drop("key", "left_out", "misaligned", strict=False), ranks)
+    x = _edges(inst.drop("key", "left_out", "misaligned", strict=False), ranks)
     ranked = x.filter(pl.col("rank").is_not_null())
     anc = attribute.ancestors(ranked.select("range_id", "parent", "depth"))
-    ks = keys(ranked.select("range_id", "rank", *PHASE, "start", "parent", "depth", "cycle"), anc, kern, bound)
+    ks = _keys(ranked.select("range_id", "rank", *_PHASE, "start", "parent", "depth", "cycle"), anc, kern, bound)
     x = (x.drop("cycle").join(ks.instances, on="range_id", how="left")
          .with_columns(pl.col("misaligned").fill_null(False)))
-    x = x.join(presence(x, ranks), on="range_id", how="left")
+    x = x.join(_presence(x, ranks), on="range_id", how="left")
     left_out = (pl.when(pl.col("cut").is_not_null()).then("cut")
                 .when(pl.col("misaligned")).then(pl.lit("misaligned"))
                 .when(pl.col("_gone").fill_null(False)).then(pl.lit("unpaired")))
-    x = whole_cycles(x.with_columns(left_out=left_out), anc)
+    x = _whole_cycles(x.with_columns(left_out=left_out), anc)
     diags = _diagnostics(x, ranks, ks)
     x = x.drop("_tail", "_gone", "_solo", "misaligned")
     m = x.select("range_id", "key", "left_out")
@@ -405,25 +409,25 @@ def pair_reports(results: list) -> Paired:
     return Paired(inst.drop("_off", "_idb").sort("report", "range_id"), kern.drop("_off", "_idb"), p.diagnostics)
 
 
-def paired_phases(x: pl.DataFrame) -> pl.DataFrame:
+def _paired_phases(x: pl.DataFrame) -> pl.DataFrame:
     """Phases paired across ranks (keys on several ranks) and the ranks taking part: every rank with GPU work
     in the phase (``domain, range, rank``)."""
     has = x.filter((pl.col("i_ops") > 0) & pl.col("rank").is_not_null())
-    multi = has.group_by(PHASE).agg(_keyed=pl.col("rank").filter(pl.col("key").is_not_null()).n_unique()).filter(
+    multi = has.group_by(_PHASE).agg(_keyed=pl.col("rank").filter(pl.col("key").is_not_null()).n_unique()).filter(
         pl.col("_keyed") > 1)
-    return has.select(*PHASE, "rank").unique().join(multi.select(PHASE), on=PHASE)
+    return has.select(*_PHASE, "rank").unique().join(multi.select(_PHASE), on=_PHASE)
 
 
-def presence(x: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
+def _presence(x: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
     """Per keyed instance with GPU work of a paired phase: ``_gone`` when another taking-part rank has the
     same key cut, misaligned or without GPU work, or lacks it while not recording (the instance starts
     before that rank's window or after its last GPU op); ``_solo`` when another rank lacks it while recording
     (counted, but its collectives have no partner)."""
     # Phases numbered (an integer instead of two strings in the joins below).
-    part = paired_phases(x)
-    ph_ids = part.select(PHASE).unique().with_row_index("_ph").with_columns(pl.col("_ph").cast(pl.Int64))
-    part = part.join(ph_ids, on=PHASE).select("_ph", "rank")
-    x = x.join(ph_ids, on=PHASE, how="left")
+    part = _paired_phases(x)
+    ph_ids = part.select(_PHASE).unique().with_row_index("_ph").with_columns(pl.col("_ph").cast(pl.Int64))
+    part = part.join(ph_ids, on=_PHASE).select("_ph", "rank")
+    x = x.join(ph_ids, on=_PHASE, how="left")
     mine = x.filter((pl.col("i_ops") > 0) & pl.col("key").is_not_null() & pl.col("_ph").is_not_null()).select(
         "range_id", "rank", "_ph", "key", "start")
     state = (x.filter(pl.col("key").is_not_null() & pl.col("rank").is_not_null() & pl.col("_ph").is_not_null())
@@ -451,18 +455,18 @@ def presence(x: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
     return pl.concat([whole, some])
 
 
-def whole_cycles(x: pl.DataFrame, anc: pl.DataFrame) -> pl.DataFrame:
+def _whole_cycles(x: pl.DataFrame, anc: pl.DataFrame) -> pl.DataFrame:
     """Left out whole: a cycle (a range of a ``cycle``-role phase: cycle, prefill, decode_step) with any part
     left out is left out with everything inside it, and so is the same cycle (key) on every other rank
     (``left_out`` = ``cycle`` where nothing else applies): every phase's all-rank row covers the same cycles
     as the cycle count."""
-    cyc = x.filter(pl.col("rank").is_not_null() & base_expr().is_in(CYCLE_PHASES)).select(*PHASE, "key", anc="range_id")
+    cyc = x.filter(pl.col("rank").is_not_null() & base_expr().is_in(_CYCLE_PHASES)).select(*_PHASE, "key", anc="range_id")
     if cyc.height == 0:
         return x
     inside = anc.join(cyc, on="anc").join(x.select("range_id", "left_out"), on="range_id")
-    bad = inside.group_by("anc", *PHASE, "key").agg(_bad=pl.col("left_out").is_not_null().any()).filter("_bad")
-    keys_ = bad.filter(pl.col("key").is_not_null()).select(*PHASE, "key").unique()
-    dropped = pl.concat([bad.select("anc"), cyc.join(keys_, on=[*PHASE, "key"]).select("anc")])
+    bad = inside.group_by("anc", *_PHASE, "key").agg(_bad=pl.col("left_out").is_not_null().any()).filter("_bad")
+    keys_ = bad.filter(pl.col("key").is_not_null()).select(*_PHASE, "key").unique()
+    dropped = pl.concat([bad.select("anc"), cyc.join(keys_, on=[*_PHASE, "key"]).select("anc")])
     gone = anc.join(dropped.unique(), on="anc")["range_id"].unique()
     return x.with_columns(left_out=pl.when(pl.col("range_id").is_in(gone.implode()))
                           .then(pl.coalesce("left_out", pl.lit("cycle"))).otherwise("left_out"))
@@ -484,29 +488,29 @@ def _names(df: pl.DataFrame, span: bool = False) -> str:
     return ", ".join(parts)
 
 
-def _diagnostics(x: pl.DataFrame, ranks: pl.DataFrame, ks: Keys) -> list[Diagnostic]:
+def _diagnostics(x: pl.DataFrame, ranks: pl.DataFrame, ks: _Keys) -> list[Diagnostic]:
     out: list[Diagnostic] = []
     if ks.ignored_index:
         out.append(Diagnostic("warning", "PAYLOAD_CYCLE_INDEX", ks.ignored_index))
-    multi = paired_phases(x).select(PHASE).unique()
+    multi = _paired_phases(x).select(_PHASE).unique()
     gpu_ranks = x.filter((pl.col("i_ops") > 0) & pl.col("rank").is_not_null())["rank"].n_unique()
     if gpu_ranks > 1 and multi.height:
         how = []
         if ks.payload_phases:
             how.append("by the payload's cycle index: " + ", ".join(repr(p) for p in ks.payload_phases))
-        off = ks.offsets.join(multi.select(PHASE), on=PHASE)
+        off = ks.offsets.join(multi.select(_PHASE), on=_PHASE)
         if off.height:
-            per = []
-            for (_, rng), g in off.group_by(PHASE, maintain_order=True):
-                ref = g["rank"].min()
+            per_phase = []
+            for (_, rng), g in off.group_by(_PHASE, maintain_order=True):
+                ref = whole_or_none(g["rank"].min())
                 shifts = ", ".join(f"rank {r['rank']}'s n-th = rank {ref}'s (n{-r['offset']:+d})-th" + (
                     f", ends {r['spread_p50_ns'] / 1e3:,.1f} µs apart" if r["spread_p50_ns"] is not None else "")
                     for r in g.iter_rows(named=True) if r["offset"] is not None and r["rank"] != ref)
-                per.append(f"{rng!r} ({shifts})")
+                per_phase.append(f"{rng!r} ({shifts})")
             how.append("by time, the instance offset under which collectives end together (p50 end "
-                       "difference): " + "; ".join(per))
-        counted = (x.filter(pl.col("left_out").is_null() & (pl.col("i_ops") > 0)).join(multi, on=PHASE)
-                   .group_by(PHASE).agg(n=pl.col("key").n_unique()).sort("range"))
+                       "difference): " + "; ".join(per_phase))
+        counted = (x.filter(pl.col("left_out").is_null() & (pl.col("i_ops") > 0)).join(multi, on=_PHASE)
+                   .group_by(_PHASE).agg(n=pl.col("key").n_unique()).sort("range"))
         same = ", ".join(f"{r['range']!r} ×{r['n']}" for r in counted.iter_rows(named=True))
         out.append(Diagnostic("info", "INSTANCE_PAIRING", "instances paired across ranks " + "; ".join(how)
                               + (f". Counted on every rank: {same}" if same else "")))
@@ -527,9 +531,9 @@ def _diagnostics(x: pl.DataFrame, ranks: pl.DataFrame, ks: Keys) -> list[Diagnos
     out += _tails(x, w)
     un = x.filter(pl.col("left_out").is_in(["unpaired", "cycle"]) & (pl.col("i_ops") > 0))
     if un.height:
-        kept = x.filter(pl.col("left_out").is_null() & (pl.col("i_ops") > 0)).group_by(PHASE).agg(
+        kept = x.filter(pl.col("left_out").is_null() & (pl.col("i_ops") > 0)).group_by(_PHASE).agg(
             _lo=pl.col("start").min(), _hi=pl.col("start").max())
-        un = un.join(kept, on=PHASE, how="left").with_columns(
+        un = un.join(kept, on=_PHASE, how="left").with_columns(
             _inside=(pl.col("start") > pl.col("_lo")) & (pl.col("start") < pl.col("_hi")))
         for (rank,), g in un.group_by("rank", maintain_order=True):
             per = g.group_by("range").agg(n=pl.len(), t0=pl.col("start").min(), t1=pl.col("end").max())
@@ -565,10 +569,10 @@ def _tails(x: pl.DataFrame, w: pl.DataFrame) -> list[Diagnostic]:
     # work here.
     have = top.filter((pl.col("i_ops") > 0) & pl.col("key").is_not_null())
     ranks = w.select("rank", "window_end_ns")
-    pk = have.filter(pl.col("cut").is_null()).group_by(*PHASE, "key").agg(
+    pk = have.filter(pl.col("cut").is_null()).group_by(*_PHASE, "key").agg(
         _t=pl.col("start").min(), _g=pl.col("i_last").max(), _on=pl.col("rank"))
-    keyed_ranks = have.select(*PHASE, "rank").unique()
-    lack = (pk.join(keyed_ranks, on=PHASE).filter(~pl.col("_on").list.contains(pl.col("rank")))
+    keyed_ranks = have.select(*_PHASE, "rank").unique()
+    lack = (pk.join(keyed_ranks, on=_PHASE).filter(~pl.col("_on").list.contains(pl.col("rank")))
             .join(ranks, on="rank").filter(pl.col("_t") > pl.col("window_end_ns"))
             .group_by("rank").agg(_lack=pl.len(), _upto=pl.col("_g").max()))
     cut = x.filter(pl.col("cut") == "window_end").group_by("rank").agg(_cut=pl.len())

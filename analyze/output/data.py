@@ -149,7 +149,7 @@ def to_db(res: Result, path: str | Path, inputs=None) -> None:
 
 
 # the tables :func:`to_db` writes (and replaces)
-DB_TABLES = (*CSV_TABLES, "diagnostics", "meta")
+_DB_TABLES = (*CSV_TABLES, "diagnostics", "meta")
 
 
 def _rows(rows: list[dict]) -> list[dict]:
@@ -165,17 +165,17 @@ def _tables_in_memory(res: Result) -> sqlite3.Connection:
     for name in CSV_TABLES:
         rows = frame(res, name).to_dicts()
         if rows:
-            db[name].insert_all(_rows(rows), alter=True)
+            db.table(name).insert_all(_rows(rows), alter=True)
     if res.diagnostics:
-        db["diagnostics"].insert_all(_rows([d.as_dict() for d in res.diagnostics]))
+        db.table("diagnostics").insert_all(_rows([d.as_dict() for d in res.diagnostics]))
     meta = {k: v for k, v in res.to_dict().items() if isinstance(v, str | int | float) or v is None}
-    db["meta"].insert_all(_rows([{"key": k, "value": str(v)} for k, v in meta.items()]), pk="key")
+    db.table("meta").insert_all(_rows([{"key": k, "value": str(v)} for k, v in meta.items()]), pk="key")
     db.conn.commit()
     return db.conn
 
 
 def _copy_tables(mem: sqlite3.Connection, target: Path, shown: Path, after: str) -> None:
-    """Copy :data:`DB_TABLES` from ``mem`` into the database file ``target`` in one transaction on it."""
+    """Copy :data:`_DB_TABLES` from ``mem`` into the database file ``target`` in one transaction on it."""
     names = {n: sql for n, sql in mem.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'")}
     uri = "file:" + quote(os.fsencode(target)) + "?mode=rw"
     mem.isolation_level = None
@@ -186,7 +186,7 @@ def _copy_tables(mem: sqlite3.Connection, target: Path, shown: Path, after: str)
     try:
         mem.execute("BEGIN IMMEDIATE")
         try:
-            for name in DB_TABLES:
+            for name in _DB_TABLES:
                 mem.execute(f'DROP TABLE IF EXISTS dest."{name}"')
                 sql = names.get(name) or ""
                 if sql.startswith("CREATE TABLE "):  # as sqlite-utils made it, in the target

@@ -25,15 +25,16 @@ from nvtx_hooks.capture.files import NewFolder, utf8
 
 from ..compute import anatomy, findings, headline, utilisation, whatif
 from ..compute import compare as cmp
+from ..compute.scalars import real
 from ..compute.tokens import DEFINITION, cycle_order, selection, summary
-from ..model import InputError
+from ..model import InputError, Result
 from . import plots, terminal
 from .targets import FIGURES, PAGE_START, as_input_error, report_folder
 from .text import acceptance_text, best_text, display_names, probe_lines, ranked
 
 __all__ = ["Section", "utilisation_section", "write_page"]
 
-CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1250px;color:#222;padding:0 1em}
+_CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1250px;color:#222;padding:0 1em}
 .tw{overflow-x:auto;max-width:100%;margin:.5em 0 1.5em}
 table{border-collapse:collapse;font-size:13px}th,td{padding:3px 8px;border-bottom:1px solid #ddd;
 vertical-align:top}td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
@@ -92,7 +93,7 @@ def _p(text: str, cls: str = "note") -> str:
     return f'<p class="{cls}">{html.escape(text)}</p>'
 
 
-def _summary(res, steps_now) -> Section:
+def _summary(res: Result, steps_now) -> Section:
     t = res.trace
     tk = summary(res, steps=steps_now)
     bits = [f"nsys {t.nsys_version}", f"{res.ranks.height} rank(s)", f"CUDA graph trace: {t.graph_trace_mode or 'none'}",
@@ -101,8 +102,8 @@ def _summary(res, steps_now) -> Section:
     info = selection(res)
     body.append(_p(info["text"][0].upper() + info["text"][1:], "head"))
     if tk.period_ns:
-        line = (f"<b>{tk.period_ns / 1e3:,.1f} µs</b> cycle period, mean (p50 {tk.period_p50_ns / 1e3:,.1f} µs, "
-                f"p90 {tk.period_p90_ns / 1e3:,.1f} µs)")
+        line = (f"<b>{tk.period_ns / 1e3:,.1f} µs</b> cycle period, mean (p50 {real(tk.period_p50_ns) / 1e3:,.1f} µs, "
+                f"p90 {real(tk.period_p90_ns) / 1e3:,.1f} µs)")
         if tk.tokens_per_cycle is not None:
             line += (f" · <b>{tk.tokens_per_cycle:.2f}</b> tokens per {tk.kind} ({html.escape(str(tk.source))}) · "
                      f"<b>{tk.tokens_per_s:,.1f}</b> tokens/s")
@@ -114,7 +115,7 @@ def _summary(res, steps_now) -> Section:
     return Section("summary", "Steady state", "".join(body))
 
 
-def _budget(res, out: NewFolder) -> Section:
+def _budget(res: Result, out: NewFolder) -> Section:
     b = headline.budget(res)
     if b.height == 0:
         return Section("budget", "Cycle budget", _p("No steady cycles with a period: no cycle budget."))
@@ -157,20 +158,20 @@ def _findings(found: list[findings.Finding]) -> Section:
                    + f'<div class="tw"><table>{head}{"".join(rows)}</table></div>')
 
 
-PHASE_COLS = ("phase", "instances", *(f"{k}_{s}_ns" for k in ("span", "compute", "comm", "idle")
-                                      for s in ("mean", "p50", "p90")))
-PHASE_HEADS = {f"{k}_{s}_ns": f"{k} µs/inst {s}" for k in ("span", "compute", "comm", "idle")
-               for s in ("mean", "p50", "p90")}
+_PHASE_COLS = ("phase", "instances", *(f"{k}_{s}_ns" for k in ("span", "compute", "comm", "idle")
+                                       for s in ("mean", "p50", "p90")))
+_PHASE_HEADS = {f"{k}_{s}_ns": f"{k} µs/inst {s}" for k in ("span", "compute", "comm", "idle")
+                for s in ("mean", "p50", "p90")}
 
 
-def _phases(res, out: NewFolder) -> Section:
+def _phases(res: Result, out: NewFolder) -> Section:
     body = [_p("Per instance over the steady state (µs per instance: mean, p50, p90); span = compute + comm + idle "
                "(means add up; percentiles do not)."),
             "<h3>All ranks</h3>", _table(headline.steady_phases_all_ranks(res).with_columns(_o=cycle_order()).sort("_o", "phase")
-                                         .select("ranks", *PHASE_COLS), PHASE_HEADS)]
+                                         .select("ranks", *_PHASE_COLS), _PHASE_HEADS)]
     if res.ranks.height > 1:
         per = headline.steady_phases(res).with_columns(_o=cycle_order()).sort("_o", "phase", "rank")
-        body += ["<h3>Per rank</h3>", _table(per.select("rank", *PHASE_COLS), PHASE_HEADS)]
+        body += ["<h3>Per rank</h3>", _table(per.select("rank", *_PHASE_COLS), _PHASE_HEADS)]
         hm = plots.rank_heatmap(res)
         if hm is not None:
             body.append(_save(hm, out, "rank_phase.png", "median span per rank and phase"))
@@ -178,12 +179,12 @@ def _phases(res, out: NewFolder) -> Section:
     return Section("phases", "Phases", "".join(body))
 
 
-UTIL_BARS = (("sm_active_pct", "SMs active", "#4c78a8"), ("sm_issue_pct", "SM issue", "#72b7b2"),
-             ("tensor_active_pct", "tensor active", "#e45756"), ("dram_read_pct", "DRAM read", "#f58518"),
-             ("dram_write_pct", "DRAM write", "#eeca3b"))
+_UTIL_BARS = (("sm_active_pct", "SMs active", "#4c78a8"), ("sm_issue_pct", "SM issue", "#72b7b2"),
+              ("tensor_active_pct", "tensor active", "#e45756"), ("dram_read_pct", "DRAM read", "#f58518"),
+              ("dram_write_pct", "DRAM write", "#eeca3b"))
 
 
-def utilisation_section(res) -> Section | None:
+def utilisation_section(res: Result) -> Section | None:
     """GPU utilisation per phase from nsys GPU-metrics samples (docs/gpu-metrics.md): one bar per metric, percent
     of peak, over the steady state and each batch size; None without samples. Self-contained (inline bars, no
     figure file)."""
@@ -201,12 +202,12 @@ def utilisation_section(res) -> Section | None:
                 f'<div style="width:{w:.1f}%;background:{colour};height:10px"></div></div> {float(v):.0f} %</td>')
 
     head = "".join(f"<th>{html.escape(t)}</th>" for t in
-                   ("phase", "cycles", *[n for _, n, _ in UTIL_BARS], "bound", "samples", "instances"))
+                   ("phase", "cycles", *[n for _, n, _ in _UTIL_BARS], "bound", "samples", "instances"))
     body = []
     for r in rows.iter_rows(named=True):
         inst = f"{r['instances']}" + (f" (+{r['short']} too short)" if r["short"] else "")
         body.append("<tr>" + f"<td>{html.escape(r['phase'])}</td><td>{html.escape(r['scope'])}</td>"
-                    + "".join(bar(r[k], c) for k, _, c in UTIL_BARS)
+                    + "".join(bar(r[k], c) for k, _, c in _UTIL_BARS)
                     + (f"<td>{html.escape(r['bound'])}</td>" if r["bound"] else
                        f"<td title=\"{html.escape(r['note'] or '')}\">{'too short' if r['short'] else '–'}</td>")
                     + f"<td class=\"n\">{r['samples']:,}</td>"
@@ -225,7 +226,7 @@ def utilisation_section(res) -> Section | None:
                    _p(note) + f"<div class=\"tw\"><table><tr>{head}</tr>{''.join(body)}</table></div>")
 
 
-def _comm(res, out: NewFolder) -> Section | None:
+def _comm(res: Result, out: NewFolder) -> Section | None:
     mt = headline.matching(res)
     bad = mt.filter(~pl.col("trusted"))
     refused = set(bad["phase"].to_list())
@@ -263,7 +264,7 @@ def _comm(res, out: NewFolder) -> Section | None:
     return Section("communication", "Communication: transfer, waiting, stragglers", "".join(body))
 
 
-def _stragglers(res, st: pl.DataFrame) -> pl.DataFrame:
+def _stragglers(res: Result, st: pl.DataFrame) -> pl.DataFrame:
     """One row per phase: its straggler (:func:`headline.straggler_verdict`) and the wait it costs the others."""
     v = headline.straggler_verdict(res).select("phase", straggler=pl.col("rank").cast(pl.String), wait_share="wait_share",
                                                per_cycle_ns="per_cycle_ns")
@@ -273,7 +274,7 @@ def _stragglers(res, st: pl.DataFrame) -> pl.DataFrame:
             .sort("_o", "phase").select("phase", "collectives", "straggler", "wait_share", "per_cycle_ns"))
 
 
-def _classes(res) -> Section | None:
+def _classes(res: Result) -> Section | None:
     """The slower cycles: the classes that recur (kept in the steady state) and the rare stalls (left out)."""
     cl = anatomy.cycle_classes(res)
     if not cl:
@@ -295,7 +296,7 @@ def _classes(res) -> Section | None:
     return Section("classes", "Slower cycles", body)
 
 
-def _segments(res) -> Section | None:
+def _segments(res: Result) -> Section | None:
     """Per decode batch size: cycles, period p50/p90/mean, prefills, the biggest pieces of its mean cycle."""
     seg = anatomy.segments(res)
     if len(seg) < 2:
@@ -312,14 +313,14 @@ def _segments(res) -> Section | None:
                                       "period_mean_ns": "mean µs"}))
 
 
-def _seams(res, out: NewFolder) -> Section:
+def _seams(res: Result, out: NewFolder) -> Section:
     sa = headline.steady_seams_all_ranks(res)
     body = [_p("GPU idle between consecutive ranges (last op of one → first op of the next), steady state, all ranks.")]
     if sa.height:
         causes = [c for c in ("bound", "gpu_bound_ns", "launch_bound_ns", "host_bound_ns", "launch_block_ns",
                               "host_late_ns") if c in sa.columns]
         body.append(_table(sa.select("parent", "from", "to", "instances", "idle_mean_ns", "idle_p50_ns",
-                                     "idle_p90_ns", "idle_ns", "busy_ns", "overlap_ns", *causes), SEAM_HEADS))
+                                     "idle_p90_ns", "idle_ns", "busy_ns", "overlap_ns", *causes), _SEAM_HEADS))
         if causes:
             body.append(_p("bound: why the GPU waited, over the instances (gpu: the next phase was queued in time; "
                            "launch: its launch call returned after the earlier work ended; host: the launch began "
@@ -329,14 +330,14 @@ def _seams(res, out: NewFolder) -> Section:
     return Section("seams", "Seams and idle gaps", "".join(body))
 
 
-SEAM_HEADS = {"idle_mean_ns": "idle µs/inst mean", "idle_p50_ns": "idle µs/inst p50", "idle_p90_ns": "idle µs/inst p90",
-              "idle_ns": "idle µs (sum)", "busy_ns": "other work µs (sum)", "overlap_ns": "overlap µs (sum)",
-              "gpu_bound_ns": "gpu-bound idle µs (sum)", "launch_bound_ns": "launch-bound idle µs (sum)",
-              "host_bound_ns": "host-bound idle µs (sum)", "launch_block_ns": "launch block µs/inst mean",
-              "host_late_ns": "host late µs/inst mean", "bound": "bound (instances)"}
+_SEAM_HEADS = {"idle_mean_ns": "idle µs/inst mean", "idle_p50_ns": "idle µs/inst p50", "idle_p90_ns": "idle µs/inst p90",
+               "idle_ns": "idle µs (sum)", "busy_ns": "other work µs (sum)", "overlap_ns": "overlap µs (sum)",
+               "gpu_bound_ns": "gpu-bound idle µs (sum)", "launch_bound_ns": "launch-bound idle µs (sum)",
+               "host_bound_ns": "host-bound idle µs (sum)", "launch_block_ns": "launch block µs/inst mean",
+               "host_late_ns": "host late µs/inst mean", "bound": "bound (instances)"}
 
 
-def _parents(res) -> Section:
+def _parents(res: Result) -> Section:
     parents = headline.steady_seams_all_ranks(res)
     names = parents["parent"].drop_nulls().unique() if parents.height else pl.Series([], dtype=pl.String)
     pr = headline.ranges(res)
@@ -359,7 +360,7 @@ def _parents(res) -> Section:
     return Section("parents", "Parent ranges and coverage", "".join(body))
 
 
-def _kernels(res) -> Section:
+def _kernels(res: Result) -> Section:
     k = headline.kernels(res, 5)
     if k.height == 0:
         return Section("kernels", "Top GPU operations", _p("No GPU operations in phases."))
@@ -372,7 +373,7 @@ def _kernels(res) -> Section:
                              "share": "% of phase"}))
 
 
-def _whatif(res, out: NewFolder, model, max_steps: int = whatif.MAX_STEPS) -> Section:
+def _whatif(res: Result, out: NewFolder, model: whatif.Model | InputError, max_steps: int = whatif.MAX_STEPS) -> Section:
     """The what-if model as prose and tables (what ``spectrace whatif`` prints), and its figure."""
     if isinstance(model, InputError):
         return Section("whatif", "What if: draft steps", _p(f"No what-if model: {model}"))
@@ -464,7 +465,7 @@ def _comparison(doc: cmp.Comparison, out: NewFolder) -> Section:
     return Section("compare", "Compared with " + Path(str(doc.a).split(",")[0]).name, "".join(body))
 
 
-def _whole_run(res) -> Section:
+def _whole_run(res: Result) -> Section:
     body = [_p("Every captured instance, warm-up and stalls included: these sums equal nsys stats' projections."),
             _table(res.phases_all.select("ranks", "phase", "instances", "span_ns", "compute_ns", "comm_ns", "idle_ns",
                                          (pl.col("span_ns") / pl.col("instances")).alias("span_mean_ns")),
@@ -478,7 +479,7 @@ def _whole_run(res) -> Section:
     return Section("whole-run", "Whole run", "".join(body))
 
 
-def write_page(res, out: str | Path, vs=None, steps_now: int | None = None,
+def write_page(res: Result, out: str | Path, vs: Result | None = None, steps_now: int | None = None,
                extra: list[Section] | tuple = (), force: bool = False, inputs=None, baseline=None) -> Path:
     """Write ``out/index.html`` for an analysed trace (and an analysed run ``vs`` to compare with: A = ``vs``,
     B = ``res``; ``baseline`` is its old name); returns the page.
@@ -494,8 +495,9 @@ def write_page(res, out: str | Path, vs=None, steps_now: int | None = None,
     return Path(out) / "index.html"
 
 
-def _write_page(res, out: NewFolder, vs, steps_now: int | None, extra) -> None:
+def _write_page(res: Result, out: NewFolder, vs: Result | None, steps_now: int | None, extra) -> None:
     name = ", ".join(Path(p).name for p in res.reports) or Path(res.trace.path).name
+    model: whatif.Model | InputError  # the error is shown in the what-if section
     try:  # vs is a run to compare with, not whatif's no-speculation baseline: one model per batch size
         model = whatif.fit(res, steps_now)
         model.segments = whatif.fit_segments(res, steps_now)
@@ -521,6 +523,6 @@ def _write_page(res, out: NewFolder, vs, steps_now: int | None, extra) -> None:
         f"{html.escape(d.message)}</li>" for d in ranked(res.diagnostics)) + "</ul>"))
     nav = "<nav>" + "".join(f'<a href="#{s.id}">{html.escape(s.title)}</a>' for s in secs) + "</nav>"
     body = "".join(f'<section id="{s.id}"><h2>{html.escape(s.title)}</h2>{s.body}</section>' for s in secs)
-    page = f"{html.escape(name)}</title><style>{CSS}</style></head><body><h1>spectrace · {html.escape(name)}</h1>" \
+    page = f"{html.escape(name)}</title><style>{_CSS}</style></head><body><h1>spectrace · {html.escape(name)}</h1>" \
            f"{nav}{body}</body></html>\n"
     out.write("index.html", PAGE_START + utf8(terminal.clean(page)))  # names are data: no control characters

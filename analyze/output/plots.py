@@ -2,7 +2,7 @@
 
 Each function returns a :class:`matplotlib.figure.Figure` (an :class:`InlineFigure`, which Jupyter shows as a
 PNG by itself) and saves nothing. Figures are made without pyplot (no backend is chosen, no global figure
-list): a notebook shows them inline, a script saves them. None is wider than :data:`MAX_WIDTH_IN` inches
+list): a notebook shows them inline, a script saves them. None is wider than :data:`_MAX_WIDTH_IN` inches
 (1400 px at the report's 100 dpi) at any number of ranks: ranks go down the page (small multiples, one bar or
 lane per rank), never across it. Headline figures use the steady-state cycles
 (:mod:`analyze.compute.headline`). Names from the input are shown literally (:func:`_t`: ``$`` escaped, never
@@ -16,6 +16,7 @@ import io
 
 import numpy as np
 import polars as pl
+from matplotlib.artist import Artist
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
@@ -24,11 +25,14 @@ from nvtx_hooks.phases import COMM_COLOR, CYCLE_ORDER, IDLE_COLOR, SEAM_COLOR, b
 
 from ..compute import headline
 from ..compute.compare import Comparison
+from ..compute.scalars import to_float, to_int
 from ..compute.tokens import base_expr, cycles
+from ..compute.whatif import Model
+from ..model import Result
 from . import terminal
 
 __all__ = ["InlineFigure", "phase_bars", "rank_heatmap", "budget", "timeline", "distributions", "per_cycle",
-           "has_comm_split", "comm_split", "whatif_curve", "utilisation_bars", "compare_delta"]
+           "has_comm_split", "comm_split", "whatif_curve", "utilisation_bars", "compare_delta", "DPI", "WAIT_COLOR"]
 
 WAIT_COLOR = "#f4a259"  # comm wait (a rank waiting for the others); transfer uses COMM_COLOR
 
@@ -63,13 +67,13 @@ class InlineFigure(Figure):
         return buf.getvalue()
 
 
-DPI = 100  # what the report saves at; every figure is at most MAX_WIDTH_IN wide, so <= 1400 px
-MAX_WIDTH_IN = 14.0
-GAP_COLOR = "#9a9a9a"  # GPU idle between cycles
+DPI = 100  # what the report saves at; every figure is at most _MAX_WIDTH_IN wide, so <= 1400 px
+_MAX_WIDTH_IN = 14.0
+_GAP_COLOR = "#9a9a9a"  # GPU idle between cycles
 
 
 def _figure(width: float, height: float) -> InlineFigure:
-    return InlineFigure(figsize=(min(width, MAX_WIDTH_IN), height), layout="constrained")
+    return InlineFigure(figsize=(min(width, _MAX_WIDTH_IN), height), layout="constrained")
 
 
 def _small_multiples(p: pl.DataFrame, stacks: list[tuple[str, str, str | None, str]], title: str, xlabel: str,
@@ -102,8 +106,8 @@ def _small_multiples(p: pl.DataFrame, stacks: list[tuple[str, str, str | None, s
         ax.set_xlim(left=0)
     for k in range(len(names), nrows * ncols):
         axes[k // ncols][k % ncols].set_visible(False)
-    handles = [Patch(facecolor="#999999" if c == "phase" else c, hatch=h, edgecolor="#555555", label=lab)
-               for _, c, h, lab in stacks]
+    handles: list[Artist] = [Patch(facecolor="#999999" if c == "phase" else c, hatch=h, edgecolor="#555555",
+                                   label=lab) for _, c, h, lab in stacks]
     if marker:
         handles.append(Line2D([], [], marker="|", color="#111111", ls="none", ms=10, mew=1.6, label="span p50"))
     fig.suptitle(title, fontsize=10)
@@ -111,7 +115,7 @@ def _small_multiples(p: pl.DataFrame, stacks: list[tuple[str, str, str | None, s
     return fig
 
 
-def phase_bars(res) -> Figure:
+def phase_bars(res: Result) -> Figure:
     """Small multiples, one panel per phase: per rank, µs per instance (steady-state mean) stacked compute (phase
     colour), communication, idle; a tick at the median span. Legible at any number of ranks."""
     p = _leaf_phases(headline.steady_phases(res)).with_columns(
@@ -124,7 +128,7 @@ def phase_bars(res) -> Figure:
                             "µs per instance", marker="span_p50")
 
 
-def rank_heatmap(res) -> Figure | None:
+def rank_heatmap(res: Result) -> Figure | None:
     """Rank × phase: median span per instance, coloured by how far above the fastest rank (stragglers stand out).
     None with one rank."""
     p = _leaf_phases(headline.steady_phases(res))
@@ -155,7 +159,7 @@ def rank_heatmap(res) -> Figure | None:
     return fig
 
 
-def budget(res) -> Figure:
+def budget(res: Result) -> Figure:
     """The cycle budget: one horizontal bar per rank, the mean steady cycle cut into phases, seams and the gap
     between cycles (µs; labels give % of the cycle)."""
     b = headline.budget(res)
@@ -173,7 +177,7 @@ def budget(res) -> Figure:
         for row in r.iter_rows(named=True):
             w = max(row["ns"], 0.0) / 1e3
             kind = row["kind"]
-            color = (color_of(row["segment"]) if kind in ("phase", "prefill") else GAP_COLOR if kind == "gap"
+            color = (color_of(row["segment"]) if kind in ("phase", "prefill") else _GAP_COLOR if kind == "gap"
                      else SEAM_COLOR)
             hatch = None if kind in ("phase", "prefill") else ("//" if kind == "gap" else "..")
             ax.barh(y, w, 0.7, left=left, color=color, hatch=hatch, edgecolor="#555555", linewidth=0.4)
@@ -195,7 +199,7 @@ def budget(res) -> Figure:
     return fig
 
 
-def timeline(res, cycles_shown: int = 3, first: int | None = None) -> Figure:
+def timeline(res: Result, cycles_shown: int = 3, first: int | None = None) -> Figure:
     """A few cycles on the GPU clock: one lane per rank; phase spans, seams, and the GPU ops below them.
 
     ``first``: the first cycle (0-based, rank 0's order); default: the middle of the steady state.
@@ -208,9 +212,9 @@ def timeline(res, cycles_shown: int = 3, first: int | None = None) -> Figure:
         ax.text(0.5, 0.5, "no cycle ranges", ha="center", transform=ax.transAxes)
         return fig
     steady = cyc.filter("steady")["n"] if cyc["steady"].any() else cyc["n"]
-    first = max(0, int(steady.median()) - cycles_shown // 2) if first is None else first
+    first = max(0, to_int(steady.median()) - cycles_shown // 2) if first is None else first
     win = cyc.filter(pl.col("n").is_between(first, first + cycles_shown - 1))
-    t0, t1 = int(win["i_first"].min()), int(win["i_last"].max())
+    t0, t1 = to_int(win["i_first"].min()), to_int(win["i_last"].max())
     pad = (t1 - t0) // 50
     t0, t1 = t0 - pad, t1 + pad
     inst = res.instances.filter((pl.col("x_ops") > 0) & (pl.col("x_last") > t0) & (pl.col("x_first") < t1))
@@ -246,7 +250,7 @@ def timeline(res, cycles_shown: int = 3, first: int | None = None) -> Figure:
     return fig
 
 
-def distributions(res) -> Figure:
+def distributions(res: Result) -> Figure:
     """Left: idle time inside each phase instance; right: GPU idle in each seam (transition), µs, boxplots over
     the steady-state instances of all ranks (symlog axes starting at 0)."""
     fig = _figure(12, 4.4)
@@ -277,14 +281,14 @@ def distributions(res) -> Figure:
         a2.set_yticks(range(1, len(trs) + 1), [_t(t) for t in trs], fontsize=8)
         a2.invert_yaxis()
     a2.set_xscale("symlog", linthresh=1)
-    a2.set_xlim(0, 1.8 * float(s["idle_ns"].max() or 0) / 1e3 + 1 if s.height else 10)
+    a2.set_xlim(0, 1.8 * to_float(s["idle_ns"].max() or 0) / 1e3 + 1 if s.height else 10)
     a2.set_xlabel("µs GPU idle in the seam (symlog)")
     a2.set_title("Seams: GPU idle between consecutive ranges (steady state)", fontsize=10)
     a2.grid(axis="x", alpha=0.3)
     return fig
 
 
-def per_cycle(res) -> Figure:
+def per_cycle(res: Result) -> Figure:
     """Each phase's GPU span per cycle over the run (mean over ranks), and the cycle period per rank; the cycles
     left out of the steady state shaded (warm-up grey, stalls red)."""
     fig = _figure(12, 6.5)
@@ -341,7 +345,7 @@ def comm_split(phases: pl.DataFrame) -> Figure | None:
                             "µs per instance (matched collectives' kernel time)")
 
 
-def whatif_curve(model, max_steps: int = 10) -> Figure:
+def whatif_curve(model: Model, max_steps: int = 10) -> Figure:
     """Predicted cycle time (stacked: draft, verify, draft_extend, the seams between them, other) and tokens/s
     against the number of draft steps; the bars add up to the predicted cycle."""
     preds = pl.DataFrame(model.predictions(max_steps))
@@ -374,12 +378,12 @@ def whatif_curve(model, max_steps: int = 10) -> Figure:
     return fig
 
 
-UTIL_METRICS = (("sm_active_pct", "SMs active", "#4c78a8"), ("sm_issue_pct", "SM issue", "#72b7b2"),
-                ("tensor_active_pct", "tensor active", "#e45756"), ("dram_read_pct", "DRAM read", "#f58518"),
-                ("dram_write_pct", "DRAM write", "#eeca3b"))
+_UTIL_METRICS = (("sm_active_pct", "SMs active", "#4c78a8"), ("sm_issue_pct", "SM issue", "#72b7b2"),
+                 ("tensor_active_pct", "tensor active", "#e45756"), ("dram_read_pct", "DRAM read", "#f58518"),
+                 ("dram_write_pct", "DRAM write", "#eeca3b"))
 
 
-def utilisation_bars(res) -> Figure | None:
+def utilisation_bars(res: Result) -> Figure | None:
     """GPU utilisation per phase (nsys GPU-metrics samples, :mod:`analyze.compute.utilisation`): per phase and
     scope (steady state, each batch size), all ranks, one bar per metric in percent of peak; phases too short for
     the sampling period are left out. None without samples."""
@@ -396,8 +400,8 @@ def utilisation_bars(res) -> Figure | None:
                 .sort(utilisation.scope_order(), "scope", "_p", maintain_order=True).iter_rows(named=True))
     fig = _figure(10, 0.45 * len(rows) * 1.6 + 1.2)
     ax = fig.add_subplot()
-    h = 0.8 / len(UTIL_METRICS)
-    for j, (col, label, colour) in enumerate(UTIL_METRICS):
+    h = 0.8 / len(_UTIL_METRICS)
+    for j, (col, label, colour) in enumerate(_UTIL_METRICS):
         vals = [r[col] if r[col] is not None else 0.0 for r in rows]
         ax.barh(np.arange(len(rows)) + (j - 2) * h, vals, height=h, color=colour, label=label)
     ax.set_yticks(np.arange(len(rows)))

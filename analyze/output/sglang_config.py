@@ -18,8 +18,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-SGLANG_CHECKED = "0.5.23"
-KNOBS = {"up_hysteresis": 0.0, "down_hysteresis": -0.25, "ceiling_coeff": 0}  # SGLang's defaults for a tier
+__all__ = ["Tier", "tiers", "config", "write"]
+
+_SGLANG_CHECKED = "0.5.23"
+_KNOBS = {"up_hysteresis": 0.0, "down_hysteresis": -0.25, "ceiling_coeff": 0}  # SGLang's defaults for a tier
 
 
 @dataclass(frozen=True)
@@ -54,8 +56,8 @@ def config(segments: list[dict], steps_now: int, source: str = "") -> dict:
     """The JSON object SGLang's ``--speculative-adaptive-config`` reads (its keys: the tiers' first batch sizes);
     ``_spectrace`` (ignored by SGLang: not an integer key) says where it comes from."""
     ts = tiers(segments, steps_now)
-    out: dict = {str(t.batch_from): {"candidate_steps": list(t.candidate_steps), **KNOBS} for t in ts}
-    out["_spectrace"] = {"source": source, "steps_now": steps_now, "sglang_checked": SGLANG_CHECKED,
+    out: dict = {str(t.batch_from): {"candidate_steps": list(t.candidate_steps), **_KNOBS} for t in ts}
+    out["_spectrace"] = {"source": source, "steps_now": steps_now, "sglang_checked": _SGLANG_CHECKED,
                          "tiers": [{"batch_from": t.batch_from, "best_steps": t.best_steps,
                                     "measured_batch_sizes": list(t.batch_sizes)} for t in ts]}
     return out

@@ -20,18 +20,21 @@ from nvtx_hooks.capture.files import NewFolder, OutputError
 from ..model import InputError
 from ..read import store
 
-REPORT_MARKER = "SPECTRACE_REPORT"  # in every report folder spectrace writes: the files it wrote (JSON)
+__all__ = ["FIGURES", "PAGE_START", "inputs_of", "fences", "as_input_error", "check_file", "check_db",
+           "report_folder", "check_report_folder"]
+
+_REPORT_MARKER = "SPECTRACE_REPORT"  # in every report folder spectrace writes: the files it wrote (JSON)
 # the figures a report may have, beside its index.html (analyze.output.html), and how every page begins
 FIGURES = ("budget.png", "rank_phase.png", "phase_bars.png", "comm_split.png", "timeline.png", "distributions.png",
            "per_cycle.png", "whatif.png", "compare.png")
 PAGE_START = b"<!doctype html><html><head><meta charset=utf-8><title>spectrace \xc2\xb7 "
-REP_SUFFIXES = (".nsys-rep", ".qdrep")
+_REP_SUFFIXES = (".nsys-rep", ".qdrep")
 
 
 def inputs_of(inputs) -> list[Path]:
     """The paths never written: each input, and the export beside an ``.nsys-rep`` (what is analysed)."""
     paths = [Path(i) for i in inputs if isinstance(i, str | os.PathLike)]
-    return paths + [q.with_suffix(".sqlite") for q in paths if q.suffix in REP_SUFFIXES]
+    return paths + [q.with_suffix(".sqlite") for q in paths if q.suffix in _REP_SUFFIXES]
 
 
 def fences(target: str | os.PathLike, inputs) -> list[Path]:
@@ -81,7 +84,7 @@ def _legacy_report(folder: Path) -> bool:
 
 def report_folder(target: str | os.PathLike, inputs, force: bool = False) -> NewFolder:
     """``report -o DIR``: the folder built beside ``DIR`` and put in its place whole (see :class:`NewFolder`)."""
-    return NewFolder(target, option="-o", marker=REPORT_MARKER, inputs=inputs_of(inputs),
+    return NewFolder(target, option="-o", marker=_REPORT_MARKER, inputs=inputs_of(inputs),
                      fences=fences(target, inputs), force=force, legacy=_legacy_report)
 
 

@@ -8,7 +8,7 @@ capture, the locale, or the state of the descriptors.
   it escapes every non-ASCII and control character itself.
 - **Encoding independent of the locale**: a terminal keeps the encoding its locale (or ``PYTHONIOENCODING``)
   gives; what that encoding cannot hold degrades to ASCII (``µs`` → ``us``, ``→`` → ``->``, others ``?``; see
-  :data:`ASCII`) instead of failing. Output to a file or a pipe is UTF-8 unless ``PYTHONIOENCODING`` names
+  :data:`_ASCII`) instead of failing. Output to a file or a pipe is UTF-8 unless ``PYTHONIOENCODING`` names
   another encoding. File names that are not UTF-8 are printed as the bytes they are.
 - **Closed descriptors** (``>&-``, ``2>&-``): ``/dev/null`` takes their place, so that no file opened later
   becomes descriptor 1 or 2 (a stray write would land in it). Writing to a closed standard output is then an
@@ -25,44 +25,46 @@ import re
 import sys
 import unicodedata
 
+__all__ = ["clean", "streams"]
+
 # C0 controls but tab and newline, DEL, C1 controls, and the bidirectional embeddings, overrides and isolates.
-CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-CONTROL_KEEP_CR = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_CONTROL_KEEP_CR = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 # ASCII stand-ins for the characters spectrace's own text uses; other characters are decomposed (é → e) or "?".
-ASCII = {"µ": "u", "→": "->", "←": "<-", "…": "...", "·": "-", "×": "x", "–": "-", "—": "--", "−": "-",
-         "Δ": "d", "α": "a", "≥": ">=", "≤": "<=", "≈": "~", "²": "^2", "⊃": ">", "∝": "~", "±": "+/-",
-         "\ufffd": "?"}
-ERRORS = "spectrace-ascii"
+_ASCII = {"µ": "u", "→": "->", "←": "<-", "…": "...", "·": "-", "×": "x", "–": "-", "—": "--", "−": "-",
+          "Δ": "d", "α": "a", "≥": ">=", "≤": "<=", "≈": "~", "²": "^2", "⊃": ">", "∝": "~", "±": "+/-",
+          "\ufffd": "?"}
+_ERRORS = "spectrace-ascii"
 
 
 def clean(text: str, keep_cr: bool = False) -> str:
     """``text`` without control characters (see the module docstring); ``keep_cr``: carriage returns stay."""
-    return (CONTROL_KEEP_CR if keep_cr else CONTROL).sub("", text)
+    return (_CONTROL_KEEP_CR if keep_cr else _CONTROL).sub("", text)
 
 
-def ascii_for(ch: str) -> str:
+def _ascii_for(ch: str) -> str:
     """An ASCII stand-in for one character."""
-    if ch in ASCII:
-        return ASCII[ch]
+    if ch in _ASCII:
+        return _ASCII[ch]
     plain = unicodedata.normalize("NFKD", ch).encode("ascii", "ignore").decode()
     return plain or "?"
 
 
 def _degrade(e: UnicodeError) -> tuple[str | bytes, int]:
-    """The codec error handler :data:`ERRORS`: a character the encoding cannot hold becomes its ASCII stand-in;
+    """The codec error handler :data:`_ERRORS`: a character the encoding cannot hold becomes its ASCII stand-in;
     an undecodable byte of a file name (a lone surrogate) is written back as that byte."""
     if not isinstance(e, UnicodeEncodeError):
         raise e
     ch = e.object[e.start]
     if 0xDC80 <= ord(ch) <= 0xDCFF:
         return bytes([ord(ch) - 0xDC00]), e.start + 1
-    return ascii_for(ch), e.start + 1
+    return _ascii_for(ch), e.start + 1
 
 
-codecs.register_error(ERRORS, _degrade)
+codecs.register_error(_ERRORS, _degrade)
 
 
-class Cleaned:
+class _Cleaned:
     """A text stream whose writes go through :func:`clean`; everything else is the wrapped stream's."""
 
     def __init__(self, stream, keep_cr: bool = False):
@@ -77,7 +79,7 @@ class Cleaned:
         return getattr(self._stream, name)
 
 
-class Closed:
+class _Closed:
     """Standard output closed by the caller (``>&-``): every write fails, as it would on the descriptor."""
 
     encoding = "utf-8"
@@ -116,9 +118,9 @@ def _encode(stream) -> None:
     keep = tty or os.environ.get("PYTHONIOENCODING")
     try:
         if keep:
-            stream.reconfigure(errors=ERRORS)
+            stream.reconfigure(errors=_ERRORS)
         else:
-            stream.reconfigure(encoding="utf-8", errors=ERRORS)
+            stream.reconfigure(encoding="utf-8", errors=_ERRORS)
     except (OSError, ValueError, LookupError):
         pass
 
@@ -136,13 +138,13 @@ def streams():
                 os.dup2(null, fd)
                 os.close(null)
     if sys.stdout is None:
-        sys.stdout = Closed()
+        sys.stdout = _Closed()
     if sys.stderr is None:
         devnull = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (closed below)
         sys.stderr = devnull
     for s in (sys.stdout, sys.stderr):
         _encode(s)
-    sys.stdout, sys.stderr = Cleaned(sys.stdout), Cleaned(sys.stderr, keep_cr=True)
+    sys.stdout, sys.stderr = _Cleaned(sys.stdout), _Cleaned(sys.stderr, keep_cr=True)
     try:
         yield
     finally:

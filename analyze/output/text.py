@@ -16,6 +16,7 @@ from ..compute.collectives import short_name
 from ..compute.compare import Comparison
 from ..compute.findings import Finding
 from ..compute.headline import budget
+from ..compute.scalars import real, to_float
 from ..compute.tokens import DEFINITION, cycle_order, selection, summary
 from ..compute.whatif import MAX_STEPS, Model
 from ..model import SEAM_CAUSES, CommResult, Result
@@ -23,9 +24,9 @@ from ..model import SEAM_CAUSES, CommResult, Result
 __all__ = ["kernel_label", "ranked", "text_width", "wrap_lines", "display_names", "selection_lines", "class_lines",
            "segment_lines", "budget_text", "steady_phase_text", "findings_text", "table_text", "kernels_text",
            "analyze_table", "probe_lines", "comm_table", "compare_table", "whatif_segment_lines", "acceptance_text",
-           "best_text", "whatif_table"]
+           "best_text", "whatif_table", "TABLE_GAP"]
 
-NO_PHASE = "(none)"  # how a null phase (GPU work outside every selected range) is shown
+_NO_PHASE = "(none)"  # how a null phase (GPU work outside every selected range) is shown
 
 
 def _ms(ns) -> str:
@@ -61,8 +62,8 @@ def _phase_rows(df: pl.DataFrame, total_span: int) -> list[list[str]]:
     return rows
 
 
-PHASE_HEADER = ["phase", "inst", "span ms", "%all", "µs/inst", "compute ms", "%", "comm ms", "%", "idle ms", "%",
-                "GPU-idle ms", "kernel ms", "ops"]
+_PHASE_HEADER = ["phase", "inst", "span ms", "%all", "µs/inst", "compute ms", "%", "comm ms", "%", "idle ms", "%",
+                 "GPU-idle ms", "kernel ms", "ops"]
 
 
 def _order(df: pl.DataFrame, col: str) -> pl.DataFrame:
@@ -73,7 +74,7 @@ def _order(df: pl.DataFrame, col: str) -> pl.DataFrame:
 
 def _refusals(refused: pl.DataFrame) -> list[str]:
     """One line per phase whose matched collectives do not end together (no wait/straggler numbers for it)."""
-    return [f"  {r['phase'] if r['phase'] is not None else NO_PHASE}: {r['collectives']} matched collectives end "
+    return [f"  {r['phase'] if r['phase'] is not None else _NO_PHASE}: {r['collectives']} matched collectives end "
             f"{_us(r['end_spread_p50_ns'])} µs apart (p50) > {_us(r['bound_ns'])} µs: they are not the same "
             "collectives on every rank, or the clocks disagree" for r in refused.iter_rows(named=True)]
 
@@ -106,7 +107,7 @@ def kernel_label(name: str, width: int = 60) -> str:
 
 
 TABLE_GAP = re.compile(r"\S  +\S")  # two spaces or more between words: a table row (or a bar), never wrapped
-DIAG = re.compile(r"^(  (?:info|warning|error) +)")
+_DIAG = re.compile(r"^(  (?:info|warning|error) +)")
 
 
 def ranked(diagnostics: list) -> list:
@@ -134,7 +135,7 @@ def wrap_lines(lines: list[str], width: int | None = None) -> list[str]:
     width = width or text_width()
     out = []
     for line in lines:
-        m = DIAG.match(line)
+        m = _DIAG.match(line)
         if len(line) <= width or (not m and TABLE_GAP.search(line.strip())):
             out.append(line)
             continue
@@ -144,7 +145,7 @@ def wrap_lines(lines: list[str], width: int | None = None) -> list[str]:
     return out
 
 
-IDENT = re.compile(r"[A-Za-z_]\w*")
+_IDENT = re.compile(r"[A-Za-z_]\w*")
 
 
 def display_names(names: list[str], width: int = 60) -> list[str]:
@@ -165,7 +166,7 @@ def display_names(names: list[str], width: int = 60) -> list[str]:
             named[n] = lab if len(lab) <= width else lab[: width - 1] + "…"
             continue
         base = lab[:-3] if lab.endswith("<…>") else lab
-        toks = {n: list(dict.fromkeys(IDENT.findall(re.sub(r"^void\s+", "", n)[len(base):]))) for n in members}
+        toks = {n: list(dict.fromkeys(_IDENT.findall(re.sub(r"^void\s+", "", n)[len(base):]))) for n in members}
         common = set.intersection(*(set(t) for t in toks.values()))
         seen: dict[str, int] = {}
         for n in sorted(members):
@@ -249,7 +250,7 @@ def budget_text(res: Result, width: int = 64) -> list[str]:
     sym = _symbols(order.filter(pl.col("kind") == "phase")["segment"].to_list())
     mark = {"seam": "·", "head": "·", "tail": "·", "gap": "-", "prefill": "p"}
     periods = b.group_by("rank").agg(pl.col("ns").sum())
-    scale = width / float(periods["ns"].max())
+    scale = width / to_float(periods["ns"].max())
     out = ["Cycle budget: the mean steady cycle on each rank's GPU clock, piece by piece (they add up to the period)"]
     for rk in ranks:
         r = b.filter(pl.col("rank") == rk).sort("order", "segment")
@@ -265,26 +266,26 @@ def budget_text(res: Result, width: int = 64) -> list[str]:
                + ("  p prefill" if (b["kind"] == "prefill").any() else ""))
     head = ["piece", *[f"rank {r} µs" for r in ranks], "% of cycle", "GPU idle µs"]
     rows = []
-    mean_period = float(periods["ns"].mean())
+    mean_period = to_float(periods["ns"].mean())
     for seg in order.iter_rows(named=True):
         per = b.filter(pl.col("segment") == seg["segment"])
         vals = dict(zip(per["rank"].to_list(), per["ns"].to_list()))
         gi = per["gpu_idle_ns"].drop_nulls()
         rows.append([seg["segment"], *[_us(vals[r]) if r in vals else "-" for r in ranks],
                      f"{100 * float(per['ns'].sum()) / len(ranks) / mean_period:5.1f} %",
-                     _us(float(gi.mean())) if gi.len() else "-"])
+                     _us(to_float(gi.mean())) if gi.len() else "-"])
     out += _grid(head, rows)
-    idle = b.filter(pl.col("kind").is_in(["seam", "gap"]))["gpu_idle_ns"].fill_null(0).sum() / len(ranks)
-    inside = b.filter(pl.col("kind") == "phase")["gpu_idle_ns"].fill_null(0).sum() / len(ranks)
-    gap = b.filter(pl.col("kind") == "gap")["gpu_idle_ns"].fill_null(0).sum() / len(ranks)
+    idle = real(b.filter(pl.col("kind").is_in(["seam", "gap"]))["gpu_idle_ns"].fill_null(0).sum()) / len(ranks)
+    inside = real(b.filter(pl.col("kind") == "phase")["gpu_idle_ns"].fill_null(0).sum()) / len(ranks)
+    gap = real(b.filter(pl.col("kind") == "gap")["gpu_idle_ns"].fill_null(0).sum()) / len(ranks)
     out.append(f"GPU idle per cycle (mean over ranks): {_us(idle + inside)} µs = "
                f"{100 * (idle + inside) / mean_period:.1f} % of the cycle: {_us(gap)} between cycles and "
                f"{_us(idle - gap)} in seams (waiting for the host to launch), {_us(inside)} inside phases.")
     return out
 
 
-STEADY_HEADER = ["phase", "rank", "inst", "span µs", "p50", "p90", "compute µs", "comm µs", "idle µs", "p50",
-                 "p90", "%comm", "%idle"]
+_STEADY_HEADER = ["phase", "rank", "inst", "span µs", "p50", "p90", "compute µs", "comm µs", "idle µs", "p50",
+                  "p90", "%comm", "%idle"]
 
 
 def steady_phase_text(res: Result) -> list[str]:
@@ -303,7 +304,7 @@ def steady_phase_text(res: Result) -> list[str]:
                          _pct(r["idle_ns"], r["span_ns"])])
     which = "steady state" if selection(res).get("how") != "none" else "whole run (no cycle ranges)"
     return [f"Phases per instance, {which} (µs; mean unless p50/p90; span = compute + comm + idle)",
-            *_grid(STEADY_HEADER, rows, 2)]
+            *_grid(_STEADY_HEADER, rows, 2)]
 
 
 def findings_text(found: list[Finding], width: int = 110) -> list[str]:
@@ -384,7 +385,7 @@ def analyze_table(res: Result, found: list[Finding] | None = None) -> str:
     pa = res.phases_all
     total = int(pa["span_ns"].sum()) if pa.height else 0
     out.append(f"All ranks ({res.ranks.height}), times summed over ranks")
-    out += _grid(PHASE_HEADER, _phase_rows(_order(pa, "phase"), total))
+    out += _grid(_PHASE_HEADER, _phase_rows(_order(pa, "phase"), total))
     out += _comm_split(res)
     sa = hl.steady_seams_all_ranks(res)
     if sa.height:
@@ -451,7 +452,7 @@ def _seam_rows(sa: pl.DataFrame) -> list[str]:
 
 def _host_waits(pa: pl.DataFrame) -> list[str]:
     """Per phase: the host's time in launching calls and waiting in sync-like calls (all ranks)."""
-    if "host_wait_ns" not in pa.columns or not int(pa["launch_api_ns"].sum() + pa["host_wait_ns"].sum()):
+    if "host_wait_ns" not in pa.columns or not int(real(pa["launch_api_ns"].sum()) + real(pa["host_wait_ns"].sum())):
         return []
     rows = [[r["phase"], str(r["instances"]), _ms(r["launch_api_ns"]), _us(r["launch_api_ns"] / max(r["instances"], 1)),
              str(r["syncs"]), _ms(r["host_wait_ns"]), _us(r["host_wait_ns"] / max(r["instances"], 1))]
@@ -522,7 +523,7 @@ def comm_table(res: CommResult) -> str:
     out.append("wait = kernel time before the last rank arrived (latest start); transfer = the rest; "
                "skew = last arrival - own start")
     out.append("")
-    s = res.collectives.with_columns(short_name(pl.col("name")).alias("name"), pl.col("phase").fill_null(NO_PHASE))
+    s = res.collectives.with_columns(short_name(pl.col("name")).alias("name"), pl.col("phase").fill_null(_NO_PHASE))
     rows = [[r["phase"], str(r["rank"]), r["name"], str(r["count"]), _ms(r["duration_ns"]), _ms_or_dash(r["wait_ns"]),
              _pct1(r["wait_ns"], r["duration_ns"]), _ms_or_dash(r["transfer_ns"]), _us_or_dash(r["skew_p50_ns"]),
              _us_or_dash(r["skew_p99_ns"]), "-" if r["last_arrivals"] is None else str(r["last_arrivals"])]
@@ -530,7 +531,7 @@ def comm_table(res: CommResult) -> str:
     out.append("Per phase, rank and kernel")
     out += _grid(["phase", "rank", "kernel", "count", "dur ms", "wait ms", "%wait", "transfer ms", "skew p50 µs",
                   "skew p99 µs", "last"], rows, 3)
-    st = res.stragglers.with_columns(pl.col("phase").fill_null(NO_PHASE))
+    st = res.stragglers.with_columns(pl.col("phase").fill_null(_NO_PHASE))
     rows = [[r["phase"], str(r["rank"]), _ms(r["caused_wait_ns"]), f"{100 * r['wait_share']:.1f}",
              f"{r['last_arrivals']}/{r['collectives']}", _us_or_dash(r["mean_delay_ns"]), _us_or_dash(r["max_delay_ns"])]
             for r in st.iter_rows(named=True)]
