@@ -236,7 +236,8 @@ def compare(a: Reports, b: Reports, ranges: str | None = None, comm_patterns=Non
 def whatif(reports: Reports, steps_now: int | None = None, baseline: Reports | None = None,
            acceptance: float | None = None, ranges: str | None = None, comm_patterns=None, *,
            as_traced: bool = False, timing: Reports | None = None, unprofiled_cycles_per_s: float | None = None,
-           other_steps: list[Reports] | None = None, **kw) -> Model:
+           other_steps: list[Reports] | None = None, unprofiled_log: str | os.PathLike | None = None,
+           **kw) -> Model:
     """The cost model fitted on one speculative run (:class:`analyze.compute.whatif.Model`): predictions
     for other draft-step counts. ``baseline``: a run without speculation (calibrates verify's slope).
     ``as_traced``: keep node-level graph tracing's launch cost in the prediction (default: removed).
@@ -244,11 +245,18 @@ def whatif(reports: Reports, steps_now: int | None = None, baseline: Reports | N
     ``Model.segments``: without a baseline, one model per batch size when the run has several
     (:func:`analyze.compute.whatif.fit_segments`). ``other_steps``: runs of the same workload at other draft-step
     counts (their manifests say which): each batch size's prediction at a step count comes from the run measured
-    nearest to it, with this run's acceptance (:class:`analyze.compute.whatif.SegmentModel`)."""
+    nearest to it, with this run's acceptance (:class:`analyze.compute.whatif.SegmentModel`). ``unprofiled_log``:
+    a decode log of the same workload at this run's step count without a profiler (SGLang's "Decode batch" lines):
+    each batch size's predictions are calibrated on it (:func:`analyze.compute.whatif.calibrate`)."""
     from .compute import whatif as wi
 
     if acceptance is not None and not 0 <= acceptance <= 1:
         raise InputError(f"--acceptance must be in [0, 1], not {acceptance}")
+    periods, log_name = None, ""
+    if unprofiled_log is not None:  # read first: a bad log is refused before the analysis
+        from .read.server_log import decode_periods
+
+        periods, log_name = decode_periods(unprofiled_log), Path(unprofiled_log).name
     res = analyze(reports, ranges, comm_patterns, timing=timing, unprofiled_cycles_per_s=unprofiled_cycles_per_s,
                   **kw)
     base = analyze(baseline, ranges, comm_patterns, **kw) if baseline is not None else None
@@ -270,6 +278,8 @@ def whatif(reports: Reports, steps_now: int | None = None, baseline: Reports | N
         alpha = acceptance if acceptance is not None else wi.run_alpha(res, m.steps_now)
         m.notes += wi.join_runs(m.segments, runs(), alpha, as_traced)
         keep_derived(*kept)
+    if periods is not None:
+        m.notes += wi.calibrate(m, periods, log_name)
     keep_derived(res, base)
     return m
 

@@ -126,7 +126,8 @@ def _inputs(a) -> list:
     """Every report a verb reads (``--baseline`` and ``--timing`` ones too): outputs must be none of them."""
     base = getattr(a, "baseline", None) or getattr(a, "vs", None) or []
     return [*a.report, *([base] if isinstance(base, str) else base), *(getattr(a, "timing", None) or []),
-            *(getattr(a, "other_steps", None) or [])]
+            *(getattr(a, "other_steps", None) or []),
+            *([a.unprofiled_log] if getattr(a, "unprofiled_log", None) else [])]
 
 
 def _out(text: str) -> None:
@@ -271,7 +272,7 @@ def run_whatif(a) -> int:
 
         check_file(a.sglang_config, _inputs(a), "--sglang-config", replace=True)
     m = whatif(a.report, a.steps_now, baseline=a.baseline, acceptance=a.acceptance, as_traced=a.as_traced,
-               other_steps=a.other_steps, **_options(a))
+               other_steps=a.other_steps, unprofiled_log=a.unprofiled_log, **_options(a))
     doc = to_dict(m, a.max_steps)
     _out(data.doc_json(doc) if a.format == "json" else text.whatif_table(m, a.max_steps, explain=a.explain))
     if a.sglang_config:
@@ -479,6 +480,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:  # n
                    help="a run of the same workload at another draft-step count (its manifest says which; repeat "
                         "for more): per batch size, each step count is predicted from the run measured nearest to "
                         "it, and a measured step count is the measurement")
+    p.add_argument("--unprofiled-log", metavar="LOG",
+                   help="a decode log of the same workload at this run's step count without a profiler (SGLang's "
+                        "'Decode batch' lines): per batch size, the capture's excess over it is taken off every "
+                        "predicted period")
     p.add_argument("--sglang-config", metavar="FILE",
                    help="write the best draft steps per batch size (the what-if per segment) as the JSON that "
                         "SGLang's --speculative-adaptive-config reads: tiers of batch sizes, candidate steps the "

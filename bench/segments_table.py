@@ -4,7 +4,9 @@
 (``sweep``: ``tp1_sweep_s3_graph``, batch 1, 8, 32, 128, truth ``tp1_sweep_plain.jsonl``; ``dense``:
 ``tp1_dense_s3_graph``, batch 1, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, truth ``tp1_dense_plain.jsonl``;
 ``dense_rN``: ``tp1_dense_s3_graph_rN``, the same schedule captured again on a second machine, truth the three
-``tp1_dense_plain_r*.jsonl`` made beside those captures), the predicted cycle period at 1, 2 and 4 draft steps
+``tp1_dense_plain_r*.jsonl`` made beside those captures; ``dense_dlN``, N = 4, 5, 6: a third machine, truth the
+``tp1_dense_plain_dl*.jsonl``, and with ``--calibrate`` the predictions calibrated on the 3-step run's decode log of
+the same round, ``whatif --unprofiled-log``), the predicted cycle period at 1, 2 and 4 draft steps
 against the median of the runs without a profiler at that step count (spread = (max − min) / median over the runs),
 and then ``model``: the error of the predicted *change* from 3 steps, (predicted / predicted at 3) / (measured /
 measured at 3) − 1, which leaves out the capture's own offset at 3 steps (``capture``: its period under nsys against
@@ -26,7 +28,9 @@ ALPHA = 0.7
 SETS = {"sweep": ("tp1_sweep_s3_graph", ["tp1_sweep_plain.jsonl"]),
         "dense": ("tp1_dense_s3_graph", ["tp1_dense_plain.jsonl"]),
         **{f"dense_r{i}": (f"tp1_dense_s3_graph_r{i}", [f"tp1_dense_plain_r{j}.jsonl" for j in (1, 2, 3)])
-           for i in (1, 2, 3)}}
+           for i in (1, 2, 3)},
+        **{f"dense_dl{i}": (f"tp1_dense_s3_graph_dl{i}", [f"tp1_dense_plain_dl{j}.jsonl" for j in (4, 5, 6)])
+           for i in (4, 5, 6)}}
 
 
 def plain_runs(files: list[str]) -> dict[tuple[int, int], list[float]]:
@@ -41,10 +45,14 @@ def plain_runs(files: list[str]) -> dict[tuple[int, int], list[float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    name, files = SETS[(argv if argv is not None else sys.argv[1:] or ["sweep"])[0]]
+    args = argv if argv is not None else sys.argv[1:] or ["sweep"]
+    name, files = SETS[args[0]]
     runs = plain_runs(files)
-    m = whatif(samples.path(name))
-    print(f"{name} against {', '.join(files)}")
+    log = None
+    if "--calibrate" in args:  # the 3-step run's decode log of the same round (dense_dlN: tp1_dense_plain_dlN_s3_rep1.log)
+        log = samples.DATA / f"tp1_dense_plain_{args[0].removeprefix('dense_')}_s3_rep1.log"
+    m = whatif(samples.path(name), unprofiled_log=log)
+    print(f"{name} against {', '.join(files)}" + (f", calibrated on {log.name}" if log else ""))
     print("| batch | capture at 3 | " + " | ".join(f"{s} steps: predicted / measured µs (error; model; spread)"
                                                 for s in (1, 2, 4))
           + " | best (model, within one step of 3) | best (sweep, 2–4 / 1–4) |")

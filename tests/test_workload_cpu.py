@@ -340,3 +340,26 @@ def test_geometric_acceptance():
     assert workload.accept_lengths(5, 3, 0) == workload.accept_lengths(5, 3, 0, None)  # the default: uniform
     with pytest.raises(SystemExit):
         workload.build_parser().parse_args(["--accept-rate", "1.5"])
+
+
+def test_decode_log_lines_as_sglang_writes_them(torch, monkeypatch, capsys, tmp_path):
+    """--decode-log-interval N: per batch size one 'Decode batch' line per N measured cycles (the interval's last
+    push inside the batch size), its accept length the mean of those cycles' accepted tokens (the record's, --v2),
+    and its period (running_req × accept len / gen throughput) at least the spun host time of a cycle."""
+    from analyze.read.server_log import decode_periods
+
+    args = [*TINY[:-2], "--host-us", "3000", "--host-wait", "spin", "--schedule", "2:7,4:7", "--v2",
+            "--decode-log-interval", "2"]
+    out, _ = run(args, monkeypatch)
+    lines = [x for x in capsys.readouterr().err.splitlines() if "Decode batch" in x]
+    acc = {int(k): v for k, v in out["accept_lengths"].items()}
+    first = min(acc)
+    want = [(b, f"{sum(acc[j + k] for k in range(2)) / 2:.2f}") for b, s in ((2, first), (4, first + 7))
+            for j in range(s, s + 5, 2)]
+    assert [(int(x.split("#running-req: ")[1].split(",")[0]), x.split("accept len: ")[1].split(",")[0])
+            for x in lines] == want
+    log = tmp_path / "decode.log"
+    log.write_text("\n".join(lines) + "\n")
+    got = decode_periods(log)
+    assert got["batch_size"].to_list() == [2, 4] and got["lines"].to_list() == [3, 3]
+    assert all(3.0e6 <= p < 1e8 for p in got["period_ns"].to_list())

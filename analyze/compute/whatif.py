@@ -55,7 +55,7 @@ from .scalars import real_or_none, to_float, to_int
 from .tokens import base_expr, cycles, speculative, summary
 
 __all__ = ["MAX_STEPS", "Replay", "Model", "SegmentModel", "fit_segments", "run_alpha", "join_runs",
-           "solve_alpha", "fit", "to_dict", "validate"]
+           "solve_alpha", "fit", "to_dict", "validate", "MIN_LOG_LINES", "calibrate"]
 
 _MODEL_PHASES = ("draft", "verify", "draft_extend")
 MAX_STEPS = 10
@@ -341,6 +341,9 @@ class Model:
     steps_source: str = "given"  # how steps_now is known (_steps_known): given, the manifest's, or inferred
     alpha_given: bool = False  # alpha is the caller's (--acceptance), not measured
     segments: list[SegmentModel] = field(default_factory=list)  # one per batch size (fit_segments), when several
+    # the capture's excess over the run without a profiler at steps_now (whatif --unprofiled-log: calibrate), per
+    # cycle: taken off every predicted period (None: not calibrated)
+    calibration_ns: float | None = None
     # Replay.run's arrays per (phase deltas, launch cut): predict, cycle and seams ask for the same replay
     _runs: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False,
                                                                          compare=False)
@@ -424,7 +427,7 @@ class Model:
         d, v = self.draft(steps), self.verify(steps)
         e = self.cost_ns.get("draft_extend", 0.0) + self.deltas(steps)["draft_extend"]
         tok = self.tokens_per_cycle(steps)
-        cyc = self.cycle(steps)
+        cyc = self.cycle(steps) - (self.calibration_ns or 0.0)
         seam = self.seams_total(steps)
         return {
             "steps": steps, "cycle_ns": cyc, "draft_ns": d, "verify_ns": v, "draft_extend_ns": e,
@@ -534,6 +537,7 @@ class SegmentModel:
     period_ns: float  # the segment's typical cycle period (p50 of its typical steady cycles): what it moves from
     model: Model
     others: tuple[Model, ...] = ()
+    unprofiled_ns: float | None = None  # the period without a profiler at the measured steps (calibrate), if known
 
     @property
     def measured_steps(self) -> list[int]:
@@ -566,6 +570,8 @@ class SegmentModel:
         return {"segment": self.segment, "key": self.key, "batch_size": self.batch_size, "cycles": self.cycles,
                 "first_cycle": self.first_cycle, "period_ns": self.period_ns, "steps_now": m.steps_now,
                 "measured_steps": self.measured_steps,
+                **({"unprofiled_period_ns": self.unprofiled_ns, "calibration_ns": m.calibration_ns}
+                   if self.unprofiled_ns is not None else {}),
                 "alpha": m.alpha, "verify_source": m.verify_source, "predictions": preds,
                 "best_steps": best["steps"] if best else None, "gain": gain,
                 "best_steps_extrapolated": best_any["steps"] if best_any and best_any["extrapolated"]
@@ -655,6 +661,48 @@ def join_runs(segments: list[SegmentModel], runs: Iterable[tuple[str, Result]], 
         if left:
             unused.append(f"{name}: batch sizes {', '.join(map(str, left))} are not in the main run: not used")
     return notes + unused
+
+
+MIN_LOG_LINES = 3  # decode log lines a batch size needs to be calibrated: one may hold a batch change's slow cycles
+
+
+def calibrate(m: Model, periods: pl.DataFrame, source: str) -> list[str]:
+    """Calibrate the predictions on a log of the same workload without a profiler at the measured step count
+    (``periods``: :func:`analyze.read.server_log.decode_periods`, per batch size ``period_ns``): each segment's
+    excess over it at the measured steps — per cycle, on the host (the profiler's cost and the run's own
+    variation, docs/whatif-per-batch.md) — is taken off every predicted period of that batch size, the joined
+    runs' too. Without segments, the whole run's model when the log has its batch size. A batch size needs
+    :data:`MIN_LOG_LINES` lines (a line's interval may hold the slower cycles after a batch change: with two lines
+    per batch size, H200 logs were up to 18 % off the runs' typical period). Notes on what was and was not
+    calibrated."""
+    enough = periods.filter(pl.col("lines") >= MIN_LOG_LINES)
+    by_batch = dict(zip(enough["batch_size"].to_list(), enough["period_ns"].to_list()))
+    segs = [sm for sm in m.segments if sm.batch_size in by_batch]
+    if not m.segments:
+        bs = round(m.batch_size) if m.batch_size is not None else None
+        if bs not in by_batch:
+            return [f"--unprofiled-log {source}: fewer than {MIN_LOG_LINES} decode lines at this run's batch size "
+                    f"({bs}): not calibrated"]
+        m.calibration_ns = m.cycle(m.steps_now) - by_batch[bs]
+        return [f"calibrated on {source}: {m.period_ns / 1e3:,.1f} µs per cycle in the capture, "
+                f"{by_batch[bs] / 1e3:,.1f} µs without the profiler: {m.calibration_ns / 1e3:+,.1f} µs taken off "
+                "every predicted period"]
+    for sm in segs:
+        sm.unprofiled_ns = by_batch[sm.batch_size]
+        off = sm.model.cycle(sm.model.steps_now) - sm.unprofiled_ns
+        for o in (sm.model, *sm.others):
+            o.calibration_ns = off
+    notes = []
+    if segs:
+        notes.append(f"calibrated on {source} (the periods without a profiler at {m.steps_now} steps): per batch size "
+                     "the capture's excess per cycle taken off every predicted period: "
+                     + ", ".join(f"{sm.batch_size} {sm.model.calibration_ns / 1e3:+,.1f} µs" for sm in segs)
+                     + "; the whole-run table above is not calibrated")
+    left = [str(sm.batch_size) for sm in m.segments if sm not in segs]
+    if left:
+        notes.append(f"--unprofiled-log {source}: fewer than {MIN_LOG_LINES} decode lines at batch size "
+                     f"{', '.join(left)}: not calibrated")
+    return notes
 
 
 def _theil_sen(xy: pl.DataFrame) -> float:

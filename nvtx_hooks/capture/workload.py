@@ -92,6 +92,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    help="SGLang v2-like: accept lengths stay on the GPU, read one cycle later, 'accept' marks")
     p.add_argument("--ranges", action=argparse.BooleanOptionalAction, default=True,
                    help="emit the NVTX phase ranges (off: same work, no ranges; for overhead runs)")
+    p.add_argument("--decode-log-interval", type=int, default=0, metavar="N",
+                   help="after the run, write SGLang-style 'Decode batch' lines to stderr (rank 0), one per N "
+                        "measured cycles of one batch size: its accept length and tokens/s over those cycles "
+                        "(what `spectrace whatif --unprofiled-log` reads; 0: none)")
     p.add_argument("--host-us", type=int, default=300, help="host time in host_overhead, µs")
     p.add_argument("--host-wait", choices=("sleep", "spin"), default="sleep",
                    help="how host_overhead spends its host time: time.sleep (default) or a busy loop on the clock")
@@ -550,7 +554,27 @@ def run(args: argparse.Namespace) -> dict:
                 "period_median_us": _median_step_us([pushed_at[j] for j in range(first, first + n)]),
             })
             first += n
+    if args.decode_log_interval > 0 and rank == 0 and not args.baseline:
+        _decode_log(segments, args.warmup,
+                    args.decode_log_interval, pushed_at, sched, graphs)
     return rec
+
+
+def _decode_log(segments, first: int, every: int, pushed_at: dict[int, float], sched, graphs: bool) -> None:
+    """SGLang's decode log lines for the measured cycles (written after the run: no host time inside it): per batch
+    size, one line per ``every`` cycles, ``gen throughput`` = the tokens they generated over the time from the
+    first one's push to the push after the last (as SGLang's: tokens since the previous line over the time since)."""
+    lines = []
+    for bs, n in segments:
+        for j in range(first, first + n - every, every):  # the cycle after the last must be in this batch size
+            accepted = [sched[k] for k in range(j, j + every)]
+            dt = pushed_at[j + every] - pushed_at[j]
+            if dt > 0:
+                lines.append(f"[workload TP0] Decode batch, #running-req: {bs}, accept len: "
+                             f"{sum(accepted) / every:.2f}, cuda graph: {graphs}, gen throughput (token/s): "
+                             f"{bs * sum(accepted) / dt:.2f}, #queue-req: 0")
+        first += n
+    print("\n".join(lines), file=sys.stderr, flush=True)
 
 
 def _under_torchrun() -> bool:

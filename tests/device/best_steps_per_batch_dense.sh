@@ -5,6 +5,8 @@
 #
 #   NPROC=1 bash tests/device/best_steps_per_batch_dense.sh     # from the repo root on the GPU machine; about 4 minutes
 #   REPS=1 CAPS=3 TAG=_r1 bash tests/device/best_steps_per_batch_dense.sh   # one more round: plain runs, then tp1_dense_s3_graph_r1
+#   REPS=2 CAPS=3 TAG=_dl1 WL_EXTRA="--decode-log-interval 10" bash tests/device/best_steps_per_batch_dense.sh  # with
+#       the decode logs that whatif --unprofiled-log reads (tp1_dense_plain_dl1_s3_rep1.log, ...)
 #   REPS=0 CAPS="3 4" TAG=_gm TRACE_OPTS="--gpu-metrics --capture api" bash tests/device/best_steps_per_batch_dense.sh  # clocks
 #
 #   tp1_dense_sS_graph      S = 3 (then 2, 4, 1 while the budget lasts): the whole run under nsys, graph-level
@@ -20,10 +22,10 @@ W=${W:-/tmp/i24d}
 . tests/device/setup.sh
 TP=tp$NPROC
 versions
-WL=(--schedule 1:30,4:30,8:30,16:30,24:30,32:30,48:30,64:30,96:30,128:30,160:30 --accept-rate 0.7 --host-wait spin)
+WL=(--schedule 1:30,4:30,8:30,16:30,24:30,32:30,48:30,64:30,96:30,128:30,160:30 --accept-rate 0.7 --host-wait spin ${WL_EXTRA:-})
 
 plain_sweep "$W/${TP}_dense_plain$TAG.jsonl" "${WL[@]}"
-cp "$W/${TP}_dense_plain$TAG.jsonl" "$OUT/" 2>/dev/null
+cp "$W/${TP}_dense_plain$TAG.jsonl" "$W/${TP}_dense_plain${TAG}"_s*_rep*.log "$OUT/" 2>/dev/null
 
 for S in $CAPS; do
   left || { log "skip steps $S (budget)"; continue; }

@@ -38,7 +38,8 @@ pack() {
 }
 
 # plain_sweep FILE WORKLOAD_ARGS...: REPS rounds of the workload at 1..4 draft steps without a profiler, the order
-# rotating per round (round r: steps r+1, r+2, ... mod 4); each rank's JSON record, with "rep", appended to FILE.
+# rotating per round (round r: steps r+1, r+2, ... mod 4); each rank's JSON record, with "rep", appended to FILE;
+# a run's decode log lines (workload --decode-log-interval) in FILE's name with _sS_repR.log instead of .jsonl.
 # Stops when the budget (left) is spent.
 plain_sweep() {
   local file=$1 rep k S
@@ -47,8 +48,11 @@ plain_sweep() {
     for k in 0 1 2 3; do
       left || return 0
       S=$(( (k + rep) % 4 + 1 ))
-      python3 -m nvtx_hooks.capture.workload --nproc "$NPROC" --steps "$S" "$@" 2>> "$OUT/log.txt" \
+      python3 -m nvtx_hooks.capture.workload --nproc "$NPROC" --steps "$S" "$@" 2> "$file.err" \
         | grep '^{"rank"' | sed "s/^{/{\"rep\": $rep, /" >> "$file"
+      # the workload's decode log lines (--decode-log-interval), one file per run; the rest to log.txt
+      grep 'Decode batch' "$file.err" > "${file%.jsonl}_s${S}_rep$rep.log" || rm -f "${file%.jsonl}_s${S}_rep$rep.log"
+      grep -v 'Decode batch' "$file.err" >> "$OUT/log.txt"; rm -f "$file.err"
       log "plain steps $S rep $rep"
     done
   done
