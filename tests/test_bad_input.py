@@ -70,6 +70,17 @@ def test_not_sqlite(tmp_path):
     assert_clean_error([f], "nsys export --type sqlite")
 
 
+@pytest.mark.parametrize("tool", ["xz", "gzip"])
+def test_compressed_export_says_how_to_decompress(tmp_path, tool):
+    """The bundled captures are .sqlite.xz: passing one as it is names the tool that decompresses it."""
+    import gzip
+    import lzma
+
+    f = tmp_path / f"run.sqlite.{'xz' if tool == 'xz' else 'gz'}"
+    f.write_bytes((lzma if tool == "xz" else gzip).compress(b"SQLite format 3\x00" + b"\x00" * 4000))
+    assert_clean_error([f], f"it is {tool}-compressed: decompress it first ({tool} -dk")
+
+
 def test_sqlite_but_not_nsys(tmp_path):
     f = tmp_path / "other.sqlite"
     con = sqlite3.connect(f)

@@ -9,10 +9,12 @@ are compared with those of a fresh analysis with no cache at all.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import pickle
 import shutil
 import sqlite3
+from pathlib import Path
 
 import pytest
 
@@ -268,3 +270,19 @@ def test_reading_a_result_marks_it_used(report):
     os.utime(folder, (1, 1))
     api.analyze(report, cache=True)
     assert folder.stat().st_mtime > 1e9
+
+
+def test_the_code_digest_covers_the_phase_definitions_compute_reads():
+    """nvtx_hooks/phases.py (phase names, payload encoding) changes what compute makes of a trace: it is in the
+    digest, as are every module of analyze's model, read and compute layers."""
+    import analyze
+    import nvtx_hooks.phases
+
+    root = Path(analyze.__file__).resolve().parent
+    want = sorted([root / "model.py", root / "__init__.py", *(root / "read").glob("*.py"),
+                   *(root / "compute").glob("*.py"), Path(nvtx_hooks.phases.__file__).resolve()])
+    h = hashlib.blake2b(digest_size=16)
+    for f in want:
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    assert results.code_digest() == h.hexdigest()

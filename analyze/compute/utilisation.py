@@ -196,7 +196,7 @@ def _aggregate(inst: pl.DataFrame, keys: list[str], ms: list[str]) -> pl.DataFra
 
 
 def scope_order() -> pl.Expr:
-    """A sort key of ``scope`` for the figures and the report: ``steady``, ``all``, scopes without a number, then
+    """A sort key of ``scope`` for the tables, figures and the report: ``steady``, ``all``, scopes without a number, then
     ``batch N`` in numeric order (``batch 16`` before ``batch 128``); ties broken by the scope's name."""
     return (pl.when(pl.col("scope") == "steady").then(-3).when(pl.col("scope") == "all").then(-2)
             .otherwise(pl.col("scope").str.extract(r"(\d+)$").cast(pl.Int64, strict=False).fill_null(-1)))
@@ -223,8 +223,7 @@ def phases(res: Result) -> pl.DataFrame:
     every = _aggregate(scoped, ["domain", "phase", "scope"], ms).with_columns(rank=pl.lit(None, pl.Int64))
     out = pl.concat([per_rank, every], how="diagonal_relaxed")
     out = _finish(out, ms, period_ns(res))
-    order = pl.col("scope").replace_strict({"steady": 0, "all": 1}, default=2, return_dtype=pl.Int64)
-    out = (out.with_columns(_o=order).sort("_o", "scope", pl.col("rank").is_null(), "rank", "sampled_ns", "domain",
+    out = (out.with_columns(_o=scope_order()).sort("_o", "scope", pl.col("rank").is_null(), "rank", "sampled_ns", "domain",
                                             "phase", descending=[False, False, False, False, True, False, False])
            .drop("_o"))
     res.memo[key] = out

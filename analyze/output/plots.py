@@ -383,6 +383,11 @@ _UTIL_METRICS = (("sm_active_pct", "SMs active", "#4c78a8"), ("sm_issue_pct", "S
                  ("dram_write_pct", "DRAM write", "#eeca3b"))
 
 
+def _bound_label(bound: str) -> str:
+    """A phase's bound in words: "memory-bound", "compute-bound", "mixed", or "SMs idle" (not a bound)."""
+    return {"idle": "SMs idle", "mixed": "mixed"}.get(bound, f"{bound}-bound")
+
+
 def utilisation_bars(res: Result) -> Figure | None:
     """GPU utilisation per phase (nsys GPU-metrics samples, :mod:`analyze.compute.utilisation`): per phase and
     scope (steady state, each batch size), all ranks, one bar per metric in percent of peak; phases too short for
@@ -405,7 +410,7 @@ def utilisation_bars(res: Result) -> Figure | None:
         vals = [r[col] if r[col] is not None else 0.0 for r in rows]
         ax.barh(np.arange(len(rows)) + (j - 2) * h, vals, height=h, color=colour, label=label)
     ax.set_yticks(np.arange(len(rows)))
-    ax.set_yticklabels([_t(f"{r['phase']} · {r['scope']}" + (f" · {r['bound']}-bound" if r["bound"] else ""))
+    ax.set_yticklabels([_t(f"{r['phase']} · {r['scope']}" + (f" · {_bound_label(r['bound'])}" if r["bound"] else ""))
                         for r in rows])
     ax.invert_yaxis()
     ax.set_xlim(0, 100)

@@ -60,11 +60,13 @@ KNOWN = {c.__name__: c for c in (Result, Trace, Diagnostic, OpsWindow, CommResul
 
 @functools.cache
 def code_digest() -> str:
-    """A hash of spectrace's analysis source (model, read, compute): a change to any of it is a new result key."""
+    """A hash of spectrace's analysis source (model, read, compute, and the phase names and payloads of
+    ``nvtx_hooks/phases.py`` that compute reads): a change to any of it is a new result key."""
     base = Path(__file__).resolve().parents[1]
     h = hashlib.blake2b(digest_size=16)
+    phases = base.parent / "nvtx_hooks" / "phases.py"
     for f in sorted([base / "model.py", base / "__init__.py", *(base / "read").glob("*.py"),
-                     *(base / "compute").glob("*.py")]):
+                     *(base / "compute").glob("*.py"), *([phases] if phases.is_file() else [])]):
         h.update(f.name.encode())
         h.update(f.read_bytes())
     return h.hexdigest()

@@ -23,6 +23,8 @@ import polars as pl
 
 from ..model import InputError
 
+# compressed files people pass by mistake (the bundled captures are .sqlite.xz): magic bytes → the tool
+_COMPRESSED = ((b"\xfd7zXZ\x00", "xz"), (b"\x1f\x8b", "gzip"), (b"\x28\xb5\x2f\xfd", "zstd"), (b"BZh", "bzip2"))
 SQLITE_MAGIC = b"SQLite format 3\x00"
 JOURNAL_MAGIC = bytes.fromhex("d9d505f920a163d7")
 # ADBC's SQLite driver returns 1024-row batches by default; 64 Ki rows read the same columns ~2.5x faster.
@@ -133,6 +135,9 @@ def check_file(path: str | os.PathLike) -> Path:
         hint = ""
         if p.suffix in (".nsys-rep", ".qdrep", ".qdstrm"):
             hint = f"; export it first: nsys export --type sqlite -o {p.with_suffix('.sqlite')} {p}"
+        for magic, tool in _COMPRESSED:
+            if head.startswith(magic):
+                hint = f"; it is {tool}-compressed: decompress it first ({tool} -dk {p})"
         raise InputError(f"{p}: not a SQLite file{hint}", "NOT_SQLITE")
     if len(head) < 100:
         raise InputError(f"{p}: truncated SQLite file ({size} bytes); export it again", "TRUNCATED")
