@@ -432,13 +432,17 @@ def _verify_how(source: str) -> str:
 
 def _whatif_per_batch(ctx: RuleContext) -> list[RuleHit]:
     """Different best step counts for different batch sizes (the what-if per segment)."""
+    from .whatif import NEAR_BEST
+
     m = ctx.model
     segs = [sm.as_dict() for sm in (m.segments if m is not None else [])]
     best = {d["key"]: d["best_steps"] for d in segs if d["best_steps"] is not None}
     if len(set(best.values())) < 2:
         return []
     gain = max((d["gain"] or 0.0) for d in segs)
-    per = ", ".join(f"{k}: {v}" for k, v in best.items())
+    ties = {d["key"]: d["near_best_steps"][1:] for d in segs}
+    per = ", ".join(f"{k}: {v}" + (f" (≈ {', '.join(map(str, ties[k]))} within {100 * NEAR_BEST:.0f} %)" if ties.get(k) else "")
+                    for k, v in best.items())
     runs = sorted({s for d in segs for s in d["measured_steps"]})
     return [RuleHit(gain * ctx.period_ns, (
         f"the best draft-step count depends on the batch size ({per}; predicted from each batch size's own "

@@ -55,7 +55,7 @@ from .scalars import real_or_none, to_float, to_int
 from .tokens import base_expr, cycles, speculative, summary
 
 __all__ = ["MAX_STEPS", "Replay", "Model", "SegmentModel", "fit_segments", "run_alpha", "join_runs",
-           "solve_alpha", "fit", "to_dict", "validate", "MIN_LOG_LINES", "calibrate"]
+           "solve_alpha", "fit", "to_dict", "validate", "MIN_LOG_LINES", "calibrate", "NEAR_BEST"]
 
 _MODEL_PHASES = ("draft", "verify", "draft_extend")
 MAX_STEPS = 10
@@ -516,6 +516,9 @@ def _interp(points: tuple[tuple[float, float], ...], x: float) -> float:
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0) if x1 != x0 else y1
 
 
+# predicted tokens/s this close to the best's is a tie: runs of the same workload without a profiler differ by
+# 2.1 % at the median (max − min over six runs, docs/whatif-per-batch.md)
+NEAR_BEST = 0.02
 _MIN_SEGMENT_CYCLES = 5  # a segment's own model needs this many typical steady cycles
 _OWN_ALPHA_CYCLES = 100  # ... and this many to use its own acceptance rather than the whole run's
 
@@ -559,6 +562,16 @@ class SegmentModel:
         """As :meth:`Model.best`, over the predictions of every run."""
         return _best(self.predictions(max_steps), measured_only)
 
+    def near_best(self, max_steps: int = MAX_STEPS) -> list[int]:
+        """The step counts, not extrapolated, predicted within :data:`NEAR_BEST` of the best's tokens/s (the best
+        first): a tie within what runs of the same workload differ by."""
+        best = self.best(max_steps, measured_only=True)
+        if best is None:
+            return []
+        near = [p["steps"] for p in self.predictions(max_steps) if p["tokens_per_s"] is not None
+                and not p["extrapolated"] and p["tokens_per_s"] >= best["tokens_per_s"] * (1 - NEAR_BEST)]
+        return [best["steps"], *(s for s in near if s != best["steps"])]
+
     def as_dict(self, max_steps: int = MAX_STEPS) -> dict:
         m = self.model
         preds = [{k: p[k] for k in ("steps", "cycle_ns", "tokens_per_s", "tokens_per_cycle", "verify_ns",
@@ -573,7 +586,8 @@ class SegmentModel:
                 **({"unprofiled_period_ns": self.unprofiled_ns, "calibration_ns": m.calibration_ns}
                    if self.unprofiled_ns is not None else {}),
                 "alpha": m.alpha, "verify_source": m.verify_source, "predictions": preds,
-                "best_steps": best["steps"] if best else None, "gain": gain,
+                "best_steps": best["steps"] if best else None, "near_best_steps": self.near_best(max_steps),
+                "gain": gain,
                 "best_steps_extrapolated": best_any["steps"] if best_any and best_any["extrapolated"]
                 and best_any["steps"] != (best or {}).get("steps") else None}
 
@@ -687,16 +701,17 @@ def calibrate(m: Model, periods: pl.DataFrame, source: str) -> list[str]:
         return [f"calibrated on {source}: {m.period_ns / 1e3:,.1f} µs per cycle in the capture, "
                 f"{by_batch[bs] / 1e3:,.1f} µs without the profiler: {m.calibration_ns / 1e3:+,.1f} µs taken off "
                 "every predicted period"]
+    offsets = []
     for sm in segs:
         sm.unprofiled_ns = by_batch[sm.batch_size]
         off = sm.model.cycle(sm.model.steps_now) - sm.unprofiled_ns
+        offsets.append(f"{sm.batch_size} {off / 1e3:+,.1f} µs")
         for o in (sm.model, *sm.others):
             o.calibration_ns = off
     notes = []
     if segs:
         notes.append(f"calibrated on {source} (the periods without a profiler at {m.steps_now} steps): per batch size "
-                     "the capture's excess per cycle taken off every predicted period: "
-                     + ", ".join(f"{sm.batch_size} {sm.model.calibration_ns / 1e3:+,.1f} µs" for sm in segs)
+                     "the capture's excess per cycle taken off every predicted period: " + ", ".join(offsets)
                      + "; the whole-run table above is not calibrated")
     left = [str(sm.batch_size) for sm in m.segments if sm not in segs]
     if left:

@@ -18,7 +18,7 @@ from ..compute.findings import Finding
 from ..compute.headline import budget
 from ..compute.scalars import real, to_float
 from ..compute.tokens import DEFINITION, cycle_order, selection, summary
-from ..compute.whatif import MAX_STEPS, Model
+from ..compute.whatif import MAX_STEPS, NEAR_BEST, Model
 from ..model import SEAM_CAUSES, CommResult, Result
 
 __all__ = ["kernel_label", "ranked", "text_width", "wrap_lines", "display_names", "selection_lines", "class_lines",
@@ -639,12 +639,13 @@ def whatif_segment_lines(m: Model, max_steps: int = MAX_STEPS) -> list[str]:
         cells = [f"{p['tokens_per_s']:,.0f}" + ("*" if p["extrapolated"] else "") if p["tokens_per_s"] else "-"
                  for p in d["predictions"]]
         gain = f"{100 * d['gain']:+.1f} %" if d["gain"] is not None else "-"
-        rows.append([sm.key, str(sm.cycles), _us(sm.period_ns), *cells, str(d["best_steps"] or "-"), gain])
+        ties = "".join(f" ≈{t}" for t in d["near_best_steps"][1:])
+        rows.append([sm.key, str(sm.cycles), _us(sm.period_ns), *cells, str(d["best_steps"] or "-") + ties, gain])
     runs = sorted({s for sm in m.segments for s in sm.measured_steps})
     joined = (f"; runs at {', '.join(map(str, runs))} steps joined (--other-steps): each step count from the run "
               "measured nearest to it" if len(runs) > 1 else "")
     return ["", "Per segment (one model per batch size, from its own cycles; tokens/s at each step count, "
-                f"* extrapolated; best among the others{joined})",
+                f"* extrapolated; best among the others, ≈ another within {100 * NEAR_BEST:.0f} % of its tokens/s{joined})",
             *_grid(["segment", "cycles", "p50 µs", *[f"{s} steps" for s in steps], "best", "gain"], rows)]
 
 
