@@ -7,15 +7,15 @@ No computation lives here; every other module of :mod:`analyze` may import this 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import polars as pl
 
 from . import __version__
 
 __all__ = ["PHASE_SUMS", "RANGE_SUMS", "OP_KIND", "MARKS_SCHEMA", "SEAM_CAUSES", "SYNC_API", "GRAPH_LAUNCH",
-           "KEPT_API", "SEAM_SUMS", "InputError", "Diagnostic", "Trace", "bound_expr", "sum_over_ranks", "Result",
-           "CommResult"]
+           "KEPT_API", "SEAM_SUMS", "InputError", "Diagnostic", "Trace", "bound_expr", "sum_over_ranks", "WindowReader",
+           "Result", "CommResult"]
 
 # Sums over ranks: the columns of each per-rank table that add up (the first one orders the rows).
 PHASE_SUMS = ("span_ns", "busy_ns", "compute_ns", "comm_ns", "idle_ns", "kernel_ns", "ops", "launches",
@@ -24,8 +24,8 @@ RANGE_SUMS = ("proj_span_ns", "instances", "range_instances", "ops", "launches",
               "range_ns")
 # The kinds of GPU operation (``Trace.ops.kind``): an Enum, one byte a row instead of a string.
 OP_KIND = pl.Enum(["kernel", "memcpy", "memset", "graph"])
-MARKS_SCHEMA = {"pid": pl.Int64, "gtid": pl.Int64, "time": pl.Int64, "domain": pl.String, "mark": pl.String,
-                "uint64": pl.Int64, "int64": pl.Int64}
+MARKS_SCHEMA = pl.Schema({"pid": pl.Int64, "gtid": pl.Int64, "time": pl.Int64, "domain": pl.String,
+                          "mark": pl.String, "uint64": pl.Int64, "int64": pl.Int64})
 # Why the GPU waited at a seam (analyze.compute.host): the next phase's first op was queued in time (gpu), its
 # launch call returned after the earlier work ended (launch), or the launch began after it (host).
 SEAM_CAUSES = ("gpu", "launch", "host")
@@ -146,6 +146,16 @@ def sum_over_ranks(per_rank: pl.DataFrame, keys: list[str], sums: tuple[str, ...
     )
 
 
+class WindowReader(Protocol):
+    """Reads the GPU operations of a time window again, when asked (``Result.window``): ``rank, start, end, kind,
+    comm``, sorted by start. :class:`analyze.read.source.OpsWindow` (one report, from its store or the export)
+    and :class:`analyze.read.source.ManyWindows` (merged reports) implement it."""
+
+    def __call__(self, t0: int, t1: int) -> pl.DataFrame:
+        """The operations overlapping ``[t0, t1)`` (ns, on the result's clock)."""
+        ...
+
+
 @dataclass
 class Result:
     """Everything ``spectrace analyze`` reports, as frames; the same shape whatever the path or size.
@@ -181,7 +191,7 @@ class Result:
     diagnostics: list[Diagnostic] = field(default_factory=list)
     reports: list[str] = field(default_factory=list)
     clock: dict[str, Any] = field(default_factory=dict)
-    window: Any = field(default=None, repr=False)  # reads ops by time window: analyze.read.source.OpsWindow
+    window: WindowReader | None = field(default=None, repr=False)  # reads ops by time window, when asked
     kernels: pl.DataFrame | None = None
     cycle_choice: dict[str, Any] = field(default_factory=dict)
     memo: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -231,7 +241,7 @@ class Result:
     def to_dict(self) -> dict[str, Any]:
         """The JSON document (keys documented in the README)."""
         cov = self.coverage
-        d = {
+        d: dict[str, Any] = {
             "spectrace_version": __version__,
             "report": self.trace.path,
             "nsys_version": self.trace.nsys_version,

@@ -32,6 +32,7 @@ import polars as pl
 
 from ..model import GRAPH_LAUNCH, SYNC_API, Diagnostic, InputError, Result, Trace
 from ..read import results
+from ..read.protocols import ProcessSource
 from ..read.source import ManyWindows, OpsWindow, open_source
 from ..read.store import CacheError, Progress, discard, open_store
 from . import attribute, breakdown, collectives, host, windows
@@ -118,14 +119,37 @@ class ProcessContext:
     cycle_index: bool = True  # the payload's cycle index identifies cycles (windows.cycle_index_problem)
 
 
-def process(source, pid: int, ctx: ProcessContext) -> dict:
-    """The per-process body: attribute one process's GPU ops to its ranges and measure every instance.
+@dataclasses.dataclass
+class ProcessResult:
+    """What :func:`process` measured of one process: small frames and counts, merged by :func:`analyze`.
 
-    Returns small frames (``ranks``, ``inst``, ``seam``, ``cov``, ``kern``, ``calls``: the key host calls of
-    :mod:`analyze.compute.host`; ``ops`` only with ``keep_ops``) and the counts of :data:`FACTS`. Ranks are
-    provisional (renumbered globally).
+    Ranks are provisional (one process cannot know its rank among the others: renumbered globally). A frame is
+    None when the process has none of it: no GPU operation (then only ``instances``, when it opened ranges) or,
+    for ``ops``, when the operations are not kept.
     """
-    out: dict = {}
+
+    facts: dict[str, int]
+    """The counts of :data:`analyze.compute.diagnostics.FACTS` (graph rows, orphan launches, duplicates, ...)."""
+    ranks: pl.DataFrame
+    """One row (its device, GPU operations and window) or none: :func:`analyze.compute.breakdown.ranks`."""
+    kernel_stats: pl.DataFrame
+    """GPU operations inside selected ranges summed per range instance and name (:func:`kernel_stats`)."""
+    instances: pl.DataFrame | None = None
+    """Every instance of its selected ranges, measured (becomes ``Result.instances``)."""
+    seams: pl.DataFrame | None = None
+    """The gaps between consecutive instances, with their causes (becomes ``Result.seam_instances``)."""
+    coverage: pl.DataFrame | None = None
+    """How much of its GPU time the selected ranges cover (:func:`analyze.compute.breakdown.coverage`)."""
+    comm_kernels: pl.DataFrame | None = None
+    """Its communication kernels numbered within their instance, for matching across ranks."""
+    host_calls: pl.DataFrame | None = None
+    """The key host calls of :mod:`analyze.compute.host` (synchronisations, graph launches)."""
+    ops: pl.DataFrame | None = None
+    """Every GPU operation with its range and name (only with ``keep_ops``)."""
+
+
+def process(source: ProcessSource, pid: int, ctx: ProcessContext) -> ProcessResult:
+    """The per-process body: attribute one process's GPU ops to its ranges and measure every instance."""
     # Only the columns the analysis reads (the stream is not one), unless every op is kept.
     cols = None if ctx.keep_ops else (*WORK_COLS, "graph") if ctx.graphs else WORK_COLS
     ops, api = source.ops(pid, cols), source.api(pid)
@@ -163,10 +187,10 @@ def process(source, pid: int, ctx: ProcessContext) -> dict:
         lo, hi = ops["start"].min(), ops["end"].max()
         orphans_inside = (api.filter(is_launch & pl.col("start").is_between(lo, hi))
                           .join(ops.select("corr").unique(), on="corr", how="anti").height)
-    key_calls, firsts, per_inst = host.calls(ops, api, nested, ctx.sync_ids, ctx.launch_ids, tl) if ops.height else (
-        None, None, None)
+    # The key host calls, the first call of each instance and per-instance counts (none without GPU work).
+    host_parts = host.calls(ops, api, nested, ctx.sync_ids, ctx.launch_ids, tl) if ops.height else None
     del api
-    out["facts"] = {
+    facts = {
         "graph_ops": int((ops["kind"] == "graph").sum()),
         "node_ops": node_ops,
         "graph_launches": launches,
@@ -174,31 +198,31 @@ def process(source, pid: int, ctx: ProcessContext) -> dict:
         "orphan_launches_inside": orphans_inside,
         "unmatched_ops": int(ops["gtid"].null_count()),
     }
-    out["ranks"] = rk
     # The rank goes on the few rows that keep it (communication kernels, kernel statistics), not on every op.
     comm = (ops.filter((pl.col("kind") == "kernel") & pl.col("comm").is_not_null())
             .with_columns(*gather_kinds(ctx.kinds, ["name"]), rank=pl.lit(rank, pl.Int64)))
-    out["kstat"] = kernel_stats(ops, ctx.kinds, rank)
+    out = ProcessResult(facts, rk, kernel_stats(ops, ctx.kinds, rank))
     if ctx.keep_ops:
-        cols = [c for c in ops.columns if c != "_kind"]
-        out["ops"] = ops.with_columns(*gather_kinds(ctx.kinds, ["name"]), rank=pl.lit(rank, pl.Int64)).select(
-            *cols[: cols.index("comm")], pl.col("name").cast(pl.String), *cols[cols.index("comm"):], "rank")
+        kept = [c for c in ops.columns if c != "_kind"]
+        out.ops = ops.with_columns(*gather_kinds(ctx.kinds, ["name"]), rank=pl.lit(rank, pl.Int64)).select(
+            *kept[: kept.index("comm")], pl.col("name").cast(pl.String), *kept[kept.index("comm"):], "rank")
     # The interval steps read only these columns: a narrow copy halves the memory of the inclusive view.
     ops = ops.select("pid", "range_id", "corr", "start", "end", "comm", "api_start").sort("start")
-    out["facts"]["duplicate_ops"] = duplicate_ops(ops)
-    if ops.height:
+    facts["duplicate_ops"] = duplicate_ops(ops)
+    if host_parts is not None:  # (the same rows: ops has GPU work)
+        key_calls, firsts, per_inst = host_parts
         anc = attribute.ancestors(nested)
         inst = breakdown.measure_instances(nested, ops, anc)
         blocks = breakdown.gpu_blocks(ops)
         inst = windows.with_cycle(breakdown.add_gpu_idle(inst, blocks), anc, ctx.cycle_index)
-        out["seam"] = host.seam_causes(breakdown.measure_seams(inst, blocks), firsts)
-        out["cov"] = breakdown.coverage(inst, ops, blocks)
-        out["inst"] = with_graphs(host.add_instance_cols(inst, per_inst), graphs, anc)
-        out["calls"] = key_calls
+        out.seams = host.seam_causes(breakdown.measure_seams(inst, blocks), firsts)
+        out.coverage = breakdown.coverage(inst, ops, blocks)
+        out.instances = with_graphs(host.add_instance_cols(inst, per_inst), graphs, anc)
+        out.host_calls = key_calls
         # Collective matching is global, but each kernel's ordinal j in its instance is per rank.
-        out["kern"] = collectives.comm_kernels(comm, inst).with_columns(pid=pl.lit(pid, pl.Int64))
+        out.comm_kernels = collectives.comm_kernels(comm, inst).with_columns(pid=pl.lit(pid, pl.Int64))
     elif nested.height:  # API calls but no GPU work: its ranges still count as instances
-        out["inst"] = _without_gpu(nested, ops)
+        out.instances = _without_gpu(nested, ops)
     return out
 
 
@@ -334,12 +358,10 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
     ctx = ProcessContext(nested_all, kinds, head.devices, launch_ids, keep_ops, sync_ids, graphs=not payload_batches(sel),
                   cycle_index=bad_index is None)
 
-    parts: dict[str, list] = {k: [] for k in ("ranks", "inst", "seam", "cov", "ops", "kern", "kstat", "facts",
-                                               "calls")}
     pids = source.pids
     bar = Progress(sum(source.ops_rows.values()), "spectrace: analysing", progress)
 
-    def one(pid: int) -> dict:
+    def one(pid: int) -> ProcessResult:
         out = process(source, pid, ctx)
         bar.add(source.ops_rows.get(pid, 0))
         return out
@@ -349,34 +371,34 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
     biggest = max([*source.ops_rows.values(), 0])
     n = max(1, workers if biggest <= WORKER_ROWS else 1)
     with ThreadPoolExecutor(max_workers=n) as ex:
-        for out in (ex.map(one, pids) if n > 1 else map(one, pids)):
-            for k, v in out.items():
-                parts[k].append(v)
+        outs = list(ex.map(one, pids) if n > 1 else map(one, pids))
     bar.close()
+    parts = _Parts.of(outs)
+    del outs
     # Ranges of processes without any GPU op or API call still count as (empty) instances.
     rest = nested_all.filter(~pl.col("pid").is_in(pids))
     if rest.height:
-        parts["inst"].append(_without_gpu(rest.with_columns(rank=pl.lit(None, pl.Int64)),
-                                          _empty_ops(source.head.ops)))
-    facts = {k: sum(f[k] for f in parts["facts"]) for k in FACTS}
+        parts.instances.append(_without_gpu(rest.with_columns(rank=pl.lit(None, pl.Int64)),
+                                            _empty_ops(source.head.ops)))
+    facts = {k: sum(f[k] for f in parts.facts) for k in FACTS}
 
     # Global: rank numbers in device order.
-    rk = pl.concat(parts["ranks"]).filter(pl.col("gpu_ops") > 0)
+    rk = pl.concat(parts.ranks).filter(pl.col("gpu_ops") > 0)
     rk = rk.sort("device", "pid").with_columns(rank=pl.int_range(pl.len()).cast(pl.Int64))
     pid_rank = dict(zip(rk["pid"].to_list(), rk["rank"].to_list()))
 
     def renumber(df: pl.DataFrame) -> pl.DataFrame:
         return df.with_columns(rank=pl.col("pid").replace_strict(pid_rank, default=None, return_dtype=pl.Int64))
 
-    inst = renumber(pl.concat(parts["inst"], how="diagonal_relaxed")).sort("range_id")
+    inst = renumber(pl.concat(parts.instances, how="diagonal_relaxed")).sort("range_id")
     nested = renumber(nested_all.with_columns(rank=pl.lit(None, pl.Int64)))
-    seam_inst = renumber(pl.concat(parts["seam"])) if parts["seam"] else pl.DataFrame()
-    cov = renumber(pl.concat(parts["cov"])).sort("rank") if parts["cov"] else pl.DataFrame()
-    kern = renumber(pl.concat(parts["kern"])).drop("pid") if parts["kern"] else _no_kernels()
-    ops = renumber(pl.concat(parts["ops"])).sort("start") if keep_ops and parts["ops"] else None
-    kstat = renumber(pl.concat(parts["kstat"])).drop("pid") if parts["kstat"] else None  # names Categorical
-    calls = renumber(pl.concat(parts["calls"])) if parts["calls"] else pl.DataFrame(schema=host.CALL_SCHEMA)
-    parts.clear()
+    seam_inst = renumber(pl.concat(parts.seams)) if parts.seams else pl.DataFrame()
+    cov = renumber(pl.concat(parts.coverage)).sort("rank") if parts.coverage else pl.DataFrame()
+    kern = renumber(pl.concat(parts.comm_kernels)).drop("pid") if parts.comm_kernels else _no_kernels()
+    ops = renumber(pl.concat(parts.ops)).sort("start") if keep_ops and parts.ops else None
+    kstat = renumber(pl.concat(parts.kernel_stats)).drop("pid") if parts.kernel_stats else None  # names Categorical
+    calls = renumber(pl.concat(parts.host_calls)) if parts.host_calls else pl.DataFrame(schema=host.CALL_SCHEMA)
+    del parts
     graph_rows = "Graph" if facts["graph_ops"] else ("Node" if facts["node_ops"] else None)
     head = dataclasses.replace(head, graph_rows=graph_rows)
     # Cycles paired across ranks; instances cut by a capture window or unpaired are left out of the sums.
@@ -415,6 +437,26 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
         comm_refused=refused.filter(pl.col("phase").is_not_null()),
         memo={"matched_counted": matched},  # the headline tables narrow it to the steady cycles
     )
+
+
+@dataclasses.dataclass
+class _Parts:
+    """The :class:`ProcessResult` of every process, field by field, in process order (those it has)."""
+
+    facts: list[dict[str, int]]
+    ranks: list[pl.DataFrame]
+    kernel_stats: list[pl.DataFrame]
+    instances: list[pl.DataFrame]
+    seams: list[pl.DataFrame]
+    coverage: list[pl.DataFrame]
+    comm_kernels: list[pl.DataFrame]
+    host_calls: list[pl.DataFrame]
+    ops: list[pl.DataFrame]
+
+    @classmethod
+    def of(cls, outs: list[ProcessResult]) -> _Parts:
+        return cls(*([v for o in outs if (v := getattr(o, f.name)) is not None]
+                     for f in dataclasses.fields(ProcessResult)))
 
 
 def counted_seams(seam_inst: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
@@ -459,8 +501,9 @@ def merge_results(results: list[Result]) -> Result:
     # Instances paired across the ranks of every report again; phases and seams summed over the counted ones.
     paired = windows.pair_reports(results)
     comm = collectives.cross_rank(results, paired)
-    parts: dict[str, list[pl.DataFrame]] = {k: [] for k in ("ranks", "seam_instances", "coverage", "marks", "kernels",
-                                                             "host_calls")}
+    every = ("ranks", "seam_instances", "coverage", "marks")  # frames every Result has
+    maybe = ("kernels", "host_calls")  # frames a Result may lack
+    parts: dict[str, list[pl.DataFrame]] = {k: [] for k in (*every, *maybe)}
     diags: list[Diagnostic] = []
     windows_, base = [], 0
     mine = ("INSTANCE_PAIRING", *windows.CODES, "COMM_")
@@ -468,12 +511,13 @@ def merge_results(results: list[Result]) -> Result:
         for k in parts:
             if getattr(r, k) is not None:
                 parts[k].append(_offset(getattr(r, k), base, i))
-        if r.window is not None:
+        if isinstance(r.window, OpsWindow):  # one report's (merged results are not merged again)
             windows_.append(dataclasses.replace(r.window, rank_offset=base))
         diags += [Diagnostic(d.level, d.code, f"report {i} ({Path(r.trace.path).name}): {d.message}")
                   for d in r.diagnostics if not d.code.startswith(mine)]
         base += r.ranks.height
-    cat = {k: pl.concat(v, how="diagonal_relaxed") if v else None for k, v in parts.items()}
+    cat = {k: pl.concat(parts[k], how="diagonal_relaxed") for k in every}
+    some = {k: pl.concat(parts[k], how="diagonal_relaxed") if parts[k] else None for k in maybe}
     inst = paired.instances
     gone = inst.filter(pl.col("left_out").is_not_null()).select("report", "range_id")
     seam_inst = cat["seam_instances"]
@@ -512,8 +556,8 @@ def merge_results(results: list[Result]) -> Result:
         reports=[r.trace.path for r in results],
         clock=comm.clock,
         window=ManyWindows(windows_) if windows_ else None,
-        kernels=cat["kernels"],
-        host_calls=cat["host_calls"],
+        kernels=some["kernels"],
+        host_calls=some["host_calls"],
         comm_refused=comm.refused.filter(pl.col("phase").is_not_null()),
     )
 

@@ -9,11 +9,16 @@ import os
 import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import polars as pl
 
 from ..model import MARKS_SCHEMA, OP_KIND, InputError, Trace
+from .protocols import ExportReader
 from .sqlite import Reader
+
+if TYPE_CHECKING:
+    from polars._typing import PolarsDataType
 
 KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
 MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
@@ -42,7 +47,7 @@ def tid_of(col: str) -> pl.Expr:
     return (pl.col(col) % _P24).cast(pl.Int64)
 
 
-def _meta(r: Reader) -> tuple[dict[str, str], dict[str, str]]:
+def _meta(r: ExportReader) -> tuple[dict[str, str], dict[str, str]]:
     export: dict[str, str] = {}
     for t in ("META_DATA_EXPORT", "EXPORT_META_DATA"):
         if r.has(t, "name", "value"):
@@ -55,7 +60,7 @@ def _meta(r: Reader) -> tuple[dict[str, str], dict[str, str]]:
     return export, capture
 
 
-def _check_schema(path: str, r: Reader, export: dict[str, str]) -> None:
+def _check_schema(path: str, r: ExportReader, export: dict[str, str]) -> None:
     if "StringIds" not in r.tables and not export:
         raise InputError(
             f"{path}: SQLite, but not an nsys export (no StringIds or META_DATA_EXPORT table)", "NOT_NSYS"
@@ -74,7 +79,7 @@ def _check_schema(path: str, r: Reader, export: dict[str, str]) -> None:
         )
 
 
-def _ranges(r: Reader, duration: int | None, notes: dict[str, int] | None = None
+def _ranges(r: ExportReader, duration: int | None, notes: dict[str, int] | None = None
             ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """NVTX ranges, domains and marks (frames ``ranges`` and ``marks`` of a Trace). ``notes`` gets the counts
     of odd ranges: ``missing_strings`` (a ``textId`` StringIds lacks: name ''), ``long_ranges`` (longer than
@@ -130,7 +135,7 @@ def _ranges(r: Reader, duration: int | None, notes: dict[str, int] | None = None
     marks = rng.filter(is_mark).select("pid", "gtid", "domain", "uint64", "int64", time="start", mark="range")
     marks = marks.select(list(MARKS_SCHEMA))
     rng = rng.filter(~is_mark)
-    end_cap = session_end(r, duration, rng["start"].max())
+    end_cap = session_end(r, duration, rng.select(pl.col("start").max()).item())
     # Without a known session end, a range nsys never saw closed (null end) ends with the capture's last event.
     fill = end_cap if end_cap is not None else max((v for v in (rng["end"].max(), rng["start"].max())
                                                     if v is not None), default=None)
@@ -154,7 +159,7 @@ def _ranges(r: Reader, duration: int | None, notes: dict[str, int] | None = None
 STARTED, STOPPED = "Profiling has started.", "Profiling has stopped."  # nsys's DIAGNOSTIC_EVENT texts
 
 
-def session_end(r: Reader, duration: int | None, last_start: int | None = None) -> int | None:
+def session_end(r: ExportReader, duration: int | None, last_start: int | None = None) -> int | None:
     """When the capture session ended, on the capture's own clock (the end nsys gives a range it never saw
     closed): the time of nsys's "Profiling has stopped." diagnostic; else its "Profiling has started." plus
     ``ANALYSIS_DETAILS.duration`` (a length, not a time); else ``duration`` itself, nsys's clock starting with
@@ -164,7 +169,7 @@ def session_end(r: Reader, duration: int | None, last_start: int | None = None) 
         d = r.frame(f"SELECT timestamp AS t, text, {kind} AS kind FROM DIAGNOSTIC_EVENT")
         d = d.filter(pl.col("kind").cast(pl.Int64, strict=False) == 1).select(  # the capture's clock, not the host's
             pl.col("t").cast(pl.Int64, strict=False), text=pl.col("text").cast(pl.String, strict=False))
-        stopped, started = (d.filter(pl.col("text") == t)["t"].min() for t in (STOPPED, STARTED))
+        stopped, started = (d.filter(pl.col("text") == t).select(pl.col("t").min()).item() for t in (STOPPED, STARTED))
         if stopped is not None:
             return int(stopped)
         if started is not None and duration is not None:
@@ -174,11 +179,11 @@ def session_end(r: Reader, duration: int | None, last_start: int | None = None) 
     return None
 
 
-API_SCHEMA = {"pid": pl.Int64, "gtid": pl.Int64, "corr": pl.Int64, "start": pl.Int64, "end": pl.Int64,
-              "name_id": pl.Int64}
+API_SCHEMA = pl.Schema({"pid": pl.Int64, "gtid": pl.Int64, "corr": pl.Int64, "start": pl.Int64, "end": pl.Int64,
+                        "name_id": pl.Int64})
 
 
-def api_query(r: Reader) -> tuple[str, Callable[[pl.DataFrame], pl.DataFrame]] | None:
+def api_query(r: ExportReader) -> tuple[str, Callable[[pl.DataFrame], pl.DataFrame]] | None:
     """The CUDA API query and the function that turns its rows (all, or a batch) into ``api`` rows."""
     if not r.has(RUNTIME, "correlationId", "globalTid"):
         return None
@@ -194,16 +199,17 @@ def api_query(r: Reader) -> tuple[str, Callable[[pl.DataFrame], pl.DataFrame]] |
 BAD_API = pl.col("pid").is_null()  # no thread id: no process to attribute the call to
 
 
-def _api(r: Reader) -> pl.DataFrame:
+def _api(r: ExportReader) -> pl.DataFrame:
     q = api_query(r)
     if q is None:
         return pl.DataFrame(schema=API_SCHEMA)
     return q[1](r.frame(q[0]))
 
 
-OPS_SCHEMA = {"pid": pl.Int64, "device": pl.Int64, "stream": pl.Int64, "corr": pl.Int64, "start": pl.Int64,
-              "end": pl.Int64, "kind": OP_KIND, "name_id": pl.Int64, "label": pl.String,
-              "in_graph": pl.Boolean, "graph": pl.Int32}
+_OPS_DTYPES: dict[str, PolarsDataType] = {
+    "pid": pl.Int64, "device": pl.Int64, "stream": pl.Int64, "corr": pl.Int64, "start": pl.Int64, "end": pl.Int64,
+    "kind": OP_KIND, "name_id": pl.Int64, "label": pl.String, "in_graph": pl.Boolean, "graph": pl.Int32}
+OPS_SCHEMA = pl.Schema(_OPS_DTYPES)
 GRAPH_BITS = 512  # ``device`` packs deviceId (< 256) * 2 + node flag, then + 512 * (graph + 1)
 # The graph an op belongs to: a node's graphNodeId carries its graph's id in its upper 32 bits (nsys 2025.3:
 # the graph exec id; the graph-level rows' graphExecId), 0 when the op is not in a graph.
@@ -214,14 +220,14 @@ def _finish_ops(df: pl.DataFrame) -> pl.DataFrame:
     # ``device`` came as deviceId * 2 + (graphNodeId IS NOT NULL) + 512 * (graph id + 1): one column out of SQLite
     # instead of three (at 10 M kernels a column costs ~0.5 CPU-s to read)
     v = pl.col("device")
-    graph = pl.when(v >= GRAPH_BITS).then(v // GRAPH_BITS - 1)
+    graph: pl.Expr = pl.when(v >= GRAPH_BITS).then(v // GRAPH_BITS - 1)
     if "graph" in df.columns:  # a graph-level row: its graph exec id
         graph = pl.coalesce("graph", graph)
     return (df.with_columns(pid=pid_of("gpid"), in_graph=(v % 2) == 1, graph=graph, device=(v % GRAPH_BITS) // 2)
             .select(list(OPS_SCHEMA)).cast(OPS_SCHEMA))
 
 
-def op_queries(r: Reader) -> list[tuple[str, str, Callable[[pl.DataFrame], pl.DataFrame]]]:
+def op_queries(r: ExportReader) -> list[tuple[str, str, Callable[[pl.DataFrame], pl.DataFrame]]]:
     """Per GPU activity table present: ``(table, query, post)``; ``post`` turns its rows (all, or a batch) into ops."""
     out = []
 
@@ -261,7 +267,7 @@ def op_queries(r: Reader) -> list[tuple[str, str, Callable[[pl.DataFrame], pl.Da
     return out
 
 
-def _ops(r: Reader) -> pl.DataFrame:
+def _ops(r: ExportReader) -> pl.DataFrame:
     parts = [post(r.frame(q)) for _, q, post in op_queries(r)]
     if not parts:
         return pl.DataFrame(schema=OPS_SCHEMA)
@@ -277,7 +283,7 @@ def bad_op(duration: int | None) -> pl.Expr:
     return BAD_OP | (pl.col("end") - pl.col("start") > duration) if duration else BAD_OP
 
 
-def _strings(r: Reader) -> pl.DataFrame:
+def _strings(r: ExportReader) -> pl.DataFrame:
     if "StringIds" not in r.tables:
         return pl.DataFrame(schema={"name_id": pl.Int64, "name": pl.String})
     return r.frame("SELECT id AS name_id, value AS name FROM StringIds",
@@ -290,22 +296,22 @@ def _names(strings: pl.DataFrame, ids: pl.Series) -> pl.DataFrame:
                         how="semi")
 
 
-def _devices(r: Reader) -> pl.DataFrame:
+def _devices(r: ExportReader) -> pl.DataFrame:
     if r.has("TARGET_INFO_GPU", "id", "name"):
         return r.frame("SELECT DISTINCT id AS device, name AS device_name FROM TARGET_INFO_GPU",
                        schema={"device": pl.Int64, "device_name": pl.String}).unique("device")
     return pl.DataFrame(schema={"device": pl.Int64, "device_name": pl.String})
 
 
-def _nsys_diagnostics(r: Reader) -> pl.DataFrame:
-    schema = {"timestamp": pl.Int64, "severity": pl.Int64, "text": pl.String, "pid": pl.Int64}
+def _nsys_diagnostics(r: ExportReader) -> pl.DataFrame:
+    schema = pl.Schema({"timestamp": pl.Int64, "severity": pl.Int64, "text": pl.String, "pid": pl.Int64})
     if not r.has("DIAGNOSTIC_EVENT", "text"):
         return pl.DataFrame(schema=schema)
     df = r.frame("SELECT timestamp, severity, text, globalPid AS gpid FROM DIAGNOSTIC_EVENT")
     return df.with_columns(pid=pid_of("gpid")).select(list(schema)).cast(schema)
 
 
-def read_meta(r: Reader) -> dict:
+def read_meta(r: ExportReader) -> dict:
     """Export and capture metadata, session duration and start (small queries); checks the schema."""
     export, capture = _meta(r)
     _check_schema(str(r.path), r, export)
@@ -320,7 +326,7 @@ def read_meta(r: Reader) -> dict:
     return {"export": export, "capture": capture, "duration": duration, "utc": utc}
 
 
-def open_reader(path: str | os.PathLike):
+def open_reader(path: str | os.PathLike) -> ExportReader:
     """A reader for an nsys export: a SQLite file, or a ``parquetdir``/``arrowdir`` directory."""
     if os.path.isdir(path):
         from .exportdir import DirReader, is_export_dir

@@ -15,13 +15,19 @@ from __future__ import annotations
 import os
 import sqlite3
 import struct
+import sys
 import threading
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 import polars as pl
 
 from ..model import InputError
+
+if TYPE_CHECKING:
+    from polars._typing import PolarsDataType
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 JOURNAL_MAGIC = bytes.fromhex("d9d505f920a163d7")
@@ -185,7 +191,7 @@ class Reader:
         con = sqlite3.connect(self._uri, uri=True, check_same_thread=False)
         con.text_factory = self._text
         if self.mode == "wal":
-            if hasattr(con, "setconfig"):  # Python 3.12+: never try to checkpoint on close
+            if sys.version_info >= (3, 12):  # con.setconfig is new in 3.12: never try to checkpoint on close
                 con.setconfig(sqlite3.SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, True)
             con.execute("PRAGMA locking_mode = EXCLUSIVE")  # the WAL index in memory: no -shm file
         return con
@@ -225,7 +231,9 @@ class Reader:
                 fixed = pa.array([None if b is None else self._text(b) for b in raw.to_pylist()], f.type)
                 data = data.set_column(i, f, fixed) if isinstance(data, pa.Table) else pa.RecordBatch.from_arrays(
                     [fixed if j == i else data.column(j) for j in range(data.num_columns)], schema=data.schema)
-        return pl.from_arrow(data)
+        out = pl.from_arrow(data)
+        assert isinstance(out, pl.DataFrame)  # (a Series only from an Arrow array, never from a table or batch)
+        return out
 
     def close(self) -> None:
         self._con.close()
@@ -251,7 +259,7 @@ class Reader:
         except sqlite3.DatabaseError as e:
             raise InputError(f"{self.path}: corrupt SQLite file ({e})", "CORRUPT") from None
 
-    def frame(self, sql: str, schema: dict[str, pl.DataType] | None = None) -> pl.DataFrame:
+    def frame(self, sql: str, schema: Mapping[str, PolarsDataType] | None = None) -> pl.DataFrame:
         """A query as a polars frame, read column-wise through ADBC when possible.
 
         Each call opens its own connection, so several frames can be read in parallel threads.
