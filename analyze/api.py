@@ -56,7 +56,7 @@ def _exported(reports: list) -> tuple[list, list[Diagnostic]]:
         sib = p.with_suffix(".sqlite") if p is not None and p.suffix in REP_SUFFIXES else None
         if p is not None and not p.exists() and not (sib is not None and sib.is_file()):
             _no_such_report(p)
-        if sib is not None and sib.is_file():
+        if p is not None and sib is not None and sib.is_file():
             stale = p.exists() and sib.stat().st_mtime < p.stat().st_mtime
             notes.append(Diagnostic("warning" if stale else "info", "REPORT_EXPORT",
                                     f"{p.name} is nsys's own format: analysed the export {sib.name} beside it"
@@ -177,8 +177,9 @@ def probe_effect(node: Reports, graph: Reports, unprofiled_cycles_per_s: float |
     """What node-level graph tracing costs: a node-level and a graph-level pass of one workload compared
     (cycle period under each and their ratio, per-phase span and launch time, seams; how far each is from
     the unprofiled throughput when known). The ``probe_effect`` JSON document."""
-    return analyze(node, ranges, comm_patterns, timing=graph, unprofiled_cycles_per_s=unprofiled_cycles_per_s,
-                   **kw).probe_effect
+    res = analyze(node, ranges, comm_patterns, timing=graph, unprofiled_cycles_per_s=unprofiled_cycles_per_s, **kw)
+    assert res.probe_effect is not None  # (set by every analysis with a timing pass)
+    return res.probe_effect
 
 
 def comm(reports: Reports, ranges: str | None = None, comm_patterns=None, *, skip_cycles: int | None = None,

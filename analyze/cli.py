@@ -12,6 +12,12 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: the modules load inside main() (below)
+    import argparse
+    from collections.abc import Callable
+    from pathlib import Path
 
 # Only os and sys (loaded with the interpreter) at import: everything else loads inside main(), where a
 # Ctrl-C is caught, so that the window in which Ctrl-C means a Python traceback is the interpreter's start.
@@ -47,7 +53,7 @@ def _num(kind: type, lo: float, hi: float, lo_open: bool = False):
     return number(kind, lo, hi, lo_open)
 
 
-def add_selection_args(p: argparse.ArgumentParser) -> None:  # noqa: F821 (imported where used)
+def add_selection_args(p: argparse.ArgumentParser) -> None:
     """Options of every verb that selects phases and classifies communication."""
     p.add_argument("--ranges", metavar="REGEX",
                    help="NVTX ranges that are phases (searched in 'text' and 'domain:text'); "
@@ -58,7 +64,7 @@ def add_selection_args(p: argparse.ArgumentParser) -> None:  # noqa: F821 (impor
                    help="file of FAMILY=REGEX lines to add to the communication table")
 
 
-def add_common_args(p: argparse.ArgumentParser, formats: tuple[str, ...], format_help: str) -> None:  # noqa: F821
+def add_common_args(p: argparse.ArgumentParser, formats: tuple[str, ...], format_help: str) -> None:
     """The options of every verb that reads captures, with one meaning each: ``-q``, ``--format``, ``--ranges``,
     ``--comm-pattern(s-file)``, ``--skip-cycles``/``--window`` (and, via :func:`add_source_args`, where the rows
     live)."""
@@ -68,7 +74,7 @@ def add_common_args(p: argparse.ArgumentParser, formats: tuple[str, ...], format
     add_steady_args(p)
 
 
-def add_source_args(p: argparse.ArgumentParser) -> None:  # noqa: F821
+def add_source_args(p: argparse.ArgumentParser) -> None:
     """Where the rows live and how several reports run: the same for every analysis verb."""
     import argparse
 
@@ -82,7 +88,7 @@ def add_source_args(p: argparse.ArgumentParser) -> None:  # noqa: F821
                    help="parallel processes for several reports (default: one per CPU)")
 
 
-def add_steady_args(p: argparse.ArgumentParser) -> None:  # noqa: F821
+def add_steady_args(p: argparse.ArgumentParser) -> None:
     """Which decode cycles the headline numbers use (README: *Steady state*)."""
     g = p.add_mutually_exclusive_group()
     g.add_argument("--skip-cycles", type=_num(int, 0, CYCLES_MAX), metavar="N",
@@ -94,7 +100,7 @@ def add_steady_args(p: argparse.ArgumentParser) -> None:  # noqa: F821
                         "first GPU op lies in a time range on the capture's clock (e.g. 1.5s:3s; ns, us, ms, s)")
 
 
-def add_timing_args(p: argparse.ArgumentParser) -> None:  # noqa: F821
+def add_timing_args(p: argparse.ArgumentParser) -> None:
     """Options of the verbs that take a two-pass capture (``spectrace trace --passes graph,node``)."""
     p.add_argument("--timing", metavar="GRAPH", nargs="+",
                    help="a graph-level pass of the same workload (REPORT being the node-level pass): phase spans, "
@@ -287,7 +293,7 @@ def run_whatif(a) -> int:
 # ---- hooks and capture verbs --------------------------------------------------------------------------
 
 
-def _installed_sglang() -> Path | None:  # noqa: F821
+def _installed_sglang() -> Path | None:
     """Directory holding the installed sglang package, found without importing it."""
     import importlib.util
     from pathlib import Path
@@ -364,13 +370,24 @@ def _subparsers(parser) -> dict:
     return {}
 
 
-def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:  # noqa: F821
+def _usage(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    """The ``func`` of a verb given without its action: its help, exit 2."""
+    def show(a: argparse.Namespace) -> int:
+        p.print_help()
+        return 2
+
+    return show
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     import argparse
     from pathlib import Path
 
     from nvtx_hooks.capture import nsys, scrub, workload
 
     from . import __version__
+
+    parser: argparse.ArgumentParser  # (the top-level parser, made below: its errors name its verbs)
 
     class Parser(argparse.ArgumentParser):
         def error(self, message: str):  # one line (not the usage), exit 2, as for every other bad input
@@ -496,7 +513,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:  # n
     c.add_argument("--sglang-root", type=Path, help="directory containing sglang/ (or the sglang package dir)")
     c.add_argument("--version", help="SGLang version of the tree (default: read from the tree)")
     c.set_defaults(func=run_hooks_check)
-    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+    p.set_defaults(func=_usage(p))
 
     p = sub.add_parser("trace", help="profile a command under nsys and export SQLite + manifest",
                        description=nsys.__doc__.split("\n\n")[1])

@@ -73,8 +73,9 @@ def code_digest() -> str:
 def result_key(report: str, build: str | None, ranges: str | None, comm_patterns, manifest: dict | None = None
                ) -> str:
     """The folder name of a result: a hash of everything that changes it (see the module docstring)."""
-    patterns = None if comm_patterns is None else [dataclasses.astuple(p) if dataclasses.is_dataclass(p) else repr(p)
-                                                   for p in comm_patterns]
+    patterns = None if comm_patterns is None else [
+        dataclasses.astuple(p) if dataclasses.is_dataclass(p) and not isinstance(p, type) else repr(p)
+        for p in comm_patterns]
     key = {"version": RESULT_VERSION, "spectrace": __version__, "code": code_digest(), "polars": pl.__version__,
            "report": str(report), "build": build, "ranges": ranges, "comm_patterns": patterns, "manifest": manifest}
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=repr).encode()).hexdigest()[:32]
@@ -102,8 +103,9 @@ def _encode(v, frames: list[pl.DataFrame]):
     if isinstance(v, dict):
         return {"$dict": [[_encode(k, frames), _encode(x, frames)] for k, x in v.items()]}
     cls = getattr(type(v), "_lazy_of", type(v))  # a value read from the cache is written as its plain class
-    if dataclasses.is_dataclass(v) and KNOWN.get(cls.__name__) is cls:
-        return {"$class": cls.__name__,
+    name = cls.__name__
+    if dataclasses.is_dataclass(v) and KNOWN.get(name) is cls:
+        return {"$class": name,
                 "fields": {f.name: _encode(getattr(v, f.name), frames) for f in dataclasses.fields(v)}}
     raise _Unsupported(type(v).__name__)
 
@@ -114,12 +116,15 @@ class _Frame:
     __slots__ = ("data", "frame", "strings")
 
     def __init__(self, data: bytes, strings: list[str]):
-        self.data, self.frame, self.strings = data, None, strings
+        self.data, self.strings = data, strings
+        self.frame: pl.DataFrame | None = None
 
     def get(self) -> pl.DataFrame:
         if self.frame is None:
             df = pl.read_ipc(io.BytesIO(self.data))
-            self.frame, self.data = df.with_columns(pl.col(self.strings).cast(pl.String)) if self.strings else df, b""
+            df = df.with_columns(pl.col(self.strings).cast(pl.String)) if self.strings else df
+            self.frame, self.data = df, b""
+            return df
         return self.frame
 
 
@@ -150,7 +155,7 @@ def _rebuild(cls, kw: dict):
 def _lazy(cls):
     """``cls`` with every field a :class:`_LazyField`; pickled and copied as a plain ``cls`` (every frame read)."""
     names = [f.name for f in dataclasses.fields(cls)]
-    ns = {n: _LazyField(n) for n in names}
+    ns: dict[str, object] = {n: _LazyField(n) for n in names}
     ns["__reduce__"] = lambda self: (_rebuild, (cls, {n: getattr(self, n) for n in names}))
     ns["_lazy_of"] = cls
     return type(cls.__name__, (cls,), ns)
