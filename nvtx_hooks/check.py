@@ -172,7 +172,8 @@ class _Trees:
             try:
                 self._cache[module] = ast.parse(p.read_text(errors="replace"), str(p)) if p.is_file() else None
             except (SyntaxError, ValueError) as e:
-                where = f", line {e.lineno}" if getattr(e, "lineno", None) else ""
+                line = getattr(e, "lineno", None)  # (a SyntaxError's)
+                where = f", line {line}" if line else ""
                 msg = getattr(e, "msg", None) or str(e)
                 raise ValueError(f"{p}: cannot be parsed as Python ({msg}{where}); is this an SGLang source tree "
                                  "as released?") from None

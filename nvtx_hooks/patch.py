@@ -274,8 +274,8 @@ def _make_wrapper(orig, t: Target):
                     _report_error(site + " (tag)", e)
             return result
 
-    wrapper.__spectrace_wrapped__ = orig
-    wrapper.__spectrace_target__ = t
+    # what was wrapped, and by which target (uninstall puts the original back): attributes of the function object
+    wrapper.__dict__.update(__spectrace_wrapped__=orig, __spectrace_target__=t)
     return wrapper
 
 

@@ -175,11 +175,13 @@ def supported(v: Version | None) -> bool:
     return v is not None and v != (0, 0, 0) and MIN_VERSION <= v <= MAX_VERSION
 
 
-def targets_for(v: Version) -> list[Target]:
+def targets_for(v: Version | None) -> list[Target]:
     """The rows that apply to version ``v`` (empty when unsupported)."""
-    return [t for t in TARGETS if t.applies(v)] if supported(v) else []
+    if v is None or not supported(v):
+        return []
+    return [t for t in TARGETS if t.applies(v)]
 
 
-def modules_for(v: Version) -> list[str]:
+def modules_for(v: Version | None) -> list[str]:
     """Modules holding targets for ``v``, in table order, without duplicates."""
     return list(dict.fromkeys(t.module for t in targets_for(v)))

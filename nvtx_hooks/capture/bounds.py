@@ -15,6 +15,7 @@ import argparse
 import math
 import os
 import shlex
+from collections.abc import Mapping
 
 # Polars' own integer settings: a value of 0 makes it panic, a thread count far above the CPUs makes it crawl.
 THREADS_PER_CPU = 8
@@ -86,12 +87,12 @@ def shell_words(text: str) -> str:
     return text
 
 
-def environment_problem(env: dict[str, str] | None = None) -> str | None:
+def environment_problem(env: Mapping[str, str] | None = None) -> str | None:
     """The first environment variable of :func:`_env_bounds` set to something outside its range, as one line;
     None when all are unset, empty or fine."""
-    env = os.environ if env is None else env
+    environ: Mapping[str, str] = os.environ if env is None else env
     for name, (lo, hi) in _env_bounds().items():
-        text = env.get(name)
+        text = environ.get(name)
         if not text:
             continue
         try:

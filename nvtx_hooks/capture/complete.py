@@ -68,7 +68,7 @@ def ranks(path: str | Path) -> list[Rank]:
         dev = max(sorted(devs), key=lambda d: devs[d]) if devs else None
         cs = cyc.get(pid, [])
         after = [c for c in cs if b is None or c[0] > b]
-        inside = [c for c in cs if b is not None and c[0] <= b and c[1] >= a]
+        inside = [c for c in cs if a is not None and b is not None and c[0] <= b and c[1] >= a]
         out.append(Rank(pid, dev, a, b, len(cs), len(inside), len(after),
                         max((c[1] for c in after), default=None)))
     return sorted(out, key=lambda r: (r.device is None, r.device if r.device is not None else 0, r.pid))

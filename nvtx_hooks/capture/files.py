@@ -326,7 +326,8 @@ class NewFolder:
     def __exit__(self, kind, exc, tb) -> None:
         try:
             if kind is None:
-                self._install()
+                assert self.tmp is not None  # (made by __enter__)
+                self._install(self.tmp)
         finally:
             self._discard(keep_made=kind is None)
 
@@ -338,39 +339,39 @@ class NewFolder:
                 with contextlib.suppress(OSError):
                     q.rmdir()
 
-    def _install(self) -> None:
-        (self.tmp / ".owner").unlink()
+    def _install(self, tmp: Path) -> None:
+        (tmp / ".owner").unlink()
         try:
             marker = json.dumps({"by": "spectrace", "files": sorted(self.written)}, indent=1) + "\n"
-            (self.tmp / self.marker).write_bytes(marker.encode("utf-8"))
+            (tmp / self.marker).write_bytes(marker.encode("utf-8"))
             self.check()
             state = self.state()
             if state in ("new", "empty"):
                 try:
-                    os.rename(self.tmp, self.real)  # replaces an empty folder; fails on anything else
+                    os.rename(tmp, self.real)  # replaces an empty folder; fails on anything else
                 except OSError as e:
                     if e.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
                         raise OutputError(f"{self.target}: appeared while spectrace was writing it; not replaced",
                                           "EXISTS") from None
                     raise
             elif state == "ours":
-                self._swap()
+                self._swap(tmp)
             else:
-                self._into()
+                self._into(tmp)
         except OSError as e:
             raise os_error(e, self.target, self.what) from None
 
-    def _swap(self) -> None:
+    def _swap(self, tmp: Path) -> None:
         old = self.real.with_name(f".{self.real.name}.old-{uuid.uuid4().hex[:12]}")
         os.rename(self.real, old)
         try:
-            os.rename(self.tmp, self.real)
+            os.rename(tmp, self.real)
         except BaseException:
             os.rename(old, self.real)
             raise
         _remove_tree(old)
 
-    def _into(self) -> None:
+    def _into(self, tmp: Path) -> None:
         """``--force`` onto a folder of someone else's: each file renamed into it (checked first, all of them)."""
         ins = _inputs(self.inputs)
         names = [*self.written, self.marker]
@@ -385,8 +386,8 @@ class NewFolder:
             if n == self.marker and listed:
                 data = json.dumps({"by": "spectrace", "files": sorted((listed - {self.marker}) | set(self.written))},
                                   indent=1) + "\n"
-                (self.tmp / n).write_bytes(data.encode("utf-8"))
-            os.replace(self.tmp / n, self.real / n)
+                (tmp / n).write_bytes(data.encode("utf-8"))
+            os.replace(tmp / n, self.real / n)
 
     def _remove_stale(self) -> None:
         """Build folders of this target (``.DIR.tmp-*``, ``.DIR.old-*``) that no live process owns."""

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -120,10 +121,10 @@ def gpu_names() -> list[str] | None:
     return [ln.strip() for ln in out.splitlines() if ln.strip()]
 
 
-def nccl_env(env: dict[str, str] | None = None) -> dict[str, str]:
+def nccl_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The NCCL_* variables the profiled command ran with."""
-    env = os.environ if env is None else env
-    return {k: v for k, v in sorted(env.items()) if k.startswith("NCCL_")}
+    environ: Mapping[str, str] = os.environ if env is None else env
+    return {k: v for k, v in sorted(environ.items()) if k.startswith("NCCL_")}
 
 
 def build(*, name: str, command: list[str], nsys_path: str, nsys_version: str | None,

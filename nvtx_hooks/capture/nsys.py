@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from . import CaptureError, complete
@@ -43,16 +44,16 @@ PASSES = ("graph", "node", "plain")  # --passes: CUDA-graph trace level, or no p
 MAX_RECORDS, MAX_RECORD_BYTES = 64, 65536  # JSON-object lines of the program's output kept in the manifest
 
 
-def find_nsys(explicit: str | None = None, env: dict[str, str] | None = None) -> str:
+def find_nsys(explicit: str | None = None, env: Mapping[str, str] | None = None) -> str:
     """The nsys executable: ``--nsys``, else ``$NSYS``, else ``nsys`` on PATH; CaptureError if none."""
-    env = os.environ if env is None else env
-    for cand, origin in ((explicit, "--nsys"), (env.get("NSYS"), "NSYS")):
+    environ: Mapping[str, str] = os.environ if env is None else env
+    for cand, origin in ((explicit, "--nsys"), (environ.get("NSYS"), "NSYS")):
         if cand:
             p = shutil.which(cand) or (cand if os.path.isfile(cand) and os.access(cand, os.X_OK) else None)
             if not p:
                 raise CaptureError(f"nsys not found at {cand!r} (from {origin}): give the path of an nsys executable")
             return p
-    p = shutil.which("nsys", path=env.get("PATH"))
+    p = shutil.which("nsys", path=environ.get("PATH"))
     if not p:
         raise CaptureError("nsys not found: put Nsight Systems' nsys on PATH, or pass --nsys PATH or set NSYS=PATH")
     return p
@@ -254,7 +255,7 @@ def _run_profile(cmd: list[str], env: dict[str, str], records: list | None = Non
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-    if tee is not None:
+    if tee is not None and records is not None:  # (a tee only for records)
         records.extend(tee.join())
     return rc, interrupted
 

@@ -174,8 +174,8 @@ def _scrub(src: Path, dst: Path) -> dict:
             con.executemany("DELETE FROM ThreadNames WHERE globalTid = ?", gone)
             stats["thread_names_dropped"] = len(gone)
             if "StringIds" in tabs:  # the other processes' thread names
-                ids = {n for g, n in names if not kept(g)} - {n for g, n in names if kept(g)}
-                con.executemany("UPDATE StringIds SET value = ? WHERE id = ?", [(BLANK, i) for i in ids])
+                others = {n for g, n in names if not kept(g)} - {n for g, n in names if kept(g)}
+                con.executemany("UPDATE StringIds SET value = ? WHERE id = ?", [(BLANK, i) for i in others])
     if "StringIds" in tabs:
         used = referenced_ids(con)
         orphans = [(BLANK, i) for (i,) in con.execute("SELECT id FROM StringIds WHERE value != ''")

@@ -54,6 +54,7 @@ Run: ``python -m nvtx_hooks.capture.workload --help`` or ``spectrace demo-worklo
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -61,6 +62,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from ..phases import encode_payload
 
@@ -358,11 +360,14 @@ def run(args: argparse.Namespace) -> dict:
                 for b in sizes:
                     target(xv[b] if not args.baseline else xd[b])
                     draft_model(xd[b])
-            for n in sorted(set(new_requests) - {0}):
-                layer(target(xp[: n * args.prompt_len]), Wd[0])
+            if xp is not None:  # (made whenever a prefill is scheduled)
+                for n in sorted(set(new_requests) - {0}):
+                    layer(target(xp[: n * args.prompt_len]), Wd[0])
         torch.cuda.current_stream().wait_stream(s)
         torch.cuda.synchronize()
-    run_v, run_d = {}, {}  # per batch size: one verify, one draft
+    run_v: dict[int, Callable[[], object]] = {}  # per batch size: one verify,
+    run_d: dict[int, Callable[[], object]] = {}  # one draft
+    run_b: Callable[[], object]  # a decode step of the baseline (no speculation)
     if graphs:
         if args.baseline:
             gb = torch.cuda.CUDAGraph()
@@ -380,7 +385,7 @@ def run(args: argparse.Namespace) -> dict:
     else:
         run_b = lambda: target(xd[args.batch])  # noqa: E731
         for b in sizes:
-            run_v[b], run_d[b] = (lambda b=b: target(xv[b])), (lambda b=b: draft_model(xd[b]))
+            run_v[b], run_d[b] = functools.partial(target, xv[b]), functools.partial(draft_model, xd[b])
     if use_cuda:
         torch.cuda.synchronize()
     if world > 1:
@@ -398,8 +403,9 @@ def run(args: argparse.Namespace) -> dict:
 
     def accept_result(j: int) -> None:
         """Cycle j's result on the host (SGLang v2: after its copy-done event), and the hooks' mark."""
-        if copied[j % 2] is not None:
-            copied[j % 2].synchronize()
+        event = copied[j % 2]
+        if event is not None:
+            event.synchronize()
         a = int(acc_host[j % 2].item())  # a CPU tensor: no device sync
         bj = batch_of[j]
         mark("accept", encode_payload(bj, j, bj * (a - 1)))
@@ -420,6 +426,7 @@ def run(args: argparse.Namespace) -> dict:
 
     def prefill(new: int, last: int) -> float:
         """A prefill of ``new`` requests after cycle ``last`` (ranges, then a host sync); its host time, ms."""
+        assert xp is not None  # (made whenever a prefill is scheduled)
         t = time.perf_counter()
         push("prefill", encode_payload(new, last))
         push("prefill_target_extend")
@@ -463,8 +470,9 @@ def run(args: argparse.Namespace) -> dict:
         push("host_overhead")
         if args.v2:
             acc_host[i % 2].copy_(acc_dev, non_blocking=use_cuda)
-            if copied[i % 2] is not None:
-                copied[i % 2].record()
+            event = copied[i % 2]
+            if event is not None:
+                event.record()
         else:
             int(acc_dev.item())
         if host_s:
