@@ -34,7 +34,7 @@ from ..model import GRAPH_LAUNCH, SYNC_API, Diagnostic, InputError, Result, Trac
 from ..read import results
 from ..read.protocols import ProcessSource
 from ..read.source import ManyWindows, OpsWindow, open_source
-from ..read.store import CacheError, Progress, discard, open_store
+from ..read.store import CacheError, Progress, Store, discard, open_store
 from . import attribute, breakdown, collectives, host, windows
 from .comm_patterns import PATTERNS, CommPattern, family_expr
 from .diagnostics import FACTS, diagnose
@@ -282,7 +282,7 @@ def _without_gpu(nested: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
 
 
 def analyze(
-    report: str | os.PathLike | Trace,
+    report: str | os.PathLike | Trace | Store,
     ranges: str | None = None,
     comm_patterns: list[CommPattern] | None = None,
     *,
@@ -321,8 +321,10 @@ def analyze(
                          "SPECTRACE_CACHE_DIR to another place", "CACHE_BROKEN") from None
 
 
-def _analyze(report, store, cache, progress, ranges, comm_patterns, keep_ops, workers) -> Result:
-    source = open_source(report, store=store, cache=cache, progress=progress)
+def _analyze(report: str | os.PathLike | Trace | Store, store: bool | None, cache: bool | None,
+             progress: bool | None, ranges: str | None, comm_patterns: list[CommPattern] | None, keep_ops: bool,
+             workers: int) -> Result:
+    source: ProcessSource = open_source(report, store=store, cache=cache, progress=progress)
     try:
         kept = getattr(source, "store", None)
         if keep_ops or kept is None or not kept.kept:  # the result cache lives in a kept store only
@@ -340,7 +342,8 @@ def _analyze(report, store, cache, progress, ranges, comm_patterns, keep_ops, wo
         source.close()
 
 
-def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
+def _run(source: ProcessSource, ranges: str | None, comm_patterns: list[CommPattern] | None, keep_ops: bool,
+         progress: bool | None, workers: int) -> Result:
     head = source.head
     patterns = comm_patterns if comm_patterns is not None else list(PATTERNS)
     diags: list[Diagnostic] = list(source.notes)
