@@ -27,7 +27,7 @@ Report = str | os.PathLike | Trace | Result
 Reports = Report | Sequence[Report]
 
 
-REP_SUFFIXES = (".nsys-rep", ".qdrep")
+_REP_SUFFIXES = (".nsys-rep", ".qdrep")
 
 
 def _many(reports: Reports) -> list:
@@ -53,7 +53,7 @@ def _exported(reports: list) -> tuple[list, list[Diagnostic]]:
     out, notes = [], []
     for r in reports:
         p = Path(r) if isinstance(r, str | os.PathLike) else None
-        sib = p.with_suffix(".sqlite") if p is not None and p.suffix in REP_SUFFIXES else None
+        sib = p.with_suffix(".sqlite") if p is not None and p.suffix in _REP_SUFFIXES else None
         if p is not None and not p.exists() and not (sib is not None and sib.is_file()):
             _no_such_report(p)
         if p is not None and sib is not None and sib.is_file():

@@ -13,14 +13,13 @@ import polars as pl
 
 from . import __version__
 
-__all__ = ["PHASE_SUMS", "RANGE_SUMS", "OP_KIND", "MARKS_SCHEMA", "SEAM_CAUSES", "SYNC_API", "GRAPH_LAUNCH",
-           "KEPT_API", "SEAM_SUMS", "InputError", "Diagnostic", "Trace", "bound_expr", "sum_over_ranks", "WindowReader",
-           "Result", "CommResult"]
+__all__ = ["OP_KIND", "MARKS_SCHEMA", "SEAM_CAUSES", "SYNC_API", "GRAPH_LAUNCH", "KEPT_API", "InputError",
+           "Diagnostic", "Trace", "bound_expr", "WindowReader", "Result", "CommResult"]
 
 # Sums over ranks: the columns of each per-rank table that add up (the first one orders the rows).
-PHASE_SUMS = ("span_ns", "busy_ns", "compute_ns", "comm_ns", "idle_ns", "kernel_ns", "ops", "launches",
+_PHASE_SUMS = ("span_ns", "busy_ns", "compute_ns", "comm_ns", "idle_ns", "kernel_ns", "ops", "launches",
               "gpu_idle_ns", "instances", "comm_wait_ns", "comm_transfer_ns", "launch_api_ns", "host_wait_ns", "syncs")
-RANGE_SUMS = ("proj_span_ns", "instances", "range_instances", "ops", "launches", "busy_ns", "comm_ns", "idle_ns",
+_RANGE_SUMS = ("proj_span_ns", "instances", "range_instances", "ops", "launches", "busy_ns", "comm_ns", "idle_ns",
               "range_ns")
 # The kinds of GPU operation (``Trace.ops.kind``): an Enum, one byte a row instead of a string.
 OP_KIND = pl.Enum(["kernel", "memcpy", "memset", "graph"])
@@ -39,7 +38,7 @@ GRAPH_LAUNCH = r"^(cudaGraphLaunch|cuGraphLaunch)"
 # The rest are read only for what the analysis needs of them: each process's first call (its capture window), and
 # any call that launched a GPU operation after all (a launcher this pattern misses).
 KEPT_API = rf"{SYNC_API}|{GRAPH_LAUNCH}|^(cuda|cu)(Launch|GraphLaunch|Memcpy|Memset)"
-SEAM_SUMS = ("idle_ns", "gap_ns", "busy_ns", "overlap_ns", "instances",
+_SEAM_SUMS = ("idle_ns", "gap_ns", "busy_ns", "overlap_ns", "instances",
              *(f"{c}_bound_{k}" for c in SEAM_CAUSES for k in ("ns", "inst")), "launch_block_ns", "host_late_ns")
 
 
@@ -134,7 +133,7 @@ def bound_expr() -> pl.Expr:
     return pl.when(pl.max_horizontal(*n.values()) > 0).then(pick).alias("bound")
 
 
-def sum_over_ranks(per_rank: pl.DataFrame, keys: list[str], sums: tuple[str, ...]) -> pl.DataFrame:
+def _sum_over_ranks(per_rank: pl.DataFrame, keys: list[str], sums: tuple[str, ...]) -> pl.DataFrame:
     """Sum a per-rank table over ranks (``ranks`` = how many ranks had the row)."""
     have = [c for c in sums if c in per_rank.columns]
     # a column null on every rank (a refused split) stays null rather than summing to 0
@@ -217,15 +216,15 @@ class Result:
 
     @property
     def phases_all(self) -> pl.DataFrame:
-        return sum_over_ranks(self.phases, ["domain", "phase"], PHASE_SUMS)
+        return _sum_over_ranks(self.phases, ["domain", "phase"], _PHASE_SUMS)
 
     @property
     def ranges_all(self) -> pl.DataFrame:
-        return sum_over_ranks(self.ranges, ["domain", "range"], RANGE_SUMS)
+        return _sum_over_ranks(self.ranges, ["domain", "range"], _RANGE_SUMS)
 
     @property
     def seams_all(self) -> pl.DataFrame:
-        out = sum_over_ranks(self.seams, ["parent", "from", "to"], SEAM_SUMS)
+        out = _sum_over_ranks(self.seams, ["parent", "from", "to"], _SEAM_SUMS)
         return out.with_columns(bound_expr()) if "gpu_bound_inst" in out.columns else out
 
     def ops_between(self, t0: int, t1: int) -> pl.DataFrame:

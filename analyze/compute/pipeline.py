@@ -39,11 +39,14 @@ from . import attribute, breakdown, collectives, host, windows
 from .comm_patterns import PATTERNS, CommPattern, family_expr
 from .diagnostics import FACTS, diagnose
 
-WORK_COLS = ("pid", "device", "corr", "start", "end", "kind", "name_id", "label", "in_graph")  # of OPS_SCHEMA
-WORKER_ROWS = 3_000_000  # two processes at once up to this size: 20 M kernels (2.6 M per process) peak 3.4 GB either way
+__all__ = ["ProcessContext", "ProcessResult", "op_kinds", "process", "analyze", "analyze_for_merge", "merge_results",
+           "analyze_each"]
+
+_WORK_COLS = ("pid", "device", "corr", "start", "end", "kind", "name_id", "label", "in_graph")  # of OPS_SCHEMA
+_WORKER_ROWS = 3_000_000  # two processes at once up to this size: 20 M kernels (2.6 M per process) peak 3.4 GB either way
 
 
-def select_phases(path: str, ranges_df: pl.DataFrame, has_ops: bool, regex: str | None) -> tuple[pl.DataFrame, str]:
+def _select_phases(path: str, ranges_df: pl.DataFrame, has_ops: bool, regex: str | None) -> tuple[pl.DataFrame, str]:
     """The phase ranges of an export and how they were chosen, or a one-line InputError saying what is missing."""
     if ranges_df.height == 0:
         raise InputError(
@@ -77,7 +80,7 @@ def op_kinds(keys: pl.DataFrame, names: pl.DataFrame, patterns: list[CommPattern
     return kinds.with_columns(comm=family_expr(pl.col("name"), patterns))
 
 
-def add_kinds(ops: pl.DataFrame, kinds: pl.DataFrame, cols: list[str]) -> pl.DataFrame:
+def _add_kinds(ops: pl.DataFrame, kinds: pl.DataFrame, cols: list[str]) -> pl.DataFrame:
     """``ops`` with columns ``cols`` of their row in :func:`op_kinds`: a lookup by ``name_id`` (kernels)
     or ``label`` (copies, memsets, graphs), cheaper than a join on both. Columns keep their type in ``kinds``.
     """
@@ -93,15 +96,15 @@ def add_kinds(ops: pl.DataFrame, kinds: pl.DataFrame, cols: list[str]) -> pl.Dat
     )
 
 
-def kind_codes(ops: pl.DataFrame, kinds: pl.DataFrame) -> pl.Series:
+def _kind_codes(ops: pl.DataFrame, kinds: pl.DataFrame) -> pl.Series:
     """Each op's row number in :func:`op_kinds` (``_kind``, Int64; null for a key not there): the one lookup per
     op, every column of ``kinds`` is then a gather by it."""
     codes = kinds.select("name_id", "label").with_row_index("_kind").with_columns(pl.col("_kind").cast(pl.Int64))
-    return add_kinds(ops.select("name_id", "label"), codes, ["_kind"])["_kind"]
+    return _add_kinds(ops.select("name_id", "label"), codes, ["_kind"])["_kind"]
 
 
-def gather_kinds(kinds: pl.DataFrame, cols: list[str]) -> list[pl.Expr]:
-    """Columns ``cols`` of :func:`op_kinds` for ops with ``_kind`` (:func:`kind_codes`)."""
+def _gather_kinds(kinds: pl.DataFrame, cols: list[str]) -> list[pl.Expr]:
+    """Columns ``cols`` of :func:`op_kinds` for ops with ``_kind`` (:func:`_kind_codes`)."""
     return [pl.lit(kinds[c]).gather(pl.col("_kind")).alias(c) for c in cols]
 
 
@@ -133,7 +136,7 @@ class ProcessResult:
     ranks: pl.DataFrame
     """One row (its device, GPU operations and window) or none: :func:`analyze.compute.breakdown.ranks`."""
     kernel_stats: pl.DataFrame
-    """GPU operations inside selected ranges summed per range instance and name (:func:`kernel_stats`)."""
+    """GPU operations inside selected ranges summed per range instance and name (:func:`_kernel_stats`)."""
     instances: pl.DataFrame | None = None
     """Every instance of its selected ranges, measured (becomes ``Result.instances``)."""
     seams: pl.DataFrame | None = None
@@ -151,7 +154,7 @@ class ProcessResult:
 def process(source: ProcessSource, pid: int, ctx: ProcessContext) -> ProcessResult:
     """The per-process body: attribute one process's GPU ops to its ranges and measure every instance."""
     # Only the columns the analysis reads (the stream is not one), unless every op is kept.
-    cols = None if ctx.keep_ops else (*WORK_COLS, "graph") if ctx.graphs else WORK_COLS
+    cols = None if ctx.keep_ops else (*_WORK_COLS, "graph") if ctx.graphs else _WORK_COLS
     ops, api = source.ops(pid, cols), source.api(pid)
     nested = ctx.nested.filter(pl.col("pid") == pid)
     rk = breakdown.ranks(ops, ctx.devices)  # one row (or none): its rank is fixed once all processes are in
@@ -161,7 +164,7 @@ def process(source: ProcessSource, pid: int, ctx: ProcessContext) -> ProcessResu
     if not ctx.keep_ops:  # the device and graph node flag are done with: narrower copies below
         ops = ops.drop("device", "in_graph")
     # One lookup of each op's kind (name, communication family), a gather per column after.
-    ops = ops.with_columns(_kind=kind_codes(ops, ctx.kinds)).with_columns(gather_kinds(ctx.kinds, ["comm"]))
+    ops = ops.with_columns(_kind=_kind_codes(ops, ctx.kinds)).with_columns(_gather_kinds(ctx.kinds, ["comm"]))
     tl = attribute.timeline(nested)  # who launched what, and the range open around a call: one timeline
     calls = attribute.launching_calls(ops, api, nested, tl)
     ops = attribute.join_calls(ops, calls)
@@ -200,15 +203,15 @@ def process(source: ProcessSource, pid: int, ctx: ProcessContext) -> ProcessResu
     }
     # The rank goes on the few rows that keep it (communication kernels, kernel statistics), not on every op.
     comm = (ops.filter((pl.col("kind") == "kernel") & pl.col("comm").is_not_null())
-            .with_columns(*gather_kinds(ctx.kinds, ["name"]), rank=pl.lit(rank, pl.Int64)))
-    out = ProcessResult(facts, rk, kernel_stats(ops, ctx.kinds, rank))
+            .with_columns(*_gather_kinds(ctx.kinds, ["name"]), rank=pl.lit(rank, pl.Int64)))
+    out = ProcessResult(facts, rk, _kernel_stats(ops, ctx.kinds, rank))
     if ctx.keep_ops:
         kept = [c for c in ops.columns if c != "_kind"]
-        out.ops = ops.with_columns(*gather_kinds(ctx.kinds, ["name"]), rank=pl.lit(rank, pl.Int64)).select(
+        out.ops = ops.with_columns(*_gather_kinds(ctx.kinds, ["name"]), rank=pl.lit(rank, pl.Int64)).select(
             *kept[: kept.index("comm")], pl.col("name").cast(pl.String), *kept[kept.index("comm"):], "rank")
     # The interval steps read only these columns: a narrow copy halves the memory of the inclusive view.
     ops = ops.select("pid", "range_id", "corr", "start", "end", "comm", "api_start").sort("start")
-    facts["duplicate_ops"] = duplicate_ops(ops)
+    facts["duplicate_ops"] = _duplicate_ops(ops)
     if host_parts is not None:  # (the same rows: ops has GPU work)
         key_calls, firsts, per_inst = host_parts
         anc = attribute.ancestors(nested)
@@ -217,7 +220,7 @@ def process(source: ProcessSource, pid: int, ctx: ProcessContext) -> ProcessResu
         inst = windows.with_cycle(breakdown.add_gpu_idle(inst, blocks), anc, ctx.cycle_index)
         out.seams = host.seam_causes(breakdown.measure_seams(inst, blocks), firsts)
         out.coverage = breakdown.coverage(inst, ops, blocks)
-        out.instances = with_graphs(host.add_instance_cols(inst, per_inst), graphs, anc)
+        out.instances = _with_graphs(host.add_instance_cols(inst, per_inst), graphs, anc)
         out.host_calls = key_calls
         # Collective matching is global, but each kernel's ordinal j in its instance is per rank.
         out.comm_kernels = collectives.comm_kernels(comm, inst).with_columns(pid=pl.lit(pid, pl.Int64))
@@ -226,7 +229,7 @@ def process(source: ProcessSource, pid: int, ctx: ProcessContext) -> ProcessResu
     return out
 
 
-def with_graphs(inst: pl.DataFrame, graphs: pl.DataFrame, anc: pl.DataFrame) -> pl.DataFrame:
+def _with_graphs(inst: pl.DataFrame, graphs: pl.DataFrame, anc: pl.DataFrame) -> pl.DataFrame:
     """``inst`` with ``i_graphs``: the CUDA graphs launched inside each instance (itself and its descendants), as
     sorted ids joined by ``+`` (``"2+5"``); null when none."""
     if graphs.height == 0:
@@ -236,7 +239,7 @@ def with_graphs(inst: pl.DataFrame, graphs: pl.DataFrame, anc: pl.DataFrame) -> 
     return inst.join(sig, on="range_id", how="left", maintain_order="left")
 
 
-def payload_batches(sel: pl.DataFrame) -> bool:
+def _payload_batches(sel: pl.DataFrame) -> bool:
     """Whether the selected ranges carry the hooks' payload with a batch size (then segments need no graph ids)."""
     from .tokens import decode_exprs
 
@@ -248,7 +251,7 @@ def payload_batches(sel: pl.DataFrame) -> bool:
     return bool(v.select(decode_exprs()[0].is_not_null().any()).item())
 
 
-def duplicate_ops(ops: pl.DataFrame) -> int:
+def _duplicate_ops(ops: pl.DataFrame) -> int:
     """Rows of one process's ops (sorted by start) that repeat another's correlation id, start and end. Cheap:
     only rows sharing a start with a neighbour are compared."""
     same = pl.col("start") == pl.col("start").shift()
@@ -258,11 +261,11 @@ def duplicate_ops(ops: pl.DataFrame) -> int:
     return cand.height - cand.select("corr", "start", "end").unique().height
 
 
-def kernel_stats(ops: pl.DataFrame, kinds: pl.DataFrame, rank: int | None) -> pl.DataFrame:
+def _kernel_stats(ops: pl.DataFrame, kinds: pl.DataFrame, rank: int | None) -> pl.DataFrame:
     """GPU operations inside selected ranges summed per (process, range instance, name): ``count, kernel_ns``.
 
     One process (rank ``rank``): grouped on one integer key (range instance × kind of op: ``_kind``, see
-    :func:`kind_codes`), the names, process and rank added after; nothing per operation but that key."""
+    :func:`_kind_codes`), the names, process and rank added after; nothing per operation but that key."""
     n = max(kinds.height, 1)
     per = (ops.group_by(key=pl.col("range_id") * n + pl.col("_kind"))
            .agg(count=pl.len(), kernel_ns=(pl.col("end") - pl.col("start")).sum())
@@ -347,7 +350,7 @@ def _run(source: ProcessSource, ranges: str | None, comm_patterns: list[CommPatt
     head = source.head
     patterns = comm_patterns if comm_patterns is not None else list(PATTERNS)
     diags: list[Diagnostic] = list(source.notes)
-    sel, how = select_phases(head.path, head.ranges, any(source.ops_rows.values()), ranges)
+    sel, how = _select_phases(head.path, head.ranges, any(source.ops_rows.values()), ranges)
     diags.append(Diagnostic("info", "RANGE_SELECTION", f"phases are {how}: {sel.height} range instances"))
     nested_all = attribute.nest(sel)
     kinds = op_kinds(source.op_keys(), head.names, patterns)
@@ -358,8 +361,8 @@ def _run(source: ProcessSource, ranges: str | None, comm_patterns: list[CommPatt
     bad_index = windows.cycle_index_problem(sel)
     if bad_index:
         diags.append(Diagnostic("warning", "PAYLOAD_CYCLE_INDEX", bad_index))
-    ctx = ProcessContext(nested_all, kinds, head.devices, launch_ids, keep_ops, sync_ids, graphs=not payload_batches(sel),
-                  cycle_index=bad_index is None)
+    ctx = ProcessContext(nested_all, kinds, head.devices, launch_ids, keep_ops, sync_ids,
+                         graphs=not _payload_batches(sel), cycle_index=bad_index is None)
 
     pids = source.pids
     bar = Progress(sum(source.ops_rows.values()), "spectrace: analysing", progress)
@@ -372,7 +375,7 @@ def _run(source: ProcessSource, ranges: str | None, comm_patterns: list[CommPatt
     # Processes in parallel threads (polars releases the GIL): ``workers`` processes' ops in memory at once,
     # one at a time when a process has more than WORKER_ROWS ops (memory stays bounded by the largest one).
     biggest = max([*source.ops_rows.values(), 0])
-    n = max(1, workers if biggest <= WORKER_ROWS else 1)
+    n = max(1, workers if biggest <= _WORKER_ROWS else 1)
     with ThreadPoolExecutor(max_workers=n) as ex:
         outs = list(ex.map(one, pids) if n > 1 else map(one, pids))
     bar.close()
@@ -408,7 +411,7 @@ def _run(source: ProcessSource, ranges: str | None, comm_patterns: list[CommPatt
     paired = windows.pair(inst, kern, rk)
     inst, kern = paired.instances, paired.kernels
     counted = inst.filter(pl.col("left_out").is_null())
-    seam_inst = counted_seams(seam_inst, inst)
+    seam_inst = _counted_seams(seam_inst, inst)
     phases = breakdown.sum_phases(counted).join(host.phase_host(counted), on=["rank", "domain", "phase"], how="left",
                                             maintain_order="left")
     diags.extend(diagnose(head, nested, facts, rk, inst, cov, phases))
@@ -462,7 +465,7 @@ class _Parts:
                      for f in dataclasses.fields(ProcessResult)))
 
 
-def counted_seams(seam_inst: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
+def _counted_seams(seam_inst: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
     """The seams between two counted instances (neither left out by :func:`windows.pair`)."""
     if seam_inst.height == 0:
         return seam_inst
@@ -586,7 +589,7 @@ def analyze_each(
     if len(paths) == 1 and executor is None:
         return [analyze(paths[0], ranges, comm_patterns, store=store, cache=cache, progress=progress)]
     paths = [str(p) for p in paths]
-    refuse_twice(paths)
+    _refuse_twice(paths)
     for p in paths:
         if not Path(p).exists():
             raise InputError(f"{p}: no such file", "NO_FILE")
@@ -617,7 +620,7 @@ def analyze_each(
         ex.shutdown(wait=True, cancel_futures=True)
 
 
-def refuse_twice(paths: list[str]) -> None:
+def _refuse_twice(paths: list[str]) -> None:
     """InputError when two reports are one capture: the same file by any name (a symlink, a hard link, another
     path: same device and inode) or byte-identical copies (equal sizes, then compared byte for byte; different
     exports differ within their first pages). Counted twice, its ranks would be four out of two."""

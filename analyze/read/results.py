@@ -14,7 +14,7 @@ The key (:func:`result_key`) adds what the store does not know: the phase regex,
 the report's path as the caller spelled it (it is in the outputs), the capture's manifest (the cycles' tokens may
 come from it), spectrace's version, a hash of the analysis
 code (:func:`code_digest`: any change of the source is a new key), polars' version, the store's build id and
-:data:`RESULT_VERSION`. The cycle choice (``--skip-cycles``/``--window``) is applied to a result after it is read,
+:data:`_RESULT_VERSION`. The cycle choice (``--skip-cycles``/``--window``) is applied to a result after it is read,
 so it is not part of the key.
 
 ``result.json`` lists every frame file with its size and CRC-32 and carries a digest of itself; a result whose
@@ -49,13 +49,16 @@ from .. import __version__
 from ..model import CommResult, Diagnostic, Result, Trace
 from .source import OpsWindow
 
-RESULT_VERSION = 1
+__all__ = ["KEEP_RESULTS", "STALE_S", "DICT_ROWS", "FOLDER", "code_digest", "result_key", "derived", "load", "save",
+           "prune", "keep_derived"]
+
+_RESULT_VERSION = 1
 KEEP_RESULTS = 4  # result folders kept per store: the most recently used (other selections, older versions go)
 STALE_S = 24 * 3600  # a build folder (``.<key>.tmp-*``) this old was left by a process that died
 DICT_ROWS = 10_000  # string columns of frames this long are written dictionary-encoded
 FOLDER = "results"
 # The dataclasses a result may hold, by name: nothing else is ever built from a cache's JSON.
-KNOWN = {c.__name__: c for c in (Result, Trace, Diagnostic, OpsWindow, CommResult)}
+_KNOWN = {c.__name__: c for c in (Result, Trace, Diagnostic, OpsWindow, CommResult)}
 
 
 @functools.cache
@@ -76,7 +79,7 @@ def result_key(report: str, build: str | None, ranges: str | None, comm_patterns
     patterns = None if comm_patterns is None else [
         dataclasses.astuple(p) if dataclasses.is_dataclass(p) and not isinstance(p, type) else repr(p)
         for p in comm_patterns]
-    key = {"version": RESULT_VERSION, "spectrace": __version__, "code": code_digest(), "polars": pl.__version__,
+    key = {"version": _RESULT_VERSION, "spectrace": __version__, "code": code_digest(), "polars": pl.__version__,
            "report": str(report), "build": build, "ranges": ranges, "comm_patterns": patterns, "manifest": manifest}
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=repr).encode()).hexdigest()[:32]
 
@@ -104,7 +107,7 @@ def _encode(v, frames: list[pl.DataFrame]):
         return {"$dict": [[_encode(k, frames), _encode(x, frames)] for k, x in v.items()]}
     cls = getattr(type(v), "_lazy_of", type(v))  # a value read from the cache is written as its plain class
     name = cls.__name__
-    if dataclasses.is_dataclass(v) and KNOWN.get(name) is cls:
+    if dataclasses.is_dataclass(v) and _KNOWN.get(name) is cls:
         return {"$class": name,
                 "fields": {f.name: _encode(getattr(v, f.name), frames) for f in dataclasses.fields(v)}}
     raise _Unsupported(type(v).__name__)
@@ -176,7 +179,7 @@ def _decode(v, frames: list[_Frame], lazy: bool = False):
         return {_decode(x, frames) for x in v["$set"]}
     if "$dict" in v:
         return {_hashable(_decode(k, frames)): _decode(x, frames) for k, x in v["$dict"]}
-    cls = KNOWN[v["$class"]]
+    cls = _KNOWN[v["$class"]]
     return _lazy(cls)(**{k: _decode(x, frames, lazy=True) for k, x in v["fields"].items()})
 
 

@@ -29,14 +29,16 @@ from ..model import InputError
 if TYPE_CHECKING:
     from polars._typing import PolarsDataType
 
-SQLITE_MAGIC = b"SQLite format 3\x00"
-JOURNAL_MAGIC = bytes.fromhex("d9d505f920a163d7")
+__all__ = ["BATCH_ROWS", "sidecar", "check_file", "Reader"]
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_JOURNAL_MAGIC = bytes.fromhex("d9d505f920a163d7")
 # ADBC's SQLite driver returns 1024-row batches by default; 64 Ki rows read the same columns ~2.5x faster.
 BATCH_ROWS = 262144
 # SQLite's POSIX lock bytes (os_unix.c): the PENDING byte, then RESERVED, then 510 SHARED bytes; in the
 # ``-shm`` file the WAL locks start at byte 120 and every connection holds a read lock on byte 128 (DMS).
-PENDING_BYTE, LOCK_BYTES = 0x40000000, 512
-SHM_LOCKS, SHM_DMS = 120, 128
+_PENDING_BYTE, _LOCK_BYTES = 0x40000000, 512
+_SHM_LOCKS, _SHM_DMS = 120, 128
 
 
 def sidecar(p: Path, suffix: str) -> Path:
@@ -44,7 +46,7 @@ def sidecar(p: Path, suffix: str) -> Path:
     return p.with_name(p.name + suffix)
 
 
-def file_state(path: str | os.PathLike) -> list[list]:
+def _file_state(path: str | os.PathLike) -> list[list]:
     """``[name, size, mtime_ns]`` of the file and of its ``-wal`` if there is one: what the data depend on."""
     p = Path(path)
     out = []
@@ -85,17 +87,17 @@ def _held_lock(path: Path, start: int, length: int, probe: str) -> bool:
     return struct.unpack("hhqqi4x", got)[0] != fcntl.F_UNLCK
 
 
-def open_mode(p: Path, shown: Path | None = None) -> str:
+def _open_mode(p: Path, shown: Path | None = None) -> str:
     """``"wal"`` when committed changes wait in the ``-wal``, else ``"immutable"``; refuses a file being written.
 
     ``p``: the resolved path (where SQLite looks for the sidecars); ``shown``: the path as the user gave it.
     """
     journal = sidecar(p, "-journal")
     shown = shown or p
-    if _size(journal) >= len(JOURNAL_MAGIC):
+    if _size(journal) >= len(_JOURNAL_MAGIC):
         try:
             with journal.open("rb") as f:
-                hot = f.read(len(JOURNAL_MAGIC)) == JOURNAL_MAGIC
+                hot = f.read(len(_JOURNAL_MAGIC)) == _JOURNAL_MAGIC
         except OSError:
             hot = True
         if hot:
@@ -103,12 +105,12 @@ def open_mode(p: Path, shown: Path | None = None) -> str:
                 f"{shown}: {journal.name} beside it holds an unfinished write (another process is writing the file, or "
                 "a write was interrupted); let the writer finish, or open the file once with sqlite3 to roll it "
                 "back, then try again", "LIVE_WRITER")
-    if _held_lock(p, PENDING_BYTE, LOCK_BYTES, "read"):
+    if _held_lock(p, _PENDING_BYTE, _LOCK_BYTES, "read"):
         raise InputError(f"{shown}: another process is writing it; try again when it has finished", "LIVE_WRITER")
     if _size(sidecar(p, "-wal")) == 0:
         return "immutable"
     shm = sidecar(p, "-shm")
-    if shm.exists() and _held_lock(shm, SHM_LOCKS, SHM_DMS - SHM_LOCKS + 1, "write"):
+    if shm.exists() and _held_lock(shm, _SHM_LOCKS, _SHM_DMS - _SHM_LOCKS + 1, "write"):
         raise InputError(
             f"{shown}: another process has it open in WAL mode ({shm.name} is locked); close that program, or "
             f"checkpoint it first: sqlite3 {shown} 'PRAGMA wal_checkpoint(TRUNCATE)'", "LIVE_WRITER")
@@ -135,7 +137,7 @@ def check_file(path: str | os.PathLike) -> Path:
             head = f.read(100)
     except OSError as e:
         raise InputError(f"{p}: cannot read it ({e.strerror})", "UNREADABLE") from None
-    if head[:16] != SQLITE_MAGIC:
+    if head[:16] != _SQLITE_MAGIC:
         hint = ""
         if p.suffix in (".nsys-rep", ".qdrep", ".qdstrm"):
             hint = f"; export it first: nsys export --type sqlite -o {p.with_suffix('.sqlite')} {p}"
@@ -165,8 +167,8 @@ class Reader:
     def __init__(self, path: str | os.PathLike):
         self.path = check_file(path)
         real = self.path.resolve()
-        self.mode = open_mode(real, self.path)
-        self.state = file_state(real)
+        self.mode = _open_mode(real, self.path)
+        self.state = _file_state(real)
         args = "mode=ro&immutable=1" if self.mode == "immutable" else "mode=ro&vfs=unix-none"
         self._uri = f"file:{quote(os.fsencode(real))}?{args}"  # bytes: any file name, UTF-8 or not
         self.lossy = 0  # strings that were not valid UTF-8 (decoded with U+FFFD)
@@ -240,7 +242,7 @@ class Reader:
 
     def check_unchanged(self) -> None:
         """Fail if the file (or its ``-wal``) changed since it was opened: what was read may be half old, half new."""
-        if file_state(self.path.resolve()) != self.state:
+        if _file_state(self.path.resolve()) != self.state:
             raise InputError(f"{self.path}: the file changed while it was read; try again when it is complete",
                              "CHANGED")
 
