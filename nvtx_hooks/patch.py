@@ -38,6 +38,8 @@ from .targets import (
     targets_for,
 )
 
+__all__ = ["log", "TAG", "sglang_version", "install", "uninstall", "patched", "installed"]
+
 log = logging.getLogger("spectrace.hooks")
 
 _lock = threading.RLock()

@@ -24,6 +24,8 @@ from typing import Any, Literal
 
 from .phases import DOMAIN, EMITTED
 
+__all__ = ["push", "pop", "mark", "phase_range", "enabled", "available", "set_enabled"]
+
 _GREY = 0xFF999999
 
 

@@ -10,6 +10,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+__all__ = ["Version", "MIN_VERSION", "MAX_VERSION", "ENTRY", "PHASE", "VERIFY", "DRAFT_EXTEND", "IN_PREFILL",
+           "ACCEPT", "ANY", "Target", "V1", "V2", "ML1", "ML2", "TP", "MIXIN", "RESULTS", "TARGETS", "STANDALONE",
+           "parse_version", "supported", "targets_for"]
+
 Version = tuple[int, int, int]
 
 # Versions the table knows. Outside this span the hooks warn once and patch nothing.
@@ -180,8 +184,3 @@ def targets_for(v: Version | None) -> list[Target]:
     if v is None or not supported(v):
         return []
     return [t for t in TARGETS if t.applies(v)]
-
-
-def modules_for(v: Version | None) -> list[str]:
-    """Modules holding targets for ``v``, in table order, without duplicates."""
-    return list(dict.fromkeys(t.module for t in targets_for(v)))

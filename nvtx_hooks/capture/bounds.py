@@ -17,8 +17,10 @@ import os
 import shlex
 from collections.abc import Mapping
 
+__all__ = ["Number", "number", "shell_words", "environment_problem"]
+
 # Polars' own integer settings: a value of 0 makes it panic, a thread count far above the CPUs makes it crawl.
-THREADS_PER_CPU = 8
+_THREADS_PER_CPU = 8
 
 
 def _cpus() -> int:
@@ -31,7 +33,7 @@ def _cpus() -> int:
 def _env_bounds() -> dict[str, tuple[int, int]]:
     """The environment variables checked, each with its allowed integer range."""
     return {
-        "POLARS_MAX_THREADS": (1, THREADS_PER_CPU * _cpus()),
+        "POLARS_MAX_THREADS": (1, _THREADS_PER_CPU * _cpus()),
         "POLARS_IDEAL_MORSEL_SIZE": (1, 2**31),
         "POLARS_STREAMING_CHUNK_SIZE": (1, 2**31),
     }

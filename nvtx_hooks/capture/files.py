@@ -34,7 +34,9 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-SIDECARS = ("-wal", "-journal", "-shm")  # where SQLite keeps a database's journal, WAL and WAL index
+__all__ = ["STALE_S", "OutputError", "clean", "utf8", "check_file", "new_file", "write_new", "NewFolder"]
+
+_SIDECARS = ("-wal", "-journal", "-shm")  # where SQLite keeps a database's journal, WAL and WAL index
 STALE_S = 24 * 3600  # a build folder of a target this old, or left by a dead process on this host, is removed
 
 
@@ -67,7 +69,7 @@ def utf8(text: str) -> bytes:
     return clean(text).encode("utf-8")
 
 
-def os_error(e: OSError, path: str | os.PathLike, what: str) -> OutputError:
+def _os_error(e: OSError, path: str | os.PathLike, what: str) -> OutputError:
     """The one-line error of a failed write of ``what`` to ``path``: the system's reason."""
     why = e.strerror or str(e)
     if isinstance(e, FileNotFoundError) and not Path(path).parent.is_dir():
@@ -91,7 +93,7 @@ def _within(p: Path, folder: Path) -> bool:
     return p == folder or folder in p.parents
 
 
-KINDS = {stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFIFO: "a named pipe",
+_KINDS = {stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFIFO: "a named pipe",
          stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a folder"}
 
 
@@ -101,7 +103,7 @@ def _kind(p: Path) -> str | None:
         mode = p.stat().st_mode
     except (OSError, ValueError):
         return None
-    return None if stat.S_ISREG(mode) else KINDS.get(stat.S_IFMT(mode), "not a regular file")
+    return None if stat.S_ISREG(mode) else _KINDS.get(stat.S_IFMT(mode), "not a regular file")
 
 
 def _inputs(inputs: Iterable) -> list[tuple[Path, Path]]:
@@ -117,7 +119,7 @@ def _refuse_input(path, real: Path, inputs: list[tuple[Path, Path]], option: str
             continue
         hit = real == src or _same(real, src) or (src.is_dir() and _within(real, src))
         hit = hit or any(real == src.with_name(src.name + s) or _same(real, src.with_name(src.name + s))
-                         for s in SIDECARS)
+                         for s in _SIDECARS)
         if folder and _within(src, real):
             hit = True
         if hit:
@@ -141,7 +143,7 @@ def check_file(path: str | os.PathLike, *, option: str, inputs: Iterable = (), f
     is refused, with ``hint``); ``sqlite``: the target's own ``-wal``/``-journal``/``-shm`` are checked too (a
     database written in place writes them)."""
     real, ins = _real(path), _inputs(inputs)
-    for p in [real, *([real.with_name(real.name + s) for s in SIDECARS] if sqlite else [])]:
+    for p in [real, *([real.with_name(real.name + s) for s in _SIDECARS] if sqlite else [])]:
         _refuse_input(path, p, ins, option)
     _refuse_fenced(path, real, fences, option)
     kind = _kind(real)
@@ -166,15 +168,15 @@ def new_file(path: str | os.PathLike, *, option: str, what: str = "the output", 
     try:
         os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))  # the umask applies, as for any file
     except OSError as e:
-        raise os_error(e, path, what) from None
+        raise _os_error(e, path, what) from None
     try:
         yield tmp
         check_file(path, option=option, inputs=inputs, fences=fences, replace=replace, hint=hint)  # still so
         _install(tmp, real, replace)
     except OSError as e:
-        raise os_error(e, path, what) from None
+        raise _os_error(e, path, what) from None
     finally:
-        for f in (tmp, *(tmp.with_name(tmp.name + s) for s in SIDECARS)):
+        for f in (tmp, *(tmp.with_name(tmp.name + s) for s in _SIDECARS)):
             with contextlib.suppress(OSError):
                 f.unlink()
 
@@ -268,7 +270,7 @@ class NewFolder:
         try:
             names = {p.name for p in self.real.iterdir()}
         except OSError as e:
-            raise os_error(e, self.target, self.what) from None
+            raise _os_error(e, self.target, self.what) from None
         if not names:
             return "empty"
         listed = self._listed(self.real)
@@ -306,7 +308,7 @@ class NewFolder:
             (self.tmp / ".owner").write_text(json.dumps(_owner()), encoding="utf-8")
         except OSError as e:
             self._discard()
-            raise os_error(e, self.target, self.what) from None
+            raise _os_error(e, self.target, self.what) from None
         except BaseException:
             self._discard()
             raise
@@ -359,7 +361,7 @@ class NewFolder:
             else:
                 self._into(tmp)
         except OSError as e:
-            raise os_error(e, self.target, self.what) from None
+            raise _os_error(e, self.target, self.what) from None
 
     def _swap(self, tmp: Path) -> None:
         old = self.real.with_name(f".{self.real.name}.old-{uuid.uuid4().hex[:12]}")

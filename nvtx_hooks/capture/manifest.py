@@ -11,10 +11,12 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 
+__all__ = ["SCHEMA", "utc_now", "speculative_config", "sglang_version", "nccl_env", "build", "write"]
+
 SCHEMA = "spectrace.trace-manifest/1"
 
 # command-line flag -> manifest key; SGLang's spellings first, then the embedded workload's
-SPEC_FLAGS: dict[str, str] = {
+_SPEC_FLAGS: dict[str, str] = {
     "--tp": "tp",
     "--tp-size": "tp",
     "--tensor-parallel-size": "tp",
@@ -29,7 +31,7 @@ SPEC_FLAGS: dict[str, str] = {
 
 
 # The embedded workload's module, now and before it moved under nvtx_hooks.capture (older manifests).
-WORKLOAD_MODULES = ("nvtx_hooks.capture.workload", "nvtx_hooks.workload")
+_WORKLOAD_MODULES = ("nvtx_hooks.capture.workload", "nvtx_hooks.workload")
 
 
 def utc_now() -> str:
@@ -85,8 +87,8 @@ def _workload_settings(argv: list[str]) -> dict:
 
 def speculative_config(command: list[str]) -> dict:
     """Speculative-decoding settings read off the profiled command line (SGLang or the workload)."""
-    cfg: dict = {k: _num(v) for k, v in _flag_values(command, SPEC_FLAGS).items()}
-    at = [i for i, t in enumerate(command) if t.endswith(WORKLOAD_MODULES) or t == "demo-workload"]
+    cfg: dict = {k: _num(v) for k, v in _flag_values(command, _SPEC_FLAGS).items()}
+    at = [i for i, t in enumerate(command) if t.endswith(_WORKLOAD_MODULES) or t == "demo-workload"]
     if at:
         cfg["workload"] = "nvtx_hooks.capture.workload"
         cfg.update(_workload_settings(command[at[0] + 1:]))
@@ -108,7 +110,7 @@ def sglang_version() -> str | None:
         return None
 
 
-def gpu_names() -> list[str] | None:
+def _gpu_names() -> list[str] | None:
     """GPU names from nvidia-smi, or None where it is absent or fails."""
     smi = shutil.which("nvidia-smi")
     if not smi:
@@ -141,7 +143,7 @@ def build(*, name: str, command: list[str], nsys_path: str, nsys_version: str | 
         "nccl_env": nccl_env(env),
         "sglang_version": sglang_version(),
         "speculative": speculative_config(command),
-        "gpus": gpu_names(),
+        "gpus": _gpu_names(),
         "started_utc": started,
         "ended_utc": ended,
         "wall_s": round(wall_s, 3),

@@ -44,7 +44,7 @@ truth of the knobs above (see :func:`run`).
 
 Every rank hands its buffered CUDA events to the profiler after the loop and before it ends
 (``cuptiActivityFlushAll`` when a CUPTI is loaded, e.g. by nsys) and ends with a normal exit, where CUDA
-and the profiler flush what is left; NCCL's teardown gets :data:`TEARDOWN_S` seconds, then the rank ends
+and the profiler flush what is left; NCCL's teardown gets :data:`_TEARDOWN_S` seconds, then the rank ends
 anyway. ``--exit os`` keeps the old ending (no flush, ``os._exit`` right after the final barrier), which
 lost the last CUPTI buffers of a whole-run capture.
 
@@ -66,7 +66,10 @@ from collections.abc import Callable
 
 from ..phases import encode_payload
 
-TEARDOWN_S = 60.0  # NCCL teardown after the final barrier normally takes well under a second
+__all__ = ["build_parser", "parse_schedule", "check", "flush_cupti", "accept_lengths", "spin", "run",
+           "torchrun_command", "to_argv", "main"]
+
+_TEARDOWN_S = 60.0  # NCCL teardown after the final barrier normally takes well under a second
 
 
 def _rate(text: str) -> float:
@@ -251,7 +254,7 @@ def spin(seconds: float) -> None:
         pass
 
 
-def cycle_payload(batch_size: int, cycle_index: int, accepted_per_request: int | None = None) -> int:
+def _cycle_payload(batch_size: int, cycle_index: int, accepted_per_request: int | None = None) -> int:
     """The phase API's payload: ``accepted_per_request`` counts the bonus token, the payload does not."""
     acc = None if accepted_per_request is None else batch_size * (accepted_per_request - 1)
     return encode_payload(batch_size, cycle_index, acc)
@@ -444,14 +447,14 @@ def run(args: argparse.Namespace) -> dict:
         batch_of[i] = bs
         pushed_at[i] = time.perf_counter()
         if args.baseline:
-            push("decode_step", cycle_payload(bs, i))
+            push("decode_step", _cycle_payload(bs, i))
             run_b()
             acc_dev.fill_(1)
             int(acc_dev.item())  # the host reads the sampled token: one sync per step
             pop()
             return
         a = sched[i]
-        p_known, p_cycle = cycle_payload(bs, i, a), cycle_payload(bs, i)
+        p_known, p_cycle = _cycle_payload(bs, i, a), _cycle_payload(bs, i)
         if args.v2:
             p_known = p_cycle  # the accept length stays on the GPU
         push("cycle", p_known)
@@ -565,7 +568,7 @@ def _under_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ
 
 
-def visible_gpus() -> int:
+def _visible_gpus() -> int:
     """GPUs torch can see here (0 without torch or CUDA)."""
     try:
         import torch
@@ -624,7 +627,7 @@ def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) 
         check(args)
     except ValueError as e:
         build_parser().error(str(e))
-    nproc = args.nproc if args.nproc is not None else max(1, visible_gpus())
+    nproc = args.nproc if args.nproc is not None else max(1, _visible_gpus())
     if nproc > 1 and not _under_torchrun():
         import subprocess
 
@@ -634,13 +637,13 @@ def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) 
     rec = run(args)
     print(json.dumps(rec), flush=True)
     if rec["world"] > 1:
-        end_rank(args.exit_mode)
+        _end_rank(args.exit_mode)
     return 0
 
 
-def end_rank(mode: str) -> None:
+def _end_rank(mode: str) -> None:
     """End one rank of several: GPU idle and CUPTI flushed, all ranks done, then NCCL torn down (bounded by
-    :data:`TEARDOWN_S`: it can hang) and a normal exit; ``mode='os'``: ``os._exit`` after the barrier."""
+    :data:`_TEARDOWN_S`: it can hang) and a normal exit; ``mode='os'``: ``os._exit`` after the barrier."""
     import torch
     import torch.distributed as dist
 
@@ -653,7 +656,7 @@ def end_rank(mode: str) -> None:
     sys.stderr.flush()
     if mode == "os":
         os._exit(0)
-    watchdog = threading.Timer(TEARDOWN_S, os._exit, (0,))
+    watchdog = threading.Timer(_TEARDOWN_S, os._exit, (0,))
     watchdog.daemon = True
     watchdog.start()
     dist.destroy_process_group()
