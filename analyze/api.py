@@ -287,11 +287,12 @@ def whatif_validation(runs: dict[int, Reports | list[Reports]], baseline: Report
     def one(r: Reports) -> Result:
         return analyze(r, ranges, comm_patterns, **kw)
 
-    analysed = {s: [one(x) for x in r] if isinstance(r, list) else one(r) for s, r in runs.items()}
+    analysed: dict[int, Result | Sequence[Result]] = {
+        s: [one(x) for x in r] if isinstance(r, list) else one(r) for s, r in runs.items()}
     base = one(baseline) if baseline is not None else None
     out = wi.validate(analysed, baseline=base, as_traced=as_traced)
     for r in analysed.values():
-        keep_derived(*(r if isinstance(r, list) else [r]))
+        keep_derived(*([r] if isinstance(r, Result) else r))
     return out
 
 
@@ -309,7 +310,7 @@ def report(reports: Reports, output: str | os.PathLike, vs: Reports | None = Non
     res = analyze(reports, ranges, comm_patterns, timing=timing, unprofiled_cycles_per_s=unprofiled_cycles_per_s,
                   **kw)
     other = analyze(vs, ranges, comm_patterns, **kw) if vs is not None else None
-    page = html.write_page(res, output, vs=other, steps_now=steps_now, force=force,
+    page = html.write_page(res, os.fspath(output), vs=other, steps_now=steps_now, force=force,
                            inputs=[*_paths(reports), *(_paths(vs) if vs is not None else []),
                                    *(_paths(timing) if timing is not None else [])])
     keep_derived(res, other)

@@ -20,8 +20,8 @@ from .sqlite import Reader
 if TYPE_CHECKING:
     from polars._typing import PolarsDataType
 
-__all__ = ["RUNTIME", "API_SCHEMA", "OPS_SCHEMA", "BAD_API", "api_query", "op_queries", "bad_op", "read_meta",
-           "open_reader", "load", "export_rows", "ops_between"]
+__all__ = ["pid_of", "RUNTIME", "API_SCHEMA", "OPS_SCHEMA", "BAD_API", "api_query", "op_queries", "bad_op",
+           "read_meta", "open_reader", "load", "export_rows", "ops_between"]
 
 _KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
 _MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
@@ -40,7 +40,7 @@ _MEMCPY_KINDS = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD
 _P24 = 1 << 24
 
 
-def _pid_of(col: str) -> pl.Expr:
+def pid_of(col: str) -> pl.Expr:
     """Process id inside a globalTid/globalPid (``<hw:8><vm:8><pid:24><tid:24>``)."""
     return ((pl.col(col) // _P24) % _P24).cast(pl.Int64)
 
@@ -111,7 +111,7 @@ def _ranges(r: ExportReader, duration: int | None, notes: dict[str, int] | None 
         schema={"range_id": pl.Int64, "start": pl.Int64, "end": pl.Int64, "event_type": pl.Int64,
                 "gtid": pl.Int64, "end_gtid": pl.Int64, "domain_id": pl.Int64, "range": pl.String,
                 "color": pl.Int64, "uint64": pl.Int64, "int64": pl.Int64, "missing_text": pl.Int64},
-    ).with_columns(pid=_pid_of("gtid"), domain_id=pl.col("domain_id").fill_null(0))
+    ).with_columns(pid=pid_of("gtid"), domain_id=pl.col("domain_id").fill_null(0))
     domains = (
         raw.filter(pl.col("event_type") == _DOMAIN_CREATE)
         .select("pid", "domain_id", domain=pl.col("range"))
@@ -189,7 +189,7 @@ def api_query(r: ExportReader) -> tuple[str, Callable[[pl.DataFrame], pl.DataFra
 
     def post(df: pl.DataFrame) -> pl.DataFrame:
         df = df.cast({"gtid": pl.Int64, "corr": pl.Int64, "start": pl.Int64, "end": pl.Int64, "name_id": pl.Int64})
-        return df.with_columns(pid=_pid_of("gtid")).select(list(API_SCHEMA))
+        return df.with_columns(pid=pid_of("gtid")).select(list(API_SCHEMA))
 
     return (f"""SELECT globalTid AS gtid, correlationId AS corr, start, "end", nameId AS name_id
             FROM {RUNTIME}""", post)
@@ -222,7 +222,7 @@ def _finish_ops(df: pl.DataFrame) -> pl.DataFrame:
     graph: pl.Expr = pl.when(v >= _GRAPH_BITS).then(v // _GRAPH_BITS - 1)
     if "graph" in df.columns:  # a graph-level row: its graph exec id
         graph = pl.coalesce("graph", graph)
-    return (df.with_columns(pid=_pid_of("gpid"), in_graph=(v % 2) == 1, graph=graph, device=(v % _GRAPH_BITS) // 2)
+    return (df.with_columns(pid=pid_of("gpid"), in_graph=(v % 2) == 1, graph=graph, device=(v % _GRAPH_BITS) // 2)
             .select(list(OPS_SCHEMA)).cast(OPS_SCHEMA))
 
 
@@ -308,7 +308,7 @@ def _nsys_diagnostics(r: ExportReader) -> pl.DataFrame:
     if not r.has("DIAGNOSTIC_EVENT", "text"):
         return pl.DataFrame(schema=schema)
     df = r.frame("SELECT timestamp, severity, text, globalPid AS gpid FROM DIAGNOSTIC_EVENT")
-    return df.with_columns(pid=_pid_of("gpid")).select(list(schema)).cast(schema)
+    return df.with_columns(pid=pid_of("gpid")).select(list(schema)).cast(schema)
 
 
 def read_meta(r: ExportReader) -> dict:
