@@ -7,7 +7,7 @@ No computation lives here; every other module of :mod:`analyze` may import this 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import polars as pl
 
@@ -145,6 +145,7 @@ def _sum_over_ranks(per_rank: pl.DataFrame, keys: list[str], sums: tuple[str, ..
     )
 
 
+@runtime_checkable
 class WindowReader(Protocol):
     """Reads the GPU operations of a time window again, when asked (``Result.window``): ``rank, start, end, kind,
     comm``, sorted by start. :class:`analyze.read.source.OpsWindow` (one report, from its store or the export)

@@ -7,7 +7,8 @@
   :func:`analyze.compute.pipeline.process` runs over. Two implementations: :class:`analyze.read.source.MemorySource`
   and :class:`analyze.read.source.StoreSource`; :func:`analyze.read.source.open_source` picks one.
 
-The third interface of this kind, a reader of the GPU operations of a time window (``Result.window``), is
+Both are ``runtime_checkable``: ``isinstance`` checks that every member is there (not their types: mypy
+does). The third interface of this kind, a reader of the GPU operations of a time window (``Result.window``), is
 :class:`analyze.model.WindowReader`: the model holds it, and the model imports nothing of this package.
 """
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import polars as pl
 
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from polars._typing import PolarsDataType  # a dtype class (pl.Int64) or instance (pl.List(pl.Int64))
 
 
+@runtime_checkable
 class ExportReader(Protocol):
     """A read-only view of one nsys export's tables, queried in SQL (the export's table and column names)."""
 
@@ -67,6 +69,7 @@ class ExportReader(Protocol):
         ...
 
 
+@runtime_checkable
 class ProcessSource(Protocol):
     """An export as a source of processes: the small frames at once (``head``), each process's rows on demand."""
 
