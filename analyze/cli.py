@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:  # annotations only: the modules load inside main() (below)
     import argparse
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
     from pathlib import Path
+
+    from nvtx_hooks.capture.bounds import Number
+
+    from .model import Diagnostic
 
 __all__ = ["build_parser", "main", "run"]
 
@@ -47,7 +51,7 @@ _STEPS_MAX = 64  # draft steps (--steps-now, --max-steps): EAGLE drafts a handfu
 # ---- shared options -----------------------------------------------------------------------------------
 
 
-def _num(kind: type, lo: float, hi: float, lo_open: bool = False):
+def _num(kind: type, lo: float, hi: float, lo_open: bool = False) -> Number:
     """The ``type=`` of a numeric option (:func:`nvtx_hooks.capture.bounds.number`): NaN, infinities and values
     out of ``[lo, hi]`` are one line."""
     from nvtx_hooks.capture.bounds import number
@@ -113,7 +117,7 @@ def _add_timing_args(p: argparse.ArgumentParser) -> None:
                         "from it (default: the plain pass recorded beside a --passes capture)")
 
 
-def _options(a) -> dict:
+def _options(a: argparse.Namespace) -> dict[str, Any]:
     """Keyword arguments of the analysis functions from the shared options."""
     from .compute.comm_patterns import load_patterns
 
@@ -130,7 +134,7 @@ def _options(a) -> dict:
     return out
 
 
-def _inputs(a) -> list:
+def _inputs(a: argparse.Namespace) -> list[str]:
     """Every report a verb reads (``--baseline`` and ``--timing`` ones too): outputs must be none of them."""
     base = getattr(a, "baseline", None) or getattr(a, "vs", None) or []
     return [*a.report, *([base] if isinstance(base, str) else base), *(getattr(a, "timing", None) or []),
@@ -150,7 +154,7 @@ def _out(text: str) -> None:
         raise InputError(f"cannot write to standard output ({e.strerror or e})", "BAD_OUTPUT") from None
 
 
-def _warn(diagnostics, quiet: bool) -> None:
+def _warn(diagnostics: Iterable[Diagnostic], quiet: bool) -> None:
     if not quiet:
         for d in diagnostics:
             if d.level != "info":
@@ -165,7 +169,7 @@ _REPORTS_HELP = ("nsys SQLite export(s) (`nsys export --type sqlite`, opened rea
 # ---- analysis verbs -----------------------------------------------------------------------------------
 
 
-def _run_analyze(a) -> int:
+def _run_analyze(a: argparse.Namespace) -> int:
     from .api import analyze, keep_derived
     from .compute.findings import find
     from .output import data, text
@@ -204,7 +208,7 @@ def _run_analyze(a) -> int:
     return 0
 
 
-def _run_comm(a) -> int:
+def _run_comm(a: argparse.Namespace) -> int:
     from .api import comm
     from .output import data, text
 
@@ -217,7 +221,7 @@ def _run_comm(a) -> int:
     return 0
 
 
-def _run_report(a) -> int:
+def _run_report(a: argparse.Namespace) -> int:
     from .api import report
     from .output.targets import check_report_folder
 
@@ -235,7 +239,7 @@ def _run_report(a) -> int:
     return 0
 
 
-def _default_report_folder(report) -> str:
+def _default_report_folder(report: str | os.PathLike) -> str:
     """``report``'s default ``-o``: ``NAME_report`` beside ``NAME.sqlite`` (or the parquetdir/arrowdir)."""
     from pathlib import Path
 
@@ -245,7 +249,7 @@ def _default_report_folder(report) -> str:
     return str(p.with_name(f"{stem}_report"))
 
 
-def _run_compare(a) -> int:
+def _run_compare(a: argparse.Namespace) -> int:
     from .api import compare
     from .model import InputError
     from .output import data, text
@@ -269,7 +273,7 @@ def _run_compare(a) -> int:
     return 0
 
 
-def _run_whatif(a) -> int:
+def _run_whatif(a: argparse.Namespace) -> int:
     from .api import whatif
     from .compute.whatif import to_dict
     from .output import data, text
@@ -309,7 +313,7 @@ def _installed_sglang() -> Path | None:
     return Path(list(spec.submodule_search_locations)[0]).parent
 
 
-def _run_hooks_check(a) -> int:
+def _run_hooks_check(a: argparse.Namespace) -> int:
     """0 if every hook target is present and unchanged in the SGLang tree, 1 otherwise."""
     from nvtx_hooks.check import FetchError, check_tree, fetch_sglang
 
@@ -338,7 +342,7 @@ def _run_hooks_check(a) -> int:
 # ---- the parser -----------------------------------------------------------------------------------------
 
 
-def _did_you_mean(parser, message: str, argv: list[str] | None) -> str:
+def _did_you_mean(parser: argparse.ArgumentParser, message: str, argv: list[str] | None) -> str:
     """``"; did you mean X?"`` for a usage error naming a mistyped verb or option (the closest of the verb's own
     options), else ``""``."""
     import difflib
@@ -363,7 +367,7 @@ def _did_you_mean(parser, message: str, argv: list[str] | None) -> str:
     return f"; did you mean {', '.join(out)}?" if out else ""
 
 
-def _subparsers(parser) -> dict:
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
     import argparse
 
     for a in parser._actions:
@@ -392,7 +396,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser  # (the top-level parser, made below: its errors name its verbs)
 
     class Parser(argparse.ArgumentParser):
-        def error(self, message: str):  # one line (not the usage), exit 2, as for every other bad input
+        def error(self, message: str) -> NoReturn:  # one line (not the usage), exit 2, as for every other bad input
             print(f"spectrace: error: {' '.join(message.split())}{_did_you_mean(parser, message, argv)}",
                   file=sys.stderr)
             raise SystemExit(2)

@@ -49,7 +49,7 @@ class InputError(Exception):
         super().__init__(message)
         self.code = code
 
-    def __reduce__(self):  # keeps the code when raised in a worker process
+    def __reduce__(self) -> tuple[type[InputError], tuple[str, str]]:  # keeps the code when raised in a worker
         return (type(self), (str(self), self.code))
 
 

@@ -24,9 +24,12 @@ import os
 import signal
 import stat
 import threading
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
+from types import FrameType
+from typing import NoReturn, TypeVar
 
 import polars as pl
 
@@ -42,6 +45,7 @@ from .diagnostics import FACTS, diagnose
 __all__ = ["ProcessContext", "ProcessResult", "op_kinds", "process", "analyze", "analyze_for_merge", "merge_results",
            "analyze_each"]
 
+_T = TypeVar("_T")
 _WORK_COLS = ("pid", "device", "corr", "start", "end", "kind", "name_id", "label", "in_graph")  # of OPS_SCHEMA
 _WORKER_ROWS = 3_000_000  # two processes at once up to this size: 20 M kernels (2.6 M per process) peak 3.4 GB either way
 
@@ -569,14 +573,14 @@ def merge_results(results: list[Result]) -> Result:
 
 
 def analyze_each(
-    paths: list,
+    paths: Sequence[str | os.PathLike | Trace | Store],
     ranges: str | None = None,
     comm_patterns: list[CommPattern] | None = None,
     *,
     store: bool | None = None,
     cache: bool | None = None,
     jobs: int | None = None,
-    executor=None,
+    executor: Executor | None = None,
     progress: bool | None = None,
 ) -> list[Result]:
     """:func:`analyze` of each report, in parallel processes (``jobs``, default: CPUs, at most one per report).
@@ -588,22 +592,22 @@ def analyze_each(
     """
     if len(paths) == 1 and executor is None:
         return [analyze(paths[0], ranges, comm_patterns, store=store, cache=cache, progress=progress)]
-    paths = [str(p) for p in paths]
-    _refuse_twice(paths)
-    for p in paths:
-        if not Path(p).exists():
-            raise InputError(f"{p}: no such file", "NO_FILE")
-    n = max(1, min(jobs or os.cpu_count() or 1, len(paths)))
-    args = (ranges, comm_patterns, store, cache)
+    files = [str(p) for p in paths]
+    _refuse_twice(files)
+    for f in files:
+        if not Path(f).exists():
+            raise InputError(f"{f}: no such file", "NO_FILE")
+    n = max(1, min(jobs or os.cpu_count() or 1, len(files)))
     if executor is not None:
-        return [f.result() for f in [executor.submit(analyze_for_merge, p, *args) for p in paths]]
+        return [t.result() for t in [executor.submit(analyze_for_merge, f, ranges, comm_patterns, store, cache)
+                                     for f in files]]
     if n == 1:
-        return [analyze_for_merge(p, *args) for p in paths]
+        return [analyze_for_merge(f, ranges, comm_patterns, store, cache) for f in files]
     ex = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_start)
     futures = None
     try:
         with _workers_start_deaf():
-            futures = [ex.submit(_in_worker, analyze_for_merge, p, *args) for p in paths]
+            futures = [ex.submit(_in_worker, analyze_for_merge, f, ranges, comm_patterns, store, cache) for f in files]
         return [f.result() for f in futures]
     except (BrokenProcessPool, OSError) as e:
         if isinstance(e, OSError) and futures is not None:  # an I/O error of a report, raised in its worker
@@ -651,7 +655,7 @@ def _signal_workers(ex: ProcessPoolExecutor, signum: int) -> None:
 
 
 @contextlib.contextmanager
-def _workers_start_deaf():
+def _workers_start_deaf() -> Iterator[None]:
     """Ctrl-C ignored while the workers are spawned: they inherit that, so a Ctrl-C while they load (before
     :func:`_worker_start`) is no traceback of theirs; the parent gets it as usual."""
     main = threading.current_thread() is threading.main_thread()
@@ -668,9 +672,9 @@ def _worker_start() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _in_worker(fn, *args):
+def _in_worker(fn: Callable[..., _T], *args: object) -> _T:
     """``fn(*args)`` interruptible by the first Ctrl-C only, so that its cleanup is not interrupted by a second."""
-    def once(signum, frame):
+    def once(signum: int, frame: FrameType | None) -> NoReturn:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         raise KeyboardInterrupt
 

@@ -41,7 +41,9 @@ import time
 import uuid
 import weakref
 import zlib
+from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 import polars as pl
 
@@ -52,6 +54,7 @@ from .source import OpsWindow
 __all__ = ["KEEP_RESULTS", "STALE_S", "DICT_ROWS", "FOLDER", "code_digest", "result_key", "derived", "load", "save",
            "prune", "keep_derived"]
 
+_T = TypeVar("_T")
 _RESULT_VERSION = 1
 KEEP_RESULTS = 4  # result folders kept per store: the most recently used (other selections, older versions go)
 STALE_S = 24 * 3600  # a build folder (``.<key>.tmp-*``) this old was left by a process that died
@@ -73,8 +76,8 @@ def code_digest() -> str:
     return h.hexdigest()
 
 
-def result_key(report: str, build: str | None, ranges: str | None, comm_patterns, manifest: dict | None = None
-               ) -> str:
+def result_key(report: str, build: str | None, ranges: str | None, comm_patterns: Sequence[object] | None,
+               manifest: dict[str, Any] | None = None) -> str:
     """The folder name of a result: a hash of everything that changes it (see the module docstring)."""
     patterns = None if comm_patterns is None else [
         dataclasses.astuple(p) if dataclasses.is_dataclass(p) and not isinstance(p, type) else repr(p)
@@ -88,7 +91,7 @@ class _Unsupported(Exception):
     """A value the cache does not know how to write: the result is then not kept."""
 
 
-def _encode(v, frames: list[pl.DataFrame]):
+def _encode(v: object, frames: list[pl.DataFrame]) -> Any:
     if v is None or isinstance(v, bool | int | float | str):
         return v
     if isinstance(v, pl.DataFrame):
@@ -138,7 +141,7 @@ class _LazyField:
     def __init__(self, name: str):
         self.name = name
 
-    def __get__(self, obj, owner=None):
+    def __get__(self, obj: object, owner: type | None = None) -> Any:
         if obj is None:
             return self
         v = obj.__dict__[self.name]
@@ -146,16 +149,16 @@ class _LazyField:
             v = obj.__dict__[self.name] = v.get()
         return v
 
-    def __set__(self, obj, value) -> None:
+    def __set__(self, obj: object, value: object) -> None:
         obj.__dict__[self.name] = value
 
 
-def _rebuild(cls, kw: dict):
+def _rebuild(cls: type[_T], kw: dict[str, Any]) -> _T:
     return cls(**kw)
 
 
 @functools.cache
-def _lazy(cls):
+def _lazy(cls: type) -> type:
     """``cls`` with every field a :class:`_LazyField`; pickled and copied as a plain ``cls`` (every frame read)."""
     names = [f.name for f in dataclasses.fields(cls)]
     ns: dict[str, object] = {n: _LazyField(n) for n in names}
@@ -164,7 +167,7 @@ def _lazy(cls):
     return type(cls.__name__, (cls,), ns)
 
 
-def _decode(v, frames: list[_Frame], lazy: bool = False):
+def _decode(v: object, frames: list[_Frame], lazy: bool = False) -> Any:
     if isinstance(v, list):
         return [_decode(x, frames) for x in v]
     if not isinstance(v, dict):
@@ -183,7 +186,7 @@ def _decode(v, frames: list[_Frame], lazy: bool = False):
     return _lazy(cls)(**{k: _decode(x, frames, lazy=True) for k, x in v["fields"].items()})
 
 
-def _hashable(k):
+def _hashable(k: object) -> object:
     return tuple(k) if isinstance(k, list) else k
 
 
@@ -215,7 +218,7 @@ def _read_doc(folder: Path, key: str) -> tuple[object, list[_Frame]] | None:
         return None
 
 
-def _write_doc(parent: Path, name: str, key: str, body, frames: list[pl.DataFrame]) -> bool:
+def _write_doc(parent: Path, name: str, key: str, body: object, frames: list[pl.DataFrame]) -> bool:
     """``body`` (from :func:`_encode`) and its frames as ``parent/name``, atomically: built beside and renamed into
     place (a folder another process put there first is kept). False when it could not be written."""
     tmp = parent / f".{name}.tmp-{uuid.uuid4().hex[:12]}"
@@ -266,12 +269,12 @@ def _track(res: Result, folder: Path, key: str, derived: dict) -> None:
     _KEPT[i] = _Kept(weakref.ref(res, lambda _gone: _KEPT.pop(i, None)), folder, key, derived)
 
 
-def _kept(res) -> _Kept | None:
+def _kept(res: Result) -> _Kept | None:
     entry = _KEPT.get(id(res))
     return entry if entry is not None and entry.ref() is res else None
 
 
-def derived(res, key, compute):
+def derived(res: Result, key: Hashable, compute: Callable[[], _T]) -> _T:
     """The table derived from ``res`` under ``key`` (a memo key): read with ``res`` from the cache, else
     ``compute()`` (remembered for :func:`keep_derived` when ``res`` came from the cache)."""
     entry = _kept(res)

@@ -17,9 +17,9 @@ import sqlite3
 import struct
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import polars as pl
@@ -198,7 +198,7 @@ class Reader:
             con.execute("PRAGMA locking_mode = EXCLUSIVE")  # the WAL index in memory: no -shm file
         return con
 
-    def _adbc(self):
+    def _adbc(self) -> Any:  # an ADBC DB-API connection (adbc_driver_sqlite.dbapi)
         import adbc_driver_sqlite.dbapi as adbc
 
         con = adbc.connect(self._uri)
@@ -217,7 +217,7 @@ class Reader:
                 self.lossy += 1
             return b.decode(errors="replace")
 
-    def _arrow(self, data) -> pl.DataFrame:
+    def _arrow(self, data: Any) -> pl.DataFrame:  # a pyarrow Table or RecordBatch (pyarrow has no type information)
         """An Arrow table or batch as a polars frame; string columns that are not valid UTF-8 are decoded lossily
         (polars would panic on them)."""
         import pyarrow as pa
@@ -299,7 +299,7 @@ class Reader:
             df = df.with_columns([pl.col(c).cast(t) for c, t in schema.items() if c in df.columns])
         return df
 
-    def batches(self, sql: str, rows: int = BATCH_ROWS):
+    def batches(self, sql: str, rows: int = BATCH_ROWS) -> Iterator[pl.DataFrame]:
         """A query as an iterator of polars frames of about ``rows`` rows (bounded memory).
 
         Through ADBC record batches; if ADBC cannot (not installed, or a column's type changes
@@ -353,7 +353,7 @@ class Reader:
         return int(row[0][0] or 0) if row else 0
 
 
-def _batch_rows(cur, rows: int = BATCH_ROWS) -> None:
+def _batch_rows(cur: Any, rows: int = BATCH_ROWS) -> None:
     try:
         cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(rows)})
     except Exception:  # an older driver without the option: its default batches
