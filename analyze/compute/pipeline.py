@@ -465,8 +465,8 @@ class _Parts:
 
     @classmethod
     def of(cls, outs: list[ProcessResult]) -> _Parts:
-        return cls(*([v for o in outs if (v := getattr(o, f.name)) is not None]
-                     for f in dataclasses.fields(ProcessResult)))
+        return cls(**{f.name: [v for o in outs if (v := getattr(o, f.name)) is not None]
+                      for f in dataclasses.fields(ProcessResult)})
 
 
 def _counted_seams(seam_inst: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
