@@ -55,7 +55,7 @@ def _load(force: bool = False) -> bool:
     if not (force or handle.enabled()):
         return False
 
-    def make(name: str):
+    def make(name: str) -> Any:
         phase = EMITTED.get(name)
         color = phase.color if phase else _GREY
         msg = _lib.RegisteredString(handle, name)
@@ -76,7 +76,7 @@ def _env_disabled() -> bool:
     return bool(os.environ.get("NVTX_DISABLE")) or os.environ.get("SPECTRACE_NVTX", "1") == "0"
 
 
-def _attrs_for(name: str, payload: int | None):
+def _attrs_for(name: str, payload: int | None) -> Any:
     """The reusable attributes for ``name`` (registering it on first use), with ``payload`` set."""
     if payload is None:
         a = _attrs.get(name)

@@ -61,7 +61,7 @@ class Number:
             [f"<= {_fmt(hi)}"] if hi is not None else [])
         return f"{noun} {' and '.join(parts)}".rstrip()
 
-    def __call__(self, text: str):
+    def __call__(self, text: str) -> int | float:
         try:
             v = self.kind(text)
         except (ValueError, OverflowError):

@@ -33,6 +33,8 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from types import TracebackType
+from typing import Any
 
 __all__ = ["STALE_S", "OutputError", "clean", "utf8", "check_file", "new_file", "write_new", "NewFolder"]
 
@@ -47,7 +49,7 @@ class OutputError(Exception):
         super().__init__(message)
         self.code = code
 
-    def __reduce__(self):  # keeps the code when raised in a worker process
+    def __reduce__(self) -> tuple[type[OutputError], tuple[str, str]]:  # keeps the code when raised in a worker
         return (type(self), (str(self), self.code))
 
 
@@ -111,7 +113,8 @@ def _inputs(inputs: Iterable) -> list[tuple[Path, Path]]:
     return [(Path(i), _real(i)) for i in inputs if isinstance(i, str | os.PathLike)]
 
 
-def _refuse_input(path, real: Path, inputs: list[tuple[Path, Path]], option: str, folder: bool = False) -> None:
+def _refuse_input(path: str | os.PathLike, real: Path, inputs: list[tuple[Path, Path]], option: str,
+                  folder: bool = False) -> None:
     """OutputError if ``real`` (the real path of ``path``) is an input, one of its sidecars, inside an input
     folder, or (``folder``) a folder holding an input."""
     for given, src in inputs:
@@ -127,7 +130,7 @@ def _refuse_input(path, real: Path, inputs: list[tuple[Path, Path]], option: str
                               "writes to its input)", "OUTPUT_IS_INPUT")
 
 
-def _refuse_fenced(path, real: Path, fences: Iterable[Path], option: str) -> None:
+def _refuse_fenced(path: str | os.PathLike, real: Path, fences: Iterable[Path], option: str) -> None:
     for f in fences:
         f = _real(f)
         if _within(real, f):
@@ -201,7 +204,7 @@ def _install(tmp: Path, real: Path, replace: bool) -> None:
         os.rename(tmp, real)
 
 
-def write_new(path: str | os.PathLike, data: bytes, **kw) -> Path:
+def write_new(path: str | os.PathLike, data: bytes, **kw: Any) -> Path:
     """Write ``data`` to the output file ``path`` through :func:`new_file` (same keywords); its real path."""
     with new_file(path, **kw) as tmp:
         with open(tmp, "wb") as f:
@@ -325,7 +328,8 @@ class NewFolder:
         self.written.append(name)
         return self.target / name
 
-    def __exit__(self, kind, exc, tb) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+                 ) -> None:
         try:
             if kind is None:
                 assert self.tmp is not None  # (made by __enter__)

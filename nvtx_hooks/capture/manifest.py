@@ -51,7 +51,7 @@ def _flag_values(command: list[str], table: dict[str, str]) -> dict[str, str]:
     return out
 
 
-def _num(v: str):
+def _num(v: str) -> int | str:
     try:
         return int(v)
     except (TypeError, ValueError):

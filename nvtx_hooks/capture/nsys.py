@@ -29,6 +29,8 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from types import FrameType
+from typing import IO
 
 from . import CaptureError, complete
 from . import manifest as mf
@@ -200,12 +202,12 @@ class _OutputRecords:
     embedded workload prints its throughput as one): at most :data:`_MAX_RECORDS`, each shorter than
     :data:`_MAX_RECORD_BYTES`."""
 
-    def __init__(self, stream):
+    def __init__(self, stream: IO[bytes]) -> None:
         self.records: list[dict] = []
         self._thread = threading.Thread(target=self._copy, args=(stream,), daemon=True)
         self._thread.start()
 
-    def _copy(self, stream) -> None:
+    def _copy(self, stream: IO[bytes]) -> None:
         out = getattr(sys.stdout, "buffer", None)
         for line in iter(stream.readline, b""):
             try:
@@ -236,10 +238,10 @@ def _run_profile(cmd: list[str], env: dict[str, str], records: list | None = Non
     the report). ``records``: gets the JSON-object lines of its output (which still reach our stdout)."""
     proc = subprocess.Popen(cmd, env=env, start_new_session=True,
                             stdout=subprocess.PIPE if records is not None else None)
-    tee = _OutputRecords(proc.stdout) if records is not None else None
+    tee = _OutputRecords(proc.stdout) if records is not None and proc.stdout is not None else None  # (a pipe)
     interrupted = False
 
-    def forward(signum, frame):
+    def forward(signum: int, frame: FrameType | None) -> None:
         nonlocal interrupted
         interrupted = True
         try:

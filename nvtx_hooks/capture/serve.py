@@ -23,11 +23,12 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from typing import Any
 
 __all__ = ["main"]
 
 
-def _url(a, path: str) -> str:
+def _url(a: argparse.Namespace, path: str) -> str:
     return f"http://{a.host}:{a.port}{path}"
 
 
@@ -43,7 +44,7 @@ def _http(method: str, url: str, body: dict | None = None, timeout: float = 30.0
         return e.code, e.read()
 
 
-def _wait_healthy(a, proc: subprocess.Popen) -> float:
+def _wait_healthy(a: argparse.Namespace, proc: subprocess.Popen) -> float:
     """Poll /health until 200; seconds waited. Raises if the server exits or the timeout passes."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < a.health_timeout:
@@ -68,7 +69,7 @@ def _have_bench_serving() -> bool:
         return False
 
 
-def _bench_serving_command(a) -> list[str]:
+def _bench_serving_command(a: argparse.Namespace) -> list[str]:
     """SGLang's load generator with a fixed random dataset."""
     return [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--host", a.host,
             "--port", str(a.port), "--dataset-name", "random", "--num-prompts", str(a.num_prompts),
@@ -76,13 +77,13 @@ def _bench_serving_command(a) -> list[str]:
             "--random-range-ratio", "1.0", "--max-concurrency", str(a.concurrency), "--seed", "1"]
 
 
-def _builtin_load(a) -> dict:
+def _builtin_load(a: argparse.Namespace) -> dict[str, Any]:
     """Send ``num_prompts`` /generate requests from ``concurrency`` threads; returns counts."""
     words = "the quick brown fox jumps over the lazy dog ".split()
     todo = list(range(a.num_prompts))
     lock, done, failed = threading.Lock(), [0], [0]
 
-    def worker():
+    def worker() -> None:
         while True:
             with lock:
                 if not todo:
@@ -122,7 +123,7 @@ def _stop_server(proc: subprocess.Popen, grace: float) -> int:
     return proc.wait()
 
 
-def _drive(a) -> int:
+def _drive(a: argparse.Namespace) -> int:
     """Launch the server, run the load inside the profiler window, stop everything; exit code."""
     server = list(a.server)
     if server and server[0] == "--":
