@@ -29,7 +29,7 @@ from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from types import FrameType
-from typing import NoReturn, TypeVar
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 import polars as pl
 
@@ -37,10 +37,13 @@ from ..model import GRAPH_LAUNCH, SYNC_API, Diagnostic, InputError, Result, Trac
 from ..read import results
 from ..read.protocols import ProcessSource
 from ..read.source import ManyWindows, OpsWindow, open_source
-from ..read.store import CacheError, Progress, Store, discard, open_store
+from ..read.store import CacheError, Progress, discard, open_store
 from . import attribute, breakdown, collectives, host, windows
 from .comm_patterns import PATTERNS, CommPattern, family_expr
 from .diagnostics import FACTS, diagnose
+
+if TYPE_CHECKING:
+    from ..read.store import Store
 
 __all__ = ["ProcessContext", "ProcessResult", "op_kinds", "process", "analyze", "analyze_for_merge", "merge_results",
            "analyze_each"]
@@ -328,10 +331,8 @@ def analyze(
                          "SPECTRACE_CACHE_DIR to another place", "CACHE_BROKEN") from None
 
 
-def _analyze(report: str | os.PathLike | Trace | Store, store: bool | None, cache: bool | None,
-             progress: bool | None, ranges: str | None, comm_patterns: list[CommPattern] | None, keep_ops: bool,
-             workers: int) -> Result:
-    source: ProcessSource = open_source(report, store=store, cache=cache, progress=progress)
+def _analyze(report, store, cache, progress, ranges, comm_patterns, keep_ops, workers) -> Result:
+    source = open_source(report, store=store, cache=cache, progress=progress)
     try:
         kept = getattr(source, "store", None)
         if keep_ops or kept is None or not kept.kept:  # the result cache lives in a kept store only
