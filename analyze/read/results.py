@@ -51,8 +51,8 @@ from .. import __version__
 from ..model import CommResult, Diagnostic, Result, Trace
 from .source import OpsWindow
 
-__all__ = ["KEEP_RESULTS", "STALE_S", "DICT_ROWS", "FOLDER", "code_digest", "result_key", "derived", "load", "save",
-           "prune", "keep_derived"]
+__all__ = ["KEEP_RESULTS", "STALE_S", "DICT_ROWS", "FOLDER", "KNOWN", "code_digest", "result_key", "derived", "load",
+           "save", "prune", "keep_derived"]
 
 _T = TypeVar("_T")
 _RESULT_VERSION = 1
@@ -61,7 +61,7 @@ STALE_S = 24 * 3600  # a build folder (``.<key>.tmp-*``) this old was left by a 
 DICT_ROWS = 10_000  # string columns of frames this long are written dictionary-encoded
 FOLDER = "results"
 # The dataclasses a result may hold, by name: nothing else is ever built from a cache's JSON.
-_KNOWN = {c.__name__: c for c in (Result, Trace, Diagnostic, OpsWindow, CommResult)}
+KNOWN = {c.__name__: c for c in (Result, Trace, Diagnostic, OpsWindow, CommResult)}
 
 
 @functools.cache
@@ -110,7 +110,7 @@ def _encode(v: object, frames: list[pl.DataFrame]) -> Any:
         return {"$dict": [[_encode(k, frames), _encode(x, frames)] for k, x in v.items()]}
     cls = getattr(type(v), "_lazy_of", type(v))  # a value read from the cache is written as its plain class
     name = cls.__name__
-    if dataclasses.is_dataclass(v) and _KNOWN.get(name) is cls:
+    if dataclasses.is_dataclass(v) and KNOWN.get(name) is cls:
         return {"$class": name,
                 "fields": {f.name: _encode(getattr(v, f.name), frames) for f in dataclasses.fields(v)}}
     raise _Unsupported(type(v).__name__)
@@ -182,7 +182,7 @@ def _decode(v: object, frames: list[_Frame], lazy: bool = False) -> Any:
         return {_decode(x, frames) for x in v["$set"]}
     if "$dict" in v:
         return {_hashable(_decode(k, frames)): _decode(x, frames) for k, x in v["$dict"]}
-    cls = _KNOWN[v["$class"]]
+    cls = KNOWN[v["$class"]]
     return _lazy(cls)(**{k: _decode(x, frames, lazy=True) for k, x in v["fields"].items()})
 
 
