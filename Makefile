@@ -7,7 +7,7 @@ PAIR    ?= tp1
 RANGES  ?=
 ARGS    ?=
 
-.PHONY: install demo demo-pair test lint bench clean notebooks
+.PHONY: install demo demo-pair test lint typecheck bench clean notebooks
 
 $(BIN)/spectrace: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -35,6 +35,10 @@ notebooks: install
 
 lint: install
 	$(BIN)/ruff check .
+
+# mypy over analyze and nvtx_hooks, as [tool.mypy] in pyproject.toml says (docs/design.md: Before a commit)
+typecheck: install
+	$(BIN)/mypy
 
 bench: install
 	$(BIN)/python -m bench.bench $(ARGS)

@@ -16,6 +16,11 @@ Names are loaded on first use: importing :mod:`analyze` loads nothing else.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
+
 __version__ = "0.1.0"
 
 _API = {
@@ -38,7 +43,7 @@ _MODULES = {"plots": "analyze.output.plots"}
 __all__ = sorted(_API.keys() | _MODULES.keys())
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     import importlib
 
     if name in _MODULES:

@@ -8,15 +8,18 @@ valid cache, and analyses several reports in parallel processes.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .model import CommResult, Diagnostic, InputError, Result, Trace
 
 if TYPE_CHECKING:
+    from concurrent.futures import Executor
+
     import polars as pl
 
+    from .compute.comm_patterns import CommPattern
     from .compute.compare import Comparison
     from .compute.whatif import Model
 
@@ -27,7 +30,7 @@ Report = str | os.PathLike | Trace | Result
 Reports = Report | Sequence[Report]
 
 
-REP_SUFFIXES = (".nsys-rep", ".qdrep")
+_REP_SUFFIXES = (".nsys-rep", ".qdrep")
 
 
 def _many(reports: Reports) -> list:
@@ -53,10 +56,10 @@ def _exported(reports: list) -> tuple[list, list[Diagnostic]]:
     out, notes = [], []
     for r in reports:
         p = Path(r) if isinstance(r, str | os.PathLike) else None
-        sib = p.with_suffix(".sqlite") if p is not None and p.suffix in REP_SUFFIXES else None
+        sib = p.with_suffix(".sqlite") if p is not None and p.suffix in _REP_SUFFIXES else None
         if p is not None and not p.exists() and not (sib is not None and sib.is_file()):
             _no_such_report(p)
-        if sib is not None and sib.is_file():
+        if p is not None and sib is not None and sib.is_file():
             stale = p.exists() and sib.stat().st_mtime < p.stat().st_mtime
             notes.append(Diagnostic("warning" if stale else "info", "REPORT_EXPORT",
                                     f"{p.name} is nsys's own format: analysed the export {sib.name} beside it"
@@ -82,13 +85,13 @@ def _no_such_report(p: Path) -> None:
 def analyze(
     reports: Reports,
     ranges: str | None = None,
-    comm_patterns=None,
+    comm_patterns: list[CommPattern] | None = None,
     *,
     store: bool | None = None,
     cache: bool | None = None,
     keep_ops: bool = False,
     jobs: int | None = None,
-    executor=None,
+    executor: Executor | None = None,
     progress: bool | None = None,
     skip_cycles: int | None = None,
     window: str | tuple | None = None,
@@ -122,10 +125,11 @@ def analyze(
                          unprofiled_cycles_per_s=unprofiled_cycles_per_s)
     choice = steady.check_choice(skip_cycles, window)
     if timing is not None:
-        kw = dict(store=store, cache=cache, jobs=jobs, executor=executor, progress=progress, skip_cycles=skip_cycles,
-                  window=window)
-        node = analyze(reports, ranges, comm_patterns, **kw)
-        graph = analyze(timing, ranges, comm_patterns, **kw)
+        def one(r: Reports) -> Result:  # each pass with the same options
+            return analyze(r, ranges, comm_patterns, store=store, cache=cache, jobs=jobs, executor=executor,
+                           progress=progress, skip_cycles=skip_cycles, window=window)
+
+        node, graph = one(reports), one(timing)
         out = _combined(node, graph, unprofiled_cycles_per_s)
         out.steady_class = SteadyState
         return out
@@ -148,7 +152,7 @@ def analyze(
     return res
 
 
-def _analysed(res: Result, **options) -> Result:
+def _analysed(res: Result, **options: object) -> Result:
     """An analysed Result given where a report is expected: itself, refused with an option that would need it
     analysed again (a silently ignored ``skip_cycles`` would print numbers of other cycles than asked)."""
     given = sorted(k for k, v in options.items() if v is not None)
@@ -173,16 +177,17 @@ def _combined(node: Result, graph: Result, unprofiled_cycles_per_s: float | None
 
 
 def probe_effect(node: Reports, graph: Reports, unprofiled_cycles_per_s: float | None = None, ranges: str | None = None,
-                 comm_patterns=None, **kw) -> dict:
+                 comm_patterns: list[CommPattern] | None = None, **kw: Any) -> dict[str, Any]:
     """What node-level graph tracing costs: a node-level and a graph-level pass of one workload compared
     (cycle period under each and their ratio, per-phase span and launch time, seams; how far each is from
     the unprofiled throughput when known). The ``probe_effect`` JSON document."""
-    return analyze(node, ranges, comm_patterns, timing=graph, unprofiled_cycles_per_s=unprofiled_cycles_per_s,
-                   **kw).probe_effect
+    res = analyze(node, ranges, comm_patterns, timing=graph, unprofiled_cycles_per_s=unprofiled_cycles_per_s, **kw)
+    assert res.probe_effect is not None  # (set by every analysis with a timing pass)
+    return res.probe_effect
 
 
-def comm(reports: Reports, ranges: str | None = None, comm_patterns=None, *, skip_cycles: int | None = None,
-         window: str | tuple | None = None, **kw) -> CommResult:
+def comm(reports: Reports, ranges: str | None = None, comm_patterns: list[CommPattern] | None = None, *,
+         skip_cycles: int | None = None, window: str | tuple | None = None, **kw: Any) -> CommResult:
     """Collectives matched across ranks: wait vs transfer per phase and rank, stragglers, clock alignment.
 
     Several reports (one per node or rank) are put on one clock (utcEpochNs, then collective end times). The
@@ -220,7 +225,8 @@ def comm(reports: Reports, ranges: str | None = None, comm_patterns=None, *, ski
     return out
 
 
-def compare(a: Reports, b: Reports, ranges: str | None = None, comm_patterns=None, **kw) -> Comparison:
+def compare(a: Reports, b: Reports, ranges: str | None = None, comm_patterns: list[CommPattern] | None = None,
+            **kw: Any) -> Comparison:
     """Phase by phase and seam by seam, GPU time per cycle (and per token) of runs A and B over their steady
     cycles, the difference B − A split into compute / comm / idle, and a noise-aware verdict: a
     :class:`~analyze.compute.compare.Comparison` (``to_dict()``: the JSON document). ``a``/``b``: one report or
@@ -234,10 +240,10 @@ def compare(a: Reports, b: Reports, ranges: str | None = None, comm_patterns=Non
 
 
 def whatif(reports: Reports, steps_now: int | None = None, baseline: Reports | None = None,
-           acceptance: float | None = None, ranges: str | None = None, comm_patterns=None, *,
-           as_traced: bool = False, timing: Reports | None = None, unprofiled_cycles_per_s: float | None = None,
-           other_steps: list[Reports] | None = None, unprofiled_log: str | os.PathLike | None = None,
-           **kw) -> Model:
+           acceptance: float | None = None, ranges: str | None = None,
+           comm_patterns: list[CommPattern] | None = None, *, as_traced: bool = False, timing: Reports | None = None,
+           unprofiled_cycles_per_s: float | None = None, other_steps: list[Reports] | None = None,
+           unprofiled_log: str | os.PathLike | None = None, **kw: Any) -> Model:
     """The cost model fitted on one speculative run (:class:`analyze.compute.whatif.Model`): predictions
     for other draft-step counts. ``baseline``: a run without speculation (calibrates verify's slope).
     ``as_traced``: keep node-level graph tracing's launch cost in the prediction (default: removed).
@@ -268,9 +274,10 @@ def whatif(reports: Reports, steps_now: int | None = None, baseline: Reports | N
         if not m.segments:
             raise InputError("--other-steps joins runs per batch size: this run has fewer than two batch sizes "
                              "(no segments to join)", "NO_SEGMENTS")
-        kept = []
+        kept: list[Result] = []
 
-        def runs():  # analysed one at a time, as join_runs reaches them (its refusal comes before the next run)
+        def runs() -> Iterator[tuple[str, Result]]:
+            # analysed one at a time, as join_runs reaches them (its refusal comes before the next run)
             for o in other_steps:
                 kept.append(analyze(o, ranges, comm_patterns, **kw))
                 yield ", ".join(Path(p).name for p in _paths(o)), kept[-1]
@@ -285,7 +292,8 @@ def whatif(reports: Reports, steps_now: int | None = None, baseline: Reports | N
 
 
 def whatif_validation(runs: dict[int, Reports | list[Reports]], baseline: Reports | None = None,
-                      as_traced: bool = True, ranges: str | None = None, comm_patterns=None, **kw) -> pl.DataFrame:
+                      as_traced: bool = True, ranges: str | None = None,
+                      comm_patterns: list[CommPattern] | None = None, **kw: Any) -> pl.DataFrame:
     """The what-if checked against a sweep of draft steps: ``runs`` maps a step count to its run (or a list of
     repeated runs); a model fitted on each run predicts every step count, one row each (``from_steps, steps,
     predicted_ns, measured_ns, error_pct``, ...: :func:`analyze.compute.whatif.validate`). ``baseline``: a run
@@ -296,18 +304,19 @@ def whatif_validation(runs: dict[int, Reports | list[Reports]], baseline: Report
     def one(r: Reports) -> Result:
         return analyze(r, ranges, comm_patterns, **kw)
 
-    analysed = {s: [one(x) for x in r] if isinstance(r, list) else one(r) for s, r in runs.items()}
+    analysed: dict[int, Result | Sequence[Result]] = {
+        s: [one(x) for x in r] if isinstance(r, list) else one(r) for s, r in runs.items()}
     base = one(baseline) if baseline is not None else None
     out = wi.validate(analysed, baseline=base, as_traced=as_traced)
     for r in analysed.values():
-        keep_derived(*(r if isinstance(r, list) else [r]))
+        keep_derived(*([r] if isinstance(r, Result) else r))
     return out
 
 
 def report(reports: Reports, output: str | os.PathLike, vs: Reports | None = None,
-           steps_now: int | None = None, ranges: str | None = None, comm_patterns=None, *,
+           steps_now: int | None = None, ranges: str | None = None, comm_patterns: list[CommPattern] | None = None, *,
            timing: Reports | None = None, unprofiled_cycles_per_s: float | None = None, force: bool = False,
-           baseline: Reports | None = None, **kw) -> Path:
+           baseline: Reports | None = None, **kw: Any) -> Path:
     """Write ``output/index.html``, one self-contained page (tables, inline figures, what-if; the comparison with
     the run ``vs`` first; the probe effect with a graph-level ``timing`` pass); its path. The folder is built beside
     ``output`` and put in its place whole; a folder spectrace did not make is refused unless ``force``
@@ -318,7 +327,7 @@ def report(reports: Reports, output: str | os.PathLike, vs: Reports | None = Non
     res = analyze(reports, ranges, comm_patterns, timing=timing, unprofiled_cycles_per_s=unprofiled_cycles_per_s,
                   **kw)
     other = analyze(vs, ranges, comm_patterns, **kw) if vs is not None else None
-    page = html.write_page(res, output, vs=other, steps_now=steps_now, force=force,
+    page = html.write_page(res, os.fspath(output), vs=other, steps_now=steps_now, force=force,
                            inputs=[*_paths(reports), *(_paths(vs) if vs is not None else []),
                                    *(_paths(timing) if timing is not None else [])])
     keep_derived(res, other)

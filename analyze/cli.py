@@ -12,6 +12,18 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:  # annotations only: the modules load inside main() (below)
+    import argparse
+    from collections.abc import Callable, Iterable
+    from pathlib import Path
+
+    from nvtx_hooks.capture.bounds import Number
+
+    from .model import Diagnostic
+
+__all__ = ["build_parser", "main", "run"]
 
 # Only os and sys (loaded with the interpreter) at import: everything else loads inside main(), where a
 # Ctrl-C is caught, so that the window in which Ctrl-C means a Python traceback is the interpreter's start.
@@ -24,22 +36,22 @@ import sys
 # (``oversize_threshold:0``): jemalloc's default gives those back to the kernel at once, and the columns of a
 # million-row frame are that size, so each step faulted its pages in afresh (10 M cold, medians of 5 same-minute
 # rounds: 0.86 -> 0.61 M page faults, system time 2.4 -> 2.1 s, wall 10.7 -> 10.4 s; peak 1.73-1.94 -> 1.65-1.73 GiB).
-MALLOC_VAR = "_RJEM_MALLOC_CONF"
-MALLOC_CONF = "narenas:1,dirty_decay_ms:2000,muzzy_decay_ms:0,oversize_threshold:0"
+_MALLOC_VAR = "_RJEM_MALLOC_CONF"
+_MALLOC_CONF = "narenas:1,dirty_decay_ms:2000,muzzy_decay_ms:0,oversize_threshold:0"
 # What importing polars writes into the variable (polars/__init__.py): a process started by one that imported
 # polars (a notebook, a script, make bench) inherits it. Not the user's choice, so it does not stop ours.
-POLARS_OWN = frozenset({"dirty_decay_ms:500", "muzzy_decay_ms:1000"})
+_POLARS_OWN = frozenset({"dirty_decay_ms:500", "muzzy_decay_ms:1000"})
 # Verbs that start the user's programs (an SGLang server under nsys): they get the variable as it was
 # (importing polars rewrites it too).
-LAUNCHERS = {"trace", "demo-workload"}
-CYCLES_MAX = 1_000_000_000  # --skip-cycles
-STEPS_MAX = 64  # draft steps (--steps-now, --max-steps): EAGLE drafts a handful; the what-if's work grows with it
+_LAUNCHERS = {"trace", "demo-workload"}
+_CYCLES_MAX = 1_000_000_000  # --skip-cycles
+_STEPS_MAX = 64  # draft steps (--steps-now, --max-steps): EAGLE drafts a handful; the what-if's work grows with it
 
 
 # ---- shared options -----------------------------------------------------------------------------------
 
 
-def _num(kind: type, lo: float, hi: float, lo_open: bool = False):
+def _num(kind: type, lo: float, hi: float, lo_open: bool = False) -> Number:
     """The ``type=`` of a numeric option (:func:`nvtx_hooks.capture.bounds.number`): NaN, infinities and values
     out of ``[lo, hi]`` are one line."""
     from nvtx_hooks.capture.bounds import number
@@ -47,7 +59,7 @@ def _num(kind: type, lo: float, hi: float, lo_open: bool = False):
     return number(kind, lo, hi, lo_open)
 
 
-def add_selection_args(p: argparse.ArgumentParser) -> None:  # noqa: F821 (imported where used)
+def _add_selection_args(p: argparse.ArgumentParser) -> None:
     """Options of every verb that selects phases and classifies communication."""
     p.add_argument("--ranges", metavar="REGEX",
                    help="NVTX ranges that are phases (searched in 'text' and 'domain:text'); "
@@ -58,17 +70,17 @@ def add_selection_args(p: argparse.ArgumentParser) -> None:  # noqa: F821 (impor
                    help="file of FAMILY=REGEX lines to add to the communication table")
 
 
-def add_common_args(p: argparse.ArgumentParser, formats: tuple[str, ...], format_help: str) -> None:  # noqa: F821
+def _add_common_args(p: argparse.ArgumentParser, formats: tuple[str, ...], format_help: str) -> None:
     """The options of every verb that reads captures, with one meaning each: ``-q``, ``--format``, ``--ranges``,
-    ``--comm-pattern(s-file)``, ``--skip-cycles``/``--window`` (and, via :func:`add_source_args`, where the rows
+    ``--comm-pattern(s-file)``, ``--skip-cycles``/``--window`` (and, via :func:`_add_source_args`, where the rows
     live)."""
     p.add_argument("--format", choices=formats, default=formats[0], help=format_help)
     p.add_argument("-q", "--quiet", action="store_true", help="no diagnostics, notes or progress bar on stderr")
-    add_selection_args(p)
-    add_steady_args(p)
+    _add_selection_args(p)
+    _add_steady_args(p)
 
 
-def add_source_args(p: argparse.ArgumentParser) -> None:  # noqa: F821
+def _add_source_args(p: argparse.ArgumentParser) -> None:
     """Where the rows live and how several reports run: the same for every analysis verb."""
     import argparse
 
@@ -82,10 +94,10 @@ def add_source_args(p: argparse.ArgumentParser) -> None:  # noqa: F821
                    help="parallel processes for several reports (default: one per CPU)")
 
 
-def add_steady_args(p: argparse.ArgumentParser) -> None:  # noqa: F821
+def _add_steady_args(p: argparse.ArgumentParser) -> None:
     """Which decode cycles the headline numbers use (README: *Steady state*)."""
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--skip-cycles", type=_num(int, 0, CYCLES_MAX), metavar="N",
+    g.add_argument("--skip-cycles", type=_num(int, 0, _CYCLES_MAX), metavar="N",
                    help="leave out exactly the first N cycles of each rank (0: the whole run); default: warm-up "
                         "and rare stalls are detected and left out (slower cycles that recur are kept and "
                         "described), and the output says how many and why")
@@ -94,7 +106,7 @@ def add_steady_args(p: argparse.ArgumentParser) -> None:  # noqa: F821
                         "first GPU op lies in a time range on the capture's clock (e.g. 1.5s:3s; ns, us, ms, s)")
 
 
-def add_timing_args(p: argparse.ArgumentParser) -> None:  # noqa: F821
+def _add_timing_args(p: argparse.ArgumentParser) -> None:
     """Options of the verbs that take a two-pass capture (``spectrace trace --passes graph,node``)."""
     p.add_argument("--timing", metavar="GRAPH", nargs="+",
                    help="a graph-level pass of the same workload (REPORT being the node-level pass): phase spans, "
@@ -105,7 +117,7 @@ def add_timing_args(p: argparse.ArgumentParser) -> None:  # noqa: F821
                         "from it (default: the plain pass recorded beside a --passes capture)")
 
 
-def _options(a) -> dict:
+def _options(a: argparse.Namespace) -> dict[str, Any]:
     """Keyword arguments of the analysis functions from the shared options."""
     from .compute.comm_patterns import load_patterns
 
@@ -122,7 +134,7 @@ def _options(a) -> dict:
     return out
 
 
-def _inputs(a) -> list:
+def _inputs(a: argparse.Namespace) -> list[str]:
     """Every report a verb reads (``--baseline`` and ``--timing`` ones too): outputs must be none of them."""
     base = getattr(a, "baseline", None) or getattr(a, "vs", None) or []
     return [*a.report, *([base] if isinstance(base, str) else base), *(getattr(a, "timing", None) or []),
@@ -143,14 +155,14 @@ def _out(text: str) -> None:
         raise InputError(f"cannot write to standard output ({e.strerror or e})", "BAD_OUTPUT") from None
 
 
-def _warn(diagnostics, quiet: bool) -> None:
+def _warn(diagnostics: Iterable[Diagnostic], quiet: bool) -> None:
     if not quiet:
         for d in diagnostics:
             if d.level != "info":
                 print(f"spectrace: {d.level}: {d.code}: {d.message}", file=sys.stderr)
 
 
-REPORTS_HELP = ("nsys SQLite export(s) (`nsys export --type sqlite`, opened read-only) or parquetdir/arrowdir "
+_REPORTS_HELP = ("nsys SQLite export(s) (`nsys export --type sqlite`, opened read-only) or parquetdir/arrowdir "
                 "exports; several (one per node or rank) are analysed in parallel and merged, ranks numbered "
                 "across them")
 
@@ -158,7 +170,7 @@ REPORTS_HELP = ("nsys SQLite export(s) (`nsys export --type sqlite`, opened read
 # ---- analysis verbs -----------------------------------------------------------------------------------
 
 
-def run_analyze(a) -> int:
+def _run_analyze(a: argparse.Namespace) -> int:
     from .api import analyze, keep_derived
     from .compute.findings import find
     from .output import data, text
@@ -197,7 +209,7 @@ def run_analyze(a) -> int:
     return 0
 
 
-def run_comm(a) -> int:
+def _run_comm(a: argparse.Namespace) -> int:
     from .api import comm
     from .output import data, text
 
@@ -210,7 +222,7 @@ def run_comm(a) -> int:
     return 0
 
 
-def run_report(a) -> int:
+def _run_report(a: argparse.Namespace) -> int:
     from .api import report
     from .output.targets import check_report_folder
 
@@ -221,14 +233,14 @@ def run_report(a) -> int:
                   "removed in the next release", file=sys.stderr)
     a.baseline = None
     if a.output is None:
-        a.output = default_report_folder(a.report[0])
+        a.output = _default_report_folder(a.report[0])
     check_report_folder(a.output, _inputs(a), a.force)  # before the analysis
     page = report(a.report, a.output, vs=a.vs, steps_now=a.steps_now, force=a.force, **_options(a))
     print(f"spectrace: wrote {page}", file=sys.stderr)
     return 0
 
 
-def default_report_folder(report) -> str:
+def _default_report_folder(report: str | os.PathLike) -> str:
     """``report``'s default ``-o``: ``NAME_report`` beside ``NAME.sqlite`` (or the parquetdir/arrowdir)."""
     from pathlib import Path
 
@@ -238,7 +250,7 @@ def default_report_folder(report) -> str:
     return str(p.with_name(f"{stem}_report"))
 
 
-def run_compare(a) -> int:
+def _run_compare(a: argparse.Namespace) -> int:
     from .api import compare
     from .model import InputError
     from .output import data, text
@@ -262,7 +274,7 @@ def run_compare(a) -> int:
     return 0
 
 
-def run_whatif(a) -> int:
+def _run_whatif(a: argparse.Namespace) -> int:
     from .api import whatif
     from .compute.whatif import to_dict
     from .output import data, text
@@ -288,7 +300,7 @@ def run_whatif(a) -> int:
 # ---- hooks and capture verbs --------------------------------------------------------------------------
 
 
-def _installed_sglang() -> Path | None:  # noqa: F821
+def _installed_sglang() -> Path | None:
     """Directory holding the installed sglang package, found without importing it."""
     import importlib.util
     from pathlib import Path
@@ -302,7 +314,7 @@ def _installed_sglang() -> Path | None:  # noqa: F821
     return Path(list(spec.submodule_search_locations)[0]).parent
 
 
-def run_hooks_check(a) -> int:
+def _run_hooks_check(a: argparse.Namespace) -> int:
     """0 if every hook target is present and unchanged in the SGLang tree, 1 otherwise."""
     from nvtx_hooks.check import FetchError, check_tree, fetch_sglang
 
@@ -331,7 +343,7 @@ def run_hooks_check(a) -> int:
 # ---- the parser -----------------------------------------------------------------------------------------
 
 
-def did_you_mean(parser, message: str, argv: list[str] | None) -> str:
+def _did_you_mean(parser: argparse.ArgumentParser, message: str, argv: list[str] | None) -> str:
     """``"; did you mean X?"`` for a usage error naming a mistyped verb or option (the closest of the verb's own
     options), else ``""``."""
     import difflib
@@ -356,7 +368,7 @@ def did_you_mean(parser, message: str, argv: list[str] | None) -> str:
     return f"; did you mean {', '.join(out)}?" if out else ""
 
 
-def _subparsers(parser) -> dict:
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
     import argparse
 
     for a in parser._actions:
@@ -365,7 +377,16 @@ def _subparsers(parser) -> dict:
     return {}
 
 
-def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:  # noqa: F821
+def _usage(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    """The ``func`` of a verb given without its action: its help, exit 2."""
+    def show(a: argparse.Namespace) -> int:
+        p.print_help()
+        return 2
+
+    return show
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     import argparse
     from pathlib import Path
 
@@ -373,9 +394,11 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:  # n
 
     from . import __version__
 
+    parser: argparse.ArgumentParser  # (the top-level parser, made below: its errors name its verbs)
+
     class Parser(argparse.ArgumentParser):
-        def error(self, message: str):  # one line (not the usage), exit 2, as for every other bad input
-            print(f"spectrace: error: {' '.join(message.split())}{did_you_mean(parser, message, argv)}",
+        def error(self, message: str) -> NoReturn:  # one line (not the usage), exit 2, as for every other bad input
+            print(f"spectrace: error: {' '.join(message.split())}{_did_you_mean(parser, message, argv)}",
                   file=sys.stderr)
             raise SystemExit(2)
 
@@ -389,8 +412,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:  # n
     p = sub.add_parser("analyze", help="per-rank, per-phase compute / comm / idle of an nsys SQLite export",
                        description="Attribute GPU time to NVTX phases: span = compute + comm + idle, "
                                    "plus seams between phases and NVIDIA-style projections.")
-    p.add_argument("report", nargs="+", help=REPORTS_HELP)
-    add_common_args(p, ("table", "json", "csv"), "table: text for people (default); json: every table and the "
+    p.add_argument("report", nargs="+", help=_REPORTS_HELP)
+    _add_common_args(p, ("table", "json", "csv"), "table: text for people (default); json: every table and the "
                                                  "findings; csv: one table (--table, default phases)")
     p.add_argument("--table", metavar="NAME",
                    help="print only this table, in the chosen format: phases, ranges, seams, ranks, coverage, "
@@ -401,26 +424,26 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:  # n
     p.add_argument("--top", type=_num(int, 1, 10_000), default=5, metavar="N", help="with --table kernels as text: operations per "
                                                                    "phase (default 5)")
     p.add_argument("--db", metavar="RESULTS.db", help="also write every result table into this SQLite file")
-    add_timing_args(p)
-    add_source_args(p)
-    p.set_defaults(func=run_analyze)
+    _add_timing_args(p)
+    _add_source_args(p)
+    p.set_defaults(func=_run_analyze)
 
     p = sub.add_parser("comm", help="cross-rank communication: wait vs transfer per phase and rank, stragglers",
                        description="Match each collective kernel across ranks (the k-th kernel of a name in the "
                                    "k-th instance of a phase), split its time into waiting for the last rank and "
                                    "transfer, and name the rank that arrives last. Several reports (one per node "
                                    "or rank) are aligned by utcEpochNs, then by collective end times.")
-    p.add_argument("report", nargs="+", help=REPORTS_HELP)
-    add_common_args(p, ("table", "json"), "table: text for people (default); json: the collectives, stragglers, "
+    p.add_argument("report", nargs="+", help=_REPORTS_HELP)
+    _add_common_args(p, ("table", "json"), "table: text for people (default); json: the collectives, stragglers, "
                                           "clock and matching")
-    add_source_args(p)
-    p.set_defaults(func=run_comm)
+    _add_source_args(p)
+    p.set_defaults(func=_run_comm)
 
     p = sub.add_parser("report", help="HTML report (tables and figures) of an nsys SQLite export",
                        description="Write DIR/index.html, one self-contained page (figures inline): the comparison's "
                                    "verdict first with --vs, the cycle budget and ranked findings, then the "
                                    "per-phase tables, figures, stragglers and the what-if model.")
-    p.add_argument("report", nargs="+", help=REPORTS_HELP)
+    p.add_argument("report", nargs="+", help=_REPORTS_HELP)
     p.add_argument("--vs", metavar="OTHER", nargs="+",
                    help="another run to compare with (A = OTHER, B = this report); several exports for a "
                         "multi-node run")
@@ -432,12 +455,12 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:  # n
     p.add_argument("-f", "--force", action="store_true",
                    help="write into a folder spectrace did not make (files of the same names are replaced, its "
                         "other files kept)")
-    p.add_argument("--steps-now", type=_num(int, 1, STEPS_MAX), metavar="N",
+    p.add_argument("--steps-now", type=_num(int, 1, _STEPS_MAX), metavar="N",
                    help="draft steps of this trace (default: its manifest, else inferred from the trace)")
-    add_common_args(p, ("html",), "html: DIR/index.html, the only format of a report (JSON: analyze --format json)")
-    add_timing_args(p)
-    add_source_args(p)
-    p.set_defaults(func=run_report)
+    _add_common_args(p, ("html",), "html: DIR/index.html, the only format of a report (JSON: analyze --format json)")
+    _add_timing_args(p)
+    _add_source_args(p)
+    p.set_defaults(func=_run_report)
 
     p = sub.add_parser("compare", help="phase-by-phase time per cycle (and per token) of two runs, B − A, "
                                        "split into compute / comm / idle, with a noise-aware verdict",
@@ -448,29 +471,29 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:  # n
                                    "over cycles. `compare A B`, or `compare A1 A2 --vs B1 B2` for multi-node runs.")
     p.add_argument("a", nargs="+", metavar="A", help="run A (e.g. the baseline); with --vs, all of A's exports")
     p.add_argument("--vs", nargs="+", metavar="B", help="run B's exports (when A or B has several)")
-    add_common_args(p, ("table", "json"), "table: text for people (default); json: every row, per rank, "
+    _add_common_args(p, ("table", "json"), "table: text for people (default); json: every row, per rank, "
                                           "kernels, verdict")
     p.add_argument("--fail-if-slower", type=_num(float, 0, 1e6), metavar="PCT",
                    help="exit 1 when B is slower than A by more than PCT %% (the cycle period over every steady "
                         "cycle; per token when the runs make different numbers of tokens per cycle) and the 95 %% "
                         "bootstrap interval excludes no change: a CI gate")
-    add_source_args(p)
-    p.set_defaults(func=run_compare)
+    _add_source_args(p)
+    p.set_defaults(func=_run_compare)
 
     p = sub.add_parser("whatif", help="predict cycle time and tokens/s for 1..10 draft steps from one trace",
                        description="Fit per-phase costs on one EAGLE trace and predict other step counts by "
                                    "replaying each cycle on the trace's CPU and GPU timelines (assumptions: "
                                    "--explain, analyze/compute/whatif.py and the README).")
-    p.add_argument("report", nargs="+", help=REPORTS_HELP)
-    p.add_argument("--steps-now", type=_num(int, 1, STEPS_MAX), metavar="N",
+    p.add_argument("report", nargs="+", help=_REPORTS_HELP)
+    p.add_argument("--steps-now", type=_num(int, 1, _STEPS_MAX), metavar="N",
                    help="draft steps of this trace (default: its manifest, else inferred from the trace)")
     p.add_argument("--baseline", metavar="OTHER", help="a decode_step (no speculation) export: calibrates how "
                                                        "verify cost grows with verified tokens")
     p.add_argument("--acceptance", type=_num(float, 0, 1), metavar="ALPHA",
                    help="per-token acceptance probability (default: fitted on the accept-length payload)")
-    p.add_argument("--max-steps", type=_num(int, 1, STEPS_MAX), default=10, metavar="N",
+    p.add_argument("--max-steps", type=_num(int, 1, _STEPS_MAX), default=10, metavar="N",
                    help="predict 1..N draft steps (default %(default)s)")
-    add_common_args(p, ("table", "json"), "table: text for people (default); json: predictions, best step count "
+    _add_common_args(p, ("table", "json"), "table: text for people (default); json: predictions, best step count "
                                           "and the model")
     p.add_argument("--explain", action="store_true",
                    help="also print the model's assumptions, with this trace's numbers (JSON: model.assumptions)")
@@ -488,9 +511,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:  # n
                    help="write the best draft steps per batch size (the what-if per segment) as the JSON that "
                         "SGLang's --speculative-adaptive-config reads: tiers of batch sizes, candidate steps the "
                         "best and the current one")
-    add_timing_args(p)
-    add_source_args(p)
-    p.set_defaults(func=run_whatif)
+    _add_timing_args(p)
+    _add_source_args(p)
+    p.set_defaults(func=_run_whatif)
 
     p = sub.add_parser("hooks", help="NVTX hooks for SGLang: verify targets")
     hs = p.add_subparsers(dest="hooks_command", metavar="ACTION")
@@ -500,8 +523,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:  # n
                                   "read; with only --version, that wheel is fetched from PyPI into the cache.")
     c.add_argument("--sglang-root", type=Path, help="directory containing sglang/ (or the sglang package dir)")
     c.add_argument("--version", help="SGLang version of the tree (default: read from the tree)")
-    c.set_defaults(func=run_hooks_check)
-    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+    c.set_defaults(func=_run_hooks_check)
+    p.set_defaults(func=_usage(p))
 
     p = sub.add_parser("trace", help="profile a command under nsys and export SQLite + manifest",
                        description=nsys.__doc__.split("\n\n")[1])
@@ -553,9 +576,9 @@ def _main(argv: list[str] | None) -> int:
     if bad:
         print(f"spectrace: error: {bad}", file=sys.stderr)
         return 2
-    user_malloc = os.environ.get(MALLOC_VAR)
-    if user_malloc is None or set(user_malloc.split(",")) <= POLARS_OWN:
-        os.environ[MALLOC_VAR] = MALLOC_CONF
+    user_malloc = os.environ.get(_MALLOC_VAR)
+    if user_malloc is None or set(user_malloc.split(",")) <= _POLARS_OWN:
+        os.environ[_MALLOC_VAR] = _MALLOC_CONF
     from nvtx_hooks.capture import CaptureError
 
     from .model import InputError
@@ -565,11 +588,11 @@ def _main(argv: list[str] | None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help, --version, or a usage error (one line said so)
         return e.code if isinstance(e.code, int) else 2
-    if getattr(args, "subcommand", None) in LAUNCHERS:  # polars, already loaded, keeps its own setting
+    if getattr(args, "subcommand", None) in _LAUNCHERS:  # polars, already loaded, keeps its own setting
         if user_malloc is None:
-            os.environ.pop(MALLOC_VAR, None)
+            os.environ.pop(_MALLOC_VAR, None)
         else:
-            os.environ[MALLOC_VAR] = user_malloc
+            os.environ[_MALLOC_VAR] = user_malloc
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -7,25 +7,24 @@ No computation lives here; every other module of :mod:`analyze` may import this 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import polars as pl
 
 from . import __version__
 
-__all__ = ["PHASE_SUMS", "RANGE_SUMS", "OP_KIND", "MARKS_SCHEMA", "SEAM_CAUSES", "SYNC_API", "GRAPH_LAUNCH",
-           "KEPT_API", "SEAM_SUMS", "InputError", "Diagnostic", "Trace", "bound_expr", "sum_over_ranks", "Result",
-           "CommResult"]
+__all__ = ["OP_KIND", "MARKS_SCHEMA", "SEAM_CAUSES", "SYNC_API", "GRAPH_LAUNCH", "KEPT_API", "InputError",
+           "Diagnostic", "Trace", "bound_expr", "WindowReader", "Result", "CommResult"]
 
 # Sums over ranks: the columns of each per-rank table that add up (the first one orders the rows).
-PHASE_SUMS = ("span_ns", "busy_ns", "compute_ns", "comm_ns", "idle_ns", "kernel_ns", "ops", "launches",
+_PHASE_SUMS = ("span_ns", "busy_ns", "compute_ns", "comm_ns", "idle_ns", "kernel_ns", "ops", "launches",
               "gpu_idle_ns", "instances", "comm_wait_ns", "comm_transfer_ns", "launch_api_ns", "host_wait_ns", "syncs")
-RANGE_SUMS = ("proj_span_ns", "instances", "range_instances", "ops", "launches", "busy_ns", "comm_ns", "idle_ns",
+_RANGE_SUMS = ("proj_span_ns", "instances", "range_instances", "ops", "launches", "busy_ns", "comm_ns", "idle_ns",
               "range_ns")
 # The kinds of GPU operation (``Trace.ops.kind``): an Enum, one byte a row instead of a string.
 OP_KIND = pl.Enum(["kernel", "memcpy", "memset", "graph"])
-MARKS_SCHEMA = {"pid": pl.Int64, "gtid": pl.Int64, "time": pl.Int64, "domain": pl.String, "mark": pl.String,
-                "uint64": pl.Int64, "int64": pl.Int64}
+MARKS_SCHEMA = pl.Schema({"pid": pl.Int64, "gtid": pl.Int64, "time": pl.Int64, "domain": pl.String,
+                          "mark": pl.String, "uint64": pl.Int64, "int64": pl.Int64})
 # Why the GPU waited at a seam (analyze.compute.host): the next phase's first op was queued in time (gpu), its
 # launch call returned after the earlier work ended (launch), or the launch began after it (host).
 SEAM_CAUSES = ("gpu", "launch", "host")
@@ -39,7 +38,7 @@ GRAPH_LAUNCH = r"^(cudaGraphLaunch|cuGraphLaunch)"
 # The rest are read only for what the analysis needs of them: each process's first call (its capture window), and
 # any call that launched a GPU operation after all (a launcher this pattern misses).
 KEPT_API = rf"{SYNC_API}|{GRAPH_LAUNCH}|^(cuda|cu)(Launch|GraphLaunch|Memcpy|Memset)"
-SEAM_SUMS = ("idle_ns", "gap_ns", "busy_ns", "overlap_ns", "instances",
+_SEAM_SUMS = ("idle_ns", "gap_ns", "busy_ns", "overlap_ns", "instances",
              *(f"{c}_bound_{k}" for c in SEAM_CAUSES for k in ("ns", "inst")), "launch_block_ns", "host_late_ns")
 
 
@@ -50,7 +49,7 @@ class InputError(Exception):
         super().__init__(message)
         self.code = code
 
-    def __reduce__(self):  # keeps the code when raised in a worker process
+    def __reduce__(self) -> tuple[type[InputError], tuple[str, str]]:  # keeps the code when raised in a worker
         return (type(self), (str(self), self.code))
 
 
@@ -134,7 +133,7 @@ def bound_expr() -> pl.Expr:
     return pl.when(pl.max_horizontal(*n.values()) > 0).then(pick).alias("bound")
 
 
-def sum_over_ranks(per_rank: pl.DataFrame, keys: list[str], sums: tuple[str, ...]) -> pl.DataFrame:
+def _sum_over_ranks(per_rank: pl.DataFrame, keys: list[str], sums: tuple[str, ...]) -> pl.DataFrame:
     """Sum a per-rank table over ranks (``ranks`` = how many ranks had the row)."""
     have = [c for c in sums if c in per_rank.columns]
     # a column null on every rank (a refused split) stays null rather than summing to 0
@@ -144,6 +143,17 @@ def sum_over_ranks(per_rank: pl.DataFrame, keys: list[str], sums: tuple[str, ...
              *[pl.when(pl.col(c).is_not_null().any()).then(pl.col(c).sum()).alias(c) for c in have])
         .sort(have[0], *keys, descending=[True] + [False] * len(keys))
     )
+
+
+@runtime_checkable
+class WindowReader(Protocol):
+    """Reads the GPU operations of a time window again, when asked (``Result.window``): ``rank, start, end, kind,
+    comm``, sorted by start. :class:`analyze.read.source.OpsWindow` (one report, from its store or the export)
+    and :class:`analyze.read.source.ManyWindows` (merged reports) implement it."""
+
+    def __call__(self, t0: int, t1: int) -> pl.DataFrame:
+        """The operations overlapping ``[t0, t1)`` (ns, on the result's clock)."""
+        ...
 
 
 @dataclass
@@ -181,7 +191,7 @@ class Result:
     diagnostics: list[Diagnostic] = field(default_factory=list)
     reports: list[str] = field(default_factory=list)
     clock: dict[str, Any] = field(default_factory=dict)
-    window: Any = field(default=None, repr=False)  # reads ops by time window: analyze.read.source.OpsWindow
+    window: WindowReader | None = field(default=None, repr=False)  # reads ops by time window, when asked
     kernels: pl.DataFrame | None = None
     cycle_choice: dict[str, Any] = field(default_factory=dict)
     memo: dict[str | tuple[str, ...], Any] = field(default_factory=dict, repr=False)
@@ -207,15 +217,15 @@ class Result:
 
     @property
     def phases_all(self) -> pl.DataFrame:
-        return sum_over_ranks(self.phases, ["domain", "phase"], PHASE_SUMS)
+        return _sum_over_ranks(self.phases, ["domain", "phase"], _PHASE_SUMS)
 
     @property
     def ranges_all(self) -> pl.DataFrame:
-        return sum_over_ranks(self.ranges, ["domain", "range"], RANGE_SUMS)
+        return _sum_over_ranks(self.ranges, ["domain", "range"], _RANGE_SUMS)
 
     @property
     def seams_all(self) -> pl.DataFrame:
-        out = sum_over_ranks(self.seams, ["parent", "from", "to"], SEAM_SUMS)
+        out = _sum_over_ranks(self.seams, ["parent", "from", "to"], _SEAM_SUMS)
         return out.with_columns(bound_expr()) if "gpu_bound_inst" in out.columns else out
 
     def ops_between(self, t0: int, t1: int) -> pl.DataFrame:
@@ -231,7 +241,7 @@ class Result:
     def to_dict(self) -> dict[str, Any]:
         """The JSON document (keys documented in the README)."""
         cov = self.coverage
-        d = {
+        d: dict[str, Any] = {
             "spectrace_version": __version__,
             "report": self.trace.path,
             "nsys_version": self.trace.nsys_version,

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import sys
 
+__all__ = ["run"]
+
 
 def run() -> None:
     """Install the hooks if ``SPECTRACE_HOOKS=1``; never raises."""

@@ -16,6 +16,8 @@ import platform
 import sys
 import time
 
+__all__ = ["main"]
+
 
 def _time(fn, n: int, repeat: int) -> float:
     """Best ns per call of ``fn(n)`` over ``repeat`` runs."""

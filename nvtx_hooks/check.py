@@ -24,7 +24,9 @@ from pathlib import Path
 
 from .targets import ACCEPT, ANY, STANDALONE, Target, parse_version, supported, targets_for
 
-OK, ABSENT_OPTIONAL = "ok", "absent (optional)"
+__all__ = ["Finding", "Report", "detect_version", "check_tree", "cache_dir", "FetchError", "fetch_sglang"]
+
+_OK, _ABSENT_OPTIONAL = "ok", "absent (optional)"
 
 
 @dataclass
@@ -39,7 +41,7 @@ class Finding:
     @property
     def failed(self) -> bool:
         """True if this finding makes the check fail."""
-        return self.status not in (OK, ABSENT_OPTIONAL)
+        return self.status not in (_OK, _ABSENT_OPTIONAL)
 
 
 @dataclass
@@ -71,7 +73,7 @@ class Report:
         return out
 
 
-def package_root(path: Path) -> Path:
+def _package_root(path: Path) -> Path:
     """The directory that contains ``sglang/`` (accepts that directory or ``.../sglang`` itself)."""
     path = Path(path)
     if (path / "sglang" / "srt").is_dir():
@@ -85,7 +87,7 @@ def package_root(path: Path) -> Path:
 
 def detect_version(root: Path) -> str | None:
     """The SGLang version of a source tree, read from its files (None if not stated)."""
-    root = package_root(root)
+    root = _package_root(root)
     pat = re.compile(r"""^__version__\s*(?::[^=]*)?=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.M)
     for name in ("version.py", "_version.py"):
         p = root / "sglang" / name
@@ -172,7 +174,8 @@ class _Trees:
             try:
                 self._cache[module] = ast.parse(p.read_text(errors="replace"), str(p)) if p.is_file() else None
             except (SyntaxError, ValueError) as e:
-                where = f", line {e.lineno}" if getattr(e, "lineno", None) else ""
+                line = getattr(e, "lineno", None)  # (a SyntaxError's)
+                where = f", line {line}" if line else ""
                 msg = getattr(e, "msg", None) or str(e)
                 raise ValueError(f"{p}: cannot be parsed as Python ({msg}{where}); is this an SGLang source tree "
                                  "as released?") from None
@@ -183,16 +186,16 @@ def _check_target(trees: _Trees, t: Target) -> Finding:
     """The finding for one target row."""
     tree = trees.get(t.module)
     if tree is None:
-        return Finding(t.qualname, ABSENT_OPTIONAL if t.optional else "missing module",
+        return Finding(t.qualname, _ABSENT_OPTIONAL if t.optional else "missing module",
                        str(_module_file(Path(""), t.module)))
     cls = _classes(tree).get(t.cls)
     if cls is None:
-        return Finding(t.qualname, ABSENT_OPTIONAL if t.optional else "missing class")
+        return Finding(t.qualname, _ABSENT_OPTIONAL if t.optional else "missing class")
     methods = _methods(cls)
     name = next((m for m in t.methods if m in methods), None)
     if name is None:
         alts = " / ".join(t.methods)
-        return Finding(t.qualname, ABSENT_OPTIONAL if t.optional else "missing method", f"none of {alts}")
+        return Finding(t.qualname, _ABSENT_OPTIONAL if t.optional else "missing method", f"none of {alts}")
     fn = methods[name]
     what = f"{t.module}.{t.cls}.{name}"
     bad = _check_params(fn, t.params)
@@ -205,8 +208,8 @@ def _check_target(trees: _Trees, t: Target) -> Finding:
         if not (_assigned(fn, obj) & set(t.assigns)):
             return Finding(what, "changed body", f"assigns none of {obj}.{' / '.join(t.assigns)}", fn.lineno)
     if t.kind == ACCEPT:
-        return Finding(what, OK, f"mark {t.phase} reads {t.assigns[0]}", fn.lineno)
-    return Finding(what, OK, f"range {t.phase}", fn.lineno)
+        return Finding(what, _OK, f"mark {t.phase} reads {t.assigns[0]}", fn.lineno)
+    return Finding(what, _OK, f"range {t.phase}", fn.lineno)
 
 
 def _check_standalone(trees: _Trees, targets: list[Target]) -> list[Finding]:
@@ -223,13 +226,13 @@ def _check_standalone(trees: _Trees, targets: list[Target]) -> list[Finding]:
         if over:
             out.append(Finding(what, "overrides patched method", ", ".join(over), cls.lineno))
         else:
-            out.append(Finding(what, OK, f"inherits the {base} patches", cls.lineno))
+            out.append(Finding(what, _OK, f"inherits the {base} patches", cls.lineno))
     return out
 
 
 def check_tree(root: Path, version: str | None = None) -> Report:
     """Verify every target that applies to the SGLang tree at ``root``."""
-    root = package_root(root)
+    root = _package_root(root)
     version = version or detect_version(root)
     if not version:
         raise ValueError(f"{root}: cannot tell the SGLang version; pass --version")

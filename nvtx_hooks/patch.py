@@ -22,6 +22,7 @@ import logging
 import os
 import sys
 import threading
+from typing import TYPE_CHECKING, Any
 
 from . import ranges
 from .phases import encode_payload
@@ -37,6 +38,13 @@ from .targets import (
     supported,
     targets_for,
 )
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
+
+__all__ = ["log", "TAG", "sglang_version", "install", "uninstall", "patched", "installed"]
 
 log = logging.getLogger("spectrace.hooks")
 
@@ -91,14 +99,14 @@ def _compiling() -> bool:
 # --- reading the batch (host-side attributes only) --------------------------------------------
 
 
-def _batch_arg(args: tuple, kwargs: dict):
+def _batch_arg(args: tuple, kwargs: dict) -> Any:
     """The batch passed to a worker method (positional after self, or by keyword)."""
     if len(args) > 1:
         return args[1]
     return kwargs.get("batch", kwargs.get("model_worker_batch"))
 
 
-def _batch_size(b) -> int:
+def _batch_size(b: Any) -> int:
     """Requests in a ScheduleBatch/ModelWorkerBatch: ``len(reqs)`` or the seq_lens shape, never a sync."""
     reqs = getattr(b, "reqs", None)
     if reqs is not None:
@@ -110,7 +118,7 @@ def _batch_size(b) -> int:
     return int(shape[0]) if shape else len(sl)
 
 
-def _is_prefill(b) -> bool:
+def _is_prefill(b: Any) -> bool:
     """True for an extend (prefill) batch, as SGLang's own worker branches decide."""
     if getattr(b, "is_extend_in_batch", False):
         return True
@@ -118,12 +126,12 @@ def _is_prefill(b) -> bool:
     return bool(fm is not None and fm.is_extend())
 
 
-def _arg(args: tuple, kwargs: dict, i: int, name: str):
+def _arg(args: tuple, kwargs: dict, i: int, name: str) -> Any:
     """Parameter ``i`` (after self, i >= 1) of a method call, positional or by keyword."""
     return args[i] if len(args) > i else kwargs.get(name)
 
 
-def _accepted(result, attrs: tuple[str, ...]) -> int:
+def _accepted(result: Any, attrs: tuple[str, ...]) -> int:
     """The accepted-draft count SGLang's own call stored on ``result`` (a host int; never a tensor read)."""
     for a in attrs:
         v = getattr(result, a, None)
@@ -132,7 +140,7 @@ def _accepted(result, attrs: tuple[str, ...]) -> int:
     raise TypeError(f"{type(result).__name__} has no int {' / '.join(attrs)} after the call")
 
 
-def _accept_from_verify(result) -> int | None:
+def _accept_from_verify(result: Any) -> int | None:
     """Sum of accepted draft tokens if verify already put them on the host (v1: a list)."""
     if isinstance(result, tuple) and len(result) >= 2:
         acc = getattr(result[1], "accept_length_per_req_cpu", None)
@@ -151,11 +159,11 @@ def _report_error(where: str, e: BaseException) -> None:
         log.warning("spectrace hooks: error in %s (ignored, further ones silent): %r", where, e)
 
 
-def _make_wrapper(orig, t: Target):
+def _make_wrapper(orig: Callable[..., Any], t: Target) -> Callable[..., Any]:
     """A function that runs ``orig`` inside the range ``t`` describes."""
     phase, kind, site, tags = t.phase, t.kind, t.qualname, t.tags_result
 
-    def _open(args, kwargs):
+    def _open(args: tuple, kwargs: dict) -> tuple[bool, int | None]:
         """Push the range; returns (pushed, tag): pushed means it must be popped, tag is the cycle
         index to attach to the result (an entry that opened a decode cycle, ``tags_result`` rows)."""
         if _compiling():
@@ -190,7 +198,7 @@ def _make_wrapper(orig, t: Target):
         st.append(name)
         return True, tag
 
-    def _close():
+    def _close() -> None:
         try:
             _tls.stack.pop()
         finally:
@@ -203,7 +211,7 @@ def _make_wrapper(orig, t: Target):
         attrs = t.assigns
 
         @functools.wraps(orig)
-        def wrapper(*args, **kwargs):
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
             out = orig(*args, **kwargs)  # raises through: nothing was opened
             if not r._on:
                 return out
@@ -221,7 +229,7 @@ def _make_wrapper(orig, t: Target):
     elif kind == PHASE:  # the common case, kept short: fixed name, no payload
 
         @functools.wraps(orig)
-        def wrapper(*args, **kwargs):
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
             if not r._on:  # ranges off (no NVTX tool attached, or switched off): just the call
                 return orig(*args, **kwargs)
             st = tls.stack
@@ -245,7 +253,7 @@ def _make_wrapper(orig, t: Target):
     else:
 
         @functools.wraps(orig)
-        def wrapper(*args, **kwargs):
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
             if not r._on:
                 return orig(*args, **kwargs)
             try:
@@ -274,15 +282,15 @@ def _make_wrapper(orig, t: Target):
                     _report_error(site + " (tag)", e)
             return result
 
-    wrapper.__spectrace_wrapped__ = orig
-    wrapper.__spectrace_target__ = t
+    # what was wrapped, and by which target (uninstall puts the original back): attributes of the function object
+    wrapper.__dict__.update(__spectrace_wrapped__=orig, __spectrace_target__=t)
     return wrapper
 
 
 # --- applying targets -------------------------------------------------------------------------
 
 
-def _apply_module(module, targets: list[Target]) -> list[str]:
+def _apply_module(module: ModuleType, targets: list[Target]) -> list[str]:
     """Patch the targets of one imported module; returns ``Class.method`` names patched."""
     done = []
     for t in targets:
@@ -312,7 +320,7 @@ def _apply_module(module, targets: list[Target]) -> list[str]:
     return done
 
 
-def _on_import(fullname: str, module) -> None:
+def _on_import(fullname: str, module: ModuleType) -> None:
     """Called right after a target module finished executing."""
     with _lock:
         targets = _pending.pop(fullname, None)
@@ -327,20 +335,20 @@ def _on_import(fullname: str, module) -> None:
 class _Loader(importlib.abc.Loader):
     """Delegates to the real loader, then patches the freshly executed module."""
 
-    def __init__(self, inner, fullname: str):
+    def __init__(self, inner: importlib.abc.Loader, fullname: str) -> None:
         self._inner, self._fullname = inner, fullname
 
-    def create_module(self, spec):
+    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
         return self._inner.create_module(spec)
 
-    def exec_module(self, module):
+    def exec_module(self, module: ModuleType) -> None:
         self._inner.exec_module(module)
         try:
             _on_import(self._fullname, module)
         except Exception as e:
             _report_error(f"import hook {self._fullname}", e)
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
 
@@ -350,7 +358,8 @@ class _Finder(importlib.abc.MetaPathFinder):
     def __init__(self) -> None:
         self._busy = threading.local()
 
-    def find_spec(self, fullname, path, target=None):
+    def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+                  ) -> ModuleSpec | None:
         if fullname not in _pending or getattr(self._busy, "on", False):
             return None
         self._busy.on = True

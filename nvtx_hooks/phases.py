@@ -10,6 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+__all__ = ["DOMAIN", "Phase", "CYCLE", "DRAFT", "VERIFY", "DRAFT_EXTEND", "HOST", "PREFILL", "PREFILL_TARGET",
+           "PREFILL_DRAFT_EXTEND", "DECODE_STEP", "ACCEPT", "PHASES", "NAMES", "MARKS", "EMITTED", "CYCLE_ORDER",
+           "SEAM_COLOR", "IDLE_COLOR", "COMM_COLOR", "PAYLOAD_FIELDS", "color_of", "base_name",
+           "prefixed_phase_regex", "PAYLOAD_VERSION", "encode_payload", "decode_payload"]
+
 DOMAIN = "spectrace"
 
 
@@ -56,7 +61,7 @@ PHASES: tuple[Phase, ...] = (
     PREFILL_DRAFT_EXTEND,
     DECODE_STEP,
 )
-BY_NAME: dict[str, Phase] = {p.name: p for p in PHASES}
+_BY_NAME: dict[str, Phase] = {p.name: p for p in PHASES}
 NAMES: tuple[str, ...] = tuple(p.name for p in PHASES)
 # Instant NVTX marks (``nvtxDomainMarkEx``, nsys eventType 34, no end): not ranges, so not phases.
 MARKS: tuple[Phase, ...] = (ACCEPT,)
@@ -75,18 +80,18 @@ PAYLOAD_FIELDS: tuple[str, ...] = ("batch_size", "cycle_index", "accept_length")
 
 def color_of(name: str, default: str = "#999999") -> str:
     """Colour of a phase given its range text, with or without a prefix (``eagle3.verify``)."""
-    p = BY_NAME.get(base_name(name))
+    p = _BY_NAME.get(base_name(name))
     return p.hex if p else default
 
 
 def base_name(text: str) -> str:
     """The phase name inside a range text: ``eagle3.verify`` → ``verify``; unknown text is kept."""
-    if text in BY_NAME:
+    if text in _BY_NAME:
         return text
     for sep in (".", ":", "/", " "):
         if sep in text:
             tail = text.rsplit(sep, 1)[1]
-            if tail in BY_NAME:
+            if tail in _BY_NAME:
                 return tail
     return text
 

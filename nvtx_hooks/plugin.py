@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 
+__all__ = ["wanted", "load"]
+
 
 def wanted() -> bool:
     """True if the environment asks for the hooks."""

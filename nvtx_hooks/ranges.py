@@ -19,16 +19,25 @@ on first use, grey).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import Any, Literal
 
 from .phases import DOMAIN, EMITTED
 
+__all__ = ["push", "pop", "mark", "phase_range", "enabled", "available", "set_enabled"]
+
 _GREY = 0xFF999999
 
-_nvtx_push = None  # nvtx._lib.lib.push_range(attrs, domain_handle)
-_nvtx_pop = None  # nvtx._lib.lib.pop_range(domain_handle)
-_nvtx_mark = None
+
+def _unbound(*args: object) -> Any:
+    raise RuntimeError("NVTX is not loaded")  # never called: every call is behind _on, set only once _load bound them
+
+
+_nvtx_push: Callable[..., object] = _unbound  # nvtx._lib.lib.push_range(attrs, domain_handle)
+_nvtx_pop: Callable[..., object] = _unbound  # nvtx._lib.lib.pop_range(domain_handle)
+_nvtx_mark: Callable[..., object] = _unbound
 _handle = None  # nvtx DomainHandle for DOMAIN
-_make_attrs = None  # name -> EventAttributes factory
+_make_attrs: Callable[[str], Any] = _unbound  # name -> EventAttributes factory
 _attrs: dict = {}  # name -> EventAttributes without payload
 _pattrs: dict = {}  # name -> EventAttributes reused for payload calls
 _available = False  # nvtx importable and a tool is attached
@@ -46,7 +55,7 @@ def _load(force: bool = False) -> bool:
     if not (force or handle.enabled()):
         return False
 
-    def make(name: str):
+    def make(name: str) -> Any:
         phase = EMITTED.get(name)
         color = phase.color if phase else _GREY
         msg = _lib.RegisteredString(handle, name)
@@ -67,7 +76,7 @@ def _env_disabled() -> bool:
     return bool(os.environ.get("NVTX_DISABLE")) or os.environ.get("SPECTRACE_NVTX", "1") == "0"
 
 
-def _attrs_for(name: str, payload: int | None):
+def _attrs_for(name: str, payload: int | None) -> Any:
     """The reusable attributes for ``name`` (registering it on first use), with ``payload`` set."""
     if payload is None:
         a = _attrs.get(name)
@@ -114,7 +123,7 @@ class phase_range:  # noqa: N801 - used like a function
     def __enter__(self) -> None:
         push(self.name, self.payload)
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc: object) -> Literal[False]:
         pop()
         return False
 

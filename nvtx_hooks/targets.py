@@ -10,6 +10,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+__all__ = ["Version", "MIN_VERSION", "MAX_VERSION", "ENTRY", "PHASE", "VERIFY", "DRAFT_EXTEND", "IN_PREFILL",
+           "ACCEPT", "ANY", "Target", "V1", "V2", "ML1", "ML2", "TP", "MIXIN", "RESULTS", "TARGETS", "STANDALONE",
+           "parse_version", "supported", "targets_for"]
+
 Version = tuple[int, int, int]
 
 # Versions the table knows. Outside this span the hooks warn once and patch nothing.
@@ -175,11 +179,8 @@ def supported(v: Version | None) -> bool:
     return v is not None and v != (0, 0, 0) and MIN_VERSION <= v <= MAX_VERSION
 
 
-def targets_for(v: Version) -> list[Target]:
+def targets_for(v: Version | None) -> list[Target]:
     """The rows that apply to version ``v`` (empty when unsupported)."""
-    return [t for t in TARGETS if t.applies(v)] if supported(v) else []
-
-
-def modules_for(v: Version) -> list[str]:
-    """Modules holding targets for ``v``, in table order, without duplicates."""
-    return list(dict.fromkeys(t.module for t in targets_for(v)))
+    if v is None or not supported(v):
+        return []
+    return [t for t in TARGETS if t.applies(v)]

@@ -24,25 +24,36 @@ import os
 import signal
 import stat
 import threading
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 import polars as pl
 
 from ..model import GRAPH_LAUNCH, SYNC_API, Diagnostic, InputError, Result, Trace
 from ..read import results
+from ..read.protocols import ProcessSource
 from ..read.source import ManyWindows, OpsWindow, open_source
 from ..read.store import CacheError, Progress, discard, open_store
 from . import attribute, breakdown, collectives, host, windows
 from .comm_patterns import PATTERNS, CommPattern, family_expr
 from .diagnostics import FACTS, diagnose
 
-WORK_COLS = ("pid", "device", "corr", "start", "end", "kind", "name_id", "label", "in_graph")  # of OPS_SCHEMA
-WORKER_ROWS = 3_000_000  # two processes at once up to this size: 20 M kernels (2.6 M per process) peak 3.4 GB either way
+if TYPE_CHECKING:
+    from ..read.store import Store
+
+__all__ = ["ProcessContext", "ProcessResult", "op_kinds", "process", "analyze", "analyze_for_merge", "merge_results",
+           "analyze_each"]
+
+_T = TypeVar("_T")
+_WORK_COLS = ("pid", "device", "corr", "start", "end", "kind", "name_id", "label", "in_graph")  # of OPS_SCHEMA
+_WORKER_ROWS = 3_000_000  # two processes at once up to this size: 20 M kernels (2.6 M per process) peak 3.4 GB either way
 
 
-def select_phases(path: str, ranges_df: pl.DataFrame, has_ops: bool, regex: str | None) -> tuple[pl.DataFrame, str]:
+def _select_phases(path: str, ranges_df: pl.DataFrame, has_ops: bool, regex: str | None) -> tuple[pl.DataFrame, str]:
     """The phase ranges of an export and how they were chosen, or a one-line InputError saying what is missing."""
     if ranges_df.height == 0:
         raise InputError(
@@ -76,7 +87,7 @@ def op_kinds(keys: pl.DataFrame, names: pl.DataFrame, patterns: list[CommPattern
     return kinds.with_columns(comm=family_expr(pl.col("name"), patterns))
 
 
-def add_kinds(ops: pl.DataFrame, kinds: pl.DataFrame, cols: list[str]) -> pl.DataFrame:
+def _add_kinds(ops: pl.DataFrame, kinds: pl.DataFrame, cols: list[str]) -> pl.DataFrame:
     """``ops`` with columns ``cols`` of their row in :func:`op_kinds`: a lookup by ``name_id`` (kernels)
     or ``label`` (copies, memsets, graphs), cheaper than a join on both. Columns keep their type in ``kinds``.
     """
@@ -92,15 +103,15 @@ def add_kinds(ops: pl.DataFrame, kinds: pl.DataFrame, cols: list[str]) -> pl.Dat
     )
 
 
-def kind_codes(ops: pl.DataFrame, kinds: pl.DataFrame) -> pl.Series:
+def _kind_codes(ops: pl.DataFrame, kinds: pl.DataFrame) -> pl.Series:
     """Each op's row number in :func:`op_kinds` (``_kind``, Int64; null for a key not there): the one lookup per
     op, every column of ``kinds`` is then a gather by it."""
     codes = kinds.select("name_id", "label").with_row_index("_kind").with_columns(pl.col("_kind").cast(pl.Int64))
-    return add_kinds(ops.select("name_id", "label"), codes, ["_kind"])["_kind"]
+    return _add_kinds(ops.select("name_id", "label"), codes, ["_kind"])["_kind"]
 
 
-def gather_kinds(kinds: pl.DataFrame, cols: list[str]) -> list[pl.Expr]:
-    """Columns ``cols`` of :func:`op_kinds` for ops with ``_kind`` (:func:`kind_codes`)."""
+def _gather_kinds(kinds: pl.DataFrame, cols: list[str]) -> list[pl.Expr]:
+    """Columns ``cols`` of :func:`op_kinds` for ops with ``_kind`` (:func:`_kind_codes`)."""
     return [pl.lit(kinds[c]).gather(pl.col("_kind")).alias(c) for c in cols]
 
 
@@ -118,16 +129,39 @@ class ProcessContext:
     cycle_index: bool = True  # the payload's cycle index identifies cycles (windows.cycle_index_problem)
 
 
-def process(source, pid: int, ctx: ProcessContext) -> dict:
-    """The per-process body: attribute one process's GPU ops to its ranges and measure every instance.
+@dataclasses.dataclass
+class ProcessResult:
+    """What :func:`process` measured of one process: small frames and counts, merged by :func:`analyze`.
 
-    Returns small frames (``ranks``, ``inst``, ``seam``, ``cov``, ``kern``, ``calls``: the key host calls of
-    :mod:`analyze.compute.host`; ``ops`` only with ``keep_ops``) and the counts of :data:`FACTS`. Ranks are
-    provisional (renumbered globally).
+    Ranks are provisional (one process cannot know its rank among the others: renumbered globally). A frame is
+    None when the process has none of it: no GPU operation (then only ``instances``, when it opened ranges) or,
+    for ``ops``, when the operations are not kept.
     """
-    out: dict = {}
+
+    facts: dict[str, int]
+    """The counts of :data:`analyze.compute.diagnostics.FACTS` (graph rows, orphan launches, duplicates, ...)."""
+    ranks: pl.DataFrame
+    """One row (its device, GPU operations and window) or none: :func:`analyze.compute.breakdown.ranks`."""
+    kernel_stats: pl.DataFrame
+    """GPU operations inside selected ranges summed per range instance and name (:func:`_kernel_stats`)."""
+    instances: pl.DataFrame | None = None
+    """Every instance of its selected ranges, measured (becomes ``Result.instances``)."""
+    seams: pl.DataFrame | None = None
+    """The gaps between consecutive instances, with their causes (becomes ``Result.seam_instances``)."""
+    coverage: pl.DataFrame | None = None
+    """How much of its GPU time the selected ranges cover (:func:`analyze.compute.breakdown.coverage`)."""
+    comm_kernels: pl.DataFrame | None = None
+    """Its communication kernels numbered within their instance, for matching across ranks."""
+    host_calls: pl.DataFrame | None = None
+    """The key host calls of :mod:`analyze.compute.host` (synchronisations, graph launches)."""
+    ops: pl.DataFrame | None = None
+    """Every GPU operation with its range and name (only with ``keep_ops``)."""
+
+
+def process(source: ProcessSource, pid: int, ctx: ProcessContext) -> ProcessResult:
+    """The per-process body: attribute one process's GPU ops to its ranges and measure every instance."""
     # Only the columns the analysis reads (the stream is not one), unless every op is kept.
-    cols = None if ctx.keep_ops else (*WORK_COLS, "graph") if ctx.graphs else WORK_COLS
+    cols = None if ctx.keep_ops else (*_WORK_COLS, "graph") if ctx.graphs else _WORK_COLS
     ops, api = source.ops(pid, cols), source.api(pid)
     nested = ctx.nested.filter(pl.col("pid") == pid)
     rk = breakdown.ranks(ops, ctx.devices)  # one row (or none): its rank is fixed once all processes are in
@@ -137,7 +171,7 @@ def process(source, pid: int, ctx: ProcessContext) -> dict:
     if not ctx.keep_ops:  # the device and graph node flag are done with: narrower copies below
         ops = ops.drop("device", "in_graph")
     # One lookup of each op's kind (name, communication family), a gather per column after.
-    ops = ops.with_columns(_kind=kind_codes(ops, ctx.kinds)).with_columns(gather_kinds(ctx.kinds, ["comm"]))
+    ops = ops.with_columns(_kind=_kind_codes(ops, ctx.kinds)).with_columns(_gather_kinds(ctx.kinds, ["comm"]))
     tl = attribute.timeline(nested)  # who launched what, and the range open around a call: one timeline
     calls = attribute.launching_calls(ops, api, nested, tl)
     ops = attribute.join_calls(ops, calls)
@@ -163,10 +197,10 @@ def process(source, pid: int, ctx: ProcessContext) -> dict:
         lo, hi = ops["start"].min(), ops["end"].max()
         orphans_inside = (api.filter(is_launch & pl.col("start").is_between(lo, hi))
                           .join(ops.select("corr").unique(), on="corr", how="anti").height)
-    key_calls, firsts, per_inst = host.calls(ops, api, nested, ctx.sync_ids, ctx.launch_ids, tl) if ops.height else (
-        None, None, None)
+    # The key host calls, the first call of each instance and per-instance counts (none without GPU work).
+    host_parts = host.calls(ops, api, nested, ctx.sync_ids, ctx.launch_ids, tl) if ops.height else None
     del api
-    out["facts"] = {
+    facts = {
         "graph_ops": int((ops["kind"] == "graph").sum()),
         "node_ops": node_ops,
         "graph_launches": launches,
@@ -174,35 +208,35 @@ def process(source, pid: int, ctx: ProcessContext) -> dict:
         "orphan_launches_inside": orphans_inside,
         "unmatched_ops": int(ops["gtid"].null_count()),
     }
-    out["ranks"] = rk
     # The rank goes on the few rows that keep it (communication kernels, kernel statistics), not on every op.
     comm = (ops.filter((pl.col("kind") == "kernel") & pl.col("comm").is_not_null())
-            .with_columns(*gather_kinds(ctx.kinds, ["name"]), rank=pl.lit(rank, pl.Int64)))
-    out["kstat"] = kernel_stats(ops, ctx.kinds, rank)
+            .with_columns(*_gather_kinds(ctx.kinds, ["name"]), rank=pl.lit(rank, pl.Int64)))
+    out = ProcessResult(facts, rk, _kernel_stats(ops, ctx.kinds, rank))
     if ctx.keep_ops:
-        cols = [c for c in ops.columns if c != "_kind"]
-        out["ops"] = ops.with_columns(*gather_kinds(ctx.kinds, ["name"]), rank=pl.lit(rank, pl.Int64)).select(
-            *cols[: cols.index("comm")], pl.col("name").cast(pl.String), *cols[cols.index("comm"):], "rank")
+        kept = [c for c in ops.columns if c != "_kind"]
+        out.ops = ops.with_columns(*_gather_kinds(ctx.kinds, ["name"]), rank=pl.lit(rank, pl.Int64)).select(
+            *kept[: kept.index("comm")], pl.col("name").cast(pl.String), *kept[kept.index("comm"):], "rank")
     # The interval steps read only these columns: a narrow copy halves the memory of the inclusive view.
     ops = ops.select("pid", "range_id", "corr", "start", "end", "comm", "api_start").sort("start")
-    out["facts"]["duplicate_ops"] = duplicate_ops(ops)
-    if ops.height:
+    facts["duplicate_ops"] = _duplicate_ops(ops)
+    if host_parts is not None:  # (the same rows: ops has GPU work)
+        key_calls, firsts, per_inst = host_parts
         anc = attribute.ancestors(nested)
         inst = breakdown.measure_instances(nested, ops, anc)
         blocks = breakdown.gpu_blocks(ops)
         inst = windows.with_cycle(breakdown.add_gpu_idle(inst, blocks), anc, ctx.cycle_index)
-        out["seam"] = host.seam_causes(breakdown.measure_seams(inst, blocks), firsts)
-        out["cov"] = breakdown.coverage(inst, ops, blocks)
-        out["inst"] = with_graphs(host.add_instance_cols(inst, per_inst), graphs, anc)
-        out["calls"] = key_calls
+        out.seams = host.seam_causes(breakdown.measure_seams(inst, blocks), firsts)
+        out.coverage = breakdown.coverage(inst, ops, blocks)
+        out.instances = _with_graphs(host.add_instance_cols(inst, per_inst), graphs, anc)
+        out.host_calls = key_calls
         # Collective matching is global, but each kernel's ordinal j in its instance is per rank.
-        out["kern"] = collectives.comm_kernels(comm, inst).with_columns(pid=pl.lit(pid, pl.Int64))
+        out.comm_kernels = collectives.comm_kernels(comm, inst).with_columns(pid=pl.lit(pid, pl.Int64))
     elif nested.height:  # API calls but no GPU work: its ranges still count as instances
-        out["inst"] = _without_gpu(nested, ops)
+        out.instances = _without_gpu(nested, ops)
     return out
 
 
-def with_graphs(inst: pl.DataFrame, graphs: pl.DataFrame, anc: pl.DataFrame) -> pl.DataFrame:
+def _with_graphs(inst: pl.DataFrame, graphs: pl.DataFrame, anc: pl.DataFrame) -> pl.DataFrame:
     """``inst`` with ``i_graphs``: the CUDA graphs launched inside each instance (itself and its descendants), as
     sorted ids joined by ``+`` (``"2+5"``); null when none."""
     if graphs.height == 0:
@@ -212,7 +246,7 @@ def with_graphs(inst: pl.DataFrame, graphs: pl.DataFrame, anc: pl.DataFrame) -> 
     return inst.join(sig, on="range_id", how="left", maintain_order="left")
 
 
-def payload_batches(sel: pl.DataFrame) -> bool:
+def _payload_batches(sel: pl.DataFrame) -> bool:
     """Whether the selected ranges carry the hooks' payload with a batch size (then segments need no graph ids)."""
     from .tokens import decode_exprs
 
@@ -224,7 +258,7 @@ def payload_batches(sel: pl.DataFrame) -> bool:
     return bool(v.select(decode_exprs()[0].is_not_null().any()).item())
 
 
-def duplicate_ops(ops: pl.DataFrame) -> int:
+def _duplicate_ops(ops: pl.DataFrame) -> int:
     """Rows of one process's ops (sorted by start) that repeat another's correlation id, start and end. Cheap:
     only rows sharing a start with a neighbour are compared."""
     same = pl.col("start") == pl.col("start").shift()
@@ -234,11 +268,11 @@ def duplicate_ops(ops: pl.DataFrame) -> int:
     return cand.height - cand.select("corr", "start", "end").unique().height
 
 
-def kernel_stats(ops: pl.DataFrame, kinds: pl.DataFrame, rank: int | None) -> pl.DataFrame:
+def _kernel_stats(ops: pl.DataFrame, kinds: pl.DataFrame, rank: int | None) -> pl.DataFrame:
     """GPU operations inside selected ranges summed per (process, range instance, name): ``count, kernel_ns``.
 
     One process (rank ``rank``): grouped on one integer key (range instance × kind of op: ``_kind``, see
-    :func:`kind_codes`), the names, process and rank added after; nothing per operation but that key."""
+    :func:`_kind_codes`), the names, process and rank added after; nothing per operation but that key."""
     n = max(kinds.height, 1)
     per = (ops.group_by(key=pl.col("range_id") * n + pl.col("_kind"))
            .agg(count=pl.len(), kernel_ns=(pl.col("end") - pl.col("start")).sum())
@@ -258,7 +292,7 @@ def _without_gpu(nested: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
 
 
 def analyze(
-    report: str | os.PathLike | Trace,
+    report: str | os.PathLike | Trace | Store,
     ranges: str | None = None,
     comm_patterns: list[CommPattern] | None = None,
     *,
@@ -316,11 +350,12 @@ def _analyze(report, store, cache, progress, ranges, comm_patterns, keep_ops, wo
         source.close()
 
 
-def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
+def _run(source: ProcessSource, ranges: str | None, comm_patterns: list[CommPattern] | None, keep_ops: bool,
+         progress: bool | None, workers: int) -> Result:
     head = source.head
     patterns = comm_patterns if comm_patterns is not None else list(PATTERNS)
     diags: list[Diagnostic] = list(source.notes)
-    sel, how = select_phases(head.path, head.ranges, any(source.ops_rows.values()), ranges)
+    sel, how = _select_phases(head.path, head.ranges, any(source.ops_rows.values()), ranges)
     diags.append(Diagnostic("info", "RANGE_SELECTION", f"phases are {how}: {sel.height} range instances"))
     nested_all = attribute.nest(sel)
     kinds = op_kinds(source.op_keys(), head.names, patterns)
@@ -331,15 +366,13 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
     bad_index = windows.cycle_index_problem(sel)
     if bad_index:
         diags.append(Diagnostic("warning", "PAYLOAD_CYCLE_INDEX", bad_index))
-    ctx = ProcessContext(nested_all, kinds, head.devices, launch_ids, keep_ops, sync_ids, graphs=not payload_batches(sel),
-                  cycle_index=bad_index is None)
+    ctx = ProcessContext(nested_all, kinds, head.devices, launch_ids, keep_ops, sync_ids,
+                         graphs=not _payload_batches(sel), cycle_index=bad_index is None)
 
-    parts: dict[str, list] = {k: [] for k in ("ranks", "inst", "seam", "cov", "ops", "kern", "kstat", "facts",
-                                               "calls")}
     pids = source.pids
     bar = Progress(sum(source.ops_rows.values()), "spectrace: analysing", progress)
 
-    def one(pid: int) -> dict:
+    def one(pid: int) -> ProcessResult:
         out = process(source, pid, ctx)
         bar.add(source.ops_rows.get(pid, 0))
         return out
@@ -347,43 +380,43 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
     # Processes in parallel threads (polars releases the GIL): ``workers`` processes' ops in memory at once,
     # one at a time when a process has more than WORKER_ROWS ops (memory stays bounded by the largest one).
     biggest = max([*source.ops_rows.values(), 0])
-    n = max(1, workers if biggest <= WORKER_ROWS else 1)
+    n = max(1, workers if biggest <= _WORKER_ROWS else 1)
     with ThreadPoolExecutor(max_workers=n) as ex:
-        for out in (ex.map(one, pids) if n > 1 else map(one, pids)):
-            for k, v in out.items():
-                parts[k].append(v)
+        outs = list(ex.map(one, pids) if n > 1 else map(one, pids))
     bar.close()
+    parts = _Parts.of(outs)
+    del outs
     # Ranges of processes without any GPU op or API call still count as (empty) instances.
     rest = nested_all.filter(~pl.col("pid").is_in(pids))
     if rest.height:
-        parts["inst"].append(_without_gpu(rest.with_columns(rank=pl.lit(None, pl.Int64)),
-                                          _empty_ops(source.head.ops)))
-    facts = {k: sum(f[k] for f in parts["facts"]) for k in FACTS}
+        parts.instances.append(_without_gpu(rest.with_columns(rank=pl.lit(None, pl.Int64)),
+                                            _empty_ops(source.head.ops)))
+    facts = {k: sum(f[k] for f in parts.facts) for k in FACTS}
 
     # Global: rank numbers in device order.
-    rk = pl.concat(parts["ranks"]).filter(pl.col("gpu_ops") > 0)
+    rk = pl.concat(parts.ranks).filter(pl.col("gpu_ops") > 0)
     rk = rk.sort("device", "pid").with_columns(rank=pl.int_range(pl.len()).cast(pl.Int64))
     pid_rank = dict(zip(rk["pid"].to_list(), rk["rank"].to_list()))
 
     def renumber(df: pl.DataFrame) -> pl.DataFrame:
         return df.with_columns(rank=pl.col("pid").replace_strict(pid_rank, default=None, return_dtype=pl.Int64))
 
-    inst = renumber(pl.concat(parts["inst"], how="diagonal_relaxed")).sort("range_id")
+    inst = renumber(pl.concat(parts.instances, how="diagonal_relaxed")).sort("range_id")
     nested = renumber(nested_all.with_columns(rank=pl.lit(None, pl.Int64)))
-    seam_inst = renumber(pl.concat(parts["seam"])) if parts["seam"] else pl.DataFrame()
-    cov = renumber(pl.concat(parts["cov"])).sort("rank") if parts["cov"] else pl.DataFrame()
-    kern = renumber(pl.concat(parts["kern"])).drop("pid") if parts["kern"] else _no_kernels()
-    ops = renumber(pl.concat(parts["ops"])).sort("start") if keep_ops and parts["ops"] else None
-    kstat = renumber(pl.concat(parts["kstat"])).drop("pid") if parts["kstat"] else None  # names Categorical
-    calls = renumber(pl.concat(parts["calls"])) if parts["calls"] else pl.DataFrame(schema=host.CALL_SCHEMA)
-    parts.clear()
+    seam_inst = renumber(pl.concat(parts.seams)) if parts.seams else pl.DataFrame()
+    cov = renumber(pl.concat(parts.coverage)).sort("rank") if parts.coverage else pl.DataFrame()
+    kern = renumber(pl.concat(parts.comm_kernels)).drop("pid") if parts.comm_kernels else _no_kernels()
+    ops = renumber(pl.concat(parts.ops)).sort("start") if keep_ops and parts.ops else None
+    kstat = renumber(pl.concat(parts.kernel_stats)).drop("pid") if parts.kernel_stats else None  # names Categorical
+    calls = renumber(pl.concat(parts.host_calls)) if parts.host_calls else pl.DataFrame(schema=host.CALL_SCHEMA)
+    del parts
     graph_rows = "Graph" if facts["graph_ops"] else ("Node" if facts["node_ops"] else None)
     head = dataclasses.replace(head, graph_rows=graph_rows)
     # Cycles paired across ranks; instances cut by a capture window or unpaired are left out of the sums.
     paired = windows.pair(inst, kern, rk)
     inst, kern = paired.instances, paired.kernels
     counted = inst.filter(pl.col("left_out").is_null())
-    seam_inst = counted_seams(seam_inst, inst)
+    seam_inst = _counted_seams(seam_inst, inst)
     phases = breakdown.sum_phases(counted).join(host.phase_host(counted), on=["rank", "domain", "phase"], how="left",
                                             maintain_order="left")
     diags.extend(diagnose(head, nested, facts, rk, inst, cov, phases))
@@ -417,7 +450,27 @@ def _run(source, ranges, comm_patterns, keep_ops, progress, workers) -> Result:
     )
 
 
-def counted_seams(seam_inst: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
+@dataclasses.dataclass
+class _Parts:
+    """The :class:`ProcessResult` of every process, field by field, in process order (those it has)."""
+
+    facts: list[dict[str, int]]
+    ranks: list[pl.DataFrame]
+    kernel_stats: list[pl.DataFrame]
+    instances: list[pl.DataFrame]
+    seams: list[pl.DataFrame]
+    coverage: list[pl.DataFrame]
+    comm_kernels: list[pl.DataFrame]
+    host_calls: list[pl.DataFrame]
+    ops: list[pl.DataFrame]
+
+    @classmethod
+    def of(cls, outs: list[ProcessResult]) -> _Parts:
+        return cls(**{f.name: [v for o in outs if (v := getattr(o, f.name)) is not None]
+                      for f in dataclasses.fields(ProcessResult)})
+
+
+def _counted_seams(seam_inst: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
     """The seams between two counted instances (neither left out by :func:`windows.pair`)."""
     if seam_inst.height == 0:
         return seam_inst
@@ -459,8 +512,9 @@ def merge_results(results: list[Result]) -> Result:
     # Instances paired across the ranks of every report again; phases and seams summed over the counted ones.
     paired = windows.pair_reports(results)
     comm = collectives.cross_rank(results, paired)
-    parts: dict[str, list[pl.DataFrame]] = {k: [] for k in ("ranks", "seam_instances", "coverage", "marks", "kernels",
-                                                             "host_calls")}
+    every = ("ranks", "seam_instances", "coverage", "marks")  # frames every Result has
+    maybe = ("kernels", "host_calls")  # frames a Result may lack
+    parts: dict[str, list[pl.DataFrame]] = {k: [] for k in (*every, *maybe)}
     diags: list[Diagnostic] = []
     windows_, base = [], 0
     mine = ("INSTANCE_PAIRING", *windows.CODES, "COMM_")
@@ -468,12 +522,13 @@ def merge_results(results: list[Result]) -> Result:
         for k in parts:
             if getattr(r, k) is not None:
                 parts[k].append(_offset(getattr(r, k), base, i))
-        if r.window is not None:
+        if isinstance(r.window, OpsWindow):  # one report's (merged results are not merged again)
             windows_.append(dataclasses.replace(r.window, rank_offset=base))
         diags += [Diagnostic(d.level, d.code, f"report {i} ({Path(r.trace.path).name}): {d.message}")
                   for d in r.diagnostics if not d.code.startswith(mine)]
         base += r.ranks.height
-    cat = {k: pl.concat(v, how="diagonal_relaxed") if v else None for k, v in parts.items()}
+    cat = {k: pl.concat(parts[k], how="diagonal_relaxed") for k in every}
+    some = {k: pl.concat(parts[k], how="diagonal_relaxed") if parts[k] else None for k in maybe}
     inst = paired.instances
     gone = inst.filter(pl.col("left_out").is_not_null()).select("report", "range_id")
     seam_inst = cat["seam_instances"]
@@ -512,21 +567,21 @@ def merge_results(results: list[Result]) -> Result:
         reports=[r.trace.path for r in results],
         clock=comm.clock,
         window=ManyWindows(windows_) if windows_ else None,
-        kernels=cat["kernels"],
-        host_calls=cat["host_calls"],
+        kernels=some["kernels"],
+        host_calls=some["host_calls"],
         comm_refused=comm.refused.filter(pl.col("phase").is_not_null()),
     )
 
 
 def analyze_each(
-    paths: list,
+    paths: Sequence[str | os.PathLike | Trace | Store],
     ranges: str | None = None,
     comm_patterns: list[CommPattern] | None = None,
     *,
     store: bool | None = None,
     cache: bool | None = None,
     jobs: int | None = None,
-    executor=None,
+    executor: Executor | None = None,
     progress: bool | None = None,
 ) -> list[Result]:
     """:func:`analyze` of each report, in parallel processes (``jobs``, default: CPUs, at most one per report).
@@ -538,22 +593,22 @@ def analyze_each(
     """
     if len(paths) == 1 and executor is None:
         return [analyze(paths[0], ranges, comm_patterns, store=store, cache=cache, progress=progress)]
-    paths = [str(p) for p in paths]
-    refuse_twice(paths)
-    for p in paths:
-        if not Path(p).exists():
-            raise InputError(f"{p}: no such file", "NO_FILE")
-    n = max(1, min(jobs or os.cpu_count() or 1, len(paths)))
-    args = (ranges, comm_patterns, store, cache)
+    files = [str(p) for p in paths]
+    _refuse_twice(files)
+    for f in files:
+        if not Path(f).exists():
+            raise InputError(f"{f}: no such file", "NO_FILE")
+    n = max(1, min(jobs or os.cpu_count() or 1, len(files)))
     if executor is not None:
-        return [f.result() for f in [executor.submit(analyze_for_merge, p, *args) for p in paths]]
+        return [t.result() for t in [executor.submit(analyze_for_merge, f, ranges, comm_patterns, store, cache)
+                                     for f in files]]
     if n == 1:
-        return [analyze_for_merge(p, *args) for p in paths]
+        return [analyze_for_merge(f, ranges, comm_patterns, store, cache) for f in files]
     ex = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_start)
     futures = None
     try:
         with _workers_start_deaf():
-            futures = [ex.submit(_in_worker, analyze_for_merge, p, *args) for p in paths]
+            futures = [ex.submit(_in_worker, analyze_for_merge, f, ranges, comm_patterns, store, cache) for f in files]
         return [f.result() for f in futures]
     except (BrokenProcessPool, OSError) as e:
         if isinstance(e, OSError) and futures is not None:  # an I/O error of a report, raised in its worker
@@ -570,7 +625,7 @@ def analyze_each(
         ex.shutdown(wait=True, cancel_futures=True)
 
 
-def refuse_twice(paths: list[str]) -> None:
+def _refuse_twice(paths: list[str]) -> None:
     """InputError when two reports are one capture: the same file by any name (a symlink, a hard link, another
     path: same device and inode) or byte-identical copies (equal sizes, then compared byte for byte; different
     exports differ within their first pages). Counted twice, its ranks would be four out of two."""
@@ -601,7 +656,7 @@ def _signal_workers(ex: ProcessPoolExecutor, signum: int) -> None:
 
 
 @contextlib.contextmanager
-def _workers_start_deaf():
+def _workers_start_deaf() -> Iterator[None]:
     """Ctrl-C ignored while the workers are spawned: they inherit that, so a Ctrl-C while they load (before
     :func:`_worker_start`) is no traceback of theirs; the parent gets it as usual."""
     main = threading.current_thread() is threading.main_thread()
@@ -618,9 +673,9 @@ def _worker_start() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _in_worker(fn, *args):
+def _in_worker(fn: Callable[..., _T], *args: object) -> _T:
     """``fn(*args)`` interruptible by the first Ctrl-C only, so that its cleanup is not interrupted by a second."""
-    def once(signum, frame):
+    def once(signum: int, frame: FrameType | None) -> NoReturn:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         raise KeyboardInterrupt
 

@@ -1,3 +1,4 @@
 """Reading exports: SQLite (:mod:`.sqlite`), parquetdir/arrowdir (:mod:`.exportdir`), the queries that turn
 either into frames (:mod:`.export`), the per-process parquet store that is also the cache (:mod:`.store`),
-and sources of processes for the pipeline (:mod:`.source`). Depends only on :mod:`analyze.model`."""
+sources of processes for the pipeline (:mod:`.source`), and the Protocols a reader and a source follow
+(:mod:`.protocols`). Depends only on :mod:`analyze.model`."""

@@ -9,25 +9,33 @@ import os
 import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import polars as pl
 
 from ..model import MARKS_SCHEMA, OP_KIND, InputError, Trace
+from .protocols import ExportReader
 from .sqlite import Reader
 
-KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
-MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
-MEMSET = "CUPTI_ACTIVITY_KIND_MEMSET"
-GRAPH_TRACE = "CUPTI_ACTIVITY_KIND_GRAPH_TRACE"
+if TYPE_CHECKING:
+    from polars._typing import PolarsDataType
+
+__all__ = ["pid_of", "RUNTIME", "API_SCHEMA", "OPS_SCHEMA", "BAD_API", "api_query", "op_queries", "bad_op",
+           "read_meta", "open_reader", "load", "export_rows", "ops_between"]
+
+_KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
+_MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
+_MEMSET = "CUPTI_ACTIVITY_KIND_MEMSET"
+_GRAPH_TRACE = "CUPTI_ACTIVITY_KIND_GRAPH_TRACE"
 RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
-NVTX = "NVTX_EVENTS"
+_NVTX = "NVTX_EVENTS"
 
-RANGE_TYPES = (59, 60, 70, 71)  # push/pop, start/end, and their NVTXT imports
-MARK = 34  # an instantaneous event ("end" is NULL)
-DOMAIN_CREATE = 75
+_RANGE_TYPES = (59, 60, 70, 71)  # push/pop, start/end, and their NVTXT imports
+_MARK = 34  # an instantaneous event ("end" is NULL)
+_DOMAIN_CREATE = 75
 
-KNOWN_SCHEMA_MAJOR = 3
-MEMCPY_KINDS = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA", 8: "DtoD",
+_KNOWN_SCHEMA_MAJOR = 3
+_MEMCPY_KINDS = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA", 8: "DtoD",
                 9: "HtoH", 10: "PtoP", 11: "Unknown"}
 _P24 = 1 << 24
 
@@ -37,12 +45,7 @@ def pid_of(col: str) -> pl.Expr:
     return ((pl.col(col) // _P24) % _P24).cast(pl.Int64)
 
 
-def tid_of(col: str) -> pl.Expr:
-    """Thread id inside a globalTid."""
-    return (pl.col(col) % _P24).cast(pl.Int64)
-
-
-def _meta(r: Reader) -> tuple[dict[str, str], dict[str, str]]:
+def _meta(r: ExportReader) -> tuple[dict[str, str], dict[str, str]]:
     export: dict[str, str] = {}
     for t in ("META_DATA_EXPORT", "EXPORT_META_DATA"):
         if r.has(t, "name", "value"):
@@ -55,32 +58,32 @@ def _meta(r: Reader) -> tuple[dict[str, str], dict[str, str]]:
     return export, capture
 
 
-def _check_schema(path: str, r: Reader, export: dict[str, str]) -> None:
+def _check_schema(path: str, r: ExportReader, export: dict[str, str]) -> None:
     if "StringIds" not in r.tables and not export:
         raise InputError(
             f"{path}: SQLite, but not an nsys export (no StringIds or META_DATA_EXPORT table)", "NOT_NSYS"
         )
-    if "StringIds" not in r.tables and (r.has(NVTX, "textId") or r.has(KERNEL, "demangledName")
-                                        or r.has(KERNEL, "shortName")):
+    if "StringIds" not in r.tables and (r.has(_NVTX, "textId") or r.has(_KERNEL, "demangledName")
+                                        or r.has(_KERNEL, "shortName")):
         raise InputError(f"{path}: no StringIds table, which its NVTX ranges and kernels name their strings in; "
                          "export it again with every table", "NO_STRINGS")
     ver = export.get("EXPORT_SCHEMA_VERSION", "")
     m = re.match(r"(\d+)\.", ver)
-    if m and int(m.group(1)) > KNOWN_SCHEMA_MAJOR:
+    if m and int(m.group(1)) > _KNOWN_SCHEMA_MAJOR:
         raise InputError(
-            f"{path}: nsys export schema {ver} is newer than spectrace knows (major {KNOWN_SCHEMA_MAJOR}); "
+            f"{path}: nsys export schema {ver} is newer than spectrace knows (major {_KNOWN_SCHEMA_MAJOR}); "
             "upgrade spectrace or export with an older nsys",
             "UNKNOWN_SCHEMA",
         )
 
 
-def _ranges(r: Reader, duration: int | None, notes: dict[str, int] | None = None
+def _ranges(r: ExportReader, duration: int | None, notes: dict[str, int] | None = None
             ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """NVTX ranges, domains and marks (frames ``ranges`` and ``marks`` of a Trace). ``notes`` gets the counts
     of odd ranges: ``missing_strings`` (a ``textId`` StringIds lacks: name ''), ``long_ranges`` (longer than
     the session: end = session end) and ``reversed_ranges`` (end before start: left out). Where a range ends is
-    judged on the capture's own clock (:func:`session_end`), whatever its origin."""
-    cols = r.columns(NVTX)
+    judged on the capture's own clock (:func:`_session_end`), whatever its origin."""
+    cols = r.columns(_NVTX)
     empty = pl.DataFrame(
         schema={"range_id": pl.Int64, "pid": pl.Int64, "gtid": pl.Int64, "start": pl.Int64, "end": pl.Int64,
                 "event_type": pl.Int64, "domain": pl.String, "range": pl.String, "color": pl.Int64,
@@ -98,26 +101,26 @@ def _ranges(r: Reader, duration: int | None, notes: dict[str, int] | None = None
     def opt(c: str, alias: str) -> str:
         return f"n.{c} AS {alias}" if c in cols else f"NULL AS {alias}"
 
-    types = ",".join(str(t) for t in (*RANGE_TYPES, MARK, DOMAIN_CREATE))
+    types = ",".join(str(t) for t in (*_RANGE_TYPES, _MARK, _DOMAIN_CREATE))
     raw = r.frame(
         f"""SELECT n.rowid AS range_id, n.start AS start, n."end" AS "end", n.eventType AS event_type,
                    n.globalTid AS gtid, {opt('endGlobalTid', 'end_gtid')}, {opt('domainId', 'domain_id')},
                    {text} AS "range", {opt('color', 'color')}, {opt('uint64Value', 'uint64')},
                    {opt('int64Value', 'int64')}, CAST(({missing}) AS INTEGER) AS missing_text
-            FROM {NVTX} n {join} WHERE n.eventType IN ({types})""",
+            FROM {_NVTX} n {join} WHERE n.eventType IN ({types})""",
         schema={"range_id": pl.Int64, "start": pl.Int64, "end": pl.Int64, "event_type": pl.Int64,
                 "gtid": pl.Int64, "end_gtid": pl.Int64, "domain_id": pl.Int64, "range": pl.String,
                 "color": pl.Int64, "uint64": pl.Int64, "int64": pl.Int64, "missing_text": pl.Int64},
     ).with_columns(pid=pid_of("gtid"), domain_id=pl.col("domain_id").fill_null(0))
     domains = (
-        raw.filter(pl.col("event_type") == DOMAIN_CREATE)
+        raw.filter(pl.col("event_type") == _DOMAIN_CREATE)
         .select("pid", "domain_id", domain=pl.col("range"))
         .unique(["pid", "domain_id"], keep="last")
     )
     # Exports sliced to a window may lack the domain-create rows: fall back to the id alone.
     by_id = domains.group_by("domain_id").agg(pl.col("domain").first().alias("domain_any"))
     rng = (
-        raw.filter(pl.col("event_type") != DOMAIN_CREATE)
+        raw.filter(pl.col("event_type") != _DOMAIN_CREATE)
         .join(domains, on=["pid", "domain_id"], how="left", maintain_order="left")
         .join(by_id, on="domain_id", how="left", maintain_order="left")
         .with_columns(
@@ -126,11 +129,11 @@ def _ranges(r: Reader, duration: int | None, notes: dict[str, int] | None = None
             .otherwise(pl.coalesce("domain", "domain_any", pl.format("domain{}", pl.col("domain_id"))))
         )
     )
-    is_mark = pl.col("event_type") == MARK
+    is_mark = pl.col("event_type") == _MARK
     marks = rng.filter(is_mark).select("pid", "gtid", "domain", "uint64", "int64", time="start", mark="range")
     marks = marks.select(list(MARKS_SCHEMA))
     rng = rng.filter(~is_mark)
-    end_cap = session_end(r, duration, rng["start"].max())
+    end_cap = _session_end(r, duration, rng.select(pl.col("start").max()).item())
     # Without a known session end, a range nsys never saw closed (null end) ends with the capture's last event.
     fill = end_cap if end_cap is not None else max((v for v in (rng["end"].max(), rng["start"].max())
                                                     if v is not None), default=None)
@@ -151,10 +154,10 @@ def _ranges(r: Reader, duration: int | None, notes: dict[str, int] | None = None
     return rng.cast(empty.schema), domains, marks.cast(MARKS_SCHEMA)
 
 
-STARTED, STOPPED = "Profiling has started.", "Profiling has stopped."  # nsys's DIAGNOSTIC_EVENT texts
+_STARTED, _STOPPED = "Profiling has started.", "Profiling has stopped."  # nsys's DIAGNOSTIC_EVENT texts
 
 
-def session_end(r: Reader, duration: int | None, last_start: int | None = None) -> int | None:
+def _session_end(r: ExportReader, duration: int | None, last_start: int | None = None) -> int | None:
     """When the capture session ended, on the capture's own clock (the end nsys gives a range it never saw
     closed): the time of nsys's "Profiling has stopped." diagnostic; else its "Profiling has started." plus
     ``ANALYSIS_DETAILS.duration`` (a length, not a time); else ``duration`` itself, nsys's clock starting with
@@ -164,7 +167,8 @@ def session_end(r: Reader, duration: int | None, last_start: int | None = None) 
         d = r.frame(f"SELECT timestamp AS t, text, {kind} AS kind FROM DIAGNOSTIC_EVENT")
         d = d.filter(pl.col("kind").cast(pl.Int64, strict=False) == 1).select(  # the capture's clock, not the host's
             pl.col("t").cast(pl.Int64, strict=False), text=pl.col("text").cast(pl.String, strict=False))
-        stopped, started = (d.filter(pl.col("text") == t)["t"].min() for t in (STOPPED, STARTED))
+        stopped, started = (d.filter(pl.col("text") == t).select(pl.col("t").min()).item()
+                            for t in (_STOPPED, _STARTED))
         if stopped is not None:
             return int(stopped)
         if started is not None and duration is not None:
@@ -174,11 +178,11 @@ def session_end(r: Reader, duration: int | None, last_start: int | None = None) 
     return None
 
 
-API_SCHEMA = {"pid": pl.Int64, "gtid": pl.Int64, "corr": pl.Int64, "start": pl.Int64, "end": pl.Int64,
-              "name_id": pl.Int64}
+API_SCHEMA = pl.Schema({"pid": pl.Int64, "gtid": pl.Int64, "corr": pl.Int64, "start": pl.Int64, "end": pl.Int64,
+                        "name_id": pl.Int64})
 
 
-def api_query(r: Reader) -> tuple[str, Callable[[pl.DataFrame], pl.DataFrame]] | None:
+def api_query(r: ExportReader) -> tuple[str, Callable[[pl.DataFrame], pl.DataFrame]] | None:
     """The CUDA API query and the function that turns its rows (all, or a batch) into ``api`` rows."""
     if not r.has(RUNTIME, "correlationId", "globalTid"):
         return None
@@ -194,90 +198,92 @@ def api_query(r: Reader) -> tuple[str, Callable[[pl.DataFrame], pl.DataFrame]] |
 BAD_API = pl.col("pid").is_null()  # no thread id: no process to attribute the call to
 
 
-def _api(r: Reader) -> pl.DataFrame:
+def _api(r: ExportReader) -> pl.DataFrame:
     q = api_query(r)
     if q is None:
         return pl.DataFrame(schema=API_SCHEMA)
     return q[1](r.frame(q[0]))
 
 
-OPS_SCHEMA = {"pid": pl.Int64, "device": pl.Int64, "stream": pl.Int64, "corr": pl.Int64, "start": pl.Int64,
-              "end": pl.Int64, "kind": OP_KIND, "name_id": pl.Int64, "label": pl.String,
-              "in_graph": pl.Boolean, "graph": pl.Int32}
-GRAPH_BITS = 512  # ``device`` packs deviceId (< 256) * 2 + node flag, then + 512 * (graph + 1)
+_OPS_DTYPES: dict[str, PolarsDataType] = {
+    "pid": pl.Int64, "device": pl.Int64, "stream": pl.Int64, "corr": pl.Int64, "start": pl.Int64, "end": pl.Int64,
+    "kind": OP_KIND, "name_id": pl.Int64, "label": pl.String, "in_graph": pl.Boolean, "graph": pl.Int32}
+OPS_SCHEMA = pl.Schema(_OPS_DTYPES)
+_GRAPH_BITS = 512  # ``device`` packs deviceId (< 256) * 2 + node flag, then + 512 * (graph + 1)
 # The graph an op belongs to: a node's graphNodeId carries its graph's id in its upper 32 bits (nsys 2025.3:
 # the graph exec id; the graph-level rows' graphExecId), 0 when the op is not in a graph.
-GRAPH_SQL = f" + {GRAPH_BITS} * COALESCE(CAST(graphNodeId / 4294967296 AS BIGINT) + 1, 0)"
+_GRAPH_SQL = f" + {_GRAPH_BITS} * COALESCE(CAST(graphNodeId / 4294967296 AS BIGINT) + 1, 0)"
 
 
 def _finish_ops(df: pl.DataFrame) -> pl.DataFrame:
     # ``device`` came as deviceId * 2 + (graphNodeId IS NOT NULL) + 512 * (graph id + 1): one column out of SQLite
     # instead of three (at 10 M kernels a column costs ~0.5 CPU-s to read)
     v = pl.col("device")
-    graph = pl.when(v >= GRAPH_BITS).then(v // GRAPH_BITS - 1)
+    graph: pl.Expr = pl.when(v >= _GRAPH_BITS).then(v // _GRAPH_BITS - 1)
     if "graph" in df.columns:  # a graph-level row: its graph exec id
         graph = pl.coalesce("graph", graph)
-    return (df.with_columns(pid=pid_of("gpid"), in_graph=(v % 2) == 1, graph=graph, device=(v % GRAPH_BITS) // 2)
+    return (df.with_columns(pid=pid_of("gpid"), in_graph=(v % 2) == 1, graph=graph, device=(v % _GRAPH_BITS) // 2)
             .select(list(OPS_SCHEMA)).cast(OPS_SCHEMA))
 
 
-def op_queries(r: Reader) -> list[tuple[str, str, Callable[[pl.DataFrame], pl.DataFrame]]]:
+def op_queries(r: ExportReader) -> list[tuple[str, str, Callable[[pl.DataFrame], pl.DataFrame]]]:
     """Per GPU activity table present: ``(table, query, post)``; ``post`` turns its rows (all, or a batch) into ops."""
     out = []
 
     def common(table: str) -> str:
-        node = f" + (graphNodeId IS NOT NULL){GRAPH_SQL}" if "graphNodeId" in r.columns(table) else ""
+        node = f" + (graphNodeId IS NOT NULL){_GRAPH_SQL}" if "graphNodeId" in r.columns(table) else ""
         return (f'SELECT start, "end", deviceId * 2{node} AS device, streamId AS stream, correlationId AS corr, '
                 f"globalPid AS gpid FROM {table}")
 
-    if r.has(KERNEL, "start", "end", "correlationId", "globalPid"):
-        name = "demangledName" if "demangledName" in r.columns(KERNEL) else "shortName"
-        q = common(KERNEL).replace(" FROM", f", {name} AS name_id FROM")
-        out.append((KERNEL, q, lambda df: _finish_ops(
+    if r.has(_KERNEL, "start", "end", "correlationId", "globalPid"):
+        name = "demangledName" if "demangledName" in r.columns(_KERNEL) else "shortName"
+        q = common(_KERNEL).replace(" FROM", f", {name} AS name_id FROM")
+        out.append((_KERNEL, q, lambda df: _finish_ops(
             df.with_columns(kind=pl.lit("kernel"), label=pl.lit(None, pl.String)))))
-    if r.has(MEMCPY, "start", "end", "correlationId", "globalPid"):
-        q = common(MEMCPY).replace(" FROM", ", copyKind AS copy_kind FROM")
+    if r.has(_MEMCPY, "start", "end", "correlationId", "globalPid"):
+        q = common(_MEMCPY).replace(" FROM", ", copyKind AS copy_kind FROM")
 
         def memcpy(df: pl.DataFrame) -> pl.DataFrame:
-            kinds = pl.col("copy_kind").cast(pl.Int64).replace_strict(MEMCPY_KINDS, default="?",
+            kinds = pl.col("copy_kind").cast(pl.Int64).replace_strict(_MEMCPY_KINDS, default="?",
                                                                       return_dtype=pl.String)
             return _finish_ops(df.with_columns(kind=pl.lit("memcpy"), name_id=pl.lit(None, pl.Int64),
                                                label=pl.format("[CUDA memcpy {}]", kinds)).drop("copy_kind"))
 
-        out.append((MEMCPY, q, memcpy))
-    if r.has(MEMSET, "start", "end", "correlationId", "globalPid"):
-        q = common(MEMSET)
-        out.append((MEMSET, q, lambda df: _finish_ops(
+        out.append((_MEMCPY, q, memcpy))
+    if r.has(_MEMSET, "start", "end", "correlationId", "globalPid"):
+        q = common(_MEMSET)
+        out.append((_MEMSET, q, lambda df: _finish_ops(
             df.with_columns(kind=pl.lit("memset"), name_id=pl.lit(None, pl.Int64), label=pl.lit("[CUDA memset]")))))
-    if r.has(GRAPH_TRACE, "start", "end", "correlationId", "globalPid"):
-        cols = r.columns(GRAPH_TRACE)
+    if r.has(_GRAPH_TRACE, "start", "end", "correlationId", "globalPid"):
+        cols = r.columns(_GRAPH_TRACE)
         gid = "graphId" if "graphId" in cols else "NULL"
         exe = "graphExecId" if "graphExecId" in cols else gid
-        q = common(GRAPH_TRACE).replace(" FROM", f", {gid} AS graph_id, {exe} AS graph FROM")
-        out.append((GRAPH_TRACE, q, lambda df: _finish_ops(
+        q = common(_GRAPH_TRACE).replace(" FROM", f", {gid} AS graph_id, {exe} AS graph FROM")
+        out.append((_GRAPH_TRACE, q, lambda df: _finish_ops(
             df.with_columns(kind=pl.lit("graph"), name_id=pl.lit(None, pl.Int64),
                             label=pl.format("[CUDA graph {}]", pl.col("graph_id")),
-                            device=pl.col("device") % GRAPH_BITS // 2 * 2).drop("graph_id"))))  # a whole graph: no node
+                            device=pl.col("device") % _GRAPH_BITS // 2 * 2)  # a whole graph: no node
+            .drop("graph_id"))))
     return out
 
 
-def _ops(r: Reader) -> pl.DataFrame:
+def _ops(r: ExportReader) -> pl.DataFrame:
     parts = [post(r.frame(q)) for _, q, post in op_queries(r)]
     if not parts:
         return pl.DataFrame(schema=OPS_SCHEMA)
     return pl.concat(parts, how="vertical")
 
 
-BAD_OP = ((pl.col("start") <= 0) | (pl.col("end") < pl.col("start")) | pl.col("start").is_null()
+_BAD_OP = ((pl.col("start") <= 0) | (pl.col("end") < pl.col("start")) | pl.col("start").is_null()
           | pl.col("pid").is_null())
 
 
 def bad_op(duration: int | None) -> pl.Expr:
-    """GPU operations that are dropped: :data:`BAD_OP` (invalid times, no process id), or longer than the session."""
-    return BAD_OP | (pl.col("end") - pl.col("start") > duration) if duration else BAD_OP
+    """GPU operations that are dropped: :data:`_BAD_OP` (invalid times, no process id), or longer than the session."""
+    return _BAD_OP | (pl.col("end") - pl.col("start") > duration) if duration else _BAD_OP
 
 
-def _strings(r: Reader) -> pl.DataFrame:
+def _strings(r: ExportReader) -> pl.DataFrame:
     if "StringIds" not in r.tables:
         return pl.DataFrame(schema={"name_id": pl.Int64, "name": pl.String})
     return r.frame("SELECT id AS name_id, value AS name FROM StringIds",
@@ -290,22 +296,22 @@ def _names(strings: pl.DataFrame, ids: pl.Series) -> pl.DataFrame:
                         how="semi")
 
 
-def _devices(r: Reader) -> pl.DataFrame:
+def _devices(r: ExportReader) -> pl.DataFrame:
     if r.has("TARGET_INFO_GPU", "id", "name"):
         return r.frame("SELECT DISTINCT id AS device, name AS device_name FROM TARGET_INFO_GPU",
                        schema={"device": pl.Int64, "device_name": pl.String}).unique("device")
     return pl.DataFrame(schema={"device": pl.Int64, "device_name": pl.String})
 
 
-def _nsys_diagnostics(r: Reader) -> pl.DataFrame:
-    schema = {"timestamp": pl.Int64, "severity": pl.Int64, "text": pl.String, "pid": pl.Int64}
+def _nsys_diagnostics(r: ExportReader) -> pl.DataFrame:
+    schema = pl.Schema({"timestamp": pl.Int64, "severity": pl.Int64, "text": pl.String, "pid": pl.Int64})
     if not r.has("DIAGNOSTIC_EVENT", "text"):
         return pl.DataFrame(schema=schema)
     df = r.frame("SELECT timestamp, severity, text, globalPid AS gpid FROM DIAGNOSTIC_EVENT")
     return df.with_columns(pid=pid_of("gpid")).select(list(schema)).cast(schema)
 
 
-def read_meta(r: Reader) -> dict:
+def read_meta(r: ExportReader) -> dict:
     """Export and capture metadata, session duration and start (small queries); checks the schema."""
     export, capture = _meta(r)
     _check_schema(str(r.path), r, export)
@@ -320,7 +326,7 @@ def read_meta(r: Reader) -> dict:
     return {"export": export, "capture": capture, "duration": duration, "utc": utc}
 
 
-def open_reader(path: str | os.PathLike):
+def open_reader(path: str | os.PathLike) -> ExportReader:
     """A reader for an nsys export: a SQLite file, or a ``parquetdir``/``arrowdir`` directory."""
     if os.path.isdir(path):
         from .exportdir import DirReader, is_export_dir

@@ -14,7 +14,7 @@ and returns :class:`GpuSamples`: every sample as an interval on the session cloc
   median period). Checked on the bundled H200 capture (nsys 2025.3.1, 20 kHz): "GR Active" agrees best with the
   traced GPU-busy share of the 50 µs *after* each timestamp (correlation 0.983, mean absolute difference 1.4
   points; 0.945 and 3.7 for the 50 µs before it) — tests/test_gpu_metrics.py re-checks it.
-- **Names by meaning.** :data:`KEYS` maps names of several nsys versions onto the columns the analysis uses
+- **Names by meaning.** :data:`_KEYS` maps names of several nsys versions onto the columns the analysis uses
   (``sm_active_pct``, ``sm_issue_pct``, ``tensor_active_pct``, ``dram_read_pct``, ``dram_write_pct``, …); the
   others keep a key made of their name. Values are integers in the export; a clock "[MHz]" that nsys stores in
   Hz is converted to MHz.
@@ -34,8 +34,10 @@ import polars as pl
 
 from .export import open_reader
 
+__all__ = ["MAIN", "GpuSamples", "metric_key", "read"]
+
 # Canonical key ← name patterns (case-insensitive, matched at the start of the name without its "[unit]").
-KEYS: tuple[tuple[str, str], ...] = (
+_KEYS: tuple[tuple[str, str], ...] = (
     ("sm_active_pct", r"sms? active"),
     ("sm_issue_pct", r"sm issue|sm instructions? issued"),
     ("tensor_active_pct", r"tensor (active|pipe)"),
@@ -53,9 +55,6 @@ KEYS: tuple[tuple[str, str], ...] = (
 )
 # the five the per-phase table shows as columns (the rest: the long table)
 MAIN = ("sm_active_pct", "sm_issue_pct", "tensor_active_pct", "dram_read_pct", "dram_write_pct")
-
-SAMPLES_SCHEMA = {"gpu": pl.Int64, "start": pl.Int64, "end": pl.Int64, "metric": pl.String, "value": pl.Float64}
-METRICS_SCHEMA = {"metric": pl.String, "name": pl.String, "unit": pl.String}
 
 
 @dataclass
@@ -82,7 +81,7 @@ def metric_key(name: str) -> tuple[str, str, str]:
     m = re.match(r"^\s*(.*?)\s*(?:\[(.*)\])?\s*$", name)
     base, unit = (m.group(1), m.group(2) or "") if m else (name, "")
     percent = "%" in unit or unit == ""
-    for key, pat in KEYS:
+    for key, pat in _KEYS:
         if re.match(rf"^(?:{pat})\b", base, re.IGNORECASE):
             if key.endswith("_pct") and not percent:  # e.g. "Compute Warps in Flight [Avg]"
                 break

@@ -14,7 +14,7 @@ The key (:func:`result_key`) adds what the store does not know: the phase regex,
 the report's path as the caller spelled it (it is in the outputs), the capture's manifest (the cycles' tokens may
 come from it), spectrace's version, a hash of the analysis
 code (:func:`code_digest`: any change of the source is a new key), polars' version, the store's build id and
-:data:`RESULT_VERSION`. The cycle choice (``--skip-cycles``/``--window``) is applied to a result after it is read,
+:data:`_RESULT_VERSION`. The cycle choice (``--skip-cycles``/``--window``) is applied to a result after it is read,
 so it is not part of the key.
 
 ``result.json`` lists every frame file with its size and CRC-32 and carries a digest of itself; a result whose
@@ -41,7 +41,9 @@ import time
 import uuid
 import weakref
 import zlib
+from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 import polars as pl
 
@@ -49,7 +51,11 @@ from .. import __version__
 from ..model import CommResult, Diagnostic, Result, Trace
 from .source import OpsWindow
 
-RESULT_VERSION = 1
+__all__ = ["KEEP_RESULTS", "STALE_S", "DICT_ROWS", "FOLDER", "KNOWN", "code_digest", "result_key", "derived", "load",
+           "save", "prune", "keep_derived"]
+
+_T = TypeVar("_T")
+_RESULT_VERSION = 1
 KEEP_RESULTS = 4  # result folders kept per store: the most recently used (other selections, older versions go)
 STALE_S = 24 * 3600  # a build folder (``.<key>.tmp-*``) this old was left by a process that died
 DICT_ROWS = 10_000  # string columns of frames this long are written dictionary-encoded
@@ -72,12 +78,13 @@ def code_digest() -> str:
     return h.hexdigest()
 
 
-def result_key(report: str, build: str | None, ranges: str | None, comm_patterns, manifest: dict | None = None
-               ) -> str:
+def result_key(report: str, build: str | None, ranges: str | None, comm_patterns: Sequence[object] | None,
+               manifest: dict[str, Any] | None = None) -> str:
     """The folder name of a result: a hash of everything that changes it (see the module docstring)."""
-    patterns = None if comm_patterns is None else [dataclasses.astuple(p) if dataclasses.is_dataclass(p) else repr(p)
-                                                   for p in comm_patterns]
-    key = {"version": RESULT_VERSION, "spectrace": __version__, "code": code_digest(), "polars": pl.__version__,
+    patterns = None if comm_patterns is None else [
+        dataclasses.astuple(p) if dataclasses.is_dataclass(p) and not isinstance(p, type) else repr(p)
+        for p in comm_patterns]
+    key = {"version": _RESULT_VERSION, "spectrace": __version__, "code": code_digest(), "polars": pl.__version__,
            "report": str(report), "build": build, "ranges": ranges, "comm_patterns": patterns, "manifest": manifest}
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=repr).encode()).hexdigest()[:32]
 
@@ -86,7 +93,7 @@ class _Unsupported(Exception):
     """A value the cache does not know how to write: the result is then not kept."""
 
 
-def _encode(v, frames: list[pl.DataFrame]):
+def _encode(v: object, frames: list[pl.DataFrame]) -> Any:
     if v is None or isinstance(v, bool | int | float | str):
         return v
     if isinstance(v, pl.DataFrame):
@@ -104,8 +111,9 @@ def _encode(v, frames: list[pl.DataFrame]):
     if isinstance(v, dict):
         return {"$dict": [[_encode(k, frames), _encode(x, frames)] for k, x in v.items()]}
     cls = getattr(type(v), "_lazy_of", type(v))  # a value read from the cache is written as its plain class
-    if dataclasses.is_dataclass(v) and KNOWN.get(cls.__name__) is cls:
-        return {"$class": cls.__name__,
+    name = cls.__name__
+    if dataclasses.is_dataclass(v) and KNOWN.get(name) is cls:
+        return {"$class": name,
                 "fields": {f.name: _encode(getattr(v, f.name), frames) for f in dataclasses.fields(v)}}
     raise _Unsupported(type(v).__name__)
 
@@ -116,12 +124,15 @@ class _Frame:
     __slots__ = ("data", "frame", "strings")
 
     def __init__(self, data: bytes, strings: list[str]):
-        self.data, self.frame, self.strings = data, None, strings
+        self.data, self.strings = data, strings
+        self.frame: pl.DataFrame | None = None
 
     def get(self) -> pl.DataFrame:
         if self.frame is None:
             df = pl.read_ipc(io.BytesIO(self.data))
-            self.frame, self.data = df.with_columns(pl.col(self.strings).cast(pl.String)) if self.strings else df, b""
+            df = df.with_columns(pl.col(self.strings).cast(pl.String)) if self.strings else df
+            self.frame, self.data = df, b""
+            return df
         return self.frame
 
 
@@ -132,7 +143,7 @@ class _LazyField:
     def __init__(self, name: str):
         self.name = name
 
-    def __get__(self, obj, owner=None):
+    def __get__(self, obj: object, owner: type | None = None) -> Any:
         if obj is None:
             return self
         v = obj.__dict__[self.name]
@@ -140,25 +151,25 @@ class _LazyField:
             v = obj.__dict__[self.name] = v.get()
         return v
 
-    def __set__(self, obj, value) -> None:
+    def __set__(self, obj: object, value: object) -> None:
         obj.__dict__[self.name] = value
 
 
-def _rebuild(cls, kw: dict):
+def _rebuild(cls: type[_T], kw: dict[str, Any]) -> _T:
     return cls(**kw)
 
 
 @functools.cache
-def _lazy(cls):
+def _lazy(cls: type) -> type:
     """``cls`` with every field a :class:`_LazyField`; pickled and copied as a plain ``cls`` (every frame read)."""
     names = [f.name for f in dataclasses.fields(cls)]
-    ns = {n: _LazyField(n) for n in names}
+    ns: dict[str, object] = {n: _LazyField(n) for n in names}
     ns["__reduce__"] = lambda self: (_rebuild, (cls, {n: getattr(self, n) for n in names}))
     ns["_lazy_of"] = cls
     return type(cls.__name__, (cls,), ns)
 
 
-def _decode(v, frames: list[_Frame], lazy: bool = False):
+def _decode(v: object, frames: list[_Frame], lazy: bool = False) -> Any:
     if isinstance(v, list):
         return [_decode(x, frames) for x in v]
     if not isinstance(v, dict):
@@ -177,7 +188,7 @@ def _decode(v, frames: list[_Frame], lazy: bool = False):
     return _lazy(cls)(**{k: _decode(x, frames, lazy=True) for k, x in v["fields"].items()})
 
 
-def _hashable(k):
+def _hashable(k: object) -> object:
     return tuple(k) if isinstance(k, list) else k
 
 
@@ -209,7 +220,7 @@ def _read_doc(folder: Path, key: str) -> tuple[object, list[_Frame]] | None:
         return None
 
 
-def _write_doc(parent: Path, name: str, key: str, body, frames: list[pl.DataFrame]) -> bool:
+def _write_doc(parent: Path, name: str, key: str, body: object, frames: list[pl.DataFrame]) -> bool:
     """``body`` (from :func:`_encode`) and its frames as ``parent/name``, atomically: built beside and renamed into
     place (a folder another process put there first is kept). False when it could not be written."""
     tmp = parent / f".{name}.tmp-{uuid.uuid4().hex[:12]}"
@@ -260,12 +271,12 @@ def _track(res: Result, folder: Path, key: str, derived: dict) -> None:
     _KEPT[i] = _Kept(weakref.ref(res, lambda _gone: _KEPT.pop(i, None)), folder, key, derived)
 
 
-def _kept(res) -> _Kept | None:
+def _kept(res: Result) -> _Kept | None:
     entry = _KEPT.get(id(res))
     return entry if entry is not None and entry.ref() is res else None
 
 
-def derived(res, key, compute):
+def derived(res: Result, key: Hashable, compute: Callable[[], _T]) -> _T:
     """The table derived from ``res`` under ``key`` (a memo key): read with ``res`` from the cache, else
     ``compute()`` (remembered for :func:`keep_derived` when ``res`` came from the cache)."""
     entry = _kept(res)

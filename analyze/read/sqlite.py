@@ -15,24 +15,32 @@ from __future__ import annotations
 import os
 import sqlite3
 import struct
+import sys
 import threading
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import polars as pl
 
 from ..model import InputError
 
+if TYPE_CHECKING:
+    from polars._typing import PolarsDataType
+
+__all__ = ["BATCH_ROWS", "sidecar", "check_file", "Reader"]
+
 # compressed files people pass by mistake (the bundled captures are .sqlite.xz): magic bytes → the tool
 _COMPRESSED = ((b"\xfd7zXZ\x00", "xz"), (b"\x1f\x8b", "gzip"), (b"\x28\xb5\x2f\xfd", "zstd"), (b"BZh", "bzip2"))
-SQLITE_MAGIC = b"SQLite format 3\x00"
-JOURNAL_MAGIC = bytes.fromhex("d9d505f920a163d7")
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_JOURNAL_MAGIC = bytes.fromhex("d9d505f920a163d7")
 # ADBC's SQLite driver returns 1024-row batches by default; 64 Ki rows read the same columns ~2.5x faster.
 BATCH_ROWS = 262144
 # SQLite's POSIX lock bytes (os_unix.c): the PENDING byte, then RESERVED, then 510 SHARED bytes; in the
 # ``-shm`` file the WAL locks start at byte 120 and every connection holds a read lock on byte 128 (DMS).
-PENDING_BYTE, LOCK_BYTES = 0x40000000, 512
-SHM_LOCKS, SHM_DMS = 120, 128
+_PENDING_BYTE, _LOCK_BYTES = 0x40000000, 512
+_SHM_LOCKS, _SHM_DMS = 120, 128
 
 
 def sidecar(p: Path, suffix: str) -> Path:
@@ -40,7 +48,7 @@ def sidecar(p: Path, suffix: str) -> Path:
     return p.with_name(p.name + suffix)
 
 
-def file_state(path: str | os.PathLike) -> list[list]:
+def _file_state(path: str | os.PathLike) -> list[list]:
     """``[name, size, mtime_ns]`` of the file and of its ``-wal`` if there is one: what the data depend on."""
     p = Path(path)
     out = []
@@ -81,17 +89,17 @@ def _held_lock(path: Path, start: int, length: int, probe: str) -> bool:
     return struct.unpack("hhqqi4x", got)[0] != fcntl.F_UNLCK
 
 
-def open_mode(p: Path, shown: Path | None = None) -> str:
+def _open_mode(p: Path, shown: Path | None = None) -> str:
     """``"wal"`` when committed changes wait in the ``-wal``, else ``"immutable"``; refuses a file being written.
 
     ``p``: the resolved path (where SQLite looks for the sidecars); ``shown``: the path as the user gave it.
     """
     journal = sidecar(p, "-journal")
     shown = shown or p
-    if _size(journal) >= len(JOURNAL_MAGIC):
+    if _size(journal) >= len(_JOURNAL_MAGIC):
         try:
             with journal.open("rb") as f:
-                hot = f.read(len(JOURNAL_MAGIC)) == JOURNAL_MAGIC
+                hot = f.read(len(_JOURNAL_MAGIC)) == _JOURNAL_MAGIC
         except OSError:
             hot = True
         if hot:
@@ -99,12 +107,12 @@ def open_mode(p: Path, shown: Path | None = None) -> str:
                 f"{shown}: {journal.name} beside it holds an unfinished write (another process is writing the file, or "
                 "a write was interrupted); let the writer finish, or open the file once with sqlite3 to roll it "
                 "back, then try again", "LIVE_WRITER")
-    if _held_lock(p, PENDING_BYTE, LOCK_BYTES, "read"):
+    if _held_lock(p, _PENDING_BYTE, _LOCK_BYTES, "read"):
         raise InputError(f"{shown}: another process is writing it; try again when it has finished", "LIVE_WRITER")
     if _size(sidecar(p, "-wal")) == 0:
         return "immutable"
     shm = sidecar(p, "-shm")
-    if shm.exists() and _held_lock(shm, SHM_LOCKS, SHM_DMS - SHM_LOCKS + 1, "write"):
+    if shm.exists() and _held_lock(shm, _SHM_LOCKS, _SHM_DMS - _SHM_LOCKS + 1, "write"):
         raise InputError(
             f"{shown}: another process has it open in WAL mode ({shm.name} is locked); close that program, or "
             f"checkpoint it first: sqlite3 {shown} 'PRAGMA wal_checkpoint(TRUNCATE)'", "LIVE_WRITER")
@@ -131,7 +139,7 @@ def check_file(path: str | os.PathLike) -> Path:
             head = f.read(100)
     except OSError as e:
         raise InputError(f"{p}: cannot read it ({e.strerror})", "UNREADABLE") from None
-    if head[:16] != SQLITE_MAGIC:
+    if head[:16] != _SQLITE_MAGIC:
         hint = ""
         if p.suffix in (".nsys-rep", ".qdrep", ".qdstrm"):
             hint = f"; export it first: nsys export --type sqlite -o {p.with_suffix('.sqlite')} {p}"
@@ -164,8 +172,8 @@ class Reader:
     def __init__(self, path: str | os.PathLike):
         self.path = check_file(path)
         real = self.path.resolve()
-        self.mode = open_mode(real, self.path)
-        self.state = file_state(real)
+        self.mode = _open_mode(real, self.path)
+        self.state = _file_state(real)
         args = "mode=ro&immutable=1" if self.mode == "immutable" else "mode=ro&vfs=unix-none"
         self._uri = f"file:{quote(os.fsencode(real))}?{args}"  # bytes: any file name, UTF-8 or not
         self.lossy = 0  # strings that were not valid UTF-8 (decoded with U+FFFD)
@@ -190,12 +198,12 @@ class Reader:
         con = sqlite3.connect(self._uri, uri=True, check_same_thread=False)
         con.text_factory = self._text
         if self.mode == "wal":
-            if hasattr(con, "setconfig"):  # Python 3.12+: never try to checkpoint on close
+            if sys.version_info >= (3, 12):  # con.setconfig is new in 3.12: never try to checkpoint on close
                 con.setconfig(sqlite3.SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, True)
             con.execute("PRAGMA locking_mode = EXCLUSIVE")  # the WAL index in memory: no -shm file
         return con
 
-    def _adbc(self):
+    def _adbc(self) -> Any:  # an ADBC DB-API connection (adbc_driver_sqlite.dbapi)
         import adbc_driver_sqlite.dbapi as adbc
 
         con = adbc.connect(self._uri)
@@ -214,7 +222,7 @@ class Reader:
                 self.lossy += 1
             return b.decode(errors="replace")
 
-    def _arrow(self, data) -> pl.DataFrame:
+    def _arrow(self, data: Any) -> pl.DataFrame:  # a pyarrow Table or RecordBatch (pyarrow has no type information)
         """An Arrow table or batch as a polars frame; string columns that are not valid UTF-8 are decoded lossily
         (polars would panic on them)."""
         import pyarrow as pa
@@ -230,14 +238,16 @@ class Reader:
                 fixed = pa.array([None if b is None else self._text(b) for b in raw.to_pylist()], f.type)
                 data = data.set_column(i, f, fixed) if isinstance(data, pa.Table) else pa.RecordBatch.from_arrays(
                     [fixed if j == i else data.column(j) for j in range(data.num_columns)], schema=data.schema)
-        return pl.from_arrow(data)
+        out = pl.from_arrow(data)
+        assert isinstance(out, pl.DataFrame)  # (a Series only from an Arrow array, never from a table or batch)
+        return out
 
     def close(self) -> None:
         self._con.close()
 
     def check_unchanged(self) -> None:
         """Fail if the file (or its ``-wal``) changed since it was opened: what was read may be half old, half new."""
-        if file_state(self.path.resolve()) != self.state:
+        if _file_state(self.path.resolve()) != self.state:
             raise InputError(f"{self.path}: the file changed while it was read; try again when it is complete",
                              "CHANGED")
 
@@ -256,7 +266,7 @@ class Reader:
         except sqlite3.DatabaseError as e:
             raise InputError(f"{self.path}: corrupt SQLite file ({e})", "CORRUPT") from None
 
-    def frame(self, sql: str, schema: dict[str, pl.DataType] | None = None) -> pl.DataFrame:
+    def frame(self, sql: str, schema: Mapping[str, PolarsDataType] | None = None) -> pl.DataFrame:
         """A query as a polars frame, read column-wise through ADBC when possible.
 
         Each call opens its own connection, so several frames can be read in parallel threads.
@@ -294,7 +304,7 @@ class Reader:
             df = df.with_columns([pl.col(c).cast(t) for c, t in schema.items() if c in df.columns])
         return df
 
-    def batches(self, sql: str, rows: int = BATCH_ROWS):
+    def batches(self, sql: str, rows: int = BATCH_ROWS) -> Iterator[pl.DataFrame]:
         """A query as an iterator of polars frames of about ``rows`` rows (bounded memory).
 
         Through ADBC record batches; if ADBC cannot (not installed, or a column's type changes
@@ -348,7 +358,7 @@ class Reader:
         return int(row[0][0] or 0) if row else 0
 
 
-def _batch_rows(cur, rows: int = BATCH_ROWS) -> None:
+def _batch_rows(cur: Any, rows: int = BATCH_ROWS) -> None:
     try:
         cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(rows)})
     except Exception:  # an older driver without the option: its default batches

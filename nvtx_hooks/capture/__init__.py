@@ -5,6 +5,8 @@ Runs on GPU hosts without the analysis stack (``python -m nvtx_hooks.capture tra
 never imports :mod:`analyze`. Expected failures raise :class:`CaptureError` (one line, exit 2).
 """
 
+__all__ = ["CaptureError"]
+
 
 class CaptureError(Exception):
     """A capture cannot run as asked; ``str(e)`` says what is wrong and what to do."""

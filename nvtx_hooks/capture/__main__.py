@@ -9,6 +9,8 @@ import sys
 
 from . import CaptureError
 
+__all__ = ["main"]
+
 
 def main(argv: list[str] | None = None) -> int:
     from . import nsys, scrub, workload

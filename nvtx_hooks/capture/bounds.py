@@ -15,9 +15,12 @@ import argparse
 import math
 import os
 import shlex
+from collections.abc import Mapping
+
+__all__ = ["Number", "number", "shell_words", "environment_problem"]
 
 # Polars' own integer settings: a value of 0 makes it panic, a thread count far above the CPUs makes it crawl.
-THREADS_PER_CPU = 8
+_THREADS_PER_CPU = 8
 
 
 def _cpus() -> int:
@@ -30,7 +33,7 @@ def _cpus() -> int:
 def _env_bounds() -> dict[str, tuple[int, int]]:
     """The environment variables checked, each with its allowed integer range."""
     return {
-        "POLARS_MAX_THREADS": (1, THREADS_PER_CPU * _cpus()),
+        "POLARS_MAX_THREADS": (1, _THREADS_PER_CPU * _cpus()),
         "POLARS_IDEAL_MORSEL_SIZE": (1, 2**31),
         "POLARS_STREAMING_CHUNK_SIZE": (1, 2**31),
     }
@@ -58,7 +61,7 @@ class Number:
             [f"<= {_fmt(hi)}"] if hi is not None else [])
         return f"{noun} {' and '.join(parts)}".rstrip()
 
-    def __call__(self, text: str):
+    def __call__(self, text: str) -> int | float:
         try:
             v = self.kind(text)
         except (ValueError, OverflowError):
@@ -86,12 +89,12 @@ def shell_words(text: str) -> str:
     return text
 
 
-def environment_problem(env: dict[str, str] | None = None) -> str | None:
+def environment_problem(env: Mapping[str, str] | None = None) -> str | None:
     """The first environment variable of :func:`_env_bounds` set to something outside its range, as one line;
     None when all are unset, empty or fine."""
-    env = os.environ if env is None else env
+    environ: Mapping[str, str] = os.environ if env is None else env
     for name, (lo, hi) in _env_bounds().items():
-        text = env.get(name)
+        text = environ.get(name)
         if not text:
             continue
         try:

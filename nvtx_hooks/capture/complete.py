@@ -15,10 +15,12 @@ from pathlib import Path
 
 from ..phases import base_name
 
-CYCLES = ("cycle", "decode_step")  # what one decode iteration is called (EAGLE, baseline)
-OPS = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
+__all__ = ["Rank", "ranks", "lines"]
+
+_CYCLES = ("cycle", "decode_step")  # what one decode iteration is called (EAGLE, baseline)
+_OPS = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
        "CUPTI_ACTIVITY_KIND_GRAPH_TRACE")
-PID = "(({col} >> 24) & 16777215)"
+_PID = "(({col} >> 24) & 16777215)"
 
 
 @dataclass
@@ -43,8 +45,8 @@ def ranks(path: str | Path) -> list[Rank]:
     try:
         have = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         gpu: dict[int, list] = {}
-        for t in (t for t in OPS if t in have):
-            q = (f"SELECT {PID.format(col='globalPid')} AS pid, deviceId, MIN(start), MAX(end), COUNT(*) "
+        for t in (t for t in _OPS if t in have):
+            q = (f"SELECT {_PID.format(col='globalPid')} AS pid, deviceId, MIN(start), MAX(end), COUNT(*) "
                  f"FROM {t} GROUP BY pid, deviceId")
             for pid, dev, a, b, n in con.execute(q):
                 g = gpu.setdefault(pid, [a, b, {}])
@@ -54,11 +56,11 @@ def ranks(path: str | Path) -> list[Rank]:
         if "NVTX_EVENTS" in have:
             text = "COALESCE(n.text, s.value)" if "StringIds" in have else "n.text"
             join = "LEFT JOIN StringIds s ON s.id = n.textId" if "StringIds" in have else ""
-            like = " OR ".join(f"{text} LIKE '%{c}'" for c in CYCLES)
-            q = (f"SELECT {PID.format(col='n.globalTid')}, n.start, COALESCE(n.end, n.start), {text} "
+            like = " OR ".join(f"{text} LIKE '%{c}'" for c in _CYCLES)
+            q = (f"SELECT {_PID.format(col='n.globalTid')}, n.start, COALESCE(n.end, n.start), {text} "
                  f"FROM NVTX_EVENTS n {join} WHERE n.eventType IN (59, 60) AND ({like})")
             for pid, a, b, name in con.execute(q):
-                if base_name(name) in CYCLES:
+                if base_name(name) in _CYCLES:
                     cyc.setdefault(pid, []).append((a, b))
     finally:
         con.close()
@@ -68,7 +70,7 @@ def ranks(path: str | Path) -> list[Rank]:
         dev = max(sorted(devs), key=lambda d: devs[d]) if devs else None
         cs = cyc.get(pid, [])
         after = [c for c in cs if b is None or c[0] > b]
-        inside = [c for c in cs if b is not None and c[0] <= b and c[1] >= a]
+        inside = [c for c in cs if a is not None and b is not None and c[0] <= b and c[1] >= a]
         out.append(Rank(pid, dev, a, b, len(cs), len(inside), len(after),
                         max((c[1] for c in after), default=None)))
     return sorted(out, key=lambda r: (r.device is None, r.device if r.device is not None else 0, r.pid))

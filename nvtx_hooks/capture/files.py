@@ -33,8 +33,12 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from types import TracebackType
+from typing import Any
 
-SIDECARS = ("-wal", "-journal", "-shm")  # where SQLite keeps a database's journal, WAL and WAL index
+__all__ = ["STALE_S", "OutputError", "clean", "utf8", "check_file", "new_file", "write_new", "NewFolder"]
+
+_SIDECARS = ("-wal", "-journal", "-shm")  # where SQLite keeps a database's journal, WAL and WAL index
 STALE_S = 24 * 3600  # a build folder of a target this old, or left by a dead process on this host, is removed
 
 
@@ -45,7 +49,7 @@ class OutputError(Exception):
         super().__init__(message)
         self.code = code
 
-    def __reduce__(self):  # keeps the code when raised in a worker process
+    def __reduce__(self) -> tuple[type[OutputError], tuple[str, str]]:  # keeps the code when raised in a worker
         return (type(self), (str(self), self.code))
 
 
@@ -67,7 +71,7 @@ def utf8(text: str) -> bytes:
     return clean(text).encode("utf-8")
 
 
-def os_error(e: OSError, path: str | os.PathLike, what: str) -> OutputError:
+def _os_error(e: OSError, path: str | os.PathLike, what: str) -> OutputError:
     """The one-line error of a failed write of ``what`` to ``path``: the system's reason."""
     why = e.strerror or str(e)
     if isinstance(e, FileNotFoundError) and not Path(path).parent.is_dir():
@@ -91,7 +95,7 @@ def _within(p: Path, folder: Path) -> bool:
     return p == folder or folder in p.parents
 
 
-KINDS = {stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFIFO: "a named pipe",
+_KINDS = {stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFIFO: "a named pipe",
          stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a folder"}
 
 
@@ -101,7 +105,7 @@ def _kind(p: Path) -> str | None:
         mode = p.stat().st_mode
     except (OSError, ValueError):
         return None
-    return None if stat.S_ISREG(mode) else KINDS.get(stat.S_IFMT(mode), "not a regular file")
+    return None if stat.S_ISREG(mode) else _KINDS.get(stat.S_IFMT(mode), "not a regular file")
 
 
 def _inputs(inputs: Iterable) -> list[tuple[Path, Path]]:
@@ -109,7 +113,8 @@ def _inputs(inputs: Iterable) -> list[tuple[Path, Path]]:
     return [(Path(i), _real(i)) for i in inputs if isinstance(i, str | os.PathLike)]
 
 
-def _refuse_input(path, real: Path, inputs: list[tuple[Path, Path]], option: str, folder: bool = False) -> None:
+def _refuse_input(path: str | os.PathLike, real: Path, inputs: list[tuple[Path, Path]], option: str,
+                  folder: bool = False) -> None:
     """OutputError if ``real`` (the real path of ``path``) is an input, one of its sidecars, inside an input
     folder, or (``folder``) a folder holding an input."""
     for given, src in inputs:
@@ -117,7 +122,7 @@ def _refuse_input(path, real: Path, inputs: list[tuple[Path, Path]], option: str
             continue
         hit = real == src or _same(real, src) or (src.is_dir() and _within(real, src))
         hit = hit or any(real == src.with_name(src.name + s) or _same(real, src.with_name(src.name + s))
-                         for s in SIDECARS)
+                         for s in _SIDECARS)
         if folder and _within(src, real):
             hit = True
         if hit:
@@ -125,7 +130,7 @@ def _refuse_input(path, real: Path, inputs: list[tuple[Path, Path]], option: str
                               "writes to its input)", "OUTPUT_IS_INPUT")
 
 
-def _refuse_fenced(path, real: Path, fences: Iterable[Path], option: str) -> None:
+def _refuse_fenced(path: str | os.PathLike, real: Path, fences: Iterable[Path], option: str) -> None:
     for f in fences:
         f = _real(f)
         if _within(real, f):
@@ -141,7 +146,7 @@ def check_file(path: str | os.PathLike, *, option: str, inputs: Iterable = (), f
     is refused, with ``hint``); ``sqlite``: the target's own ``-wal``/``-journal``/``-shm`` are checked too (a
     database written in place writes them)."""
     real, ins = _real(path), _inputs(inputs)
-    for p in [real, *([real.with_name(real.name + s) for s in SIDECARS] if sqlite else [])]:
+    for p in [real, *([real.with_name(real.name + s) for s in _SIDECARS] if sqlite else [])]:
         _refuse_input(path, p, ins, option)
     _refuse_fenced(path, real, fences, option)
     kind = _kind(real)
@@ -166,15 +171,15 @@ def new_file(path: str | os.PathLike, *, option: str, what: str = "the output", 
     try:
         os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))  # the umask applies, as for any file
     except OSError as e:
-        raise os_error(e, path, what) from None
+        raise _os_error(e, path, what) from None
     try:
         yield tmp
         check_file(path, option=option, inputs=inputs, fences=fences, replace=replace, hint=hint)  # still so
         _install(tmp, real, replace)
     except OSError as e:
-        raise os_error(e, path, what) from None
+        raise _os_error(e, path, what) from None
     finally:
-        for f in (tmp, *(tmp.with_name(tmp.name + s) for s in SIDECARS)):
+        for f in (tmp, *(tmp.with_name(tmp.name + s) for s in _SIDECARS)):
             with contextlib.suppress(OSError):
                 f.unlink()
 
@@ -199,7 +204,7 @@ def _install(tmp: Path, real: Path, replace: bool) -> None:
         os.rename(tmp, real)
 
 
-def write_new(path: str | os.PathLike, data: bytes, **kw) -> Path:
+def write_new(path: str | os.PathLike, data: bytes, **kw: Any) -> Path:
     """Write ``data`` to the output file ``path`` through :func:`new_file` (same keywords); its real path."""
     with new_file(path, **kw) as tmp:
         with open(tmp, "wb") as f:
@@ -268,7 +273,7 @@ class NewFolder:
         try:
             names = {p.name for p in self.real.iterdir()}
         except OSError as e:
-            raise os_error(e, self.target, self.what) from None
+            raise _os_error(e, self.target, self.what) from None
         if not names:
             return "empty"
         listed = self._listed(self.real)
@@ -306,7 +311,7 @@ class NewFolder:
             (self.tmp / ".owner").write_text(json.dumps(_owner()), encoding="utf-8")
         except OSError as e:
             self._discard()
-            raise os_error(e, self.target, self.what) from None
+            raise _os_error(e, self.target, self.what) from None
         except BaseException:
             self._discard()
             raise
@@ -323,10 +328,12 @@ class NewFolder:
         self.written.append(name)
         return self.target / name
 
-    def __exit__(self, kind, exc, tb) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+                 ) -> None:
         try:
             if kind is None:
-                self._install()
+                assert self.tmp is not None  # (made by __enter__)
+                self._install(self.tmp)
         finally:
             self._discard(keep_made=kind is None)
 
@@ -338,39 +345,39 @@ class NewFolder:
                 with contextlib.suppress(OSError):
                     q.rmdir()
 
-    def _install(self) -> None:
-        (self.tmp / ".owner").unlink()
+    def _install(self, tmp: Path) -> None:
+        (tmp / ".owner").unlink()
         try:
             marker = json.dumps({"by": "spectrace", "files": sorted(self.written)}, indent=1) + "\n"
-            (self.tmp / self.marker).write_bytes(marker.encode("utf-8"))
+            (tmp / self.marker).write_bytes(marker.encode("utf-8"))
             self.check()
             state = self.state()
             if state in ("new", "empty"):
                 try:
-                    os.rename(self.tmp, self.real)  # replaces an empty folder; fails on anything else
+                    os.rename(tmp, self.real)  # replaces an empty folder; fails on anything else
                 except OSError as e:
                     if e.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
                         raise OutputError(f"{self.target}: appeared while spectrace was writing it; not replaced",
                                           "EXISTS") from None
                     raise
             elif state == "ours":
-                self._swap()
+                self._swap(tmp)
             else:
-                self._into()
+                self._into(tmp)
         except OSError as e:
-            raise os_error(e, self.target, self.what) from None
+            raise _os_error(e, self.target, self.what) from None
 
-    def _swap(self) -> None:
+    def _swap(self, tmp: Path) -> None:
         old = self.real.with_name(f".{self.real.name}.old-{uuid.uuid4().hex[:12]}")
         os.rename(self.real, old)
         try:
-            os.rename(self.tmp, self.real)
+            os.rename(tmp, self.real)
         except BaseException:
             os.rename(old, self.real)
             raise
         _remove_tree(old)
 
-    def _into(self) -> None:
+    def _into(self, tmp: Path) -> None:
         """``--force`` onto a folder of someone else's: each file renamed into it (checked first, all of them)."""
         ins = _inputs(self.inputs)
         names = [*self.written, self.marker]
@@ -385,8 +392,8 @@ class NewFolder:
             if n == self.marker and listed:
                 data = json.dumps({"by": "spectrace", "files": sorted((listed - {self.marker}) | set(self.written))},
                                   indent=1) + "\n"
-                (self.tmp / n).write_bytes(data.encode("utf-8"))
-            os.replace(self.tmp / n, self.real / n)
+                (tmp / n).write_bytes(data.encode("utf-8"))
+            os.replace(tmp / n, self.real / n)
 
     def _remove_stale(self) -> None:
         """Build folders of this target (``.DIR.tmp-*``, ``.DIR.old-*``) that no live process owns."""

@@ -7,13 +7,16 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
+
+__all__ = ["SCHEMA", "utc_now", "speculative_config", "sglang_version", "nccl_env", "build", "write"]
 
 SCHEMA = "spectrace.trace-manifest/1"
 
 # command-line flag -> manifest key; SGLang's spellings first, then the embedded workload's
-SPEC_FLAGS: dict[str, str] = {
+_SPEC_FLAGS: dict[str, str] = {
     "--tp": "tp",
     "--tp-size": "tp",
     "--tensor-parallel-size": "tp",
@@ -28,7 +31,7 @@ SPEC_FLAGS: dict[str, str] = {
 
 
 # The embedded workload's module, now and before it moved under nvtx_hooks.capture (older manifests).
-WORKLOAD_MODULES = ("nvtx_hooks.capture.workload", "nvtx_hooks.workload")
+_WORKLOAD_MODULES = ("nvtx_hooks.capture.workload", "nvtx_hooks.workload")
 
 
 def utc_now() -> str:
@@ -48,7 +51,7 @@ def _flag_values(command: list[str], table: dict[str, str]) -> dict[str, str]:
     return out
 
 
-def _num(v: str):
+def _num(v: str) -> int | str:
     try:
         return int(v)
     except (TypeError, ValueError):
@@ -84,8 +87,8 @@ def _workload_settings(argv: list[str]) -> dict:
 
 def speculative_config(command: list[str]) -> dict:
     """Speculative-decoding settings read off the profiled command line (SGLang or the workload)."""
-    cfg: dict = {k: _num(v) for k, v in _flag_values(command, SPEC_FLAGS).items()}
-    at = [i for i, t in enumerate(command) if t.endswith(WORKLOAD_MODULES) or t == "demo-workload"]
+    cfg: dict = {k: _num(v) for k, v in _flag_values(command, _SPEC_FLAGS).items()}
+    at = [i for i, t in enumerate(command) if t.endswith(_WORKLOAD_MODULES) or t == "demo-workload"]
     if at:
         cfg["workload"] = "nvtx_hooks.capture.workload"
         cfg.update(_workload_settings(command[at[0] + 1:]))
@@ -107,7 +110,7 @@ def sglang_version() -> str | None:
         return None
 
 
-def gpu_names() -> list[str] | None:
+def _gpu_names() -> list[str] | None:
     """GPU names from nvidia-smi, or None where it is absent or fails."""
     smi = shutil.which("nvidia-smi")
     if not smi:
@@ -120,10 +123,10 @@ def gpu_names() -> list[str] | None:
     return [ln.strip() for ln in out.splitlines() if ln.strip()]
 
 
-def nccl_env(env: dict[str, str] | None = None) -> dict[str, str]:
+def nccl_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The NCCL_* variables the profiled command ran with."""
-    env = os.environ if env is None else env
-    return {k: v for k, v in sorted(env.items()) if k.startswith("NCCL_")}
+    environ: Mapping[str, str] = os.environ if env is None else env
+    return {k: v for k, v in sorted(environ.items()) if k.startswith("NCCL_")}
 
 
 def build(*, name: str, command: list[str], nsys_path: str, nsys_version: str | None,
@@ -140,7 +143,7 @@ def build(*, name: str, command: list[str], nsys_path: str, nsys_version: str | 
         "nccl_env": nccl_env(env),
         "sglang_version": sglang_version(),
         "speculative": speculative_config(command),
-        "gpus": gpu_names(),
+        "gpus": _gpu_names(),
         "started_utc": started,
         "ended_utc": ended,
         "wall_s": round(wall_s, 3),

@@ -27,32 +27,38 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from types import FrameType
+from typing import IO
 
 from . import CaptureError, complete
 from . import manifest as mf
 from .bounds import number, shell_words
 from .files import OutputError, check_file
 
-MIN_NSYS = (2024, 2)  # DIAGNOSTIC_EVENT, GRAPH_TRACE and CUDA_GRAPH_NODE_EVENTS exist from here on
-STATS_REPORTS = ("nvtx_gpu_proj_sum", "nvtx_sum")
-HOOKS_ENV = {"SPECTRACE_HOOKS": "1"}
-COLUMNAR = {"parquetdir": "_pqtdir", "arrowdir": "_arwdir"}  # --columnar: the folder nsys names for -o NAME
+__all__ = ["COLUMNAR_NSYS", "find_nsys", "parse_version", "nsys_version", "output_base", "outputs", "env_added",
+           "trace", "add_trace_arguments", "demo_workload"]
+
+_MIN_NSYS = (2024, 2)  # DIAGNOSTIC_EVENT, GRAPH_TRACE and CUDA_GRAPH_NODE_EVENTS exist from here on
+_STATS_REPORTS = ("nvtx_gpu_proj_sum", "nvtx_sum")
+_HOOKS_ENV = {"SPECTRACE_HOOKS": "1"}
+_COLUMNAR = {"parquetdir": "_pqtdir", "arrowdir": "_arwdir"}  # --columnar: the folder nsys names for -o NAME
 COLUMNAR_NSYS = (2023, 4)  # nsys export --type parquetdir/arrowdir exist from here on (docs/nsys-sqlite.md)
-PASSES = ("graph", "node", "plain")  # --passes: CUDA-graph trace level, or no profiler at all
-MAX_RECORDS, MAX_RECORD_BYTES = 64, 65536  # JSON-object lines of the program's output kept in the manifest
+_PASSES = ("graph", "node", "plain")  # --passes: CUDA-graph trace level, or no profiler at all
+_MAX_RECORDS, _MAX_RECORD_BYTES = 64, 65536  # JSON-object lines of the program's output kept in the manifest
 
 
-def find_nsys(explicit: str | None = None, env: dict[str, str] | None = None) -> str:
+def find_nsys(explicit: str | None = None, env: Mapping[str, str] | None = None) -> str:
     """The nsys executable: ``--nsys``, else ``$NSYS``, else ``nsys`` on PATH; CaptureError if none."""
-    env = os.environ if env is None else env
-    for cand, origin in ((explicit, "--nsys"), (env.get("NSYS"), "NSYS")):
+    environ: Mapping[str, str] = os.environ if env is None else env
+    for cand, origin in ((explicit, "--nsys"), (environ.get("NSYS"), "NSYS")):
         if cand:
             p = shutil.which(cand) or (cand if os.path.isfile(cand) and os.access(cand, os.X_OK) else None)
             if not p:
                 raise CaptureError(f"nsys not found at {cand!r} (from {origin}): give the path of an nsys executable")
             return p
-    p = shutil.which("nsys", path=env.get("PATH"))
+    p = shutil.which("nsys", path=environ.get("PATH"))
     if not p:
         raise CaptureError("nsys not found: put Nsight Systems' nsys on PATH, or pass --nsys PATH or set NSYS=PATH")
     return p
@@ -76,8 +82,8 @@ def nsys_version(nsys: str) -> str:
     ver = parse_version(text)
     if out.returncode != 0 or ver is None:
         raise CaptureError(f"{nsys} --version failed or printed no version: {text.strip()[:200]!r}")
-    if ver[:2] < MIN_NSYS:
-        need = ".".join(map(str, MIN_NSYS))
+    if ver[:2] < _MIN_NSYS:
+        need = ".".join(map(str, _MIN_NSYS))
         raise CaptureError(f"nsys {'.'.join(map(str, ver))} is too old: spectrace needs nsys >= {need}")
     return ".".join(map(str, ver))
 
@@ -97,15 +103,15 @@ def outputs(base: Path, stats: bool, columnar: str | None = None) -> dict[str, P
         "sqlite": base.with_name(base.name + ".sqlite"),
     }
     if columnar:
-        out["columnar"] = base.with_name(base.name + COLUMNAR[columnar])
+        out["columnar"] = base.with_name(base.name + _COLUMNAR[columnar])
     out["manifest"] = base.with_name(base.name + ".manifest.json")
     if stats:
-        for r in STATS_REPORTS:
+        for r in _STATS_REPORTS:
             out[r] = base.with_name(f"{base.name}_{r}.csv")
     return out
 
 
-def profile_args(a: argparse.Namespace) -> list[str]:
+def _profile_args(a: argparse.Namespace) -> list[str]:
     """The ``nsys profile`` options (without the nsys path, output and command)."""
     args = [
         f"--trace={a.trace}",
@@ -125,7 +131,7 @@ def profile_args(a: argparse.Namespace) -> list[str]:
         args.append(f"--duration={a.duration}")
     if a.force:
         args.append("--force-overwrite=true")
-    args += gpu_metrics_args(a)
+    args += _gpu_metrics_args(a)
     for extra in a.nsys_arg or []:
         args.extend(shlex.split(extra))
     return args
@@ -134,17 +140,17 @@ def profile_args(a: argparse.Namespace) -> list[str]:
 # nsys samples GPU metrics at 10 Hz .. 200 kHz; 20 kHz (50 µs) gives a 100 µs phase two samples; on an H200 it
 # changed the EAGLE workload's cycle by +0.25 % on average (paired runs: -0.5 .. +1.3 %, inside the run-to-run
 # spread; docs/gpu-metrics.md, tests/device/gpu_metrics_per_phase.sh)
-GPU_METRICS_HZ = 20_000
+_GPU_METRICS_HZ = 20_000
 
 
-def gpu_metrics_args(a: argparse.Namespace) -> list[str]:
+def _gpu_metrics_args(a: argparse.Namespace) -> list[str]:
     """``--gpu-metrics-devices``/``--gpu-metrics-frequency`` with ``--gpu-metrics`` (every GPU: all the ranks')."""
     if not getattr(a, "gpu_metrics", False):
         return []
     return [f"--gpu-metrics-devices={a.gpu_metrics_devices}", f"--gpu-metrics-frequency={a.gpu_metrics_frequency}"]
 
 
-def gpu_metrics_record(a: argparse.Namespace) -> dict | None:
+def _gpu_metrics_record(a: argparse.Namespace) -> dict | None:
     """The manifest's ``gpu_metrics``: what was sampled (None without ``--gpu-metrics``)."""
     if not getattr(a, "gpu_metrics", False):
         return None
@@ -154,7 +160,7 @@ def gpu_metrics_record(a: argparse.Namespace) -> dict | None:
 
 def env_added(a: argparse.Namespace) -> dict[str, str]:
     """Variables spectrace sets for the profiled command (``SPECTRACE_HOOKS=1`` and ``--env``)."""
-    out = dict(HOOKS_ENV)
+    out = dict(_HOOKS_ENV)
     for kv in a.env or []:
         k, eq, v = kv.partition("=")
         if not eq or not k:
@@ -163,7 +169,7 @@ def env_added(a: argparse.Namespace) -> dict[str, str]:
     return out
 
 
-def columnar(a: argparse.Namespace, version: str | None) -> str | None:
+def _columnar(a: argparse.Namespace, version: str | None) -> str | None:
     """The columnar export to write beside the SQLite one (``--columnar``), or None: none asked, or this nsys
     (``version``; None: unknown, as in a dry run) has no such export."""
     fmt = getattr(a, "columnar", None)
@@ -173,12 +179,12 @@ def columnar(a: argparse.Namespace, version: str | None) -> str | None:
     return fmt if ver is None or ver[:2] >= COLUMNAR_NSYS else None
 
 
-def commands(nsys: str, a: argparse.Namespace, base: Path, version: str | None = None) -> dict[str, list[str]]:
+def _commands(nsys: str, a: argparse.Namespace, base: Path, version: str | None = None) -> dict[str, list[str]]:
     """The nsys command lines: profile, export, (with --columnar) the columnar export and (with --stats) stats."""
-    fmt = columnar(a, version)
+    fmt = _columnar(a, version)
     o = outputs(base, a.stats, fmt)
     cmds = {
-        "profile": [nsys, "profile", *profile_args(a), "-o", str(o["report"]), *a.command],
+        "profile": [nsys, "profile", *_profile_args(a), "-o", str(o["report"]), *a.command],
         "export": [nsys, "export", "--type=sqlite", "--force-overwrite=true", "-o", str(o["sqlite"]),
                    str(o["report"])],
     }
@@ -186,22 +192,22 @@ def commands(nsys: str, a: argparse.Namespace, base: Path, version: str | None =
         cmds["columnar"] = [nsys, "export", f"--type={fmt}", "--force-overwrite=true", "-o", str(base),
                             str(o["report"])]
     if a.stats:
-        cmds["stats"] = [nsys, "stats", "--report", ",".join(STATS_REPORTS), "--format", "csv",
+        cmds["stats"] = [nsys, "stats", "--report", ",".join(_STATS_REPORTS), "--format", "csv",
                          "--force-export=false", "--force-overwrite=true", "-o", str(base), str(o["sqlite"])]
     return cmds
 
 
-class OutputRecords:
+class _OutputRecords:
     """Copies a child's stdout to ours line by line and keeps the lines that are JSON objects (the
-    embedded workload prints its throughput as one): at most :data:`MAX_RECORDS`, each shorter than
-    :data:`MAX_RECORD_BYTES`."""
+    embedded workload prints its throughput as one): at most :data:`_MAX_RECORDS`, each shorter than
+    :data:`_MAX_RECORD_BYTES`."""
 
-    def __init__(self, stream):
+    def __init__(self, stream: IO[bytes]) -> None:
         self.records: list[dict] = []
         self._thread = threading.Thread(target=self._copy, args=(stream,), daemon=True)
         self._thread.start()
 
-    def _copy(self, stream) -> None:
+    def _copy(self, stream: IO[bytes]) -> None:
         out = getattr(sys.stdout, "buffer", None)
         for line in iter(stream.readline, b""):
             try:
@@ -213,7 +219,7 @@ class OutputRecords:
             except (OSError, ValueError):
                 out = None
             text = line.strip()
-            if text.startswith(b"{") and len(text) < MAX_RECORD_BYTES and len(self.records) < MAX_RECORDS:
+            if text.startswith(b"{") and len(text) < _MAX_RECORD_BYTES and len(self.records) < _MAX_RECORDS:
                 try:
                     rec = json.loads(text)
                 except ValueError:
@@ -232,10 +238,10 @@ def _run_profile(cmd: list[str], env: dict[str, str], records: list | None = Non
     the report). ``records``: gets the JSON-object lines of its output (which still reach our stdout)."""
     proc = subprocess.Popen(cmd, env=env, start_new_session=True,
                             stdout=subprocess.PIPE if records is not None else None)
-    tee = OutputRecords(proc.stdout) if records is not None else None
+    tee = _OutputRecords(proc.stdout) if records is not None and proc.stdout is not None else None  # (a pipe)
     interrupted = False
 
-    def forward(signum, frame):
+    def forward(signum: int, frame: FrameType | None) -> None:
         nonlocal interrupted
         interrupted = True
         try:
@@ -254,19 +260,19 @@ def _run_profile(cmd: list[str], env: dict[str, str], records: list | None = Non
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-    if tee is not None:
+    if tee is not None and records is not None:  # (a tee only for records)
         records.extend(tee.join())
     return rc, interrupted
 
 
-def parse_passes(text: str | None) -> list[str]:
+def _parse_passes(text: str | None) -> list[str]:
     """``--passes graph,node[,plain]`` as a list (empty without the option); CaptureError if malformed."""
     if not text:
         return []
     out = [p.strip() for p in text.split(",") if p.strip()]
-    bad = [p for p in out if p not in PASSES]
+    bad = [p for p in out if p not in _PASSES]
     if bad or not out or len(set(out)) != len(out):
-        raise CaptureError(f"--passes wants distinct names among {', '.join(PASSES)} separated by commas, "
+        raise CaptureError(f"--passes wants distinct names among {', '.join(_PASSES)} separated by commas, "
                            f"got {text!r}")
     return out
 
@@ -281,7 +287,7 @@ def trace(a: argparse.Namespace) -> int:
     if not command:
         raise CaptureError("no command to profile: spectrace trace -o NAME -- COMMAND ...")
     base = output_base(a.output)
-    passes = parse_passes(getattr(a, "passes", None))
+    passes = _parse_passes(getattr(a, "passes", None))
     added = env_added(a)
     if a.dry_run:
         try:
@@ -345,7 +351,7 @@ def _capture(a: argparse.Namespace, nsys: str, base: Path, added: dict[str, str]
     """One capture under nsys: profile, export, write the manifest (``extra``: more manifest keys)."""
     command = a.command
     if a.dry_run:
-        cmds = commands(nsys, a, base)
+        cmds = _commands(nsys, a, base)
         print(f"{_env_line(added)} {shlex.join(cmds['profile'])}")
         print(shlex.join(cmds["export"]))
         for k in ("columnar", "stats"):
@@ -355,8 +361,8 @@ def _capture(a: argparse.Namespace, nsys: str, base: Path, added: dict[str, str]
     files = outputs(base, a.stats)
     _refuse_existing([files["report"], files["sqlite"], files["manifest"]], a.force)
     version = nsys_version(nsys)
-    cmds = commands(nsys, a, base, version)
-    fmt = columnar(a, version)
+    cmds = _commands(nsys, a, base, version)
+    fmt = _columnar(a, version)
     if fmt:
         files = outputs(base, a.stats, fmt)
         _refuse_existing([files["columnar"], files["manifest"]], a.force)
@@ -382,8 +388,8 @@ def _capture(a: argparse.Namespace, nsys: str, base: Path, added: dict[str, str]
                    ended=mf.utc_now(), wall_s=wall, exit_code=rc, interrupted=interrupted,
                    outputs=[p for k, p in files.items() if k != "manifest"])
     rec["exported"] = exported
-    if gpu_metrics_record(a) is not None:
-        rec["gpu_metrics"] = gpu_metrics_record(a)
+    if _gpu_metrics_record(a) is not None:
+        rec["gpu_metrics"] = _gpu_metrics_record(a)
     if "columnar" in files:
         rec["columnar_export"] = files["columnar"].name if files["columnar"].is_dir() else None
     rec["program_output"] = records
@@ -469,7 +475,7 @@ def add_trace_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-metrics", action="store_true",
                    help="also sample the GPUs' hardware counters (SMs active, tensor active, DRAM bandwidth...) for "
                         "`spectrace analyze --table utilisation` (nsys --gpu-metrics-devices; docs/gpu-metrics.md)")
-    p.add_argument("--gpu-metrics-frequency", type=number(int, 10, 200_000), default=GPU_METRICS_HZ, metavar="HZ",
+    p.add_argument("--gpu-metrics-frequency", type=number(int, 10, 200_000), default=_GPU_METRICS_HZ, metavar="HZ",
                    help="with --gpu-metrics: samples per second, 10..200000 (default: %(default)s, every 50 µs)")
     p.add_argument("--gpu-metrics-devices", default="all", metavar="LIST",
                    help="with --gpu-metrics: nsys --gpu-metrics-devices (default: %(default)s, every rank's GPU)")
@@ -482,7 +488,7 @@ def add_trace_arguments(p: argparse.ArgumentParser) -> None:
                         "this nsys has that export (>= 2023.4); spectrace analyses either (default: %(default)s; "
                         "docs/speed.md has the measured difference)")
     p.add_argument("--stats", action="store_true",
-                   help=f"also write NAME_<report>.csv for {', '.join(STATS_REPORTS)} (nsys stats)")
+                   help=f"also write NAME_<report>.csv for {', '.join(_STATS_REPORTS)} (nsys stats)")
     p.add_argument("-f", "--force", action="store_true", help="overwrite an existing report")
     p.add_argument("--strict", action="store_true",
                    help="exit 3 when a rank's GPU rows stop while its cycle ranges go on (lost GPU tail) "

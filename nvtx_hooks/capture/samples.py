@@ -15,20 +15,22 @@ import shutil
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-DATA = ROOT / "tests" / "data" / "h200_tp1"
-DATA_DIRS = (DATA, ROOT / "tests" / "data" / "h200_tp2")
-DEFAULT = "tp1_node"
+__all__ = ["DATA", "names", "data_dir", "cache_dir", "path", "stats_csv", "main"]
+
+_ROOT = Path(__file__).resolve().parents[2]
+DATA = _ROOT / "tests" / "data" / "h200_tp1"
+_DATA_DIRS = (DATA, _ROOT / "tests" / "data" / "h200_tp2")
+_DEFAULT = "tp1_node"
 
 
 def names() -> list[str]:
     """The bundled capture names."""
-    return sorted(p.name[: -len(".sqlite.xz")] for d in DATA_DIRS for p in d.glob("*.sqlite.xz"))
+    return sorted(p.name[: -len(".sqlite.xz")] for d in _DATA_DIRS for p in d.glob("*.sqlite.xz"))
 
 
 def data_dir(name: str) -> Path:
     """The folder that holds bundled capture ``name`` (its .sqlite.xz, manifest and nsys stats CSVs)."""
-    for d in DATA_DIRS:
+    for d in _DATA_DIRS:
         if (d / f"{name}.sqlite.xz").exists():
             return d
     return DATA
@@ -37,10 +39,10 @@ def data_dir(name: str) -> Path:
 def cache_dir() -> Path:
     """Where decompressed samples are kept."""
     env = os.environ.get("SPECTRACE_CACHE_DIR")
-    return Path(env) / "samples" if env else ROOT / ".cache" / "samples"
+    return Path(env) / "samples" if env else _ROOT / ".cache" / "samples"
 
 
-def path(name: str = DEFAULT, cache: Path | None = None) -> Path:
+def path(name: str = _DEFAULT, cache: Path | None = None) -> Path:
     """The decompressed SQLite export of bundled capture ``name``."""
     src = data_dir(name) / f"{name}.sqlite.xz"
     if not src.exists():
@@ -67,11 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m nvtx_hooks.capture.samples",
                                 description="Print the path of a bundled real H200 capture (an nsys SQLite export), "
                                             "decompressed on first use.")
-    p.add_argument("name", nargs="?", default=DEFAULT, help=f"capture name (default {DEFAULT}; --list names them)")
+    p.add_argument("name", nargs="?", default=_DEFAULT, help=f"capture name (default {_DEFAULT}; --list names them)")
     p.add_argument("--list", action="store_true", help="print the bundled capture names and exit")
     a = p.parse_args(argv)
     if not DATA.is_dir():
-        print(f"samples: error: the bundled captures ship with the source checkout ({DATA.relative_to(ROOT)}), not "
+        print(f"samples: error: the bundled captures ship with the source checkout ({DATA.relative_to(_ROOT)}), not "
               "with an installed package: clone the repository and run `make demo` there", file=sys.stderr)
         return 2
     if a.list:

@@ -18,7 +18,9 @@ from pathlib import Path
 
 from .files import OutputError, new_file
 
-BLANK = ""
+__all__ = ["profiled_pids", "scrub", "find_strings", "run", "add_arguments"]
+
+_BLANK = ""
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 # Tables whose pid columns name the profiled processes.
 # (ThreadNames is not one of them: it names the threads of every process on the machine.)
@@ -68,7 +70,7 @@ def _string_columns(con: sqlite3.Connection) -> dict[str, list[str]]:
     return out
 
 
-def referenced_ids(con: sqlite3.Connection) -> set[int]:
+def _referenced_ids(con: sqlite3.Connection) -> set[int]:
     """The string ids some row still uses.
 
     Where the DDL marks its string columns (nsys 2023.4+ comments ``REFERENCES StringIds``), exactly
@@ -136,7 +138,7 @@ def _scrub(src: Path, dst: Path) -> dict:
         stats["meta_env_rows"] = con.execute(
             "DELETE FROM META_DATA_CAPTURE WHERE name LIKE '%ENVIRONMENT%'").rowcount
         stats["meta_workdir_rows"] = con.execute(
-            "UPDATE META_DATA_CAPTURE SET value = ? WHERE name LIKE '%WORKING_DIR'", (BLANK,)).rowcount
+            "UPDATE META_DATA_CAPTURE SET value = ? WHERE name LIKE '%WORKING_DIR'", (_BLANK,)).rowcount
     if "TARGET_INFO_SYSTEM_ENV" in tabs:
         cond = "name LIKE '%Environment%' OR instr(CAST(value AS BLOB), X'00') > 0"
         env_values += [r[0] for r in con.execute(f"SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE {cond}")]
@@ -158,7 +160,7 @@ def _scrub(src: Path, dst: Path) -> dict:
             if v and ("\x00" in v or _ENV_KEY.match(v)) and any(p in v for p in pairs):
                 env_ids.add(i)
         ids = sorted(env_ids | stream_ids)
-        con.executemany("UPDATE StringIds SET value = ? WHERE id = ?", [(BLANK, i) for i in ids])
+        con.executemany("UPDATE StringIds SET value = ? WHERE id = ?", [(_BLANK, i) for i in ids])
         stats["string_ids_blanked"] = len(ids)
     if "PROCESSES" in tabs:
         keep = profiled_pids(con)
@@ -174,11 +176,11 @@ def _scrub(src: Path, dst: Path) -> dict:
             con.executemany("DELETE FROM ThreadNames WHERE globalTid = ?", gone)
             stats["thread_names_dropped"] = len(gone)
             if "StringIds" in tabs:  # the other processes' thread names
-                ids = {n for g, n in names if not kept(g)} - {n for g, n in names if kept(g)}
-                con.executemany("UPDATE StringIds SET value = ? WHERE id = ?", [(BLANK, i) for i in ids])
+                others = {n for g, n in names if not kept(g)} - {n for g, n in names if kept(g)}
+                con.executemany("UPDATE StringIds SET value = ? WHERE id = ?", [(_BLANK, i) for i in others])
     if "StringIds" in tabs:
-        used = referenced_ids(con)
-        orphans = [(BLANK, i) for (i,) in con.execute("SELECT id FROM StringIds WHERE value != ''")
+        used = _referenced_ids(con)
+        orphans = [(_BLANK, i) for (i,) in con.execute("SELECT id FROM StringIds WHERE value != ''")
                    if i not in used]
         con.executemany("UPDATE StringIds SET value = ? WHERE id = ?", orphans)
         stats["orphan_strings_blanked"] = len(orphans)

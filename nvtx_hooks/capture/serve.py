@@ -23,13 +23,16 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from typing import Any
+
+__all__ = ["main"]
 
 
-def _url(a, path: str) -> str:
+def _url(a: argparse.Namespace, path: str) -> str:
     return f"http://{a.host}:{a.port}{path}"
 
 
-def http(method: str, url: str, body: dict | None = None, timeout: float = 30.0) -> tuple[int, bytes]:
+def _http(method: str, url: str, body: dict | None = None, timeout: float = 30.0) -> tuple[int, bytes]:
     """One HTTP request; returns (status, body). Connection errors raise OSError."""
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method=method,
@@ -41,14 +44,14 @@ def http(method: str, url: str, body: dict | None = None, timeout: float = 30.0)
         return e.code, e.read()
 
 
-def wait_healthy(a, proc: subprocess.Popen) -> float:
+def _wait_healthy(a: argparse.Namespace, proc: subprocess.Popen) -> float:
     """Poll /health until 200; seconds waited. Raises if the server exits or the timeout passes."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < a.health_timeout:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with code {proc.returncode} before it was healthy")
         try:
-            if http("GET", _url(a, "/health"), timeout=5)[0] == 200:
+            if _http("GET", _url(a, "/health"), timeout=5)[0] == 200:
                 return time.monotonic() - t0
         except OSError:
             pass
@@ -56,7 +59,7 @@ def wait_healthy(a, proc: subprocess.Popen) -> float:
     raise TimeoutError(f"server not healthy after {a.health_timeout:.0f} s")
 
 
-def have_bench_serving() -> bool:
+def _have_bench_serving() -> bool:
     """True if ``sglang.bench_serving`` can be imported here (never imports it)."""
     import importlib.util
 
@@ -66,7 +69,7 @@ def have_bench_serving() -> bool:
         return False
 
 
-def bench_serving_command(a) -> list[str]:
+def _bench_serving_command(a: argparse.Namespace) -> list[str]:
     """SGLang's load generator with a fixed random dataset."""
     return [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--host", a.host,
             "--port", str(a.port), "--dataset-name", "random", "--num-prompts", str(a.num_prompts),
@@ -74,13 +77,13 @@ def bench_serving_command(a) -> list[str]:
             "--random-range-ratio", "1.0", "--max-concurrency", str(a.concurrency), "--seed", "1"]
 
 
-def builtin_load(a) -> dict:
+def _builtin_load(a: argparse.Namespace) -> dict[str, Any]:
     """Send ``num_prompts`` /generate requests from ``concurrency`` threads; returns counts."""
     words = "the quick brown fox jumps over the lazy dog ".split()
     todo = list(range(a.num_prompts))
     lock, done, failed = threading.Lock(), [0], [0]
 
-    def worker():
+    def worker() -> None:
         while True:
             with lock:
                 if not todo:
@@ -90,7 +93,7 @@ def builtin_load(a) -> dict:
             body = {"text": text, "sampling_params": {"max_new_tokens": a.output_len, "temperature": 0,
                                                       "ignore_eos": True}}
             try:
-                ok = http("POST", _url(a, "/generate"), body, timeout=a.request_timeout)[0] == 200
+                ok = _http("POST", _url(a, "/generate"), body, timeout=a.request_timeout)[0] == 200
             except OSError:
                 ok = False
             with lock:
@@ -104,7 +107,7 @@ def builtin_load(a) -> dict:
     return {"ok": done[0], "failed": failed[0]}
 
 
-def stop_server(proc: subprocess.Popen, grace: float) -> int:
+def _stop_server(proc: subprocess.Popen, grace: float) -> int:
     """SIGINT the server's process group, then SIGTERM, then SIGKILL; returns its exit code."""
     for sig, wait in ((signal.SIGINT, grace), (signal.SIGTERM, grace / 2), (signal.SIGKILL, 10)):
         if proc.poll() is not None:
@@ -120,7 +123,7 @@ def stop_server(proc: subprocess.Popen, grace: float) -> int:
     return proc.wait()
 
 
-def drive(a) -> int:
+def _drive(a: argparse.Namespace) -> int:
     """Launch the server, run the load inside the profiler window, stop everything; exit code."""
     server = list(a.server)
     if server and server[0] == "--":
@@ -132,36 +135,36 @@ def drive(a) -> int:
     proc = subprocess.Popen(server, start_new_session=True)
     rc = 0
     try:
-        log(f"server healthy after {wait_healthy(a, proc):.1f} s")
+        log(f"server healthy after {_wait_healthy(a, proc):.1f} s")
         if a.warmup:
-            builtin_load(argparse.Namespace(**{**vars(a), "num_prompts": a.warmup, "concurrency": 1}))
+            _builtin_load(argparse.Namespace(**{**vars(a), "num_prompts": a.warmup, "concurrency": 1}))
         if a.profile:
-            st, body = http("POST", _url(a, "/start_profile"), {"activities": ["CUDA_PROFILER"]})
+            st, body = _http("POST", _url(a, "/start_profile"), {"activities": ["CUDA_PROFILER"]})
             log(f"/start_profile -> {st}")
         load = a.load
         if load == "auto":
-            load = "bench_serving" if have_bench_serving() else "builtin"
+            load = "bench_serving" if _have_bench_serving() else "builtin"
         t0 = time.monotonic()
         if load == "bench_serving":
-            rc = subprocess.call(bench_serving_command(a))
+            rc = subprocess.call(_bench_serving_command(a))
             log(f"bench_serving exit {rc} in {time.monotonic() - t0:.1f} s")
         else:
-            res = builtin_load(a)
+            res = _builtin_load(a)
             log(f"built-in load: {res['ok']} ok, {res['failed']} failed in {time.monotonic() - t0:.1f} s")
             rc = 0 if res["failed"] == 0 else 1
         if a.profile:
-            st, _ = http("POST", _url(a, "/stop_profile"), {})
+            st, _ = _http("POST", _url(a, "/stop_profile"), {})
             log(f"/stop_profile -> {st}")
     except (RuntimeError, TimeoutError, OSError) as e:
         log(f"error: {e}")
         rc = 1
     finally:
-        src = stop_server(proc, a.stop_grace)
+        src = _stop_server(proc, a.stop_grace)
         log(f"server stopped (exit {src})")
     return rc
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _build_parser() -> argparse.ArgumentParser:
     """Options of ``python -m nvtx_hooks.capture.serve``."""
     p = argparse.ArgumentParser(prog="python -m nvtx_hooks.capture.serve", description=__doc__.split("\n\n")[0])
     p.add_argument("--host", default="127.0.0.1")
@@ -184,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point."""
-    return drive(build_parser().parse_args(argv))
+    return _drive(_build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+__all__ = ["main"]
+
 
 def main(argv: list[str] | None = None) -> int:
     """Serve until SIGINT/SIGTERM; returns 0 after a clean stop."""

@@ -44,7 +44,7 @@ truth of the knobs above (see :func:`run`).
 
 Every rank hands its buffered CUDA events to the profiler after the loop and before it ends
 (``cuptiActivityFlushAll`` when a CUPTI is loaded, e.g. by nsys) and ends with a normal exit, where CUDA
-and the profiler flush what is left; NCCL's teardown gets :data:`TEARDOWN_S` seconds, then the rank ends
+and the profiler flush what is left; NCCL's teardown gets :data:`_TEARDOWN_S` seconds, then the rank ends
 anyway. ``--exit os`` keeps the old ending (no flush, ``os._exit`` right after the final barrier), which
 lost the last CUPTI buffers of a whole-run capture.
 
@@ -54,6 +54,7 @@ Run: ``python -m nvtx_hooks.capture.workload --help`` or ``spectrace demo-worklo
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -61,10 +62,14 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from ..phases import encode_payload
 
-TEARDOWN_S = 60.0  # NCCL teardown after the final barrier normally takes well under a second
+__all__ = ["build_parser", "parse_schedule", "check", "flush_cupti", "accept_lengths", "spin", "run",
+           "torchrun_command", "to_argv", "main"]
+
+_TEARDOWN_S = 60.0  # NCCL teardown after the final barrier normally takes well under a second
 
 
 def _rate(text: str) -> float:
@@ -253,7 +258,7 @@ def spin(seconds: float) -> None:
         pass
 
 
-def cycle_payload(batch_size: int, cycle_index: int, accepted_per_request: int | None = None) -> int:
+def _cycle_payload(batch_size: int, cycle_index: int, accepted_per_request: int | None = None) -> int:
     """The phase API's payload: ``accepted_per_request`` counts the bonus token, the payload does not."""
     acc = None if accepted_per_request is None else batch_size * (accepted_per_request - 1)
     return encode_payload(batch_size, cycle_index, acc)
@@ -362,11 +367,14 @@ def run(args: argparse.Namespace) -> dict:
                 for b in sizes:
                     target(xv[b] if not args.baseline else xd[b])
                     draft_model(xd[b])
-            for n in sorted(set(new_requests) - {0}):
-                layer(target(xp[: n * args.prompt_len]), Wd[0])
+            if xp is not None:  # (made whenever a prefill is scheduled)
+                for n in sorted(set(new_requests) - {0}):
+                    layer(target(xp[: n * args.prompt_len]), Wd[0])
         torch.cuda.current_stream().wait_stream(s)
         torch.cuda.synchronize()
-    run_v, run_d = {}, {}  # per batch size: one verify, one draft
+    run_v: dict[int, Callable[[], object]] = {}  # per batch size: one verify,
+    run_d: dict[int, Callable[[], object]] = {}  # one draft
+    run_b: Callable[[], object]  # a decode step of the baseline (no speculation)
     if graphs:
         if args.baseline:
             gb = torch.cuda.CUDAGraph()
@@ -384,7 +392,7 @@ def run(args: argparse.Namespace) -> dict:
     else:
         run_b = lambda: target(xd[args.batch])  # noqa: E731
         for b in sizes:
-            run_v[b], run_d[b] = (lambda b=b: target(xv[b])), (lambda b=b: draft_model(xd[b]))
+            run_v[b], run_d[b] = functools.partial(target, xv[b]), functools.partial(draft_model, xd[b])
     if use_cuda:
         torch.cuda.synchronize()
     if world > 1:
@@ -402,8 +410,9 @@ def run(args: argparse.Namespace) -> dict:
 
     def accept_result(j: int) -> None:
         """Cycle j's result on the host (SGLang v2: after its copy-done event), and the hooks' mark."""
-        if copied[j % 2] is not None:
-            copied[j % 2].synchronize()
+        event = copied[j % 2]
+        if event is not None:
+            event.synchronize()
         a = int(acc_host[j % 2].item())  # a CPU tensor: no device sync
         bj = batch_of[j]
         mark("accept", encode_payload(bj, j, bj * (a - 1)))
@@ -424,6 +433,7 @@ def run(args: argparse.Namespace) -> dict:
 
     def prefill(new: int, last: int) -> float:
         """A prefill of ``new`` requests after cycle ``last`` (ranges, then a host sync); its host time, ms."""
+        assert xp is not None  # (made whenever a prefill is scheduled)
         t = time.perf_counter()
         push("prefill", encode_payload(new, last))
         push("prefill_target_extend")
@@ -441,14 +451,14 @@ def run(args: argparse.Namespace) -> dict:
         batch_of[i] = bs
         pushed_at[i] = time.perf_counter()
         if args.baseline:
-            push("decode_step", cycle_payload(bs, i))
+            push("decode_step", _cycle_payload(bs, i))
             run_b()
             acc_dev.fill_(1)
             int(acc_dev.item())  # the host reads the sampled token: one sync per step
             pop()
             return
         a = sched[i]
-        p_known, p_cycle = cycle_payload(bs, i, a), cycle_payload(bs, i)
+        p_known, p_cycle = _cycle_payload(bs, i, a), _cycle_payload(bs, i)
         if args.v2:
             p_known = p_cycle  # the accept length stays on the GPU
         push("cycle", p_known)
@@ -467,8 +477,9 @@ def run(args: argparse.Namespace) -> dict:
         push("host_overhead")
         if args.v2:
             acc_host[i % 2].copy_(acc_dev, non_blocking=use_cuda)
-            if copied[i % 2] is not None:
-                copied[i % 2].record()
+            event = copied[i % 2]
+            if event is not None:
+                event.record()
         else:
             int(acc_dev.item())
         if host_s:
@@ -581,7 +592,7 @@ def _under_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ
 
 
-def visible_gpus() -> int:
+def _visible_gpus() -> int:
     """GPUs torch can see here (0 without torch or CUDA)."""
     try:
         import torch
@@ -640,7 +651,7 @@ def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) 
         check(args)
     except ValueError as e:
         build_parser().error(str(e))
-    nproc = args.nproc if args.nproc is not None else max(1, visible_gpus())
+    nproc = args.nproc if args.nproc is not None else max(1, _visible_gpus())
     if nproc > 1 and not _under_torchrun():
         import subprocess
 
@@ -650,13 +661,13 @@ def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) 
     rec = run(args)
     print(json.dumps(rec), flush=True)
     if rec["world"] > 1:
-        end_rank(args.exit_mode)
+        _end_rank(args.exit_mode)
     return 0
 
 
-def end_rank(mode: str) -> None:
+def _end_rank(mode: str) -> None:
     """End one rank of several: GPU idle and CUPTI flushed, all ranks done, then NCCL torn down (bounded by
-    :data:`TEARDOWN_S`: it can hang) and a normal exit; ``mode='os'``: ``os._exit`` after the barrier."""
+    :data:`_TEARDOWN_S`: it can hang) and a normal exit; ``mode='os'``: ``os._exit`` after the barrier."""
     import torch
     import torch.distributed as dist
 
@@ -669,7 +680,7 @@ def end_rank(mode: str) -> None:
     sys.stderr.flush()
     if mode == "os":
         os._exit(0)
-    watchdog = threading.Timer(TEARDOWN_S, os._exit, (0,))
+    watchdog = threading.Timer(_TEARDOWN_S, os._exit, (0,))
     watchdog.daemon = True
     watchdog.start()
     dist.destroy_process_group()
