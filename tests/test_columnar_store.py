@@ -44,7 +44,14 @@ def same_store(cut, copied):
         for kind in ("ops", "api"):
             assert cut.read(kind, pid).equals(copied.read(kind, pid)), (kind, pid)  # the order too
         assert cut.read("ops", pid, ("start", "corr")).equals(copied.read("ops", pid, ("start", "corr")))
-    assert cut.scan("ops").collect().equals(copied.scan("ops").collect())
+    for kind in ("ops", "api"):
+        assert cut.scan(kind).collect().equals(copied.scan(kind).collect()), kind
+        assert cut.scan(kind, copied.pids[::-1]).collect().equals(copied.scan(kind, copied.pids[::-1]).collect())
+    ops = copied.scan("ops").collect()
+    t0, t1 = ops["start"].quantile(0.3), ops["start"].quantile(0.6)  # a time window, as the report's figures cut
+    cut_by = (pl.col("end") > t0) & (pl.col("start") < t1)
+    got = cut.scan("ops").filter(cut_by).collect()
+    assert got.equals(ops.filter(cut_by)) and 0 < got.height < ops.height
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "arrow"])

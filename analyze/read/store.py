@@ -491,9 +491,7 @@ class Store:
         if kind not in ("ops", "api"):
             return pl.scan_parquet(self.root / f"{kind}.parquet")
         if self.meta.get("columnar"):
-            chosen = pids if pids is not None else self.pids
-            parts = [self._columnar(kind, p) for p in chosen]
-            return (pl.concat(parts) if parts else _no_rows(kind)).lazy()
+            return self._columnar_scan(kind, pids if pids is not None else self.pids)
         have = self.meta[f"{kind}_rows"]
         files = [f for p in (pids if pids is not None else self.pids) if str(p) in have for f in self.files(kind, p)]
         if not files:
@@ -552,14 +550,7 @@ class Store:
         out; the kept API calls in row order, then the other calls that launched an op no kept call accounts for."""
         if str(pid) not in self.meta[f"{kind}_rows"]:
             return _no_rows(kind)
-        with self._lock:
-            if self._reader is None:
-                r = self.reading(lambda: open_reader(self.meta["report"]))
-                if [f[:3] for f in self.meta["key"]["files"]] != getattr(r, "state", None):  # changed since verified
-                    raise InputError(f"{self.report or self.meta['report']}: the export changed while it was read; "
-                                     "try again", "CHANGED")
-                self._reader = r
-        r = self._reader
+        r = self._export()
         if kind == "ops":
             parts = [post(r.process_rows(q, "globalPid", pid).collect()) for _, q, post in op_queries(r)]
             df = pl.concat(parts).filter(~bad_op(self.meta["duration"]))
@@ -578,6 +569,38 @@ class Store:
                                               maintain_order="left")])
         r.check_unchanged()
         return df
+
+    def _export(self):
+        """The columnar export's reader, opened once (and checked against the key the store was verified with)."""
+        with self._lock:
+            if self._reader is None:
+                r = self.reading(lambda: open_reader(self.meta["report"]))
+                if [f[:3] for f in self.meta["key"]["files"]] != getattr(r, "state", None):  # changed since verified
+                    raise InputError(f"{self.report or self.meta['report']}: the export changed while it was read; "
+                                     "try again", "CHANGED")
+                self._reader = r
+        return self._reader
+
+    def _columnar_scan(self, kind: str, pids: list[int]) -> pl.LazyFrame:
+        """Some processes' rows of a columnar export, lazily (a filter on time is pushed into the export's scans):
+        the rows of :meth:`_columnar`, by process in ``pids``' order."""
+        r = self._export()
+        which = pl.col("pid").is_in(pl.Series(pids, dtype=pl.Int64).implode())
+        if kind == "ops":
+            parts = [_lazy_post(post, r._lazy(q)) for _, q, post in op_queries(r)]
+            lf = pl.concat(parts) if parts else _no_rows(kind).lazy()
+            lf = lf.filter(which & ~bad_op(self.meta["duration"]))
+        else:
+            api_q = api_query(r)
+            if api_q is None:
+                return _no_rows(kind).lazy()
+            calls = _lazy_post(api_q[1], r._lazy(api_q[0])).filter(which)
+            kept = pl.col("name_id").is_in(pl.Series(self.meta["kept_ids"], dtype=pl.Int64).implode())
+            lost = pl.scan_parquet(self.root / "lost.parquet")
+            lf = pl.concat([calls.filter(kept), calls.filter(~kept.fill_null(False)).join(
+                lost, on=["pid", "corr"], how="semi", nulls_equal=True, maintain_order="left")])
+        order = pl.col("pid").replace_strict(pids, list(range(len(pids))), default=None, return_dtype=pl.Int64)
+        return lf.sort(order, maintain_order=True)  # stable: each process's rows in their own order
 
     def trace(self) -> Trace:
         """The whole trace in memory, as :func:`analyze.read.export.load` returns it (ops grouped by process)."""
@@ -883,15 +906,20 @@ def _packs(rows: pl.DataFrame) -> bool:
     return bool(rows.select(fits.all()).item())
 
 
-def _narrow(post, lf: pl.LazyFrame, columns: list[str]) -> pl.DataFrame:
-    """``post`` applied to a query's lazy rows, and only ``columns`` of them read (polars prunes the others)."""
+def _lazy_post(post, lf: pl.LazyFrame) -> pl.LazyFrame:
+    """``post`` (a query's row function, :func:`analyze.read.export.op_queries`) applied to its lazy rows."""
     import warnings
 
     from polars.exceptions import PerformanceWarning
 
     with warnings.catch_warnings():  # post asks for a column name or two: the lazy schema, cheap here
         warnings.simplefilter("ignore", PerformanceWarning)
-        return post(lf).select(columns).collect()
+        return post(lf)
+
+
+def _narrow(post, lf: pl.LazyFrame, columns: list[str]) -> pl.DataFrame:
+    """``post`` applied to a query's lazy rows, and only ``columns`` of them read (polars prunes the others)."""
+    return _lazy_post(post, lf).select(columns).collect()
 
 
 OP_KEYS = {"name_id": pl.Int64, "label": pl.String}
