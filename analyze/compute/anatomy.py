@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 
 import polars as pl
 
+from ..read import results
 from . import collectives, headline
 from .steady import class_label
 from .tokens import selection
@@ -32,6 +33,7 @@ GROW = 0.5  # a piece that grew by this share of a class's extra time holds it
 SHOWN = 0.1  # pieces that grew by less than this share of the extra time are not listed
 
 
+@results.cacheable
 @dataclass
 class CycleClass:
     """One class of slower cycles and where its extra time sits (JSON: ``cycle_classes``)."""
@@ -243,6 +245,7 @@ def describe(c: CycleClass) -> str:
     return f"{head}, in {where}{on}"
 
 
+@results.cacheable
 @dataclass
 class Segment:
     """A run of cycles of one decode batch size (JSON: ``segments``)."""

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, fields
 import polars as pl
 
 from ..model import InputError
+from ..read import results
 from . import anatomy, breakdown, headline, steady, utilisation
 from .tokens import CYCLE_NAMES, base_expr, selection, summary
 
@@ -54,6 +55,7 @@ class RuleContext:
     classes: list = field(default_factory=list)  # anatomy.CycleClass: the slower cycles that recur, and rare stalls
 
 
+@results.cacheable
 @dataclass(frozen=True)
 class Finding:
     """One ranked finding: what costs cycle time, the evidence, and what to try.
@@ -529,8 +531,7 @@ def context(res, model=None) -> RuleContext:
         from . import whatif
 
         try:
-            model = whatif.fit(res)
-            model.segments = whatif.fit_segments(res)
+            model = whatif.fitted(res)
         except InputError:
             model = None
     ncyc = headline.cycles_per_rank(res).rename({"cycles": "ncyc"})
@@ -543,7 +544,14 @@ def context(res, model=None) -> RuleContext:
 
 def find(res, model=None) -> list[Finding]:
     """Ranked findings (:class:`Finding`), biggest impact first; ``model``: a fitted what-if model (else one is
-    tried). ``Result.steady.findings`` has them with the default model."""
+    tried). ``Result.steady.findings`` has them with the default model. With the default model they are kept with the
+    result (:func:`analyze.compute.headline._memo`): a second command on the same capture reads them."""
+    if model is None:
+        return headline._memo(res, "findings", lambda: _find(res, None))
+    return _find(res, model)
+
+
+def _find(res, model) -> list[Finding]:
     ctx = context(res, model)
     if not ctx.period_ns:
         return []

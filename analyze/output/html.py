@@ -497,8 +497,7 @@ def write_page(res, out: str | Path, vs=None, steps_now: int | None = None,
 def _write_page(res, out: NewFolder, vs, steps_now: int | None, extra) -> None:
     name = ", ".join(Path(p).name for p in res.reports) or Path(res.trace.path).name
     try:  # vs is a run to compare with, not whatif's no-speculation baseline: one model per batch size
-        model = whatif.fit(res, steps_now)
-        model.segments = whatif.fit_segments(res, steps_now)
+        model = whatif.fitted(res, steps_now)  # with its per-batch-size models; kept with the result
     except InputError as e:
         model = e
     found = findings.find(res, None if isinstance(model, InputError) else model)
