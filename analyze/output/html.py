@@ -500,7 +500,10 @@ def _write_page(res, out: NewFolder, vs, steps_now: int | None, extra) -> None:
         model = whatif.fitted(res, steps_now)  # with its per-batch-size models; kept with the result
     except InputError as e:
         model = e
-    found = findings.find(res, None if isinstance(model, InputError) else model)
+    if isinstance(model, InputError):
+        found = findings.find(res)
+    else:  # the findings with the model at these steps: kept with the result, as the model is
+        found = headline._memo(res, f"findings steps={steps_now}", lambda: findings.find(res, model))
     top = [_comparison(cmp.compare_results(vs, res), out)] if vs is not None else []
     secs = [*top, _summary(res, steps_now), _budget(res, out), _findings(found),
             *[x for x in (_classes(res), _segments(res)) if x is not None], _phases(res, out)]
