@@ -266,10 +266,14 @@ def whatif(reports: Reports, steps_now: int | None = None, baseline: Reports | N
     res = analyze(reports, ranges, comm_patterns, timing=timing, unprofiled_cycles_per_s=unprofiled_cycles_per_s,
                   **kw)
     base = analyze(baseline, ranges, comm_patterns, **kw) if baseline is not None else None
-    m = wi.fit(res, steps_now, baseline=base, alpha=acceptance, as_traced=as_traced)
-    m.probe = res.probe_effect
-    if base is None:  # one model per batch size, verify's curve measured across them
-        m.segments = wi.fit_segments(res, steps_now, alpha=acceptance, as_traced=as_traced)
+    # kept with the result, when nothing below changes it (join_runs and calibrate do)
+    if base is None and not other_steps and periods is None and res.probe_effect is None:
+        m = wi.fitted(res, steps_now, alpha=acceptance, as_traced=as_traced)
+    else:
+        m = wi.fit(res, steps_now, baseline=base, alpha=acceptance, as_traced=as_traced)
+        m.probe = res.probe_effect
+        if base is None:  # one model per batch size, verify's curve measured across them
+            m.segments = wi.fit_segments(res, steps_now, alpha=acceptance, as_traced=as_traced)
     if other_steps:
         if not m.segments:
             raise InputError("--other-steps joins runs per batch size: this run has fewer than two batch sizes "

@@ -7,7 +7,8 @@ The stages are the pipeline's own functions, timed from outside (wrapped for thi
 time: their wall is the span from the first start to the last end), the global steps of
 :func:`analyze.compute.pipeline._run` (cross-rank pairing, collective matching, phase sums), the result cache
 (:mod:`analyze.read.results`), and the output (the JSON document or text table with its headline tables). CPU
-seconds are the process's (every thread) over each stage's span; ``--cold``: the report's cache is removed
+seconds are the process's (every thread) over each stage's span, and the process's peak RSS so far when the stage
+ended (where it jumps, that stage raised it); ``--cold``: the report's cache is removed
 first. Prints a markdown table; a dev tool, not shipped in the wheel.
 """
 
@@ -28,6 +29,7 @@ class Clock:
         self.rows: dict[str, list[float]] = {}
         self.lock = threading.Lock()
         self.span: dict[str, list[float]] = {}
+        self.peak: dict[str, float] = {}  # the process's peak RSS (MB) when the stage last ended: where it jumps
 
     @staticmethod
     def now() -> tuple[float, float]:
@@ -43,6 +45,7 @@ class Clock:
             finally:
                 w1, c1 = self.now()
                 with self.lock:
+                    self.peak[label] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
                     if overlapping:  # threads: the span from the first start to the last end
                         s = self.span.setdefault(label, [w0, w1, c0, c1])
                         s[0], s[1], s[2], s[3] = min(s[0], w0), max(s[1], w1), min(s[2], c0), max(s[3], c1)
@@ -58,11 +61,11 @@ class Clock:
         rows = dict(self.rows)
         for k, (w0, w1, c0, c1) in self.span.items():
             rows[k] = [w1 - w0, c1 - c0, 1]
-        out = ["| stage | wall s | CPU s | CPU / wall |", "|---|---:|---:|---:|"]
+        out = ["| stage | wall s | CPU s | CPU / wall | peak RSS at its end MB |", "|---|---:|---:|---:|---:|"]
         for k, (w, c, _) in rows.items():
-            out.append(f"| {k} | {w:.2f} | {c:.2f} | {c / w if w else 0:.2f} |")
+            out.append(f"| {k} | {w:.2f} | {c:.2f} | {c / w if w else 0:.2f} | {self.peak.get(k, 0):,.0f} |")
         out.append(f"| **whole command** (after imports) | **{total[0]:.2f}** | **{total[1]:.2f}** | "
-                   f"{total[1] / total[0]:.2f} |")
+                   f"{total[1] / total[0]:.2f} | {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} |")
         return "\n".join(out)
 
 

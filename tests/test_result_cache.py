@@ -286,3 +286,49 @@ def test_the_code_digest_covers_the_phase_definitions_compute_reads():
         h.update(f.name.encode())
         h.update(f.read_bytes())
     assert results.code_digest() == h.hexdigest()
+
+
+def test_the_whatif_model_and_findings_are_kept_and_read_back_per_option(report, monkeypatch, no_analysis):
+    """whatif's fitted model (with its per-batch-size models and replays) and the default findings are kept with the
+    result: a second command reads them (fit and rules made to fail) and its outputs equal a fresh run's; other
+    options (steps, acceptance, as traced, the cycle choice) are a model of their own, fitted afresh."""
+    from analyze.compute import findings, whatif
+
+    want = {(s, a): data.doc_json(to_dict(api.whatif(report, s, acceptance=a, cache=False), 10))
+            for s, a in ((3, None), (2, None), (3, 0.5))}
+    want_json = data.to_json(api.analyze(report, cache=False))
+    first = api.analyze(report, cache=True)
+    assert data.to_json(first) == want_json
+    api.keep_derived(first)
+    assert data.doc_json(to_dict(api.whatif(report, 3, cache=True), 10)) == want[(3, None)]
+    no_analysis()
+    fits = []
+    real_fit = whatif.fit
+    monkeypatch.setattr(whatif, "fit", lambda *a, **k: (fits.append(a[1:]), real_fit(*a, **k))[1])
+    monkeypatch.setattr(findings, "_find", lambda *a: (_ for _ in ()).throw(AssertionError("rules run again")))
+    second = api.analyze(report, cache=True)
+    assert data.to_json(second) == want_json  # the findings read back (the rules would fail)
+    m = api.whatif(report, 3, cache=True)
+    assert type(m).__name__ == "Model" and m._runs  # read back with its replays
+    assert data.doc_json(to_dict(m, 10)) == want[(3, None)]
+    assert fits == []  # nothing fitted: read
+    assert data.doc_json(to_dict(api.whatif(report, 2, cache=True), 10)) == want[(2, None)]
+    assert data.doc_json(to_dict(api.whatif(report, 3, acceptance=0.5, cache=True), 10)) == want[(3, 0.5)]
+    assert len(fits) == 2  # another step count and another acceptance: fitted, not served the kept one
+
+
+def test_numpy_arrays_round_trip_exactly(tmp_path):
+    import numpy as np
+
+    v = {"f": np.array([[1.5, np.nan], [np.inf, -0.0]]), "i": np.arange(6, dtype=np.int64).reshape(2, 3),
+         "b": np.array([True, False]), "s": np.float64(2.5), "n": np.int64(7)}
+    frames: list = []
+    body = results._encode(v, frames)
+    assert results._write_doc(tmp_path, "k", "k", body, frames)
+    back = results._decode(*results._read_doc(tmp_path / "k", "k"))
+    for k in ("f", "i", "b"):
+        assert back[k].dtype == v[k].dtype and back[k].shape == v[k].shape
+        assert np.array_equal(back[k], v[k], equal_nan=k == "f") and back[k].flags.writeable
+    assert back["s"] == 2.5 and back["n"] == 7 and type(back["n"]) is int
+    with pytest.raises(results._Unsupported):
+        results._encode(np.array(["a"], dtype=object), [])

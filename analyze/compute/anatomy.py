@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 import polars as pl
 
 from ..model import Result
+from ..read import results
 from . import collectives, headline
 from .scalars import to_float, to_int
 from .steady import class_label
@@ -36,6 +37,7 @@ _GROW = 0.5  # a piece that grew by this share of a class's extra time holds it
 _SHOWN = 0.1  # pieces that grew by less than this share of the extra time are not listed
 
 
+@results.cacheable
 @dataclass
 class CycleClass:
     """One class of slower cycles and where its extra time sits (JSON: ``cycle_classes``)."""
@@ -247,6 +249,7 @@ def _describe(c: CycleClass) -> str:
     return f"{head}, in {where}{on}"
 
 
+@results.cacheable
 @dataclass
 class Segment:
     """A run of cycles of one decode batch size (JSON: ``segments``)."""

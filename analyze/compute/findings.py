@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from ..model import InputError, Result
+from ..read import results
 from . import anatomy, breakdown, headline, steady, utilisation
 from .scalars import real, to_float
 from .tokens import CYCLE_NAMES, base_expr, selection, summary
@@ -59,6 +60,7 @@ class RuleContext:
     classes: list[anatomy.CycleClass] = field(default_factory=list)  # the slower cycles that recur, rare stalls
 
 
+@results.cacheable
 @dataclass(frozen=True)
 class Finding:
     """One ranked finding: what costs cycle time, the evidence, and what to try.
@@ -564,8 +566,7 @@ def context(res: Result, model: Model | None = None) -> RuleContext:
         from . import whatif
 
         try:
-            model = whatif.fit(res)
-            model.segments = whatif.fit_segments(res)
+            model = whatif.fitted(res)
         except InputError:
             model = None
     ncyc = headline.cycles_per_rank(res).rename({"cycles": "ncyc"})
@@ -578,7 +579,14 @@ def context(res: Result, model: Model | None = None) -> RuleContext:
 
 def find(res: Result, model: Model | None = None) -> list[Finding]:
     """Ranked findings (:class:`Finding`), biggest impact first; ``model``: a fitted what-if model (else one is
-    tried). ``Result.steady.findings`` has them with the default model."""
+    tried). ``Result.steady.findings`` has them with the default model. With the default model they are kept with the
+    result (:func:`analyze.compute.headline.memoised`): a second command on the same capture reads them."""
+    if model is None:
+        return headline.memoised(res, "findings", lambda: _find(res, None))
+    return _find(res, model)
+
+
+def _find(res, model) -> list[Finding]:
     ctx = context(res, model)
     if not ctx.period_ns:
         return []

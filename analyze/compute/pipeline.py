@@ -37,7 +37,7 @@ from ..model import GRAPH_LAUNCH, SYNC_API, Diagnostic, InputError, Result, Trac
 from ..read import results
 from ..read.protocols import ProcessSource
 from ..read.source import ManyWindows, OpsWindow, open_source
-from ..read.store import CacheError, Progress, discard, open_store
+from ..read.store import CacheError, Progress, discard, existing_store, open_store
 from . import attribute, breakdown, collectives, host, windows
 from .comm_patterns import PATTERNS, CommPattern, family_expr
 from .diagnostics import FACTS, diagnose
@@ -332,6 +332,16 @@ def analyze(
 
 
 def _analyze(report, store, cache, progress, ranges, comm_patterns, keep_ops, workers) -> Result:
+    if isinstance(report, str | os.PathLike) and not keep_ops and cache is not False and store is not False:
+        found = existing_store(report)  # a kept result is read before the source is opened (its head, checks)
+        if found is not None:
+            from .tokens import read_manifest
+
+            key = results.result_key(str(Path(report)), found.meta.get("build"), ranges, comm_patterns,
+                                     read_manifest(str(Path(report))))
+            res = results.load(found.root, key)
+            if res is not None:
+                return res
     source = open_source(report, store=store, cache=cache, progress=progress)
     try:
         kept = getattr(source, "store", None)

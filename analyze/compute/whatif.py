@@ -51,11 +51,12 @@ import numpy as np
 import polars as pl
 
 from ..model import InputError, Result
+from ..read import results
 from .scalars import real_or_none, to_float, to_int
 from .tokens import base_expr, cycles, speculative, summary
 
 __all__ = ["MAX_STEPS", "Replay", "Model", "SegmentModel", "fit_segments", "run_alpha", "join_runs",
-           "solve_alpha", "fit", "to_dict", "validate", "MIN_LOG_LINES", "calibrate", "NEAR_BEST"]
+           "solve_alpha", "fit", "to_dict", "validate", "MIN_LOG_LINES", "calibrate", "NEAR_BEST", "fitted"]
 
 _MODEL_PHASES = ("draft", "verify", "draft_extend")
 MAX_STEPS = 10
@@ -80,6 +81,7 @@ _ITEM_COLS = ("s", "e", "sync", "has_unit", "code", "launch_latency", "device_ga
               "wait", "w_off", "w_ext", "own_time", "return_latency", "trans", "nodes", "graph", "gap_nodes", "gap_launches")
 
 
+@results.cacheable
 @dataclass
 class Replay:
     """The replayable cycles of a trace: per window (one rank's cycle, from its first phase's launch call to
@@ -312,6 +314,7 @@ def _graph_launch_cost(res: Result) -> tuple[float, int] | None:
 # ---- the model ----------------------------------------------------------------------------------------
 
 
+@results.cacheable
 @dataclass
 class Model:
     """The fitted costs (ns per cycle), acceptance and replay of one trace."""
@@ -523,6 +526,7 @@ _MIN_SEGMENT_CYCLES = 5  # a segment's own model needs this many typical steady 
 _OWN_ALPHA_CYCLES = 100  # ... and this many to use its own acceptance rather than the whole run's
 
 
+@results.cacheable
 @dataclass
 class SegmentModel:
     """The what-if of one segment (cycles of one batch size): its own costs, acceptance and predictions.
@@ -787,6 +791,26 @@ def _draft_repeats(res: Result) -> tuple[int, int, int] | None:
     modal = per.filter(pl.col("seen") * 2 >= inst.height)["count"].to_list()
     g = math.gcd(*modal) if modal else 0
     return (g, len(modal), inst.height) if g >= 2 else None
+
+
+def fitted(res: Result, steps_now: int | None = None, alpha: float | None = None, as_traced: bool = False) -> Model:
+    """:func:`fit` (no baseline) with its per-segment models (:func:`fit_segments`) and the replays its document
+    (:func:`to_dict`) asks for: kept with the result (:func:`analyze.read.results.derived`), so that a second command
+    on the same capture (``whatif``, ``report``, ``analyze``'s findings) reads the model instead of fitting it. One
+    object per result and options: callers do not change it."""
+    key = ("whatif", repr((steps_now, alpha, as_traced, sorted(res.cycle_choice.items()))))
+    if key not in res.memo:
+        def run() -> Model:
+            m = fit(res, steps_now, alpha=alpha, as_traced=as_traced)
+            m.segments = fit_segments(res, steps_now, alpha=alpha, as_traced=as_traced)
+            try:
+                to_dict(m)  # the replays, kept in the model
+            except InputError:
+                pass  # (raised again where the document is asked for)
+            return m
+
+        res.memo[key] = results.derived(res, key, run)
+    return res.memo[key]
 
 
 def fit(res: Result, steps_now: int | None = None, baseline: Result | None = None, alpha: float | None = None,

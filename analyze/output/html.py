@@ -499,11 +499,13 @@ def _write_page(res: Result, out: NewFolder, vs: Result | None, steps_now: int |
     name = ", ".join(Path(p).name for p in res.reports) or Path(res.trace.path).name
     model: whatif.Model | InputError  # the error is shown in the what-if section
     try:  # vs is a run to compare with, not whatif's no-speculation baseline: one model per batch size
-        model = whatif.fit(res, steps_now)
-        model.segments = whatif.fit_segments(res, steps_now)
+        model = whatif.fitted(res, steps_now)  # with its per-batch-size models; kept with the result
     except InputError as e:
         model = e
-    found = findings.find(res, None if isinstance(model, InputError) else model)
+    if isinstance(model, InputError):
+        found = findings.find(res)
+    else:  # the findings with the model at these steps: kept with the result, as the model is
+        found = headline.memoised(res, f"findings steps={steps_now}", lambda: findings.find(res, model))
     top = [_comparison(cmp.compare_results(vs, res), out)] if vs is not None else []
     secs = [*top, _summary(res, steps_now), _budget(res, out), _findings(found),
             *[x for x in (_classes(res), _segments(res)) if x is not None], _phases(res, out)]

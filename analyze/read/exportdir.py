@@ -21,6 +21,7 @@ import polars as pl
 from ..model import InputError
 
 SUFFIXES = (".parquet", ".arrow", ".arrows")
+PID_UNIT = 1 << 24  # globalTid/globalPid: <hw:8><vm:8><pid:24><tid:24> (analyze.read.export.pid_of)
 KNOWN = ("StringIds", "NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME")
 
 
@@ -80,10 +81,12 @@ class DirReader:
         files = _tables(self.path)
         self.state = _state(files)
         try:
-            self._lf = {t: signed(_scan(f)) for t, f in files.items()}
+            self._raw = {t: _scan(f) for t, f in files.items()}
+            self._lf = {t: signed(lf) for t, lf in self._raw.items()}
             self._cols = {t: list(lf.collect_schema().names()) for t, lf in self._lf.items()}
         except Exception as e:
             raise InputError(f"{self.path}: unreadable table file ({e})", "CORRUPT") from None
+        self._plain = dict(self._lf)  # without the row number: what a per-process cut starts from
         # SQLite's implicit rowid: the 1-based row number.
         self._lf = {t: lf.with_row_index("rowid", offset=1).with_columns(pl.col("rowid").cast(pl.Int64))
                     for t, lf in self._lf.items()}
@@ -108,6 +111,18 @@ class DirReader:
         ctx = pl.SQLContext(self._lf, eager=False)
         try:
             return ctx.execute(sql)
+        except Exception as e:
+            raise InputError(f"{self.path}: cannot read the export tables ({e})", "CORRUPT") from None
+
+    def process_rows(self, sql: str, column: str, pid: int) -> pl.LazyFrame:
+        """``sql`` over the tables cut to one process's rows: those whose ``column`` (``globalPid`` or
+        ``globalTid``) holds ``pid``, the cut made on the file's own column, so that polars decodes the other
+        columns of those rows only. Tables without ``column`` are whole; no ``rowid`` (the cut renumbers rows)."""
+        cut = ((pl.col(column) // PID_UNIT) % PID_UNIT) == pid
+        lfs = {t: signed(self._raw[t].filter(cut)) if column in self._cols[t] else lf
+               for t, lf in self._plain.items()}
+        try:
+            return pl.SQLContext(lfs, eager=False).execute(sql)
         except Exception as e:
             raise InputError(f"{self.path}: cannot read the export tables ({e})", "CORRUPT") from None
 

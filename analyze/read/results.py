@@ -52,7 +52,7 @@ from ..model import CommResult, Diagnostic, Result, Trace
 from .source import OpsWindow
 
 __all__ = ["KEEP_RESULTS", "STALE_S", "DICT_ROWS", "FOLDER", "KNOWN", "code_digest", "result_key", "derived", "load",
-           "save", "prune", "keep_derived"]
+           "save", "prune", "keep_derived", "cacheable"]
 
 _T = TypeVar("_T")
 _RESULT_VERSION = 1
@@ -89,6 +89,13 @@ def result_key(report: str, build: str | None, ranges: str | None, comm_patterns
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=repr).encode()).hexdigest()[:32]
 
 
+def cacheable(cls):
+    """Class decorator: a dataclass whose values a verb keeps beside a result (:func:`derived`), known by its name
+    (its fields must be values the cache writes). Nothing but these classes is ever built from a cache's JSON."""
+    KNOWN.setdefault(cls.__name__, cls)
+    return cls
+
+
 class _Unsupported(Exception):
     """A value the cache does not know how to write: the result is then not kept."""
 
@@ -102,6 +109,13 @@ def _encode(v: object, frames: list[pl.DataFrame]) -> Any:
     if isinstance(v, pl.Series):
         frames.append(v.to_frame())
         return {"$series": len(frames) - 1}
+    if type(v).__module__ == "numpy":  # a what-if replay's arrays (numbers only), and numpy's scalars
+        if type(v).__name__ != "ndarray":
+            return _encode(v.item(), frames)
+        if v.dtype.kind not in "biuf":
+            raise _Unsupported(f"array of {v.dtype}")
+        frames.append(pl.DataFrame({"a": v.ravel()}))
+        return {"$array": len(frames) - 1, "shape": list(v.shape)}
     if isinstance(v, list):
         return [_encode(x, frames) for x in v]
     if isinstance(v, tuple):
@@ -178,6 +192,8 @@ def _decode(v: object, frames: list[_Frame], lazy: bool = False) -> Any:
         return frames[v["$frame"]] if lazy else frames[v["$frame"]].get()
     if "$series" in v:
         return frames[v["$series"]].get().to_series()
+    if "$array" in v:
+        return frames[v["$array"]].get().to_series().to_numpy().reshape(v["shape"]).copy()
     if "$tuple" in v:
         return tuple(_decode(x, frames) for x in v["$tuple"])
     if "$set" in v:

@@ -5,8 +5,9 @@ rows live is the source's business:
 
 - :class:`MemorySource`: a :class:`~analyze.model.Trace` read into memory (:func:`analyze.read.export.load`),
   its GPU operations and API calls split by process once;
-- :class:`StoreSource`: the parquet store (:mod:`analyze.read.store`): one process's files at a time,
-  the cache beside the report or a temporary store removed when the source closes.
+- :class:`StoreSource`: the parquet store (:mod:`analyze.read.store`): one process's files at a time (of a
+  parquetdir/arrowdir export, its rows cut from the export's own files), the cache beside the report or a
+  temporary store removed when the source closes.
 
 :func:`open_source` picks one by size (GPU-operation + API rows, from the export's rowids) and by
 whether a valid cache is already there. A cache that cannot be written is skipped with a warning

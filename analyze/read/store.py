@@ -10,6 +10,10 @@ polars scans) writes the frames :func:`analyze.read.export.load` would build, al
       ops/<pid>/<part>.parquet     GPU operations of one process, parts in read order
       api/<pid>/<part>.parquet     CUDA API calls of one process: the ones the analysis needs (below)
 
+A parquetdir/arrowdir export is already columnar: its store (``meta.json`` ``columnar``) has no ``ops/`` or
+``api/``, only the small frames, ``op_keys.parquet`` and ``lost.parquet`` (:func:`_build_columnar`); a process's rows
+are cut from the export's own files when read (:meth:`Store.read`), the same rows in the same order as a copy.
+
 API calls: those matching :data:`analyze.model.KEPT_API` (chosen in the SQL: the calls that launch nothing are
 most of a large API table and never cross into Python), plus every call that launched a GPU operation no kept call
 accounts for (:func:`_rest_of_api`: the operations' (pid, correlation id) keys are taken while they are read, the
@@ -63,6 +67,7 @@ import uuid
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 from polars.exceptions import PanicException
@@ -87,10 +92,12 @@ from .export import (
 from .exportdir import _tables
 from .sqlite import check_file, sidecar
 
-CACHE_VERSION = 9  # 2: ranges have ``range_id`` and ``range``; 3: marks.parquet; 4: marker, files listed, checks;
+COLUMNAR = True  # a parquetdir/arrowdir export's store keeps no copy of its rows (_build_columnar)
+CACHE_VERSION = 10  # 2: ranges have ``range_id`` and ``range``; 3: marks.parquet; 4: marker, files listed, checks;
 # 5: only the API calls the analysis needs, and each process's first call (``api_first``); 6: op_keys.parquet;
 # 7: ops carry their CUDA graph's id (``graph``); 8: the key has each file's inode, ctime and content hash, the
-# report's path is absolute, a build id; 9: the session's end from nsys's own diagnostic (unclosed ranges)
+# report's path is absolute, a build id; 9: the session's end from nsys's own diagnostic (unclosed ranges);
+# 10: a columnar export's store reads its rows from the export (``columnar``, lost.parquet)
 FLUSH_ROWS = 2_000_000
 PIECE_ROWS = 2_000_000  # a large table is read in row ranges of this size, by READ_THREADS threads
 READ_THREADS = max(2, min(4, os.cpu_count() or 2))
@@ -404,7 +411,7 @@ def _check(root: Path, key: dict | None, meta: dict) -> str | None:
         what = "missing" if diff[0] in listed and diff[0] not in have else "unlisted" if diff[0] not in listed \
             else "changed"
         return f"{diff[0]} {what}"
-    for kind in ("ops", "api"):
+    for kind in ("ops", "api") if not meta.get("columnar") else ():
         rows: dict[str, int] = {}
         for rel, (n, _, _) in listed.items():
             if rel.startswith(kind + "/"):
@@ -439,6 +446,8 @@ class Store:
     def __init__(self, root: Path, kept: bool = True, report: str | os.PathLike | None = None,
                  meta: dict | None = None):
         self.root, self.kept, self.report, self.meta = root, kept, report, {}
+        self._reader: Any = None  # a columnar export's reader (a DirReader), opened on first use
+        self._lock = threading.Lock()
         if meta is None:
             meta = self.reading(lambda: json.loads((root / "meta.json").read_text()))
         self.meta = meta
@@ -481,6 +490,8 @@ class Store:
         """``ops`` or ``api`` rows of some processes (all by default), lazily; or a small frame by name."""
         if kind not in ("ops", "api"):
             return pl.scan_parquet(self.root / f"{kind}.parquet")
+        if self.meta.get("columnar"):
+            return self._columnar_scan(kind, pids if pids is not None else self.pids)
         have = self.meta[f"{kind}_rows"]
         files = [f for p in (pids if pids is not None else self.pids) if str(p) in have for f in self.files(kind, p)]
         if not files:
@@ -525,15 +536,82 @@ class Store:
     def read(self, kind: str, pid: int, columns: tuple[str, ...] | None = None) -> pl.DataFrame:
         """All ``ops`` or ``api`` rows of one process (only ``columns``, if given), each file checked against its
         CRC-32 as it is read (a :class:`CacheError` if a file cannot be read or does not match)."""
+        if self.meta.get("columnar"):
+            df = self._columnar(kind, pid)
+            return df if columns is None else df.select(columns)
         for f in self.files(kind, pid):  # each file's CRC (from the page cache), then read by polars
             self.check(f.relative_to(self.root).as_posix())
         lf = self.scan(kind, [pid])
         return self.reading(lambda: (lf if columns is None else lf.select(columns)).collect())
 
+    def _columnar(self, kind: str, pid: int) -> pl.DataFrame:
+        """One process's ``ops`` or ``api`` rows read from a columnar export (:func:`_build_columnar`), the rows and
+        their order as a store built by copying them would give: ops of each table in row order, the bad ones left
+        out; the kept API calls in row order, then the other calls that launched an op no kept call accounts for."""
+        if str(pid) not in self.meta[f"{kind}_rows"]:
+            return _no_rows(kind)
+        r = self._export()
+        if kind == "ops":
+            parts = [post(r.process_rows(q, "globalPid", pid).collect()) for _, q, post in op_queries(r)]
+            df = pl.concat(parts).filter(~bad_op(self.meta["duration"]))
+        else:
+            api_q = api_query(r)
+            if api_q is None:
+                return _no_rows(kind)
+            q, post = api_q
+            kept = pl.col("name_id").is_in(pl.Series(self.meta["kept_ids"], dtype=pl.Int64).implode())
+            calls = r.process_rows(q, "globalTid", pid)
+            df = post(calls.filter(kept).collect())
+            lost = self.reading(lambda: pl.read_parquet(self.root / "lost.parquet")).filter(pl.col("pid") == pid)
+            if lost.height:
+                rest = post(calls.filter(~kept.fill_null(False)).collect())
+                df = pl.concat([df, rest.join(lost, on=["pid", "corr"], how="semi", nulls_equal=True,
+                                              maintain_order="left")])
+        r.check_unchanged()
+        return df
+
+    def _export(self):
+        """The columnar export's reader, opened once (and checked against the key the store was verified with)."""
+        with self._lock:
+            if self._reader is None:
+                r = self.reading(lambda: open_reader(self.meta["report"]))
+                if [f[:3] for f in self.meta["key"]["files"]] != getattr(r, "state", None):  # changed since verified
+                    raise InputError(f"{self.report or self.meta['report']}: the export changed while it was read; "
+                                     "try again", "CHANGED")
+                self._reader = r
+        return self._reader
+
+    def _columnar_scan(self, kind: str, pids: list[int]) -> pl.LazyFrame:
+        """Some processes' rows of a columnar export, lazily (a filter on time is pushed into the export's scans):
+        the rows of :meth:`_columnar`, by process in ``pids``' order."""
+        r = self._export()
+        which = pl.col("pid").is_in(pl.Series(pids, dtype=pl.Int64).implode())
+        if kind == "ops":
+            parts = [_lazy_post(post, r._lazy(q)) for _, q, post in op_queries(r)]
+            lf = pl.concat(parts) if parts else _no_rows(kind).lazy()
+            lf = lf.filter(which & ~bad_op(self.meta["duration"]))
+        else:
+            api_q = api_query(r)
+            if api_q is None:
+                return _no_rows(kind).lazy()
+            calls = _lazy_post(api_q[1], r._lazy(api_q[0])).filter(which)
+            kept = pl.col("name_id").is_in(pl.Series(self.meta["kept_ids"], dtype=pl.Int64).implode())
+            lost = pl.scan_parquet(self.root / "lost.parquet")
+            lf = pl.concat([calls.filter(kept), calls.filter(~kept.fill_null(False)).join(
+                lost, on=["pid", "corr"], how="semi", nulls_equal=True, maintain_order="left")])
+        order = pl.col("pid").replace_strict(pids, list(range(len(pids))), default=None, return_dtype=pl.Int64)
+        return lf.sort(order, maintain_order=True)  # stable: each process's rows in their own order
+
     def trace(self) -> Trace:
         """The whole trace in memory, as :func:`analyze.read.export.load` returns it (ops grouped by process)."""
         return self.head(ops=self.reading(lambda: self.scan("ops").collect()),
                          api=self.reading(lambda: self.scan("api").collect()))
+
+
+def _no_rows(kind: str) -> pl.DataFrame:
+    """No ``ops`` (or ``api``) rows, with their columns."""
+    schema: Any = OPS_SCHEMA if kind == "ops" else API_SCHEMA  # (OPS_SCHEMA's Enum makes it dict[str, object])
+    return pl.DataFrame(schema=schema)
 
 
 def _mark(dest: Path) -> None:
@@ -553,6 +631,8 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
         m = read_meta(r)
         _write(dest, lambda q: q.mkdir(parents=True))
         _mark(dest)
+        if COLUMNAR and hasattr(r, "process_rows"):  # a parquetdir/arrowdir: its rows stay where they are
+            return _build_columnar(r, report, dest, m)
         ops_q, api_q = op_queries(r), api_query(r)
         total = sum(r.max_rowid(t) for t, _, _ in ops_q) + (r.max_rowid("CUPTI_ACTIVITY_KIND_RUNTIME") if api_q else 0)
         bar = Progress(total, f"spectrace: reading {Path(report).name}", progress)
@@ -695,6 +775,151 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
         return dest
     finally:
         r.close()
+
+
+def _build_columnar(r, report, dest: Path, m: dict) -> Path:
+    """The store of a columnar export (parquetdir/arrowdir): the small frames and what the rows' reads need, but
+    no copy of the rows: :meth:`Store.read` cuts a process's rows from the export's files (the cut pushed into
+    polars' scans: :meth:`analyze.read.exportdir.DirReader.process_rows`). One pass over the columns the counts need
+    gives what :func:`build` gathers while it copies: rows and first start per process, the dropped ops, the ops'
+    distinct names and labels, and (``lost.parquet``) the (pid, correlation id) of ops that no kept API call
+    launched, whose launchers the reads add; each process's first call as :func:`_rest_of_api` finds it. The NVTX
+    ranges and small tables are read meanwhile on another thread."""
+    notes: dict[str, int] = {}
+
+    def small() -> pl.DataFrame:
+        ranges, _domains, marks = _ranges(r, m["duration"], notes)
+        for name, df in (("ranges", ranges), ("marks", marks), ("devices", _devices(r)),
+                         ("diagnostics", _nsys_diagnostics(r))):
+            _write(dest / f"{name}.parquet", df.write_parquet)
+        return _strings(r)
+
+    with ThreadPoolExecutor(1) as ex:
+        strings_f = ex.submit(small)
+        counts = _columnar_counts(r, m["duration"], strings_f, notes)
+        strings = strings_f.result()
+    _write(dest / "lost.parquet", counts["lost"].write_parquet)
+    _write(dest / "names.parquet", _names(strings, counts["ids"]).write_parquet)
+    _write(dest / "op_keys.parquet", counts["op_keys"].write_parquet)
+    r.check_unchanged()
+    notes.update(lossy_strings=r.lossy)
+    meta = {
+        "key": fingerprint(report),
+        "report": str(Path(report).resolve()),
+        "build": uuid.uuid4().hex,
+        "columnar": True,
+        "export": m["export"],
+        "capture": m["capture"],
+        "duration": m["duration"],
+        "utc": m["utc"],
+        "tables": sorted(r.tables),
+        "dropped_ops": counts["dropped"],
+        "ops_rows": {str(k): v for k, v in sorted(counts["ops_rows"].items())},
+        "api_rows": {str(k): v for k, v in sorted(counts["api_rows"].items())},
+        "api_first": {str(k): v for k, v in sorted(counts["api_first"].items())},
+        "kept_ids": counts["kept_ids"],
+        "read_warnings": {k: v for k, v in sorted(notes.items()) if v},
+        "files": inventory(dest, full=True),
+    }
+    meta["check"] = _digest(meta)
+    _write(dest / "meta.json", lambda q: q.write_text(json.dumps(meta, indent=1)))
+    return dest
+
+
+def _columnar_counts(r, duration: int | None, strings_f, notes: dict[str, int]) -> dict:
+    """What :func:`_build_columnar` keeps of the rows (see there), from narrow reads of the op and API tables."""
+    bad = bad_op(duration)
+    dropped, ids, keys, packed, loose = 0, [], [], [], []
+    ops_rows: dict[int, int] = {}
+    ops_first: dict[int, int] = {}
+    for _, q, post in op_queries(r):
+        df = _narrow(post, r._lazy(q), ["pid", "corr", "start", "end", "name_id", "label"])
+        dropped += int(df.select(bad.sum()).item() or 0)
+        df = df.filter(~bad)
+        for p, n, t in df.group_by("pid").agg(pl.len(), pl.col("start").min()).iter_rows():
+            ops_rows[p] = ops_rows.get(p, 0) + n
+            ops_first[p] = t if p not in ops_first else min(ops_first[p], t)
+        ids.append(df["name_id"].unique().drop_nulls())
+        keys.append(_op_keys(df))
+        if _packs(df):  # (pid, corr) as one integer: a semi-join is a hash of one column
+            packed.append(df.select(key=_KEY))
+        else:
+            loose.append(df.select("pid", "corr"))
+        del df
+    kept_ids = _kept_ids(strings_f.result())
+    api_rows: dict[int, int] = {}
+    api_first: dict[int, int] = {}
+    lost = pl.DataFrame(schema={"pid": pl.Int64, "corr": pl.Int64})
+    api_q = api_query(r)
+    if api_q:
+        api = _narrow(api_q[1], r._lazy(api_q[0]), ["pid", "corr", "start", "name_id"])
+        notes["api_without_pid"] = int(api.select(BAD_API.sum()).item() or 0)
+        api = api.filter(~BAD_API).with_columns(_kept=pl.col("name_id").is_in(kept_ids.implode()).fill_null(False))
+        kept = api.filter("_kept")
+        ids.append(kept["name_id"].unique().drop_nulls())
+        kept_first = dict(kept.group_by("pid").agg(pl.col("start").min()).iter_rows())
+        # the ops no kept call launched (_unmatched), their (pid, corr) once each
+        if _packs(kept):
+            have = kept.select(key=_KEY)["key"].implode()
+            missing = [df.filter(~pl.col("key").is_in(have)) for df in packed]
+            missing = [df.select(pid=pl.col("key") // (1 << 32), corr=pl.col("key") % (1 << 32)) for df in missing]
+        else:
+            loose += [df.select(pid=pl.col("key") // (1 << 32), corr=pl.col("key") % (1 << 32)) for df in packed]
+            missing = []
+        if loose:
+            missing.append(pl.concat(loose).join(kept.select("pid", "corr"), on=["pid", "corr"], how="anti",
+                                                 nulls_equal=True))
+        lost = pl.concat(missing).unique() if missing else lost
+        del packed, loose
+        bound = max((min(t, kept_first.get(p, t)) for p, t in ops_first.items()), default=None)
+        near = pl.col("corr").is_in(lost["corr"].drop_nulls().unique().implode())
+        if lost["corr"].null_count():
+            near = near | pl.col("corr").is_null()
+        if bound is not None:
+            near = near | (pl.col("start") < bound)
+        rest = api.filter(~pl.col("_kept") & near.fill_null(False))  # what _rest_of_api reads of the other calls
+        del api
+        found = rest.join(lost, on=["pid", "corr"], how="semi", nulls_equal=True)
+        ids.append(found["name_id"].unique().drop_nulls())
+        lost = found.select("pid", "corr").unique().sort("pid", "corr")
+        for df in (kept, found):
+            for p, n in df.group_by("pid").agg(pl.len()).iter_rows():
+                api_rows[p] = api_rows.get(p, 0) + n
+        early_first = dict(rest.group_by("pid").agg(pl.col("start").min()).iter_rows())
+        for p in ops_first:
+            starts = [t for t in (kept_first.get(p), early_first.get(p)) if t is not None]
+            if starts:
+                api_first[p] = min(starts)
+    return {"dropped": dropped, "ops_rows": ops_rows, "api_rows": api_rows, "api_first": api_first,
+            "kept_ids": kept_ids.to_list(), "lost": lost,
+            "ids": pl.concat(ids) if ids else pl.Series("name_id", [], pl.Int64),
+            "op_keys": pl.concat(keys).unique() if keys else pl.DataFrame(schema=OP_KEYS)}
+
+
+_KEY = pl.col("pid") * (1 << 32) + pl.col("corr")
+
+
+def _packs(rows: pl.DataFrame) -> bool:
+    """Whether every (pid, corr) packs into one integer (:func:`_call_keys`): no null, ids in range."""
+    p, c = pl.col("pid"), pl.col("corr")
+    fits = (p.is_not_null() & c.is_not_null() & (p >= 0) & (p < 1 << 31) & (c >= 0) & (c < 1 << 32)).fill_null(False)
+    return bool(rows.select(fits.all()).item())
+
+
+def _lazy_post(post, lf: pl.LazyFrame) -> pl.LazyFrame:
+    """``post`` (a query's row function, :func:`analyze.read.export.op_queries`) applied to its lazy rows."""
+    import warnings
+
+    from polars.exceptions import PerformanceWarning
+
+    with warnings.catch_warnings():  # post asks for a column name or two: the lazy schema, cheap here
+        warnings.simplefilter("ignore", PerformanceWarning)
+        return post(lf)
+
+
+def _narrow(post, lf: pl.LazyFrame, columns: list[str]) -> pl.DataFrame:
+    """``post`` applied to a query's lazy rows, and only ``columns`` of them read (polars prunes the others)."""
+    return _lazy_post(post, lf).select(columns).collect()
 
 
 OP_KEYS = {"name_id": pl.Int64, "label": pl.String}
