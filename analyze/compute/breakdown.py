@@ -11,6 +11,7 @@ import polars as pl
 from ..model import bound_expr
 from . import host
 from .intervals import busy_between, busy_function, group_parts, union_blocks, union_length
+from .scalars import real, to_int
 
 METRICS = ("span_ns", "busy_ns", "compute_ns", "comm_ns", "idle_ns", "kernel_ns", "ops", "launches")
 
@@ -35,10 +36,10 @@ def one_key(*frames: pl.DataFrame, on: tuple[str, str] = ("rank", "range_id")) -
     on one integer instead of two columns. The frames as they are and ``on`` when the values do not pack (negative,
     or too wide for 62 bits). A null in either column makes the key null (it matches nothing, as in a join on both)."""
     a, b = on
-    if any(f[c].null_count() < f.height and f[c].min() < 0 for f in frames for c in on):
+    if any(f[c].null_count() < f.height and real(f[c].min()) < 0 for f in frames for c in on):
         return frames, list(on)
-    hi = max(int(f[b].max() or 0) for f in frames) + 1
-    if (max(int(f[a].max() or 0) for f in frames) + 1) * hi >= 2**62:
+    hi = max(to_int(f[b].max() or 0) for f in frames) + 1
+    if (max(to_int(f[a].max() or 0) for f in frames) + 1) * hi >= 2**62:
         return frames, list(on)
     return tuple(f.with_columns(_key=pl.col(a) * hi + pl.col(b)) for f in frames), ["_key"]
 
@@ -192,10 +193,10 @@ def add_gpu_idle(inst: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:
     # Both views' windows in one query: exclusive rows first, then inclusive.
     w = pl.concat([inst.select("pid", a=pl.col(f"{p}_first"), b=pl.col(f"{p}_last")) for p in ("x", "i")])
     busy = busy_between(blocks, w.with_columns(pl.col("a", "b").fill_null(0)), ["pid"], "a", "b", "_all")
-    busy = busy.collect()["_all"]
+    busy_ns = busy.collect()["_all"]
     n = inst.height
     return inst.with_columns(
-        (pl.col(f"{p}_span_ns") - busy.slice(k * n, n)).clip(lower_bound=0).alias(f"{p}_gpu_idle_ns")
+        (pl.col(f"{p}_span_ns") - busy_ns.slice(k * n, n)).clip(lower_bound=0).alias(f"{p}_gpu_idle_ns")
         for k, p in enumerate(("x", "i"))
     )
 

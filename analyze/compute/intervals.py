@@ -9,6 +9,8 @@ from collections.abc import Sequence
 
 import polars as pl
 
+from .scalars import real
+
 
 def _prev_end(by: list[str]) -> pl.Expr:
     """The latest end among earlier intervals of the group (rows sorted by start)."""
@@ -31,7 +33,7 @@ def group_parts(df: pl.DataFrame, key: str, only: str | None = None) -> pl.DataF
     new = (pl.col(key) != pl.col(key).shift(1)).fill_null(True)
     base = pl.when(new).then(pl.col("start")).forward_fill()  # the group's first start
     out = df.with_columns(_g=new.cum_sum().cast(pl.Int64), _s=pl.col("start") - base, _e=pl.col("end") - base)
-    width = (out["_e"].max() or 0) + 1
+    width = real(out["_e"].max() or 0) + 1
     if width * (out["_g"][-1] + 1) >= 2**62:
         return None
     out = out.with_columns(_s=pl.col("_s") + pl.col("_g") * width, _e=pl.col("_e") + pl.col("_g") * width)

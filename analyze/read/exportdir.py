@@ -14,11 +14,16 @@ for exports that keep it (nsys 2025.6 notes that row order is no longer guarante
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import polars as pl
 
 from ..model import InputError
+
+if TYPE_CHECKING:
+    from polars._typing import PolarsDataType  # a dtype class (pl.Int64) or instance (pl.List(pl.Int64))
 
 SUFFIXES = (".parquet", ".arrow", ".arrows")
 PID_UNIT = 1 << 24  # globalTid/globalPid: <hw:8><vm:8><pid:24><tid:24> (analyze.read.export.pid_of)
@@ -26,7 +31,7 @@ KNOWN = ("StringIds", "NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVI
 
 
 def _tables(path: Path) -> dict[str, Path]:
-    out = {}
+    out: dict[str, Path] = {}
     for f in sorted(path.iterdir()):
         if f.suffix in SUFFIXES and f.is_file():
             out.setdefault(f.stem, f)
@@ -129,7 +134,7 @@ class DirReader:
     def rows(self, sql: str, params: tuple = ()) -> list[tuple]:
         return self._lazy(sql).collect().rows()
 
-    def frame(self, sql: str, schema: dict[str, pl.DataType] | None = None) -> pl.DataFrame:
+    def frame(self, sql: str, schema: Mapping[str, PolarsDataType] | None = None) -> pl.DataFrame:
         df = self._lazy(sql).collect()
         if schema:
             df = df.with_columns([pl.col(c).cast(t) for c, t in schema.items() if c in df.columns])

@@ -26,7 +26,8 @@ import polars as pl
 
 from ..model import Diagnostic, Trace
 from . import store as st
-from .export import API_SCHEMA, OPS_SCHEMA, export_rows, load, ops_between
+from .export import OPS_SCHEMA, export_rows, load, ops_between
+from .protocols import ProcessSource
 
 # Exports with fewer GPU-operation + API rows than this are analysed from memory; larger ones (and any
 # export with a valid cache) through the parquet store. Chosen by measurement (BENCHMARKS.md, issue 11).
@@ -48,7 +49,7 @@ class MemorySource:
         if trace.api_first is not None:
             self._first = dict(trace.api_first)
         else:
-            self._first = {int(k[0]): v["start"].min() for k, v in self._api.items() if v.height}
+            self._first = {int(k[0]): _whole(v["start"].min()) for k, v in self._api.items() if v.height}
 
     def ops(self, pid: int, columns: tuple[str, ...] | None = None) -> pl.DataFrame:
         """One process's GPU operations (only ``columns``, if given)."""
@@ -69,6 +70,14 @@ class MemorySource:
 
     def close(self) -> None:
         self._ops, self._api = {}, {}
+
+
+def _whole(value: object) -> int:
+    """A start read out of polars (typed as any literal): an int, checked (the read layer cannot import
+    :mod:`analyze.compute.scalars`)."""
+    if isinstance(value, int):
+        return value
+    raise TypeError(f"expected an integer, got {value!r}")
 
 
 class StoreSource:
@@ -109,7 +118,8 @@ class StoreSource:
             self._tmp = None
 
 
-def open_source(report, store: bool | None = None, cache: bool | None = None, progress: bool | None = None):
+def open_source(report: str | os.PathLike | Trace | st.Store, store: bool | None = None, cache: bool | None = None,
+                progress: bool | None = None) -> ProcessSource:
     """The source for ``report`` (a path, a loaded :class:`Trace`, or an opened store).
 
     ``store``: True = through the parquet store, False = in memory, None = by size (:data:`STORE_ROWS`).
@@ -140,7 +150,7 @@ def open_source(report, store: bool | None = None, cache: bool | None = None, pr
     return StoreSource(kept)
 
 
-def _without_cache(report, progress: bool | None):
+def _without_cache(report: str | os.PathLike, progress: bool | None) -> ProcessSource:
     """A temporary store, or memory when that cannot be written either (the same disk full, a file-size limit)."""
     try:
         s, tmp = st.temporary_store(report, progress)
@@ -187,4 +197,4 @@ class ManyWindows:
         return pl.concat([w(t0, t1) for w in self.parts])
 
 
-__all__ = ["API_SCHEMA", "OPS_SCHEMA", "MemorySource", "StoreSource", "OpsWindow", "ManyWindows", "open_source"]
+__all__ = ["STORE_ROWS", "MemorySource", "StoreSource", "OpsWindow", "ManyWindows", "open_source"]
