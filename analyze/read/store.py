@@ -51,6 +51,7 @@ time from here; notebooks re-open a large trace from here in well under a second
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import mmap
@@ -65,6 +66,7 @@ import threading
 import time
 import uuid
 import zlib
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -90,6 +92,7 @@ from .export import (
     read_meta,
 )
 from .exportdir import _tables
+from .protocols import ExportReader
 from .sqlite import check_file, sidecar
 
 COLUMNAR = True  # a parquetdir/arrowdir export's store keeps no copy of its rows (_build_columnar)
@@ -287,7 +290,8 @@ class _Spill:
     """
 
     def __init__(self, root: Path, piece: int, counts: dict[int, int], lock: threading.Lock):
-        self.root, self.piece, self.buf, self.rows, self.part = root, piece, {}, 0, 0
+        self.root, self.piece, self.rows, self.part = root, piece, 0, 0
+        self.buf: dict[int, list[pl.DataFrame]] = {}
         self.counts, self.lock = counts, lock
 
     def add(self, df: pl.DataFrame) -> None:
@@ -445,7 +449,8 @@ class Store:
 
     def __init__(self, root: Path, kept: bool = True, report: str | os.PathLike | None = None,
                  meta: dict | None = None):
-        self.root, self.kept, self.report, self.meta = root, kept, report, {}
+        self.root, self.kept, self.report = root, kept, report
+        self.meta: dict[str, Any] = {}
         self._reader: Any = None  # a columnar export's reader (a DirReader), opened on first use
         self._lock = threading.Lock()
         if meta is None:
@@ -633,148 +638,220 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
         _mark(dest)
         if COLUMNAR and hasattr(r, "process_rows"):  # a parquetdir/arrowdir: its rows stay where they are
             return _build_columnar(r, report, dest, m)
-        ops_q, api_q = op_queries(r), api_query(r)
-        total = sum(r.max_rowid(t) for t, _, _ in ops_q) + (r.max_rowid("CUPTI_ACTIVITY_KIND_RUNTIME") if api_q else 0)
-        bar = Progress(total, f"spectrace: reading {Path(report).name}", progress)
-        # Pieces (a table, or a row range of a large one), numbered in read order; the threads take the next one.
-        pieces = [("ops", q, post, n) for t, query, post in ops_q for q, n in _pieces(r, t, query)]
-        if api_q:  # the calls the analysis needs by name, and the usual launchers (the rest: _rest_of_api); their
-            # ids (from StringIds) are filled in when the threads reach them, read meanwhile on this thread
-            pieces += [("api", q, api_q[1], n) for q, n in _pieces(r, RUNTIME, api_q[0], f"nameId IN ({KEPT_IDS})")]
-        kept = {}  # "strings": StringIds; "ids": the kept ids as an SQL list, once known; "bound": see _early_bound
-        kept_known = threading.Event()
-        counts: dict[str, dict[int, int]] = {"ops": {}, "api": {}}
-        lock = threading.Lock()
-        stats = {"dropped": 0, "ids": [], "op_keys": [], "api_without_pid": 0, "ops_calls": [], "api_calls": [],
-                 "calls_unpacked": False, "early": {}, "early_rows": 0}
-        firsts: dict[str, dict[int, int]] = {"ops": {}, "api": {}}  # earliest start per process
-        notes: dict[str, int] = {}
+        return _RowBuild(r, report, dest, m, progress).run()
+    finally:
+        r.close()
+
+
+@dataclasses.dataclass
+class _Gathered:
+    """What the pieces of a :class:`_RowBuild` gather beside the rows they copy (added to under its lock)."""
+
+    dropped: int = 0
+    """GPU operations dropped (:func:`analyze.read.export.bad_op`)."""
+    api_without_pid: int = 0
+    """API calls without a thread id (dropped: no process to attribute them to)."""
+    ids: list[pl.Series] = dataclasses.field(default_factory=list)
+    """The name ids of the rows kept (their names go to ``names.parquet``)."""
+    op_keys: list[pl.DataFrame] = dataclasses.field(default_factory=list)
+    """Each batch's distinct ``(name_id, label)`` of the GPU operations."""
+    ops_calls: list[pl.Series] = dataclasses.field(default_factory=list)
+    """The ops' (pid, correlation id) keys, packed (:func:`_call_keys`)."""
+    api_calls: list[pl.Series] = dataclasses.field(default_factory=list)
+    """The kept API calls' keys, packed."""
+    calls_unpacked: bool = False
+    """Some keys did not pack: :func:`_rest_of_api` compares the written files instead."""
+    early: dict[int, list[pl.DataFrame]] = dataclasses.field(default_factory=dict)
+    """The early calls the API pieces read (not stored), by piece, while there are at most ``EARLY_ROWS``."""
+    early_rows: int = 0
+    """How many early calls the API pieces read."""
+    ops_first: dict[int, int] = dataclasses.field(default_factory=dict)
+    """Earliest start of a GPU operation per process."""
+    api_first: dict[int, int] = dataclasses.field(default_factory=dict)
+    """Earliest start of a kept API call per process."""
+
+
+_Post = Callable[[pl.DataFrame], pl.DataFrame]  # turns a batch of a query's rows into frame rows
+
+
+class _RowBuild:
+    """The store of a SQLite export (:func:`build`): its op and API tables cut into pieces (a table, or a row range
+    of a large one), numbered in read order, read by ``READ_THREADS`` threads into per-process parquet files, with
+    StringIds and the NVTX ranges and small tables read meanwhile on two more threads; then the API calls the
+    pieces left out (:func:`_rest_of_api`), the names and ``meta.json``."""
+
+    def __init__(self, r: ExportReader, report: str | os.PathLike, dest: Path, m: dict, progress: bool | None):
+        self.r, self.report, self.dest, self.m = r, report, dest, m
+        self.ops_q, self.api_q = op_queries(r), api_query(r)
+        total = sum(r.max_rowid(t) for t, _, _ in self.ops_q) + (r.max_rowid(RUNTIME) if self.api_q else 0)
+        self.bar = Progress(total, f"spectrace: reading {Path(report).name}", progress)
+        pieces: list[tuple[str, str, _Post, int]] = [
+            ("ops", q, post, n) for t, query, post in self.ops_q for q, n in _pieces(r, t, query)]
+        if self.api_q:  # the calls the analysis needs by name, and the usual launchers (the rest: _rest_of_api);
+            # their ids (from StringIds) are filled in when the threads reach them, read meanwhile on another thread
+            post = self.api_q[1]
+            pieces += [("api", q, post, n) for q, n in _pieces(r, RUNTIME, self.api_q[0], f"nameId IN ({KEPT_IDS})")]
+        self.pieces = pieces
         # Largest pieces first, so that the threads end together (files keep their read-order numbers); the API
         # pieces last: SQLite passes over their rows but returns a fifth of them, they cost far less a row.
-        todo = iter(sorted(enumerate(pieces), key=lambda ip: (ip[1][0] == "api", -ip[1][3])))
-        errors: list[BaseException] = []
-        stop = threading.Event()  # set when the build is abandoned: the threads stop after their batch
-        bad_ops = bad_op(m["duration"])
+        self.todo = iter(sorted(enumerate(pieces), key=lambda ip: (ip[1][0] == "api", -ip[1][3])))
+        # StringIds and the kept ids (once known: kept_known), as a Series and as an SQL list
+        self.strings = pl.DataFrame(schema={"name_id": pl.Int64, "name": pl.String})
+        self.kept_id_list = pl.Series("name_id", [], pl.Int64)
+        self.kept_ids = ""
+        self.kept_known = threading.Event()
+        # the start before which the API pieces also read the early calls (_early_bound): fixed when the first API
+        # piece starts, for all of them (None: no GPU operation read)
+        self.bound: int | None = None
+        self.bound_fixed = False
+        self.counts: dict[str, dict[int, int]] = {"ops": {}, "api": {}}  # rows written per process
+        self.gathered = _Gathered()
+        self.notes: dict[str, int] = {}
+        self.lock = threading.Lock()
+        self.errors: list[BaseException] = []
+        self.stop = threading.Event()  # set when the build is abandoned: the threads stop after their batch
+        self.bad_ops = bad_op(m["duration"])
 
-        def work() -> None:
-            while not errors and not stop.is_set():
-                with lock:
-                    i, (kind, q, post, n) = next(todo, (None, (None, None, None, None)))
-                if i is None:
-                    return
-                if KEPT_IDS in q:
-                    while not kept_known.wait(0.05):
-                        if errors or stop.is_set():
-                            return
-                    with lock:
-                        if "bound" not in kept:  # fixed when the first API piece starts, for all of them
-                            kept["bound"] = _early_bound(firsts["ops"])
-                    if kept["bound"] is not None:  # and the early calls (_rest_of_api), in the same pass
-                        q = q.replace(f"nameId IN ({KEPT_IDS})", f"(nameId IN ({KEPT_IDS}) OR {_early(kept['bound'])})")
-                    q = q.replace(KEPT_IDS, kept["ids"])
-                spill, seen = _Spill(dest / kind, i, counts[kind], lock), 0
-                for b in r.batches(q):
-                    if errors or stop.is_set():
-                        return
-                    df = post(b)
-                    if kind == "api" and kept.get("bound") is not None:  # the early calls apart: not stored
-                        is_kept = pl.col("name_id").is_in(kept["id_list"].implode())
-                        early = df.filter(~is_kept.fill_null(False))
-                        with lock:
-                            stats["early_rows"] += early.height
-                            if stats["early_rows"] <= EARLY_ROWS:
-                                stats["early"].setdefault(i, []).append(early)
-                        df = df.filter(is_kept.fill_null(False))
-                    bad = df.select((bad_ops if kind == "ops" else BAD_API).sum()).item() or 0
-                    if bad:
-                        df = df.filter(~(bad_ops if kind == "ops" else BAD_API))
-                    ids = df["name_id"].unique().drop_nulls()
-                    keys = _op_keys(df) if kind == "ops" else None
-                    calls = _call_keys(df)
-                    first = df.group_by("pid").agg(pl.col("start").min()).iter_rows()
-                    with lock:
-                        stats["dropped" if kind == "ops" else "api_without_pid"] += int(bad)
-                        stats["ids"].append(ids)
-                        if keys is not None:
-                            stats["op_keys"].append(keys)
-                        if calls is None:
-                            stats["calls_unpacked"] = True
-                        else:
-                            stats[f"{kind}_calls"].append(calls)
-                        seen_first = firsts[kind]
-                        for p, t in first:
-                            if t is not None and (p not in seen_first or t < seen_first[p]):
-                                seen_first[p] = t
-                    spill.add(df)
-                    bar.add(b.height)
-                    seen += b.height
-                spill.flush()
-                bar.add(max(n - seen, 0))  # rows a filter left out were read all the same
-
-
-        def read_names() -> None:  # StringIds, beside the pieces (the API pieces wait for the kept ids)
-            kept["strings"] = _strings(r)
-            kept["id_list"] = _kept_ids(kept["strings"])
-            kept["ids"] = ",".join(str(i) for i in kept["id_list"].to_list())
-            kept_known.set()
-
-        def read_ranges() -> None:  # NVTX ranges and the small tables, beside the pieces (their own connections)
-            ranges, _domains, marks = _ranges(r, m["duration"], notes)
-            for name, df in (("ranges", ranges), ("marks", marks), ("devices", _devices(r)),
-                             ("diagnostics", _nsys_diagnostics(r))):
-                _write(dest / f"{name}.parquet", df.write_parquet)
-
-        def guard(fn) -> None:
-            try:
-                fn()
-            except BaseException as e:  # re-raised on the calling thread
-                errors.append(e)
-
+    def run(self) -> Path:
+        """Read everything, write ``meta.json`` last; the first error of any thread is raised here."""
+        dest, r, g = self.dest, self.r, self.gathered
         _write(dest / "ops", Path.mkdir)
         _write(dest / "api", Path.mkdir)
-        threads = [threading.Thread(target=guard, args=(f,)) for f in (read_names, read_ranges, *[work] * READ_THREADS)]
+        threads = [threading.Thread(target=self._guard, args=(f,))
+                   for f in (self._read_names, self._read_ranges, *[self._work] * READ_THREADS)]
         try:
             for t in threads:
                 t.start()
             for t in threads:
                 t.join()
         except BaseException:  # Ctrl-C: no thread may write into the folder once it is removed
-            stop.set()
+            self.stop.set()
             _join(threads)
             raise
         finally:
-            bar.close()
-        if errors:
-            raise errors[0]
-        api_first = (_rest_of_api(r, dest, api_q, kept["ids"], counts["api"], stats, len(pieces), firsts,
-                                  kept.get("bound") if stats["early_rows"] <= EARLY_ROWS else None) if api_q else {})
-        ids = pl.concat(stats["ids"]) if stats["ids"] else pl.Series("name_id", [], pl.Int64)
-        _write(dest / "names.parquet", _names(kept["strings"], ids).write_parquet)
-        keys = pl.concat(stats["op_keys"]).unique() if stats["op_keys"] else pl.DataFrame(schema=OP_KEYS)
+            self.bar.close()
+        if self.errors:
+            raise self.errors[0]
+        api_first = (_rest_of_api(r, dest, self.api_q, self.kept_ids, self.counts["api"], g, len(self.pieces),
+                                  self.bound if g.early_rows <= EARLY_ROWS else None) if self.api_q else {})
+        ids = pl.concat(g.ids) if g.ids else pl.Series("name_id", [], pl.Int64)
+        _write(dest / "names.parquet", _names(self.strings, ids).write_parquet)
+        keys = pl.concat(g.op_keys).unique() if g.op_keys else pl.DataFrame(schema=OP_KEYS)
         _write(dest / "op_keys.parquet", keys.write_parquet)
         r.check_unchanged()
-        notes.update(api_without_pid=stats["api_without_pid"], lossy_strings=r.lossy)
+        self.notes.update(api_without_pid=g.api_without_pid, lossy_strings=r.lossy)
+        m = self.m
         meta = {
-            "key": fingerprint(report),
-            "report": str(Path(report).resolve()),
+            "key": fingerprint(self.report),
+            "report": str(Path(self.report).resolve()),
             "build": uuid.uuid4().hex,
             "export": m["export"],
             "capture": m["capture"],
             "duration": m["duration"],
             "utc": m["utc"],
             "tables": sorted(r.tables),
-            "dropped_ops": stats["dropped"],
-            "ops_rows": {str(k): v for k, v in sorted(counts["ops"].items())},
-            "api_rows": {str(k): v for k, v in sorted(counts["api"].items())},
+            "dropped_ops": g.dropped,
+            "ops_rows": {str(k): v for k, v in sorted(self.counts["ops"].items())},
+            "api_rows": {str(k): v for k, v in sorted(self.counts["api"].items())},
             "api_first": {str(k): v for k, v in sorted(api_first.items())},
-            "read_warnings": {k: v for k, v in sorted(notes.items()) if v},
+            "read_warnings": {k: v for k, v in sorted(self.notes.items()) if v},
             "files": inventory(dest, full=True),
         }
         meta["check"] = _digest(meta)
         _write(dest / "meta.json", lambda q: q.write_text(json.dumps(meta, indent=1)))
         return dest
-    finally:
-        r.close()
+
+    def _guard(self, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except BaseException as e:  # re-raised on the calling thread
+            self.errors.append(e)
+
+    def _read_names(self) -> None:
+        """StringIds, beside the pieces (the API pieces wait for the kept ids)."""
+        self.strings = _strings(self.r)
+        self.kept_id_list = _kept_ids(self.strings)
+        self.kept_ids = ",".join(str(i) for i in self.kept_id_list.to_list())
+        self.kept_known.set()
+
+    def _read_ranges(self) -> None:
+        """NVTX ranges and the small tables, beside the pieces (their own connections)."""
+        r, dest = self.r, self.dest
+        ranges, _domains, marks = _ranges(r, self.m["duration"], self.notes)
+        for name, df in (("ranges", ranges), ("marks", marks), ("devices", _devices(r)),
+                         ("diagnostics", _nsys_diagnostics(r))):
+            _write(dest / f"{name}.parquet", df.write_parquet)
+
+    def _stopped(self) -> bool:
+        return bool(self.errors) or self.stop.is_set()
+
+    def _work(self) -> None:
+        """One reader thread: the next piece until none is left (or the build stops)."""
+        while not self._stopped():
+            with self.lock:
+                item = next(self.todo, None)
+            if item is None:
+                return
+            i, (kind, q, post, n) = item
+            if KEPT_IDS in q:
+                while not self.kept_known.wait(0.05):
+                    if self._stopped():
+                        return
+                with self.lock:
+                    if not self.bound_fixed:  # fixed when the first API piece starts, for all of them
+                        self.bound, self.bound_fixed = _early_bound(self.gathered.ops_first), True
+                if self.bound is not None:  # and the early calls (_rest_of_api), in the same pass
+                    q = q.replace(f"nameId IN ({KEPT_IDS})", f"(nameId IN ({KEPT_IDS}) OR {_early(self.bound)})")
+                q = q.replace(KEPT_IDS, self.kept_ids)
+            if not self._piece(i, kind, q, post, n):
+                return
+
+    def _piece(self, i: int, kind: str, q: str, post: _Post, n: int) -> bool:
+        """Read piece ``i`` into its spill files; False when the build stopped meanwhile."""
+        g = self.gathered
+        spill, seen = _Spill(self.dest / kind, i, self.counts[kind], self.lock), 0
+        for b in self.r.batches(q):
+            if self._stopped():
+                return False
+            df = post(b)
+            if kind == "api" and self.bound is not None:  # the early calls apart: not stored
+                is_kept = pl.col("name_id").is_in(self.kept_id_list.implode())
+                early = df.filter(~is_kept.fill_null(False))
+                with self.lock:
+                    g.early_rows += early.height
+                    if g.early_rows <= EARLY_ROWS:
+                        g.early.setdefault(i, []).append(early)
+                df = df.filter(is_kept.fill_null(False))
+            bad_rows = self.bad_ops if kind == "ops" else BAD_API
+            bad = df.select(bad_rows.sum()).item() or 0
+            if bad:
+                df = df.filter(~bad_rows)
+            ids = df["name_id"].unique().drop_nulls()
+            keys = _op_keys(df) if kind == "ops" else None
+            calls = _call_keys(df)
+            first = df.group_by("pid").agg(pl.col("start").min()).iter_rows()
+            with self.lock:
+                if kind == "ops":
+                    g.dropped += int(bad)
+                else:
+                    g.api_without_pid += int(bad)
+                g.ids.append(ids)
+                if keys is not None:
+                    g.op_keys.append(keys)
+                if calls is None:
+                    g.calls_unpacked = True
+                else:
+                    (g.ops_calls if kind == "ops" else g.api_calls).append(calls)
+                seen_first = g.ops_first if kind == "ops" else g.api_first
+                for p, t in first:
+                    if t is not None and (p not in seen_first or t < seen_first[p]):
+                        seen_first[p] = t
+            spill.add(df)
+            self.bar.add(b.height)
+            seen += b.height
+        spill.flush()
+        self.bar.add(max(n - seen, 0))  # rows a filter left out were read all the same
+        return True
 
 
 def _build_columnar(r, report, dest: Path, m: dict) -> Path:
@@ -959,9 +1036,18 @@ def _call_keys(rows: pl.DataFrame) -> pl.Series | None:
     p, c = rows["pid"], rows["corr"]
     if p.null_count() or c.null_count():
         return None
-    if rows.height and (p.min() < 0 or p.max() >= 1 << 31 or c.min() < 0 or c.max() >= 1 << 32):
+    if rows.height and (_int(p.min()) < 0 or _int(p.max()) >= 1 << 31 or _int(c.min()) < 0
+                        or _int(c.max()) >= 1 << 32):
         return None
     return rows.select((pl.col("pid") * (1 << 32) + pl.col("corr")).unique().alias("key"))["key"]
+
+
+def _int(value: object) -> int:
+    """A column's min or max read out of polars (typed as any literal): an int, checked (the read layer cannot
+    import :mod:`analyze.compute.scalars`)."""
+    if isinstance(value, int):
+        return value
+    raise TypeError(f"expected an integer, got {value!r}")
 
 
 def _unmatched_keys(ops: list[pl.Series], api: list[pl.Series]) -> pl.DataFrame:
@@ -986,8 +1072,8 @@ def _early(bound: int | None) -> str:
     return "(globalTid IS NULL" + (f" OR start < {bound})" if bound is not None else ")")
 
 
-def _rest_of_api(r, dest: Path, api_q, kept: str, counts: dict[int, int], stats: dict, piece: int,
-                 firsts: dict[str, dict[int, int]], read_before: int | None = None) -> dict[int, int]:
+def _rest_of_api(r: ExportReader, dest: Path, api_q: tuple[str, _Post], kept: str, counts: dict[int, int],
+                 gathered: _Gathered, piece: int, read_before: int | None = None) -> dict[int, int]:
     """What the analysis needs of the API calls the pieces left out (read with the API pieces or in passes of their own):
 
     - Each process's first call (its capture window starts there, :func:`analyze.compute.windows.rank_window`):
@@ -996,12 +1082,13 @@ def _rest_of_api(r, dest: Path, api_q, kept: str, counts: dict[int, int], stats:
     - A call that launched a GPU operation whose (pid, correlation id) no kept call has: written as one more
       piece, so every launching call is in the store (CUPTI gives each call its own correlation id).
 
-    ``firsts``: the pieces' earliest start per process, of ``ops`` and of kept ``api`` calls. ``read_before``: the
-    API pieces also read the early calls before this start (:func:`_early_bound`; in ``stats["early"]`` by piece):
+    ``gathered``: what the pieces found, among it their earliest start per process, of ops and of kept calls
+    (``ops_first``, ``api_first``). ``read_before``: the API pieces also read the early calls before this start
+    (:func:`_early_bound`; in ``gathered.early`` by piece):
     when it is not below the bound, no pass for them. Returns pid → start of its first call, for every process with
     GPU operations and calls (exact where it is before the process's first GPU operation).
     """
-    ops_first, api_first = firsts["ops"], firsts["api"]
+    ops_first, api_first = gathered.ops_first, gathered.api_first
     bound = max((min(t, api_first.get(p, t)) for p, t in ops_first.items()), default=None)
     rest_of = f"(nameId IS NULL OR nameId NOT IN ({kept}))"
     have = read_before is not None and bound is not None and bound <= read_before
@@ -1014,12 +1101,12 @@ def _rest_of_api(r, dest: Path, api_q, kept: str, counts: dict[int, int], stats:
     with ThreadPoolExecutor(READ_THREADS) as ex:
         # the early calls: read with the API pieces (kept in their order), or now (the cheap test on start first)
         # while the GPU operations are checked for their calls
-        parts = [df for i in sorted(stats["early"]) for df in stats["early"][i]] if have else []
+        parts = [df for i in sorted(gathered.early) for df in gathered.early[i]] if have else []
         done = [] if have else [ex.submit(read, q) for q in _pieces(r, RUNTIME, api_q[0], f"{early} AND {rest_of}")]
-        if stats["calls_unpacked"]:
+        if gathered.calls_unpacked:
             lost = _unmatched(_scan_files(dest / "ops", ["pid", "corr"]), _scan_files(dest / "api", ["pid", "corr"]))
         else:
-            lost = _unmatched_keys(stats["ops_calls"], stats["api_calls"])
+            lost = _unmatched_keys(gathered.ops_calls, gathered.api_calls)
         parts += [f.result() for f in done]
         rest = pl.concat(parts) if parts else pl.DataFrame(schema=API_SCHEMA)
         corrs = lost["corr"].drop_nulls().unique().sort()
@@ -1033,7 +1120,7 @@ def _rest_of_api(r, dest: Path, api_q, kept: str, counts: dict[int, int], stats:
         if conds:  # the launchers of those operations, among the calls not read yet
             where = f"({' OR '.join(conds)}) AND NOT COALESCE({early}, 0) AND {rest_of}"
             rest = pl.concat([rest, *ex.map(read, _pieces(r, RUNTIME, api_q[0], where))])
-    stats["api_without_pid"] += rest.filter(BAD_API).height
+    gathered.api_without_pid += rest.filter(BAD_API).height
     rest = rest.filter(~BAD_API)
     early_first = dict(rest.group_by("pid").agg(pl.col("start").min()).iter_rows())
     out = {}
@@ -1046,7 +1133,7 @@ def _rest_of_api(r, dest: Path, api_q, kept: str, counts: dict[int, int], stats:
         spill = _Spill(dest / "api", piece, counts, threading.Lock())
         spill.add(found)
         spill.flush()
-        stats["ids"].append(found["name_id"].unique().drop_nulls())
+        gathered.ids.append(found["name_id"].unique().drop_nulls())
     return out
 
 
