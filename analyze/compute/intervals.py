@@ -11,6 +11,8 @@ import polars as pl
 
 from .scalars import real
 
+__all__ = ["group_parts", "union_blocks", "union_length", "busy_function", "busy_between"]
+
 
 def _prev_end(by: list[str]) -> pl.Expr:
     """The latest end among earlier intervals of the group (rows sorted by start)."""
@@ -128,7 +130,7 @@ def busy_function(blocks: pl.DataFrame | pl.LazyFrame, by: Sequence[str]) -> pl.
     return lf.with_columns(before=(length.cum_sum() - length).over(by) if by else length.cum_sum() - length)
 
 
-def busy_at(fn: pl.LazyFrame, points: pl.LazyFrame, t: str, by: Sequence[str], out: str) -> pl.LazyFrame:
+def _busy_at(fn: pl.LazyFrame, points: pl.LazyFrame, t: str, by: Sequence[str], out: str) -> pl.LazyFrame:
     """Add column ``out``: busy time of the group in ``[0, points[t]]`` (``fn`` from :func:`busy_function`)."""
     by = list(by)
     right = fn.select(*by, pl.col("start").alias("_bs"), pl.col("end").alias("_be"), "before")
@@ -154,8 +156,8 @@ def busy_between(
     lf = blocks.lazy()
     fn = lf if "before" in lf.collect_schema().names() else busy_function(blocks, by)
     w = windows.lazy().with_row_index("_w")
-    w = busy_at(fn, w, a, by, "_fa")
-    w = busy_at(fn, w, b, by, "_fb")
+    w = _busy_at(fn, w, a, by, "_fa")
+    w = _busy_at(fn, w, b, by, "_fb")
     return (
         w.with_columns(
             pl.when(pl.col(b) > pl.col(a)).then(pl.col("_fb") - pl.col("_fa")).otherwise(0).alias(out)

@@ -31,7 +31,7 @@ from .protocols import ProcessSource
 
 # Exports with fewer GPU-operation + API rows than this are analysed from memory; larger ones (and any
 # export with a valid cache) through the parquet store. Chosen by measurement (BENCHMARKS.md, issue 11).
-STORE_ROWS = 4_000_000
+_STORE_ROWS = 4_000_000
 
 
 class MemorySource:
@@ -122,7 +122,7 @@ def open_source(report: str | os.PathLike | Trace | st.Store, store: bool | None
                 progress: bool | None = None) -> ProcessSource:
     """The source for ``report`` (a path, a loaded :class:`Trace`, or an opened store).
 
-    ``store``: True = through the parquet store, False = in memory, None = by size (:data:`STORE_ROWS`).
+    ``store``: True = through the parquet store, False = in memory, None = by size (:data:`_STORE_ROWS`).
     ``cache``: True = through the cache (built on first use, kept); False = never read or write one (a
     store is then temporary); None = use a valid cache if there is one, and keep the store when one is built.
     """
@@ -135,7 +135,7 @@ def open_source(report: str | os.PathLike | Trace | st.Store, store: bool | None
         if found is not None:
             return StoreSource(found)
     if store is None:
-        store = cache is True or export_rows(report) >= STORE_ROWS
+        store = cache is True or export_rows(report) >= _STORE_ROWS
     if not store:
         return MemorySource(load(report))
     if cache is False:
@@ -197,4 +197,4 @@ class ManyWindows:
         return pl.concat([w(t0, t1) for w in self.parts])
 
 
-__all__ = ["STORE_ROWS", "MemorySource", "StoreSource", "OpsWindow", "ManyWindows", "open_source"]
+__all__ = ["MemorySource", "StoreSource", "OpsWindow", "ManyWindows", "open_source"]

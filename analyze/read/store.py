@@ -91,29 +91,33 @@ from .export import (
     open_reader,
     read_meta,
 )
-from .exportdir import _tables
+from .exportdir import table_files
 from .protocols import ExportReader
 from .sqlite import check_file, sidecar
 
+__all__ = ["COLUMNAR", "FLUSH_ROWS", "PIECE_ROWS", "EARLY_ROWS", "SUFFIX", "MARKER", "TAIL", "EDGE", "BLOCK",
+           "BLOCKS", "CacheError", "CacheWriteError", "fingerprint", "cache_dir_for", "Progress", "problem", "is_cache", "Store",
+           "build", "remove_tree", "discard", "existing_store", "open_store", "temporary_store"]
+
 COLUMNAR = True  # a parquetdir/arrowdir export's store keeps no copy of its rows (_build_columnar)
-CACHE_VERSION = 10  # 2: ranges have ``range_id`` and ``range``; 3: marks.parquet; 4: marker, files listed, checks;
+_CACHE_VERSION = 10  # 2: ranges have ``range_id`` and ``range``; 3: marks.parquet; 4: marker, files listed, checks;
 # 5: only the API calls the analysis needs, and each process's first call (``api_first``); 6: op_keys.parquet;
 # 7: ops carry their CUDA graph's id (``graph``); 8: the key has each file's inode, ctime and content hash, the
 # report's path is absolute, a build id; 9: the session's end from nsys's own diagnostic (unclosed ranges);
 # 10: a columnar export's store reads its rows from the export (``columnar``, lost.parquet)
 FLUSH_ROWS = 2_000_000
-PIECE_ROWS = 2_000_000  # a large table is read in row ranges of this size, by READ_THREADS threads
-READ_THREADS = max(2, min(4, os.cpu_count() or 2))
-KEPT_IDS = "/*kept API name ids*/"  # in the API pieces' SQL until StringIds is read
+PIECE_ROWS = 2_000_000  # a large table is read in row ranges of this size, by _READ_THREADS threads
+_READ_THREADS = max(2, min(4, os.cpu_count() or 2))
+_KEPT_IDS = "/*kept API name ids*/"  # in the API pieces' SQL until StringIds is read
 EARLY_ROWS = 1_000_000  # early calls kept from the API pieces at most (more: their own pass, see _rest_of_api)
 SUFFIX = ".spectrace"
 MARKER = "SPECTRACE_CACHE"  # in every cache folder (and every folder a build writes): it is ours to replace
 TAIL = 65536  # bytes of each file's end in its checksum: the parquet footer (row counts, offsets) and more
-STALE_S = 24 * 3600  # a build folder this old, or left by a dead process on this host, is removed
+_STALE_S = 24 * 3600  # a build folder this old, or left by a dead process on this host, is removed
 EDGE = 65536  # the key hashes each report file's first and last EDGE bytes (SQLite pages are at most 64 KiB)...
 BLOCK, BLOCKS = 4096, 6  # ...and BLOCKS blocks of BLOCK bytes spread between them
-NAME_MAX = 255  # bytes in a file name (most file systems)
-BUILD_NAME = len("..tmp-") + 12  # what a build folder's name adds to the cache's (``.<name>.tmp-<12 hex>``)
+_NAME_MAX = 255  # bytes in a file name (most file systems)
+_BUILD_NAME = len("..tmp-") + 12  # what a build folder's name adds to the cache's (``.<name>.tmp-<12 hex>``)
 
 
 class CacheError(InputError):
@@ -150,7 +154,7 @@ def fingerprint(report: str | os.PathLike) -> dict:
     p = Path(report).resolve()
     try:
         if p.is_dir():  # the table files the export is read from (every file when there are none)
-            tables = sorted(_tables(p).values())
+            tables = sorted(table_files(p).values())
             files = [_file_key(f) for f in tables or sorted(p.iterdir()) if f.is_file()]
         else:
             files = [_file_key(p)]
@@ -160,7 +164,7 @@ def fingerprint(report: str | os.PathLike) -> dict:
         raise InputError(f"{report}: cannot read it ({e.strerror})", "UNREADABLE") from None
     if not files:
         raise InputError(f"{report}: no such file", "NO_FILE")
-    return {"cache_version": CACHE_VERSION, "path": str(p), "files": files}
+    return {"cache_version": _CACHE_VERSION, "path": str(p), "files": files}
 
 
 def _file_key(f: Path, ctime: bool = True) -> list:
@@ -192,20 +196,20 @@ def _content(f: Path) -> str:
 
 def cache_dir_for(report: str | os.PathLike) -> Path:
     """Where the cache of ``report`` goes: ``<report>.spectrace`` beside it when its folder is writable, its path
-    UTF-8 and its name short enough (for its build folder's name too, :data:`NAME_MAX`); else in the user cache
-    folder (:func:`user_cache_base`) as ``<hash>_<name>.spectrace``, the name cut to fit. A
+    UTF-8 and its name short enough (for its build folder's name too, :data:`_NAME_MAX`); else in the user cache
+    folder (:func:`_user_cache_base`) as ``<hash>_<name>.spectrace``, the name cut to fit. A
     :class:`CacheWriteError` when there is no valid place."""
     p = Path(report).resolve()
     env = os.environ.get("SPECTRACE_CACHE_DIR") or None
     if not env and _writable(p.parent) and _utf8(str(p)) and _fits(p.name + SUFFIX):
         return p.parent / (p.name + SUFFIX)
     head = hashlib.sha1(os.fsencode(p)).hexdigest()[:16] + "_"
-    room = NAME_MAX - BUILD_NAME - len(head) - len(SUFFIX)
+    room = _NAME_MAX - _BUILD_NAME - len(head) - len(SUFFIX)
     name = os.fsencode(p.name).decode(errors="replace").encode()[:room].decode(errors="ignore")
-    return user_cache_base() / (head + name + SUFFIX)
+    return _user_cache_base() / (head + name + SUFFIX)
 
 
-def user_cache_base() -> Path:
+def _user_cache_base() -> Path:
     """``$SPECTRACE_CACHE_DIR``, else ``$XDG_CACHE_HOME/spectrace``, else ``$HOME/.cache/spectrace``, the
     variables checked: an empty one is unset; XDG_CACHE_HOME is ignored when relative (the XDG spec) or not UTF-8;
     a SPECTRACE_CACHE_DIR that is not UTF-8 (polars writes only UTF-8 paths), or a HOME that is empty, relative
@@ -235,7 +239,7 @@ def user_cache_base() -> Path:
 
 
 def _fits(name: str) -> bool:
-    return len(os.fsencode(name)) + BUILD_NAME <= NAME_MAX
+    return len(os.fsencode(name)) + _BUILD_NAME <= _NAME_MAX
 
 
 def _utf8(s: str) -> bool:
@@ -355,7 +359,7 @@ def _crc(f: Path) -> tuple[int, int]:
             return size, zlib.crc32(m)
 
 
-def inventory(root: Path, full: bool = False) -> dict[str, list]:
+def _inventory(root: Path, full: bool = False) -> dict[str, list]:
     """Every parquet file under ``root``: ``relative path -> [rows, bytes, CRC-32 of its last 64 KiB, CRC-32 of
     the whole file]`` (the last one only when ``full``, else None: the first three are what an open checks)."""
     import pyarrow.parquet as pq
@@ -405,7 +409,7 @@ def _check(root: Path, key: dict | None, meta: dict) -> str | None:
     try:
         if not (root / MARKER).is_file():
             return f"no {MARKER} marker"
-        have = inventory(root)
+        have = _inventory(root)
     except Exception as e:  # OSError, or a file pyarrow cannot parse
         return f"a file cannot be read ({_one_line(e)})"
     listed = {k: v[:3] for k, v in meta.get("files", {}).items()}
@@ -621,7 +625,7 @@ def _no_rows(kind: str) -> pl.DataFrame:
 
 def _mark(dest: Path) -> None:
     """The marker: this folder is a spectrace cache, being built by this process (host, pid) until renamed."""
-    owner = {"spectrace_cache": CACHE_VERSION, "host": socket.gethostname(), "pid": os.getpid()}
+    owner = {"spectrace_cache": _CACHE_VERSION, "host": socket.gethostname(), "pid": os.getpid()}
     _write(dest / MARKER, lambda q: q.write_text(json.dumps(owner) + "\n"))
 
 
@@ -676,7 +680,7 @@ _Post = Callable[[pl.DataFrame], pl.DataFrame]  # turns a batch of a query's row
 
 class _RowBuild:
     """The store of a SQLite export (:func:`build`): its op and API tables cut into pieces (a table, or a row range
-    of a large one), numbered in read order, read by ``READ_THREADS`` threads into per-process parquet files, with
+    of a large one), numbered in read order, read by ``_READ_THREADS`` threads into per-process parquet files, with
     StringIds and the NVTX ranges and small tables read meanwhile on two more threads; then the API calls the
     pieces left out (:func:`_rest_of_api`), the names and ``meta.json``."""
 
@@ -690,7 +694,7 @@ class _RowBuild:
         if self.api_q:  # the calls the analysis needs by name, and the usual launchers (the rest: _rest_of_api);
             # their ids (from StringIds) are filled in when the threads reach them, read meanwhile on another thread
             post = self.api_q[1]
-            pieces += [("api", q, post, n) for q, n in _pieces(r, RUNTIME, self.api_q[0], f"nameId IN ({KEPT_IDS})")]
+            pieces += [("api", q, post, n) for q, n in _pieces(r, RUNTIME, self.api_q[0], f"nameId IN ({_KEPT_IDS})")]
         self.pieces = pieces
         # Largest pieces first, so that the threads end together (files keep their read-order numbers); the API
         # pieces last: SQLite passes over their rows but returns a fifth of them, they cost far less a row.
@@ -718,7 +722,7 @@ class _RowBuild:
         _write(dest / "ops", Path.mkdir)
         _write(dest / "api", Path.mkdir)
         threads = [threading.Thread(target=self._guard, args=(f,))
-                   for f in (self._read_names, self._read_ranges, *[self._work] * READ_THREADS)]
+                   for f in (self._read_names, self._read_ranges, *[self._work] * _READ_THREADS)]
         try:
             for t in threads:
                 t.start()
@@ -736,7 +740,7 @@ class _RowBuild:
                                   self.bound if g.early_rows <= EARLY_ROWS else None) if self.api_q else {})
         ids = pl.concat(g.ids) if g.ids else pl.Series("name_id", [], pl.Int64)
         _write(dest / "names.parquet", _names(self.strings, ids).write_parquet)
-        keys = pl.concat(g.op_keys).unique() if g.op_keys else pl.DataFrame(schema=OP_KEYS)
+        keys = pl.concat(g.op_keys).unique() if g.op_keys else pl.DataFrame(schema=_OP_KEYS)
         _write(dest / "op_keys.parquet", keys.write_parquet)
         r.check_unchanged()
         self.notes.update(api_without_pid=g.api_without_pid, lossy_strings=r.lossy)
@@ -755,7 +759,7 @@ class _RowBuild:
             "api_rows": {str(k): v for k, v in sorted(self.counts["api"].items())},
             "api_first": {str(k): v for k, v in sorted(api_first.items())},
             "read_warnings": {k: v for k, v in sorted(self.notes.items()) if v},
-            "files": inventory(dest, full=True),
+            "files": _inventory(dest, full=True),
         }
         meta["check"] = _digest(meta)
         _write(dest / "meta.json", lambda q: q.write_text(json.dumps(meta, indent=1)))
@@ -793,7 +797,7 @@ class _RowBuild:
             if item is None:
                 return
             i, (kind, q, post, n) = item
-            if KEPT_IDS in q:
+            if _KEPT_IDS in q:
                 while not self.kept_known.wait(0.05):
                     if self._stopped():
                         return
@@ -801,8 +805,8 @@ class _RowBuild:
                     if not self.bound_fixed:  # fixed when the first API piece starts, for all of them
                         self.bound, self.bound_fixed = _early_bound(self.gathered.ops_first), True
                 if self.bound is not None:  # and the early calls (_rest_of_api), in the same pass
-                    q = q.replace(f"nameId IN ({KEPT_IDS})", f"(nameId IN ({KEPT_IDS}) OR {_early(self.bound)})")
-                q = q.replace(KEPT_IDS, self.kept_ids)
+                    q = q.replace(f"nameId IN ({_KEPT_IDS})", f"(nameId IN ({_KEPT_IDS}) OR {_early(self.bound)})")
+                q = q.replace(_KEPT_IDS, self.kept_ids)
             if not self._piece(i, kind, q, post, n):
                 return
 
@@ -896,7 +900,7 @@ def _build_columnar(r, report, dest: Path, m: dict) -> Path:
         "api_first": {str(k): v for k, v in sorted(counts["api_first"].items())},
         "kept_ids": counts["kept_ids"],
         "read_warnings": {k: v for k, v in sorted(notes.items()) if v},
-        "files": inventory(dest, full=True),
+        "files": _inventory(dest, full=True),
     }
     meta["check"] = _digest(meta)
     _write(dest / "meta.json", lambda q: q.write_text(json.dumps(meta, indent=1)))
@@ -970,7 +974,7 @@ def _columnar_counts(r, duration: int | None, strings_f, notes: dict[str, int]) 
     return {"dropped": dropped, "ops_rows": ops_rows, "api_rows": api_rows, "api_first": api_first,
             "kept_ids": kept_ids.to_list(), "lost": lost,
             "ids": pl.concat(ids) if ids else pl.Series("name_id", [], pl.Int64),
-            "op_keys": pl.concat(keys).unique() if keys else pl.DataFrame(schema=OP_KEYS)}
+            "op_keys": pl.concat(keys).unique() if keys else pl.DataFrame(schema=_OP_KEYS)}
 
 
 _KEY = pl.col("pid") * (1 << 32) + pl.col("corr")
@@ -999,14 +1003,14 @@ def _narrow(post, lf: pl.LazyFrame, columns: list[str]) -> pl.DataFrame:
     return _lazy_post(post, lf).select(columns).collect()
 
 
-OP_KEYS = {"name_id": pl.Int64, "label": pl.String}
+_OP_KEYS = {"name_id": pl.Int64, "label": pl.String}
 
 
 def _op_keys(ops: pl.DataFrame) -> pl.DataFrame:
     """The distinct ``(name_id, label)`` of some GPU operations: by name id alone when they have no label (kernels)."""
     if ops["label"].null_count() == ops.height:
         return ops.select(pl.col("name_id").unique(), label=pl.lit(None, pl.String))
-    return ops.select(list(OP_KEYS)).unique()
+    return ops.select(list(_OP_KEYS)).unique()
 
 
 def _kept_ids(strings: pl.DataFrame) -> pl.Series:
@@ -1098,7 +1102,7 @@ def _rest_of_api(r: ExportReader, dest: Path, api_q: tuple[str, _Post], kept: st
         parts = [api_q[1](b) for b in r.batches(q[0])]
         return pl.concat(parts) if parts else pl.DataFrame(schema=API_SCHEMA)
 
-    with ThreadPoolExecutor(READ_THREADS) as ex:
+    with ThreadPoolExecutor(_READ_THREADS) as ex:
         # the early calls: read with the API pieces (kept in their order), or now (the cheap test on start first)
         # while the GPU operations are checked for their calls
         parts = [df for i in sorted(gathered.early) for df in gathered.early[i]] if have else []
@@ -1245,7 +1249,7 @@ def _alive(host: str, pid: int) -> bool:
     return True
 
 
-def remove_stale(root: Path) -> None:
+def _remove_stale(root: Path) -> None:
     """Remove build folders of ``root`` (``.<name>.tmp-*``, ``.<name>.old-*``) that no live process owns."""
     try:
         found = [*root.parent.glob(f".{root.name}.tmp-*"), *root.parent.glob(f".{root.name}.old-*")]
@@ -1260,10 +1264,10 @@ def remove_stale(root: Path) -> None:
         except (OSError, ValueError):
             continue
         if owner is None:  # made, not yet marked (or never): only when empty and old
-            if age > STALE_S and not any(d.iterdir()):
+            if age > _STALE_S and not any(d.iterdir()):
                 d.rmdir()
             continue
-        if ".old-" in d.name or age > STALE_S or not _alive(owner.get("host", ""), int(owner.get("pid", 0))):
+        if ".old-" in d.name or age > _STALE_S or not _alive(owner.get("host", ""), int(owner.get("pid", 0))):
             remove_tree(d)
 
 
@@ -1331,7 +1335,7 @@ def open_store(report: str | os.PathLike, progress: bool | None = None, cache_di
         root.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise _write_error(e.strerror or e, root.parent) from None
-    remove_stale(root)
+    _remove_stale(root)
     tmp = root.with_name(f".{root.name}.tmp-{uuid.uuid4().hex[:12]}")
     old = None
     try:  # whatever happens (errors, Ctrl-C, another process installing first), tmp and old do not outlive this
