@@ -67,7 +67,7 @@ import time
 import uuid
 import zlib
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +91,7 @@ from .export import (
     open_reader,
     read_meta,
 )
-from .exportdir import table_files
+from .exportdir import DirReader, table_files
 from .protocols import ExportReader
 from .sqlite import check_file, sidecar
 
@@ -640,7 +640,7 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
         m = read_meta(r)
         _write(dest, lambda q: q.mkdir(parents=True))
         _mark(dest)
-        if COLUMNAR and hasattr(r, "process_rows"):  # a parquetdir/arrowdir: its rows stay where they are
+        if COLUMNAR and isinstance(r, DirReader):  # a parquetdir/arrowdir: its rows stay where they are
             return _build_columnar(r, report, dest, m)
         return _RowBuild(r, report, dest, m, progress).run()
     finally:
@@ -858,7 +858,7 @@ class _RowBuild:
         return True
 
 
-def _build_columnar(r, report, dest: Path, m: dict) -> Path:
+def _build_columnar(r: DirReader, report: str | os.PathLike, dest: Path, m: dict) -> Path:
     """The store of a columnar export (parquetdir/arrowdir): the small frames and what the rows' reads need, but
     no copy of the rows: :meth:`Store.read` cuts a process's rows from the export's files (the cut pushed into
     polars' scans: :meth:`analyze.read.exportdir.DirReader.process_rows`). One pass over the columns the counts need
@@ -879,9 +879,9 @@ def _build_columnar(r, report, dest: Path, m: dict) -> Path:
         strings_f = ex.submit(small)
         counts = _columnar_counts(r, m["duration"], strings_f, notes)
         strings = strings_f.result()
-    _write(dest / "lost.parquet", counts["lost"].write_parquet)
-    _write(dest / "names.parquet", _names(strings, counts["ids"]).write_parquet)
-    _write(dest / "op_keys.parquet", counts["op_keys"].write_parquet)
+    _write(dest / "lost.parquet", counts.lost.write_parquet)
+    _write(dest / "names.parquet", _names(strings, counts.ids).write_parquet)
+    _write(dest / "op_keys.parquet", counts.op_keys.write_parquet)
     r.check_unchanged()
     notes.update(lossy_strings=r.lossy)
     meta = {
@@ -894,11 +894,11 @@ def _build_columnar(r, report, dest: Path, m: dict) -> Path:
         "duration": m["duration"],
         "utc": m["utc"],
         "tables": sorted(r.tables),
-        "dropped_ops": counts["dropped"],
-        "ops_rows": {str(k): v for k, v in sorted(counts["ops_rows"].items())},
-        "api_rows": {str(k): v for k, v in sorted(counts["api_rows"].items())},
-        "api_first": {str(k): v for k, v in sorted(counts["api_first"].items())},
-        "kept_ids": counts["kept_ids"],
+        "dropped_ops": counts.dropped,
+        "ops_rows": {str(k): v for k, v in sorted(counts.ops_rows.items())},
+        "api_rows": {str(k): v for k, v in sorted(counts.api_rows.items())},
+        "api_first": {str(k): v for k, v in sorted(counts.api_first.items())},
+        "kept_ids": counts.kept_ids,
         "read_warnings": {k: v for k, v in sorted(notes.items()) if v},
         "files": _inventory(dest, full=True),
     }
@@ -907,7 +907,30 @@ def _build_columnar(r, report, dest: Path, m: dict) -> Path:
     return dest
 
 
-def _columnar_counts(r, duration: int | None, strings_f, notes: dict[str, int]) -> dict:
+@dataclasses.dataclass
+class _ColumnarCounts:
+    """What :func:`_build_columnar` keeps of a columnar export's rows (:func:`_columnar_counts`)."""
+
+    dropped: int
+    """GPU operations dropped (:func:`analyze.read.export.bad_op`)."""
+    ops_rows: dict[int, int]
+    """GPU operations per process."""
+    api_rows: dict[int, int]
+    """API calls a read of the process returns: the kept ones and the launchers of the lost ops."""
+    api_first: dict[int, int]
+    """Each process's first call (as :func:`_rest_of_api` finds it)."""
+    kept_ids: list[int]
+    """The name ids of the kept API calls."""
+    lost: pl.DataFrame
+    """``pid, corr`` of the ops no kept call launched but another call did (its launcher is read with the kept)."""
+    ids: pl.Series
+    """The name ids of the rows kept (their names go to ``names.parquet``)."""
+    op_keys: pl.DataFrame
+    """Every distinct ``(name_id, label)`` of the GPU operations."""
+
+
+def _columnar_counts(r: DirReader, duration: int | None, strings_f: Future[pl.DataFrame],
+                     notes: dict[str, int]) -> _ColumnarCounts:
     """What :func:`_build_columnar` keeps of the rows (see there), from narrow reads of the op and API tables."""
     bad = bad_op(duration)
     dropped, ids, keys, packed, loose = 0, [], [], [], []
@@ -971,10 +994,10 @@ def _columnar_counts(r, duration: int | None, strings_f, notes: dict[str, int]) 
             starts = [t for t in (kept_first.get(p), early_first.get(p)) if t is not None]
             if starts:
                 api_first[p] = min(starts)
-    return {"dropped": dropped, "ops_rows": ops_rows, "api_rows": api_rows, "api_first": api_first,
-            "kept_ids": kept_ids.to_list(), "lost": lost,
-            "ids": pl.concat(ids) if ids else pl.Series("name_id", [], pl.Int64),
-            "op_keys": pl.concat(keys).unique() if keys else pl.DataFrame(schema=_OP_KEYS)}
+    return _ColumnarCounts(dropped=dropped, ops_rows=ops_rows, api_rows=api_rows, api_first=api_first,
+                           kept_ids=kept_ids.to_list(), lost=lost,
+                           ids=pl.concat(ids) if ids else pl.Series("name_id", [], pl.Int64),
+                           op_keys=pl.concat(keys).unique() if keys else pl.DataFrame(schema=_OP_KEYS))
 
 
 _KEY = pl.col("pid") * (1 << 32) + pl.col("corr")
