@@ -11,8 +11,12 @@ import polars as pl
 from ..model import bound_expr
 from . import host
 from .intervals import busy_between, busy_function, group_parts, union_blocks, union_length
+from .scalars import real, to_int
 
-METRICS = ("span_ns", "busy_ns", "compute_ns", "comm_ns", "idle_ns", "kernel_ns", "ops", "launches")
+__all__ = ["ranks", "one_key", "instance_metrics", "measure_instances", "spread", "sum_phases", "projections",
+           "add_gpu_idle", "gpu_blocks", "measure_seams", "sum_seams", "coverage"]
+
+_METRICS = ("span_ns", "busy_ns", "compute_ns", "comm_ns", "idle_ns", "kernel_ns", "ops", "launches")
 
 
 def ranks(ops: pl.DataFrame, devices: pl.DataFrame) -> pl.DataFrame:
@@ -35,10 +39,10 @@ def one_key(*frames: pl.DataFrame, on: tuple[str, str] = ("rank", "range_id")) -
     on one integer instead of two columns. The frames as they are and ``on`` when the values do not pack (negative,
     or too wide for 62 bits). A null in either column makes the key null (it matches nothing, as in a join on both)."""
     a, b = on
-    if any(f[c].null_count() < f.height and f[c].min() < 0 for f in frames for c in on):
+    if any(f[c].null_count() < f.height and real(f[c].min()) < 0 for f in frames for c in on):
         return frames, list(on)
-    hi = max(int(f[b].max() or 0) for f in frames) + 1
-    if (max(int(f[a].max() or 0) for f in frames) + 1) * hi >= 2**62:
+    hi = max(to_int(f[b].max() or 0) for f in frames) + 1
+    if (max(to_int(f[a].max() or 0) for f in frames) + 1) * hi >= 2**62:
         return frames, list(on)
     return tuple(f.with_columns(_key=pl.col(a) * hi + pl.col(b)) for f in frames), ["_key"]
 
@@ -120,22 +124,22 @@ def measure_instances(nested: pl.DataFrame, ops: pl.DataFrame, anc: pl.DataFrame
              .collect().select(ex.columns))
     is_internal = pl.col("range_id").is_in(internal["range_id"].implode())
     inc = pl.concat([ex.filter(~is_internal), inner], how="vertical_relaxed")
-    cols = ["first", "last", *METRICS, "first_launch"]
+    cols = ["first", "last", *_METRICS, "first_launch"]
     out = (
         nested.join(ex.select("range_id", *[pl.col(c).alias(f"x_{c}") for c in cols]), on="range_id", how="left")
         .join(inc.select("range_id", *[pl.col(c).alias(f"i_{c}") for c in cols]), on="range_id", how="left")
     )
-    return out.with_columns(pl.col(f"x_{c}").fill_null(0) for c in METRICS).with_columns(
-        pl.col(f"i_{c}").fill_null(0) for c in METRICS
+    return out.with_columns(pl.col(f"x_{c}").fill_null(0) for c in _METRICS).with_columns(
+        pl.col(f"i_{c}").fill_null(0) for c in _METRICS
     )
 
 
 def _sum_metrics(prefix: str) -> list[pl.Expr]:
-    return [pl.col(f"{prefix}{c}").sum().alias(c) for c in METRICS]
+    return [pl.col(f"{prefix}{c}").sum().alias(c) for c in _METRICS]
 
 
 # Per-instance figures that get a mean, p50 and p90 over instances (``span_mean_ns``, ``span_p50_ns``, ...).
-STAT_METRICS = ("span", "compute", "comm", "idle", "gpu_idle")
+_STAT_METRICS = ("span", "compute", "comm", "idle", "gpu_idle")
 
 
 def spread(col: str, name: str) -> list[pl.Expr]:
@@ -155,7 +159,7 @@ def sum_phases(inst: pl.DataFrame, by: tuple[str, ...] = ("rank",)) -> pl.DataFr
             pl.len().alias("instances"),
             *_sum_metrics("x_"),
             pl.col("x_gpu_idle_ns").sum().alias("gpu_idle_ns"),
-            *[e for m in STAT_METRICS for e in spread(f"x_{m}_ns", m)],
+            *[e for m in _STAT_METRICS for e in spread(f"x_{m}_ns", m)],
             span_max_ns=pl.col("x_span_ns").max(),
         )
         .rename({"range": "phase"})
@@ -171,7 +175,7 @@ def projections(inst: pl.DataFrame) -> pl.DataFrame:
         .agg(
             pl.len().alias("instances"),
             pl.col("i_span_ns").sum().alias("proj_span_ns"),
-            *[pl.col(f"i_{c}").sum().alias(c) for c in METRICS if c != "span_ns"],
+            *[pl.col(f"i_{c}").sum().alias(c) for c in _METRICS if c != "span_ns"],
             pl.col("i_gpu_idle_ns").sum().alias("gpu_idle_ns"),
             (pl.col("end") - pl.col("start")).sum().alias("range_ns"),
         )
@@ -192,10 +196,10 @@ def add_gpu_idle(inst: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:
     # Both views' windows in one query: exclusive rows first, then inclusive.
     w = pl.concat([inst.select("pid", a=pl.col(f"{p}_first"), b=pl.col(f"{p}_last")) for p in ("x", "i")])
     busy = busy_between(blocks, w.with_columns(pl.col("a", "b").fill_null(0)), ["pid"], "a", "b", "_all")
-    busy = busy.collect()["_all"]
+    busy_ns = busy.collect()["_all"]
     n = inst.height
     return inst.with_columns(
-        (pl.col(f"{p}_span_ns") - busy.slice(k * n, n)).clip(lower_bound=0).alias(f"{p}_gpu_idle_ns")
+        (pl.col(f"{p}_span_ns") - busy_ns.slice(k * n, n)).clip(lower_bound=0).alias(f"{p}_gpu_idle_ns")
         for k, p in enumerate(("x", "i"))
     )
 

@@ -9,6 +9,10 @@ from collections.abc import Sequence
 
 import polars as pl
 
+from .scalars import real
+
+__all__ = ["group_parts", "union_blocks", "union_length", "busy_function", "busy_between"]
+
 
 def _prev_end(by: list[str]) -> pl.Expr:
     """The latest end among earlier intervals of the group (rows sorted by start)."""
@@ -31,7 +35,7 @@ def group_parts(df: pl.DataFrame, key: str, only: str | None = None) -> pl.DataF
     new = (pl.col(key) != pl.col(key).shift(1)).fill_null(True)
     base = pl.when(new).then(pl.col("start")).forward_fill()  # the group's first start
     out = df.with_columns(_g=new.cum_sum().cast(pl.Int64), _s=pl.col("start") - base, _e=pl.col("end") - base)
-    width = (out["_e"].max() or 0) + 1
+    width = real(out["_e"].max() or 0) + 1
     if width * (out["_g"][-1] + 1) >= 2**62:
         return None
     out = out.with_columns(_s=pl.col("_s") + pl.col("_g") * width, _e=pl.col("_e") + pl.col("_g") * width)
@@ -126,7 +130,7 @@ def busy_function(blocks: pl.DataFrame | pl.LazyFrame, by: Sequence[str]) -> pl.
     return lf.with_columns(before=(length.cum_sum() - length).over(by) if by else length.cum_sum() - length)
 
 
-def busy_at(fn: pl.LazyFrame, points: pl.LazyFrame, t: str, by: Sequence[str], out: str) -> pl.LazyFrame:
+def _busy_at(fn: pl.LazyFrame, points: pl.LazyFrame, t: str, by: Sequence[str], out: str) -> pl.LazyFrame:
     """Add column ``out``: busy time of the group in ``[0, points[t]]`` (``fn`` from :func:`busy_function`)."""
     by = list(by)
     right = fn.select(*by, pl.col("start").alias("_bs"), pl.col("end").alias("_be"), "before")
@@ -152,8 +156,8 @@ def busy_between(
     lf = blocks.lazy()
     fn = lf if "before" in lf.collect_schema().names() else busy_function(blocks, by)
     w = windows.lazy().with_row_index("_w")
-    w = busy_at(fn, w, a, by, "_fa")
-    w = busy_at(fn, w, b, by, "_fb")
+    w = _busy_at(fn, w, a, by, "_fa")
+    w = _busy_at(fn, w, b, by, "_fb")
     return (
         w.with_columns(
             pl.when(pl.col(b) > pl.col(a)).then(pl.col("_fb") - pl.col("_fa")).otherwise(0).alias(out)

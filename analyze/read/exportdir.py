@@ -14,21 +14,29 @@ for exports that keep it (nsys 2025.6 notes that row order is no longer guarante
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import polars as pl
 
 from ..model import InputError
 
-SUFFIXES = (".parquet", ".arrow", ".arrows")
-PID_UNIT = 1 << 24  # globalTid/globalPid: <hw:8><vm:8><pid:24><tid:24> (analyze.read.export.pid_of)
-KNOWN = ("StringIds", "NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME")
+if TYPE_CHECKING:
+    from polars._typing import PolarsDataType  # a dtype class (pl.Int64) or instance (pl.List(pl.Int64))
+
+__all__ = ["table_files", "is_export_dir", "DirReader"]
+
+_SUFFIXES = (".parquet", ".arrow", ".arrows")
+_PID_UNIT = 1 << 24  # globalTid/globalPid: <hw:8><vm:8><pid:24><tid:24> (analyze.read.export.pid_of)
+_KNOWN = ("StringIds", "NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME")
 
 
-def _tables(path: Path) -> dict[str, Path]:
-    out = {}
+def table_files(path: Path) -> dict[str, Path]:
+    """The folder's table files by table name (a file's stem; of two with one stem, the first by name)."""
+    out: dict[str, Path] = {}
     for f in sorted(path.iterdir()):
-        if f.suffix in SUFFIXES and f.is_file():
+        if f.suffix in _SUFFIXES and f.is_file():
             out.setdefault(f.stem, f)
     return out
 
@@ -43,7 +51,7 @@ def _state(files: dict[str, Path]) -> list:
 def is_export_dir(path: str | os.PathLike) -> bool:
     """Whether ``path`` is a directory of nsys tables as parquet or Arrow files."""
     p = Path(path)
-    return p.is_dir() and any(t in _tables(p) for t in KNOWN)
+    return p.is_dir() and any(t in table_files(p) for t in _KNOWN)
 
 
 def _scan(f: Path) -> pl.LazyFrame:
@@ -58,7 +66,7 @@ def _scan(f: Path) -> pl.LazyFrame:
         return pl.read_ipc_stream(f).lazy()
 
 
-def signed(lf: pl.LazyFrame) -> pl.LazyFrame:
+def _signed(lf: pl.LazyFrame) -> pl.LazyFrame:
     """UInt64 columns reinterpreted as Int64 (two's complement, as SQLite stores them); other ints widened."""
     sch = lf.collect_schema()
     fix = []
@@ -78,11 +86,11 @@ class DirReader:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self.lossy = 0  # parquet and Arrow strings are valid UTF-8 by construction
-        files = _tables(self.path)
+        files = table_files(self.path)
         self.state = _state(files)
         try:
             self._raw = {t: _scan(f) for t, f in files.items()}
-            self._lf = {t: signed(lf) for t, lf in self._raw.items()}
+            self._lf = {t: _signed(lf) for t, lf in self._raw.items()}
             self._cols = {t: list(lf.collect_schema().names()) for t, lf in self._lf.items()}
         except Exception as e:
             raise InputError(f"{self.path}: unreadable table file ({e})", "CORRUPT") from None
@@ -97,7 +105,7 @@ class DirReader:
 
     def check_unchanged(self) -> None:
         """Fail if a table file changed since the directory was opened."""
-        if _state(_tables(self.path)) != self.state:
+        if _state(table_files(self.path)) != self.state:
             raise InputError(f"{self.path}: the export changed while it was read; try again", "CHANGED")
 
     def columns(self, table: str) -> list[str]:
@@ -118,8 +126,8 @@ class DirReader:
         """``sql`` over the tables cut to one process's rows: those whose ``column`` (``globalPid`` or
         ``globalTid``) holds ``pid``, the cut made on the file's own column, so that polars decodes the other
         columns of those rows only. Tables without ``column`` are whole; no ``rowid`` (the cut renumbers rows)."""
-        cut = ((pl.col(column) // PID_UNIT) % PID_UNIT) == pid
-        lfs = {t: signed(self._raw[t].filter(cut)) if column in self._cols[t] else lf
+        cut = ((pl.col(column) // _PID_UNIT) % _PID_UNIT) == pid
+        lfs = {t: _signed(self._raw[t].filter(cut)) if column in self._cols[t] else lf
                for t, lf in self._plain.items()}
         try:
             return pl.SQLContext(lfs, eager=False).execute(sql)
@@ -129,7 +137,7 @@ class DirReader:
     def rows(self, sql: str, params: tuple = ()) -> list[tuple]:
         return self._lazy(sql).collect().rows()
 
-    def frame(self, sql: str, schema: dict[str, pl.DataType] | None = None) -> pl.DataFrame:
+    def frame(self, sql: str, schema: Mapping[str, PolarsDataType] | None = None) -> pl.DataFrame:
         df = self._lazy(sql).collect()
         if schema:
             df = df.with_columns([pl.col(c).cast(t) for c, t in schema.items() if c in df.columns])

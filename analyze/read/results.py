@@ -110,7 +110,11 @@ def _encode(v: object, frames: list[pl.DataFrame]) -> Any:
         frames.append(v.to_frame())
         return {"$series": len(frames) - 1}
     if type(v).__module__ == "numpy":  # a what-if replay's arrays (numbers only), and numpy's scalars
-        if type(v).__name__ != "ndarray":
+        import numpy as np  # loaded already: v is one of its values
+
+        if not isinstance(v, np.ndarray):
+            if not isinstance(v, np.generic):
+                raise _Unsupported(type(v).__name__)
             return _encode(v.item(), frames)
         if v.dtype.kind not in "biuf":
             raise _Unsupported(f"array of {v.dtype}")

@@ -26,11 +26,12 @@ import polars as pl
 
 from ..model import Diagnostic, Trace
 from . import store as st
-from .export import API_SCHEMA, OPS_SCHEMA, export_rows, load, ops_between
+from .export import OPS_SCHEMA, export_rows, load, ops_between
+from .protocols import ProcessSource
 
 # Exports with fewer GPU-operation + API rows than this are analysed from memory; larger ones (and any
 # export with a valid cache) through the parquet store. Chosen by measurement (BENCHMARKS.md, issue 11).
-STORE_ROWS = 4_000_000
+_STORE_ROWS = 4_000_000
 
 
 class MemorySource:
@@ -48,7 +49,7 @@ class MemorySource:
         if trace.api_first is not None:
             self._first = dict(trace.api_first)
         else:
-            self._first = {int(k[0]): v["start"].min() for k, v in self._api.items() if v.height}
+            self._first = {int(k[0]): _whole(v["start"].min()) for k, v in self._api.items() if v.height}
 
     def ops(self, pid: int, columns: tuple[str, ...] | None = None) -> pl.DataFrame:
         """One process's GPU operations (only ``columns``, if given)."""
@@ -69,6 +70,14 @@ class MemorySource:
 
     def close(self) -> None:
         self._ops, self._api = {}, {}
+
+
+def _whole(value: object) -> int:
+    """A start read out of polars (typed as any literal): an int, checked (the read layer cannot import
+    :mod:`analyze.compute.scalars`)."""
+    if isinstance(value, int):
+        return value
+    raise TypeError(f"expected an integer, got {value!r}")
 
 
 class StoreSource:
@@ -109,10 +118,11 @@ class StoreSource:
             self._tmp = None
 
 
-def open_source(report, store: bool | None = None, cache: bool | None = None, progress: bool | None = None):
+def open_source(report: str | os.PathLike | Trace | st.Store, store: bool | None = None, cache: bool | None = None,
+                progress: bool | None = None) -> ProcessSource:
     """The source for ``report`` (a path, a loaded :class:`Trace`, or an opened store).
 
-    ``store``: True = through the parquet store, False = in memory, None = by size (:data:`STORE_ROWS`).
+    ``store``: True = through the parquet store, False = in memory, None = by size (:data:`_STORE_ROWS`).
     ``cache``: True = through the cache (built on first use, kept); False = never read or write one (a
     store is then temporary); None = use a valid cache if there is one, and keep the store when one is built.
     """
@@ -125,7 +135,7 @@ def open_source(report, store: bool | None = None, cache: bool | None = None, pr
         if found is not None:
             return StoreSource(found)
     if store is None:
-        store = cache is True or export_rows(report) >= STORE_ROWS
+        store = cache is True or export_rows(report) >= _STORE_ROWS
     if not store:
         return MemorySource(load(report))
     if cache is False:
@@ -140,7 +150,7 @@ def open_source(report, store: bool | None = None, cache: bool | None = None, pr
     return StoreSource(kept)
 
 
-def _without_cache(report, progress: bool | None):
+def _without_cache(report: str | os.PathLike, progress: bool | None) -> ProcessSource:
     """A temporary store, or memory when that cannot be written either (the same disk full, a file-size limit)."""
     try:
         s, tmp = st.temporary_store(report, progress)
@@ -187,4 +197,4 @@ class ManyWindows:
         return pl.concat([w(t0, t1) for w in self.parts])
 
 
-__all__ = ["API_SCHEMA", "OPS_SCHEMA", "MemorySource", "StoreSource", "OpsWindow", "ManyWindows", "open_source"]
+__all__ = ["MemorySource", "StoreSource", "OpsWindow", "ManyWindows", "open_source"]

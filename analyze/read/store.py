@@ -51,6 +51,7 @@ time from here; notebooks re-open a large trace from here in well under a second
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import mmap
@@ -65,7 +66,8 @@ import threading
 import time
 import uuid
 import zlib
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -89,28 +91,33 @@ from .export import (
     open_reader,
     read_meta,
 )
-from .exportdir import _tables
+from .exportdir import DirReader, table_files
+from .protocols import ExportReader
 from .sqlite import check_file, sidecar
 
+__all__ = ["COLUMNAR", "FLUSH_ROWS", "PIECE_ROWS", "EARLY_ROWS", "SUFFIX", "MARKER", "TAIL", "EDGE", "BLOCK",
+           "BLOCKS", "CacheError", "CacheWriteError", "fingerprint", "cache_dir_for", "Progress", "problem", "is_cache", "Store",
+           "build", "remove_tree", "discard", "existing_store", "open_store", "temporary_store"]
+
 COLUMNAR = True  # a parquetdir/arrowdir export's store keeps no copy of its rows (_build_columnar)
-CACHE_VERSION = 10  # 2: ranges have ``range_id`` and ``range``; 3: marks.parquet; 4: marker, files listed, checks;
+_CACHE_VERSION = 10  # 2: ranges have ``range_id`` and ``range``; 3: marks.parquet; 4: marker, files listed, checks;
 # 5: only the API calls the analysis needs, and each process's first call (``api_first``); 6: op_keys.parquet;
 # 7: ops carry their CUDA graph's id (``graph``); 8: the key has each file's inode, ctime and content hash, the
 # report's path is absolute, a build id; 9: the session's end from nsys's own diagnostic (unclosed ranges);
 # 10: a columnar export's store reads its rows from the export (``columnar``, lost.parquet)
 FLUSH_ROWS = 2_000_000
-PIECE_ROWS = 2_000_000  # a large table is read in row ranges of this size, by READ_THREADS threads
-READ_THREADS = max(2, min(4, os.cpu_count() or 2))
-KEPT_IDS = "/*kept API name ids*/"  # in the API pieces' SQL until StringIds is read
+PIECE_ROWS = 2_000_000  # a large table is read in row ranges of this size, by _READ_THREADS threads
+_READ_THREADS = max(2, min(4, os.cpu_count() or 2))
+_KEPT_IDS = "/*kept API name ids*/"  # in the API pieces' SQL until StringIds is read
 EARLY_ROWS = 1_000_000  # early calls kept from the API pieces at most (more: their own pass, see _rest_of_api)
 SUFFIX = ".spectrace"
 MARKER = "SPECTRACE_CACHE"  # in every cache folder (and every folder a build writes): it is ours to replace
 TAIL = 65536  # bytes of each file's end in its checksum: the parquet footer (row counts, offsets) and more
-STALE_S = 24 * 3600  # a build folder this old, or left by a dead process on this host, is removed
+_STALE_S = 24 * 3600  # a build folder this old, or left by a dead process on this host, is removed
 EDGE = 65536  # the key hashes each report file's first and last EDGE bytes (SQLite pages are at most 64 KiB)...
 BLOCK, BLOCKS = 4096, 6  # ...and BLOCKS blocks of BLOCK bytes spread between them
-NAME_MAX = 255  # bytes in a file name (most file systems)
-BUILD_NAME = len("..tmp-") + 12  # what a build folder's name adds to the cache's (``.<name>.tmp-<12 hex>``)
+_NAME_MAX = 255  # bytes in a file name (most file systems)
+_BUILD_NAME = len("..tmp-") + 12  # what a build folder's name adds to the cache's (``.<name>.tmp-<12 hex>``)
 
 
 class CacheError(InputError):
@@ -147,7 +154,7 @@ def fingerprint(report: str | os.PathLike) -> dict:
     p = Path(report).resolve()
     try:
         if p.is_dir():  # the table files the export is read from (every file when there are none)
-            tables = sorted(_tables(p).values())
+            tables = sorted(table_files(p).values())
             files = [_file_key(f) for f in tables or sorted(p.iterdir()) if f.is_file()]
         else:
             files = [_file_key(p)]
@@ -157,7 +164,7 @@ def fingerprint(report: str | os.PathLike) -> dict:
         raise InputError(f"{report}: cannot read it ({e.strerror})", "UNREADABLE") from None
     if not files:
         raise InputError(f"{report}: no such file", "NO_FILE")
-    return {"cache_version": CACHE_VERSION, "path": str(p), "files": files}
+    return {"cache_version": _CACHE_VERSION, "path": str(p), "files": files}
 
 
 def _file_key(f: Path, ctime: bool = True) -> list:
@@ -189,20 +196,20 @@ def _content(f: Path) -> str:
 
 def cache_dir_for(report: str | os.PathLike) -> Path:
     """Where the cache of ``report`` goes: ``<report>.spectrace`` beside it when its folder is writable, its path
-    UTF-8 and its name short enough (for its build folder's name too, :data:`NAME_MAX`); else in the user cache
-    folder (:func:`user_cache_base`) as ``<hash>_<name>.spectrace``, the name cut to fit. A
+    UTF-8 and its name short enough (for its build folder's name too, :data:`_NAME_MAX`); else in the user cache
+    folder (:func:`_user_cache_base`) as ``<hash>_<name>.spectrace``, the name cut to fit. A
     :class:`CacheWriteError` when there is no valid place."""
     p = Path(report).resolve()
     env = os.environ.get("SPECTRACE_CACHE_DIR") or None
     if not env and _writable(p.parent) and _utf8(str(p)) and _fits(p.name + SUFFIX):
         return p.parent / (p.name + SUFFIX)
     head = hashlib.sha1(os.fsencode(p)).hexdigest()[:16] + "_"
-    room = NAME_MAX - BUILD_NAME - len(head) - len(SUFFIX)
+    room = _NAME_MAX - _BUILD_NAME - len(head) - len(SUFFIX)
     name = os.fsencode(p.name).decode(errors="replace").encode()[:room].decode(errors="ignore")
-    return user_cache_base() / (head + name + SUFFIX)
+    return _user_cache_base() / (head + name + SUFFIX)
 
 
-def user_cache_base() -> Path:
+def _user_cache_base() -> Path:
     """``$SPECTRACE_CACHE_DIR``, else ``$XDG_CACHE_HOME/spectrace``, else ``$HOME/.cache/spectrace``, the
     variables checked: an empty one is unset; XDG_CACHE_HOME is ignored when relative (the XDG spec) or not UTF-8;
     a SPECTRACE_CACHE_DIR that is not UTF-8 (polars writes only UTF-8 paths), or a HOME that is empty, relative
@@ -232,7 +239,7 @@ def user_cache_base() -> Path:
 
 
 def _fits(name: str) -> bool:
-    return len(os.fsencode(name)) + BUILD_NAME <= NAME_MAX
+    return len(os.fsencode(name)) + _BUILD_NAME <= _NAME_MAX
 
 
 def _utf8(s: str) -> bool:
@@ -287,7 +294,8 @@ class _Spill:
     """
 
     def __init__(self, root: Path, piece: int, counts: dict[int, int], lock: threading.Lock):
-        self.root, self.piece, self.buf, self.rows, self.part = root, piece, {}, 0, 0
+        self.root, self.piece, self.rows, self.part = root, piece, 0, 0
+        self.buf: dict[int, list[pl.DataFrame]] = {}
         self.counts, self.lock = counts, lock
 
     def add(self, df: pl.DataFrame) -> None:
@@ -351,7 +359,7 @@ def _crc(f: Path) -> tuple[int, int]:
             return size, zlib.crc32(m)
 
 
-def inventory(root: Path, full: bool = False) -> dict[str, list]:
+def _inventory(root: Path, full: bool = False) -> dict[str, list]:
     """Every parquet file under ``root``: ``relative path -> [rows, bytes, CRC-32 of its last 64 KiB, CRC-32 of
     the whole file]`` (the last one only when ``full``, else None: the first three are what an open checks)."""
     import pyarrow.parquet as pq
@@ -401,7 +409,7 @@ def _check(root: Path, key: dict | None, meta: dict) -> str | None:
     try:
         if not (root / MARKER).is_file():
             return f"no {MARKER} marker"
-        have = inventory(root)
+        have = _inventory(root)
     except Exception as e:  # OSError, or a file pyarrow cannot parse
         return f"a file cannot be read ({_one_line(e)})"
     listed = {k: v[:3] for k, v in meta.get("files", {}).items()}
@@ -445,7 +453,8 @@ class Store:
 
     def __init__(self, root: Path, kept: bool = True, report: str | os.PathLike | None = None,
                  meta: dict | None = None):
-        self.root, self.kept, self.report, self.meta = root, kept, report, {}
+        self.root, self.kept, self.report = root, kept, report
+        self.meta: dict[str, Any] = {}
         self._reader: Any = None  # a columnar export's reader (a DirReader), opened on first use
         self._lock = threading.Lock()
         if meta is None:
@@ -616,7 +625,7 @@ def _no_rows(kind: str) -> pl.DataFrame:
 
 def _mark(dest: Path) -> None:
     """The marker: this folder is a spectrace cache, being built by this process (host, pid) until renamed."""
-    owner = {"spectrace_cache": CACHE_VERSION, "host": socket.gethostname(), "pid": os.getpid()}
+    owner = {"spectrace_cache": _CACHE_VERSION, "host": socket.gethostname(), "pid": os.getpid()}
     _write(dest / MARKER, lambda q: q.write_text(json.dumps(owner) + "\n"))
 
 
@@ -631,153 +640,225 @@ def build(report: str | os.PathLike, dest: Path, progress: bool | None = None) -
         m = read_meta(r)
         _write(dest, lambda q: q.mkdir(parents=True))
         _mark(dest)
-        if COLUMNAR and hasattr(r, "process_rows"):  # a parquetdir/arrowdir: its rows stay where they are
+        if COLUMNAR and isinstance(r, DirReader):  # a parquetdir/arrowdir: its rows stay where they are
             return _build_columnar(r, report, dest, m)
-        ops_q, api_q = op_queries(r), api_query(r)
-        total = sum(r.max_rowid(t) for t, _, _ in ops_q) + (r.max_rowid("CUPTI_ACTIVITY_KIND_RUNTIME") if api_q else 0)
-        bar = Progress(total, f"spectrace: reading {Path(report).name}", progress)
-        # Pieces (a table, or a row range of a large one), numbered in read order; the threads take the next one.
-        pieces = [("ops", q, post, n) for t, query, post in ops_q for q, n in _pieces(r, t, query)]
-        if api_q:  # the calls the analysis needs by name, and the usual launchers (the rest: _rest_of_api); their
-            # ids (from StringIds) are filled in when the threads reach them, read meanwhile on this thread
-            pieces += [("api", q, api_q[1], n) for q, n in _pieces(r, RUNTIME, api_q[0], f"nameId IN ({KEPT_IDS})")]
-        kept = {}  # "strings": StringIds; "ids": the kept ids as an SQL list, once known; "bound": see _early_bound
-        kept_known = threading.Event()
-        counts: dict[str, dict[int, int]] = {"ops": {}, "api": {}}
-        lock = threading.Lock()
-        stats = {"dropped": 0, "ids": [], "op_keys": [], "api_without_pid": 0, "ops_calls": [], "api_calls": [],
-                 "calls_unpacked": False, "early": {}, "early_rows": 0}
-        firsts: dict[str, dict[int, int]] = {"ops": {}, "api": {}}  # earliest start per process
-        notes: dict[str, int] = {}
+        return _RowBuild(r, report, dest, m, progress).run()
+    finally:
+        r.close()
+
+
+@dataclasses.dataclass
+class _Gathered:
+    """What the pieces of a :class:`_RowBuild` gather beside the rows they copy (added to under its lock)."""
+
+    dropped: int = 0
+    """GPU operations dropped (:func:`analyze.read.export.bad_op`)."""
+    api_without_pid: int = 0
+    """API calls without a thread id (dropped: no process to attribute them to)."""
+    ids: list[pl.Series] = dataclasses.field(default_factory=list)
+    """The name ids of the rows kept (their names go to ``names.parquet``)."""
+    op_keys: list[pl.DataFrame] = dataclasses.field(default_factory=list)
+    """Each batch's distinct ``(name_id, label)`` of the GPU operations."""
+    ops_calls: list[pl.Series] = dataclasses.field(default_factory=list)
+    """The ops' (pid, correlation id) keys, packed (:func:`_call_keys`)."""
+    api_calls: list[pl.Series] = dataclasses.field(default_factory=list)
+    """The kept API calls' keys, packed."""
+    calls_unpacked: bool = False
+    """Some keys did not pack: :func:`_rest_of_api` compares the written files instead."""
+    early: dict[int, list[pl.DataFrame]] = dataclasses.field(default_factory=dict)
+    """The early calls the API pieces read (not stored), by piece, while there are at most ``EARLY_ROWS``."""
+    early_rows: int = 0
+    """How many early calls the API pieces read."""
+    ops_first: dict[int, int] = dataclasses.field(default_factory=dict)
+    """Earliest start of a GPU operation per process."""
+    api_first: dict[int, int] = dataclasses.field(default_factory=dict)
+    """Earliest start of a kept API call per process."""
+
+
+_Post = Callable[[pl.DataFrame], pl.DataFrame]  # turns a batch of a query's rows into frame rows
+
+
+class _RowBuild:
+    """The store of a SQLite export (:func:`build`): its op and API tables cut into pieces (a table, or a row range
+    of a large one), numbered in read order, read by ``_READ_THREADS`` threads into per-process parquet files, with
+    StringIds and the NVTX ranges and small tables read meanwhile on two more threads; then the API calls the
+    pieces left out (:func:`_rest_of_api`), the names and ``meta.json``."""
+
+    def __init__(self, r: ExportReader, report: str | os.PathLike, dest: Path, m: dict, progress: bool | None):
+        self.r, self.report, self.dest, self.m = r, report, dest, m
+        self.ops_q, self.api_q = op_queries(r), api_query(r)
+        total = sum(r.max_rowid(t) for t, _, _ in self.ops_q) + (r.max_rowid(RUNTIME) if self.api_q else 0)
+        self.bar = Progress(total, f"spectrace: reading {Path(report).name}", progress)
+        pieces: list[tuple[str, str, _Post, int]] = [
+            ("ops", q, post, n) for t, query, post in self.ops_q for q, n in _pieces(r, t, query)]
+        if self.api_q:  # the calls the analysis needs by name, and the usual launchers (the rest: _rest_of_api);
+            # their ids (from StringIds) are filled in when the threads reach them, read meanwhile on another thread
+            post = self.api_q[1]
+            pieces += [("api", q, post, n) for q, n in _pieces(r, RUNTIME, self.api_q[0], f"nameId IN ({_KEPT_IDS})")]
+        self.pieces = pieces
         # Largest pieces first, so that the threads end together (files keep their read-order numbers); the API
         # pieces last: SQLite passes over their rows but returns a fifth of them, they cost far less a row.
-        todo = iter(sorted(enumerate(pieces), key=lambda ip: (ip[1][0] == "api", -ip[1][3])))
-        errors: list[BaseException] = []
-        stop = threading.Event()  # set when the build is abandoned: the threads stop after their batch
-        bad_ops = bad_op(m["duration"])
+        self.todo = iter(sorted(enumerate(pieces), key=lambda ip: (ip[1][0] == "api", -ip[1][3])))
+        # StringIds and the kept ids (once known: kept_known), as a Series and as an SQL list
+        self.strings = pl.DataFrame(schema={"name_id": pl.Int64, "name": pl.String})
+        self.kept_id_list = pl.Series("name_id", [], pl.Int64)
+        self.kept_ids = ""
+        self.kept_known = threading.Event()
+        # the start before which the API pieces also read the early calls (_early_bound): fixed when the first API
+        # piece starts, for all of them (None: no GPU operation read)
+        self.bound: int | None = None
+        self.bound_fixed = False
+        self.counts: dict[str, dict[int, int]] = {"ops": {}, "api": {}}  # rows written per process
+        self.gathered = _Gathered()
+        self.notes: dict[str, int] = {}
+        self.lock = threading.Lock()
+        self.errors: list[BaseException] = []
+        self.stop = threading.Event()  # set when the build is abandoned: the threads stop after their batch
+        self.bad_ops = bad_op(m["duration"])
 
-        def work() -> None:
-            while not errors and not stop.is_set():
-                with lock:
-                    i, (kind, q, post, n) = next(todo, (None, (None, None, None, None)))
-                if i is None:
-                    return
-                if KEPT_IDS in q:
-                    while not kept_known.wait(0.05):
-                        if errors or stop.is_set():
-                            return
-                    with lock:
-                        if "bound" not in kept:  # fixed when the first API piece starts, for all of them
-                            kept["bound"] = _early_bound(firsts["ops"])
-                    if kept["bound"] is not None:  # and the early calls (_rest_of_api), in the same pass
-                        q = q.replace(f"nameId IN ({KEPT_IDS})", f"(nameId IN ({KEPT_IDS}) OR {_early(kept['bound'])})")
-                    q = q.replace(KEPT_IDS, kept["ids"])
-                spill, seen = _Spill(dest / kind, i, counts[kind], lock), 0
-                for b in r.batches(q):
-                    if errors or stop.is_set():
-                        return
-                    df = post(b)
-                    if kind == "api" and kept.get("bound") is not None:  # the early calls apart: not stored
-                        is_kept = pl.col("name_id").is_in(kept["id_list"].implode())
-                        early = df.filter(~is_kept.fill_null(False))
-                        with lock:
-                            stats["early_rows"] += early.height
-                            if stats["early_rows"] <= EARLY_ROWS:
-                                stats["early"].setdefault(i, []).append(early)
-                        df = df.filter(is_kept.fill_null(False))
-                    bad = df.select((bad_ops if kind == "ops" else BAD_API).sum()).item() or 0
-                    if bad:
-                        df = df.filter(~(bad_ops if kind == "ops" else BAD_API))
-                    ids = df["name_id"].unique().drop_nulls()
-                    keys = _op_keys(df) if kind == "ops" else None
-                    calls = _call_keys(df)
-                    first = df.group_by("pid").agg(pl.col("start").min()).iter_rows()
-                    with lock:
-                        stats["dropped" if kind == "ops" else "api_without_pid"] += int(bad)
-                        stats["ids"].append(ids)
-                        if keys is not None:
-                            stats["op_keys"].append(keys)
-                        if calls is None:
-                            stats["calls_unpacked"] = True
-                        else:
-                            stats[f"{kind}_calls"].append(calls)
-                        seen_first = firsts[kind]
-                        for p, t in first:
-                            if t is not None and (p not in seen_first or t < seen_first[p]):
-                                seen_first[p] = t
-                    spill.add(df)
-                    bar.add(b.height)
-                    seen += b.height
-                spill.flush()
-                bar.add(max(n - seen, 0))  # rows a filter left out were read all the same
-
-
-        def read_names() -> None:  # StringIds, beside the pieces (the API pieces wait for the kept ids)
-            kept["strings"] = _strings(r)
-            kept["id_list"] = _kept_ids(kept["strings"])
-            kept["ids"] = ",".join(str(i) for i in kept["id_list"].to_list())
-            kept_known.set()
-
-        def read_ranges() -> None:  # NVTX ranges and the small tables, beside the pieces (their own connections)
-            ranges, _domains, marks = _ranges(r, m["duration"], notes)
-            for name, df in (("ranges", ranges), ("marks", marks), ("devices", _devices(r)),
-                             ("diagnostics", _nsys_diagnostics(r))):
-                _write(dest / f"{name}.parquet", df.write_parquet)
-
-        def guard(fn) -> None:
-            try:
-                fn()
-            except BaseException as e:  # re-raised on the calling thread
-                errors.append(e)
-
+    def run(self) -> Path:
+        """Read everything, write ``meta.json`` last; the first error of any thread is raised here."""
+        dest, r, g = self.dest, self.r, self.gathered
         _write(dest / "ops", Path.mkdir)
         _write(dest / "api", Path.mkdir)
-        threads = [threading.Thread(target=guard, args=(f,)) for f in (read_names, read_ranges, *[work] * READ_THREADS)]
+        threads = [threading.Thread(target=self._guard, args=(f,))
+                   for f in (self._read_names, self._read_ranges, *[self._work] * _READ_THREADS)]
         try:
             for t in threads:
                 t.start()
             for t in threads:
                 t.join()
         except BaseException:  # Ctrl-C: no thread may write into the folder once it is removed
-            stop.set()
+            self.stop.set()
             _join(threads)
             raise
         finally:
-            bar.close()
-        if errors:
-            raise errors[0]
-        api_first = (_rest_of_api(r, dest, api_q, kept["ids"], counts["api"], stats, len(pieces), firsts,
-                                  kept.get("bound") if stats["early_rows"] <= EARLY_ROWS else None) if api_q else {})
-        ids = pl.concat(stats["ids"]) if stats["ids"] else pl.Series("name_id", [], pl.Int64)
-        _write(dest / "names.parquet", _names(kept["strings"], ids).write_parquet)
-        keys = pl.concat(stats["op_keys"]).unique() if stats["op_keys"] else pl.DataFrame(schema=OP_KEYS)
+            self.bar.close()
+        if self.errors:
+            raise self.errors[0]
+        api_first = (_rest_of_api(r, dest, self.api_q, self.kept_ids, self.counts["api"], g, len(self.pieces),
+                                  self.bound if g.early_rows <= EARLY_ROWS else None) if self.api_q else {})
+        ids = pl.concat(g.ids) if g.ids else pl.Series("name_id", [], pl.Int64)
+        _write(dest / "names.parquet", _names(self.strings, ids).write_parquet)
+        keys = pl.concat(g.op_keys).unique() if g.op_keys else pl.DataFrame(schema=_OP_KEYS)
         _write(dest / "op_keys.parquet", keys.write_parquet)
         r.check_unchanged()
-        notes.update(api_without_pid=stats["api_without_pid"], lossy_strings=r.lossy)
+        self.notes.update(api_without_pid=g.api_without_pid, lossy_strings=r.lossy)
+        m = self.m
         meta = {
-            "key": fingerprint(report),
-            "report": str(Path(report).resolve()),
+            "key": fingerprint(self.report),
+            "report": str(Path(self.report).resolve()),
             "build": uuid.uuid4().hex,
             "export": m["export"],
             "capture": m["capture"],
             "duration": m["duration"],
             "utc": m["utc"],
             "tables": sorted(r.tables),
-            "dropped_ops": stats["dropped"],
-            "ops_rows": {str(k): v for k, v in sorted(counts["ops"].items())},
-            "api_rows": {str(k): v for k, v in sorted(counts["api"].items())},
+            "dropped_ops": g.dropped,
+            "ops_rows": {str(k): v for k, v in sorted(self.counts["ops"].items())},
+            "api_rows": {str(k): v for k, v in sorted(self.counts["api"].items())},
             "api_first": {str(k): v for k, v in sorted(api_first.items())},
-            "read_warnings": {k: v for k, v in sorted(notes.items()) if v},
-            "files": inventory(dest, full=True),
+            "read_warnings": {k: v for k, v in sorted(self.notes.items()) if v},
+            "files": _inventory(dest, full=True),
         }
         meta["check"] = _digest(meta)
         _write(dest / "meta.json", lambda q: q.write_text(json.dumps(meta, indent=1)))
         return dest
-    finally:
-        r.close()
+
+    def _guard(self, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except BaseException as e:  # re-raised on the calling thread
+            self.errors.append(e)
+
+    def _read_names(self) -> None:
+        """StringIds, beside the pieces (the API pieces wait for the kept ids)."""
+        self.strings = _strings(self.r)
+        self.kept_id_list = _kept_ids(self.strings)
+        self.kept_ids = ",".join(str(i) for i in self.kept_id_list.to_list())
+        self.kept_known.set()
+
+    def _read_ranges(self) -> None:
+        """NVTX ranges and the small tables, beside the pieces (their own connections)."""
+        r, dest = self.r, self.dest
+        ranges, _domains, marks = _ranges(r, self.m["duration"], self.notes)
+        for name, df in (("ranges", ranges), ("marks", marks), ("devices", _devices(r)),
+                         ("diagnostics", _nsys_diagnostics(r))):
+            _write(dest / f"{name}.parquet", df.write_parquet)
+
+    def _stopped(self) -> bool:
+        return bool(self.errors) or self.stop.is_set()
+
+    def _work(self) -> None:
+        """One reader thread: the next piece until none is left (or the build stops)."""
+        while not self._stopped():
+            with self.lock:
+                item = next(self.todo, None)
+            if item is None:
+                return
+            i, (kind, q, post, n) = item
+            if _KEPT_IDS in q:
+                while not self.kept_known.wait(0.05):
+                    if self._stopped():
+                        return
+                with self.lock:
+                    if not self.bound_fixed:  # fixed when the first API piece starts, for all of them
+                        self.bound, self.bound_fixed = _early_bound(self.gathered.ops_first), True
+                if self.bound is not None:  # and the early calls (_rest_of_api), in the same pass
+                    q = q.replace(f"nameId IN ({_KEPT_IDS})", f"(nameId IN ({_KEPT_IDS}) OR {_early(self.bound)})")
+                q = q.replace(_KEPT_IDS, self.kept_ids)
+            if not self._piece(i, kind, q, post, n):
+                return
+
+    def _piece(self, i: int, kind: str, q: str, post: _Post, n: int) -> bool:
+        """Read piece ``i`` into its spill files; False when the build stopped meanwhile."""
+        g = self.gathered
+        spill, seen = _Spill(self.dest / kind, i, self.counts[kind], self.lock), 0
+        for b in self.r.batches(q):
+            if self._stopped():
+                return False
+            df = post(b)
+            if kind == "api" and self.bound is not None:  # the early calls apart: not stored
+                is_kept = pl.col("name_id").is_in(self.kept_id_list.implode())
+                early = df.filter(~is_kept.fill_null(False))
+                with self.lock:
+                    g.early_rows += early.height
+                    if g.early_rows <= EARLY_ROWS:
+                        g.early.setdefault(i, []).append(early)
+                df = df.filter(is_kept.fill_null(False))
+            bad_rows = self.bad_ops if kind == "ops" else BAD_API
+            bad = df.select(bad_rows.sum()).item() or 0
+            if bad:
+                df = df.filter(~bad_rows)
+            ids = df["name_id"].unique().drop_nulls()
+            keys = _op_keys(df) if kind == "ops" else None
+            calls = _call_keys(df)
+            first = df.group_by("pid").agg(pl.col("start").min()).iter_rows()
+            with self.lock:
+                if kind == "ops":
+                    g.dropped += int(bad)
+                else:
+                    g.api_without_pid += int(bad)
+                g.ids.append(ids)
+                if keys is not None:
+                    g.op_keys.append(keys)
+                if calls is None:
+                    g.calls_unpacked = True
+                else:
+                    (g.ops_calls if kind == "ops" else g.api_calls).append(calls)
+                seen_first = g.ops_first if kind == "ops" else g.api_first
+                for p, t in first:
+                    if t is not None and (p not in seen_first or t < seen_first[p]):
+                        seen_first[p] = t
+            spill.add(df)
+            self.bar.add(b.height)
+            seen += b.height
+        spill.flush()
+        self.bar.add(max(n - seen, 0))  # rows a filter left out were read all the same
+        return True
 
 
-def _build_columnar(r, report, dest: Path, m: dict) -> Path:
+def _build_columnar(r: DirReader, report: str | os.PathLike, dest: Path, m: dict) -> Path:
     """The store of a columnar export (parquetdir/arrowdir): the small frames and what the rows' reads need, but
     no copy of the rows: :meth:`Store.read` cuts a process's rows from the export's files (the cut pushed into
     polars' scans: :meth:`analyze.read.exportdir.DirReader.process_rows`). One pass over the columns the counts need
@@ -798,9 +879,9 @@ def _build_columnar(r, report, dest: Path, m: dict) -> Path:
         strings_f = ex.submit(small)
         counts = _columnar_counts(r, m["duration"], strings_f, notes)
         strings = strings_f.result()
-    _write(dest / "lost.parquet", counts["lost"].write_parquet)
-    _write(dest / "names.parquet", _names(strings, counts["ids"]).write_parquet)
-    _write(dest / "op_keys.parquet", counts["op_keys"].write_parquet)
+    _write(dest / "lost.parquet", counts.lost.write_parquet)
+    _write(dest / "names.parquet", _names(strings, counts.ids).write_parquet)
+    _write(dest / "op_keys.parquet", counts.op_keys.write_parquet)
     r.check_unchanged()
     notes.update(lossy_strings=r.lossy)
     meta = {
@@ -813,20 +894,43 @@ def _build_columnar(r, report, dest: Path, m: dict) -> Path:
         "duration": m["duration"],
         "utc": m["utc"],
         "tables": sorted(r.tables),
-        "dropped_ops": counts["dropped"],
-        "ops_rows": {str(k): v for k, v in sorted(counts["ops_rows"].items())},
-        "api_rows": {str(k): v for k, v in sorted(counts["api_rows"].items())},
-        "api_first": {str(k): v for k, v in sorted(counts["api_first"].items())},
-        "kept_ids": counts["kept_ids"],
+        "dropped_ops": counts.dropped,
+        "ops_rows": {str(k): v for k, v in sorted(counts.ops_rows.items())},
+        "api_rows": {str(k): v for k, v in sorted(counts.api_rows.items())},
+        "api_first": {str(k): v for k, v in sorted(counts.api_first.items())},
+        "kept_ids": counts.kept_ids,
         "read_warnings": {k: v for k, v in sorted(notes.items()) if v},
-        "files": inventory(dest, full=True),
+        "files": _inventory(dest, full=True),
     }
     meta["check"] = _digest(meta)
     _write(dest / "meta.json", lambda q: q.write_text(json.dumps(meta, indent=1)))
     return dest
 
 
-def _columnar_counts(r, duration: int | None, strings_f, notes: dict[str, int]) -> dict:
+@dataclasses.dataclass
+class _ColumnarCounts:
+    """What :func:`_build_columnar` keeps of a columnar export's rows (:func:`_columnar_counts`)."""
+
+    dropped: int
+    """GPU operations dropped (:func:`analyze.read.export.bad_op`)."""
+    ops_rows: dict[int, int]
+    """GPU operations per process."""
+    api_rows: dict[int, int]
+    """API calls a read of the process returns: the kept ones and the launchers of the lost ops."""
+    api_first: dict[int, int]
+    """Each process's first call (as :func:`_rest_of_api` finds it)."""
+    kept_ids: list[int]
+    """The name ids of the kept API calls."""
+    lost: pl.DataFrame
+    """``pid, corr`` of the ops no kept call launched but another call did (its launcher is read with the kept)."""
+    ids: pl.Series
+    """The name ids of the rows kept (their names go to ``names.parquet``)."""
+    op_keys: pl.DataFrame
+    """Every distinct ``(name_id, label)`` of the GPU operations."""
+
+
+def _columnar_counts(r: DirReader, duration: int | None, strings_f: Future[pl.DataFrame],
+                     notes: dict[str, int]) -> _ColumnarCounts:
     """What :func:`_build_columnar` keeps of the rows (see there), from narrow reads of the op and API tables."""
     bad = bad_op(duration)
     dropped, ids, keys, packed, loose = 0, [], [], [], []
@@ -890,10 +994,10 @@ def _columnar_counts(r, duration: int | None, strings_f, notes: dict[str, int]) 
             starts = [t for t in (kept_first.get(p), early_first.get(p)) if t is not None]
             if starts:
                 api_first[p] = min(starts)
-    return {"dropped": dropped, "ops_rows": ops_rows, "api_rows": api_rows, "api_first": api_first,
-            "kept_ids": kept_ids.to_list(), "lost": lost,
-            "ids": pl.concat(ids) if ids else pl.Series("name_id", [], pl.Int64),
-            "op_keys": pl.concat(keys).unique() if keys else pl.DataFrame(schema=OP_KEYS)}
+    return _ColumnarCounts(dropped=dropped, ops_rows=ops_rows, api_rows=api_rows, api_first=api_first,
+                           kept_ids=kept_ids.to_list(), lost=lost,
+                           ids=pl.concat(ids) if ids else pl.Series("name_id", [], pl.Int64),
+                           op_keys=pl.concat(keys).unique() if keys else pl.DataFrame(schema=_OP_KEYS))
 
 
 _KEY = pl.col("pid") * (1 << 32) + pl.col("corr")
@@ -922,14 +1026,14 @@ def _narrow(post, lf: pl.LazyFrame, columns: list[str]) -> pl.DataFrame:
     return _lazy_post(post, lf).select(columns).collect()
 
 
-OP_KEYS = {"name_id": pl.Int64, "label": pl.String}
+_OP_KEYS = {"name_id": pl.Int64, "label": pl.String}
 
 
 def _op_keys(ops: pl.DataFrame) -> pl.DataFrame:
     """The distinct ``(name_id, label)`` of some GPU operations: by name id alone when they have no label (kernels)."""
     if ops["label"].null_count() == ops.height:
         return ops.select(pl.col("name_id").unique(), label=pl.lit(None, pl.String))
-    return ops.select(list(OP_KEYS)).unique()
+    return ops.select(list(_OP_KEYS)).unique()
 
 
 def _kept_ids(strings: pl.DataFrame) -> pl.Series:
@@ -959,9 +1063,18 @@ def _call_keys(rows: pl.DataFrame) -> pl.Series | None:
     p, c = rows["pid"], rows["corr"]
     if p.null_count() or c.null_count():
         return None
-    if rows.height and (p.min() < 0 or p.max() >= 1 << 31 or c.min() < 0 or c.max() >= 1 << 32):
+    if rows.height and (_int(p.min()) < 0 or _int(p.max()) >= 1 << 31 or _int(c.min()) < 0
+                        or _int(c.max()) >= 1 << 32):
         return None
     return rows.select((pl.col("pid") * (1 << 32) + pl.col("corr")).unique().alias("key"))["key"]
+
+
+def _int(value: object) -> int:
+    """A column's min or max read out of polars (typed as any literal): an int, checked (the read layer cannot
+    import :mod:`analyze.compute.scalars`)."""
+    if isinstance(value, int):
+        return value
+    raise TypeError(f"expected an integer, got {value!r}")
 
 
 def _unmatched_keys(ops: list[pl.Series], api: list[pl.Series]) -> pl.DataFrame:
@@ -986,8 +1099,8 @@ def _early(bound: int | None) -> str:
     return "(globalTid IS NULL" + (f" OR start < {bound})" if bound is not None else ")")
 
 
-def _rest_of_api(r, dest: Path, api_q, kept: str, counts: dict[int, int], stats: dict, piece: int,
-                 firsts: dict[str, dict[int, int]], read_before: int | None = None) -> dict[int, int]:
+def _rest_of_api(r: ExportReader, dest: Path, api_q: tuple[str, _Post], kept: str, counts: dict[int, int],
+                 gathered: _Gathered, piece: int, read_before: int | None = None) -> dict[int, int]:
     """What the analysis needs of the API calls the pieces left out (read with the API pieces or in passes of their own):
 
     - Each process's first call (its capture window starts there, :func:`analyze.compute.windows.rank_window`):
@@ -996,12 +1109,13 @@ def _rest_of_api(r, dest: Path, api_q, kept: str, counts: dict[int, int], stats:
     - A call that launched a GPU operation whose (pid, correlation id) no kept call has: written as one more
       piece, so every launching call is in the store (CUPTI gives each call its own correlation id).
 
-    ``firsts``: the pieces' earliest start per process, of ``ops`` and of kept ``api`` calls. ``read_before``: the
-    API pieces also read the early calls before this start (:func:`_early_bound`; in ``stats["early"]`` by piece):
+    ``gathered``: what the pieces found, among it their earliest start per process, of ops and of kept calls
+    (``ops_first``, ``api_first``). ``read_before``: the API pieces also read the early calls before this start
+    (:func:`_early_bound`; in ``gathered.early`` by piece):
     when it is not below the bound, no pass for them. Returns pid → start of its first call, for every process with
     GPU operations and calls (exact where it is before the process's first GPU operation).
     """
-    ops_first, api_first = firsts["ops"], firsts["api"]
+    ops_first, api_first = gathered.ops_first, gathered.api_first
     bound = max((min(t, api_first.get(p, t)) for p, t in ops_first.items()), default=None)
     rest_of = f"(nameId IS NULL OR nameId NOT IN ({kept}))"
     have = read_before is not None and bound is not None and bound <= read_before
@@ -1011,15 +1125,15 @@ def _rest_of_api(r, dest: Path, api_q, kept: str, counts: dict[int, int], stats:
         parts = [api_q[1](b) for b in r.batches(q[0])]
         return pl.concat(parts) if parts else pl.DataFrame(schema=API_SCHEMA)
 
-    with ThreadPoolExecutor(READ_THREADS) as ex:
+    with ThreadPoolExecutor(_READ_THREADS) as ex:
         # the early calls: read with the API pieces (kept in their order), or now (the cheap test on start first)
         # while the GPU operations are checked for their calls
-        parts = [df for i in sorted(stats["early"]) for df in stats["early"][i]] if have else []
+        parts = [df for i in sorted(gathered.early) for df in gathered.early[i]] if have else []
         done = [] if have else [ex.submit(read, q) for q in _pieces(r, RUNTIME, api_q[0], f"{early} AND {rest_of}")]
-        if stats["calls_unpacked"]:
+        if gathered.calls_unpacked:
             lost = _unmatched(_scan_files(dest / "ops", ["pid", "corr"]), _scan_files(dest / "api", ["pid", "corr"]))
         else:
-            lost = _unmatched_keys(stats["ops_calls"], stats["api_calls"])
+            lost = _unmatched_keys(gathered.ops_calls, gathered.api_calls)
         parts += [f.result() for f in done]
         rest = pl.concat(parts) if parts else pl.DataFrame(schema=API_SCHEMA)
         corrs = lost["corr"].drop_nulls().unique().sort()
@@ -1033,7 +1147,7 @@ def _rest_of_api(r, dest: Path, api_q, kept: str, counts: dict[int, int], stats:
         if conds:  # the launchers of those operations, among the calls not read yet
             where = f"({' OR '.join(conds)}) AND NOT COALESCE({early}, 0) AND {rest_of}"
             rest = pl.concat([rest, *ex.map(read, _pieces(r, RUNTIME, api_q[0], where))])
-    stats["api_without_pid"] += rest.filter(BAD_API).height
+    gathered.api_without_pid += rest.filter(BAD_API).height
     rest = rest.filter(~BAD_API)
     early_first = dict(rest.group_by("pid").agg(pl.col("start").min()).iter_rows())
     out = {}
@@ -1046,7 +1160,7 @@ def _rest_of_api(r, dest: Path, api_q, kept: str, counts: dict[int, int], stats:
         spill = _Spill(dest / "api", piece, counts, threading.Lock())
         spill.add(found)
         spill.flush()
-        stats["ids"].append(found["name_id"].unique().drop_nulls())
+        gathered.ids.append(found["name_id"].unique().drop_nulls())
     return out
 
 
@@ -1158,7 +1272,7 @@ def _alive(host: str, pid: int) -> bool:
     return True
 
 
-def remove_stale(root: Path) -> None:
+def _remove_stale(root: Path) -> None:
     """Remove build folders of ``root`` (``.<name>.tmp-*``, ``.<name>.old-*``) that no live process owns."""
     try:
         found = [*root.parent.glob(f".{root.name}.tmp-*"), *root.parent.glob(f".{root.name}.old-*")]
@@ -1173,10 +1287,10 @@ def remove_stale(root: Path) -> None:
         except (OSError, ValueError):
             continue
         if owner is None:  # made, not yet marked (or never): only when empty and old
-            if age > STALE_S and not any(d.iterdir()):
+            if age > _STALE_S and not any(d.iterdir()):
                 d.rmdir()
             continue
-        if ".old-" in d.name or age > STALE_S or not _alive(owner.get("host", ""), int(owner.get("pid", 0))):
+        if ".old-" in d.name or age > _STALE_S or not _alive(owner.get("host", ""), int(owner.get("pid", 0))):
             remove_tree(d)
 
 
@@ -1244,7 +1358,7 @@ def open_store(report: str | os.PathLike, progress: bool | None = None, cache_di
         root.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise _write_error(e.strerror or e, root.parent) from None
-    remove_stale(root)
+    _remove_stale(root)
     tmp = root.with_name(f".{root.name}.tmp-{uuid.uuid4().hex[:12]}")
     old = None
     try:  # whatever happens (errors, Ctrl-C, another process installing first), tmp and old do not outlive this
