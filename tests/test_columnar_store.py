@@ -1,6 +1,6 @@
 """A parquetdir/arrowdir export's store keeps no copy of its rows: each process's rows are cut from the export's
 own files when read, and they (and everything the store keeps beside them) equal what a store built by copying the
-rows holds, row for row and in the same order (issue 26)."""
+rows holds, row for row and in the same order."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ SMALL = ("ranges", "marks", "names", "devices", "diagnostics", "op_keys")
 
 
 def both(d, tmp_path, monkeypatch):
-    """The columnar store of export folder ``d`` and one built by copying its rows (the code before issue 26)."""
+    """The columnar store of export folder ``d`` and one built by copying its rows (as every store was built before the columnar one)."""
     cut = open_store(d, cache_dir=tmp_path / "cut")
     monkeypatch.setattr(cache, "COLUMNAR", False)
     copied = open_store(d, cache_dir=tmp_path / "copied")
