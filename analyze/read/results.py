@@ -397,8 +397,8 @@ def _used(folder: Path) -> None:
 
 def keep_derived(res: Result) -> bool:
     """Keep the tables derived from ``res`` since it was read or kept (the headline tables of each cycle choice,
-    the cycle classes, ...: what :func:`derived` computed for it) beside it, so that the next command reads them
-    too. A no-op for a result the cache did not give (a merge of several, a copy). True when something was kept."""
+    the cycle classes, a report's figures, ...: what :func:`derived` computed for it) beside it, so that the next
+    command reads them too. A no-op for a result the cache did not give (a merge of several, a copy). True when something was kept."""
     entry = _kept(res)
     if entry is None or not entry.new:
         return False
