@@ -101,7 +101,13 @@ def output_digest() -> str:
     for f in sorted(Path(__file__).resolve().parent.glob("*.py")):
         h.update(f.name.encode())
         h.update(f.read_bytes())
-    h.update(f"matplotlib {importlib.metadata.version('matplotlib')}".encode())
+    try:
+        mpl = importlib.metadata.version("matplotlib")
+    except importlib.metadata.PackageNotFoundError:  # importable without its metadata (a copy on the path)
+        import matplotlib
+
+        mpl = matplotlib.__version__
+    h.update(f"matplotlib {mpl}".encode())
     return h.hexdigest()
 
 
