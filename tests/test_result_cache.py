@@ -332,3 +332,51 @@ def test_numpy_arrays_round_trip_exactly(tmp_path):
     assert back["s"] == 2.5 and back["n"] == 7 and type(back["n"]) is int
     with pytest.raises(results._Unsupported):
         results._encode(np.array(["a"], dtype=object), [])
+
+
+def test_a_second_report_reads_its_figures_and_a_changed_option_or_output_code_draws_them(report, tmp_path,
+                                                                                           monkeypatch, no_analysis):
+    """The report's figures are kept with the result: the same page again reads them (drawing made to fail) and is
+    byte-identical to a fresh run's; another --steps-now, cycle choice, --vs, output code or matplotlib version is
+    drawn afresh (and equal to a fresh run's)."""
+    from analyze.output import html
+
+    def page(name: str, **kw) -> bytes:
+        return api.report(report, tmp_path / name, **kw).read_bytes()
+
+    fresh = page("fresh", steps_now=3, cache=False)
+    assert page("first", steps_now=3, cache=True) == fresh  # analysed, drawn, figures kept
+    no_analysis()
+    drawn: list[str] = []
+    real = html._plots
+    monkeypatch.setattr(html, "_plots", lambda: (_ for _ in ()).throw(AssertionError("drawn again")))
+    assert page("second", steps_now=3, cache=True) == fresh  # nothing analysed, nothing drawn
+    assert page("third", steps_now=3) == fresh  # the default (cache=None) reads them too
+    monkeypatch.setattr(html, "_plots", lambda: (drawn.append("x"), real())[1])
+    skip = page("skip", steps_now=3, cache=True, skip_cycles=5)
+    assert drawn and skip != fresh  # another cycle choice: other figures
+    monkeypatch.undo()
+    want = {"steps": page("fresh_steps", steps_now=2, cache=False),
+            "vs": page("fresh_vs", steps_now=3, vs=report, cache=False)}
+    for change in ("steps", "vs", "output", "matplotlib"):
+        no_analysis()
+        drawn.clear()
+        monkeypatch.setattr(html, "_plots", lambda: (drawn.append("x"), real())[1])
+        kw: dict = {"steps_now": 2 if change == "steps" else 3, "vs": report if change == "vs" else None}
+        if change == "output":
+            monkeypatch.setattr(html, "output_digest", lambda: "another page code")
+        if change == "matplotlib":
+            monkeypatch.setattr(html.importlib.metadata, "version", lambda name: "0.1")
+            monkeypatch.setattr(html, "output_digest", html.output_digest.__wrapped__)
+        assert page(f"changed_{change}", cache=True, **kw) == want.get(change, fresh)
+        assert drawn, change  # drawn afresh, not served the kept figures
+        monkeypatch.undo()
+
+
+def test_bytes_round_trip_exactly_outside_the_json(tmp_path):
+    v = {"png": b"\x89PNG\r\n\x1a\n\x00\xff" * 100, "empty": b""}
+    frames: list = []
+    body = results._encode(v, frames)
+    assert b"PNG".decode() not in json.dumps(body) and len(frames) == 2
+    assert results._write_doc(tmp_path, "k", "k", body, frames)
+    assert results._decode(*results._read_doc(tmp_path / "k", "k")) == v

@@ -14,10 +14,17 @@ matched or were refused.
 from __future__ import annotations
 
 import base64
+import functools
+import hashlib
 import html
+import importlib.metadata
 import io
+import json
+import types
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
@@ -28,11 +35,12 @@ from ..compute import compare as cmp
 from ..compute.scalars import real
 from ..compute.tokens import DEFINITION, cycle_order, selection, summary
 from ..model import InputError, Result
-from . import plots, terminal
+from ..read import results
+from . import terminal
 from .targets import FIGURES, PAGE_START, as_input_error, report_folder
 from .text import acceptance_text, best_text, display_names, probe_lines, ranked
 
-__all__ = ["Section", "utilisation_section", "write_page"]
+__all__ = ["Section", "utilisation_section", "write_page", "output_digest"]
 
 _CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1250px;color:#222;padding:0 1em}
 .tw{overflow-x:auto;max-width:100%;margin:.5em 0 1.5em}
@@ -78,15 +86,79 @@ def _table(df: pl.DataFrame, heads: dict[str, str] | None = None) -> str:
     return f'<div class="tw"><table><tr>{th}</tr>{rows}</table></div>'
 
 
-def _save(fig, out: NewFolder, name: str, alt: str) -> str:
-    """The figure ``name`` (one of :data:`~analyze.output.targets.FIGURES`) as an ``<img>`` holding its PNG (a
-    data URI): the page is one file, to be shared alone. ``out`` is unused (figures were files beside it)."""
-    if name not in FIGURES:
-        raise ValueError(f"{name}: not one of the report's figures")
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=plots.DPI)
-    data = base64.b64encode(buf.getvalue()).decode("ascii")
-    return f'<img src="data:image/png;base64,{data}" alt="{html.escape(alt)}" title="{name}">'
+def _plots() -> types.ModuleType:
+    """:mod:`analyze.output.plots` (and matplotlib with it): imported only when a figure is drawn, not read."""
+    from . import plots
+
+    return plots
+
+
+@functools.cache
+def output_digest() -> str:
+    """A hash of the page's code (``analyze/output/*.py``) and matplotlib's version: part of the key a report's
+    figures are kept under beside the result (any change of either draws them afresh)."""
+    h = hashlib.blake2b(digest_size=16)
+    for f in sorted(Path(__file__).resolve().parent.glob("*.py")):
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    try:
+        mpl = importlib.metadata.version("matplotlib")
+    except importlib.metadata.PackageNotFoundError:  # importable without its metadata (a copy on the path)
+        import matplotlib
+
+        mpl = matplotlib.__version__
+    h.update(f"matplotlib {mpl}".encode())
+    return h.hexdigest()
+
+
+def _page_key(res: Result, vs: Result | None, steps_now: int | None) -> str | None:
+    """What the page's figures are kept under, with ``res`` in its result cache (whose key already covers the
+    input, the selection and the analysis code): the page's code and matplotlib's (:func:`output_digest`), the
+    cycle choice, ``--steps-now``, the run compared with (``--vs``: its result's key and cycle choice) and
+    whether a ``--timing`` pass is in. None (every figure drawn, none kept) when ``res`` or ``vs`` did not come
+    from the cache."""
+    if results.kept_key(res) is None:
+        return None
+    other = None
+    if vs is not None:
+        other = results.kept_key(vs)
+        if other is None:
+            return None
+    key = {"output": output_digest(), "cycles": repr(sorted(res.cycle_choice.items())), "steps_now": steps_now,
+           "vs": other, "vs_cycles": None if vs is None else repr(sorted(vs.cycle_choice.items())),
+           "timing": res.probe_effect is not None}
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=repr).encode()).hexdigest()[:32]
+
+
+@dataclass
+class _Figures:
+    """The page's figures, each drawn or read back: with a ``key`` (:func:`_page_key`), each figure's PNG is kept
+    with the result in its cache (:func:`analyze.read.results.derived`), and the same page of the same capture
+    with the same options reads it instead of drawing it again; ``key`` None: drawn every time."""
+
+    res: Result
+    key: str | None
+
+    def img(self, name: str, alt: str, draw: Callable[[], Any]) -> str:
+        """The figure ``name`` (one of :data:`~analyze.output.targets.FIGURES`) that ``draw`` makes as an ``<img>``
+        holding its PNG (a data URI): the page is one file, to be shared alone. "" when ``draw`` returns None
+        (nothing to show)."""
+        if name not in FIGURES:
+            raise ValueError(f"{name}: not one of the report's figures")
+
+        def png() -> bytes:
+            fig = draw()
+            if fig is None:
+                return b""
+            buf = io.BytesIO()
+            fig.savefig(buf, format="png", dpi=_plots().DPI)
+            return buf.getvalue()
+
+        data = png() if self.key is None else results.derived(self.res, ("figure", name, self.key), png)
+        if not data:
+            return ""
+        return (f'<img src="data:image/png;base64,{base64.b64encode(data).decode("ascii")}" '
+                f'alt="{html.escape(alt)}" title="{name}">')
 
 
 def _p(text: str, cls: str = "note") -> str:
@@ -115,7 +187,7 @@ def _summary(res: Result, steps_now) -> Section:
     return Section("summary", "Steady state", "".join(body))
 
 
-def _budget(res: Result, out: NewFolder) -> Section:
+def _budget(res: Result, figs: _Figures) -> Section:
     b = headline.budget(res)
     if b.height == 0:
         return Section("budget", "Cycle budget", _p("No steady cycles with a period: no cycle budget."))
@@ -136,7 +208,7 @@ def _budget(res: Result, out: NewFolder) -> Section:
              "gpu_idle_ns": "GPU idle µs per cycle", **{c: c.replace("_ns", " µs per cycle") for c in tab.columns
                                                         if c.startswith("rank ")}}
     return Section("budget", "Cycle budget",
-                   _p(note) + _save(plots.budget(res), out, "budget.png", "cycle budget per rank") + _table(tab, heads))
+                   _p(note) + figs.img("budget.png", "cycle budget per rank", lambda: _plots().budget(res)) + _table(tab, heads))
 
 
 def _findings(found: list[findings.Finding]) -> Section:
@@ -164,7 +236,7 @@ _PHASE_HEADS = {f"{k}_{s}_ns": f"{k} µs/inst {s}" for k in ("span", "compute", 
                 for s in ("mean", "p50", "p90")}
 
 
-def _phases(res: Result, out: NewFolder) -> Section:
+def _phases(res: Result, figs: _Figures) -> Section:
     body = [_p("Per instance over the steady state (µs per instance: mean, p50, p90); span = compute + comm + idle "
                "(means add up; percentiles do not)."),
             "<h3>All ranks</h3>", _table(headline.steady_phases_all_ranks(res).with_columns(_o=cycle_order()).sort("_o", "phase")
@@ -172,10 +244,10 @@ def _phases(res: Result, out: NewFolder) -> Section:
     if res.ranks.height > 1:
         per = headline.steady_phases(res).with_columns(_o=cycle_order()).sort("_o", "phase", "rank")
         body += ["<h3>Per rank</h3>", _table(per.select("rank", *_PHASE_COLS), _PHASE_HEADS)]
-        hm = plots.rank_heatmap(res)
-        if hm is not None:
-            body.append(_save(hm, out, "rank_phase.png", "median span per rank and phase"))
-    body.append(_save(plots.phase_bars(res), out, "phase_bars.png", "per-phase compute, comm, idle per rank"))
+        hm = figs.img("rank_phase.png", "median span per rank and phase", lambda: _plots().rank_heatmap(res))
+        if hm:
+            body.append(hm)
+    body.append(figs.img("phase_bars.png", "per-phase compute, comm, idle per rank", lambda: _plots().phase_bars(res)))
     return Section("phases", "Phases", "".join(body))
 
 
@@ -226,24 +298,24 @@ def utilisation_section(res: Result) -> Section | None:
                    _p(note) + f"<div class=\"tw\"><table><tr>{head}</tr>{''.join(body)}</table></div>")
 
 
-def _comm(res: Result, out: NewFolder) -> Section | None:
+def _comm(res: Result, figs: _Figures) -> Section | None:
     mt = headline.matching(res)
     bad = mt.filter(~pl.col("trusted"))
     refused = set(bad["phase"].to_list())
     p = headline.steady_phases(res).filter(~pl.col("phase").is_in(list(refused)))
-    split = plots.comm_split(p)
+    split = figs.img("comm_split.png", "communication transfer vs wait per rank", lambda: _plots().comm_split(p))
     st = headline.stragglers(res)
     st = st.filter(~pl.col("phase").is_in(list(refused))) if st.height else st
     notes = [d for d in res.diagnostics if d.code.startswith("COMM")]
-    if split is None and st.height == 0 and not notes and not refused:
+    if not split and st.height == 0 and not notes and not refused:
         return None
     body: list[str] = []
     refusals = [_p(f"{r['phase']}: no wait/transfer split and no stragglers shown: its {r['collectives']:,} matched "
                f"collectives end {r['end_spread_p50_ns'] / 1e3:,.1f} µs apart across ranks (p50), so instances "
                "were probably paired wrongly (e.g. one rank's capture window starts a cycle later).", "warn")
             for r in bad.iter_rows(named=True)]
-    if split is not None:
-        body.append(_save(split, out, "comm_split.png", "communication transfer vs wait per rank"))
+    if split:
+        body.append(split)
     if st.height:
         body.append("<h3>Stragglers</h3>" + _p(
             "Per phase, over the steady cycles: the straggler is the rank that caused most of the waiting in the "
@@ -313,7 +385,7 @@ def _segments(res: Result) -> Section | None:
                                       "period_mean_ns": "mean µs"}))
 
 
-def _seams(res: Result, out: NewFolder) -> Section:
+def _seams(res: Result, figs: _Figures) -> Section:
     sa = headline.steady_seams_all_ranks(res)
     body = [_p("GPU idle between consecutive ranges (last op of one → first op of the next), steady state, all ranks.")]
     if sa.height:
@@ -326,7 +398,7 @@ def _seams(res: Result, out: NewFolder) -> Section:
                            "launch: its launch call returned after the earlier work ended; host: the launch began "
                            "after it), with the idle time of each cause summed over the steady state; block and late "
                            "are means per instance of that cause."))
-    body.append(_save(plots.distributions(res), out, "distributions.png", "idle inside phases and in seams"))
+    body.append(figs.img("distributions.png", "idle inside phases and in seams", lambda: _plots().distributions(res)))
     return Section("seams", "Seams and idle gaps", "".join(body))
 
 
@@ -373,7 +445,7 @@ def _kernels(res: Result) -> Section:
                              "share": "% of phase"}))
 
 
-def _whatif(res: Result, out: NewFolder, model: whatif.Model | InputError, max_steps: int = whatif.MAX_STEPS) -> Section:
+def _whatif(res: Result, figs: _Figures, model: whatif.Model | InputError, max_steps: int = whatif.MAX_STEPS) -> Section:
     """The what-if model as prose and tables (what ``spectrace whatif`` prints), and its figure."""
     if isinstance(model, InputError):
         return Section("whatif", "What if: draft steps", _p(f"No what-if model: {model}"))
@@ -411,11 +483,11 @@ def _whatif(res: Result, out: NewFolder, model: whatif.Model | InputError, max_s
                     + _table(pl.DataFrame(rows), {"period_p50_ns": "cycle µs p50"}))
     if m.probe is not None:
         body.append(_p("Fitted on the graph-level pass (--timing)."))
-    body.append(_save(plots.whatif_curve(m, max_steps), out, "whatif.png", "what-if over draft steps"))
+    body.append(figs.img("whatif.png", "what-if over draft steps", lambda: _plots().whatif_curve(m, max_steps)))
     return Section("whatif", "What if: draft steps", "".join(body))
 
 
-def _comparison(doc: cmp.Comparison, out: NewFolder) -> Section:
+def _comparison(doc: cmp.Comparison, figs: _Figures) -> Section:
     """``--vs``: the verdict and a chart of Δ per phase and seam first, then the ranking, per rank, kernels."""
     p = doc.cycle_period
     tok = doc.per_token
@@ -429,9 +501,10 @@ def _comparison(doc: cmp.Comparison, out: NewFolder) -> Section:
             body.append(_p(f"Straggler in {k.upper()}: rank {v['rank']} in {v['phase']}: the other ranks wait "
                            f"{v['per_cycle_ns'] / 1e3:,.1f} µs per cycle for it ({100 * v['wait_share']:.0f} % of the "
                            "waiting in its collectives)."))
-    fig = plots.compare_delta(doc)
-    if fig is not None:
-        body.append(_save(fig, out, "compare.png", "Δ per phase and seam, split into compute, comm and idle"))
+    fig = figs.img("compare.png", "Δ per phase and seam, split into compute, comm and idle",
+                   lambda: _plots().compare_delta(doc))
+    if fig:
+        body.append(fig)
     rows = [{"phase or seam": r["phase"], "a_ns": r["a_ns_per_cycle"] if r["in_a"] else None,
              "b_ns": r["b_ns_per_cycle"] if r["in_b"] else None, "delta_ns": r["delta_ns"],
              "d_compute_ns": r["delta_compute_ns"], "d_comm_ns": r["delta_comm_ns"], "d_idle_ns": r["delta_idle_ns"],
@@ -506,18 +579,20 @@ def _write_page(res: Result, out: NewFolder, vs: Result | None, steps_now: int |
         found = findings.find(res)
     else:  # the findings with the model at these steps: kept with the result, as the model is
         found = headline.memoised(res, f"findings steps={steps_now}", lambda: findings.find(res, model))
-    top = [_comparison(cmp.compare_results(vs, res), out)] if vs is not None else []
-    secs = [*top, _summary(res, steps_now), _budget(res, out), _findings(found),
-            *[x for x in (_classes(res), _segments(res)) if x is not None], _phases(res, out)]
+    figs = _Figures(res, _page_key(res, vs, steps_now))
+    top = [_comparison(cmp.compare_results(vs, res), figs)] if vs is not None else []
+    secs = [*top, _summary(res, steps_now), _budget(res, figs), _findings(found),
+            *[x for x in (_classes(res), _segments(res)) if x is not None], _phases(res, figs)]
     secs += [s for s in (utilisation_section(res),) if s is not None]
     if res.probe_effect is not None:  # a two-pass capture (--timing): what node-level tracing cost
         secs.insert(len(top) + 1, Section("probe", "Probe effect", '<div class="tw"><pre>'
                                           + html.escape(chr(10).join(probe_lines(res.probe_effect))) + "</pre></div>"))
-    secs += [s for s in (_comm(res, out),) if s is not None]
-    secs += [Section("timeline", "Timeline", _save(plots.timeline(res), out, "timeline.png", "a few cycles on the GPU")),
-             _seams(res, out),
-             Section("run", "Over the run", _save(plots.per_cycle(res), out, "per_cycle.png", "per-cycle times")),
-             _parents(res), _kernels(res), _whatif(res, out, model)]
+    secs += [s for s in (_comm(res, figs),) if s is not None]
+    secs += [Section("timeline", "Timeline", figs.img("timeline.png", "a few cycles on the GPU",
+                                                      lambda: _plots().timeline(res))),
+             _seams(res, figs),
+             Section("run", "Over the run", figs.img("per_cycle.png", "per-cycle times", lambda: _plots().per_cycle(res))),
+             _parents(res), _kernels(res), _whatif(res, figs, model)]
     secs += list(extra)
     secs.append(_whole_run(res))
     secs.append(Section("diagnostics", "Diagnostics", "<ul>" + "".join(

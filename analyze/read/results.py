@@ -52,7 +52,7 @@ from ..model import CommResult, Diagnostic, Result, Trace
 from .source import OpsWindow
 
 __all__ = ["KEEP_RESULTS", "STALE_S", "DICT_ROWS", "FOLDER", "KNOWN", "code_digest", "result_key", "derived", "load",
-           "save", "prune", "keep_derived", "cacheable"]
+           "save", "prune", "keep_derived", "cacheable", "kept_key"]
 
 _T = TypeVar("_T")
 _RESULT_VERSION = 1
@@ -109,6 +109,9 @@ def _encode(v: object, frames: list[pl.DataFrame]) -> Any:
     if isinstance(v, pl.Series):
         frames.append(v.to_frame())
         return {"$series": len(frames) - 1}
+    if isinstance(v, bytes):  # a report's figure (PNG): in an Arrow file, not in the JSON
+        frames.append(pl.DataFrame({"b": [v]}, schema={"b": pl.Binary}))
+        return {"$bytes": len(frames) - 1}
     if type(v).__module__ == "numpy":  # a what-if replay's arrays (numbers only), and numpy's scalars
         import numpy as np  # loaded already: v is one of its values
 
@@ -196,6 +199,11 @@ def _decode(v: object, frames: list[_Frame], lazy: bool = False) -> Any:
         return frames[v["$frame"]] if lazy else frames[v["$frame"]].get()
     if "$series" in v:
         return frames[v["$series"]].get().to_series()
+    if "$bytes" in v:
+        data = frames[v["$bytes"]].get()["b"][0]
+        if not isinstance(data, bytes):
+            raise TypeError("not bytes")
+        return data
     if "$array" in v:
         return frames[v["$array"]].get().to_series().to_numpy().reshape(v["shape"]).copy()
     if "$tuple" in v:
@@ -296,6 +304,14 @@ def _kept(res: Result) -> _Kept | None:
     return entry if entry is not None and entry.ref() is res else None
 
 
+def kept_key(res: Result) -> str | None:
+    """The key of ``res`` in its report's result cache when the cache gave it (read or just kept), else None (a
+    merge of several, a copy, ``cache=False``): what identifies an analysis in the key of a table derived from
+    it together with another (a report's comparison with ``--vs``)."""
+    entry = _kept(res)
+    return None if entry is None else entry.key
+
+
 def derived(res: Result, key: Hashable, compute: Callable[[], _T]) -> _T:
     """The table derived from ``res`` under ``key`` (a memo key): read with ``res`` from the cache, else
     ``compute()`` (remembered for :func:`keep_derived` when ``res`` came from the cache)."""
@@ -381,8 +397,8 @@ def _used(folder: Path) -> None:
 
 def keep_derived(res: Result) -> bool:
     """Keep the tables derived from ``res`` since it was read or kept (the headline tables of each cycle choice,
-    the cycle classes, ...: what :func:`derived` computed for it) beside it, so that the next command reads them
-    too. A no-op for a result the cache did not give (a merge of several, a copy). True when something was kept."""
+    the cycle classes, a report's figures, ...: what :func:`derived` computed for it) beside it, so that the next
+    command reads them too. A no-op for a result the cache did not give (a merge of several, a copy). True when something was kept."""
     entry = _kept(res)
     if entry is None or not entry.new:
         return False
