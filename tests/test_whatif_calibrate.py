@@ -182,3 +182,23 @@ def test_near_best_steps_are_ties_within_the_runs_spread(predictions):
             best_hits += sweep == d["best_steps"]
             near_hits += sweep in near
     assert best_hits >= 30 and near_hits >= 32
+
+
+def test_a_run_of_one_batch_size_is_calibrated_as_a_whole(tmp_path):
+    """Without segments the whole run's model is calibrated: at its measured steps it predicts the log's period, and
+    every other step count moves by the same excess; a log without its batch size leaves it as captured, said."""
+    cap = samples.path("tp1_s3_graph")  # one batch size (4), 3 draft steps
+    raw = whatif(cap)
+    assert not raw.segments and raw.batch_size == 4
+    log = tmp_path / "server.log"
+    # 4 requests × 2.50 accepted / 4000 tokens/s = 2.5 ms, on three lines
+    log.write_text("Decode batch, #running-req: 4, accept len: 2.50, gen throughput (token/s): 4000.00\n" * 3)
+    cal = whatif(cap, unprofiled_log=log)
+    off = raw.predict(3)["cycle_ns"] - 2.5e6
+    assert cal.calibration_ns == pytest.approx(off) and cal.predict(3)["cycle_ns"] == pytest.approx(2.5e6)
+    for s in (1, 2, 4):
+        assert cal.predict(s)["cycle_ns"] == pytest.approx(raw.predict(s)["cycle_ns"] - off)
+    assert any(n.startswith("calibrated on server.log") for n in cal.notes)
+    log.write_text("Decode batch, #running-req: 8, accept len: 2.50, gen throughput (token/s): 4000.00\n" * 3)
+    other = whatif(cap, unprofiled_log=log)
+    assert other.calibration_ns is None and any("at this run's batch size (4): not calibrated" in n for n in other.notes)

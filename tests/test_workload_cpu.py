@@ -289,6 +289,7 @@ def test_bad_schedule_is_refused_in_one_line(bad, capsys):
     (["--delay-every", "3", "--delay-offset", "3"], "--delay-offset 3 must be below --delay-every 3"),
     (["--stall-every", "0"], "argument --stall-every: must be at least 1"),
     (["--prompt-len", "0"], "argument --prompt-len: must be at least 1"),
+    (["--decode-log-interval", "-1"], "argument --decode-log-interval: must be at least 0"),
 ])
 def test_conflicting_options_are_refused_in_one_line(argv, says, capsys):
     with pytest.raises(SystemExit) as e:

@@ -569,10 +569,11 @@ class SegmentModel:
     def near_best(self, max_steps: int = MAX_STEPS) -> list[int]:
         """The step counts, not extrapolated, predicted within :data:`NEAR_BEST` of the best's tokens/s (the best
         first): a tie within what runs of the same workload differ by."""
-        best = self.best(max_steps, measured_only=True)
+        preds = self.predictions(max_steps)
+        best = _best(preds, measured_only=True)
         if best is None:
             return []
-        near = [p["steps"] for p in self.predictions(max_steps) if p["tokens_per_s"] is not None
+        near = [p["steps"] for p in preds if p["tokens_per_s"] is not None
                 and not p["extrapolated"] and p["tokens_per_s"] >= best["tokens_per_s"] * (1 - NEAR_BEST)]
         return [best["steps"], *(s for s in near if s != best["steps"])]
 
@@ -695,20 +696,24 @@ def calibrate(m: Model, periods: pl.DataFrame, source: str) -> list[str]:
     calibrated."""
     enough = periods.filter(pl.col("lines") >= MIN_LOG_LINES)
     by_batch = dict(zip(enough["batch_size"].to_list(), enough["period_ns"].to_list()))
-    segs = [sm for sm in m.segments if sm.batch_size in by_batch]
+
+    def excess(model: Model, unprofiled_ns: float) -> float:  # the capture's period at its steps over the log's
+        return model.cycle(model.steps_now) - unprofiled_ns
+
     if not m.segments:
         bs = round(m.batch_size) if m.batch_size is not None else None
         if bs not in by_batch:
             return [f"--unprofiled-log {source}: fewer than {MIN_LOG_LINES} decode lines at this run's batch size "
                     f"({bs}): not calibrated"]
-        m.calibration_ns = m.cycle(m.steps_now) - by_batch[bs]
-        return [f"calibrated on {source}: {m.period_ns / 1e3:,.1f} µs per cycle in the capture, "
+        m.calibration_ns = excess(m, by_batch[bs])
+        return [f"calibrated on {source}: {m.cycle(m.steps_now) / 1e3:,.1f} µs per cycle in the capture, "
                 f"{by_batch[bs] / 1e3:,.1f} µs without the profiler: {m.calibration_ns / 1e3:+,.1f} µs taken off "
                 "every predicted period"]
+    segs = [sm for sm in m.segments if sm.batch_size in by_batch]
     offsets = []
     for sm in segs:
         sm.unprofiled_ns = by_batch[sm.batch_size]
-        off = sm.model.cycle(sm.model.steps_now) - sm.unprofiled_ns
+        off = excess(sm.model, sm.unprofiled_ns)
         offsets.append(f"{sm.batch_size} {off / 1e3:+,.1f} µs")
         for o in (sm.model, *sm.others):
             o.calibration_ns = off

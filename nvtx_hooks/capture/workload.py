@@ -97,7 +97,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    help="SGLang v2-like: accept lengths stay on the GPU, read one cycle later, 'accept' marks")
     p.add_argument("--ranges", action=argparse.BooleanOptionalAction, default=True,
                    help="emit the NVTX phase ranges (off: same work, no ranges; for overhead runs)")
-    p.add_argument("--decode-log-interval", type=int, default=0, metavar="N",
+    p.add_argument("--decode-log-interval", type=_non_negative, default=0, metavar="N",
                    help="after the run, write SGLang-style 'Decode batch' lines to stderr (rank 0), one per N "
                         "measured cycles of one batch size: its accept length and tokens/s over those cycles "
                         "(what `spectrace whatif --unprofiled-log` reads; 0: none)")
@@ -566,8 +566,7 @@ def run(args: argparse.Namespace) -> dict:
             })
             first += n
     if args.decode_log_interval > 0 and rank == 0 and not args.baseline:
-        _decode_log(segments, args.warmup,
-                    args.decode_log_interval, pushed_at, sched, graphs)
+        _decode_log(segments, args.warmup, args.decode_log_interval, pushed_at, sched, graphs)
     return rec
 
 
