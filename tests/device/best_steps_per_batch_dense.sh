@@ -8,6 +8,9 @@
 #   REPS=2 CAPS=3 TAG=_dl1 WL_EXTRA="--decode-log-interval 10" bash tests/device/best_steps_per_batch_dense.sh  # with
 #       the decode logs that whatif --unprofiled-log reads (tp1_dense_plain_dl1_s3_rep1.log, ...)
 #   REPS=0 CAPS="3 4" TAG=_gm TRACE_OPTS="--gpu-metrics --capture api" bash tests/device/best_steps_per_batch_dense.sh  # clocks
+#   KIND=cover ...  # the schedule COVER below, named tp1_cover_*: with every batch size whose verified
+#       tokens at 3 steps are the tokens another batch size verifies at 1, 2 or 4 steps, b x (s + 1) / 4
+#   for i in 1 2 3; do REPS=2 CAPS=3 TAG=_cv$i KIND=cover WL_EXTRA="--decode-log-interval 5" bash tests/device/best_steps_per_batch_dense.sh; done
 #
 #   tp1_dense_sS_graph      S = 3 (then 2, 4, 1 while the budget lasts): the whole run under nsys, graph-level
 #   tp1_dense_plain.jsonl   REPS runs of each step count 1..4 without a profiler, interleaved (order rotates per
@@ -22,14 +25,17 @@ W=${W:-/tmp/i24d}
 . tests/device/setup.sh
 TP=tp$NPROC
 versions
-WL=(--schedule 1:30,4:30,8:30,16:30,24:30,32:30,48:30,64:30,96:30,128:30,160:30 --accept-rate 0.7 --host-wait spin ${WL_EXTRA:-})
+KIND=${KIND:-dense}
+COVER=1:30,2:30,4:30,6:30,8:30,10:30,12:30,16:30,18:30,20:30,24:30,30:30,32:30,36:30,40:30,48:30,60:30,64:30,72:30,80:30,96:30,120:30,128:30,160:30,200:30
+[ "$KIND" = cover ] && SCHED=${SCHED:-$COVER}
+WL=(--schedule ${SCHED:-1:30,4:30,8:30,16:30,24:30,32:30,48:30,64:30,96:30,128:30,160:30} --accept-rate 0.7 --host-wait spin ${WL_EXTRA:-})
 
-plain_sweep "$W/${TP}_dense_plain$TAG.jsonl" "${WL[@]}"
-cp "$W/${TP}_dense_plain$TAG.jsonl" "$W/${TP}_dense_plain${TAG}"_s*_rep*.log "$OUT/" 2>/dev/null
+plain_sweep "$W/${TP}_${KIND}_plain$TAG.jsonl" "${WL[@]}"
+cp "$W/${TP}_${KIND}_plain$TAG.jsonl" "$W/${TP}_${KIND}_plain${TAG}"_s*_rep*.log "$OUT/" 2>/dev/null
 
 for S in $CAPS; do
   left || { log "skip steps $S (budget)"; continue; }
-  name="${TP}_dense_s${S}_graph$TAG"
+  name="${TP}_${KIND}_s${S}_graph$TAG"
   log "capture $name"
   timeout 120 python3 -m nvtx_hooks.capture trace --capture all --force --cuda-graph-trace graph ${TRACE_OPTS:-} \
     -o "$W/$name" -- \
@@ -37,5 +43,5 @@ for S in $CAPS; do
   log "  rc=$? $(grep -h '^{"rank"' "$W/$name.stdout" | cut -c1-160)"
   pack "$name"
 done
-log "best_steps_per_batch dense done"
-cd "$OUT" && tar -cf "i24$TAG.tar" ./*dense* ./*.manifest.json ./*.stdout.txt 2>/dev/null && rm -f ./*dense* ./*.manifest.json ./*.stdout.txt
+log "best_steps_per_batch $KIND done"
+cd "$OUT" && tar -cf "i24$TAG.tar" ./*"$KIND"* ./*.manifest.json ./*.stdout.txt 2>/dev/null && rm -f ./*"$KIND"* ./*.manifest.json ./*.stdout.txt
