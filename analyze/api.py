@@ -273,7 +273,7 @@ def whatif(reports: Reports, steps_now: int | None = None, baseline: Reports | N
         m = wi.fit(res, steps_now, baseline=base, alpha=acceptance, as_traced=as_traced)
         m.probe = res.probe_effect
         if base is None:  # one model per batch size, verify's curve measured across them
-            m.segments = wi.fit_segments(res, steps_now, alpha=acceptance, as_traced=as_traced)
+            wi.with_segments(m, res, steps_now, acceptance, as_traced)
     if other_steps:
         if not m.segments:
             raise InputError("--other-steps joins runs per batch size: this run has fewer than two batch sizes "

@@ -7,7 +7,8 @@
 ``tp1_dense_plain_r*.jsonl`` made beside those captures; ``dense_dlN``, N = 4, 5, 6: a third machine, truth the
 ``tp1_dense_plain_dl*.jsonl``, and with ``--calibrate`` the predictions calibrated on the 3-step run's decode log of
 the same round, ``whatif --unprofiled-log``; ``cover_cvN`` / ``cover_cwN``, N = 1, 2, 3: the ``cover`` schedule
-of 25 batch sizes, 30 / 60 cycles each, truth the ``tp1_cover_plain_cv*`` / ``_cw*`` runs), the predicted cycle
+of 25 batch sizes, 30 / 60 cycles each, truth the ``tp1_cover_plain_cv*`` / ``_cw*`` runs; ``serve_svN``: the
+same batch sizes visited three times for 10 cycles each, shuffled, truth per batch size over its visits), the predicted cycle
 period at 1, 2 and 4 draft steps against the median of the runs without a profiler at that step count (spread = (max − min) / median over the runs),
 and then ``model``: the error of the predicted *change* from 3 steps, (predicted / predicted at 3) / (measured /
 measured at 3) − 1, which leaves out the capture's own offset at 3 steps (``capture``: its period under nsys against
@@ -36,6 +37,8 @@ SETS = {"sweep": ("tp1_sweep_s3_graph", ["tp1_sweep_plain.jsonl"]),
         **{f"cover_cv{i}": (f"tp1_cover_s3_graph_cv{i}", [f"tp1_cover_plain_cv{j}.jsonl" for j in (1, 2, 3)])
            for i in (1, 2, 3)},
         **{f"cover_cw{i}": (f"tp1_cover_s3_graph_cw{i}", [f"tp1_cover_plain_cw{j}.jsonl" for j in (1, 2, 3)])
+           for i in (1, 2, 3)},
+        **{f"serve_sv{i}": (f"tp1_serve_s3_graph_sv{i}", [f"tp1_serve_plain_sv{j}.jsonl" for j in (1, 2, 3)])
            for i in (1, 2, 3)}}
 
 

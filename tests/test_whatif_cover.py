@@ -106,3 +106,21 @@ def test_sixty_cycles_per_batch_size_below_48_requests():
     small = [e for (_, b, _), e in cal.items() if b < 48]
     assert len(small) == 135 and max(small) < 0.035
     assert sum(e <= 0.04 for e in cal.values()) >= 200
+
+
+def test_the_whole_run_of_many_batch_sizes_is_said_to_be_an_average(cv):
+    """With segments, the whole run's best and its assumed verify cost are said to average the batch sizes (not
+    advice to capture 'a trace with several batch sizes', which this is); in the text, the note and the report."""
+    from analyze.output.text import best_text, whatif_table
+
+    (_, models), _ = cv
+    m = models[0]
+    assert m.verify_source == "assumed" and "mixes 25 batch sizes" in m.verify_text()
+    assert "several batch sizes" not in m.verify_text()
+    assert best_text(m).startswith("best for the whole run (25 batch sizes averaged, right for none of them")
+    assert any("mixes 25 batch sizes" in n for n in m.notes) and not any("no baseline" in n for n in m.notes)
+    text = whatif_table(m)
+    assert "no baseline" not in text and text.count("averaged") == 1
+    one = whatif(samples.path("tp1_s3_graph"))  # one batch size: as before
+    assert not one.segments and best_text(one).startswith("best") and "averaged" not in best_text(one)
+    assert "give --baseline, or a trace with several batch sizes" in one.verify_text()

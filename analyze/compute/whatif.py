@@ -56,7 +56,8 @@ from .scalars import real_or_none, to_float, to_int
 from .tokens import base_expr, cycles, speculative, summary
 
 __all__ = ["MAX_STEPS", "Replay", "Model", "SegmentModel", "fit_segments", "run_alpha", "join_runs",
-           "solve_alpha", "fit", "to_dict", "validate", "MIN_LOG_LINES", "calibrate", "NEAR_BEST", "fitted"]
+           "solve_alpha", "fit", "to_dict", "validate", "MIN_LOG_LINES", "calibrate", "NEAR_BEST", "fitted",
+           "with_segments"]
 
 _MODEL_PHASES = ("draft", "verify", "draft_extend")
 MAX_STEPS = 10
@@ -449,6 +450,10 @@ class Model:
 
     def verify_text(self) -> str:
         """How verify's cost per extra verified token is known: measured (segments, baseline) or assumed."""
+        if self.segments and self.verify_source == "assumed":  # the whole run of a trace with several batch sizes
+            return (f"the whole run mixes {len(self.segments)} batch sizes: its verify GPU time is ASSUMED "
+                    "independent of the verified tokens (one average); per batch size it is measured — each "
+                    "segment's verify time at the tokens it verifies per cycle makes a curve (the per-segment models)")
         if self.verify_source == "segments" and self.verify_points:
             pts = ", ".join(f"{t:,.0f} tokens {v / 1e3:,.0f} µs" for t, v in self.verify_points)
             return ("verify GPU time interpolated in the tokens it verifies per cycle, measured on the segments of "
@@ -600,7 +605,8 @@ class SegmentModel:
 def fit_segments(res: Result, steps_now: int | None = None, alpha: float | None = None,
                  as_traced: bool = False) -> list[SegmentModel]:
     """One model per segment of the trace (:func:`analyze.compute.anatomy.segments`: the cycles of one decode batch
-    size), each fitted on the segment's own steady cycles and moving from its typical period (the p50 of its cycles
+    size; a batch size visited several times, as a serving run does, is one model over all its visits), each
+    fitted on the segment's own steady cycles and moving from its typical period (the p50 of its cycles
     in no class of slower ones: a prefill or the first cycles after a batch change are not what the next cycle at
     another step count would take). Verify's cost per extra verified token is *measured* across segments: with
     several batch sizes, the segments' verify times at their verified tokens per cycle (batch × (steps + 1)) make a
@@ -610,8 +616,12 @@ def fit_segments(res: Result, steps_now: int | None = None, alpha: float | None 
 
     from . import anatomy
 
-    segs = [g for g in anatomy.segments(res) if g.cycles >= _MIN_SEGMENT_CYCLES]
-    if len(segs) < 2:
+    # A serving run visits a batch size several times: its segments are pooled, one model per batch size.
+    visits: dict[str, list[anatomy.Segment]] = {}
+    for g in anatomy.segments(res):
+        visits.setdefault(g.key, []).append(g)
+    groups = [v for v in visits.values() if sum(g.cycles for g in v) >= _MIN_SEGMENT_CYCLES]
+    if len(groups) < 2:
         return []
     s0 = _steps_of(res, steps_now)
     c = cycles(res)
@@ -619,9 +629,11 @@ def fit_segments(res: Result, steps_now: int | None = None, alpha: float | None 
     # model, one data set: a few dozen cycles measure α to ± 0.1, which moves the best step count)
     pooled = alpha if alpha is not None else run_alpha(res, s0)
     out = []
-    for g in segs:
-        view = dataclasses.replace(res, cycle_choice={**res.cycle_choice, "segment": g.segment})
-        typ = c.filter(pl.col("steady") & (pl.col("segment") == g.segment) & pl.col("cycle_class").is_null()
+    # by batch size (a serving run's visits come in any order), then by the first visit
+    for group in sorted(groups, key=lambda v: (v[0].batch_size is None, v[0].batch_size or 0, v[0].segment)):
+        g, ids = group[0], [x.segment for x in group]
+        view = dataclasses.replace(res, cycle_choice={**res.cycle_choice, "segment": ids if len(ids) > 1 else g.segment})
+        typ = c.filter(pl.col("steady") & pl.col("segment").is_in(ids) & pl.col("cycle_class").is_null()
                        & ~pl.col("slow") & pl.col("period_ns").is_not_null())
         if typ.height < _MIN_SEGMENT_CYCLES:
             continue
@@ -798,6 +810,21 @@ def _draft_repeats(res: Result) -> tuple[int, int, int] | None:
     return (g, len(modal), inst.height) if g >= 2 else None
 
 
+_ASSUMED_NOTE = "no baseline: verify cost assumed independent of the number of verified tokens"
+
+
+def with_segments(m: Model, res: Result, steps_now: int | None = None, alpha: float | None = None,
+                  as_traced: bool = False) -> Model:
+    """``m`` (the whole run's model, no baseline) with its per-segment models (:func:`fit_segments`); with several
+    batch sizes its note on verify's assumed cost says that the segments measure it."""
+    m.segments = fit_segments(res, steps_now, alpha=alpha, as_traced=as_traced)
+    if m.segments:
+        m.notes = [f"the whole run mixes {len(m.segments)} batch sizes: its verify cost assumed independent of the "
+                   "verified tokens (one average); measured per batch size (the per-segment models)"
+                   if n == _ASSUMED_NOTE else n for n in m.notes]
+    return m
+
+
 def fitted(res: Result, steps_now: int | None = None, alpha: float | None = None, as_traced: bool = False) -> Model:
     """:func:`fit` (no baseline) with its per-segment models (:func:`fit_segments`) and the replays its document
     (:func:`to_dict`) asks for: kept with the result (:func:`analyze.read.results.derived`), so that a second command
@@ -806,8 +833,7 @@ def fitted(res: Result, steps_now: int | None = None, alpha: float | None = None
     key = ("whatif", repr((steps_now, alpha, as_traced, sorted(res.cycle_choice.items()))))
     if key not in res.memo:
         def run() -> Model:
-            m = fit(res, steps_now, alpha=alpha, as_traced=as_traced)
-            m.segments = fit_segments(res, steps_now, alpha=alpha, as_traced=as_traced)
+            m = with_segments(fit(res, steps_now, alpha=alpha, as_traced=as_traced), res, steps_now, alpha, as_traced)
             try:
                 to_dict(m)  # the replays, kept in the model
             except InputError:
@@ -861,7 +887,7 @@ def fit(res: Result, steps_now: int | None = None, baseline: Result | None = Non
     else:
         prior = _verify_prior(res)
         if prior is None:
-            notes.append("no baseline: verify cost assumed independent of the number of verified tokens")
+            notes.append(_ASSUMED_NOTE)
         else:
             source = "gpu_metrics"
             b = cost["verify"] * prior["tensor_active_pct"] / 100 / (s0 + 1)

@@ -477,9 +477,12 @@ def _whatif(res: Result, figs: _Figures, model: whatif.Model | InputError, max_s
                          **{f"{p['steps']} steps": (None if p["tokens_per_s"] is None else
                                                     f"{p['tokens_per_s']:,.0f}" + ("*" if p["extrapolated"] else ""))
                             for p in d["predictions"]},
-                         "best": d["best_steps"], "gain": None if d["gain"] is None else f"{100 * d['gain']:+.1f} %"})
+                         "best": None if d["best_steps"] is None else
+                         str(d["best_steps"]) + "".join(f" ≈{t}" for t in d["near_best_steps"][1:]),
+                         "gain": None if d["gain"] is None else f"{100 * d['gain']:+.1f} %"})
         body.append("<h3>Per segment</h3>" + _p("One model per batch size, from its own cycles: predicted tokens/s at "
-                                                 "each step count (* extrapolated); best among the others.")
+                                                 "each step count (* extrapolated); best among the others, ≈ another "
+                                                 f"within {100 * whatif.NEAR_BEST:.0f} % of its tokens/s.")
                     + _table(pl.DataFrame(rows), {"period_p50_ns": "cycle µs p50"}))
     if m.probe is not None:
         body.append(_p("Fitted on the graph-level pass (--timing)."))

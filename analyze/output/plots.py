@@ -365,7 +365,9 @@ def whatif_curve(model: Model, max_steps: int = 10) -> Figure:
     ax.set_xlabel("draft steps")
     ax.set_ylabel("predicted µs per cycle")
     ax.set_xticks(preds["steps"].to_list())
-    ax.set_title(f"What-if from a trace at {model.steps_now} steps (dotted)", fontsize=10)
+    ax.set_title(f"What-if from a trace at {model.steps_now} steps (dotted)"
+                 + (f": the whole run, {len(model.segments)} batch sizes averaged (per batch size: the table)"
+                    if model.segments else ""), fontsize=10)
     handles, labels = ax.get_legend_handles_labels()
     if preds["tokens_per_s"].is_not_null().any():
         a2 = ax.twinx()

@@ -657,15 +657,17 @@ def acceptance_text(m: Model) -> str:
 
 
 def best_text(m: Model, max_steps: int = MAX_STEPS) -> str:
-    """The best step count, or why it is not known."""
+    """The best step count, or why it is not known (with segments: said to be the whole run's average)."""
     best, near = m.best(max_steps), m.best(max_steps, measured_only=True)
+    whole = (f"for the whole run ({len(m.segments)} batch sizes averaged, right for none of them: the best per batch "
+             "size is in the per-segment table) " if m.segments else "")
     if best is None:
         return "best: unknown without acceptance (shortest cycle is always 1 step)"
     if near is not None and near["steps"] != best["steps"]:
-        return (f"best within one step of the measured {m.steps_now}: {near['steps']} steps, "
+        return (f"best {whole}within one step of the measured {m.steps_now}: {near['steps']} steps, "
                 f"{near['tokens_per_s']:.1f} tok/s predicted; {best['steps']} steps predicts "
                 f"{best['tokens_per_s']:.1f} tok/s but is extrapolated (*)")
-    return (f"best: {best['steps']} steps, {best['tokens_per_s']:.1f} tok/s predicted"
+    return (f"best {whole}".rstrip() + f": {best['steps']} steps, {best['tokens_per_s']:.1f} tok/s predicted"
             + (" (extrapolated *)" if best["extrapolated"] else ""))
 
 

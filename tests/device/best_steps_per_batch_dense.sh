@@ -11,6 +11,7 @@
 #   KIND=cover ...  # the schedule COVER below, named tp1_cover_*: with every batch size whose verified
 #       tokens at 3 steps are the tokens another batch size verifies at 1, 2 or 4 steps, b x (s + 1) / 4
 #   for i in 1 2 3; do REPS=2 CAPS=3 TAG=_cv$i KIND=cover WL_EXTRA="--decode-log-interval 5" bash tests/device/best_steps_per_batch_dense.sh; done
+#   KIND=serve ...  # SERVE below: the same batch sizes, each visited three times for 10 cycles, shuffled
 #
 #   tp1_dense_sS_graph      S = 3 (then 2, 4, 1 while the budget lasts): the whole run under nsys, graph-level
 #   tp1_dense_plain.jsonl   REPS runs of each step count 1..4 without a profiler, interleaved (order rotates per
@@ -27,7 +28,11 @@ TP=tp$NPROC
 versions
 KIND=${KIND:-dense}
 COVER=1:30,2:30,4:30,6:30,8:30,10:30,12:30,16:30,18:30,20:30,24:30,30:30,32:30,36:30,40:30,48:30,60:30,64:30,72:30,80:30,96:30,120:30,128:30,160:30,200:30
+# serve: the cover schedule's 25 batch sizes visited three times each for 10 cycles, in a shuffled order (Python's
+# random.Random(0).shuffle of the 75 visits, no batch size twice in a row), as a serving run wanders
+SERVE=128:10,4:10,8:10,30:10,128:10,36:10,32:10,2:10,80:10,60:10,10:10,48:10,16:10,160:10,40:10,64:10,30:10,200:10,16:10,24:10,48:10,1:10,12:10,18:10,8:10,1:10,60:10,32:10,2:10,160:10,4:10,1:10,6:10,12:10,120:10,6:10,80:10,24:10,36:10,96:10,40:10,128:10,200:10,24:10,10:10,120:10,72:10,8:10,120:10,20:10,80:10,20:10,64:10,16:10,96:10,20:10,60:10,72:10,40:10,12:10,160:10,18:10,72:10,64:10,4:10,96:10,30:10,36:10,2:10,32:10,48:10,18:10,10:10,6:10,200:10
 [ "$KIND" = cover ] && SCHED=${SCHED:-$COVER}
+[ "$KIND" = serve ] && SCHED=${SCHED:-$SERVE}
 WL=(--schedule ${SCHED:-1:30,4:30,8:30,16:30,24:30,32:30,48:30,64:30,96:30,128:30,160:30} --accept-rate 0.7 --host-wait spin ${WL_EXTRA:-})
 
 plain_sweep "$W/${TP}_${KIND}_plain$TAG.jsonl" "${WL[@]}"
