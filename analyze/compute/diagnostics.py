@@ -28,6 +28,9 @@ _READ_WARNINGS = {
     "reversed_ranges": ("RANGE_END_BEFORE_START", "{n} NVTX ranges end before they start; they are left out"),
     "long_ranges": ("RANGE_LONGER_THAN_SESSION", "{n} NVTX ranges last longer than the whole session (an absurd "
                                                  "end time); their end is taken as the session end"),
+    "kernels_not_exported": ("KERNELS_NOT_EXPORTED", "{n} kernel launch calls, but the export has no kernel table "
+                             "(CUPTI_ACTIVITY_KIND_KERNEL): those kernels are in no number (GPU time, spans, idle); "
+                             "capture with nsys --trace cuda and export again"),
     "api_without_pid": ("API_WITHOUT_PROCESS", "{n} CUDA API calls have no thread id (NULL globalTid); they are "
                                                "left out"),
 }

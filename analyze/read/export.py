@@ -323,7 +323,18 @@ def read_meta(r: ExportReader) -> dict:
     if r.has("TARGET_INFO_SESSION_START_TIME", "utcEpochNs"):
         row = r.rows("SELECT MIN(utcEpochNs) FROM TARGET_INFO_SESSION_START_TIME")
         utc = row[0][0] if row else None
-    return {"export": export, "capture": capture, "duration": duration, "utc": utc}
+    return {"export": export, "capture": capture, "duration": duration, "utc": utc,
+            "read_warnings": {"kernels_not_exported": _kernels_not_exported(r)}}
+
+
+def _kernels_not_exported(r: ExportReader) -> int:
+    """Kernel launch calls in an export without a kernel table (those kernels are in no number), else 0. An export
+    of CUDA graphs traced as a whole has no kernel table either when every kernel ran in a graph: no launch call."""
+    if r.has(_KERNEL) or not r.has(RUNTIME, "nameId") or not r.has("StringIds", "id", "value"):
+        return 0
+    row = r.rows(f"SELECT COUNT(*) FROM {RUNTIME} rt JOIN StringIds s ON s.id = rt.nameId "
+                 "WHERE s.value LIKE 'cudaLaunchKernel%' OR s.value LIKE 'cuLaunchKernel%'")
+    return int(row[0][0] or 0) if row else 0
 
 
 def open_reader(path: str | os.PathLike) -> ExportReader:
@@ -361,6 +372,7 @@ def load(path: str | os.PathLike) -> Trace:
         names = _names(strings, pl.concat([ops["name_id"], api["name_id"]]))
         devices, diagnostics = _devices(r), _nsys_diagnostics(r)
         notes["lossy_strings"] = r.lossy
+        notes.update(m["read_warnings"])
         r.check_unchanged()
         return Trace(
             path=str(r.path),

@@ -100,11 +100,12 @@ __all__ = ["COLUMNAR", "FLUSH_ROWS", "PIECE_ROWS", "EARLY_ROWS", "SUFFIX", "MARK
            "build", "remove_tree", "discard", "existing_store", "open_store", "temporary_store"]
 
 COLUMNAR = True  # a parquetdir/arrowdir export's store keeps no copy of its rows (_build_columnar)
-_CACHE_VERSION = 10  # 2: ranges have ``range_id`` and ``range``; 3: marks.parquet; 4: marker, files listed, checks;
+_CACHE_VERSION = 11  # 2: ranges have ``range_id`` and ``range``; 3: marks.parquet; 4: marker, files listed, checks;
 # 5: only the API calls the analysis needs, and each process's first call (``api_first``); 6: op_keys.parquet;
 # 7: ops carry their CUDA graph's id (``graph``); 8: the key has each file's inode, ctime and content hash, the
 # report's path is absolute, a build id; 9: the session's end from nsys's own diagnostic (unclosed ranges);
-# 10: a columnar export's store reads its rows from the export (``columnar``, lost.parquet)
+# 10: a columnar export's store reads its rows from the export (``columnar``, lost.parquet); 11: read_warnings
+# count kernel launches in an export without a kernel table
 FLUSH_ROWS = 2_000_000
 PIECE_ROWS = 2_000_000  # a large table is read in row ranges of this size, by _READ_THREADS threads
 _READ_THREADS = max(2, min(4, os.cpu_count() or 2))
@@ -743,7 +744,7 @@ class _RowBuild:
         keys = pl.concat(g.op_keys).unique() if g.op_keys else pl.DataFrame(schema=_OP_KEYS)
         _write(dest / "op_keys.parquet", keys.write_parquet)
         r.check_unchanged()
-        self.notes.update(api_without_pid=g.api_without_pid, lossy_strings=r.lossy)
+        self.notes.update(api_without_pid=g.api_without_pid, lossy_strings=r.lossy, **self.m["read_warnings"])
         m = self.m
         meta = {
             "key": fingerprint(self.report),
@@ -866,7 +867,7 @@ def _build_columnar(r: DirReader, report: str | os.PathLike, dest: Path, m: dict
     distinct names and labels, and (``lost.parquet``) the (pid, correlation id) of ops that no kept API call
     launched, whose launchers the reads add; each process's first call as :func:`_rest_of_api` finds it. The NVTX
     ranges and small tables are read meanwhile on another thread."""
-    notes: dict[str, int] = {}
+    notes: dict[str, int] = dict(m["read_warnings"])
 
     def small() -> pl.DataFrame:
         ranges, _domains, marks = _ranges(r, m["duration"], notes)
