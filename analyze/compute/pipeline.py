@@ -36,7 +36,7 @@ import polars as pl
 from ..model import GRAPH_LAUNCH, SYNC_API, Diagnostic, InputError, Result, Trace
 from ..read import results
 from ..read.protocols import ProcessSource
-from ..read.source import ManyWindows, OpsWindow, open_source
+from ..read.source import ManyWindows, OpsWindow, StoreSource, open_source
 from ..read.store import CacheError, Progress, discard, existing_store, open_store
 from . import attribute, breakdown, collectives, host, windows
 from .comm_patterns import PATTERNS, CommPattern, family_expr
@@ -103,11 +103,30 @@ def _add_kinds(ops: pl.DataFrame, kinds: pl.DataFrame, cols: list[str]) -> pl.Da
     )
 
 
+_DENSE_IDS = 1 << 20  # name ids below this are looked up in an array (8 MB at most), not hashed
+
+
 def _kind_codes(ops: pl.DataFrame, kinds: pl.DataFrame) -> pl.Series:
     """Each op's row number in :func:`op_kinds` (``_kind``, Int64; null for a key not there): the one lookup per
-    op, every column of ``kinds`` is then a gather by it."""
+    op, every column of ``kinds`` is then a gather by it.
+
+    Name ids (string ids: small integers) index an array of codes, one gather; only the few ops without a name id
+    (copies, memsets) look their label up. The lookup of :func:`_add_kinds` when ids repeat or do not fit."""
     codes = kinds.select("name_id", "label").with_row_index("_kind").with_columns(pl.col("_kind").cast(pl.Int64))
-    return _add_kinds(ops.select("name_id", "label"), codes, ["_kind"])["_kind"]
+    by_id, by_label = codes.filter(pl.col("name_id").is_not_null()), codes.filter(pl.col("name_id").is_null())
+    lo, hi = by_id["name_id"].min(), by_id["name_id"].max()
+    if (not isinstance(lo, int) or not isinstance(hi, int) or lo < 0 or hi >= _DENSE_IDS
+            or by_id["name_id"].is_duplicated().any()):
+        return _add_kinds(ops.select("name_id", "label"), codes, ["_kind"])["_kind"]
+    table = pl.Series([None] * (hi + 1), dtype=pl.Int64).scatter(by_id["name_id"], by_id["_kind"])
+    nid = pl.col("name_id")
+    out = ops.select(pl.when(nid.is_between(0, hi)).then(pl.lit(table).gather(nid.clip(0, hi))).alias("_kind"))
+    code = out["_kind"]
+    bare = ops.select(pl.arg_where(nid.is_null()).alias("_i"))["_i"]  # ops keyed by their label
+    if bare.len():
+        code = code.scatter(bare, ops["label"].gather(bare).replace_strict(by_label["label"], by_label["_kind"],
+                                                                            default=None))
+    return code
 
 
 def _gather_kinds(kinds: pl.DataFrame, cols: list[str]) -> list[pl.Expr]:
@@ -391,8 +410,15 @@ def _run(source: ProcessSource, ranges: str | None, comm_patterns: list[CommPatt
     # one at a time when a process has more than WORKER_ROWS ops (memory stays bounded by the largest one).
     biggest = max([*source.ops_rows.values(), 0])
     n = max(1, workers if biggest <= _WORKER_ROWS else 1)
-    with ThreadPoolExecutor(max_workers=n) as ex:
-        outs = list(ex.map(one, pids) if n > 1 else map(one, pids))
+    store_source = source if isinstance(source, StoreSource) else None
+    if store_source is not None:  # what it reads together (a columnar export: fewer scans of its files)
+        store_source.read_in_order(pids, n)
+    try:
+        with ThreadPoolExecutor(max_workers=n) as ex:
+            outs = list(ex.map(one, pids) if n > 1 else map(one, pids))
+    finally:
+        if store_source is not None:
+            store_source.read_in_order([], 0)
     bar.close()
     parts = _Parts.of(outs)
     del outs
