@@ -191,16 +191,18 @@ def process(source: ProcessSource, pid: int, ctx: ProcessContext) -> ProcessResu
         ops = ops.drop("device", "in_graph")
     # One lookup of each op's kind (name, communication family), a gather per column after.
     ops = ops.with_columns(_kind=_kind_codes(ops, ctx.kinds)).with_columns(_gather_kinds(ctx.kinds, ["comm"]))
+    if not ctx.keep_ops:  # the kind code stands for the name id and label now
+        ops = ops.drop("name_id", "label")
     tl = attribute.timeline(nested)  # who launched what, and the range open around a call: one timeline
     calls = attribute.launching_calls(ops, api, nested, tl)
-    ops = attribute.join_calls(ops, calls)
+    ops = attribute.join_calls(ops, calls if ctx.keep_ops else calls.drop("api_name_id"))
     # The CUDA graphs each range launched (a few pairs): a cycle's graphs name its batch shape without a payload.
     # One op per launch is enough (a launch's ops share its correlation id, range and graph): dropping each op
     # whose correlation id repeats the previous row's leaves a few rows to make unique, whatever the row order.
     new_launch = (pl.col("corr") != pl.col("corr").shift(1)).fill_null(True)
-    graphs = (ops.filter(pl.col("graph").is_not_null() & new_launch).select("range_id", "graph")
-              .filter(pl.col("range_id").is_not_null()).unique() if "graph" in ops.columns and ctx.graphs
-              else pl.DataFrame(schema={"range_id": pl.Int64, "graph": pl.Int32}))
+    graphs = (ops.lazy().select("corr", "range_id", "graph").filter(pl.col("graph").is_not_null() & new_launch)
+              .select("range_id", "graph").filter(pl.col("range_id").is_not_null()).unique().collect()
+              if "graph" in ops.columns and ctx.graphs else pl.DataFrame(schema={"range_id": pl.Int64, "graph": pl.Int32}))
     if not ctx.keep_ops:
         ops = ops.drop("graph", strict=False)
     rank = rk["rank"][0] if rk.height else None
@@ -228,8 +230,9 @@ def process(source: ProcessSource, pid: int, ctx: ProcessContext) -> ProcessResu
         "unmatched_ops": int(ops["gtid"].null_count()),
     }
     # The rank goes on the few rows that keep it (communication kernels, kernel statistics), not on every op.
-    comm = (ops.filter((pl.col("kind") == "kernel") & pl.col("comm").is_not_null())
-            .with_columns(*_gather_kinds(ctx.kinds, ["name"]), rank=pl.lit(rank, pl.Int64)))
+    comm = (ops.lazy().filter((pl.col("kind") == "kernel") & pl.col("comm").is_not_null())
+            .select("kind", "range_id", "corr", "start", "end", "comm", "_kind")  # what comm_kernels reads
+            .with_columns(*_gather_kinds(ctx.kinds, ["name"]), rank=pl.lit(rank, pl.Int64)).collect())
     out = ProcessResult(facts, rk, _kernel_stats(ops, ctx.kinds, rank))
     if ctx.keep_ops:
         kept = [c for c in ops.columns if c != "_kind"]
@@ -293,9 +296,11 @@ def _kernel_stats(ops: pl.DataFrame, kinds: pl.DataFrame, rank: int | None) -> p
     One process (rank ``rank``): grouped on one integer key (range instance × kind of op: ``_kind``, see
     :func:`_kind_codes`), the names, process and rank added after; nothing per operation but that key."""
     n = max(kinds.height, 1)
-    per = (ops.group_by(key=pl.col("range_id") * n + pl.col("_kind"))
+    # Lazy: the four columns it reads projected first (an eager group-by of the wide frame takes twice as long).
+    per = (ops.lazy().filter(pl.col("range_id").is_not_null())
+           .group_by(key=pl.col("range_id") * n + pl.col("_kind"))
            .agg(count=pl.len(), kernel_ns=(pl.col("end") - pl.col("start")).sum())
-           .filter(pl.col("key").is_not_null()))
+           .filter(pl.col("key").is_not_null()).collect())
     names = kinds.select("name").with_row_index("_kind").with_columns(pl.col("_kind").cast(pl.Int64))
     per = per.with_columns(range_id=pl.col("key") // n, _kind=pl.col("key") % n).join(names, on="_kind", how="left")
     return (per.group_by("range_id", "name").agg(pl.col("count").sum().cast(pl.Int64), pl.col("kernel_ns").sum())
