@@ -263,8 +263,12 @@ def _with_graphs(inst: pl.DataFrame, graphs: pl.DataFrame, anc: pl.DataFrame) ->
     sorted ids joined by ``+`` (``"2+5"``); null when none."""
     if graphs.height == 0:
         return inst.with_columns(i_graphs=pl.lit(None, pl.String))
-    sig = (graphs.join(anc, on="range_id").select(range_id="anc", graph="graph").unique()
-           .group_by("range_id").agg(i_graphs=pl.col("graph").sort().cast(pl.String).str.join("+")))
+    pairs = graphs.join(anc, on="range_id").select(range_id="anc", graph="graph").unique()
+    pairs = pairs.join(pairs.group_by("range_id").agg(_n=pl.len()), on="range_id")
+    # Most instances launched one graph: its id as it is; only the others' ids are sorted and joined, per instance.
+    sig = pl.concat([pairs.filter(pl.col("_n") == 1).select("range_id", i_graphs=pl.col("graph").cast(pl.String)),
+                     pairs.filter(pl.col("_n") > 1).group_by("range_id")
+                     .agg(i_graphs=pl.col("graph").sort().cast(pl.String).str.join("+"))])
     return inst.join(sig, on="range_id", how="left", maintain_order="left")
 
 

@@ -685,7 +685,8 @@ def _by_pid(df: pl.DataFrame, pids: list[int], columns: tuple[str, ...] | None) 
     cols = list(df.columns if columns is None else columns)
     if len(pids) == 1:
         return {pids[0]: df.select(cols)}
-    return {p: df.filter(pl.col("pid") == p).select(cols) for p in pids}
+    parts = df.partition_by("pid", as_dict=True, maintain_order=True)  # one pass (k filters would make k)
+    return {p: parts[(p,)].select(cols) if (p,) in parts else df.head(0).select(cols) for p in pids}
 
 
 def _no_rows(kind: str) -> pl.DataFrame:
