@@ -87,3 +87,35 @@ def test_kind_codes_are_the_lookup_of_both_keys(kinds, ops, shift):
         joined = (o.with_row_index("_o").join(by_id.select("name_id", "_kind"), on="name_id", how="left")
                   .sort("_o").with_columns(got=got))
         assert joined.filter(pl.col("name_id").is_not_null()).select(pl.col("_kind").eq_missing(pl.col("got")).all()).item()
+
+
+four = st.lists(st.tuples(st.integers(0, 3), st.one_of(st.none(), st.integers(-5, 5)), st.sampled_from("xyz"),
+                          st.integers(0, 3), st.integers(0, 99)), max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(four, four, st.sampled_from([0, 2**20, 2**61]))
+def test_packed_join_is_the_join_on_the_columns(left, right, wide):
+    """A join on the packed key (:func:`analyze.compute.windows._packed`) matches the rows the join on the four
+    columns does: negative and null values, a Categorical, values too wide to pack (then the columns themselves)."""
+    from analyze.compute.windows import _packed
+
+    schema = {"p": pl.Int64, "a": pl.Int64, "name": pl.Categorical, "j": pl.Int64, "v": pl.Int64}
+    a, b = (pl.DataFrame(rows, schema=schema, orient="row").with_columns(pl.col("a") * (1 + wide))
+            for rows in (left, right))
+    cols = ["p", "a", "name", "j"]
+    want = a.join(b.select(*cols, w="v"), on=cols).select("v", "w").sort("v", "w")
+    (pa, pb), on = _packed((a, b), cols)
+    if wide < 2**61:  # small values always pack
+        assert on == ["_key"]
+    got = pa.join(pb.select(*on, w="v"), on=on).select("v", "w").sort("v", "w")
+    assert got.equals(want)
+
+
+def test_values_too_wide_to_pack_are_joined_on_the_columns():
+    from analyze.compute.windows import _packed
+
+    a = pl.DataFrame({"x": [-(2**40), 2**40], "y": [0, 2**30]})
+    assert _packed((a,), ["x", "y"])[1] == ["x", "y"]
+    assert _packed((a,), ["y"])[1] == ["_key"]
+    assert _packed((a.with_columns(pl.col("y").cast(pl.String)),), ["y"])[1] == ["y"]  # not integers
