@@ -277,12 +277,11 @@ def _packed(frames: tuple[pl.DataFrame, ...], cols: list[str]) -> tuple[tuple[pl
                for c in cols):  # (names as strings: merged reports)
         return frames, cols
     phys = [pl.col(c).to_physical().cast(pl.Int64) for c in cols]
-    lows, widths = [], []
-    for c, e in zip(cols, phys, strict=True):
-        ends = [f.select(lo=e.min(), hi=e.max()).row(0) for f in frames if f[c].null_count() < f.height]
-        lo = min((a for a, _ in ends), default=0)
-        lows.append(lo)
-        widths.append(max((b for _, b in ends), default=0) - lo + 1)
+    ends = [f.select(*[e.min().alias(f"lo{i}") for i, e in enumerate(phys)],
+                     *[e.max().alias(f"hi{i}") for i, e in enumerate(phys)]).row(0) for f in frames]  # one pass each
+    n = len(cols)
+    lows = [min((r[i] for r in ends if r[i] is not None), default=0) for i in range(n)]
+    widths = [max((r[n + i] for r in ends if r[n + i] is not None), default=0) - lows[i] + 1 for i in range(n)]
     total = 1
     for w in widths:
         total *= w
