@@ -36,8 +36,9 @@ def group_parts(df: pl.DataFrame, key: str, only: str | None = None) -> pl.DataF
     lo, hi = df["start"].min(), df["end"].max()
     if not any(df[c].null_count() for c in (key, "start", "end")) and isinstance(lo, int) and isinstance(hi, int):
         span = hi - lo + 1  # every group's rows fit in it: one pass, no group's first start to carry down
-        if span > 0 and (df.height + 1) * span < 2**62:
-            g = pl.col(key).rle_id().cast(pl.Int64) * span - lo
+        run = pl.col(key).rle_id()
+        if span > 0 and (real(df.select(run.max()).item()) + 2) * span < 2**62:
+            g = run.cast(pl.Int64) * span - lo
             return _shifted_parts(df.lazy(), pl.col("start") + g, pl.col("end") + g, only).collect()
     new = (pl.col(key) != pl.col(key).shift(1)).fill_null(True)
     base = pl.when(new).then(pl.col("start")).forward_fill()  # the group's first start
