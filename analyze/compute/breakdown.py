@@ -21,8 +21,8 @@ _METRICS = ("span_ns", "busy_ns", "compute_ns", "comm_ns", "idle_ns", "kernel_ns
 
 def ranks(ops: pl.DataFrame, devices: pl.DataFrame) -> pl.DataFrame:
     """One rank per process with GPU work, numbered in device order: ``rank, pid, device, ...``."""
-    per_device = (ops.lazy().group_by("pid", "device").agg(n=pl.len(), kernel_ns=(pl.col("end") - pl.col("start")).sum())
-                  .collect())
+    per_device = (ops.lazy().group_by("pid", "device")
+                  .agg(n=pl.len(), kernel_ns=(pl.col("end") - pl.col("start")).sum()).collect())
     per = per_device.sort("pid", "n", "device", descending=[False, True, False]).group_by("pid").agg(
         device=pl.col("device").first(),  # the most used device (the lowest on a tie)
         devices=pl.col("device").sort(),

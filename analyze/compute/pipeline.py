@@ -202,7 +202,8 @@ def process(source: ProcessSource, pid: int, ctx: ProcessContext) -> ProcessResu
     new_launch = (pl.col("corr") != pl.col("corr").shift(1)).fill_null(True)
     graphs = (ops.lazy().select("corr", "range_id", "graph").filter(pl.col("graph").is_not_null() & new_launch)
               .select("range_id", "graph").filter(pl.col("range_id").is_not_null()).unique().collect()
-              if "graph" in ops.columns and ctx.graphs else pl.DataFrame(schema={"range_id": pl.Int64, "graph": pl.Int32}))
+              if "graph" in ops.columns and ctx.graphs
+              else pl.DataFrame(schema={"range_id": pl.Int64, "graph": pl.Int32}))
     if not ctx.keep_ops:
         ops = ops.drop("graph", strict=False)
     rank = rk["rank"][0] if rk.height else None

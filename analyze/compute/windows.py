@@ -270,9 +270,10 @@ def _time_keys(cand: pl.DataFrame, anc: pl.DataFrame, kern: pl.DataFrame, bound:
 
 
 def _packed(frames: tuple[pl.DataFrame, ...], cols: list[str]) -> tuple[tuple[pl.DataFrame, ...], list[str]]:
-    """The frames with ``_key``: their integer (or Categorical) columns ``cols`` as one integer, and ``["_key"]`` to join
-    on (a join on one integer instead of several columns); the frames as they are and ``cols`` when a column is of
-    another type or the values do not pack into 62 bits. A null in any column makes the key null (it matches nothing, as in a join on all of them)."""
+    """The frames with ``_key``: their integer (or Categorical) columns ``cols`` as one integer, and ``["_key"]``
+    to join on (a join on one integer instead of several columns); the frames as they are and ``cols`` when a
+    column is of another type or the values do not pack into 62 bits. A null in any column makes the key null (it
+    matches nothing, as in a join on all of them)."""
     if not all(f.schema[c].is_integer() or isinstance(f.schema[c], pl.Categorical | pl.Enum) for f in frames
                for c in cols):  # (names as strings: merged reports)
         return frames, cols

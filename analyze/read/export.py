@@ -253,7 +253,8 @@ def op_queries(r: ExportReader) -> list[tuple[str, str, Callable[[pl.DataFrame],
     if r.has(_MEMSET, "start", "end", "correlationId", "globalPid"):
         q = common(_MEMSET)
         out.append((_MEMSET, q, lambda df: _finish_ops(
-            df.with_columns(kind=pl.lit("memset", OP_KIND), name_id=pl.lit(None, pl.Int64), label=pl.lit("[CUDA memset]")))))
+            df.with_columns(kind=pl.lit("memset", OP_KIND), name_id=pl.lit(None, pl.Int64),
+                            label=pl.lit("[CUDA memset]")))))
     if r.has(_GRAPH_TRACE, "start", "end", "correlationId", "globalPid"):
         cols = r.columns(_GRAPH_TRACE)
         gid = "graphId" if "graphId" in cols else "NULL"

@@ -457,8 +457,9 @@ class Store:
         self.meta: dict[str, Any] = {}
         self._reader: Any = None  # a columnar export's reader (a DirReader), opened on first use
         self._lock = threading.Lock()
-        self._together: dict[tuple[str, int], tuple[int, ...]] = {}  # (kind, pid) -> the processes one scan reads
-        self._ahead: dict[tuple[str, int, tuple[str, ...] | None], Future[pl.DataFrame]] = {}  # read, not yet asked
+        # (kind, pid) -> the processes whose rows one scan reads; rows read for a process that has not asked yet
+        self._together: dict[tuple[str, int], tuple[int, ...]] = {}
+        self._ahead: dict[tuple[str, int, tuple[str, ...] | None], Future[pl.DataFrame]] = {}
         if meta is None:
             meta = self.reading(lambda: json.loads((root / "meta.json").read_text()))
         self.meta = meta
@@ -545,11 +546,11 @@ class Store:
         )
 
     def read_together(self, kind: str, groups: list[tuple[int, ...]]) -> None:
-        """Processes whose ``kind`` rows (ops, api) are read at once, group by group (a columnar store; a store with
-        its own copy of the rows reads one process's files anyway): the first :meth:`read` of one process of a group
-        reads the rows of all of them with one scan of each export table, and keeps the others' rows until they are
-        read (once each). A table's pages are then decompressed and decoded once for the group, not once for each
-        process. No groups: each process read on its own again (and any rows kept are dropped)."""
+        """Processes whose ``kind`` rows (ops, api) are read at once, group by group (a columnar store; a store
+        with its own copy of the rows reads one process's files anyway): the first :meth:`read` of one process of
+        a group reads the rows of all of them with one scan of each export table, and keeps the others' rows until
+        they are read (once each). A table's pages are then decompressed and decoded once for the group, not once
+        for each process. No groups: each process read on its own again (and any rows kept are dropped)."""
         with self._lock:
             self._together = {k: g for k, g in self._together.items() if k[0] != kind}
             if self.meta.get("columnar"):
@@ -558,12 +559,12 @@ class Store:
 
     def read_in_order(self, pids: list[int], workers: int) -> None:
         """Say that the processes' rows will be read in the order ``pids``, ``workers`` at a time (the pipeline's
-        threads), or no more (``workers`` 0): the reads are grouped (:meth:`read_together`) where that costs little
-        memory. The API calls of every process are read by one scan when they are no more rows than the ops that the
-        workers hold at once (the largest processes'): a kept-calls filter leaves few of them (at 10 M kernels, 8
-        processes: 0.6 CPU-s for one scan against 1.4 for eight). Ops are read a process at a time: a group's rows
-        would have to be split again, which costs about what the scans it saves do (1.48 CPU-s against 1.59 in pairs),
-        and the group's rows would wait in memory."""
+        threads), or no more (``workers`` 0): the reads are grouped (:meth:`read_together`) where that costs
+        little memory. The API calls of every process are read by one scan when they are no more rows than the ops
+        that the workers hold at once (the largest processes'): a kept-calls filter leaves few of them (at 10 M
+        kernels, 8 processes: 0.6 CPU-s for one scan against 1.4 for eight). Ops are read a process at a time: a
+        group's rows would have to be split again, which costs about what the scans it saves do (1.48 CPU-s
+        against 1.59 in pairs), and the group's rows would wait in memory."""
         api = self.meta.get("api_rows", {})
         ops = sorted(self.meta.get("ops_rows", {}).values(), reverse=True)
         small = sum(api.get(str(p), 0) for p in pids) <= sum(ops[:workers])
@@ -581,8 +582,8 @@ class Store:
         return self.reading(lambda: (lf if columns is None else lf.select(columns)).collect())
 
     def _columnar_of(self, kind: str, pid: int, columns: tuple[str, ...] | None) -> pl.DataFrame:
-        """:meth:`_columnar` of one process, with the other processes of its group (:meth:`read_together`): read by
-        the first of them to ask, handed to the others."""
+        """:meth:`_columnar` of one process, with the other processes of its group (:meth:`read_together`): read
+        by the first of them to ask, handed to the others."""
         group = self._together.get((kind, pid))
         if group is None:
             return self._columnar(kind, [pid], columns)[pid]
@@ -603,11 +604,12 @@ class Store:
             f.set_result(frames[p])
         return frames[pid]
 
-    def _columnar(self, kind: str, pids: list[int], columns: tuple[str, ...] | None = None) -> dict[int, pl.DataFrame]:
+    def _columnar(self, kind: str, pids: list[int],
+                  columns: tuple[str, ...] | None = None) -> dict[int, pl.DataFrame]:
         """Some processes' ``ops`` or ``api`` rows (only ``columns``, if given) read from a columnar export
-        (:func:`_build_columnar`) with one scan of each table, by process: the rows and their order as a store built by
-        copying them would give: ops of each table in row order, the bad ones left out; the kept API calls in row
-        order, then the other calls that launched an op no kept call accounts for."""
+        (:func:`_build_columnar`) with one scan of each table, by process: the rows and their order as a store
+        built by copying them would give: ops of each table in row order, the bad ones left out; the kept API
+        calls in row order, then the other calls that launched an op no kept call accounts for."""
         have = [p for p in pids if str(p) in self.meta[f"{kind}_rows"]]
         if not have:
             return {p: _no_rows(kind) if columns is None else _no_rows(kind).select(columns) for p in pids}
@@ -625,7 +627,7 @@ class Store:
         else:
             api_q = api_query(r)
             if api_q is None:
-                return {p: _no_rows(kind) for p in pids}
+                return {p: _no_rows(kind) if columns is None else _no_rows(kind).select(columns) for p in pids}
             q, post = api_q
             kept = pl.col("name_id").is_in(pl.Series(self.meta["kept_ids"], dtype=pl.Int64).implode())
             out = _by_pid(post(r.process_rows(q, "globalTid", one).filter(kept).collect()), pids, None)
@@ -635,8 +637,8 @@ class Store:
                 if mine.height:
                     calls = r.process_rows(q, "globalTid", p)
                     rest = post(calls.filter(~kept.fill_null(False)).collect())
-                    out[p] = pl.concat([out[p], rest.join(mine, on=["pid", "corr"], how="semi", nulls_equal=True,
-                                                          maintain_order="left")])
+                    out[p] = pl.concat([out[p], rest.join(mine, on=["pid", "corr"], how="semi",
+                                                          nulls_equal=True, maintain_order="left")])
             if columns is not None:
                 out = {p: df.select(columns) for p, df in out.items()}
         r.check_unchanged()
