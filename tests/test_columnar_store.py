@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from concurrent.futures import ThreadPoolExecutor
 
 import polars as pl
 import pytest
@@ -44,6 +45,7 @@ def same_store(cut, copied):
         for kind in ("ops", "api"):
             assert cut.read(kind, pid).equals(copied.read(kind, pid)), (kind, pid)  # the order too
         assert cut.read("ops", pid, ("start", "corr")).equals(copied.read("ops", pid, ("start", "corr")))
+    together(cut, copied)
     for kind in ("ops", "api"):
         assert cut.scan(kind).collect().equals(copied.scan(kind).collect()), kind
         assert cut.scan(kind, copied.pids[::-1]).collect().equals(copied.scan(kind, copied.pids[::-1]).collect())
@@ -52,6 +54,28 @@ def same_store(cut, copied):
     cut_by = (pl.col("end") > t0) & (pl.col("start") < t1)
     got = cut.scan("ops").filter(cut_by).collect()
     assert got.equals(ops.filter(cut_by)) and 0 < got.height < ops.height
+
+
+def together(cut, copied):
+    """Processes read together (one scan for a group, as the pipeline's two workers do), from two threads at once and
+    in any order: each gets its own rows, in their order, exactly once; a process without ops in a group is fine."""
+    pids = copied.pids
+    cols = ("pid", "start", "end", "corr", "kind")
+    assert len(pids) > 1
+    for size in (2, 3, len(pids)):
+        for kind in ("ops", "api"):
+            cut.read_together(kind, [tuple(pids[i:i + size]) for i in range(0, len(pids), size)])
+        order = pids[::-1] if size == 3 else pids
+        with ThreadPoolExecutor(2) as ex:
+            got = list(ex.map(lambda pid: (cut.read("ops", pid, cols), cut.read("api", pid)), order))
+        assert not cut._ahead, size  # every process's rows handed out: none kept
+        for pid, (ops, api) in zip(order, got, strict=True):
+            assert ops.equals(copied.read("ops", pid, cols)), (size, pid)
+            assert api.equals(copied.read("api", pid)), (size, pid)
+    cut.read_in_order(pids, 2)  # what the pipeline says: the API calls of these few processes in one scan
+    assert {cut._together[("api", p)] for p in pids} == {tuple(pids)} and not any(k[0] == "ops" for k in cut._together)
+    cut.read_in_order([], 0)
+    assert not cut._together
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "arrow"])

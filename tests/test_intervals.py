@@ -118,3 +118,16 @@ def test_phase_metrics_on_random_traces(tmp_path_factory, ops):
         assert (g["span_ns"], g["busy_ns"], g["comm_ns"]) == (span, len(pts), len(cpts))
         assert g["span_ns"] == g["compute_ns"] + g["comm_ns"] + g["idle_ns"]
         assert g["kernel_ns"] == sum(z - a for a, z, _ in mine) and g["ops"] == len(mine)
+
+
+def test_group_parts_of_groups_far_apart_shift_each_from_its_first_start():
+    """Short groups far apart in time (the frame's span * rows >= 2**62, each group's width small): the shift from
+    each group's first start still parts them, and the shares are the same as for the groups alone."""
+    far = 2**61
+    df = pl.DataFrame({"g": [1, 1, 2, 2, 3], "start": [0, 5, far, far + 2, far + 100], "end": [10, 20, far + 5, far + 4,
+                                                                                             far + 101],
+                       "f": [True, False, False, True, True]})
+    got = group_parts(df, "g", only="f")
+    assert got["_p"].to_list() == [10, 10, 5, 0, 1] and got["_q"].to_list() == [10, 0, 0, 2, 1]
+    alone = pl.concat([group_parts(df.filter(pl.col("g") == g), "g", only="f") for g in (1, 2, 3)])
+    assert got.equals(alone)

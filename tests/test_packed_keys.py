@@ -58,3 +58,64 @@ def test_one_key_joins_as_the_two_columns(left, right, wide):
         right_side = pb.drop("rank", "range_id") if on == ["_key"] else pb
         got = pa.join(right_side, on=on, how=how, maintain_order="left").drop("_key", strict=False)
         assert got.equals(want), how
+
+
+
+op_keys = st.lists(st.tuples(st.one_of(st.none(), st.integers(-2, 40)), st.one_of(st.none(), st.sampled_from("abc"))),
+                   max_size=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(op_keys, op_keys, st.sampled_from([0, 2**20]))
+@example([(5, None), (7, None), (None, "a"), (None, "b"), (3, None)],
+         [(7, None), (None, "b"), (3, None), (5, None), (None, "a"), (9, None), (-1, None), (None, "c")], 0)
+def test_kind_codes_are_the_lookup_of_both_keys(kinds, ops, shift):
+    """Each op's row in the kinds (by name id through an array; by label for the ops without one) equals the lookup
+    it replaces (a hashed replace, or a join on both keys when a name id repeats under two labels) and, for ops
+    with a name id, a join on it: ids unknown, negative or too wide for the array, null labels."""
+    from analyze.compute.pipeline import _add_kinds, _kind_codes
+
+    schema = {"name_id": pl.Int64, "label": pl.String}
+    wide = pl.col("name_id") + pl.when(pl.col("name_id") > 20).then(shift).otherwise(0)
+    k = pl.DataFrame(kinds, schema=schema, orient="row").unique(maintain_order=True).with_columns(wide)
+    o = pl.DataFrame(ops, schema=schema, orient="row").with_columns(wide)
+    codes = k.with_row_index("_kind").with_columns(pl.col("_kind").cast(pl.Int64))
+    got = _kind_codes(o, k)
+    assert got.equals(_add_kinds(o, codes, ["_kind"])["_kind"])
+    by_id = codes.filter(pl.col("name_id").is_not_null())
+    if not by_id["name_id"].is_duplicated().any():
+        joined = (o.with_row_index("_o").join(by_id.select("name_id", "_kind"), on="name_id", how="left")
+                  .sort("_o").with_columns(got=got))
+        assert joined.filter(pl.col("name_id").is_not_null()).select(pl.col("_kind").eq_missing(pl.col("got")).all()).item()
+
+
+four = st.lists(st.tuples(st.integers(0, 3), st.one_of(st.none(), st.integers(-5, 5)), st.sampled_from("xyz"),
+                          st.integers(0, 3), st.integers(0, 99)), max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(four, four, st.sampled_from([0, 2**20, 2**61]))
+def test_packed_join_is_the_join_on_the_columns(left, right, wide):
+    """A join on the packed key (:func:`analyze.compute.windows._packed`) matches the rows the join on the four
+    columns does: negative and null values, a Categorical, values too wide to pack (then the columns themselves)."""
+    from analyze.compute.windows import _packed
+
+    schema = {"p": pl.Int64, "a": pl.Int64, "name": pl.Categorical, "j": pl.Int64, "v": pl.Int64}
+    a, b = (pl.DataFrame(rows, schema=schema, orient="row").with_columns(pl.col("a") * (1 + wide))
+            for rows in (left, right))
+    cols = ["p", "a", "name", "j"]
+    want = a.join(b.select(*cols, w="v"), on=cols).select("v", "w").sort("v", "w")
+    (pa, pb), on = _packed((a, b), cols)
+    if wide < 2**61:  # small values always pack
+        assert on == ["_key"]
+    got = pa.join(pb.select(*on, w="v"), on=on).select("v", "w").sort("v", "w")
+    assert got.equals(want)
+
+
+def test_values_too_wide_to_pack_are_joined_on_the_columns():
+    from analyze.compute.windows import _packed
+
+    a = pl.DataFrame({"x": [-(2**40), 2**40], "y": [0, 2**30]})
+    assert _packed((a,), ["x", "y"])[1] == ["x", "y"]
+    assert _packed((a,), ["y"])[1] == ["_key"]
+    assert _packed((a.with_columns(pl.col("y").cast(pl.String)),), ["y"])[1] == ["y"]  # not integers

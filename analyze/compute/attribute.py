@@ -86,8 +86,10 @@ def timeline(nested: pl.DataFrame) -> pl.DataFrame:
         pos.select("gtid", t="start", k=pl.lit(1, pl.Int8), tie=-pl.col("end"), current="range_id"),
         pos.select("gtid", t="end", k=pl.lit(0, pl.Int8), tie=-pl.col("start"), current="parent"),
     ]).sort("gtid", "t", "k", "tie")
-    # Several boundaries at one instant: the last one in push/pop order holds from then on.
-    return ev.group_by("gtid", "t", maintain_order=True).agg(pl.col("current").last()).sort("t")
+    # Several boundaries at one instant: the last one in push/pop order holds from then on (the rows are sorted by
+    # thread and time: the last row of each run of one (thread, time), no group-by).
+    last = (pl.col("gtid").ne_missing(pl.col("gtid").shift(-1)) | pl.col("t").ne_missing(pl.col("t").shift(-1)))
+    return ev.filter(last.fill_null(True)).select("gtid", "t", "current").sort("t")
 
 
 def innermost(api: pl.DataFrame, nested: pl.DataFrame, tl: pl.DataFrame | None = None) -> pl.DataFrame:

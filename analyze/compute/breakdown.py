@@ -21,7 +21,8 @@ _METRICS = ("span_ns", "busy_ns", "compute_ns", "comm_ns", "idle_ns", "kernel_ns
 
 def ranks(ops: pl.DataFrame, devices: pl.DataFrame) -> pl.DataFrame:
     """One rank per process with GPU work, numbered in device order: ``rank, pid, device, ...``."""
-    per_device = ops.group_by("pid", "device").agg(n=pl.len(), kernel_ns=(pl.col("end") - pl.col("start")).sum())
+    per_device = (ops.lazy().group_by("pid", "device")
+                  .agg(n=pl.len(), kernel_ns=(pl.col("end") - pl.col("start")).sum()).collect())
     per = per_device.sort("pid", "n", "device", descending=[False, True, False]).group_by("pid").agg(
         device=pl.col("device").first(),  # the most used device (the lowest on a tie)
         devices=pl.col("device").sort(),
@@ -114,10 +115,11 @@ def measure_instances(nested: pl.DataFrame, ops: pl.DataFrame, anc: pl.DataFrame
     added = (ex.join(sub, on="range_id").group_by("anc")
              .agg(pl.col("first").min(), pl.col("last").max(), pl.col("kernel_ns", "ops", "launches").sum(),
                   pl.col("first_launch").min()))
-    inc_ops = (
-        ops.filter(pl.col("range_id").is_not_null())
-        .join(sub, on="range_id", maintain_order="left")  # keeps ops sorted by start
+    inc_ops = (  # one plan: only the columns it keeps are filtered and joined
+        ops.lazy().filter(pl.col("range_id").is_not_null())
+        .join(sub.lazy(), on="range_id", maintain_order="left")  # keeps ops sorted by start
         .select("start", "end", range_id="anc", _c=pl.col("comm").is_not_null())
+        .collect()
     )
     unions = _parts(inc_ops, "range_id").group_by("range_id").agg(busy_ns=pl.col("_p").sum(), comm_ns=pl.col("_q").sum())
     inner = (added.rename({"anc": "range_id"}).join(unions, on="range_id", how="left").lazy().pipe(_derived)

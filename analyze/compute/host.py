@@ -45,9 +45,11 @@ def _per_call(ops: pl.DataFrame) -> pl.DataFrame:
 
     ``ops`` carry their launching call's ``api_start``/``api_end`` (:func:`analyze.compute.attribute.join_calls`;
     null for an op whose call is not in the trace)."""
-    return ops.group_by("corr").agg(ops=pl.len().cast(pl.UInt32), range_id=pl.col("range_id").first(),
-                                    first=pl.col("start").min(), last=pl.col("end").max(),
-                                    start=pl.col("api_start").first(), end=pl.col("api_end").first())
+    # Lazy: only the six columns it reads go into the group-by (not the whole width of the ops).
+    return (ops.lazy().group_by("corr")
+            .agg(ops=pl.len().cast(pl.UInt32), range_id=pl.col("range_id").first(), first=pl.col("start").min(),
+                 last=pl.col("end").max(), start=pl.col("api_start").first(), end=pl.col("api_end").first())
+            .collect())
 
 
 def _first_launches(per_corr: pl.DataFrame) -> pl.DataFrame:

@@ -26,26 +26,41 @@ def group_parts(df: pl.DataFrame, key: str, only: str | None = None) -> pl.DataF
     A row adds the part of it past the latest end of the group's earlier rows (``_q``: among the
     rows where the boolean column ``only`` holds; 0 elsewhere), so ``_p`` summed per group is the
     group's busy time. ``df`` must be sorted by ``key`` and then by ``start``. Rows are shifted by
-    ``group index * (longest group)`` from their group's first start, so that one running maximum
-    over the frame never carries from one group into the next: no window per group. None when that
-    shift could overflow.
+    ``group index * (the frame's span)`` (the group index: a run-length id of ``key``), so that one
+    running maximum over the frame never carries from one group into the next: no window per group.
+    Where that could overflow (or with nulls), by ``group index * (longest group)`` from their group's
+    first start. None when that could overflow too.
     """
     if df.height == 0:
         return df.with_columns(_p=pl.lit(0, pl.Int64), **({"_q": pl.lit(0, pl.Int64)} if only else {}))
+    lo, hi = df["start"].min(), df["end"].max()
+    if not any(df[c].null_count() for c in (key, "start", "end")) and isinstance(lo, int) and isinstance(hi, int):
+        span = hi - lo + 1  # every group's rows fit in it: one pass, no group's first start to carry down
+        run = pl.col(key).rle_id()
+        if span > 0 and (real(df.select(run.max()).item()) + 2) * span < 2**62:
+            g = run.cast(pl.Int64) * span - lo
+            return _shifted_parts(df.lazy(), pl.col("start") + g, pl.col("end") + g, only).collect()
     new = (pl.col(key) != pl.col(key).shift(1)).fill_null(True)
     base = pl.when(new).then(pl.col("start")).forward_fill()  # the group's first start
     out = df.with_columns(_g=new.cum_sum().cast(pl.Int64), _s=pl.col("start") - base, _e=pl.col("end") - base)
     width = real(out["_e"].max() or 0) + 1
     if width * (out["_g"][-1] + 1) >= 2**62:
         return None
-    out = out.with_columns(_s=pl.col("_s") + pl.col("_g") * width, _e=pl.col("_e") + pl.col("_g") * width)
+    g = pl.col("_g") * width
+    return _shifted_parts(out.lazy(), pl.col("_s") + g, pl.col("_e") + g, only).drop("_g").collect()
+
+
+def _shifted_parts(lf: pl.LazyFrame, s: pl.Expr, e: pl.Expr, only: str | None) -> pl.LazyFrame:
+    """``_p`` (and ``_q``) of :func:`group_parts` from each row's start ``s`` and end ``e`` shifted apart by group
+    (all >= 0)."""
+    lf = lf.with_columns(_s=s, _e=e)
     prev = pl.col("_e").shift(1).cum_max().fill_null(0)
     cols = {"_p": (pl.col("_e") - pl.max_horizontal("_s", prev)).clip(lower_bound=0)}
     if only:
         # Offsets are >= 0, so 0 stands for "no earlier row" in the running maximum.
         prev_c = pl.when(only).then("_e").otherwise(0).cum_max().shift(1).fill_null(0)
         cols["_q"] = pl.when(only).then((pl.col("_e") - pl.max_horizontal("_s", prev_c)).clip(lower_bound=0)).otherwise(0)
-    return out.with_columns(**cols).drop("_g", "_s", "_e")
+    return lf.with_columns(**cols).drop("_s", "_e")
 
 
 def _one_group(by: list[str], *frames: pl.DataFrame | pl.LazyFrame) -> bool:

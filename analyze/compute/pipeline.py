@@ -36,7 +36,7 @@ import polars as pl
 from ..model import GRAPH_LAUNCH, SYNC_API, Diagnostic, InputError, Result, Trace
 from ..read import results
 from ..read.protocols import ProcessSource
-from ..read.source import ManyWindows, OpsWindow, open_source
+from ..read.source import ManyWindows, OpsWindow, StoreSource, open_source
 from ..read.store import CacheError, Progress, discard, existing_store, open_store
 from . import attribute, breakdown, collectives, host, windows
 from .comm_patterns import PATTERNS, CommPattern, family_expr
@@ -103,11 +103,30 @@ def _add_kinds(ops: pl.DataFrame, kinds: pl.DataFrame, cols: list[str]) -> pl.Da
     )
 
 
+_DENSE_IDS = 1 << 20  # name ids below this are looked up in an array (8 MB at most), not hashed
+
+
 def _kind_codes(ops: pl.DataFrame, kinds: pl.DataFrame) -> pl.Series:
     """Each op's row number in :func:`op_kinds` (``_kind``, Int64; null for a key not there): the one lookup per
-    op, every column of ``kinds`` is then a gather by it."""
+    op, every column of ``kinds`` is then a gather by it.
+
+    Name ids (string ids: small integers) index an array of codes, one gather; only the few ops without a name id
+    (copies, memsets) look their label up. The lookup of :func:`_add_kinds` when ids repeat or do not fit."""
     codes = kinds.select("name_id", "label").with_row_index("_kind").with_columns(pl.col("_kind").cast(pl.Int64))
-    return _add_kinds(ops.select("name_id", "label"), codes, ["_kind"])["_kind"]
+    by_id, by_label = codes.filter(pl.col("name_id").is_not_null()), codes.filter(pl.col("name_id").is_null())
+    lo, hi = by_id["name_id"].min(), by_id["name_id"].max()
+    if (not isinstance(lo, int) or not isinstance(hi, int) or lo < 0 or hi >= _DENSE_IDS
+            or by_id["name_id"].is_duplicated().any()):
+        return _add_kinds(ops.select("name_id", "label"), codes, ["_kind"])["_kind"]
+    table = pl.Series([None] * (hi + 1), dtype=pl.Int64).scatter(by_id["name_id"], by_id["_kind"])
+    nid = pl.col("name_id")
+    out = ops.select(pl.when(nid.is_between(0, hi)).then(pl.lit(table).gather(nid.clip(0, hi))).alias("_kind"))
+    code = out["_kind"]
+    bare = ops.select(pl.arg_where(nid.is_null()).alias("_i"))["_i"]  # ops keyed by their label
+    if bare.len():
+        code = code.scatter(bare, ops["label"].gather(bare).replace_strict(by_label["label"], by_label["_kind"],
+                                                                            default=None))
+    return code
 
 
 def _gather_kinds(kinds: pl.DataFrame, cols: list[str]) -> list[pl.Expr]:
@@ -172,15 +191,18 @@ def process(source: ProcessSource, pid: int, ctx: ProcessContext) -> ProcessResu
         ops = ops.drop("device", "in_graph")
     # One lookup of each op's kind (name, communication family), a gather per column after.
     ops = ops.with_columns(_kind=_kind_codes(ops, ctx.kinds)).with_columns(_gather_kinds(ctx.kinds, ["comm"]))
+    if not ctx.keep_ops:  # the kind code stands for the name id and label now
+        ops = ops.drop("name_id", "label")
     tl = attribute.timeline(nested)  # who launched what, and the range open around a call: one timeline
     calls = attribute.launching_calls(ops, api, nested, tl)
-    ops = attribute.join_calls(ops, calls)
+    ops = attribute.join_calls(ops, calls if ctx.keep_ops else calls.drop("api_name_id"))
     # The CUDA graphs each range launched (a few pairs): a cycle's graphs name its batch shape without a payload.
     # One op per launch is enough (a launch's ops share its correlation id, range and graph): dropping each op
     # whose correlation id repeats the previous row's leaves a few rows to make unique, whatever the row order.
     new_launch = (pl.col("corr") != pl.col("corr").shift(1)).fill_null(True)
-    graphs = (ops.filter(pl.col("graph").is_not_null() & new_launch).select("range_id", "graph")
-              .filter(pl.col("range_id").is_not_null()).unique() if "graph" in ops.columns and ctx.graphs
+    graphs = (ops.lazy().select("corr", "range_id", "graph").filter(pl.col("graph").is_not_null() & new_launch)
+              .select("range_id", "graph").filter(pl.col("range_id").is_not_null()).unique().collect()
+              if "graph" in ops.columns and ctx.graphs
               else pl.DataFrame(schema={"range_id": pl.Int64, "graph": pl.Int32}))
     if not ctx.keep_ops:
         ops = ops.drop("graph", strict=False)
@@ -209,8 +231,9 @@ def process(source: ProcessSource, pid: int, ctx: ProcessContext) -> ProcessResu
         "unmatched_ops": int(ops["gtid"].null_count()),
     }
     # The rank goes on the few rows that keep it (communication kernels, kernel statistics), not on every op.
-    comm = (ops.filter((pl.col("kind") == "kernel") & pl.col("comm").is_not_null())
-            .with_columns(*_gather_kinds(ctx.kinds, ["name"]), rank=pl.lit(rank, pl.Int64)))
+    comm = (ops.lazy().filter((pl.col("kind") == "kernel") & pl.col("comm").is_not_null())
+            .select("kind", "range_id", "corr", "start", "end", "comm", "_kind")  # what comm_kernels reads
+            .with_columns(*_gather_kinds(ctx.kinds, ["name"]), rank=pl.lit(rank, pl.Int64)).collect())
     out = ProcessResult(facts, rk, _kernel_stats(ops, ctx.kinds, rank))
     if ctx.keep_ops:
         kept = [c for c in ops.columns if c != "_kind"]
@@ -241,8 +264,12 @@ def _with_graphs(inst: pl.DataFrame, graphs: pl.DataFrame, anc: pl.DataFrame) ->
     sorted ids joined by ``+`` (``"2+5"``); null when none."""
     if graphs.height == 0:
         return inst.with_columns(i_graphs=pl.lit(None, pl.String))
-    sig = (graphs.join(anc, on="range_id").select(range_id="anc", graph="graph").unique()
-           .group_by("range_id").agg(i_graphs=pl.col("graph").sort().cast(pl.String).str.join("+")))
+    pairs = graphs.join(anc, on="range_id").select(range_id="anc", graph="graph").unique()
+    pairs = pairs.join(pairs.group_by("range_id").agg(_n=pl.len()), on="range_id")
+    # Most instances launched one graph: its id as it is; only the others' ids are sorted and joined, per instance.
+    sig = pl.concat([pairs.filter(pl.col("_n") == 1).select("range_id", i_graphs=pl.col("graph").cast(pl.String)),
+                     pairs.filter(pl.col("_n") > 1).group_by("range_id")
+                     .agg(i_graphs=pl.col("graph").sort().cast(pl.String).str.join("+"))])
     return inst.join(sig, on="range_id", how="left", maintain_order="left")
 
 
@@ -274,9 +301,11 @@ def _kernel_stats(ops: pl.DataFrame, kinds: pl.DataFrame, rank: int | None) -> p
     One process (rank ``rank``): grouped on one integer key (range instance × kind of op: ``_kind``, see
     :func:`_kind_codes`), the names, process and rank added after; nothing per operation but that key."""
     n = max(kinds.height, 1)
-    per = (ops.group_by(key=pl.col("range_id") * n + pl.col("_kind"))
+    # Lazy: the four columns it reads projected first (an eager group-by of the wide frame takes twice as long).
+    per = (ops.lazy().filter(pl.col("range_id").is_not_null())
+           .group_by(key=pl.col("range_id") * n + pl.col("_kind"))
            .agg(count=pl.len(), kernel_ns=(pl.col("end") - pl.col("start")).sum())
-           .filter(pl.col("key").is_not_null()))
+           .filter(pl.col("key").is_not_null()).collect())
     names = kinds.select("name").with_row_index("_kind").with_columns(pl.col("_kind").cast(pl.Int64))
     per = per.with_columns(range_id=pl.col("key") // n, _kind=pl.col("key") % n).join(names, on="_kind", how="left")
     return (per.group_by("range_id", "name").agg(pl.col("count").sum().cast(pl.Int64), pl.col("kernel_ns").sum())
@@ -391,8 +420,15 @@ def _run(source: ProcessSource, ranges: str | None, comm_patterns: list[CommPatt
     # one at a time when a process has more than WORKER_ROWS ops (memory stays bounded by the largest one).
     biggest = max([*source.ops_rows.values(), 0])
     n = max(1, workers if biggest <= _WORKER_ROWS else 1)
-    with ThreadPoolExecutor(max_workers=n) as ex:
-        outs = list(ex.map(one, pids) if n > 1 else map(one, pids))
+    store_source = source if isinstance(source, StoreSource) else None
+    if store_source is not None:  # what it reads together (a columnar export: fewer scans of its files)
+        store_source.read_in_order(pids, n)
+    try:
+        with ThreadPoolExecutor(max_workers=n) as ex:
+            outs = list(ex.map(one, pids) if n > 1 else map(one, pids))
+    finally:
+        if store_source is not None:
+            store_source.read_in_order([], 0)
     bar.close()
     parts = _Parts.of(outs)
     del outs

@@ -226,15 +226,17 @@ def _time_keys(cand: pl.DataFrame, anc: pl.DataFrame, kern: pl.DataFrame, bound:
     cand = cand.join(ph_ids, on=_PHASE, how="left")
     ph = ["_ph"]
     # the first few collectives of each name in each instance are enough to pair and check it
-    inc = (kern.filter(pl.col("range_id").is_not_null() & (pl.col("j") < _ALIGN_KERNELS))
+    inc = (kern.lazy().filter(pl.col("range_id").is_not_null() & (pl.col("j") < _ALIGN_KERNELS))
            .select("range_id", "name", "start", "end")
-           .join(anc, on="range_id").drop("range_id").rename({"anc": "range_id"})
-           .join(cand.select("range_id", "rank", "_ph", _is="start"), on="range_id"))
-    io = (inc.select("range_id", "rank", *ph, "_is").unique("range_id").sort("_is", "range_id")
+           .join(anc.lazy(), on="range_id").drop("range_id").rename({"anc": "range_id"}).collect())
+    # The candidates with such kernels (each once), numbered in time order per rank and phase; each kernel then
+    # gets its instance's rank, phase, start and number, and its phase's reference rank, in one join.
+    io = (cand.select("range_id", "rank", *ph, _is="start")
+          .filter(pl.col("range_id").is_in(inc["range_id"].unique().implode())).sort("_is", "range_id")
           .with_columns(_o=pl.int_range(pl.len(), dtype=pl.Int64).over("rank", *ph)))
     ref = io.group_by(ph).agg(_ref=pl.col("rank").min(), _n=(pl.col("rank") == pl.col("rank").min()).sum())
-    inc = ordinal(inc.join(io.select("range_id", "_o"), on="range_id").join(ref, on=ph), "range_id", "name",
-                  "_j")
+    inc = ordinal(inc.join(io.join(ref, on=ph, how="left"), on="range_id", maintain_order="left"), "range_id",
+                  "name", "_j")
     is_ref = pl.col("rank") == pl.col("_ref")
     # Votes: each kernel of a sample of reference instances, for the offset to the instance of another
     # rank whose kernel of the same name ends nearest (within the bound).
@@ -251,9 +253,11 @@ def _time_keys(cand: pl.DataFrame, anc: pl.DataFrame, kern: pl.DataFrame, bound:
     offs = pl.concat([ref.select(*ph, rank="_ref", offset=pl.lit(0, pl.Int64)), off.select(*ph, "rank", pl.col("offset").cast(pl.Int64))])
     io = io.join(offs, on=[*ph, "rank"], how="left").with_columns(_a=pl.col("_o") - pl.col("offset"))
     # Check each paired instance: its collectives must end with the reference instance's.
-    paired = inc.join(io.select("range_id", "_a"), on="range_id")
+    # (every kernel's instance is in io: a lookup of its _a, not a join)
+    paired = inc.with_columns(_a=pl.col("range_id").replace_strict(io["range_id"], io["_a"], default=None))
     refk = paired.filter(is_ref).select(*ph, "_a", "name", "_j", _eref="end")
-    diff = (paired.filter(~is_ref).join(refk, on=[*ph, "_a", "name", "_j"])
+    (others, refk), on = _packed((paired.filter(~is_ref), refk), [*ph, "_a", "name", "_j"])
+    diff = (others.join(refk.select(*on, "_eref"), on=on).drop("_key", strict=False)
             .with_columns(_x=(pl.col("end") - pl.col("_eref")).abs()))
     io = io.join(_median_above(diff, "range_id", "_x", bound, "_far"), on="range_id", how="left").with_columns(
         _mis=pl.col("_a").is_null() | pl.col("_far").fill_null(False))
@@ -263,6 +267,31 @@ def _time_keys(cand: pl.DataFrame, anc: pl.DataFrame, kern: pl.DataFrame, bound:
                .filter(pl.col("_ranks") > 1).drop("_ranks").join(ph_ids, on="_ph").drop("_ph")
                .select(*_PHASE, pl.exclude(*_PHASE)).sort(*_PHASE, "rank"))
     return _TimeAlignment(io.select("range_id", "_a", "_mis"), offsets)
+
+
+def _packed(frames: tuple[pl.DataFrame, ...], cols: list[str]) -> tuple[tuple[pl.DataFrame, ...], list[str]]:
+    """The frames with ``_key``: their integer (or Categorical) columns ``cols`` as one integer, and ``["_key"]``
+    to join on (a join on one integer instead of several columns); the frames as they are and ``cols`` when a
+    column is of another type or the values do not pack into 62 bits. A null in any column makes the key null (it
+    matches nothing, as in a join on all of them)."""
+    if not all(f.schema[c].is_integer() or isinstance(f.schema[c], pl.Categorical | pl.Enum) for f in frames
+               for c in cols):  # (names as strings: merged reports)
+        return frames, cols
+    phys = [pl.col(c).to_physical().cast(pl.Int64) for c in cols]
+    ends = [f.select(*[e.min().alias(f"lo{i}") for i, e in enumerate(phys)],
+                     *[e.max().alias(f"hi{i}") for i, e in enumerate(phys)]).row(0) for f in frames]  # one pass each
+    n = len(cols)
+    lows = [min((r[i] for r in ends if r[i] is not None), default=0) for i in range(n)]
+    widths = [max((r[n + i] for r in ends if r[n + i] is not None), default=0) - lows[i] + 1 for i in range(n)]
+    total = 1
+    for w in widths:
+        total *= w
+    if total >= 2**62:
+        return frames, cols
+    key = pl.lit(0, pl.Int64)
+    for e, lo, w in zip(phys, lows, widths, strict=True):
+        key = key * w + (e - lo)
+    return tuple(f.with_columns(_key=key) for f in frames), ["_key"]
 
 
 def _median_above(df: pl.DataFrame, by: str, col: str, bound: int, out: str) -> pl.DataFrame:

@@ -239,28 +239,29 @@ def op_queries(r: ExportReader) -> list[tuple[str, str, Callable[[pl.DataFrame],
         name = "demangledName" if "demangledName" in r.columns(_KERNEL) else "shortName"
         q = common(_KERNEL).replace(" FROM", f", {name} AS name_id FROM")
         out.append((_KERNEL, q, lambda df: _finish_ops(
-            df.with_columns(kind=pl.lit("kernel"), label=pl.lit(None, pl.String)))))
+            df.with_columns(kind=pl.lit("kernel", OP_KIND), label=pl.lit(None, pl.String)))))
     if r.has(_MEMCPY, "start", "end", "correlationId", "globalPid"):
         q = common(_MEMCPY).replace(" FROM", ", copyKind AS copy_kind FROM")
 
         def memcpy(df: pl.DataFrame) -> pl.DataFrame:
             kinds = pl.col("copy_kind").cast(pl.Int64).replace_strict(_MEMCPY_KINDS, default="?",
                                                                       return_dtype=pl.String)
-            return _finish_ops(df.with_columns(kind=pl.lit("memcpy"), name_id=pl.lit(None, pl.Int64),
+            return _finish_ops(df.with_columns(kind=pl.lit("memcpy", OP_KIND), name_id=pl.lit(None, pl.Int64),
                                                label=pl.format("[CUDA memcpy {}]", kinds)).drop("copy_kind"))
 
         out.append((_MEMCPY, q, memcpy))
     if r.has(_MEMSET, "start", "end", "correlationId", "globalPid"):
         q = common(_MEMSET)
         out.append((_MEMSET, q, lambda df: _finish_ops(
-            df.with_columns(kind=pl.lit("memset"), name_id=pl.lit(None, pl.Int64), label=pl.lit("[CUDA memset]")))))
+            df.with_columns(kind=pl.lit("memset", OP_KIND), name_id=pl.lit(None, pl.Int64),
+                            label=pl.lit("[CUDA memset]")))))
     if r.has(_GRAPH_TRACE, "start", "end", "correlationId", "globalPid"):
         cols = r.columns(_GRAPH_TRACE)
         gid = "graphId" if "graphId" in cols else "NULL"
         exe = "graphExecId" if "graphExecId" in cols else gid
         q = common(_GRAPH_TRACE).replace(" FROM", f", {gid} AS graph_id, {exe} AS graph FROM")
         out.append((_GRAPH_TRACE, q, lambda df: _finish_ops(
-            df.with_columns(kind=pl.lit("graph"), name_id=pl.lit(None, pl.Int64),
+            df.with_columns(kind=pl.lit("graph", OP_KIND), name_id=pl.lit(None, pl.Int64),
                             label=pl.format("[CUDA graph {}]", pl.col("graph_id")),
                             device=pl.col("device") % _GRAPH_BITS // 2 * 2)  # a whole graph: no node
             .drop("graph_id"))))

@@ -14,7 +14,7 @@ for exports that keep it (nsys 2025.6 notes that row order is no longer guarante
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -122,11 +122,13 @@ class DirReader:
         except Exception as e:
             raise InputError(f"{self.path}: cannot read the export tables ({e})", "CORRUPT") from None
 
-    def process_rows(self, sql: str, column: str, pid: int) -> pl.LazyFrame:
-        """``sql`` over the tables cut to one process's rows: those whose ``column`` (``globalPid`` or
-        ``globalTid``) holds ``pid``, the cut made on the file's own column, so that polars decodes the other
-        columns of those rows only. Tables without ``column`` are whole; no ``rowid`` (the cut renumbers rows)."""
-        cut = ((pl.col(column) // _PID_UNIT) % _PID_UNIT) == pid
+    def process_rows(self, sql: str, column: str, pid: int | Sequence[int]) -> pl.LazyFrame:
+        """``sql`` over the tables cut to one process's rows (or several processes'): those whose ``column``
+        (``globalPid`` or ``globalTid``) holds ``pid`` (one of ``pid``), the cut made on the file's own column, so
+        that polars decodes the other columns of those rows only. Tables without ``column`` are whole; no ``rowid``
+        (the cut renumbers rows)."""
+        of = (pl.col(column) // _PID_UNIT) % _PID_UNIT
+        cut = of == pid if isinstance(pid, int) else pl.any_horizontal([of == p for p in pid])
         lfs = {t: _signed(self._raw[t].filter(cut)) if column in self._cols[t] else lf
                for t, lf in self._plain.items()}
         try:

@@ -100,6 +100,11 @@ class StoreSource:
         self.store_root = None if temporary else store.root
         self._first = store.api_first
 
+    def read_in_order(self, pids: list[int], workers: int) -> None:
+        """The order in which the processes' rows will be read, ``workers`` at a time
+        (:meth:`analyze.read.store.Store.read_in_order`); ``workers`` 0: that is over."""
+        self.store.read_in_order(pids, workers)
+
     def ops(self, pid: int, columns: tuple[str, ...] | None = None) -> pl.DataFrame:
         return self.store.read("ops", pid, columns)
 
