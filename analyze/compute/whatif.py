@@ -152,15 +152,6 @@ def _at2(arr: np.ndarray, ref: np.ndarray) -> np.ndarray:
     return np.where(ref >= 0, arr[rows, np.maximum(ref, 0)], np.nan)
 
 
-def _median_by(df: pl.DataFrame, col: str, ok: pl.Expr, keys: list[str]) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Medians of ``col`` over the rows where ``ok`` holds, per ``keys`` (e.g. rank and phase) and per
-    ``keys[0]`` (rank): the defaults where ``col`` was not observed."""
-    obs = df.filter(ok)
-    fine = obs.group_by(keys).agg(pl.col(col).median().alias(f"_{col}_1"))
-    coarse = obs.group_by(keys[:1]).agg(pl.col(col).median().alias(f"_{col}_2"))
-    return fine, coarse
-
-
 def _build_replay(res: Result) -> Replay:
     """The :class:`Replay` of an analysed trace (its cycles, phase instances and key host calls)."""
     empty = Replay(np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64), {}, [], np.zeros(0))
@@ -214,15 +205,17 @@ def _build_replay(res: Result) -> Replay:
                                return_latency_obs=pl.col("e") - pl.col("wait_end"),
                                own_time_obs=pl.col("e") - pl.col("s"))
     items = items.with_columns(key=pl.when("sync").then(pl.lit("sync")).otherwise("phase"))
-    defaults = {}
-    for col, ok in (("launch_latency_obs", pl.col("host_bound")), ("device_gap_obs", pl.col("gpu_bound")),
-                    ("return_latency_obs", pl.col("waited")),
-                    ("own_time_obs", pl.col("sync") & ~pl.col("waited"))):
-        fine, coarse = _median_by(items, col, ok, ["rank", "key"])
-        items = items.join(fine, on=["rank", "key"], how="left").join(coarse, on="rank", how="left")
-        items = items.with_columns(pl.coalesce(f"_{col}_1", f"_{col}_2", pl.lit(0.0)).alias(f"def_{col}"))
-        obs = items.filter(ok)[col]
-        defaults[col[:-4]] = to_float(obs.median()) if obs.len() else 0.0
+    # Each term's medians where it was observed, per rank and phase (else per rank, else 0): the defaults where it
+    # was not. The four terms in one group-by per level and one join each (each join copies every column of items).
+    observed = (("launch_latency_obs", pl.col("host_bound")), ("device_gap_obs", pl.col("gpu_bound")),
+                ("return_latency_obs", pl.col("waited")), ("own_time_obs", pl.col("sync") & ~pl.col("waited")))
+    fine = items.group_by("rank", "key").agg(pl.col(col).filter(ok).median().alias(f"_{col}_1") for col, ok in observed)
+    coarse = items.group_by("rank").agg(pl.col(col).filter(ok).median().alias(f"_{col}_2") for col, ok in observed)
+    items = (items.join(fine, on=["rank", "key"], how="left").join(coarse, on="rank", how="left")
+             .with_columns(pl.coalesce(f"_{col}_1", f"_{col}_2", pl.lit(0.0)).alias(f"def_{col}") for col, _ in observed))
+    overall = items.select(x for col, ok in observed for x in (ok.sum().alias(f"n{col}"),
+                                                                pl.col(col).filter(ok).median().alias(col))).row(0, named=True)
+    defaults = {col[:-4]: to_float(overall[col]) if overall[f"n{col}"] else 0.0 for col, _ in observed}
     items = items.with_columns(
         launch_latency=pl.when("host_bound").then("launch_latency_obs")
         .otherwise(pl.min_horizontal("def_launch_latency_obs", "launch_latency_obs")),
@@ -232,7 +225,9 @@ def _build_replay(res: Result) -> Replay:
         .otherwise(pl.min_horizontal("def_return_latency_obs", "return_latency_obs")),
         own_time=pl.when("waited").then(pl.min_horizontal("def_own_time_obs", "own_time_obs")).otherwise("own_time_obs"),
         w_off=(pl.col("wait_end") - pl.col("_wait_gpu_last")).fill_null(0),
-    )
+    ).select("rank", "s", "e", "sync", "unit", "ops", "graph", "wait_end", "wait_range_id", "gpu_span", "code", "pred",
+             "pred_gpu_last", "cyc", "phase", "pred_phase", "pred_cyc", "launch_latency", "device_gap",
+             "return_latency", "own_time", "w_off")  # what the windows need: the sorts and joins below copy less
     # Graph launches between two key calls (not the first launch of a phase) are part of the host's time
     # between them: node tracing's cost of each is taken off that time too.
     extra = (calls.filter(pl.col("graph") & ~pl.col("sync") & pl.col("unit").is_null())
