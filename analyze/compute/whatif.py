@@ -173,9 +173,8 @@ def _build_replay(res: Result) -> Replay:
     calls = calls.with_columns(unit=uid("unit"), wait_range_id=uid("wait_range_id"))
     inst = res.instances.with_columns(range_id=uid("range_id"), parent=uid("parent"))
     cyc_ids = cyc["range_id"].implode()
-    units = (inst.filter(pl.col("x_ops") > 0)
-             .select("rank", "gtid", "range_id", "parent", "range", gpu_first="x_first", gpu_last="x_last",
-                     gpu_span="x_span_ns")
+    units = (inst.select("rank", "gtid", "range_id", "parent", "range", "x_ops", gpu_first="x_first", gpu_last="x_last",
+                         gpu_span="x_span_ns").filter(pl.col("x_ops") > 0).drop("x_ops")  # narrow, then the rows
              .with_columns(phase=base_expr(),
                            cyc=pl.when(pl.col("range_id").is_in(cyc_ids)).then("range_id")
                            .when(pl.col("parent").is_in(cyc_ids)).then("parent"))
@@ -238,36 +237,51 @@ def _build_replay(res: Result) -> Replay:
                                        gap_launches=pl.len().cast(pl.Float64)))
     items = items.join(gaps, on=["rank", "s"], how="left").with_columns(pl.col("gap_nodes", "gap_launches").fill_null(0))
     # Windows: cycle n of a rank runs from the launch call of its first phase to that of cycle n + 1's.
-    first = (units.filter(pl.col("cyc").is_not_null()).sort("gpu_first").group_by("cyc")
+    first = (units.select("cyc", "range_id", "gpu_first").filter(pl.col("cyc").is_not_null()).sort("gpu_first")
+             .group_by("cyc")
              .agg(pl.col("range_id").first())
              .join(items.select("unit", "s"), left_on="range_id", right_on="unit")
              .join(cyc.select("rank", "n", cyc="range_id", period="period_ns"), on="cyc")
              .select("rank", "n", "cyc", "period", window_start="s").sort("rank", "n"))
+    del units, calls, inst  # done with
     first = first.with_columns(next_window_start=pl.col("window_start").shift(-1).over("rank"),
                                n_next=pl.col("n").shift(-1).over("rank"))
     win = first.filter(pl.col("period").is_not_null() & (pl.col("n_next") == pl.col("n") + 1)).with_row_index("w")
     bounds = win.select("rank", "w", "window_start", "next_window_start", wcyc="cyc").sort("window_start")
-    inside = (items.sort("s").join_asof(bounds,
-                                        left_on="s", right_on="window_start", by="rank", strategy="backward",
-                                        check_sortedness=False)
+    # The window of each key call (and the call that closes each window) worked out on three narrow columns, then
+    # the calls' columns gathered once, in the windows' order: sorting and joining all of them copied them thrice.
+    at = items.select("rank", "s", "unit").with_row_index("_i")
+    inside = (at.sort("s").join_asof(bounds, left_on="s", right_on="window_start", by="rank", strategy="backward",
+                                     check_sortedness=False)
               .filter(pl.col("w").is_not_null() & (pl.col("s") < pl.col("next_window_start"))))
-    closing = items.join(win.select("rank", "w", wcyc="cyc", s="next_window_start"), on=["rank", "s"]).filter(
+    closing = at.join(win.select("rank", "w", wcyc="cyc", s="next_window_start"), on=["rank", "s"]).filter(
         pl.col("unit").is_not_null())
-    in_window = inside.drop("window_start", "next_window_start")
-    long = pl.concat([in_window, closing.select(in_window.columns)], how="vertical_relaxed").sort("w", "s")
+    order = pl.concat([x.select("_i", "w", "wcyc", "s") for x in (inside, closing)], how="vertical_relaxed").sort("w", "s")
+    long = items[order["_i"]].with_columns(order["w"], order["wcyc"])
+    del items, at, inside, closing, order  # done with: freed before the slots are laid out
     long = long.with_columns(k=pl.int_range(pl.len()).over("w"))
-    slot_of = long.filter(pl.col("unit").is_not_null()).select("w", ref="unit", ref_k="k")
-    long = (long.join(slot_of.rename({"ref": "pred", "ref_k": "pred_k"}), on=["w", "pred"], how="left")
-            .join(slot_of.rename({"ref": "wait_range_id", "ref_k": "wait_k"}), on=["w", "wait_range_id"], how="left"))
-    labels = sorted(long.filter(pl.col("pred_cyc") == pl.col("wcyc"))
-                    .select(pl.format("{}→{}", "pred_phase", "phase")).unique().to_series().drop_nulls().to_list())
+    slot_of = long.select("w", "unit", "k").filter(pl.col("unit").is_not_null()).select("w", ref="unit", ref_k="k")
+    by_pred = slot_of.rename({"ref": "pred", "ref_k": "pred_k"})
+    by_wait = slot_of.rename({"ref": "wait_range_id", "ref_k": "wait_k"})
+    if slot_of.select(pl.struct("w", "ref").is_duplicated().any()).item():  # a unit twice in a window: rows repeat
+        long = (long.join(by_pred, on=["w", "pred"], how="left")
+                .join(by_wait, on=["w", "wait_range_id"], how="left"))
+    else:  # each row's slot looked up on the two key columns (a join of every column copied them all twice)
+        refs = long.select("w", "pred", "wait_range_id")
+        long = long.with_columns(
+            refs.join(by_pred, on=["w", "pred"], how="left", maintain_order="left")["pred_k"],
+            refs.join(by_wait, on=["w", "wait_range_id"], how="left", maintain_order="left")["wait_k"])
+    labels = sorted(long.select(pl.format("{}→{}", "pred_phase", "phase").filter(pl.col("pred_cyc") == pl.col("wcyc")))
+                    .unique().to_series().drop_nulls().to_list())
     long = long.with_columns(
         trans=pl.when((pl.col("cyc") == pl.col("wcyc")) & (pl.col("pred_cyc") == pl.col("wcyc"))
                       & pl.col("pred_k").is_not_null())
         .then(pl.format("{}→{}", "pred_phase", "phase").replace_strict(
             {lab: i for i, lab in enumerate(labels)}, default=-1, return_dtype=pl.Int64)).otherwise(-1),
         has_unit=pl.col("unit").is_not_null(), pred=pl.col("pred_k").fill_null(-1), wait=pl.col("wait_k").fill_null(-1),
-        w_ext=pl.col("wait_end") - pl.col("w_off"), nodes=pl.col("ops"), code=pl.col("code").fill_null(-1))
+        w_ext=pl.col("wait_end") - pl.col("w_off"), nodes=pl.col("ops"), code=pl.col("code").fill_null(-1)
+    ).select("w", "k", *_ITEM_COLS)
+    del slot_of
     n_w = win.height
     k_max = to_int(long["k"].max()) + 1 if long.height else 0
     arrays = {}
