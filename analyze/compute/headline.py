@@ -86,14 +86,16 @@ def _instances(res: Result) -> pl.DataFrame:
 
 def keys(res: Result) -> pl.DataFrame:
     """``rank, range_id`` of the steady instances with GPU work (ranks are unique across merged reports)."""
-    return memoised(res, "keys", lambda: instances_marked_steady(res).filter(pl.col("steady") & pl.col("rank").is_not_null())
-                    .select("rank", "range_id"))
+    return memoised(res, "keys", lambda: instances_marked_steady(res).select("rank", "range_id", "steady")
+                    .filter(pl.col("steady") & pl.col("rank").is_not_null()).select("rank", "range_id"))
 
 
 def matched(res: Result) -> pl.DataFrame:
     """The matched collectives (:func:`analyze.compute.collectives.match`) of steady phase instances."""
     def run():
-        m = res.memo.get("matched_counted")  # matched once by the analysis over the counted instances
+        # Matched once by the analysis over the counted instances; let go once narrowed to these cycles (200 MB at
+        # 10 M kernels): another cycle choice on this Result matches them again.
+        m = res.memo.pop("matched_counted", None)
         if m is None:
             k = res.comm_kernels
             m = collectives.match(collectives.with_group_ids(collectives.usable(k)))
@@ -104,10 +106,18 @@ def matched(res: Result) -> pl.DataFrame:
     return memoised(res, "matched", run)
 
 
+def _steady_instances(res: Result, prefix: str, *more: str) -> pl.DataFrame:
+    """The steady instances' ``rank, domain, range``, ``more`` and the metrics starting with ``prefix`` (``x_``:
+    exclusive, ``i_``: inclusive): chosen before the rows are, so that only those columns are copied."""
+    inst = instances_marked_steady(res)
+    cols = ["rank", "domain", "range", *more, *[c for c in inst.columns if c.startswith(prefix)]]
+    return inst.select(*cols, "steady").filter("steady").drop("steady")
+
+
 def steady_phases(res: Result) -> pl.DataFrame:
     """Per rank and phase over the steady state: sums, per-instance mean/p50/p90, the comm wait/transfer split."""
     def run():
-        p = breakdown.sum_phases(instances_marked_steady(res).filter("steady"))
+        p = breakdown.sum_phases(_steady_instances(res, "x_"))
         split = collectives.phase_split(matched(res)) if res.comm_kernels.height else None
         if split is None or split.height == 0:
             return p.with_columns(pl.lit(0, pl.Int64).alias(c) for c in collectives.SPLIT)
@@ -119,7 +129,7 @@ def steady_phases(res: Result) -> pl.DataFrame:
 def steady_phases_all_ranks(res: Result) -> pl.DataFrame:
     """Per phase over all ranks' steady instances: sums and per-instance mean/p50/p90 (``ranks`` = ranks with it)."""
     def run():
-        inst = instances_marked_steady(res).filter("steady")
+        inst = _steady_instances(res, "x_")
         p = breakdown.sum_phases(inst, by=())
         n = inst.filter(pl.col("x_ops") > 0).group_by("domain", range="range").agg(ranks=pl.col("rank").n_unique())
         return p.join(n.rename({"range": "phase"}), on=["domain", "phase"], how="left")
@@ -219,7 +229,7 @@ def straggler_verdict(res: Result) -> pl.DataFrame:
 
 def ranges(res: Result) -> pl.DataFrame:
     """NVIDIA-style inclusive projections (:func:`analyze.compute.breakdown.projections`) over the steady state."""
-    return memoised(res, "ranges", lambda: breakdown.projections(instances_marked_steady(res).filter("steady")))
+    return memoised(res, "ranges", lambda: breakdown.projections(_steady_instances(res, "i_", "start", "end")))
 
 
 def kernels(res: Result, top: int | None = None) -> pl.DataFrame:
