@@ -68,9 +68,10 @@ def _cycle_phases(res: Result) -> pl.DataFrame:
         "rank", "n", parent="range_id", tokens="tokens",
                                                                 accept_length="accept_length",
                                                                 batch_size="batch_size")
-    kids = res.instances.with_columns(phase=base_expr()).select("rank", "parent", "phase", "x_span_ns", "x_ops")
+    kids = (res.instances.select("rank", "parent", "range", "x_span_ns", "x_ops").filter(pl.col("x_ops") > 0)
+            .with_columns(phase=base_expr()).drop("range"))  # the phases with GPU work, named once each
     # on the rank too: range ids are unique per report only, and a merged result has several
-    return (c.join(kids, on=["rank", "parent"]).filter(pl.col("x_ops") > 0)
+    return (c.join(kids, on=["rank", "parent"])
             .group_by("rank", "n", "phase").agg(pl.col("x_span_ns").sum(), pl.col("tokens").first(),
                                                 pl.col("accept_length").first(), pl.col("batch_size").first()))
 
@@ -184,8 +185,10 @@ def _build_replay(res: Result) -> Replay:
                            pred_phase=pl.col("phase").shift(1).over("rank"), pred_cyc=pl.col("cyc").shift(1).over("rank")))
     code = {p: i for i, p in enumerate(_MODEL_PHASES)}
     units = units.with_columns(code=pl.col("phase").replace_strict(code, default=-1, return_dtype=pl.Int64))
-    threads = inst.filter(pl.col("range_id").is_in(cyc_ids)).select("rank", "gtid").unique()
-    items = (calls.filter(pl.col("sync") | pl.col("unit").is_not_null()).join(threads, on=["rank", "gtid"], how="semi")
+    threads = inst.select("rank", "gtid", "range_id").filter(pl.col("range_id").is_in(cyc_ids)).select("rank", "gtid").unique()
+    items = (calls.select("rank", "gtid", "name_id", "sync", "unit", "ops", "graph", "wait_end", "wait_range_id", "start",
+                          "end")  # the columns, then the rows (a filter copies every column it is given)
+             .filter(pl.col("sync") | pl.col("unit").is_not_null()).join(threads, on=["rank", "gtid"], how="semi")
              .select("rank", "name_id", "sync", "unit", "ops", "graph", "wait_end", "wait_range_id",
                      s="start", e="end")
              .join(units.select("range_id", "gpu_first", "gpu_last", "gpu_span", "code", "pred", "pred_gpu_last", "cyc", "phase",
@@ -229,7 +232,8 @@ def _build_replay(res: Result) -> Replay:
              "return_latency", "own_time", "w_off")  # what the windows need: the sorts and joins below copy less
     # Graph launches between two key calls (not the first launch of a phase) are part of the host's time
     # between them: node tracing's cost of each is taken off that time too.
-    extra = (calls.filter(pl.col("graph") & ~pl.col("sync") & pl.col("unit").is_null())
+    extra = (calls.select("rank", "gtid", "ops", "start", "graph", "sync", "unit")
+             .filter(pl.col("graph") & ~pl.col("sync") & pl.col("unit").is_null())
              .join(threads, on=["rank", "gtid"], how="semi").select("rank", "ops", t="start").sort("t"))
     gaps = (extra.join_asof(items.select("rank", "s").unique().sort("s"), left_on="t", right_on="s", by="rank",
                             strategy="forward", check_sortedness=False)
