@@ -278,10 +278,11 @@ def nccl_setting(res: Result, phase: str) -> NcclSetting | None:
     if res.kernels is None or res.kernels.height == 0:
         return None
     inst = res.instances.filter(pl.col("range") == phase).select("range_id")
-    k = (res.kernels.join(inst, on="range_id", how="semi").with_columns(pl.col("name").cast(pl.String))
+    # summed per name first: the names (a few dozen) are matched, not every kernel's row
+    k = (res.kernels.join(inst, on="range_id", how="semi").group_by("name").agg(pl.col("kernel_ns").sum())
+         .with_columns(pl.col("name").cast(pl.String))
          .with_columns(m=pl.col("name").str.extract_groups(NCCL_KERNEL))
-         .filter(pl.col("m").struct.field("2").is_not_null())
-         .group_by("name").agg(pl.col("kernel_ns").sum(), pl.col("m").first()).sort("kernel_ns", descending=True))
+         .filter(pl.col("m").struct.field("2").is_not_null()).sort("kernel_ns", descending=True))
     if k.height == 0:
         return None
     top = k.row(0, named=True)
@@ -570,11 +571,13 @@ def context(res: Result, model: Model | None = None) -> RuleContext:
         except InputError:
             model = None
     ncyc = headline.cycles_per_rank(res).rename({"cycles": "ncyc"})
-    return RuleContext(res=res, period_ns=float(summary(res).period_ns or 0.0), budget=headline.budget(res),
-                   phases=headline.steady_phases(res), seams=launch_timing(res), stragglers=headline.stragglers(res),
-                   info=selection(res), model=model, cycles=ncyc,
-                   untrusted=set(headline.matching(res).filter(~pl.col("trusted"))["phase"].to_list()),
-                   classes=anatomy.cycle_classes(res))
+    ctx = RuleContext(res=res, period_ns=float(summary(res).period_ns or 0.0), budget=headline.budget(res),
+                      phases=headline.steady_phases(res), seams=launch_timing(res), stragglers=headline.stragglers(res),
+                      info=selection(res), model=model, cycles=ncyc,
+                      untrusted=set(headline.matching(res).filter(~pl.col("trusted"))["phase"].to_list()),
+                      classes=anatomy.cycle_classes(res))
+    headline.let_go(res)  # every table made from the steady matched collectives is kept now
+    return ctx
 
 
 def find(res: Result, model: Model | None = None) -> list[Finding]:

@@ -25,7 +25,7 @@ from ..read import results
 from . import breakdown, collectives, host, windows
 from .tokens import base_expr, cycles, prefill_rows, summary
 
-__all__ = ["GAP", "memoised", "instances_marked_steady", "keys", "matched", "steady_phases",
+__all__ = ["GAP", "memoised", "instances_marked_steady", "keys", "matched", "let_go", "steady_phases",
            "steady_phases_all_ranks", "steady_seam_instances", "steady_seams", "steady_seams_all_ranks",
            "matching", "stragglers", "straggler_verdict", "ranges", "kernels", "cycles_per_rank",
            "main_cycles", "cycle_pieces", "budget", "steady_keys", "mean_budget"]
@@ -33,10 +33,13 @@ __all__ = ["GAP", "memoised", "instances_marked_steady", "keys", "matched", "ste
 GAP = "between cycles"
 
 
-def memoised(res: Result, name: str, fn):
+def memoised(res: Result, name: str, fn, kept: bool = True):
+    """``fn()``, once per result and cycle choice; ``kept``: also with the result in the cache
+    (:func:`analyze.read.results.derived`), else only in this process (an intermediate that the kept tables are
+    made from)."""
     key = (name, repr(sorted(res.cycle_choice.items())))
     if key not in res.memo:
-        res.memo[key] = results.derived(res, key, fn)
+        res.memo[key] = results.derived(res, key, fn) if kept else fn()
     return res.memo[key]
 
 
@@ -47,10 +50,12 @@ def _ids(inst: pl.DataFrame) -> list[str]:
 
 def instances_marked_steady(res: Result) -> pl.DataFrame:
     """``res.instances`` with ``steady`` (bool) and ``top`` (the range_id of its outermost selected range)."""
-    return memoised(res, "instances", lambda: _instances(res))
+    # Only the two columns are kept (with the result in the cache too): the instance frame is the Result's own.
+    return res.instances.with_columns(memoised(res, "steady_marks", lambda: _marks(res)).get_columns())
 
 
-def _instances(res: Result) -> pl.DataFrame:
+def _marks(res: Result) -> pl.DataFrame:
+    """``top, steady`` of each of ``res.instances`` (:func:`instances_marked_steady`), row for row."""
     inst = res.instances
     ids = _ids(inst)
     rep = ids[:-1]
@@ -67,7 +72,7 @@ def _instances(res: Result) -> pl.DataFrame:
     top = narrow.join(cur.select(*ids, "top"), on=ids, how="left", maintain_order="left")["top"]
     cyc = cycles(res)
     if cyc.height == 0:
-        return inst.with_columns(top=top, steady=pl.lit(True))
+        return pl.DataFrame({"top": top}).with_columns(steady=pl.lit(True))
     narrow = narrow.with_columns(top=top)
     flags = cyc.select("rank", top="range_id", _cyc=pl.col("steady"))
     env = (cyc.filter("steady").group_by("rank")
@@ -81,7 +86,7 @@ def _instances(res: Result) -> pl.DataFrame:
     steady = (pl.when(pl.col("_cyc").is_not_null()).then(pl.col("_cyc"))
               .when(pl.col("rank").is_null() | ~pl.col("_has")).then(True)
               .otherwise(inside.fill_null(False)))
-    return inst.with_columns(top=top, steady=narrow.select(steady=steady)["steady"])
+    return narrow.select(top="top", steady=steady)
 
 
 def keys(res: Result) -> pl.DataFrame:
@@ -101,9 +106,26 @@ def matched(res: Result) -> pl.DataFrame:
             m = collectives.match(collectives.with_group_ids(collectives.usable(k)))
         if m.height == 0:
             return m
-        (mk, ks), on = breakdown.one_key(m, keys(res))
-        return mk.join(ks.select(on), on=on, how="semi").drop("_key", strict=False)
-    return memoised(res, "matched", run)
+        (mk, ks), on = breakdown.one_key(m.select("rank", "range_id"), keys(res))
+        rows = mk.with_row_index("_i").join(ks.select(on), on=on, how="semi")["_i"]
+        del mk
+        # The steady rows gathered a column at a time, each counted column let go once gathered: the two frames
+        # (200 MB each at 10 M kernels) are never whole at once.
+        steady = {}
+        for c in m.columns:
+            steady[c] = m[c].gather(rows)
+            m = m.drop(c)
+        return pl.DataFrame(steady)
+    # Not kept in the cache (200 MB at 10 M kernels): the tables made from it are (phases' split, stragglers, the
+    # cycle classes), and a second command reads those.
+    return memoised(res, "matched", run, kept=False)
+
+
+def let_go(res: Result) -> None:
+    """Let go of :func:`matched` (200 MB at 10 M kernels) once the tables made from it are kept: the phases' comm
+    split, the stragglers and the collectives' matching (the findings' context asks for all of them, and for the
+    cycle classes, the other user). A later call matches the steady collectives again."""
+    res.memo.pop(("matched", repr(sorted(res.cycle_choice.items()))), None)
 
 
 def _steady_instances(res: Result, prefix: str, *more: str) -> pl.DataFrame:
@@ -240,13 +262,15 @@ def kernels(res: Result, top: int | None = None) -> pl.DataFrame:
         if k is None or k.height == 0:
             return pl.DataFrame(schema={"phase": pl.String, "name": pl.String, "count": pl.Int64,
                                         "kernel_ns": pl.Int64, "ranks": pl.UInt32})
-        names = res.instances.filter(pl.col("rank").is_not_null()).select("rank", "range_id", phase="range")
+        names = res.instances.select("rank", "range_id", phase="range").filter(pl.col("rank").is_not_null())
         (names, ks, k), on = breakdown.one_key(names, keys(res), k)
         steady = names.join(ks.select(on), on=on, how="semi")
-        return (k.join(steady.select(*on, "phase"), on=on)
+        # streamed: the join is summed as it is made, never whole (1.6 M rows at 10 M kernels); the sums are exact
+        # (integers) and the caller sorts the groups
+        return (k.lazy().join(steady.lazy().select(*on, "phase"), on=on)
                 .group_by("phase", "name").agg(pl.col("count").sum(), pl.col("kernel_ns").sum(),
                                                ranks=pl.col("rank").n_unique())
-                .with_columns(pl.col("name").cast(pl.String)))
+                .with_columns(pl.col("name").cast(pl.String)).collect(engine="streaming"))
     k = memoised(res, "kernels", run)
     n = max(_steady_cycles(res), 1)
     k = k.with_columns(per_cycle_ns=pl.col("kernel_ns") / n, count_per_cycle=pl.col("count") / n,
