@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = {n: getattr(res, n) for n in ("instances", "seam_instances", "comm_kernels", "kernels", "host_calls",
                                           "ops", "marks", "phases", "seams", "coverage")}
     d: dict = {}
+    part("findings (the what-if fit, the tables they ask for)", lambda: findings.find(res))
     part("to_dict", lambda: d.update(res.to_dict()))
     part("steady selection", lambda: selection(res))
     part("tokens summary", lambda: summary(res))
@@ -84,7 +85,6 @@ def main(argv: list[str] | None = None) -> int:
     part("segments", lambda: anatomy.segments(res))
     st = part("stragglers", lambda: headline.stragglers(res))
     part("straggler verdict", lambda: collectives.verdict(st) if st.height else None)
-    part("findings (the what-if fit among them)", lambda: findings.find(res))
     part("utilisation", lambda: utilisation.phases(res))
     doc = part("whole document again (from what the parts kept)", lambda: data.to_json(res))
     print(f"{Path(a.report).name}: md5 of the JSON document {hashlib.md5(doc.encode()).hexdigest()}")
