@@ -35,9 +35,9 @@ def document(res: Result, found: list[findings.Finding] | None = None) -> dict:
     and the rare stalls left out, with where their time sits), ``segments`` (per decode batch size),
     ``stragglers_steady`` (per phase and rank: the collective waiting each caused) and ``straggler`` (the one
     verdict per phase), ``findings``."""
-    # The findings first: their what-if fit is the document's biggest working set, and before the headline tables
-    # are kept it has the most room (10 M kernels: the cold command's peak 2.05 -> 1.5 GB); the tables they ask
-    # for are the document's own (memoised), so the order changes no number.
+    # The findings first: their what-if fit is the document's biggest working set and has the most room before the
+    # headline tables are kept, and their context lets go of the steady matched collectives (headline.let_go) before
+    # the rest of the document; the tables they ask for are the document's own (memoised): no number changes.
     if found is None:
         found = findings.find(res)
     d = res.to_dict()
