@@ -360,9 +360,9 @@ class Model:
     # the capture's excess over the run without a profiler at steps_now (whatif --unprofiled-log: calibrate), per
     # cycle: taken off every predicted period (None: not calibrated)
     calibration_ns: float | None = None
-    # Replay.run's arrays per (phase deltas, launch cut): predict, cycle and seams ask for the same replay
-    _runs: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False,
-                                                                         compare=False)
+    # Replay.run per (phase deltas, launch cut), reduced to what predict, cycle and seams ask of it (the windows'
+    # mean change of period, each seam's median, the within-cycle seams' median): not its per-window arrays
+    _runs: dict[tuple, tuple[float, dict[str, float], float]] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def _cut(self) -> tuple[float, int]:
@@ -407,13 +407,20 @@ class Model:
         k = self.expected_accepted(steps)
         return None if k is None or self.batch_size is None else self.batch_size * (1 + k)
 
-    def _replayed(self, steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """:meth:`Replay.run` at ``steps`` (kept: predict, cycle and seams ask for the same replay)."""
+    def _replayed(self, steps: int) -> tuple[float, dict[str, float], float]:
+        """:meth:`Replay.run` at ``steps`` reduced (kept: predict, cycle and seams ask for the same replay): the
+        replayed windows' mean change of period, each seam's median GPU idle, the median of the seams' sum."""
         key = (tuple(sorted(self.deltas(steps).items())), self._cut)
         if key not in self._runs:
-            if self.replay is None:
+            r = self.replay
+            if r is None:
                 raise ValueError("a Model without its Replay cannot predict (fit builds both)")
-            self._runs[key] = self.replay.run(dict(key[0]), self._cut)
+            period, seams, gap = r.run(dict(key[0]), self._cut)
+            tr = r.a["trans"] if r.windows else np.zeros((0, 0), np.int64)
+            self._runs[key] = (float(np.mean(period - r.period)) if r.windows else 0.0,
+                               {lab: float(np.median(np.maximum(gap[tr == i], 0.0))) for i, lab in enumerate(r.labels)
+                                if (tr == i).any()},
+                               float(np.median(seams)) if r.windows else 0.0)
         return self._runs[key]
 
     def cycle(self, steps: int) -> float:
@@ -422,21 +429,18 @@ class Model:
             return self.period_ns + sum(self.deltas(steps).values())
         # The replayed windows' mean change, on the measured period (a window runs from one cycle's first GPU
         # op to the next's; the period, tokens.DEFINITION, from the previous cycle's last op to its own).
-        p = self._replayed(steps)[0]
-        return self.period_ns + float(np.mean(p - self.replay.period))
+        return self.period_ns + self._replayed(steps)[0]
 
     def seams(self, steps: int) -> dict[str, float]:
         """Predicted GPU idle of each seam inside a cycle (median over cycles and ranks)."""
         if self.replay is None or self.replay.windows == 0:
             return {}
-        gap, tr = self._replayed(steps)[2], self.replay.a["trans"]
-        return {lab: float(np.median(np.maximum(gap[tr == i], 0.0))) for i, lab in enumerate(self.replay.labels)
-                if (tr == i).any()}
+        return dict(self._replayed(steps)[1])
 
     def seams_total(self, steps: int) -> float:
         if self.replay is None or self.replay.windows == 0:
             return 0.0
-        return float(np.median(self._replayed(steps)[1]))
+        return self._replayed(steps)[2]
 
     def predict(self, steps: int) -> dict:
         s0 = self.steps_now
