@@ -330,7 +330,10 @@ def _pieces(res: Result) -> pl.DataFrame:
         return pl.DataFrame(schema=_PIECE_SCHEMA)
     cyc_e = c.select("rank", "key", cycle_id="range_id", cycle_range="range", cycle_first="i_first",
                      cycle_last="i_last", lead_ns="lead_ns", prefill_ns="prefill_ns")
-    inst_e = res.instances.filter((pl.col("i_ops") > 0) & pl.col("rank").is_not_null())
+    # the columns the pieces and prefill_rows use, then the rows (a filter copies every column it is given)
+    inst_e = (res.instances.select("rank", "range_id", "parent", "range", "start", "i_ops", "i_first", "i_last",
+                                   "i_span_ns", "i_busy_ns", "i_comm_ns", "i_idle_ns", "i_gpu_idle_ns")
+              .filter((pl.col("i_ops") > 0) & pl.col("rank").is_not_null()))
     # a handful of prefills, each on the cycle that ran next (a rank's first cycle has no period: its prefill
     # is no piece)
     pre = prefill_rows(inst_e, cycles(res)).join(cyc_e.select("rank", "cycle_id"), on=["rank", "cycle_id"],
