@@ -278,10 +278,11 @@ def nccl_setting(res: Result, phase: str) -> NcclSetting | None:
     if res.kernels is None or res.kernels.height == 0:
         return None
     inst = res.instances.filter(pl.col("range") == phase).select("range_id")
-    k = (res.kernels.join(inst, on="range_id", how="semi").with_columns(pl.col("name").cast(pl.String))
+    # summed per name first: the names (a few dozen) are matched, not every kernel's row
+    k = (res.kernels.join(inst, on="range_id", how="semi").group_by("name").agg(pl.col("kernel_ns").sum())
+         .with_columns(pl.col("name").cast(pl.String))
          .with_columns(m=pl.col("name").str.extract_groups(NCCL_KERNEL))
-         .filter(pl.col("m").struct.field("2").is_not_null())
-         .group_by("name").agg(pl.col("kernel_ns").sum(), pl.col("m").first()).sort("kernel_ns", descending=True))
+         .filter(pl.col("m").struct.field("2").is_not_null()).sort("kernel_ns", descending=True))
     if k.height == 0:
         return None
     top = k.row(0, named=True)
@@ -562,6 +563,13 @@ def severity(share: float) -> str:
 def context(res: Result, model: Model | None = None) -> RuleContext:
     """The rules' inputs for one analysed trace (``model``: a fitted what-if model, else one is tried, with its
     per-segment models when the run has several batch sizes)."""
+    ncyc = headline.cycles_per_rank(res).rename({"cycles": "ncyc"})
+    budget, phases, seams = headline.budget(res), headline.steady_phases(res), launch_timing(res)
+    stragglers, classes = headline.stragglers(res), anatomy.cycle_classes(res)
+    untrusted = set(headline.matching(res).filter(~pl.col("trusted"))["phase"].to_list())
+    # Every table made from the steady matched collectives is kept now: they go before the what-if fit, the
+    # biggest working set here (memoised functions all: the order changes no number).
+    headline.let_go(res)
     if model is None:
         from . import whatif
 
@@ -569,12 +577,9 @@ def context(res: Result, model: Model | None = None) -> RuleContext:
             model = whatif.fitted(res)
         except InputError:
             model = None
-    ncyc = headline.cycles_per_rank(res).rename({"cycles": "ncyc"})
-    return RuleContext(res=res, period_ns=float(summary(res).period_ns or 0.0), budget=headline.budget(res),
-                   phases=headline.steady_phases(res), seams=launch_timing(res), stragglers=headline.stragglers(res),
-                   info=selection(res), model=model, cycles=ncyc,
-                   untrusted=set(headline.matching(res).filter(~pl.col("trusted"))["phase"].to_list()),
-                   classes=anatomy.cycle_classes(res))
+    return RuleContext(res=res, period_ns=float(summary(res).period_ns or 0.0), budget=budget, phases=phases,
+                       seams=seams, stragglers=stragglers, info=selection(res), model=model, cycles=ncyc,
+                       untrusted=untrusted, classes=classes)
 
 
 def find(res: Result, model: Model | None = None) -> list[Finding]:

@@ -25,7 +25,7 @@ from ..read import results
 from . import breakdown, collectives, host, windows
 from .tokens import base_expr, cycles, prefill_rows, summary
 
-__all__ = ["GAP", "memoised", "instances_marked_steady", "keys", "matched", "steady_phases",
+__all__ = ["GAP", "memoised", "instances_marked_steady", "keys", "matched", "let_go", "steady_phases",
            "steady_phases_all_ranks", "steady_seam_instances", "steady_seams", "steady_seams_all_ranks",
            "matching", "stragglers", "straggler_verdict", "ranges", "kernels", "cycles_per_rank",
            "main_cycles", "cycle_pieces", "budget", "steady_keys", "mean_budget"]
@@ -33,10 +33,13 @@ __all__ = ["GAP", "memoised", "instances_marked_steady", "keys", "matched", "ste
 GAP = "between cycles"
 
 
-def memoised(res: Result, name: str, fn):
+def memoised(res: Result, name: str, fn, kept: bool = True):
+    """``fn()``, once per result and cycle choice; ``kept``: also with the result in the cache
+    (:func:`analyze.read.results.derived`), else only in this process (an intermediate that the kept tables are
+    made from)."""
     key = (name, repr(sorted(res.cycle_choice.items())))
     if key not in res.memo:
-        res.memo[key] = results.derived(res, key, fn)
+        res.memo[key] = results.derived(res, key, fn) if kept else fn()
     return res.memo[key]
 
 
@@ -47,10 +50,12 @@ def _ids(inst: pl.DataFrame) -> list[str]:
 
 def instances_marked_steady(res: Result) -> pl.DataFrame:
     """``res.instances`` with ``steady`` (bool) and ``top`` (the range_id of its outermost selected range)."""
-    return memoised(res, "instances", lambda: _instances(res))
+    # Only the two columns are kept (with the result in the cache too): the instance frame is the Result's own.
+    return res.instances.with_columns(memoised(res, "steady_marks", lambda: _marks(res)).get_columns())
 
 
-def _instances(res: Result) -> pl.DataFrame:
+def _marks(res: Result) -> pl.DataFrame:
+    """``top, steady`` of each of ``res.instances`` (:func:`instances_marked_steady`), row for row."""
     inst = res.instances
     ids = _ids(inst)
     rep = ids[:-1]
@@ -67,7 +72,7 @@ def _instances(res: Result) -> pl.DataFrame:
     top = narrow.join(cur.select(*ids, "top"), on=ids, how="left", maintain_order="left")["top"]
     cyc = cycles(res)
     if cyc.height == 0:
-        return inst.with_columns(top=top, steady=pl.lit(True))
+        return pl.DataFrame({"top": top}).with_columns(steady=pl.lit(True))
     narrow = narrow.with_columns(top=top)
     flags = cyc.select("rank", top="range_id", _cyc=pl.col("steady"))
     env = (cyc.filter("steady").group_by("rank")
@@ -81,33 +86,60 @@ def _instances(res: Result) -> pl.DataFrame:
     steady = (pl.when(pl.col("_cyc").is_not_null()).then(pl.col("_cyc"))
               .when(pl.col("rank").is_null() | ~pl.col("_has")).then(True)
               .otherwise(inside.fill_null(False)))
-    return inst.with_columns(top=top, steady=narrow.select(steady=steady)["steady"])
+    return narrow.select(top="top", steady=steady)
 
 
 def keys(res: Result) -> pl.DataFrame:
     """``rank, range_id`` of the steady instances with GPU work (ranks are unique across merged reports)."""
-    return memoised(res, "keys", lambda: instances_marked_steady(res).filter(pl.col("steady") & pl.col("rank").is_not_null())
-                    .select("rank", "range_id"))
+    return memoised(res, "keys", lambda: instances_marked_steady(res).select("rank", "range_id", "steady")
+                    .filter(pl.col("steady") & pl.col("rank").is_not_null()).select("rank", "range_id"))
 
 
 def matched(res: Result) -> pl.DataFrame:
     """The matched collectives (:func:`analyze.compute.collectives.match`) of steady phase instances."""
     def run():
-        m = res.memo.get("matched_counted")  # matched once by the analysis over the counted instances
+        # Matched once by the analysis over the counted instances; let go once narrowed to these cycles (200 MB at
+        # 10 M kernels): another cycle choice on this Result matches them again.
+        m = res.memo.pop("matched_counted", None)
         if m is None:
             k = res.comm_kernels
             m = collectives.match(collectives.with_group_ids(collectives.usable(k)))
         if m.height == 0:
             return m
-        (mk, ks), on = breakdown.one_key(m, keys(res))
-        return mk.join(ks.select(on), on=on, how="semi").drop("_key", strict=False)
-    return memoised(res, "matched", run)
+        (mk, ks), on = breakdown.one_key(m.select("rank", "range_id"), keys(res))
+        rows = mk.with_row_index("_i").join(ks.select(on), on=on, how="semi")["_i"]
+        del mk
+        # The steady rows gathered a column at a time, each counted column let go once gathered: the two frames
+        # (200 MB each at 10 M kernels) are never whole at once.
+        steady = {}
+        for c in m.columns:
+            steady[c] = m[c].gather(rows)
+            m = m.drop(c)
+        return pl.DataFrame(steady)
+    # Not kept in the cache (200 MB at 10 M kernels): the tables made from it are (phases' split, stragglers, the
+    # cycle classes), and a second command reads those.
+    return memoised(res, "matched", run, kept=False)
+
+
+def let_go(res: Result) -> None:
+    """Let go of :func:`matched` (200 MB at 10 M kernels) once the tables made from it are kept: the phases' comm
+    split, the stragglers and the collectives' matching (the findings' context asks for all of them, and for the
+    cycle classes, the other user). A later call matches the steady collectives again."""
+    res.memo.pop(("matched", repr(sorted(res.cycle_choice.items()))), None)
+
+
+def _steady_instances(res: Result, prefix: str, *more: str) -> pl.DataFrame:
+    """The steady instances' ``rank, domain, range``, ``more`` and the metrics starting with ``prefix`` (``x_``:
+    exclusive, ``i_``: inclusive): chosen before the rows are, so that only those columns are copied."""
+    inst = instances_marked_steady(res)
+    cols = ["rank", "domain", "range", *more, *[c for c in inst.columns if c.startswith(prefix)]]
+    return inst.select(*cols, "steady").filter("steady").drop("steady")
 
 
 def steady_phases(res: Result) -> pl.DataFrame:
     """Per rank and phase over the steady state: sums, per-instance mean/p50/p90, the comm wait/transfer split."""
     def run():
-        p = breakdown.sum_phases(instances_marked_steady(res).filter("steady"))
+        p = breakdown.sum_phases(_steady_instances(res, "x_"))
         split = collectives.phase_split(matched(res)) if res.comm_kernels.height else None
         if split is None or split.height == 0:
             return p.with_columns(pl.lit(0, pl.Int64).alias(c) for c in collectives.SPLIT)
@@ -119,7 +151,7 @@ def steady_phases(res: Result) -> pl.DataFrame:
 def steady_phases_all_ranks(res: Result) -> pl.DataFrame:
     """Per phase over all ranks' steady instances: sums and per-instance mean/p50/p90 (``ranks`` = ranks with it)."""
     def run():
-        inst = instances_marked_steady(res).filter("steady")
+        inst = _steady_instances(res, "x_")
         p = breakdown.sum_phases(inst, by=())
         n = inst.filter(pl.col("x_ops") > 0).group_by("domain", range="range").agg(ranks=pl.col("rank").n_unique())
         return p.join(n.rename({"range": "phase"}), on=["domain", "phase"], how="left")
@@ -219,7 +251,7 @@ def straggler_verdict(res: Result) -> pl.DataFrame:
 
 def ranges(res: Result) -> pl.DataFrame:
     """NVIDIA-style inclusive projections (:func:`analyze.compute.breakdown.projections`) over the steady state."""
-    return memoised(res, "ranges", lambda: breakdown.projections(instances_marked_steady(res).filter("steady")))
+    return memoised(res, "ranges", lambda: breakdown.projections(_steady_instances(res, "i_", "start", "end")))
 
 
 def kernels(res: Result, top: int | None = None) -> pl.DataFrame:
@@ -230,13 +262,15 @@ def kernels(res: Result, top: int | None = None) -> pl.DataFrame:
         if k is None or k.height == 0:
             return pl.DataFrame(schema={"phase": pl.String, "name": pl.String, "count": pl.Int64,
                                         "kernel_ns": pl.Int64, "ranks": pl.UInt32})
-        names = res.instances.filter(pl.col("rank").is_not_null()).select("rank", "range_id", phase="range")
+        names = res.instances.select("rank", "range_id", phase="range").filter(pl.col("rank").is_not_null())
         (names, ks, k), on = breakdown.one_key(names, keys(res), k)
         steady = names.join(ks.select(on), on=on, how="semi")
-        return (k.join(steady.select(*on, "phase"), on=on)
+        # streamed: the join is summed as it is made, never whole (1.6 M rows at 10 M kernels); the sums are exact
+        # (integers) and the caller sorts the groups
+        return (k.lazy().join(steady.lazy().select(*on, "phase"), on=on)
                 .group_by("phase", "name").agg(pl.col("count").sum(), pl.col("kernel_ns").sum(),
                                                ranks=pl.col("rank").n_unique())
-                .with_columns(pl.col("name").cast(pl.String)))
+                .with_columns(pl.col("name").cast(pl.String)).collect(engine="streaming"))
     k = memoised(res, "kernels", run)
     n = max(_steady_cycles(res), 1)
     k = k.with_columns(per_cycle_ns=pl.col("kernel_ns") / n, count_per_cycle=pl.col("count") / n,
@@ -296,7 +330,10 @@ def _pieces(res: Result) -> pl.DataFrame:
         return pl.DataFrame(schema=_PIECE_SCHEMA)
     cyc_e = c.select("rank", "key", cycle_id="range_id", cycle_range="range", cycle_first="i_first",
                      cycle_last="i_last", lead_ns="lead_ns", prefill_ns="prefill_ns")
-    inst_e = res.instances.filter((pl.col("i_ops") > 0) & pl.col("rank").is_not_null())
+    # the columns the pieces and prefill_rows use, then the rows (a filter copies every column it is given)
+    inst_e = (res.instances.select("rank", "range_id", "parent", "range", "start", "i_ops", "i_first", "i_last",
+                                   "i_span_ns", "i_busy_ns", "i_comm_ns", "i_idle_ns", "i_gpu_idle_ns")
+              .filter((pl.col("i_ops") > 0) & pl.col("rank").is_not_null()))
     # a handful of prefills, each on the cycle that ran next (a rank's first cycle has no period: its prefill
     # is no piece)
     pre = prefill_rows(inst_e, cycles(res)).join(cyc_e.select("rank", "cycle_id"), on=["rank", "cycle_id"],

@@ -69,9 +69,10 @@ def _cycle_phases(res: Result) -> pl.DataFrame:
         "rank", "n", parent="range_id", tokens="tokens",
                                                                 accept_length="accept_length",
                                                                 batch_size="batch_size")
-    kids = res.instances.with_columns(phase=base_expr()).select("rank", "parent", "phase", "x_span_ns", "x_ops")
+    kids = (res.instances.select("rank", "parent", "range", "x_span_ns", "x_ops").filter(pl.col("x_ops") > 0)
+            .with_columns(phase=base_expr()).drop("range"))  # the phases with GPU work, named once each
     # on the rank too: range ids are unique per report only, and a merged result has several
-    return (c.join(kids, on=["rank", "parent"]).filter(pl.col("x_ops") > 0)
+    return (c.join(kids, on=["rank", "parent"])
             .group_by("rank", "n", "phase").agg(pl.col("x_span_ns").sum(), pl.col("tokens").first(),
                                                 pl.col("accept_length").first(), pl.col("batch_size").first()))
 
@@ -153,15 +154,6 @@ def _at2(arr: np.ndarray, ref: np.ndarray) -> np.ndarray:
     return np.where(ref >= 0, arr[rows, np.maximum(ref, 0)], np.nan)
 
 
-def _median_by(df: pl.DataFrame, col: str, ok: pl.Expr, keys: list[str]) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Medians of ``col`` over the rows where ``ok`` holds, per ``keys`` (e.g. rank and phase) and per
-    ``keys[0]`` (rank): the defaults where ``col`` was not observed."""
-    obs = df.filter(ok)
-    fine = obs.group_by(keys).agg(pl.col(col).median().alias(f"_{col}_1"))
-    coarse = obs.group_by(keys[:1]).agg(pl.col(col).median().alias(f"_{col}_2"))
-    return fine, coarse
-
-
 def _build_replay(res: Result) -> Replay:
     """The :class:`Replay` of an analysed trace (its cycles, phase instances and key host calls)."""
     empty = Replay(np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64), {}, [], np.zeros(0))
@@ -183,9 +175,8 @@ def _build_replay(res: Result) -> Replay:
     calls = calls.with_columns(unit=uid("unit"), wait_range_id=uid("wait_range_id"))
     inst = res.instances.with_columns(range_id=uid("range_id"), parent=uid("parent"))
     cyc_ids = cyc["range_id"].implode()
-    units = (inst.filter(pl.col("x_ops") > 0)
-             .select("rank", "gtid", "range_id", "parent", "range", gpu_first="x_first", gpu_last="x_last",
-                     gpu_span="x_span_ns")
+    units = (inst.select("rank", "gtid", "range_id", "parent", "range", "x_ops", gpu_first="x_first", gpu_last="x_last",
+                         gpu_span="x_span_ns").filter(pl.col("x_ops") > 0).drop("x_ops")  # narrow, then the rows
              .with_columns(phase=base_expr(),
                            cyc=pl.when(pl.col("range_id").is_in(cyc_ids)).then("range_id")
                            .when(pl.col("parent").is_in(cyc_ids)).then("parent"))
@@ -195,8 +186,10 @@ def _build_replay(res: Result) -> Replay:
                            pred_phase=pl.col("phase").shift(1).over("rank"), pred_cyc=pl.col("cyc").shift(1).over("rank")))
     code = {p: i for i, p in enumerate(_MODEL_PHASES)}
     units = units.with_columns(code=pl.col("phase").replace_strict(code, default=-1, return_dtype=pl.Int64))
-    threads = inst.filter(pl.col("range_id").is_in(cyc_ids)).select("rank", "gtid").unique()
-    items = (calls.filter(pl.col("sync") | pl.col("unit").is_not_null()).join(threads, on=["rank", "gtid"], how="semi")
+    threads = inst.select("rank", "gtid", "range_id").filter(pl.col("range_id").is_in(cyc_ids)).select("rank", "gtid").unique()
+    items = (calls.select("rank", "gtid", "name_id", "sync", "unit", "ops", "graph", "wait_end", "wait_range_id", "start",
+                          "end")  # the columns, then the rows (a filter copies every column it is given)
+             .filter(pl.col("sync") | pl.col("unit").is_not_null()).join(threads, on=["rank", "gtid"], how="semi")
              .select("rank", "name_id", "sync", "unit", "ops", "graph", "wait_end", "wait_range_id",
                      s="start", e="end")
              .join(units.select("range_id", "gpu_first", "gpu_last", "gpu_span", "code", "pred", "pred_gpu_last", "cyc", "phase",
@@ -215,15 +208,17 @@ def _build_replay(res: Result) -> Replay:
                                return_latency_obs=pl.col("e") - pl.col("wait_end"),
                                own_time_obs=pl.col("e") - pl.col("s"))
     items = items.with_columns(key=pl.when("sync").then(pl.lit("sync")).otherwise("phase"))
-    defaults = {}
-    for col, ok in (("launch_latency_obs", pl.col("host_bound")), ("device_gap_obs", pl.col("gpu_bound")),
-                    ("return_latency_obs", pl.col("waited")),
-                    ("own_time_obs", pl.col("sync") & ~pl.col("waited"))):
-        fine, coarse = _median_by(items, col, ok, ["rank", "key"])
-        items = items.join(fine, on=["rank", "key"], how="left").join(coarse, on="rank", how="left")
-        items = items.with_columns(pl.coalesce(f"_{col}_1", f"_{col}_2", pl.lit(0.0)).alias(f"def_{col}"))
-        obs = items.filter(ok)[col]
-        defaults[col[:-4]] = to_float(obs.median()) if obs.len() else 0.0
+    # Each term's medians where it was observed, per rank and phase (else per rank, else 0): the defaults where it
+    # was not. The four terms in one group-by per level and one join each (each join copies every column of items).
+    observed = (("launch_latency_obs", pl.col("host_bound")), ("device_gap_obs", pl.col("gpu_bound")),
+                ("return_latency_obs", pl.col("waited")), ("own_time_obs", pl.col("sync") & ~pl.col("waited")))
+    fine = items.group_by("rank", "key").agg(pl.col(col).filter(ok).median().alias(f"_{col}_1") for col, ok in observed)
+    coarse = items.group_by("rank").agg(pl.col(col).filter(ok).median().alias(f"_{col}_2") for col, ok in observed)
+    items = (items.join(fine, on=["rank", "key"], how="left").join(coarse, on="rank", how="left")
+             .with_columns(pl.coalesce(f"_{col}_1", f"_{col}_2", pl.lit(0.0)).alias(f"def_{col}") for col, _ in observed))
+    overall = items.select(x for col, ok in observed for x in (ok.sum().alias(f"n{col}"),
+                                                                pl.col(col).filter(ok).median().alias(col))).row(0, named=True)
+    defaults = {col[:-4]: to_float(overall[col]) if overall[f"n{col}"] else 0.0 for col, _ in observed}
     items = items.with_columns(
         launch_latency=pl.when("host_bound").then("launch_latency_obs")
         .otherwise(pl.min_horizontal("def_launch_latency_obs", "launch_latency_obs")),
@@ -233,10 +228,13 @@ def _build_replay(res: Result) -> Replay:
         .otherwise(pl.min_horizontal("def_return_latency_obs", "return_latency_obs")),
         own_time=pl.when("waited").then(pl.min_horizontal("def_own_time_obs", "own_time_obs")).otherwise("own_time_obs"),
         w_off=(pl.col("wait_end") - pl.col("_wait_gpu_last")).fill_null(0),
-    )
+    ).select("rank", "s", "e", "sync", "unit", "ops", "graph", "wait_end", "wait_range_id", "gpu_span", "code", "pred",
+             "pred_gpu_last", "cyc", "phase", "pred_phase", "pred_cyc", "launch_latency", "device_gap",
+             "return_latency", "own_time", "w_off")  # what the windows need: the sorts and joins below copy less
     # Graph launches between two key calls (not the first launch of a phase) are part of the host's time
     # between them: node tracing's cost of each is taken off that time too.
-    extra = (calls.filter(pl.col("graph") & ~pl.col("sync") & pl.col("unit").is_null())
+    extra = (calls.select("rank", "gtid", "ops", "start", "graph", "sync", "unit")
+             .filter(pl.col("graph") & ~pl.col("sync") & pl.col("unit").is_null())
              .join(threads, on=["rank", "gtid"], how="semi").select("rank", "ops", t="start").sort("t"))
     gaps = (extra.join_asof(items.select("rank", "s").unique().sort("s"), left_on="t", right_on="s", by="rank",
                             strategy="forward", check_sortedness=False)
@@ -244,36 +242,51 @@ def _build_replay(res: Result) -> Replay:
                                        gap_launches=pl.len().cast(pl.Float64)))
     items = items.join(gaps, on=["rank", "s"], how="left").with_columns(pl.col("gap_nodes", "gap_launches").fill_null(0))
     # Windows: cycle n of a rank runs from the launch call of its first phase to that of cycle n + 1's.
-    first = (units.filter(pl.col("cyc").is_not_null()).sort("gpu_first").group_by("cyc")
+    first = (units.select("cyc", "range_id", "gpu_first").filter(pl.col("cyc").is_not_null()).sort("gpu_first")
+             .group_by("cyc")
              .agg(pl.col("range_id").first())
              .join(items.select("unit", "s"), left_on="range_id", right_on="unit")
              .join(cyc.select("rank", "n", cyc="range_id", period="period_ns"), on="cyc")
              .select("rank", "n", "cyc", "period", window_start="s").sort("rank", "n"))
+    del units, calls, inst  # done with
     first = first.with_columns(next_window_start=pl.col("window_start").shift(-1).over("rank"),
                                n_next=pl.col("n").shift(-1).over("rank"))
     win = first.filter(pl.col("period").is_not_null() & (pl.col("n_next") == pl.col("n") + 1)).with_row_index("w")
     bounds = win.select("rank", "w", "window_start", "next_window_start", wcyc="cyc").sort("window_start")
-    inside = (items.sort("s").join_asof(bounds,
-                                        left_on="s", right_on="window_start", by="rank", strategy="backward",
-                                        check_sortedness=False)
+    # The window of each key call (and the call that closes each window) worked out on three narrow columns, then
+    # the calls' columns gathered once, in the windows' order: sorting and joining all of them copied them thrice.
+    at = items.select("rank", "s", "unit").with_row_index("_i")
+    inside = (at.sort("s").join_asof(bounds, left_on="s", right_on="window_start", by="rank", strategy="backward",
+                                     check_sortedness=False)
               .filter(pl.col("w").is_not_null() & (pl.col("s") < pl.col("next_window_start"))))
-    closing = items.join(win.select("rank", "w", wcyc="cyc", s="next_window_start"), on=["rank", "s"]).filter(
+    closing = at.join(win.select("rank", "w", wcyc="cyc", s="next_window_start"), on=["rank", "s"]).filter(
         pl.col("unit").is_not_null())
-    in_window = inside.drop("window_start", "next_window_start")
-    long = pl.concat([in_window, closing.select(in_window.columns)], how="vertical_relaxed").sort("w", "s")
+    order = pl.concat([x.select("_i", "w", "wcyc", "s") for x in (inside, closing)], how="vertical_relaxed").sort("w", "s")
+    long = items[order["_i"]].with_columns(order["w"], order["wcyc"])
+    del items, at, inside, closing, order  # done with: freed before the slots are laid out
     long = long.with_columns(k=pl.int_range(pl.len()).over("w"))
-    slot_of = long.filter(pl.col("unit").is_not_null()).select("w", ref="unit", ref_k="k")
-    long = (long.join(slot_of.rename({"ref": "pred", "ref_k": "pred_k"}), on=["w", "pred"], how="left")
-            .join(slot_of.rename({"ref": "wait_range_id", "ref_k": "wait_k"}), on=["w", "wait_range_id"], how="left"))
-    labels = sorted(long.filter(pl.col("pred_cyc") == pl.col("wcyc"))
-                    .select(pl.format("{}→{}", "pred_phase", "phase")).unique().to_series().drop_nulls().to_list())
+    slot_of = long.select("w", "unit", "k").filter(pl.col("unit").is_not_null()).select("w", ref="unit", ref_k="k")
+    by_pred = slot_of.rename({"ref": "pred", "ref_k": "pred_k"})
+    by_wait = slot_of.rename({"ref": "wait_range_id", "ref_k": "wait_k"})
+    if slot_of.select(pl.struct("w", "ref").is_duplicated().any()).item():  # a unit twice in a window: rows repeat
+        long = (long.join(by_pred, on=["w", "pred"], how="left")
+                .join(by_wait, on=["w", "wait_range_id"], how="left"))
+    else:  # each row's slot looked up on the two key columns (a join of every column copied them all twice)
+        refs = long.select("w", "pred", "wait_range_id")
+        long = long.with_columns(
+            refs.join(by_pred, on=["w", "pred"], how="left", maintain_order="left")["pred_k"],
+            refs.join(by_wait, on=["w", "wait_range_id"], how="left", maintain_order="left")["wait_k"])
+    labels = sorted(long.select(pl.format("{}→{}", "pred_phase", "phase").filter(pl.col("pred_cyc") == pl.col("wcyc")))
+                    .unique().to_series().drop_nulls().to_list())
     long = long.with_columns(
         trans=pl.when((pl.col("cyc") == pl.col("wcyc")) & (pl.col("pred_cyc") == pl.col("wcyc"))
                       & pl.col("pred_k").is_not_null())
         .then(pl.format("{}→{}", "pred_phase", "phase").replace_strict(
             {lab: i for i, lab in enumerate(labels)}, default=-1, return_dtype=pl.Int64)).otherwise(-1),
         has_unit=pl.col("unit").is_not_null(), pred=pl.col("pred_k").fill_null(-1), wait=pl.col("wait_k").fill_null(-1),
-        w_ext=pl.col("wait_end") - pl.col("w_off"), nodes=pl.col("ops"), code=pl.col("code").fill_null(-1))
+        w_ext=pl.col("wait_end") - pl.col("w_off"), nodes=pl.col("ops"), code=pl.col("code").fill_null(-1)
+    ).select("w", "k", *_ITEM_COLS)
+    del slot_of
     n_w = win.height
     k_max = to_int(long["k"].max()) + 1 if long.height else 0
     arrays = {}
@@ -348,9 +361,9 @@ class Model:
     # the capture's excess over the run without a profiler at steps_now (whatif --unprofiled-log: calibrate), per
     # cycle: taken off every predicted period (None: not calibrated)
     calibration_ns: float | None = None
-    # Replay.run's arrays per (phase deltas, launch cut): predict, cycle and seams ask for the same replay
-    _runs: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False,
-                                                                         compare=False)
+    # Replay.run per (phase deltas, launch cut), reduced to what predict, cycle and seams ask of it (the windows'
+    # mean change of period, each seam's median, the within-cycle seams' median): not its per-window arrays
+    _runs: dict[tuple, tuple[float, dict[str, float], float]] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def _cut(self) -> tuple[float, int]:
@@ -395,13 +408,20 @@ class Model:
         k = self.expected_accepted(steps)
         return None if k is None or self.batch_size is None else self.batch_size * (1 + k)
 
-    def _replayed(self, steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """:meth:`Replay.run` at ``steps`` (kept: predict, cycle and seams ask for the same replay)."""
+    def _replayed(self, steps: int) -> tuple[float, dict[str, float], float]:
+        """:meth:`Replay.run` at ``steps`` reduced (kept: predict, cycle and seams ask for the same replay): the
+        replayed windows' mean change of period, each seam's median GPU idle, the median of the seams' sum."""
         key = (tuple(sorted(self.deltas(steps).items())), self._cut)
         if key not in self._runs:
-            if self.replay is None:
+            r = self.replay
+            if r is None:
                 raise ValueError("a Model without its Replay cannot predict (fit builds both)")
-            self._runs[key] = self.replay.run(dict(key[0]), self._cut)
+            period, seams, gap = r.run(dict(key[0]), self._cut)
+            tr = r.a["trans"] if r.windows else np.zeros((0, 0), np.int64)
+            self._runs[key] = (float(np.mean(period - r.period)) if r.windows else 0.0,
+                               {lab: float(np.median(np.maximum(gap[tr == i], 0.0))) for i, lab in enumerate(r.labels)
+                                if (tr == i).any()},
+                               float(np.median(seams)) if r.windows else 0.0)
         return self._runs[key]
 
     def cycle(self, steps: int) -> float:
@@ -410,21 +430,18 @@ class Model:
             return self.period_ns + sum(self.deltas(steps).values())
         # The replayed windows' mean change, on the measured period (a window runs from one cycle's first GPU
         # op to the next's; the period, tokens.DEFINITION, from the previous cycle's last op to its own).
-        p = self._replayed(steps)[0]
-        return self.period_ns + float(np.mean(p - self.replay.period))
+        return self.period_ns + self._replayed(steps)[0]
 
     def seams(self, steps: int) -> dict[str, float]:
         """Predicted GPU idle of each seam inside a cycle (median over cycles and ranks)."""
         if self.replay is None or self.replay.windows == 0:
             return {}
-        gap, tr = self._replayed(steps)[2], self.replay.a["trans"]
-        return {lab: float(np.median(np.maximum(gap[tr == i], 0.0))) for i, lab in enumerate(self.replay.labels)
-                if (tr == i).any()}
+        return dict(self._replayed(steps)[1])
 
     def seams_total(self, steps: int) -> float:
         if self.replay is None or self.replay.windows == 0:
             return 0.0
-        return float(np.median(self._replayed(steps)[1]))
+        return self._replayed(steps)[2]
 
     def predict(self, steps: int) -> dict:
         s0 = self.steps_now

@@ -35,6 +35,11 @@ def document(res: Result, found: list[findings.Finding] | None = None) -> dict:
     and the rare stalls left out, with where their time sits), ``segments`` (per decode batch size),
     ``stragglers_steady`` (per phase and rank: the collective waiting each caused) and ``straggler`` (the one
     verdict per phase), ``findings``."""
+    # The findings first: their what-if fit is the document's biggest working set and has the most room before the
+    # headline tables are kept, and their context lets go of the steady matched collectives (headline.let_go) before
+    # the rest of the document; the tables they ask for are the document's own (memoised): no number changes.
+    if found is None:
+        found = findings.find(res)
     d = res.to_dict()
     d["steady"] = {**selection(res), "definition": DEFINITION}
     d["tokens"] = summary(res).as_dict()
@@ -48,7 +53,7 @@ def document(res: Result, found: list[findings.Finding] | None = None) -> dict:
     st = headline.stragglers(res)
     d["stragglers_steady"] = st.to_dicts()
     d["straggler"] = collectives.verdict(st).to_dicts() if st.height else []
-    d["findings"] = [f.to_dict() for f in (findings.find(res) if found is None else found)]
+    d["findings"] = [f.to_dict() for f in found]
     util = utilisation.phases(res)
     if util.height:  # only for an export with GPU-metrics samples (docs/gpu-metrics.md)
         d["utilisation"] = util.to_dicts()

@@ -1,0 +1,81 @@
+"""The JSON document's memory-saving order changes no number, on a bundled real TP=2 capture with a straggler.
+
+``data.document`` computes the findings first and their context lets go of the steady matched collectives
+(``headline.let_go``) before the what-if fit; a what-if model keeps each replay reduced. Checked here against
+independent computations: the document built in the old order (every headline table first, the findings last) on
+a second analysis of the same capture, the matched collectives made again after ``let_go`` against those the
+analysis made, and the model's predicted cycle and seams against :meth:`Replay.run`'s own arrays.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+
+from analyze import analyze
+from analyze.compute import anatomy, collectives, findings, headline, utilisation, whatif
+from analyze.compute.tokens import selection, summary
+from analyze.output import data
+from tests.helpers.paths import tp2
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory):
+    return tp2("tp2_straggler", tmp_path_factory.mktemp("order"))
+
+
+def test_document_equals_the_old_order(path):
+    old = analyze(path)
+    # the order the document had: the headline tables, then the findings (the fit last)
+    parts = [selection(old), summary(old), headline.budget(old), headline.steady_phases(old),
+             headline.steady_phases_all_ranks(old), headline.steady_seams(old), headline.kernels(old, 10),
+             anatomy.cycle_classes(old), anatomy.segments(old), headline.stragglers(old)]
+    assert parts[3].height and parts[9].height  # phases and stragglers: the capture has matched collectives
+    found = findings.find(old)
+    assert utilisation.phases(old).height == 0
+    assert data.doc_json(data.document(old, found)) == data.to_json(analyze(path))
+
+
+def test_matched_made_again_after_let_go(path):
+    res = analyze(path)
+    counted = res.memo["matched_counted"]
+    first = headline.matched(res)
+    assert "matched_counted" not in res.memo  # let go once narrowed to the steady cycles
+    # independently: the counted match's rows whose (rank, range_id) is a steady key, in their order
+    keys = headline.keys(res)
+    want = counted.join(keys, on=["rank", "range_id"], how="semi", maintain_order="left")
+    assert first.equals(want)
+    assert 0 < first.height <= counted.height
+    findings.context(res)  # holds every table made from it, then lets it go
+    assert not any(k[0] == "matched" for k in res.memo if isinstance(k, tuple))
+    again = headline.matched(res)  # matched again from the Result's communication kernels (as a cached result is)
+    assert again.select(first.columns).sort("_g", "j", "rank").equals(first.sort("_g", "j", "rank"))
+    assert collectives.per_collective(again).equals(collectives.per_collective(first))
+
+
+def test_reduced_replays_predict_as_the_arrays(path):
+    res = analyze(path)
+    m = whatif.fitted(res)
+    r = m.replay
+    assert r is not None and r.windows > 0
+    for steps in (1, m.steps_now, 5):
+        period, seams, gap = r.run(m.deltas(steps), (m.launch_cut_ns, m.launch_cut_from))
+        assert m.cycle(steps) == m.period_ns + float(np.mean(period - r.period))
+        assert m.seams_total(steps) == float(np.median(seams))
+        tr = r.a["trans"]
+        want = {lab: float(np.median(np.maximum(gap[tr == i], 0.0))) for i, lab in enumerate(r.labels)
+                if (tr == i).any()}
+        assert m.seams(steps) == want and want
+    kept = list(m._runs.values())
+    assert kept and all(isinstance(v[0], float) and isinstance(v[1], dict) for v in kept)  # no per-window arrays
+
+
+def test_steady_marks_are_two_columns(path):
+    res = analyze(path)
+    marked = headline.instances_marked_steady(res)
+    marks = next(v for k, v in res.memo.items() if isinstance(k, tuple) and k[0] == "steady_marks")
+    assert marks.columns == ["top", "steady"] and marks.height == res.instances.height
+    assert marked.drop("top", "steady").equals(res.instances)
+    assert marked.select(pl.col("steady").sum()).item() == headline.keys(res).height + marked.filter(
+        pl.col("steady") & pl.col("rank").is_null()).height
