@@ -125,7 +125,7 @@ def cycles(res: Result) -> pl.DataFrame:
     state (``steady``, ``why`` not, ``key`` = its identity across ranks; :mod:`analyze.compute.steady`)."""
     key = ("cycles", repr(sorted(res.cycle_choice.items())))
     if key not in res.memo:
-        res.memo[key] = results.derived(res, key, lambda: steady.flag_cycles(_cycles(res), res.cycle_choice))
+        res.memo[key] = results.derived(res, key, lambda: steady.flag_cycles(_raw_cycles(res), res.cycle_choice))
     return res.memo[key][0]
 
 
@@ -133,6 +133,15 @@ def selection(res: Result) -> dict:
     """What :func:`cycles` decided: counts of cycles, warm-up and stalls, the text that says so."""
     cycles(res)
     return res.memo[("cycles", repr(sorted(res.cycle_choice.items())))][1]
+
+
+def _raw_cycles(res: Result) -> pl.DataFrame:
+    """:func:`_cycles`, once per result whatever the cycle choice (the what-if per batch size asks for one view of
+    the result per batch size; the views share the memo)."""
+    key = ("cycles, any choice",)
+    if key not in res.memo:
+        res.memo[key] = _cycles(res)
+    return res.memo[key]
 
 
 def _cycles(res: Result) -> pl.DataFrame:
