@@ -216,3 +216,23 @@ def test_extra_phase_instance_on_one_rank_is_flagged(tmp_path, rep):
     assert x.collectives.select(cols).equals(rep.collectives.select(cols))
     assert x.stragglers.equals(rep.stragglers)
     assert [row(res.phases, rank=r, phase="draft")["instances"] for r in (0, 1)] == [2, 3]
+
+
+def test_within_keeps_the_chosen_instances_and_every_kernel_outside_phases(rep):
+    """Narrowed to verify's instances: its CAR (1 a rank) and the AR outside any range (1 a rank) stay, in the
+    matched rows' order; the 3 draft kernels a rank go (6 of 10). ``within`` consumes what it is given: a shallow
+    copy here, so the module's result keeps its rows."""
+    import dataclasses
+
+    from analyze.compute.collectives import within
+
+    full = rep.matched
+    keys = full.filter(pl.col("phase") == "verify").select("rank", "range_id")
+    chosen = {(r["rank"], r["range_id"]) for r in keys.to_dicts()}
+    want = [r for r in full.to_dicts() if r["k"] < 0 or (r["rank"], r["range_id"]) in chosen]
+    given = dataclasses.replace(rep)
+    got = within(given, keys, "the verify instances")
+    assert len(want) == 4 and got.matched.to_dicts() == want
+    assert got.outside_cycles == 6 and given.matched.height == 0 and rep.matched.height == 10
+    assert sorted(got.collectives["phase"].to_list(), key=str) == [None, None, "verify", "verify"]
+    assert got.cycles == "the verify instances"

@@ -68,7 +68,9 @@ def comm_kernels(ops: pl.DataFrame, instances: pl.DataFrame) -> pl.DataFrame:
 
 def usable(kernels: pl.DataFrame) -> pl.DataFrame:
     """The kernels that take part in matching: not in an instance left out by the cross-rank pairing."""
-    return kernels.filter(pl.col("left_out").is_null()) if "left_out" in kernels.columns else kernels
+    if "left_out" not in kernels.columns or kernels["left_out"].null_count() == kernels.height:
+        return kernels  # none left out: the frame itself, not a filtered copy (hundreds of MB at 10 M kernels)
+    return kernels.filter(pl.col("left_out").is_null())
 
 
 def with_group_ids(kernels: pl.DataFrame) -> pl.DataFrame:
@@ -83,14 +85,17 @@ def with_group_ids(kernels: pl.DataFrame) -> pl.DataFrame:
         return kernels.with_columns(_g=pl.lit(0, pl.Int64))
     dp = kernels.select("domain", "phase").unique(maintain_order=True).with_row_index("_p")
     names = kernels.select("name").unique(maintain_order=True).with_row_index("_n")
-    c = kernels.join(dp, on=["domain", "phase"], how="left", nulls_equal=True).join(names, on="name", how="left")
+    # The ids worked out on the four key columns and added as one: the wide frame is never copied by a join.
+    c = (kernels.select("domain", "phase", "k", "name")
+         .join(dp, on=["domain", "phase"], how="left", nulls_equal=True, maintain_order="left")
+         .join(names, on="name", how="left", maintain_order="left"))
     bits = [int(x).bit_length() for x in (dp.height, whole(c["k"].max()) + 1, names.height)]
     if sum(bits) <= 62:
         g = (pl.col("_p").cast(pl.Int64) * 2 ** (bits[1] + bits[2]) + (pl.col("k") + 1) * 2 ** bits[2]
              + pl.col("_n").cast(pl.Int64))
-        return c.with_columns(_g=g).drop("_p", "_n")
+        return kernels.with_columns(c.select(_g=g)["_g"])
     ids = c.select("_p", "k", "_n").unique(maintain_order=True).with_row_index("_g").with_columns(pl.col("_g").cast(pl.Int64))
-    return c.join(ids, on=["_p", "k", "_n"], how="left").drop("_p", "_n")
+    return kernels.with_columns(c.join(ids, on=["_p", "k", "_n"], how="left", maintain_order="left")["_g"])
 
 
 def _group_counts(kernels: pl.DataFrame) -> pl.DataFrame:
@@ -120,7 +125,11 @@ def match(kernels: pl.DataFrame, counts: pl.DataFrame | None = None, ordered: bo
     them if already computed. ``ordered``: rows by first arrival, then rank.
     """
     counts = _group_counts(kernels) if counts is None else counts
-    m = kernels.filter(pl.col("_g").is_in(counts.filter("matched")["_g"].implode()))
+    # Computed on the few columns it reads, with each row's index in ``kernels``; the other columns are gathered
+    # once at the end, in the final order: one wide copy of the matched rows, not one per filter and sort
+    # (at 10 M kernels each is hundreds of MB).
+    m = (kernels.select("_g", "j", "start", "end", "rank").with_row_index("_i")
+         .filter(pl.col("_g").is_in(counts.filter("matched")["_g"].implode())))
     # Each collective's rows contiguous, by arrival: first, last and second-latest arrivals are
     # read off its first and last rows (no window per collective).
     m = _sorted_by_collective(m)
@@ -128,7 +137,7 @@ def match(kernels: pl.DataFrame, counts: pl.DataFrame | None = None, ordered: bo
     m = m.with_columns(_new=new).with_columns(_last=pl.col("_new").shift(-1).fill_null(True),
                                                _c=pl.col("_new").cum_sum())
     dur = pl.col("end") - pl.col("start")
-    return (
+    m = (
         m.with_columns(
             duration_ns=dur,
             last=pl.when("_last").then("start").backward_fill(),
@@ -147,6 +156,7 @@ def match(kernels: pl.DataFrame, counts: pl.DataFrame | None = None, ordered: bo
         .drop("_second", "_new", "_last", "_c")
         .pipe(lambda df: df.sort("first_arrival", "_g", "j", "rank") if ordered else df)
     )
+    return kernels.select(pl.all().gather(m["_i"])).hstack(m.drop("_i", "_g", "j", "start", "end", "rank"))
 
 
 def _bits(s: pl.Series) -> int | None:
@@ -419,7 +429,9 @@ def cross_rank(results: list, paired: windows.Paired | None = None) -> CommResul
     else:
         paired = paired or windows.pair_reports(results)
         every, pairing = paired.kernels, paired.diagnostics
-    kernels = with_group_ids(usable(every))  # group ids over all reports
+    # Names Categorical while matching: every copy of the frame (joined, filtered, sorted) then holds 4 bytes a
+    # row for them, not the string (131 MB of 313 at 10 M kernels); the tables cast them back to strings.
+    kernels = with_group_ids(usable(every).with_columns(pl.col("name").cast(pl.Categorical)))  # ids over all reports
     ranks = pl.concat(rank_rows)
     clock: dict[str, Any] = {"reports": len(results)}
     if len(results) == 1:
@@ -471,13 +483,24 @@ def cross_rank(results: list, paired: windows.Paired | None = None) -> CommResul
 
 def within(cr: CommResult, keys: pl.DataFrame, cycles: str) -> CommResult:
     """``cr`` with its phases' collectives narrowed to the phase instances ``keys`` (``rank, range_id``: the steady
-    cycles'); collectives outside any phase stay. Tables and the straggler verdict are recomputed over them."""
+    cycles'); collectives outside any phase stay. Tables and the straggler verdict are recomputed over them.
+
+    ``cr`` is consumed: its matched rows move into the returned result a column at a time (``cr.matched`` is left
+    empty), so that the two frames (200 MB each at 10 M kernels) are never whole at once."""
     if cr.matched.height == 0:
         return dataclasses.replace(cr, cycles=cycles, straggler=verdict(cr.stragglers))
-    inside = pl.col("k") < 0
-    m = pl.concat([cr.matched.filter(inside),
-                   cr.matched.filter(~inside).join(keys, on=["rank", "range_id"], how="semi")], how="vertical_relaxed")
-    m = m.sort("first_arrival", "_g", "j", "rank")
+    # The rows kept in their order (by first arrival, _g, j, rank: one row each): no concatenation, no sort.
+    full, n = cr.matched, cr.matched.height
+    steady = keys.select("rank", "range_id").unique().with_columns(_in=pl.lit(True))
+    rows = ((full.select("rank", "range_id").join(steady, on=["rank", "range_id"], how="left",
+                                                  maintain_order="left")["_in"].fill_null(False)
+             | (full["k"] < 0)).arg_true())
+    cr.matched = full.clear()
+    kept = {}
+    for c in full.columns:
+        kept[c] = full[c].gather(rows)
+        full = full.drop(c)
+    m = pl.DataFrame(kept)
     st = stragglers(m, cr.refused)
     return dataclasses.replace(cr, matched=m, collectives=_summary(m, cr.refused), stragglers=st, cycles=cycles,
-                               outside_cycles=cr.matched.height - m.height, straggler=verdict(st))
+                               outside_cycles=n - m.height, straggler=verdict(st))

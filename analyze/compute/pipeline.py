@@ -469,7 +469,6 @@ def _run(source: ProcessSource, ranges: str | None, comm_patterns: list[CommPatt
     diags.extend(paired.diagnostics)
     phases, comm_diags, refused, matched = collectives.phase_comm_split(phases, kern)
     diags.extend(comm_diags)
-    kern = kern.with_columns(pl.col("name").cast(pl.String))
     marks = head.marks.with_columns(rank=pl.col("pid").replace_strict(pid_rank, default=None, return_dtype=pl.Int64))
     window = OpsWindow(head.path, str(source.store_root) if source.store_root else None,
                        rk.select("pid", "rank"), kinds.select("name_id", "label", "comm"))
@@ -483,7 +482,7 @@ def _run(source: ProcessSource, ranges: str | None, comm_patterns: list[CommPatt
         seam_instances=seam_inst,
         seams=breakdown.sum_seams(seam_inst, inst),
         coverage=cov,
-        comm_kernels=kern,
+        comm_kernels=kern,  # names Categorical: they repeat millions of times (every table casts them back)
         ops=ops,
         marks=marks.select("rank", *head.marks.columns),
         diagnostics=diags,
