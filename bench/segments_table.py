@@ -53,6 +53,11 @@ def plain_runs(files: list[str]) -> dict[tuple[int, int], list[float]]:
     return runs
 
 
+def plain_medians(files: list[str]) -> dict[tuple[int, int], float]:
+    """(batch size, steps) → the median over the runs of :func:`plain_runs` (µs): the truth of a sweep."""
+    return {k: statistics.median(v) for k, v in plain_runs(files).items()}
+
+
 def _log(key: str, calibrate: bool):
     """The 3-step run's decode log of the same round (dense_dlN: tp1_dense_plain_dlN_s3_rep1.log), or None."""
     if not calibrate:

@@ -18,6 +18,7 @@ import pytest
 from analyze import InputError, whatif
 from analyze.compute.whatif import MIN_LOG_LINES
 from analyze.read.server_log import decode_periods
+from bench.segments_table import plain_runs
 from nvtx_hooks.capture import samples
 
 ROUNDS = (4, 5, 6)
@@ -66,13 +67,7 @@ def test_logs_without_decode_lines_are_refused(tmp_path):
 
 def _truth() -> dict[tuple[int, int], list[float]]:
     """(batch size, steps) → each run's host-measured median period (µs), the runs of the three rounds."""
-    runs = defaultdict(list)
-    for i in ROUNDS:
-        for line in (samples.DATA / f"tp1_dense_plain_dl{i}.jsonl").read_text().splitlines():
-            r = json.loads(line)
-            for s in r["segments"]:
-                runs[(s["batch"], r["steps"])].append(s["period_median_us"])
-    return runs
+    return plain_runs([f"tp1_dense_plain_dl{i}.jsonl" for i in ROUNDS])
 
 
 @pytest.fixture(scope="module")

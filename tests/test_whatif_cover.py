@@ -11,14 +11,13 @@ numbers of docs/whatif-per-batch.md (``python -m bench.segments_table summary co
 
 from __future__ import annotations
 
-import json
 import statistics
-from collections import defaultdict
 
 import pytest
 
 from analyze import whatif
 from analyze.compute.whatif import NEAR_BEST
+from bench.segments_table import plain_runs
 from nvtx_hooks.capture import samples
 
 DENSE = (1, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160)  # the dense schedule's batch sizes
@@ -27,13 +26,7 @@ ALPHA = 0.7  # the workload's --accept-rate
 
 def _truth(tag: str) -> dict[tuple[int, int], list[float]]:
     """(batch size, steps) → each run's host-measured median period (µs), the six runs of the three rounds."""
-    runs = defaultdict(list)
-    for i in (1, 2, 3):
-        for line in (samples.DATA / f"tp1_cover_plain_{tag}{i}.jsonl").read_text().splitlines():
-            r = json.loads(line)
-            for s in r["segments"]:
-                runs[(s["batch"], r["steps"])].append(s["period_median_us"])
-    return runs
+    return plain_runs([f"tp1_cover_plain_{tag}{i}.jsonl" for i in (1, 2, 3)])
 
 
 def _errors(tag: str, calibrated: bool) -> tuple[dict[tuple[int, int, int], float], list]:

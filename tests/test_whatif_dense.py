@@ -10,14 +10,11 @@ the runs' host-measured median period per segment, computed here from the JSON l
 
 from __future__ import annotations
 
-import json
-import statistics
-from collections import defaultdict
-
 import pytest
 
 from analyze import whatif
 from analyze.cli import main
+from bench.segments_table import plain_medians
 from nvtx_hooks.capture import samples
 
 ALPHA = 0.7  # the workload's acceptance: E[accepted drafts | S] = α + … + α^S
@@ -29,13 +26,7 @@ CAPTURES = {"tp1_dense_s3_graph": FIRST, **{f"tp1_dense_s3_graph_r{i}": SECOND f
 
 def truth(files: list[str]) -> dict[tuple[int, int], float]:
     """(batch size, steps) → the median over the runs of the segment's host-measured median period (µs)."""
-    per = defaultdict(list)
-    for f in files:
-        for line in (samples.DATA / f).read_text().splitlines():
-            r = json.loads(line)
-            for s in r["segments"]:
-                per[(s["batch"], r["steps"])].append(s["period_median_us"])
-    return {k: statistics.median(v) for k, v in per.items()}
+    return plain_medians(files)
 
 
 def tokens_per_s(t: dict, bs: int, steps: int) -> float:

@@ -9,8 +9,6 @@ segment is fitted on the 3-step capture alone; the runs without a profiler are t
 from __future__ import annotations
 
 import json
-import statistics
-from collections import defaultdict
 
 import pytest
 
@@ -18,6 +16,7 @@ from analyze import analyze, whatif
 from analyze.cli import main
 from analyze.compute import findings
 from analyze.output import sglang_config
+from bench.segments_table import plain_medians
 from nvtx_hooks.capture import samples
 
 ALPHA = 0.7  # the workload's acceptance: E[accepted drafts | S] = α + … + α^S
@@ -25,12 +24,7 @@ ALPHA = 0.7  # the workload's acceptance: E[accepted drafts | S] = α + … + α
 
 def plain() -> dict:
     """(batch size, steps) → the median over the runs of the segment's host-measured median period (µs)."""
-    per = defaultdict(list)
-    for line in (samples.data_dir("tp1_sweep_s3_graph") / "tp1_sweep_plain.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        for s in r["segments"]:
-            per[(s["batch"], r["steps"])].append(s["period_median_us"])
-    return {k: statistics.median(v) for k, v in per.items()}
+    return plain_medians(["tp1_sweep_plain.jsonl"])
 
 
 @pytest.fixture(scope="module")

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections import Counter, defaultdict
+from collections import Counter
 
 import pytest
 
 from analyze import analyze, whatif
 from analyze.cli import main
 from analyze.compute import anatomy
+from bench.segments_table import plain_medians
 from nvtx_hooks.capture import samples
 
 ROUNDS = (1, 2, 3)
@@ -33,13 +34,7 @@ def _schedule() -> list[tuple[int, int]]:
 
 def _truth() -> dict[tuple[int, int], float]:
     """(batch size, steps) → the median over every visit of the six runs of the host-measured median period (µs)."""
-    runs = defaultdict(list)
-    for i in ROUNDS:
-        for line in (samples.DATA / f"tp1_serve_plain_sv{i}.jsonl").read_text().splitlines():
-            r = json.loads(line)
-            for s in r["segments"]:
-                runs[(s["batch"], r["steps"])].append(s["period_median_us"])
-    return {k: statistics.median(v) for k, v in runs.items()}
+    return plain_medians([f"tp1_serve_plain_sv{i}.jsonl" for i in ROUNDS])
 
 
 @pytest.fixture(scope="module")
