@@ -38,7 +38,7 @@ from ..model import InputError, Result
 from ..read import results
 from . import terminal
 from .targets import FIGURES, PAGE_START, as_input_error, report_folder
-from .text import acceptance_text, best_text, display_names, probe_lines, ranked
+from .text import acceptance_text, best_steps_label, best_text, display_names, probe_lines, ranked
 
 __all__ = ["Section", "utilisation_section", "write_page", "output_digest"]
 
@@ -477,8 +477,7 @@ def _whatif(res: Result, figs: _Figures, model: whatif.Model | InputError, max_s
                          **{f"{p['steps']} steps": (None if p["tokens_per_s"] is None else
                                                     f"{p['tokens_per_s']:,.0f}" + ("*" if p["extrapolated"] else ""))
                             for p in d["predictions"]},
-                         "best": None if d["best_steps"] is None else
-                         str(d["best_steps"]) + "".join(f" ≈{t}" for t in d["near_best_steps"][1:]),
+                         "best": best_steps_label(d),
                          "gain": None if d["gain"] is None else f"{100 * d['gain']:+.1f} %"})
         body.append("<h3>Per segment</h3>" + _p("One model per batch size, from its own cycles: predicted tokens/s at "
                                                  "each step count (* extrapolated); best among the others, ≈ another "

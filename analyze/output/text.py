@@ -24,7 +24,7 @@ from ..model import SEAM_CAUSES, CommResult, Result
 __all__ = ["kernel_label", "ranked", "text_width", "wrap_lines", "display_names", "selection_lines", "class_lines",
            "segment_lines", "budget_text", "steady_phase_text", "findings_text", "table_text", "kernels_text",
            "analyze_table", "probe_lines", "comm_table", "compare_table", "whatif_segment_lines", "acceptance_text",
-           "best_text", "whatif_table", "TABLE_GAP"]
+           "best_text", "best_steps_label", "whatif_table", "TABLE_GAP"]
 
 _NO_PHASE = "(none)"  # how a null phase (GPU work outside every selected range) is shown
 
@@ -628,6 +628,13 @@ def compare_table(doc: Comparison) -> str:
     return "\n".join(wrap_lines(out)) + "\n"
 
 
+def best_steps_label(d: dict) -> str | None:
+    """A segment's best step count and its ties (:meth:`SegmentModel.as_dict`): ``2 ≈3``; None without a best."""
+    if d["best_steps"] is None:
+        return None
+    return str(d["best_steps"]) + "".join(f" ≈{t}" for t in d["near_best_steps"][1:])
+
+
 def whatif_segment_lines(m: Model, max_steps: int = MAX_STEPS) -> list[str]:
     """Per segment (batch size): predicted tokens/s at each step count, the best one and its gain."""
     if not m.segments:
@@ -639,8 +646,7 @@ def whatif_segment_lines(m: Model, max_steps: int = MAX_STEPS) -> list[str]:
         cells = [f"{p['tokens_per_s']:,.0f}" + ("*" if p["extrapolated"] else "") if p["tokens_per_s"] else "-"
                  for p in d["predictions"]]
         gain = f"{100 * d['gain']:+.1f} %" if d["gain"] is not None else "-"
-        ties = "".join(f" ≈{t}" for t in d["near_best_steps"][1:])
-        rows.append([sm.key, str(sm.cycles), _us(sm.period_ns), *cells, str(d["best_steps"] or "-") + ties, gain])
+        rows.append([sm.key, str(sm.cycles), _us(sm.period_ns), *cells, best_steps_label(d) or "-", gain])
     runs = sorted({s for sm in m.segments for s in sm.measured_steps})
     joined = (f"; runs at {', '.join(map(str, runs))} steps joined (--other-steps): each step count from the run "
               "measured nearest to it" if len(runs) > 1 else "")
