@@ -350,9 +350,10 @@ def flag_cycles(cyc: pl.DataFrame, choice: dict | None = None) -> tuple[pl.DataF
     if how == "detected":
         c = c.with_columns(why=pl.when(is_main).then(
             pl.when(pl.col("_kw")).then(pl.lit("warm-up")).when(pl.col("out").is_not_null()).then(pl.col("out"))))
-        if "segment" in choice:  # one batch size's steady cycles (a what-if per batch size): the others set aside
-            # (its segments: a serving run visits a batch size several times)
-            other = ~pl.col("segment").is_in(choice["segment"])
+        if "segment" in choice:  # one segment's steady cycles (a what-if per batch size): the others set aside
+            # (a list: the segments of one batch size, a serving run visiting it several times)
+            seg = choice["segment"]
+            other = ~pl.col("segment").is_in(seg) if isinstance(seg, list) else pl.col("segment") != seg
             c = c.with_columns(why=pl.when(is_main & pl.col("why").is_null() & other)
                                .then(pl.lit("other segment")).otherwise("why"))
     else:

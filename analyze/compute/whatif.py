@@ -652,7 +652,7 @@ def fit_segments(res: Result, steps_now: int | None = None, alpha: float | None 
     # by batch size (a serving run's visits come in any order), then by the first visit
     for group in sorted(groups, key=lambda v: (v[0].batch_size is None, v[0].batch_size or 0, v[0].segment)):
         g, ids = group[0], [x.segment for x in group]
-        view = dataclasses.replace(res, cycle_choice={**res.cycle_choice, "segment": ids})
+        view = dataclasses.replace(res, cycle_choice={**res.cycle_choice, "segment": ids if len(ids) > 1 else g.segment})
         typ = c.filter(pl.col("steady") & pl.col("segment").is_in(ids) & pl.col("cycle_class").is_null()
                        & ~pl.col("slow") & pl.col("period_ns").is_not_null())
         if typ.height < _MIN_SEGMENT_CYCLES:
