@@ -53,6 +53,15 @@ def test_dry_run_prints_exact_command_and_env(tmp_path, capsys):
     assert not list(tmp_path.iterdir())
 
 
+def kinds(c: list[dict]) -> list[str]:
+    """The kinds of nsys calls in order, the SQLite and columnar exports (run side by side) in a fixed order."""
+    k = [x["kind"] for x in c]
+    exports = sorted(i for i, x in enumerate(k) if x.startswith("export"))
+    for i, x in zip(exports, sorted(k[i] for i in exports)):
+        k[i] = x
+    return k
+
+
 def test_dry_run_overrides(tmp_path, capsys):
     main(["trace", "-n", "--nsys", "nsys", "-o", "x.sqlite", "--cuda-graph-trace", "graph", "--delay", "60",
           "--duration", "70", "-t", "cuda,nvtx,osrt", "--env", "NCCL_DEBUG=INFO",
@@ -65,7 +74,8 @@ def test_dry_run_overrides(tmp_path, capsys):
     assert not any(a.startswith("--capture-range") for a in first)  # a timed window replaces the API range
     assert first.index("--cuda-flush-interval=100") < first.index("-o")
     assert first[-3:] == ["srv", "--tp", "8"] and "x.nsys-rep" in first
-    assert out[2].split()[1:6] == ["stats", "--report", "nvtx_gpu_proj_sum,nvtx_sum", "--format", "csv"]
+    assert out[2].split()[1:3] == ["export", "--type=parquetdir"]  # the default columnar export (dry run: no version)
+    assert out[3].split()[1:6] == ["stats", "--report", "nvtx_gpu_proj_sum,nvtx_sum", "--format", "csv"]
 
 
 def test_runs_nsys_with_hooks_env_and_writes_manifest(tmp_path, nsys, monkeypatch, capsys):
@@ -75,11 +85,11 @@ def test_runs_nsys_with_hooks_env_and_writes_manifest(tmp_path, nsys, monkeypatc
     rc = main(["trace", "--nsys", str(nsys), "--stats", "-o", str(tmp_path / "out" / "run"), "--", *cmd])
     assert rc == 0
     c = calls(tmp_path)
-    assert [x["kind"] for x in c] == ["profile", "profiled", "export", "stats"]
+    assert kinds(c) == ["profile", "profiled", "export", "export_parquetdir", "stats"]  # parquetdir by default
     assert c[0]["hooks"] == "1" and c[0]["command"] == cmd
     assert c[0]["argv"][:len(DEFAULTS) + 1] == ["profile", *DEFAULTS]
     out = tmp_path / "out"
-    assert {p.name for p in out.iterdir()} == {"run.nsys-rep", "run.sqlite", "run.manifest.json",
+    assert {p.name for p in out.iterdir()} == {"run.nsys-rep", "run.sqlite", "run.manifest.json", "run_pqtdir",
                                                "run_nvtx_gpu_proj_sum.csv", "run_nvtx_sum.csv"}
     m = json.loads((out / "run.manifest.json").read_text())
     assert m["schema"] == manifest.SCHEMA and m["command"] == cmd and m["exit_code"] == 0
@@ -195,10 +205,11 @@ def test_passes_dry_run(tmp_path, capsys):
     assert main(["trace", "-n", "--nsys", "nsys", "--passes", "graph,node,plain", "-o", str(tmp_path / "w"),
                  "--", "prog", "--x"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert len(out) == 5
+    assert len(out) == 7  # each profiled pass: profile, SQLite export, parquetdir export
     assert "--cuda-graph-trace=graph" in out[0] and f"{tmp_path / 'w_graph.nsys-rep'}" in out[0]
-    assert "--cuda-graph-trace=node" in out[2] and f"{tmp_path / 'w_node.sqlite'}" in out[3]
-    assert out[4] == "SPECTRACE_HOOKS=1 prog --x"
+    assert "--type=parquetdir" in out[2] and f"{tmp_path / 'w_graph'} " in out[2]
+    assert "--cuda-graph-trace=node" in out[3] and f"{tmp_path / 'w_node.sqlite'}" in out[4]
+    assert out[6] == "SPECTRACE_HOOKS=1 prog --x"
 
 
 def test_passes_run_each_pass_and_keep_the_program_output(tmp_path, nsys, capfd):
@@ -282,8 +293,8 @@ def test_columnar_export_beside_the_sqlite(tmp_path, nsys, capsys):
                "--", *CMD])
     assert rc == 0
     c = calls(tmp_path)
-    assert [x["kind"] for x in c] == ["profile", "profiled", "export", "export_parquetdir"]
-    assert c[3]["argv"] == ["export", "--type=parquetdir", "--force-overwrite=true", "-o", str(tmp_path / "out" / "run"),
+    assert kinds(c) == ["profile", "profiled", "export", "export_parquetdir"]
+    assert next(x for x in c if x["kind"] == "export_parquetdir")["argv"] == ["export", "--type=parquetdir", "--force-overwrite=true", "-o", str(tmp_path / "out" / "run"),
                             str(tmp_path / "out" / "run.nsys-rep")]
     out = tmp_path / "out"
     assert {p.name for p in out.iterdir()} == {"run.nsys-rep", "run.sqlite", "run_pqtdir", "run.manifest.json"}
@@ -292,14 +303,20 @@ def test_columnar_export_beside_the_sqlite(tmp_path, nsys, capsys):
     assert f"spectrace analyze {out / 'run_pqtdir'}" in capsys.readouterr().err
 
 
-def test_columnar_default_off_old_nsys_skipped_failure_said(tmp_path, nsys, monkeypatch, capsys):
-    assert main(["trace", "--nsys", str(nsys), "-o", str(tmp_path / "a"), "--", *CMD]) == 0
-    assert [x["kind"] for x in calls(tmp_path)] == ["profile", "profiled", "export"]  # default: SQLite only
+def test_columnar_none_old_nsys_skipped_failure_said(tmp_path, nsys, monkeypatch, capsys):
+    assert main(["trace", "--nsys", str(nsys), "--columnar", "none", "-o", str(tmp_path / "a"), "--", *CMD]) == 0
+    assert kinds(calls(tmp_path)) == ["profile", "profiled", "export"]  # none: SQLite only
+    assert not (tmp_path / "a_pqtdir").exists()
     (tmp_path / "nsys.log").unlink()
-    monkeypatch.setattr(capture, "COLUMNAR_NSYS", (2099, 1))  # an nsys without the export: skipped, said
+    capsys.readouterr()
+    monkeypatch.setattr(capture, "COLUMNAR_NSYS", (2099, 1))  # an nsys without the export: skipped...
+    assert main(["trace", "--nsys", str(nsys), "-o", str(tmp_path / "a2"), "--", *CMD]) == 0
+    assert kinds(calls(tmp_path)) == ["profile", "profiled", "export"]
+    assert "has no --type" not in capsys.readouterr().err  # ...quietly when it was the default
+    (tmp_path / "nsys.log").unlink()
     assert main(["trace", "--nsys", str(nsys), "--columnar", "arrowdir", "-o", str(tmp_path / "b"), "--", *CMD]) == 0
-    assert [x["kind"] for x in calls(tmp_path)] == ["profile", "profiled", "export"]
-    assert "has no --type arrowdir export" in capsys.readouterr().err
+    assert kinds(calls(tmp_path)) == ["profile", "profiled", "export"]
+    assert "has no --type arrowdir export" in capsys.readouterr().err  # ...and said when asked for by name
     monkeypatch.setattr(capture, "COLUMNAR_NSYS", (2023, 4))
     monkeypatch.setenv("FAKE_NSYS_NO_COLUMNAR", "1")  # the export fails: the SQLite capture stands, one line says so
     assert main(["trace", "--nsys", str(nsys), "--columnar", "arrowdir", "-o", str(tmp_path / "c"), "--", *CMD]) == 0
