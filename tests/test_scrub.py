@@ -116,3 +116,43 @@ def test_bundled_captures_hold_no_other_process_names(tmp_path):
                              "OR value LIKE '%HOME=%' OR value LIKE '%PATH=%'").fetchall()
         con.close()
         assert leaked == [], (f.name, leaked[:3])
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+def test_scrub_a_folder_export_as_its_sqlite(tmp_path, fmt, capsys):
+    """A parquetdir/arrowdir export (what `spectrace trace` writes beside the SQLite by default) loses what its
+    SQLite loses: the same rows of every table, the same strings blanked; the input folder untouched."""
+    import polars as pl
+
+    from bench.export_dir import write_export_dir
+
+    src = tmp_path / "in.sqlite"
+    make_export(src)
+    folder = write_export_dir(src, tmp_path / "in_dir", fmt)
+    before = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in folder.iterdir()}
+    needles = ["HOME=", "PATH=", "hf_secret123", "NCCL_DEBUG", "/home/alice", "sshd", "kworker",
+               "/tmp/nvidia/streams", "program output"]
+    assert set(find_strings(folder, needles)) == set(needles)
+    stats = scrub(folder, tmp_path / "out_dir")
+    assert {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in folder.iterdir()} == before
+    assert find_strings(tmp_path / "out_dir", needles) == {}
+    assert stats == scrub(src, tmp_path / "out.sqlite")  # the same counts as the SQLite's own scrub
+    con = sqlite3.connect(tmp_path / "out.sqlite")
+    def read(f):  # an arrowdir's files are IPC streams, as nsys writes them
+        return pl.read_parquet(f) if fmt == "parquet" else pl.read_ipc_stream(f)
+
+    for t in ("StringIds", "PROCESSES", "ThreadNames", "META_DATA_CAPTURE", "TARGET_INFO_SYSTEM_ENV",
+              "ProcessStreams", "NVTX_EVENTS"):
+        cur = con.execute(f'SELECT * FROM "{t}"')
+        rows = sorted(map(tuple, cur.fetchall()))
+        got = read(tmp_path / "out_dir" / f"{t}.{fmt}")
+        assert sorted(tuple(int(v) if isinstance(v, int) else v for v in r) for r in got.iter_rows()) == rows, t
+        assert got.schema == read(folder / f"{t}.{fmt}").schema, t  # the export's own types kept
+    con.close()
+    untouched = folder / f"CUPTI_ACTIVITY_KIND_KERNEL.{fmt}"
+    assert (tmp_path / "out_dir" / untouched.name).read_bytes() == untouched.read_bytes()
+    with pytest.raises(FileExistsError):
+        scrub(folder, tmp_path / "out_dir")
+    assert main(["scrub", str(folder), "-o", str(tmp_path / "cli_dir"), "--check", "hf_secret"]) == 0
+    assert "processes_dropped=2" in capsys.readouterr().out
+    assert main(["scrub", str(folder), "-o", str(folder / "inside")]) == 2  # never into the input

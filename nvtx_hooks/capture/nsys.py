@@ -377,7 +377,7 @@ def _capture(a: argparse.Namespace, nsys: str, base: Path, added: dict[str, str]
     if files["report"].exists():
         # an interrupted capture still gets exported; a second Ctrl-C here stops only the export
         # the columnar export beside the SQLite one (two nsys processes reading the same report): on the lent
-        # H200 host (16 CPUs), 1.1 M kernels, the pair took 6.1 s, the SQLite export alone 6.0-7.3 s
+        # H200 host (16 CPUs), 1.1 M kernels, the pair took 6.1-7.5 s, the SQLite export alone 5.5-8.3 s
         side = subprocess.Popen(cmds["columnar"]) if "columnar" in cmds else None
         try:
             exported = subprocess.call(cmds["export"]) == 0 and files["sqlite"].exists()

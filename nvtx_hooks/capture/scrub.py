@@ -108,8 +108,11 @@ def scrub(src: str | Path, dst: str | Path, *, force: bool = False) -> dict:
 
     ``dst`` is a new file (:func:`nvtx_hooks.capture.files.new_file`: written under a temporary name and renamed
     into place when complete, never the input by any name, a regular file); an existing one is replaced only
-    with ``force`` (else FileExistsError); ValueError when it may not be written."""
+    with ``force`` (else FileExistsError); ValueError when it may not be written. A ``parquetdir``/``arrowdir``
+    export (a folder of table files) is scrubbed the same way into a new folder (:func:`_scrub_folder`)."""
     src, dst = Path(src), Path(dst)
+    if src.is_dir() and _table_files(src):
+        return _scrub_folder(src, dst, force)
     if not src.is_file():
         raise FileNotFoundError(src)
     try:
@@ -190,8 +193,226 @@ def _scrub(src: Path, dst: Path) -> dict:
     return stats
 
 
+# ---- parquetdir / arrowdir exports: the same removals, table by table with polars -----------------------------
+
+_DIR_SUFFIXES = (".parquet", ".arrow", ".arrows")
+_MARKER = "SPECTRACE_SCRUBBED"  # the scrubbed folder's list of the files it wrote (files.NewFolder)
+
+
+def _table_files(folder: Path) -> dict[str, Path]:
+    """A folder's nsys table files by table name (as ``analyze.read.exportdir.table_files``)."""
+    out: dict[str, Path] = {}
+    for f in sorted(folder.iterdir()):
+        if f.suffix in _DIR_SUFFIXES and f.is_file():
+            out.setdefault(f.stem, f)
+    return out
+
+
+def _is_stream(f: Path) -> bool:
+    """Whether an Arrow table file is an IPC stream (what nsys's arrowdir writes, named ``.arrow``), not an IPC
+    file (which begins with the magic ``ARROW1``)."""
+    with open(f, "rb") as fh:
+        return fh.read(6) != b"ARROW1"
+
+
+def _scan(f: Path):
+    import polars as pl
+
+    if f.suffix == ".parquet":
+        return pl.scan_parquet(f)
+    if _is_stream(f):
+        return pl.read_ipc_stream(f).lazy()
+    return pl.scan_ipc(f)
+
+
+def _encoded(df, f: Path) -> bytes:
+    """``df`` as the bytes of a table file in the format of ``f`` (parquet, Arrow IPC file or stream)."""
+    import io
+
+    buf = io.BytesIO()
+    if f.suffix == ".parquet":
+        df.write_parquet(buf)
+    elif _is_stream(f):
+        df.write_ipc_stream(buf)
+    else:
+        df.write_ipc(buf)
+    return buf.getvalue()
+
+
+def _as_int64(col: str, dtype):
+    """An integer column as SQLite stores it: an unsigned 64-bit one reinterpreted bit for bit (nsys's ids of
+    system rows are above 2^63 there), a narrower one widened (as ``analyze.read.exportdir`` reads them)."""
+    import polars as pl
+
+    return pl.col(col).reinterpret(signed=True) if dtype == pl.UInt64 else pl.col(col).cast(pl.Int64)
+
+
+def _pid_of(col: str, dtype):
+    """The pid in bits 24..47 of a ``globalTid``/``globalPid`` column (its bits taken as unsigned)."""
+    import polars as pl
+
+    return ((_as_int64(col, dtype).reinterpret(signed=False) // (1 << 24)) % (1 << 24)).cast(pl.Int64)
+
+
+def _folder_pids(tables: dict[str, Path]) -> set[int]:
+    """:func:`profiled_pids` of a folder export."""
+
+    pids: set[int] = set()
+    for names, col in ((_TID_TABLES, "globalTid"), (_PID_TABLES, "globalPid")):
+        for t in names:
+            sch = _scan(tables[t]).collect_schema() if t in tables else {}
+            if col in sch:
+                pids |= set(_scan(tables[t]).select(_pid_of(col, sch[col]).alias("p")).drop_nulls().unique()
+                            .collect()["p"].to_list())
+    for t, col in (("TARGET_INFO_CUDA_DEVICE", "pid"), ("TARGET_INFO_CUDA_CONTEXT_INFO", "processId")):
+        sch = _scan(tables[t]).collect_schema() if t in tables else {}
+        if col in sch:
+            pids |= set(_scan(tables[t]).select(_as_int64(col, sch[col]).alias("p")).drop_nulls().unique()
+                        .collect()["p"].to_list())
+    return pids - {0}
+
+
+def _folder_used_ids(tables: dict[str, Path], changed: dict) -> set[int]:
+    """:func:`_referenced_ids` of a folder export, its tables as changed so far (``changed``: frames by table):
+    every integer column but times and thread ids (a superset: a folder has no DDL that marks the string
+    columns)."""
+
+    used: set[int] = set()
+    for t, f in tables.items():
+        if t == "StringIds":
+            continue
+        lf = changed[t].lazy() if t in changed else _scan(f)
+        cols = [(c, d) for c, d in lf.collect_schema().items() if d.is_integer() and c not in _NOT_IDS]
+        for c, d in cols:
+            used |= set(lf.select(_as_int64(c, d)).drop_nulls().unique().collect().to_series().to_list())
+    return used
+
+
+def _scrub_folder(src: Path, dst: Path, force: bool) -> dict:
+    """:func:`scrub` of a parquetdir/arrowdir export: the same rows removed and strings blanked as in a SQLite
+    export, each table file that changes rewritten in its own format and the others copied byte for byte, into
+    a new folder put in place whole (:class:`nvtx_hooks.capture.files.NewFolder`; an existing folder only with
+    ``force``, and only one this function wrote)."""
+    import polars as pl
+
+    from .files import NewFolder, OutputError
+
+    tables = _table_files(src)
+    changed: dict[str, pl.DataFrame] = {}
+    stats: dict[str, int] = {}
+    env_values: list[str] = []
+
+    def frame(t: str) -> pl.DataFrame:
+        if t not in changed:
+            changed[t] = _scan(tables[t]).collect()
+        return changed[t]
+
+    if "META_DATA_CAPTURE" in tables:
+        df = frame("META_DATA_CAPTURE")
+        env = pl.col("name").str.to_uppercase().str.contains("ENVIRONMENT", literal=True)
+        env_values += df.filter(env)["value"].drop_nulls().to_list()
+        stats["meta_env_rows"] = int(df.select(env.sum()).item())
+        df = df.filter(~env.fill_null(False))
+        workdir = pl.col("name").str.to_uppercase().str.ends_with("WORKING_DIR").fill_null(False)
+        stats["meta_workdir_rows"] = int(df.select(workdir.sum()).item())
+        changed["META_DATA_CAPTURE"] = df.with_columns(pl.when(workdir).then(pl.lit(_BLANK)).otherwise("value")
+                                                       .cast(df.schema["value"]).alias("value"))
+    if "TARGET_INFO_SYSTEM_ENV" in tables:
+        df = frame("TARGET_INFO_SYSTEM_ENV")
+        cond = (pl.col("name").str.to_uppercase().str.contains("ENVIRONMENT", literal=True)
+                | pl.col("value").cast(pl.String).str.contains("\x00", literal=True)).fill_null(False)
+        env_values += df.filter(cond)["value"].cast(pl.String).drop_nulls().to_list()
+        stats["system_env_rows"] = int(df.select(cond.sum()).item())
+        changed["TARGET_INFO_SYSTEM_ENV"] = df.filter(~cond)
+    stream_ids: set[int] = set()
+    if "ProcessStreams" in tables:
+        df = frame("ProcessStreams")
+        stream_ids = {int(v) for c in ("filenameId", "contentId") for v in df.select(_as_int64(c, df.schema[c]))
+                      .to_series().to_list()}
+        stats["process_stream_rows"] = df.height
+        changed["ProcessStreams"] = df.clear()
+    blank: set[int] = set()
+    if "StringIds" in tables:
+        strings = frame("StringIds")
+        ids, values = strings.select(_as_int64("id", strings.schema["id"])).to_series().to_list(), \
+            strings["value"].to_list()
+        env_ids = {i for i, v in zip(ids, values) if v and "\x00" in v and _is_env_blob(v)}
+        env_values += [v for i, v in zip(ids, values) if i in env_ids]
+        pairs = _env_pairs(env_values)
+        for i, v in zip(ids, values):  # StringIds: thousands of rows (names), as the SQLite path reads them
+            if i not in env_ids and i not in stream_ids and v and ("\x00" in v or _ENV_KEY.match(v)) \
+                    and any(p in v for p in pairs):
+                env_ids.add(i)
+        blank = env_ids | stream_ids
+        stats["string_ids_blanked"] = len(blank)
+    if "PROCESSES" in tables:
+        keep = _folder_pids(tables)
+        df = frame("PROCESSES")
+        kept = _as_int64("pid", df.schema["pid"]).is_in(sorted(keep))
+        stats["processes_dropped"] = int(df.select((~kept).sum()).item())
+        stats["processes_kept"] = df.height - stats["processes_dropped"]
+        changed["PROCESSES"] = df.filter(kept)
+        if "ThreadNames" in tables:
+            names = frame("ThreadNames")
+            names = names.with_columns(_kept=_pid_of("globalTid", names.schema["globalTid"]).is_in(sorted(keep))
+                                       .fill_null(False))
+            stats["thread_names_dropped"] = int((~names["_kept"]).sum())
+            changed["ThreadNames"] = names.filter("_kept").drop("_kept")
+            if "StringIds" in tables:  # the other processes' thread names
+                nid = _as_int64("nameId", names.schema["nameId"])
+                mine = set(names.filter("_kept").select(nid).to_series().to_list())
+                blank |= set(names.filter(~pl.col("_kept")).select(nid).to_series().to_list()) - mine
+    if "StringIds" in tables:
+        strings = frame("StringIds")
+        used = _folder_used_ids(tables, changed)
+        sid = _as_int64("id", strings.schema["id"])
+        gone = (pl.col("value") != _BLANK) & ~sid.is_in(sorted(used))
+        stats["orphan_strings_blanked"] = int(strings.filter(~sid.is_in(sorted(blank))).select(gone.sum()).item())
+        drop = sid.is_in(sorted(blank)) | gone
+        changed["StringIds"] = strings.with_columns(
+            pl.when(drop).then(pl.lit(_BLANK)).otherwise("value").cast(strings.schema["value"]).alias("value"))
+    try:
+        with NewFolder(dst, option="the output", marker=_MARKER, inputs=[src], force=force,
+                       what="the scrubbed copy") as out:
+            if out.state() not in ("new", "empty") and not force:  # as for a file: replaced only with force
+                raise FileExistsError(dst)
+            for t, f in tables.items():
+                out.write(f.name, _encoded(changed[t], f) if t in changed else f.read_bytes())
+            for f in sorted(src.iterdir()):  # anything else nsys wrote there (not a table): as it is
+                if f.is_file() and f.suffix not in _DIR_SUFFIXES and f.name not in (_MARKER, ".owner"):
+                    out.write(f.name, f.read_bytes())
+    except OutputError as e:
+        if "pass --force" in str(e):
+            raise FileExistsError(dst) from None
+        raise ValueError(f"scrub writes a new folder: {e}") from None
+    return stats
+
+
+def _find_strings_folder(path: Path, needles: list[str]) -> dict[str, list[str]]:
+    """:func:`find_strings` of a folder export: every text and binary column of every table file."""
+    import polars as pl
+
+    hits: dict[str, list[str]] = {}
+    for t, f in _table_files(path).items():
+        lf = _scan(f)
+        for c, d in lf.collect_schema().items():
+            for n in needles:
+                if d == pl.Binary:
+                    found = pl.col(c).bin.contains(n.encode()).any()
+                elif d in (pl.String, pl.Categorical):
+                    found = pl.col(c).cast(pl.String).str.contains(n, literal=True).any()
+                else:
+                    continue
+                if lf.select(found).collect().item():
+                    hits.setdefault(n, []).append(f"{t}.{c}")
+    return hits
+
+
 def find_strings(path: str | Path, needles: list[str]) -> dict[str, list[str]]:
-    """Where each needle still occurs: ``{needle: ["TABLE.column", ...]}`` over every text column."""
+    """Where each needle still occurs: ``{needle: ["TABLE.column", ...]}`` over every text column (of a SQLite
+    export, or of every table file of a parquetdir/arrowdir export)."""
+    if Path(path).is_dir():
+        return _find_strings_folder(Path(path), needles)
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     hits: dict[str, list[str]] = {}
     for t in sorted(_tables(con)):
@@ -225,8 +446,8 @@ def run(a: argparse.Namespace) -> int:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``spectrace scrub``."""
-    p.add_argument("input", help="nsys SQLite export (read only)")
-    p.add_argument("-o", "--output", required=True, help="scrubbed copy to write")
+    p.add_argument("input", help="nsys SQLite export, or parquetdir/arrowdir folder (read only)")
+    p.add_argument("-o", "--output", required=True, help="scrubbed copy to write (a folder for a folder export)")
     p.add_argument("-f", "--force", action="store_true", help="overwrite OUTPUT")
     p.add_argument("--check", action="append", metavar="TEXT",
                    help="fail (exit 1) if TEXT is still anywhere in the output")
