@@ -111,10 +111,13 @@ def scrub(src: str | Path, dst: str | Path, *, force: bool = False) -> dict:
     with ``force`` (else FileExistsError); ValueError when it may not be written. A ``parquetdir``/``arrowdir``
     export (a folder of table files) is scrubbed the same way into a new folder (:func:`_scrub_folder`)."""
     src, dst = Path(src), Path(dst)
-    if src.is_dir() and _table_files(src):
+    if src.is_dir():
+        if not _table_files(src):
+            raise FileNotFoundError("a folder with no nsys table files (.parquet, .arrow): not a parquetdir or "
+                                    "arrowdir export")
         return _scrub_folder(src, dst, force)
     if not src.is_file():
-        raise FileNotFoundError(src)
+        raise FileNotFoundError("no such file")
     try:
         with new_file(dst, option="the output", what="the scrubbed copy", inputs=[src], replace=force) as tmp:
             return _scrub(src, tmp)
