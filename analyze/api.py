@@ -210,12 +210,14 @@ def comm(reports: Reports, ranges: str | None = None, comm_patterns: list[CommPa
     info = selection(res)
 
     def run() -> CommResult:
-        cr = collectives.cross_rank(results)
         if info.get("how") == "none":
+            cr = collectives.cross_rank(results)
             cr.straggler = collectives.verdict(cr.stragglers)
             return cr
-        out = collectives.within(cr, headline.keys(res), info["text"])
-        out.straggler = headline.straggler_verdict(res)  # the same rule and cycles as analyze's findings
+        verdict = headline.straggler_verdict(res)  # the same rule and cycles as analyze's findings
+        headline.let_go(res)  # its matched collectives (hundreds of MB at 10 M kernels) before they are matched again
+        out = collectives.cross_rank(results, keys=headline.keys(res), cycles=info["text"])
+        out.straggler = verdict
         return out
 
     # One report's document depends on its result and the cycle choice only: kept with the result (a merge's is

@@ -412,11 +412,14 @@ def phase_comm_split(phases: pl.DataFrame, kernels: pl.DataFrame
     return out, diags, ref, matched
 
 
-def cross_rank(results: list, paired: windows.Paired | None = None) -> CommResult:
+def cross_rank(results: list, paired: windows.Paired | None = None, keys: pl.DataFrame | None = None,
+               cycles: str | None = None) -> CommResult:
     """Match, align and split the communication of one or several analysed reports (ranks numbered in order).
 
     Several reports' instances are paired across all their ranks again (:func:`windows.pair_reports`;
-    ``paired`` if already done); one report's come keyed from its analysis.
+    ``paired`` if already done); one report's come keyed from its analysis. ``keys`` (``rank, range_id``) and
+    ``cycles``: the result narrowed as :func:`within` narrows it, without the whole run's tables (the refused
+    phases, the clock and the diagnostics are the whole run's either way).
     """
     rank_rows, base = [], 0
     for i, r in enumerate(results):
@@ -465,20 +468,24 @@ def cross_rank(results: list, paired: windows.Paired | None = None) -> CommResul
     ref = refused(matched)
     diags = [_diag("info", "COMM_CLOCK", f"clock: {clock['alignment']}"), *pairing,
              *_diagnostics(kernels, matched, counts, ref)]
-    return CommResult(
+    out = CommResult(
         reports=[r.trace.path for r in results],
         selection=results[0].selection if results else "",
         ranks=ranks,
         kernels=kernels,
         matched=matched,
-        collectives=_summary(matched, ref),
-        stragglers=stragglers(matched, ref),
+        collectives=pl.DataFrame(),
+        stragglers=pl.DataFrame(),
         mismatches=_mismatches(kernels, counts),
         clock=clock,
         diagnostics=diags,
         refused=ref,
         left_out_kernels=every.height - kernels.height,
     )
+    del matched
+    if keys is None or out.matched.height == 0:  # else the whole run's tables are not made: within makes its own
+        out.collectives, out.stragglers = _summary(out.matched, ref), stragglers(out.matched, ref)
+    return out if keys is None else within(out, keys, cycles or "")
 
 
 def within(cr: CommResult, keys: pl.DataFrame, cycles: str) -> CommResult:
