@@ -235,10 +235,15 @@ def compare(a: Reports, b: Reports, ranges: str | None = None, comm_patterns: li
     several each (multi-node runs), or an analysed :class:`Result`."""
     from .compute import compare as cmp
 
-    ra, rb = analyze(a, ranges, comm_patterns, **kw), analyze(b, ranges, comm_patterns, **kw)
-    doc = cmp.compare_results(ra, rb)
-    keep_derived(ra, rb)
-    return doc
+    # One side at a time: what the comparison reads of A is made and A's Result let go before B's is read.
+    ra = analyze(a, ranges, comm_patterns, **kw)
+    sa = cmp.Side.of(ra)
+    keep_derived(ra)
+    del ra
+    rb = analyze(b, ranges, comm_patterns, **kw)
+    sb = cmp.Side.of(rb)
+    keep_derived(rb)
+    return cmp.compare_sides(sa, sb)
 
 
 def whatif(reports: Reports, steps_now: int | None = None, baseline: Reports | None = None,
