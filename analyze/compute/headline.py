@@ -98,12 +98,19 @@ def keys(res: Result) -> pl.DataFrame:
 def matched(res: Result) -> pl.DataFrame:
     """The matched collectives (:func:`analyze.compute.collectives.match`) of steady phase instances."""
     def run():
-        # Matched once by the analysis over the counted instances; let go once narrowed to these cycles (200 MB at
-        # 10 M kernels): another cycle choice on this Result matches them again.
-        m = res.memo.pop("matched_counted", None)
-        if m is None:
-            k = res.comm_kernels
-            m = collectives.match(collectives.with_group_ids(collectives.usable(k)))
+        # Matched once by the analysis over the counted instances, kept packed (70 MB at 10 M kernels, not 200: its
+        # rows of the communication kernels and what matching worked out); let go once narrowed to these cycles:
+        # another cycle choice on this Result matches them again.
+        k = res.comm_kernels
+        packed = res.memo.pop("matched_counted", None)
+        if packed is not None:
+            at = k.select(pl.col("rank", "range_id").gather(packed["_row"]))
+            (mk, ks), on = breakdown.one_key(at, keys(res))
+            rows = mk.with_row_index("_i").join(ks.select(on), on=on, how="semi")["_i"]
+            del at, mk
+            packed = packed.select(pl.all().gather(rows))
+            return collectives.unpacked(k, packed)
+        m = collectives.match(collectives.with_group_ids(collectives.usable(k)))
         if m.height == 0:
             return m
         (mk, ks), on = breakdown.one_key(m.select("rank", "range_id"), keys(res))
