@@ -129,10 +129,12 @@ def matched(res: Result) -> pl.DataFrame:
 
 
 def let_go(res: Result) -> None:
-    """Let go of :func:`matched` (200 MB at 10 M kernels) once the tables made from it are kept: the phases' comm
+    """Let go of :func:`matched` (200 MB at 10 M kernels) and its collectives (30 MB) once the tables made from
+    them are kept: the phases' comm
     split, the stragglers and the collectives' matching (the findings' context asks for all of them, and for the
     cycle classes, the other user). A later call matches the steady collectives again."""
-    res.memo.pop(("matched", repr(sorted(res.cycle_choice.items()))), None)
+    for name in ("matched", "per_collective"):
+        res.memo.pop((name, repr(sorted(res.cycle_choice.items()))), None)
 
 
 def _steady_instances(res: Result, prefix: str, *more: str) -> pl.DataFrame:
@@ -224,7 +226,8 @@ def matching(res: Result) -> pl.DataFrame:
 
 def _per_collective(res: Result) -> pl.DataFrame:
     """One row per matched collective of the steady state (:func:`analyze.compute.collectives.per_collective`)."""
-    return memoised(res, "per_collective", lambda: collectives.per_collective(matched(res)))
+    # Not kept in the cache, let go with matched (30 MB at 10 M kernels): matching and stragglers, made from it, are.
+    return memoised(res, "per_collective", lambda: collectives.per_collective(matched(res)), kept=False)
 
 
 def stragglers(res: Result) -> pl.DataFrame:
