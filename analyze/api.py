@@ -210,12 +210,14 @@ def comm(reports: Reports, ranges: str | None = None, comm_patterns: list[CommPa
     info = selection(res)
 
     def run() -> CommResult:
-        cr = collectives.cross_rank(results)
         if info.get("how") == "none":
+            cr = collectives.cross_rank(results)
             cr.straggler = collectives.verdict(cr.stragglers)
             return cr
-        out = collectives.within(cr, headline.keys(res), info["text"])
-        out.straggler = headline.straggler_verdict(res)  # the same rule and cycles as analyze's findings
+        verdict = headline.straggler_verdict(res)  # the same rule and cycles as analyze's findings
+        headline.let_go(res)  # its matched collectives (hundreds of MB at 10 M kernels) before they are matched again
+        out = collectives.cross_rank(results, keys=headline.keys(res), cycles=info["text"])
+        out.straggler = verdict
         return out
 
     # One report's document depends on its result and the cycle choice only: kept with the result (a merge's is
@@ -233,10 +235,15 @@ def compare(a: Reports, b: Reports, ranges: str | None = None, comm_patterns: li
     several each (multi-node runs), or an analysed :class:`Result`."""
     from .compute import compare as cmp
 
-    ra, rb = analyze(a, ranges, comm_patterns, **kw), analyze(b, ranges, comm_patterns, **kw)
-    doc = cmp.compare_results(ra, rb)
-    keep_derived(ra, rb)
-    return doc
+    # One side at a time: what the comparison reads of A is made and A's Result let go before B's is read.
+    ra = analyze(a, ranges, comm_patterns, **kw)
+    sa = cmp.Side.of(ra)
+    keep_derived(ra)
+    del ra
+    rb = analyze(b, ranges, comm_patterns, **kw)
+    sb = cmp.Side.of(rb)
+    keep_derived(rb)
+    return cmp.compare_sides(sa, sb)
 
 
 def whatif(reports: Reports, steps_now: int | None = None, baseline: Reports | None = None,

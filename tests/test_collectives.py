@@ -236,3 +236,22 @@ def test_within_keeps_the_chosen_instances_and_every_kernel_outside_phases(rep):
     assert got.outside_cycles == 6 and given.matched.height == 0 and rep.matched.height == 10
     assert sorted(got.collectives["phase"].to_list(), key=str) == [None, None, "verify", "verify"]
     assert got.cycles == "the verify instances"
+
+
+def test_cross_rank_narrowed_by_keys_is_within_of_the_whole_run(tmp_path_factory):
+    """``cross_rank(..., keys=, cycles=)`` (the comm verb's path: the whole run's tables never made) gives what
+    ``within`` of the whole run's result gives, every field: verify's collectives and the ones outside any range,
+    the whole run's refused phases, clock and diagnostics; and without keys what it gave before (4 of 10 rows)."""
+    import dataclasses
+
+    from analyze.compute.collectives import within
+
+    res = analyze(one_report(tmp_path_factory.mktemp("k") / "one.sqlite"))
+    whole = cross_rank([res])
+    keys = whole.matched.filter(pl.col("phase") == "verify").select("rank", "range_id")
+    want = within(dataclasses.replace(whole), keys, "the verify instances")
+    got = cross_rank([res], keys=keys, cycles="the verify instances")
+    assert got.matched.height == 4 and whole.matched.height == 10 and got.outside_cycles == 6
+    for f in dataclasses.fields(got):
+        a, b = getattr(got, f.name), getattr(want, f.name)
+        assert (a.equals(b) if isinstance(a, pl.DataFrame) else a == b), f.name

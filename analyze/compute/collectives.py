@@ -38,7 +38,7 @@ from .scalars import to_int, whole
 
 __all__ = ["SPLIT", "comm_kernels", "usable", "with_group_ids", "match", "per_collective", "stragglers",
            "STRAGGLER_FLOOR", "verdict", "phase_split", "with_split", "refused", "short_name",
-           "phase_comm_split", "cross_rank", "within"]
+           "phase_comm_split", "packed", "unpacked", "cross_rank", "within"]
 
 _GROUP = ["domain", "phase", "k", "name"]
 _KEY = [*_GROUP, "j"]
@@ -397,13 +397,16 @@ def _diagnostics(kernels: pl.DataFrame, matched: pl.DataFrame, counts: pl.DataFr
 def phase_comm_split(phases: pl.DataFrame, kernels: pl.DataFrame
                      ) -> tuple[pl.DataFrame, list, pl.DataFrame, pl.DataFrame]:
     """``phases`` with ``comm_wait_ns`` / ``comm_transfer_ns`` (matched collectives, one report), diagnostics,
-    the refused phases (:func:`refused`), and the matched collectives (:func:`match`, with ``range_id``).
+    the refused phases (:func:`refused`), and the matched collectives (:func:`match`, with ``range_id``, and
+    ``_row``: each one's row in ``kernels``).
 
     ``kernels``: :func:`comm_kernels` of the report (of all its processes, ranks numbered, keyed by
     :func:`analyze.compute.windows.pair`).
     """
-    # Only what matching, the split and the diagnostics read: at 10 M kernels every copy of the frame counts.
-    kernels = with_group_ids(usable(kernels).select("rank", *_KEY, "range_id", "start", "end"))
+    # Only what matching, the split and the diagnostics read: at 10 M kernels every copy of the frame counts. Each
+    # row's row in ``kernels`` as given (``_row``) goes with it: :func:`packed` keeps the matched rows by it.
+    cols = ["rank", *_KEY, "range_id", "start", "end", *(["left_out"] if "left_out" in kernels.columns else [])]
+    kernels = with_group_ids(usable(kernels.select(cols).with_row_index("_row")).drop("left_out", strict=False))
     counts = _group_counts(kernels)
     matched = match(kernels, counts, ordered=False)
     ref = refused(matched, grouped=True)
@@ -412,11 +415,36 @@ def phase_comm_split(phases: pl.DataFrame, kernels: pl.DataFrame
     return out, diags, ref, matched
 
 
-def cross_rank(results: list, paired: windows.Paired | None = None) -> CommResult:
+_PACKED = ("_row", "_g", "last", "first_arrival", "end_spread_ns", "delay_ns", "is_last")
+
+
+def packed(matched: pl.DataFrame) -> pl.DataFrame:
+    """:func:`phase_comm_split`'s matched collectives as :func:`unpacked` takes them: each row's row in the
+    communication kernels and what :func:`match` worked out that is not a sum of them (a third of the frame)."""
+    return matched.select(_PACKED)
+
+
+def unpacked(kernels: pl.DataFrame, p: pl.DataFrame) -> pl.DataFrame:
+    """:func:`phase_comm_split`'s matched collectives (without ``_row``) from (rows of) their :func:`packed` form
+    ``p`` and the ``kernels`` they were matched in."""
+    out = kernels.select(pl.col("rank", *_KEY, "range_id", "start", "end").gather(p["_row"])).with_columns(p["_g"])
+    dur = pl.col("end") - pl.col("start")
+    return (out.with_columns(duration_ns=dur, last=p["last"], first_arrival=p["first_arrival"],
+                             end_spread_ns=p["end_spread_ns"])
+            .with_columns(skew_ns=pl.col("last") - pl.col("start"))
+            .with_columns(wait_ns=pl.min_horizontal("duration_ns", "skew_ns"))
+            .with_columns(transfer_ns=pl.col("duration_ns") - pl.col("wait_ns"), delay_ns=p["delay_ns"],
+                          is_last=p["is_last"]))
+
+
+def cross_rank(results: list, paired: windows.Paired | None = None, keys: pl.DataFrame | None = None,
+               cycles: str | None = None) -> CommResult:
     """Match, align and split the communication of one or several analysed reports (ranks numbered in order).
 
     Several reports' instances are paired across all their ranks again (:func:`windows.pair_reports`;
-    ``paired`` if already done); one report's come keyed from its analysis.
+    ``paired`` if already done); one report's come keyed from its analysis. ``keys`` (``rank, range_id``) and
+    ``cycles``: the result narrowed as :func:`within` narrows it, without the whole run's tables (the refused
+    phases, the clock and the diagnostics are the whole run's either way).
     """
     rank_rows, base = [], 0
     for i, r in enumerate(results):
@@ -465,20 +493,24 @@ def cross_rank(results: list, paired: windows.Paired | None = None) -> CommResul
     ref = refused(matched)
     diags = [_diag("info", "COMM_CLOCK", f"clock: {clock['alignment']}"), *pairing,
              *_diagnostics(kernels, matched, counts, ref)]
-    return CommResult(
+    out = CommResult(
         reports=[r.trace.path for r in results],
         selection=results[0].selection if results else "",
         ranks=ranks,
         kernels=kernels,
         matched=matched,
-        collectives=_summary(matched, ref),
-        stragglers=stragglers(matched, ref),
+        collectives=pl.DataFrame(),
+        stragglers=pl.DataFrame(),
         mismatches=_mismatches(kernels, counts),
         clock=clock,
         diagnostics=diags,
         refused=ref,
         left_out_kernels=every.height - kernels.height,
     )
+    del matched
+    if keys is None or out.matched.height == 0:  # else the whole run's tables are not made: within makes its own
+        out.collectives, out.stragglers = _summary(out.matched, ref), stragglers(out.matched, ref)
+    return out if keys is None else within(out, keys, cycles or "")
 
 
 def within(cr: CommResult, keys: pl.DataFrame, cycles: str) -> CommResult:

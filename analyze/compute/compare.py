@@ -34,7 +34,7 @@ from .scalars import real, to_float
 from .tokens import DEFINITION, Tokens, base_expr, selection, summary
 
 __all__ = ["BOOT", "MAX_DRAWS", "SPLIT", "VALS", "PHASE_KINDS", "Comparison", "per_cycle", "kernels", "warnings",
-           "compare_results", "slower_than"]
+           "Side", "compare_results", "compare_sides", "slower_than"]
 
 BOOT = 1000
 MAX_DRAWS = 2_000_000  # resamples × cycles, at most (fewer resamples for very long runs)
@@ -228,10 +228,16 @@ def _joined(x: pl.DataFrame, y: pl.DataFrame, keys: list[str], ta, tb, tok: bool
 def kernels(a, b, tok: bool, ta, tb, top: int = 3) -> pl.DataFrame:
     """Per phase (base name) and kernel: time and count per cycle in A and B, the biggest |Δ| first, ``top`` per
     phase."""
-    def side(res: Result):
-        k = headline.kernels(res).with_columns(phase=base_expr("phase"))
-        return k.group_by("phase", "name").agg(pl.col("per_cycle_ns").sum(), pl.col("count_per_cycle").sum())
-    ka, kb = side(a), side(b)
+    return _kernels(_kernels_of(a), _kernels_of(b), tok, ta, tb, top)
+
+
+def _kernels_of(res: Result) -> pl.DataFrame:
+    """One side of :func:`kernels`: per phase (base name) and kernel, time and count per cycle."""
+    k = headline.kernels(res).with_columns(phase=base_expr("phase"))
+    return k.group_by("phase", "name").agg(pl.col("per_cycle_ns").sum(), pl.col("count_per_cycle").sum())
+
+
+def _kernels(ka: pl.DataFrame, kb: pl.DataFrame, tok: bool, ta, tb, top: int = 3) -> pl.DataFrame:
     j = ka.rename({"per_cycle_ns": "a_ns_per_cycle", "count_per_cycle": "a_count_per_cycle"}).join(
         kb.rename({"per_cycle_ns": "b_ns_per_cycle", "count_per_cycle": "b_count_per_cycle"}),
         on=["phase", "name"], how="full", coalesce=True).fill_null(0.0)
@@ -243,21 +249,39 @@ def kernels(a, b, tok: bool, ta, tb, top: int = 3) -> pl.DataFrame:
     return j.group_by("phase", maintain_order=True).head(top)
 
 
+@dataclass
+class _Capture:
+    """How one trace was captured and its steady state chosen: what :func:`warnings` compares."""
+
+    graph_trace_mode: str | None
+    ranks: int
+    gpus: list[str]
+    selection: dict
+
+    @classmethod
+    def of(cls, res: Result) -> _Capture:
+        return cls(res.trace.graph_trace_mode, res.ranks.height, _gpus(res), selection(res))
+
+
 def warnings(a, b) -> list[str]:
     """What makes the two captures hard to compare, in one line each (empty when nothing does)."""
+    return _warnings(_Capture.of(a), _Capture.of(b))
+
+
+def _warnings(a: _Capture, b: _Capture) -> list[str]:
     out = []
-    ma, mb = a.trace.graph_trace_mode, b.trace.graph_trace_mode
+    ma, mb = a.graph_trace_mode, b.graph_trace_mode
     if (ma or "none") != (mb or "none"):
         out.append(f"CUDA-graph trace levels differ (A: {ma or 'none'}, B: {mb or 'none'}): node-level tracing makes "
                    "graph launches block and costs 2–3 % of the cycle; compare captures made the same way")
-    if a.ranks.height != b.ranks.height:
-        out.append(f"rank counts differ (A: {a.ranks.height}, B: {b.ranks.height}): per-cycle times compare, "
+    if a.ranks != b.ranks:
+        out.append(f"rank counts differ (A: {a.ranks}, B: {b.ranks}): per-cycle times compare, "
                    "communication does not")
-    ga, gb = _gpus(a), _gpus(b)
+    ga, gb = a.gpus, b.gpus
     if ga and gb and ga != gb:
         out.append(f"GPU models differ (A: {', '.join(ga)}; B: {', '.join(gb)})")
     for side, r in (("A", a), ("B", b)):
-        info = selection(r)
+        info = r.selection
         if info.get("how") == "detected" and (info.get("left_out_share") or 0) > steady.LEFT_OUT_WARN:
             out.append(f"{side} leaves out {info['left_out_share']:.0%} of its cycles after warm-up (stalls, pauses): "
                        "its numbers describe the rest only")
@@ -269,23 +293,50 @@ def _gpus(res: Result) -> list[str]:
     return [str(n) for n in names]
 
 
+@dataclass
+class Side:
+    """What :func:`compare_results` reads of one analysed trace (:meth:`of`): small tables only, so that the
+    trace's :class:`Result` (hundreds of MB at 10 M kernels) can go before the other side's is read."""
+
+    name: str
+    cycles: int
+    tokens: Tokens
+    per_cycle: pl.DataFrame
+    per_rank: pl.DataFrame
+    wide: pl.DataFrame
+    kernels: pl.DataFrame
+    steady: str
+    straggler: list[dict]
+    capture: _Capture
+
+    @classmethod
+    def of(cls, res: Result) -> Side:
+        return cls(name=", ".join(res.reports) or str(res.trace.path), cycles=_n_cycles(res), tokens=summary(res),
+                   per_cycle=per_cycle(res), per_rank=per_cycle(res, True), wide=_wide(res),
+                   kernels=_kernels_of(res), steady=selection(res)["text"], straggler=_straggler(res),
+                   capture=_Capture.of(res))
+
+
 def compare_results(a, b, boot: int = BOOT, seed: int = 0) -> Comparison:
     """The comparison of analysed traces ``a`` and ``b`` (see the module docstring; ``to_dict()``: the JSON)."""
-    ta, tb = summary(a), summary(b)
+    return compare_sides(Side.of(a), Side.of(b), boot, seed)
+
+
+def compare_sides(a: Side, b: Side, boot: int = BOOT, seed: int = 0) -> Comparison:
+    """:func:`compare_results` of the two sides' :class:`Side` (each made while its Result was at hand)."""
+    ta, tb = a.tokens, b.tokens
     tok = ta.tokens_per_cycle is not None and tb.tokens_per_cycle is not None
     key = "delta_ns_per_token" if tok else "delta_ns"
-    pa, pb = per_cycle(a), per_cycle(b)
-    rows = _joined(pa, pb, ["name"], ta, tb, tok)
+    rows = _joined(a.per_cycle, b.per_cycle, ["name"], ta, tb, tok)
     rows = rows.filter((pl.col("a_ns_per_cycle") != 0) | (pl.col("b_ns_per_cycle") != 0) | pl.col("kind").is_in(
         PHASE_KINDS))
-    ci, verdict = _intervals(_wide(a), _wide(b), tok, boot, seed)
+    ci, verdict = _intervals(a.wide, b.wide, tok, boot, seed)
     if ci:
         cis = pl.DataFrame([{"phase": k, **v} for k, v in ci.items() if k != "period"])
         rows = rows.join(cis, on="phase", how="left")
         rows = rows.with_columns(significant=(pl.col("ci_low_ns") > 0) | (pl.col("ci_high_ns") < 0))
     rows = rows.sort(pl.col(key).abs(), "phase", descending=[True, False])
-    rank_rows = _joined(per_cycle(a, True), per_cycle(b, True), ["rank", "name"], ta, tb, tok).sort(
-        "phase", "rank")
+    rank_rows = _joined(a.per_rank, b.per_rank, ["rank", "name"], ta, tb, tok).sort("phase", "rank")
     period = {"a_ns": ta.period_ns, "b_ns": tb.period_ns,
               "delta_ns": tb.period_ns - ta.period_ns if ta.period_ns and tb.period_ns else None,
               **ci.get("period", {})}
@@ -293,18 +344,18 @@ def compare_results(a, b, boot: int = BOOT, seed: int = 0) -> Comparison:
         period |= {"a_ns_per_token": real(ta.period_ns) / ta.tokens_per_cycle,
                    "b_ns_per_token": real(tb.period_ns) / tb.tokens_per_cycle}
     return Comparison(
-        a=", ".join(a.reports) or str(a.trace.path), b=", ".join(b.reports) or str(b.trace.path),
-        a_cycles=_n_cycles(a), b_cycles=_n_cycles(b),
+        a=a.name, b=b.name,
+        a_cycles=a.cycles, b_cycles=b.cycles,
         per_token=tok,
         definition=DEFINITION,
-        steady={"a": selection(a)["text"], "b": selection(b)["text"]},
-        warnings=warnings(a, b),
+        steady={"a": a.steady, "b": b.steady},
+        warnings=_warnings(a.capture, b.capture),
         rows=rows.to_dicts(),
         per_rank=rank_rows.to_dicts(),
         cycle_period=period,
         verdict=_verdict(ta, tb, tok, verdict),
-        stragglers={"a": _straggler(a), "b": _straggler(b)},
-        kernels=kernels(a, b, tok, ta, tb).to_dicts(),
+        stragglers={"a": a.straggler, "b": b.straggler},
+        kernels=_kernels(a.kernels, b.kernels, tok, ta, tb).to_dicts(),
         tokens={"a": ta, "b": tb},
     )
 

@@ -98,12 +98,19 @@ def keys(res: Result) -> pl.DataFrame:
 def matched(res: Result) -> pl.DataFrame:
     """The matched collectives (:func:`analyze.compute.collectives.match`) of steady phase instances."""
     def run():
-        # Matched once by the analysis over the counted instances; let go once narrowed to these cycles (200 MB at
-        # 10 M kernels): another cycle choice on this Result matches them again.
-        m = res.memo.pop("matched_counted", None)
-        if m is None:
-            k = res.comm_kernels
-            m = collectives.match(collectives.with_group_ids(collectives.usable(k)))
+        # Matched once by the analysis over the counted instances, kept packed (70 MB at 10 M kernels, not 200: its
+        # rows of the communication kernels and what matching worked out); let go once narrowed to these cycles:
+        # another cycle choice on this Result matches them again.
+        k = res.comm_kernels
+        packed = res.memo.pop("matched_counted", None)
+        if packed is not None:
+            at = k.select(pl.col("rank", "range_id").gather(packed["_row"]))
+            (mk, ks), on = breakdown.one_key(at, keys(res))
+            rows = mk.with_row_index("_i").join(ks.select(on), on=on, how="semi")["_i"]
+            del at, mk
+            packed = packed.select(pl.all().gather(rows))
+            return collectives.unpacked(k, packed)
+        m = collectives.match(collectives.with_group_ids(collectives.usable(k)))
         if m.height == 0:
             return m
         (mk, ks), on = breakdown.one_key(m.select("rank", "range_id"), keys(res))
@@ -122,10 +129,12 @@ def matched(res: Result) -> pl.DataFrame:
 
 
 def let_go(res: Result) -> None:
-    """Let go of :func:`matched` (200 MB at 10 M kernels) once the tables made from it are kept: the phases' comm
+    """Let go of :func:`matched` (200 MB at 10 M kernels) and its collectives (30 MB) once the tables made from
+    them are kept: the phases' comm
     split, the stragglers and the collectives' matching (the findings' context asks for all of them, and for the
     cycle classes, the other user). A later call matches the steady collectives again."""
-    res.memo.pop(("matched", repr(sorted(res.cycle_choice.items()))), None)
+    for name in ("matched", "per_collective"):
+        res.memo.pop((name, repr(sorted(res.cycle_choice.items()))), None)
 
 
 def _steady_instances(res: Result, prefix: str, *more: str) -> pl.DataFrame:
@@ -217,7 +226,8 @@ def matching(res: Result) -> pl.DataFrame:
 
 def _per_collective(res: Result) -> pl.DataFrame:
     """One row per matched collective of the steady state (:func:`analyze.compute.collectives.per_collective`)."""
-    return memoised(res, "per_collective", lambda: collectives.per_collective(matched(res)))
+    # Not kept in the cache, let go with matched (30 MB at 10 M kernels): matching and stragglers, made from it, are.
+    return memoised(res, "per_collective", lambda: collectives.per_collective(matched(res)), kept=False)
 
 
 def stragglers(res: Result) -> pl.DataFrame:
