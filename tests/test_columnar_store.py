@@ -41,10 +41,17 @@ def same_store(cut, copied):
         a, b = (pl.read_parquet(s.root / f"{name}.parquet") for s in (cut, copied))
         key = [c for c in a.columns if a[c].dtype != pl.Object]
         assert a.sort(key, nulls_last=True).equals(b.sort(key, nulls_last=True)), name
+    # The build hands the store the API calls it read of each process whose calls are its kept ones alone (no
+    # launcher of a lost op): what a read of the export returns; each read once, by the first read below.
+    lost = set(pl.read_parquet(cut.root / "lost.parquet")["pid"].to_list())
+    assert set(cut._handed) == {("api", p) for p in copied.pids if copied.meta["api_rows"].get(str(p)) and p not in lost}
+    for (_, pid), rows in cut._handed.items():
+        assert rows.equals(copied.read("api", pid)) and rows.equals(cut._columnar("api", [pid])[pid]), pid
     for pid in copied.pids:
         for kind in ("ops", "api"):
             assert cut.read(kind, pid).equals(copied.read(kind, pid)), (kind, pid)  # the order too
         assert cut.read("ops", pid, ("start", "corr")).equals(copied.read("ops", pid, ("start", "corr")))
+    assert not cut._handed  # every handed frame read once, then dropped
     together(cut, copied)
     for kind in ("ops", "api"):
         assert cut.scan(kind).collect().equals(copied.scan(kind).collect()), kind
