@@ -1046,8 +1046,8 @@ def _columnar_counts(r: DirReader, duration: int | None, strings_f: Future[pl.Da
         for p, n, t in df.group_by("pid").agg(pl.len(), pl.col("start").min()).iter_rows():
             ops_rows[p] = ops_rows.get(p, 0) + n
             ops_first[p] = t if p not in ops_first else min(ops_first[p], t)
-        ids.append(df["name_id"].unique().drop_nulls())
         keys.append(_op_keys(df))
+        ids.append(keys[-1]["name_id"].drop_nulls())  # (their names: _names makes them unique)
         if _packs(df):  # (pid, corr) as one integer: a semi-join is a hash of one column
             packed.append(df.select(key=_KEY))
         else:
