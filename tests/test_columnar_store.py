@@ -140,3 +140,20 @@ def test_a_changed_export_is_not_read_through_an_old_store(tmp_path):
     df.write_parquet(k)
     with pytest.raises(InputError, match="changed"):
         s3.read("api", s3.pids[0])
+
+
+def test_a_lazy_read_warns_nothing(tmp_path):
+    """The row functions applied to lazy rows ask for their schema, not ``.columns``: no PerformanceWarning (one
+    silenced by ``warnings.catch_warnings`` reached stderr when the pipeline's two threads read at once)."""
+    import warnings
+
+    from analyze.read.export import api_query, op_queries
+    from analyze.read.exportdir import DirReader
+    from analyze.read.store import _lazy_post
+
+    r = DirReader(write_export_dir(tp2("tp2_s3_node", tmp_path), tmp_path / "pqtdir"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plans = [_lazy_post(post, r._lazy(q)) for _, q, post in op_queries(r)]
+        plans.append(_lazy_post(api_query(r)[1], r._lazy(api_query(r)[0])))
+        assert all(lf.collect().height for lf in plans)

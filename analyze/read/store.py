@@ -1124,14 +1124,10 @@ def _packs(rows: pl.DataFrame) -> bool:
 
 
 def _lazy_post(post, lf: pl.LazyFrame) -> pl.LazyFrame:
-    """``post`` (a query's row function, :func:`analyze.read.export.op_queries`) applied to its lazy rows."""
-    import warnings
-
-    from polars.exceptions import PerformanceWarning
-
-    with warnings.catch_warnings():  # post asks for a column name or two: the lazy schema, cheap here
-        warnings.simplefilter("ignore", PerformanceWarning)
-        return post(lf)
+    """``post`` (a query's row function, :func:`analyze.read.export.op_queries`) applied to its lazy rows. (It reads
+    their schema, never ``.columns``: a PerformanceWarning silenced with ``warnings.catch_warnings`` leaked to stderr
+    when two worker threads read at once, that context manager not being thread-safe.)"""
+    return post(lf)
 
 
 def _narrow(post, lf: pl.LazyFrame, columns: list[str]) -> pl.DataFrame:
