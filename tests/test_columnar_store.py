@@ -41,10 +41,17 @@ def same_store(cut, copied):
         a, b = (pl.read_parquet(s.root / f"{name}.parquet") for s in (cut, copied))
         key = [c for c in a.columns if a[c].dtype != pl.Object]
         assert a.sort(key, nulls_last=True).equals(b.sort(key, nulls_last=True)), name
+    # The build hands the store the API calls it read of each process whose calls are its kept ones alone (no
+    # launcher of a lost op): what a read of the export returns; each read once, by the first read below.
+    lost = set(pl.read_parquet(cut.root / "lost.parquet")["pid"].to_list())
+    assert set(cut._handed) == {("api", p) for p in copied.pids if copied.meta["api_rows"].get(str(p)) and p not in lost}
+    for (_, pid), rows in cut._handed.items():
+        assert rows.equals(copied.read("api", pid)) and rows.equals(cut._columnar("api", [pid])[pid]), pid
     for pid in copied.pids:
         for kind in ("ops", "api"):
             assert cut.read(kind, pid).equals(copied.read(kind, pid)), (kind, pid)  # the order too
         assert cut.read("ops", pid, ("start", "corr")).equals(copied.read("ops", pid, ("start", "corr")))
+    assert not cut._handed  # every handed frame read once, then dropped
     together(cut, copied)
     for kind in ("ops", "api"):
         assert cut.scan(kind).collect().equals(copied.scan(kind).collect()), kind
@@ -133,3 +140,20 @@ def test_a_changed_export_is_not_read_through_an_old_store(tmp_path):
     df.write_parquet(k)
     with pytest.raises(InputError, match="changed"):
         s3.read("api", s3.pids[0])
+
+
+def test_a_lazy_read_warns_nothing(tmp_path):
+    """The row functions applied to lazy rows ask for their schema, not ``.columns``: no PerformanceWarning (one
+    silenced by ``warnings.catch_warnings`` reached stderr when the pipeline's two threads read at once)."""
+    import warnings
+
+    from analyze.read.export import api_query, op_queries
+    from analyze.read.exportdir import DirReader
+    from analyze.read.store import _lazy_post
+
+    r = DirReader(write_export_dir(tp2("tp2_s3_node", tmp_path), tmp_path / "pqtdir"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plans = [_lazy_post(post, r._lazy(q)) for _, q, post in op_queries(r)]
+        plans.append(_lazy_post(api_query(r)[1], r._lazy(api_query(r)[0])))
+        assert all(lf.collect().height for lf in plans)

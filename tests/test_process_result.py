@@ -48,3 +48,20 @@ def test_the_result_is_made_of_the_process_results(tmp_path, seen):
 def test_kept_operations_come_from_the_process_results(tmp_path, seen):
     res = pipeline.analyze(tp2("tp2_s3_graph", tmp_path), store=False, keep_ops=True)
     assert res.ops is not None and rows(seen, "ops") == res.ops.height > 0
+
+
+@pytest.mark.parametrize("names", [["gemm", "nccl", "[CUDA memcpy HtoD]"], ["gemm", "gemm", "[CUDA memcpy HtoD]"]])
+def test_kernel_stats_sum_ops_per_instance_and_name(names):
+    """Hand-computed: ops outside any range are left out; with a name under two kinds (two name ids), the two
+    kinds' ops of an instance are summed under the one name (the path that groups twice); with names all
+    distinct, each (instance, kind) sum is the row."""
+    kinds = pl.DataFrame({"name": names}).with_columns(pl.col("name").cast(pl.Categorical))
+    ops = pl.DataFrame({"pid": [7] * 6, "range_id": [1, 1, 1, 2, 2, None], "_kind": [0, 1, 0, 1, 2, 0],
+                        "start": [0, 10, 20, 100, 130, 200], "end": [5, 13, 30, 104, 150, 260]})
+    got = pipeline._kernel_stats(ops, kinds, 3).with_columns(pl.col("name").cast(pl.String))
+    want = {(1, names[0]): (2, 15), (1, names[1]): (1, 3), (2, names[1]): (1, 4), (2, names[2]): (1, 20)}
+    if names[0] == names[1]:  # range 1: gemm 5 + 3 + 10 ns in three ops
+        want = {(1, "gemm"): (3, 18), (2, "gemm"): (1, 4), (2, names[2]): (1, 20)}
+    assert {(r, n): (c, k) for r, n, c, k in got.select("range_id", "name", "count", "kernel_ns").rows()} == want
+    assert got.height == len(want) and set(got["pid"]) == {7} and set(got["rank"]) == {3}
+    assert got.schema["count"] == pl.Int64 and got.schema["kernel_ns"] == pl.Int64

@@ -308,9 +308,13 @@ def _kernel_stats(ops: pl.DataFrame, kinds: pl.DataFrame, rank: int | None) -> p
            .filter(pl.col("key").is_not_null()).collect())
     names = kinds.select("name").with_row_index("_kind").with_columns(pl.col("_kind").cast(pl.Int64))
     per = per.with_columns(range_id=pl.col("key") // n, _kind=pl.col("key") % n).join(names, on="_kind", how="left")
-    return (per.group_by("range_id", "name").agg(pl.col("count").sum().cast(pl.Int64), pl.col("kernel_ns").sum())
-            .with_columns(pid=pl.lit(ops["pid"][0] if ops.height else None, pl.Int64),
-                          rank=pl.lit(rank if ops.height else None, pl.Int64))
+    if kinds["name"].null_count() == 0 and kinds["name"].n_unique() == kinds.height:
+        # each name is one kind: a (range, name) is one (range, kind), already summed (no second group-by)
+        per = per.with_columns(pl.col("count").cast(pl.Int64))
+    else:
+        per = per.group_by("range_id", "name").agg(pl.col("count").sum().cast(pl.Int64), pl.col("kernel_ns").sum())
+    return (per.with_columns(pid=pl.lit(ops["pid"][0] if ops.height else None, pl.Int64),
+                             rank=pl.lit(rank if ops.height else None, pl.Int64))
             .select("pid", "rank", "range_id", "name", "count", "kernel_ns"))
 
 

@@ -220,7 +220,8 @@ def _finish_ops(df: pl.DataFrame) -> pl.DataFrame:
     # instead of three (at 10 M kernels a column costs ~0.5 CPU-s to read)
     v = pl.col("device")
     graph: pl.Expr = pl.when(v >= _GRAPH_BITS).then(v // _GRAPH_BITS - 1)
-    if "graph" in df.columns:  # a graph-level row: its graph exec id
+    if "graph" in df.collect_schema().names():  # a graph-level row: its graph exec id (also of a LazyFrame's rows:
+        # its schema, no PerformanceWarning)
         graph = pl.coalesce("graph", graph)
     return (df.with_columns(pid=pid_of("gpid"), in_graph=(v % 2) == 1, graph=graph, device=(v % _GRAPH_BITS) // 2)
             .select(list(OPS_SCHEMA)).cast(OPS_SCHEMA))

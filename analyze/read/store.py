@@ -119,6 +119,9 @@ EDGE = 65536  # the key hashes each report file's first and last EDGE bytes (SQL
 BLOCK, BLOCKS = 4096, 6  # ...and BLOCKS blocks of BLOCK bytes spread between them
 _NAME_MAX = 255  # bytes in a file name (most file systems)
 _BUILD_NAME = len("..tmp-") + 12  # what a build folder's name adds to the cache's (``.<name>.tmp-<12 hex>``)
+# Rows a columnar build read anyway, by build folder, for the store opened on it (:func:`_take_rows`)
+_BUILT_ROWS: dict[Path, dict[tuple[str, int], pl.DataFrame]] = {}
+_BUILT_ROWS_LOCK = threading.Lock()
 
 
 class CacheError(InputError):
@@ -461,6 +464,7 @@ class Store:
         # (kind, pid) -> the processes whose rows one scan reads; rows read for a process that has not asked yet
         self._together: dict[tuple[str, int], tuple[int, ...]] = {}
         self._ahead: dict[tuple[str, int, tuple[str, ...] | None], Future[pl.DataFrame]] = {}
+        self._handed: dict[tuple[str, int], pl.DataFrame] = {}  # rows its build read: each read once (hand)
         if meta is None:
             meta = self.reading(lambda: json.loads((root / "meta.json").read_text()))
         self.meta = meta
@@ -546,6 +550,12 @@ class Store:
             api_first=self.api_first,
         )
 
+    def hand(self, rows: dict[tuple[str, int], pl.DataFrame]) -> None:
+        """Rows of some processes (``(kind, pid)``: all of its rows, as :meth:`read` returns them) that the store's
+        build read anyway: the first :meth:`read` of each takes them instead of reading the export again."""
+        with self._lock:
+            self._handed.update(rows)
+
     def read_together(self, kind: str, groups: list[tuple[int, ...]]) -> None:
         """Processes whose ``kind`` rows (ops, api) are read at once, group by group (a columnar store; a store
         with its own copy of the rows reads one process's files anyway): the first :meth:`read` of one process of
@@ -568,9 +578,13 @@ class Store:
         against 1.59 in pairs), and the group's rows would wait in memory."""
         api = self.meta.get("api_rows", {})
         ops = sorted(self.meta.get("ops_rows", {}).values(), reverse=True)
-        small = sum(api.get(str(p), 0) for p in pids) <= sum(ops[:workers])
+        with self._lock:
+            if not workers:  # the reads are over: rows handed by the build and not read are dropped
+                self._handed = {}
+            to_read = tuple(p for p in pids if ("api", p) not in self._handed)  # the others' are in memory
+        small = sum(api.get(str(p), 0) for p in to_read) <= sum(ops[:workers])
         self.read_together("ops", [])
-        self.read_together("api", [tuple(pids)] if workers > 1 and small else [])
+        self.read_together("api", [to_read] if workers > 1 and small else [])
 
     def read(self, kind: str, pid: int, columns: tuple[str, ...] | None = None) -> pl.DataFrame:
         """All ``ops`` or ``api`` rows of one process (only ``columns``, if given), each file checked against its
@@ -584,7 +598,11 @@ class Store:
 
     def _columnar_of(self, kind: str, pid: int, columns: tuple[str, ...] | None) -> pl.DataFrame:
         """:meth:`_columnar` of one process, with the other processes of its group (:meth:`read_together`): read
-        by the first of them to ask, handed to the others."""
+        by the first of them to ask, handed to the others; or the rows the build handed over (:meth:`hand`)."""
+        with self._lock:
+            handed = self._handed.pop((kind, pid), None)
+        if handed is not None:
+            return handed if columns is None else handed.select(columns)
         group = self._together.get((kind, pid))
         if group is None:
             return self._columnar(kind, [pid], columns)[pid]
@@ -979,7 +997,15 @@ def _build_columnar(r: DirReader, report: str | os.PathLike, dest: Path, m: dict
     }
     meta["check"] = _digest(meta)
     _write(dest / "meta.json", lambda q: q.write_text(json.dumps(meta, indent=1)))
+    with _BUILT_ROWS_LOCK:  # for the store opened on this build (_take_rows)
+        _BUILT_ROWS[dest] = counts.handed
     return dest
+
+
+def _take_rows(dest: Path) -> dict[tuple[str, int], pl.DataFrame]:
+    """The rows the build into ``dest`` read anyway (:meth:`Store.hand`), once; none when it kept none."""
+    with _BUILT_ROWS_LOCK:
+        return _BUILT_ROWS.pop(dest, {})
 
 
 @dataclasses.dataclass
@@ -1002,6 +1028,8 @@ class _ColumnarCounts:
     """The name ids of the rows kept (their names go to ``names.parquet``)."""
     op_keys: pl.DataFrame
     """Every distinct ``(name_id, label)`` of the GPU operations."""
+    handed: dict[tuple[str, int], pl.DataFrame]
+    """``("api", pid)``: the API calls a read of the process returns, read here anyway (:meth:`Store.hand`)."""
 
 
 def _columnar_counts(r: DirReader, duration: int | None, strings_f: Future[pl.DataFrame],
@@ -1018,8 +1046,8 @@ def _columnar_counts(r: DirReader, duration: int | None, strings_f: Future[pl.Da
         for p, n, t in df.group_by("pid").agg(pl.len(), pl.col("start").min()).iter_rows():
             ops_rows[p] = ops_rows.get(p, 0) + n
             ops_first[p] = t if p not in ops_first else min(ops_first[p], t)
-        ids.append(df["name_id"].unique().drop_nulls())
         keys.append(_op_keys(df))
+        ids.append(keys[-1]["name_id"].drop_nulls())  # (their names: _names makes them unique)
         if _packs(df):  # (pid, corr) as one integer: a semi-join is a hash of one column
             packed.append(df.select(key=_KEY))
         else:
@@ -1029,12 +1057,16 @@ def _columnar_counts(r: DirReader, duration: int | None, strings_f: Future[pl.Da
     api_rows: dict[int, int] = {}
     api_first: dict[int, int] = {}
     lost = pl.DataFrame(schema={"pid": pl.Int64, "corr": pl.Int64})
+    handed: dict[tuple[str, int], pl.DataFrame] = {}
     api_q = api_query(r)
     if api_q:
-        api = _narrow(api_q[1], r._lazy(api_q[0]), ["pid", "corr", "start", "name_id"])
+        # every column of the kept calls: each process's are what its read returns (handed to the store)
+        api = _narrow(api_q[1], r._lazy(api_q[0]), list(API_SCHEMA))
         notes["api_without_pid"] = int(api.select(BAD_API.sum()).item() or 0)
         api = api.filter(~BAD_API).with_columns(_kept=pl.col("name_id").is_in(kept_ids.implode()).fill_null(False))
-        kept = api.filter("_kept")
+        kept_rows = api.filter("_kept").drop("_kept")
+        api = api.select("pid", "corr", "start", "name_id", "_kept")
+        kept = kept_rows.select("pid", "corr", "start", "name_id")
         ids.append(kept["name_id"].unique().drop_nulls())
         kept_first = dict(kept.group_by("pid").agg(pl.col("start").min()).iter_rows())
         # the ops no kept call launched (_unmatched), their (pid, corr) once each
@@ -1069,8 +1101,14 @@ def _columnar_counts(r: DirReader, duration: int | None, strings_f: Future[pl.Da
             starts = [t for t in (kept_first.get(p), early_first.get(p)) if t is not None]
             if starts:
                 api_first[p] = min(starts)
+        # A process's calls as Store.read returns them (in row order), where they are its kept calls alone: with
+        # a launcher of a lost op, it reads them (the launchers go after the kept calls, in their row order).
+        with_lost = set(lost["pid"].to_list())
+        handed = {("api", p): df for (p,), df in kept_rows.partition_by("pid", as_dict=True, maintain_order=True).items()
+                  if p not in with_lost}
+        del kept_rows
     return _ColumnarCounts(dropped=dropped, ops_rows=ops_rows, api_rows=api_rows, api_first=api_first,
-                           kept_ids=kept_ids.to_list(), lost=lost,
+                           kept_ids=kept_ids.to_list(), lost=lost, handed=handed,
                            ids=pl.concat(ids) if ids else pl.Series("name_id", [], pl.Int64),
                            op_keys=pl.concat(keys).unique() if keys else pl.DataFrame(schema=_OP_KEYS))
 
@@ -1086,14 +1124,10 @@ def _packs(rows: pl.DataFrame) -> bool:
 
 
 def _lazy_post(post, lf: pl.LazyFrame) -> pl.LazyFrame:
-    """``post`` (a query's row function, :func:`analyze.read.export.op_queries`) applied to its lazy rows."""
-    import warnings
-
-    from polars.exceptions import PerformanceWarning
-
-    with warnings.catch_warnings():  # post asks for a column name or two: the lazy schema, cheap here
-        warnings.simplefilter("ignore", PerformanceWarning)
-        return post(lf)
+    """``post`` (a query's row function, :func:`analyze.read.export.op_queries`) applied to its lazy rows. (It reads
+    their schema, never ``.columns``: a PerformanceWarning silenced with ``warnings.catch_warnings`` leaked to stderr
+    when two worker threads read at once, that context manager not being thread-safe.)"""
+    return post(lf)
 
 
 def _narrow(post, lf: pl.LazyFrame, columns: list[str]) -> pl.DataFrame:
@@ -1441,6 +1475,7 @@ def open_store(report: str | os.PathLike, progress: bool | None = None, cache_di
             build(p, tmp, progress)
         except CacheWriteError as e:
             raise _write_error(e.reason, root) from None
+        built = _take_rows(tmp)
         if fingerprint(p) != key:  # the report changed while we read it: do not keep what we read
             raise InputError(f"{p}: the report changed while it was read; try again", "CHANGED")
         mine = _build_id(tmp)
@@ -1462,6 +1497,7 @@ def open_store(report: str | os.PathLike, progress: bool | None = None, cache_di
         except OSError as e:
             raise _write_error(e.strerror or e, root) from None
     finally:
+        _take_rows(tmp)  # rows a failed build read go with it
         if tmp.exists():
             remove_tree(tmp)
         if old is not None:
@@ -1472,6 +1508,8 @@ def open_store(report: str | os.PathLike, progress: bool | None = None, cache_di
         discard(root, mine)
         raise CacheError(f"{root}: the cache does not verify right after it was built ({why}), so it was removed; "
                          "check the disk, or set SPECTRACE_CACHE_DIR to another place", "CACHE_BROKEN")
+    if found.meta.get("build") == mine:  # the rows our build read are this cache's
+        found.hand(built)
     return found
 
 
@@ -1489,7 +1527,10 @@ def temporary_store(report: str | os.PathLike, progress: bool | None = None) -> 
         except CacheWriteError as e:
             raise CacheWriteError(f"{tmp}: cannot write a temporary store ({e.reason}); set TMPDIR to a writable "
                                   "folder, or pass --no-store", "TMP_WRITE", reason=e.reason) from None
-        return Store(tmp / "c", kept=False, report=report), tmp
+        s = Store(tmp / "c", kept=False, report=report)
+        s.hand(_take_rows(tmp / "c"))
+        return s, tmp
     except BaseException:
+        _take_rows(tmp / "c")
         remove_tree(tmp)
         raise
