@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = ["HIGH", "MEDIUM", "FLOOR", "RULES", "COMM_SHARE", "IDLE_SHARE", "GAIN", "RuleContext", "Finding", "RuleHit", "Rule",
            "SAME", "launch_timing", "NCCL_KERNEL", "PROTOS", "NcclSetting", "nccl_setting", "comm_action",
-           "PHASE_SHARE", "severity", "context", "find"]
+           "PHASE_SHARE", "severity", "prepare", "context", "find"]
 
 HIGH, MEDIUM, FLOOR = 0.10, 0.03, 0.01
 COMM_SHARE = 0.10  # a phase's communication share of its span worth a finding
@@ -560,16 +560,26 @@ def severity(share: float) -> str:
     return "high" if share >= HIGH else "medium" if share >= MEDIUM else "low"
 
 
+def prepare(res: Result) -> None:
+    """The steady-state tables the rules read, computed (memoised), and the steady matched collectives they are made
+    from let go of (:func:`analyze.compute.headline.let_go`): what :func:`context` does before the what-if fit, the
+    biggest working set here. After it, the fit and the rest of a document share no large intermediate."""
+    for table in (headline.cycles_per_rank, headline.budget, headline.steady_phases, headline.stragglers,
+                  anatomy.cycle_classes, headline.matching):
+        table(res)
+    # Every table made from the steady matched collectives is kept now (memoised functions all: the order changes
+    # no number).
+    headline.let_go(res)
+
+
 def context(res: Result, model: Model | None = None) -> RuleContext:
     """The rules' inputs for one analysed trace (``model``: a fitted what-if model, else one is tried, with its
     per-segment models when the run has several batch sizes)."""
+    prepare(res)
     ncyc = headline.cycles_per_rank(res).rename({"cycles": "ncyc"})
     budget, phases, seams = headline.budget(res), headline.steady_phases(res), launch_timing(res)
     stragglers, classes = headline.stragglers(res), anatomy.cycle_classes(res)
     untrusted = set(headline.matching(res).filter(~pl.col("trusted"))["phase"].to_list())
-    # Every table made from the steady matched collectives is kept now: they go before the what-if fit, the
-    # biggest working set here (memoised functions all: the order changes no number).
-    headline.let_go(res)
     if model is None:
         from . import whatif
 
