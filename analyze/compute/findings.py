@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = ["HIGH", "MEDIUM", "FLOOR", "RULES", "COMM_SHARE", "IDLE_SHARE", "GAIN", "RuleContext", "Finding", "RuleHit", "Rule",
            "SAME", "launch_timing", "NCCL_KERNEL", "PROTOS", "NcclSetting", "nccl_setting", "comm_action",
-           "PHASE_SHARE", "severity", "prepare", "context", "find"]
+           "PHASE_SHARE", "severity", "prepare", "known", "context", "find"]
 
 HIGH, MEDIUM, FLOOR = 0.10, 0.03, 0.01
 COMM_SHARE = 0.10  # a phase's communication share of its span worth a finding
@@ -570,6 +570,13 @@ def prepare(res: Result) -> None:
     # Every table made from the steady matched collectives is kept now (memoised functions all: the order changes
     # no number).
     headline.let_go(res)
+
+
+def known(res: Result) -> bool:
+    """Whether :func:`find` (the default model) has the findings without making them (made in this process, or kept
+    with the result in the cache)."""
+    key = ("findings", repr(sorted(res.cycle_choice.items())))
+    return key in res.memo or results.known(res, key)
 
 
 def context(res: Result, model: Model | None = None) -> RuleContext:

@@ -44,7 +44,9 @@ Validated on real step sweeps of the embedded workload (README: "Reports, compar
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -57,7 +59,7 @@ from .tokens import base_expr, cycles, speculative, summary
 
 __all__ = ["MAX_STEPS", "Replay", "Model", "SegmentModel", "fit_segments", "run_alpha", "join_runs",
            "solve_alpha", "fit", "to_dict", "validate", "MIN_LOG_LINES", "calibrate", "NEAR_BEST", "fitted",
-           "with_segments"]
+           "with_segments", "replay_of", "fit_ahead"]
 
 _MODEL_PHASES = ("draft", "verify", "draft_extend")
 MAX_STEPS = 10
@@ -368,6 +370,51 @@ def _build_replay(res: Result) -> Replay:
     rest = periods.filter(~pl.col("range_id").is_in(done))["period_ns"].cast(pl.Float64).to_numpy()
     return Replay(win["rank"].to_numpy(), win["period"].cast(pl.Float64).to_numpy(), n_items, arrays, labels, rest,
                   defaults)
+
+
+_REPLAY_LOCK = threading.Lock()
+
+
+def replay_of(res: Result) -> Replay:
+    """The :class:`Replay` of ``res`` (:func:`_build_replay`), once per result and cycle choice in this process: a
+    caller while another thread builds it waits for that one's (the JSON document builds it beside the findings,
+    whose fit asks for it: :func:`fit_ahead`)."""
+    key = ("whatif replay", repr(sorted(res.cycle_choice.items())))
+    with _REPLAY_LOCK:
+        got = res.memo.get(key)
+        mine = got is None
+        if mine:
+            got = res.memo[key] = Future()
+    if isinstance(got, Replay):
+        return got
+    assert isinstance(got, Future)
+    if not mine:
+        return got.result()
+    try:
+        r = _build_replay(res)
+    except BaseException as e:
+        with _REPLAY_LOCK:
+            res.memo.pop(key, None)
+        got.set_exception(e)
+        raise
+    with _REPLAY_LOCK:
+        res.memo[key] = r  # the value itself (a Result's memo holds plain values)
+    got.set_result(r)
+    return r
+
+
+def fit_ahead(res: Result) -> None:
+    """Build the replay that :func:`fitted` (its default options) will fit on, when it will fit one: neither fitted
+    nor kept with the result yet, and the draft step count known (:func:`replay_of`; what a second thread does
+    meanwhile asks for it and waits)."""
+    key = ("whatif", repr((None, None, False, sorted(res.cycle_choice.items()))))
+    if key in res.memo or results.known(res, key):
+        return
+    try:
+        _steps_known(res, None)
+    except InputError:
+        return
+    replay_of(res)
 
 
 def _graph_launch_cost(res: Result) -> tuple[float, int] | None:
@@ -992,7 +1039,7 @@ def fit(res: Result, steps_now: int | None = None, baseline: Result | None = Non
     if alpha is not None and batch is None:
         batch = 1.0
         notes.append("batch size unknown: tokens and tokens/s are per request")
-    replay = _build_replay(res)
+    replay = replay_of(res)
     mode = res.trace.graph_trace_mode
     cut = (0.0, 0)
     if mode == "Node" and not as_traced:

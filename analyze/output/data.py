@@ -16,7 +16,7 @@ import polars as pl
 
 from nvtx_hooks.capture import files
 
-from ..compute import anatomy, collectives, findings, headline, utilisation
+from ..compute import anatomy, collectives, findings, headline, utilisation, whatif
 from ..compute.tokens import DEFINITION, cycles, selection, summary
 from ..model import InputError, Result
 from .targets import as_input_error, check_db, fences, inputs_of
@@ -38,13 +38,17 @@ def document(res: Result, found: list[findings.Finding] | None = None) -> dict:
     verdict per phase), ``findings``."""
     # The findings' tables first (findings.prepare): made from the steady matched collectives, which are let go of
     # (headline.let_go) before the what-if fit, the document's biggest working set. Then the findings (the fit) on a
-    # second thread while this one makes the rest of the document; the tables they ask for are the document's own
-    # (memoised): no number changes.
-    finding = None
+    # second thread while this one builds the replay the fit asks for (whatif.fit_ahead: the fit's largest step)
+    # and makes the rest of the document; the tables they ask for are the document's own (memoised): no number
+    # changes.
+    finding, fit = None, False
     if found is None:
         findings.prepare(res)
+        fit = not findings.known(res)
         finding = _Beside(lambda: findings.find(res))
     try:
+        if finding is not None and fit:  # the replay their what-if fit asks for, built here meanwhile
+            whatif.fit_ahead(res)
         d = _document(res)
     except Exception:
         if finding is not None:

@@ -60,7 +60,7 @@ from .source import OpsWindow
 
 __all__ = ["KEEP_RESULTS", "STALE_S", "DICT_ROWS", "FOLDER", "KNOWN", "code_digest", "result_key", "derived", "load",
            "save", "prune", "keep_derived", "cacheable", "kept_key", "wait",
-           "writing_behind"]
+           "writing_behind", "known"]
 
 _T = TypeVar("_T")
 _RESULT_VERSION = 1
@@ -404,6 +404,13 @@ def derived(res: Result, key: Hashable, compute: Callable[[], _T]) -> _T:
             del entry.derived[key]  # unreadable after all: computed (and kept again)
     value = entry.new[key] = compute()
     return value
+
+
+def known(res: Result, key: Hashable) -> bool:
+    """Whether :func:`derived` of ``res`` under ``key`` has its value without computing it (read with ``res`` from the
+    cache, or computed for it since)."""
+    entry = _kept(res)
+    return entry is not None and (key in entry.derived or key in entry.new)
 
 
 def load(store_root: Path, key: str) -> Result | None:
