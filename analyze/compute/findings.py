@@ -277,12 +277,16 @@ def nccl_setting(res: Result, phase: str) -> NcclSetting | None:
         return NcclSetting(proto, env.get("NCCL_ALGO") or None, "NCCL_PROTO in the capture's recorded environment")
     if res.kernels is None or res.kernels.height == 0:
         return None
-    inst = res.instances.filter(pl.col("range") == phase).select("range_id")
-    # summed per name first: the names (a few dozen) are matched, not every kernel's row
-    k = (res.kernels.join(inst, on="range_id", how="semi").group_by("name").agg(pl.col("kernel_ns").sum())
+    # The NCCL kernels' names (a few of a few hundred) found first, then only their rows joined on the phase's
+    # instances and summed per name.
+    names = res.kernels.lazy().select(pl.col("name").unique()).collect().with_columns(
+        _s=pl.col("name").cast(pl.String)).filter(pl.col("_s").str.contains(NCCL_KERNEL))["name"]
+    inst = res.instances.lazy().select("range", "range_id").filter(pl.col("range") == phase).select("range_id")
+    k = (res.kernels.lazy().select("range_id", "name", "kernel_ns").filter(pl.col("name").is_in(names.implode()))
+         .join(inst, on="range_id", how="semi").group_by("name").agg(pl.col("kernel_ns").sum())
          .with_columns(pl.col("name").cast(pl.String))
          .with_columns(m=pl.col("name").str.extract_groups(NCCL_KERNEL))
-         .filter(pl.col("m").struct.field("2").is_not_null()).sort("kernel_ns", descending=True))
+         .filter(pl.col("m").struct.field("2").is_not_null()).sort("kernel_ns", descending=True).collect())
     if k.height == 0:
         return None
     top = k.row(0, named=True)
