@@ -432,3 +432,30 @@ def test_the_cli_writes_the_result_before_it_exits(report, tmp_path, capsys):
     folder = next(results_dir(report).iterdir())
     assert (folder / "result.json").is_file() and list(folder.glob("memo-*")) and not results._WRITING
     assert json.loads(capsys.readouterr().out)["phases"]
+
+
+def test_a_ctrl_c_while_written_behind_leaves_the_result_whole(report, monkeypatch):
+    """A Ctrl-C while the result is written behind: the context does not wait for it (the interrupt goes on at
+    once); the write, on a thread that is not a daemon, finishes and renames its folder into place: whole, never
+    half-written (what the process does before it ends)."""
+    import threading
+
+    release = threading.Event()
+    real = results._write_doc
+
+    def slow(*a, **k):
+        release.wait(10)
+        return real(*a, **k)
+
+    monkeypatch.setattr(results, "_write_doc", slow)
+    with pytest.raises(KeyboardInterrupt), results.writing_behind():
+        res = api.analyze(report, cache=True)
+        writing = results._kept(res).writing
+        assert writing is not None and not writing.thread.daemon and writing.thread.is_alive()
+        raise KeyboardInterrupt
+    assert writing.thread.is_alive() and not any(results_dir(report).glob("[!.]*"))  # nothing renamed yet
+    release.set()
+    assert results.wait()
+    folder = next(p for p in results_dir(report).iterdir() if not p.name.startswith("."))
+    assert results.load(folder.parent.parent, folder.name) is not None
+    assert not [p for p in results_dir(report).iterdir() if p.name.startswith(".")]  # no build folder left
