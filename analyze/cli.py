@@ -44,6 +44,7 @@ _POLARS_OWN = frozenset({"dirty_decay_ms:500", "muzzy_decay_ms:1000"})
 # Verbs that start the user's programs (an SGLang server under nsys): they get the variable as it was
 # (importing polars rewrites it too).
 _LAUNCHERS = {"trace", "demo-workload"}
+_ANALYSES = {"analyze", "comm", "report", "compare", "whatif"}
 _CYCLES_MAX = 1_000_000_000  # --skip-cycles
 _STEPS_MAX = 64  # draft steps (--steps-now, --max-steps): EAGLE drafts a handful; the what-if's work grows with it
 
@@ -597,7 +598,13 @@ def _main(argv: list[str] | None) -> int:
         parser.print_help()
         return 2
     try:
-        rc = int(args.func(args) or 0)
+        if args.subcommand in _ANALYSES:  # the result cache written while the outputs are made (read.results)
+            from .read.results import writing_behind
+
+            with writing_behind():
+                rc = int(args.func(args) or 0)
+        else:
+            rc = int(args.func(args) or 0)
         _out("")
         return rc
     except (InputError, CaptureError) as e:

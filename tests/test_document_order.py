@@ -9,6 +9,8 @@ analysis made, and the model's predicted cycle and seams against :meth:`Replay.r
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import polars as pl
 import pytest
@@ -83,3 +85,27 @@ def test_steady_marks_are_two_columns(path):
     assert marked.drop("top", "steady").equals(res.instances)
     assert marked.select(pl.col("steady").sum()).item() == headline.keys(res).height + marked.filter(
         pl.col("steady") & pl.col("rank").is_null()).height
+
+
+def test_findings_made_beside_the_document_raise_where_they_did(path, monkeypatch):
+    """The findings (the what-if fit) are made on a second thread while the rest of the document is: the document
+    is the one made on one thread (above), and what the findings raise is raised by document(), first when the
+    rest fails too (the findings came first)."""
+    from analyze.model import InputError
+
+    seen: list[str] = []
+
+    def failing(res, model=None):
+        seen.append(threading.current_thread().name)
+        raise InputError("no findings here", "NO_CYCLES")
+
+    monkeypatch.setattr(findings, "find", failing)
+    with pytest.raises(InputError, match="no findings here"):
+        data.document(analyze(path))
+    assert seen == ["spectrace findings"]
+    monkeypatch.setattr(headline, "kernels", lambda *a, **k: (_ for _ in ()).throw(ValueError("kernels failed")))
+    with pytest.raises(InputError, match="no findings here"):
+        data.document(analyze(path))
+    monkeypatch.setattr(findings, "find", lambda res, model=None: [])
+    with pytest.raises(ValueError, match="kernels failed"):
+        data.document(analyze(path))

@@ -176,3 +176,36 @@ def test_comm_advice_knows_the_nccl_protocol(tmp_path):
     window = advice("tp2_rank0_window", manifest=False)
     assert window and all(a.startswith("This run uses NCCL's LL protocol, RING algorithm (its kernel "
                                        "ncclDevKernel_AllReduce_Sum_bf16_RING_LL;") for a in window)
+
+
+def test_nccl_setting_from_kernel_names_is_the_phase_top_nccl_kernel(tmp_path):
+    """Without a recorded NCCL_PROTO, each phase's setting is named by the NCCL kernel with the most time among the
+    kernels of the phase's instances: computed here independently, every kernel row of the phase summed per name in
+    Python, the names matched afterwards."""
+    import re
+    from collections import Counter
+
+    from tests.helpers.paths import tp2
+
+    p = tp2("tp2_nccl_simple", tmp_path)
+    p.with_suffix(".manifest.json").unlink(missing_ok=True)
+    res = analyze(p)
+    checked = 0
+    for phase in sorted(set(res.instances["range"].drop_nulls().to_list())):
+        ids = set(res.instances.filter(res.instances["range"] == phase)["range_id"].to_list())
+        sums: Counter = Counter()
+        for rid, name, ns in res.kernels.select("range_id", "name", "kernel_ns").iter_rows():
+            if rid in ids and name is not None:
+                sums[name] += ns
+        top = [(ns, n) for n, ns in sums.items() if re.search(findings.NCCL_KERNEL, n)]
+        got = findings.nccl_setting(res, phase)
+        if not top:
+            assert got is None, phase
+            continue
+        ns, name = max(top)
+        assert len([t for t in top if t[0] == ns]) == 1  # no tie: one answer
+        m = re.search(findings.NCCL_KERNEL, name)
+        assert got is not None and (got.algo, got.proto) == (m.group(1), findings.PROTOS[m.group(2).lower()])
+        assert name.split("(")[0] in got.source
+        checked += 1
+    assert checked >= 2

@@ -380,3 +380,82 @@ def test_bytes_round_trip_exactly_outside_the_json(tmp_path):
     assert b"PNG".decode() not in json.dumps(body) and len(frames) == 2
     assert results._write_doc(tmp_path, "k", "k", body, frames)
     assert results._decode(*results._read_doc(tmp_path / "k", "k")) == v
+
+
+def test_a_result_written_behind_is_waited_for_and_its_failures_surface(report, monkeypatch, no_analysis):
+    """Inside writing_behind (the CLI's analysis verbs), the result's files are written on a thread while the
+    outputs are made: the outputs equal a fresh analysis's, keep_derived and a second analysis of the same report
+    wait for the write (the second reads it: nothing analysed), leaving the context waits for every write; an
+    unexpected failure of the writing is raised where it is waited for, an expected one (a read-only cache) only
+    leaves the result unkept."""
+    fresh = outputs(api.analyze(report, cache=False))
+    with results.writing_behind():
+        first = api.analyze(report, cache=True)
+        entry = results._kept(first)
+        assert entry is not None and entry.writing is not None  # under way, or done and not yet waited for
+        assert outputs(first) == fresh
+        assert results.keep_derived(first)  # its own folder first, then the derived tables beside it
+        assert entry.writing is None and not results._WRITING
+    folder = next(results_dir(report).iterdir())
+    assert (folder / "result.json").is_file() and list(folder.glob("memo-*"))
+    shutil.rmtree(results_dir(report))
+    with results.writing_behind():
+        api.analyze(report, cache=True)
+        with monkeypatch.context() as m:
+            m.setattr(pipeline, "_run", lambda *a, **k: (_ for _ in ()).throw(Fresh()))
+            assert outputs(api.analyze(report, cache=True)) == fresh  # waited for the write, then read it
+    assert not results._WRITING
+
+    def broken(*a, **k):
+        raise RuntimeError("a bug in the writing")
+
+    shutil.rmtree(results_dir(report))
+    monkeypatch.setattr(results, "_write_doc", broken)
+    with pytest.raises(RuntimeError, match="a bug in the writing"):
+        with results.writing_behind():
+            res = api.analyze(report, cache=True)
+            results.keep_derived(res)
+    with pytest.raises(RuntimeError, match="a bug in the writing"), results.writing_behind():
+        res = api.analyze(report, cache=True)  # never waited for by the caller: leaving the context raises it
+    assert results._kept(res) is not None and not results._WRITING
+    monkeypatch.setattr(results, "_write_doc", lambda *a, **k: False)
+    with results.writing_behind():
+        res = api.analyze(report, cache=True)
+        assert outputs(res) == fresh and not results.keep_derived(res) and results._kept(res) is None
+    assert not results_dir(report).exists() or not list(results_dir(report).iterdir())
+
+
+def test_the_cli_writes_the_result_before_it_exits(report, tmp_path, capsys):
+    from analyze import cli
+
+    assert cli.main(["analyze", str(report), "--cache", "--format", "json", "-q"]) == 0
+    folder = next(results_dir(report).iterdir())
+    assert (folder / "result.json").is_file() and list(folder.glob("memo-*")) and not results._WRITING
+    assert json.loads(capsys.readouterr().out)["phases"]
+
+
+def test_a_ctrl_c_while_written_behind_leaves_the_result_whole(report, monkeypatch):
+    """A Ctrl-C while the result is written behind: the context does not wait for it (the interrupt goes on at
+    once); the write, on a thread that is not a daemon, finishes and renames its folder into place: whole, never
+    half-written (what the process does before it ends)."""
+    import threading
+
+    release = threading.Event()
+    real = results._write_doc
+
+    def slow(*a, **k):
+        release.wait(10)
+        return real(*a, **k)
+
+    monkeypatch.setattr(results, "_write_doc", slow)
+    with pytest.raises(KeyboardInterrupt), results.writing_behind():
+        res = api.analyze(report, cache=True)
+        writing = results._kept(res).writing
+        assert writing is not None and not writing.thread.daemon and writing.thread.is_alive()
+        raise KeyboardInterrupt
+    assert writing.thread.is_alive() and not any(results_dir(report).glob("[!.]*"))  # nothing renamed yet
+    release.set()
+    assert results.wait()
+    folder = next(p for p in results_dir(report).iterdir() if not p.name.startswith("."))
+    assert results.load(folder.parent.parent, folder.name) is not None
+    assert not [p for p in results_dir(report).iterdir() if p.name.startswith(".")]  # no build folder left

@@ -226,3 +226,131 @@ def test_whatif_text_says_how_steps_and_acceptance_are_known(tmp_path, capsys):
     assert doc["steps_source"] == "the manifest's speculative.steps" and doc["steps_now"] == 3
     assert main(["whatif", str(e)]) == 0
     assert "accepted draft tokens/request/cycle (measured) → α =" in capsys.readouterr().out
+
+
+def _reference_run(r: Replay, delta: dict[str, float], cut: tuple[float, int] = (0.0, 0)):
+    """Replay.run as first written: window-major (windows, slots) arrays, each slot's column gathered in place."""
+    a, n_w = r.a, r.windows
+    k_max = a["s"].shape[1]
+    d = np.array([delta.get(p, 0.0) for p in ("draft", "verify", "draft_extend")] + [0.0])
+    g = np.maximum(a["gpu_span"] + d[a["code"]], 0.0)
+    dur = np.maximum(a["e"] - a["s"] - np.where(a["graph"], cut[0] * np.maximum(a["nodes"] - cut[1], 0.0), 0.0), 0.0)
+    e_, s_gpu, a_gpu = (np.full((n_w, k_max), np.nan) for _ in range(3))
+    rows = np.arange(n_w)
+
+    def at(arr, ref, ext):
+        return np.where(ref >= 0, arr[rows, np.maximum(ref, 0)], ext)
+
+    for k in range(k_max):
+        if k == 0:
+            sk = a["s"][:, 0]
+        else:
+            traced = cut[0] * (a["gap_nodes"][:, k] - cut[1] * a["gap_launches"][:, k])
+            sk = e_[:, k - 1] + np.maximum(a["s"][:, k] - a["e"][:, k - 1] - traced, 0.0)
+        plain = sk + dur[:, k]
+        sync = a["sync"][:, k]
+        sub = np.where(sync, sk, plain)
+        after_pred = at(a_gpu, a["pred"][:, k], a["pred_gpu_last"][:, k]) + a["device_gap"][:, k]
+        start = np.fmax(sub + a["launch_latency"][:, k], after_pred)
+        unit = a["has_unit"][:, k]
+        s_gpu[:, k] = np.where(unit, start, np.nan)
+        a_gpu[:, k] = np.where(unit, start + g[:, k], np.nan)
+        waited = at(a_gpu, a["wait"][:, k], a["w_ext"][:, k]) + a["w_off"][:, k]
+        e_[:, k] = np.where(sync, np.fmax(sk + a["own_time"][:, k], waited + a["return_latency"][:, k]), plain)
+    period = s_gpu[rows, r.n_items - 1] - s_gpu[:, 0]
+    pred = np.where(a["pred"] >= 0, a_gpu[rows[:, None], np.maximum(a["pred"], 0)], np.nan)
+    gap = np.where(a["trans"] >= 0, s_gpu - pred, np.nan)
+    return period, np.nansum(np.maximum(gap, 0.0), axis=1), gap
+
+
+def _random_replay(rng: np.random.Generator, n_w: int, k_max: int) -> Replay:
+    n_items = rng.integers(1, k_max + 1, n_w)
+    n_items[0] = k_max
+    pad = np.arange(k_max)[None, :] >= n_items[:, None]
+    s = np.cumsum(rng.uniform(0, 500, (n_w, k_max)), axis=1)
+    a: dict[str, np.ndarray] = {"s": s, "e": s + rng.uniform(0, 200, (n_w, k_max))}
+    for c in ("launch_latency", "device_gap", "gpu_span", "pred_gpu_last", "w_off", "w_ext", "own_time",
+              "return_latency", "nodes", "gap_nodes", "gap_launches"):
+        a[c] = np.round(rng.uniform(0, 400, (n_w, k_max)), rng.integers(0, 3))
+    for c in ("sync", "has_unit", "graph"):
+        a[c] = rng.random((n_w, k_max)) < 0.5
+    a["code"] = rng.integers(-1, 3, (n_w, k_max))
+    slot = np.arange(k_max)[None, :]
+    for c in ("pred", "wait"):  # an earlier slot of the window, or -1 (before the window)
+        a[c] = np.where(rng.random((n_w, k_max)) < 0.3, -1, (rng.random((n_w, k_max)) * slot).astype(np.int64))
+    a["trans"] = rng.integers(-1, 4, (n_w, k_max))
+    for v in a.values():  # the slots past a window's calls padded as _build_replay pads them
+        v[pad] = False if v.dtype == bool else (-1 if v.dtype == np.int64 else np.nan)
+    return Replay(np.zeros(n_w, np.int64), rng.uniform(1e3, 2e3, n_w), n_items, a, ["a→b", "b→c", "c→d", "d→a"],
+                  np.zeros(0))
+
+
+def test_replay_run_equals_the_window_by_window_reference(traces):
+    """Replay.run (slot-major, what does not change with the deltas worked out once per cut) gives exactly the
+    numbers of the window-major replay it replaced: on random windows of up to 12 slots (NaN padding, syncs,
+    references before the window, graph launches) and on a fitted model's replay, for several deltas and cuts."""
+    rng = np.random.default_rng(7)
+    cases = [_random_replay(rng, n_w, k) for n_w, k in ((1, 1), (50, 3), (400, 12))]
+    cases.append(fit(traces[0]).replay)
+    for r in cases:
+        for cut in ((0.0, 0), (37.5, 2), (1.25, 0), (37.5, 2)):
+            for delta in ({}, {"draft": -120.5, "verify": 300.0}, {"draft_extend": 1e4, "verify": -5e3}):
+                got, want = r.run(delta, cut), _reference_run(r, delta, cut)
+                for x, y in zip(got, want, strict=True):
+                    assert x.shape == y.shape and x.flags.c_contiguous
+                    assert np.array_equal(x, y, equal_nan=True)
+        r.let_go()
+        assert "_slots_memo" not in r.__dict__
+
+
+def test_replay_built_once_whoever_asks_first(traces, monkeypatch):
+    """replay_of: one build per result and cycle choice, a second thread asking meanwhile waits for it (the JSON
+    document builds it while the findings' fit asks for it); a failed build fails both and is not kept;
+    fit_ahead builds it only when fitted() will fit (not fitted yet, step count known)."""
+    import dataclasses
+    import threading
+
+    from analyze.compute import whatif
+
+    res = dataclasses.replace(traces[0], memo={})
+    builds: list[int] = []
+    started, go = threading.Event(), threading.Event()
+    real = whatif._build_replay
+
+    def slow(r):
+        builds.append(1)
+        started.set()
+        go.wait(10)
+        return real(r)
+
+    monkeypatch.setattr(whatif, "_build_replay", slow)
+    got: list = []
+    t = threading.Thread(target=lambda: got.append(whatif.replay_of(res)))
+    t.start()
+    started.wait(10)
+    other = threading.Thread(target=lambda: got.append(whatif.replay_of(res)))
+    other.start()  # asks while the first builds: waits
+    go.set()
+    t.join()
+    other.join()
+    assert len(builds) == 1 and got[0] is got[1] and whatif.replay_of(res) is got[0]
+    assert fit(res).replay is got[0] and len(builds) == 1
+    want = real(res)
+    assert np.array_equal(got[0].period, want.period) and got[0].labels == want.labels
+
+    fresh = dataclasses.replace(traces[0], memo={})
+    monkeypatch.setattr(whatif, "_build_replay", lambda r: (_ for _ in ()).throw(RuntimeError("broken")))
+    for _ in range(2):  # not kept: the next caller builds it again
+        with pytest.raises(RuntimeError, match="broken"):
+            whatif.replay_of(fresh)
+    monkeypatch.setattr(whatif, "_build_replay", slow)
+    builds.clear()
+    whatif.fitted(fresh)
+    whatif.fit_ahead(fresh)  # fitted already: nothing built
+    assert len(builds) == 1
+    ahead = dataclasses.replace(traces[0], memo={})
+    whatif.fit_ahead(ahead)
+    assert len(builds) == 2 and whatif.fitted(ahead).replay is whatif.replay_of(ahead) and len(builds) == 2
+    monkeypatch.setattr(whatif, "_steps_known", lambda r, s: (_ for _ in ()).throw(InputError("no steps", "NO_STEPS")))
+    whatif.fit_ahead(dataclasses.replace(traces[0], memo={}))  # the fit would not get that far
+    assert len(builds) == 2

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = ["HIGH", "MEDIUM", "FLOOR", "RULES", "COMM_SHARE", "IDLE_SHARE", "GAIN", "RuleContext", "Finding", "RuleHit", "Rule",
            "SAME", "launch_timing", "NCCL_KERNEL", "PROTOS", "NcclSetting", "nccl_setting", "comm_action",
-           "PHASE_SHARE", "severity", "context", "find"]
+           "PHASE_SHARE", "severity", "prepare", "known", "context", "find"]
 
 HIGH, MEDIUM, FLOOR = 0.10, 0.03, 0.01
 COMM_SHARE = 0.10  # a phase's communication share of its span worth a finding
@@ -277,12 +277,16 @@ def nccl_setting(res: Result, phase: str) -> NcclSetting | None:
         return NcclSetting(proto, env.get("NCCL_ALGO") or None, "NCCL_PROTO in the capture's recorded environment")
     if res.kernels is None or res.kernels.height == 0:
         return None
-    inst = res.instances.filter(pl.col("range") == phase).select("range_id")
-    # summed per name first: the names (a few dozen) are matched, not every kernel's row
-    k = (res.kernels.join(inst, on="range_id", how="semi").group_by("name").agg(pl.col("kernel_ns").sum())
+    # The NCCL kernels' names (a few of a few hundred) found first, then only their rows joined on the phase's
+    # instances and summed per name.
+    names = res.kernels.lazy().select(pl.col("name").unique()).collect().with_columns(
+        _s=pl.col("name").cast(pl.String)).filter(pl.col("_s").str.contains(NCCL_KERNEL))["name"]
+    inst = res.instances.lazy().select("range", "range_id").filter(pl.col("range") == phase).select("range_id")
+    k = (res.kernels.lazy().select("range_id", "name", "kernel_ns").filter(pl.col("name").is_in(names.implode()))
+         .join(inst, on="range_id", how="semi").group_by("name").agg(pl.col("kernel_ns").sum())
          .with_columns(pl.col("name").cast(pl.String))
          .with_columns(m=pl.col("name").str.extract_groups(NCCL_KERNEL))
-         .filter(pl.col("m").struct.field("2").is_not_null()).sort("kernel_ns", descending=True))
+         .filter(pl.col("m").struct.field("2").is_not_null()).sort("kernel_ns", descending=True).collect())
     if k.height == 0:
         return None
     top = k.row(0, named=True)
@@ -560,16 +564,33 @@ def severity(share: float) -> str:
     return "high" if share >= HIGH else "medium" if share >= MEDIUM else "low"
 
 
+def prepare(res: Result) -> None:
+    """The steady-state tables the rules read, computed (memoised), and the steady matched collectives they are made
+    from let go of (:func:`analyze.compute.headline.let_go`): what :func:`context` does before the what-if fit, the
+    biggest working set here. After it, the fit and the rest of a document share no large intermediate."""
+    for table in (headline.cycles_per_rank, headline.budget, headline.steady_phases, headline.stragglers,
+                  anatomy.cycle_classes, headline.matching):
+        table(res)
+    # Every table made from the steady matched collectives is kept now (memoised functions all: the order changes
+    # no number).
+    headline.let_go(res)
+
+
+def known(res: Result) -> bool:
+    """Whether :func:`find` (the default model) has the findings without making them (made in this process, or kept
+    with the result in the cache)."""
+    key = ("findings", repr(sorted(res.cycle_choice.items())))
+    return key in res.memo or results.known(res, key)
+
+
 def context(res: Result, model: Model | None = None) -> RuleContext:
     """The rules' inputs for one analysed trace (``model``: a fitted what-if model, else one is tried, with its
     per-segment models when the run has several batch sizes)."""
+    prepare(res)
     ncyc = headline.cycles_per_rank(res).rename({"cycles": "ncyc"})
     budget, phases, seams = headline.budget(res), headline.steady_phases(res), launch_timing(res)
     stragglers, classes = headline.stragglers(res), anatomy.cycle_classes(res)
     untrusted = set(headline.matching(res).filter(~pl.col("trusted"))["phase"].to_list())
-    # Every table made from the steady matched collectives is kept now: they go before the what-if fit, the
-    # biggest working set here (memoised functions all: the order changes no number).
-    headline.let_go(res)
     if model is None:
         from . import whatif
 

@@ -44,7 +44,9 @@ Validated on real step sweeps of the embedded workload (README: "Reports, compar
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -57,7 +59,7 @@ from .tokens import base_expr, cycles, speculative, summary
 
 __all__ = ["MAX_STEPS", "Replay", "Model", "SegmentModel", "fit_segments", "run_alpha", "join_runs",
            "solve_alpha", "fit", "to_dict", "validate", "MIN_LOG_LINES", "calibrate", "NEAR_BEST", "fitted",
-           "with_segments"]
+           "with_segments", "replay_of", "fit_ahead"]
 
 _MODEL_PHASES = ("draft", "verify", "draft_extend")
 MAX_STEPS = 10
@@ -118,43 +120,100 @@ class Replay:
         seams per window and the seam ending at each slot."""
         a, n_w = self.a, self.windows
         k_max = a["s"].shape[1] if n_w else 0
+        if not n_w:
+            return np.zeros(0), np.zeros(0), np.zeros((0, 0))
+        # Slot by slot over every window at once, on each column's slots laid out one after another (``_Slots``: a
+        # slot's windows contiguous, what does not change with ``delta`` worked out once per cut): the same
+        # arithmetic, element for element, as on the (windows, slots) arrays.
+        t = self._slots(cut)
         d = np.array([delta.get(p, 0.0) for p in _MODEL_PHASES] + [0.0])
-        g = np.maximum(a["gpu_span"] + d[a["code"]], 0.0)
-        dur = a["e"] - a["s"] - np.where(a["graph"], cut[0] * np.maximum(a["nodes"] - cut[1], 0.0), 0.0)
-        dur = np.maximum(dur, 0.0)
-        e_, s_gpu, a_gpu = (np.full((n_w, k_max), np.nan) for _ in range(3))
-        rows = np.arange(n_w)
-
-        def at(arr: np.ndarray, ref: np.ndarray, ext: np.ndarray) -> np.ndarray:
-            return np.where(ref >= 0, arr[rows, np.maximum(ref, 0)], ext)
+        g = np.maximum(t.gpu_span + d[t.code], 0.0)
+        e_, s_gpu, a_gpu = (np.full((k_max, n_w), np.nan) for _ in range(3))
+        a_flat = a_gpu.reshape(-1)  # a view: slot k of window w at k * n_w + w
 
         for k in range(k_max):
-            if k == 0:
-                sk = a["s"][:, 0]
-            else:  # the host's own time since the previous key call, less node tracing's cost of launches in it
-                traced = cut[0] * (a["gap_nodes"][:, k] - cut[1] * a["gap_launches"][:, k])
-                sk = e_[:, k - 1] + np.maximum(a["s"][:, k] - a["e"][:, k - 1] - traced, 0.0)
-            plain = sk + dur[:, k]
-            sync = a["sync"][:, k]
+            sk = t.s[0] if k == 0 else e_[k - 1] + t.host_gap[k]
+            plain = sk + t.dur[k]
+            sync = t.sync[k]
             sub = np.where(sync, sk, plain)  # a sync call's own op is submitted at its start, a launch's at its end
-            after_pred = at(a_gpu, a["pred"][:, k], a["pred_gpu_last"][:, k]) + a["device_gap"][:, k]
-            start = np.fmax(sub + a["launch_latency"][:, k], after_pred)
-            unit = a["has_unit"][:, k]
-            s_gpu[:, k] = np.where(unit, start, np.nan)
-            a_gpu[:, k] = np.where(unit, start + g[:, k], np.nan)
-            waited = at(a_gpu, a["wait"][:, k], a["w_ext"][:, k]) + a["w_off"][:, k]
-            e_[:, k] = np.where(sync, np.fmax(sk + a["own_time"][:, k], waited + a["return_latency"][:, k]), plain)
-        last = self.n_items - 1
-        period = s_gpu[rows, last] - s_gpu[:, 0] if n_w else np.zeros(0)
-        gap = np.where(a["trans"] >= 0, s_gpu - _at2(a_gpu, a["pred"]), np.nan) if n_w else np.zeros((0, 0))
-        seams = np.nansum(np.maximum(gap, 0.0), axis=1) if n_w else np.zeros(0)
+            after_pred = np.where(t.has_pred[k], a_flat[t.pred_at[k]], t.pred_gpu_last[k]) + t.device_gap[k]
+            start = np.fmax(sub + t.launch_latency[k], after_pred)
+            unit = t.has_unit[k]
+            s_gpu[k] = np.where(unit, start, np.nan)
+            a_gpu[k] = np.where(unit, start + g[k], np.nan)
+            waited = np.where(t.has_wait[k], a_flat[t.wait_at[k]], t.w_ext[k]) + t.w_off[k]
+            e_[k] = np.where(sync, np.fmax(sk + t.own_time[k], waited + t.return_latency[k]), plain)
+        rows = np.arange(n_w)
+        s_gpu_w = np.ascontiguousarray(s_gpu.T)  # (windows, slots) again, as the callers and the sums take them
+        period = s_gpu_w[rows, self.n_items - 1] - s_gpu_w[:, 0]
+        gap = np.ascontiguousarray(np.where(a["trans"] >= 0, s_gpu_w - np.where(a["pred"] >= 0, a_flat[t.pred_at.T],
+                                                                               np.nan), np.nan))
+        seams = np.nansum(np.maximum(gap, 0.0), axis=1)  # (the sums in the order of the (windows, slots) array)
         return period, seams, gap
 
+    def _slots(self, cut: tuple[float, int]) -> _Slots:
+        """The arrays :meth:`run` reads, slot-major, for the launch cut ``cut`` (kept until :meth:`let_go`: every
+        replay of a model has the same cut)."""
+        memo = self.__dict__.setdefault("_slots_memo", {})
+        if cut not in memo:
+            memo.clear()
+            memo[cut] = _Slots.of(self.a, cut)
+        return memo[cut]
 
-def _at2(arr: np.ndarray, ref: np.ndarray) -> np.ndarray:
-    """``arr[w, ref[w, k]]`` per slot (NaN where ``ref`` is -1)."""
-    rows = np.arange(arr.shape[0])[:, None]
-    return np.where(ref >= 0, arr[rows, np.maximum(ref, 0)], np.nan)
+    def let_go(self) -> None:
+        """Let go of what :meth:`run` keeps between replays (as large as the arrays: a later run makes it again)."""
+        self.__dict__.pop("_slots_memo", None)
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_slots_memo"}
+
+
+@dataclass
+class _Slots:
+    """A :class:`Replay`'s arrays slot-major (``[slot, window]``, each slot's windows contiguous) and what a replay
+    computes from them that does not depend on the phases' changes: each call's duration less the launch cut, the
+    host's own time before each key call, where the slot a phase follows and the slot a sync waits for sit in the
+    flat slot-major arrays (``k * windows + w``)."""
+
+    s: np.ndarray
+    dur: np.ndarray
+    host_gap: np.ndarray
+    sync: np.ndarray
+    has_unit: np.ndarray
+    code: np.ndarray
+    gpu_span: np.ndarray
+    launch_latency: np.ndarray
+    device_gap: np.ndarray
+    pred_gpu_last: np.ndarray
+    has_pred: np.ndarray
+    pred_at: np.ndarray
+    has_wait: np.ndarray
+    wait_at: np.ndarray
+    w_ext: np.ndarray
+    w_off: np.ndarray
+    own_time: np.ndarray
+    return_latency: np.ndarray
+
+    @classmethod
+    def of(cls, a: dict[str, np.ndarray], cut: tuple[float, int]) -> _Slots:
+        n_w = a["s"].shape[0]
+
+        def t(x: np.ndarray) -> np.ndarray:
+            return np.ascontiguousarray(x.T)
+
+        dur = a["e"] - a["s"] - np.where(a["graph"], cut[0] * np.maximum(a["nodes"] - cut[1], 0.0), 0.0)
+        dur = np.maximum(dur, 0.0)
+        # the host's own time since the previous key call, less node tracing's cost of launches in it (slot 0: none)
+        traced = cut[0] * (a["gap_nodes"][:, 1:] - cut[1] * a["gap_launches"][:, 1:])
+        host_gap = np.maximum(a["s"][:, 1:] - a["e"][:, :-1] - traced, 0.0)
+        windows = np.arange(n_w)[None, :]
+        return cls(s=t(a["s"]), dur=t(dur), host_gap=np.concatenate([np.zeros((1, n_w)), t(host_gap)]),
+                   sync=t(a["sync"]), has_unit=t(a["has_unit"]), code=t(a["code"]), gpu_span=t(a["gpu_span"]),
+                   launch_latency=t(a["launch_latency"]), device_gap=t(a["device_gap"]),
+                   pred_gpu_last=t(a["pred_gpu_last"]), has_pred=t(a["pred"] >= 0),
+                   pred_at=t(np.maximum(a["pred"], 0)) * n_w + windows, has_wait=t(a["wait"] >= 0),
+                   wait_at=t(np.maximum(a["wait"], 0)) * n_w + windows, w_ext=t(a["w_ext"]), w_off=t(a["w_off"]),
+                   own_time=t(a["own_time"]), return_latency=t(a["return_latency"]))
 
 
 def _build_replay(res: Result) -> Replay:
@@ -311,6 +370,51 @@ def _build_replay(res: Result) -> Replay:
     rest = periods.filter(~pl.col("range_id").is_in(done))["period_ns"].cast(pl.Float64).to_numpy()
     return Replay(win["rank"].to_numpy(), win["period"].cast(pl.Float64).to_numpy(), n_items, arrays, labels, rest,
                   defaults)
+
+
+_REPLAY_LOCK = threading.Lock()
+
+
+def replay_of(res: Result) -> Replay:
+    """The :class:`Replay` of ``res`` (:func:`_build_replay`), once per result and cycle choice in this process: a
+    caller while another thread builds it waits for that one's (the JSON document builds it beside the findings,
+    whose fit asks for it: :func:`fit_ahead`)."""
+    key = ("whatif replay", repr(sorted(res.cycle_choice.items())))
+    with _REPLAY_LOCK:
+        got = res.memo.get(key)
+        mine = got is None
+        if mine:
+            got = res.memo[key] = Future()
+    if isinstance(got, Replay):
+        return got
+    assert isinstance(got, Future)
+    if not mine:
+        return got.result()
+    try:
+        r = _build_replay(res)
+    except BaseException as e:
+        with _REPLAY_LOCK:
+            res.memo.pop(key, None)
+        got.set_exception(e)
+        raise
+    with _REPLAY_LOCK:
+        res.memo[key] = r  # the value itself (a Result's memo holds plain values)
+    got.set_result(r)
+    return r
+
+
+def fit_ahead(res: Result) -> None:
+    """Build the replay that :func:`fitted` (its default options) will fit on, when it will fit one: neither fitted
+    nor kept with the result yet, and the draft step count known (:func:`replay_of`; what a second thread does
+    meanwhile asks for it and waits)."""
+    key = ("whatif", repr((None, None, False, sorted(res.cycle_choice.items()))))
+    if key in res.memo or results.known(res, key):
+        return
+    try:
+        _steps_known(res, None)
+    except InputError:
+        return
+    replay_of(res)
 
 
 def _graph_launch_cost(res: Result) -> tuple[float, int] | None:
@@ -900,6 +1004,9 @@ def fitted(res: Result, steps_now: int | None = None, alpha: float | None = None
                 to_dict(m)  # the replays, kept in the model
             except InputError:
                 pass  # (raised again where the document is asked for)
+            for r in (m.replay, *(sm.model.replay for sm in m.segments)):
+                if r is not None:
+                    r.let_go()
             return m
 
         res.memo[key] = results.derived(res, key, run)
@@ -974,7 +1081,7 @@ def fit(res: Result, steps_now: int | None = None, baseline: Result | None = Non
     if alpha is not None and batch is None:
         batch = 1.0
         notes.append("batch size unknown: tokens and tokens/s are per request")
-    replay = _build_replay(res)
+    replay = replay_of(res)
     mode = res.trace.graph_trace_mode
     cut = (0.0, 0)
     if mode == "Node" and not as_traced:

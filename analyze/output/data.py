@@ -8,6 +8,7 @@ import json
 import math
 import os
 import sqlite3
+import threading
 from pathlib import Path
 from urllib.parse import quote
 
@@ -15,7 +16,7 @@ import polars as pl
 
 from nvtx_hooks.capture import files
 
-from ..compute import anatomy, collectives, findings, headline, utilisation
+from ..compute import anatomy, collectives, findings, headline, utilisation, whatif
 from ..compute.tokens import DEFINITION, cycles, selection, summary
 from ..model import InputError, Result
 from .targets import as_input_error, check_db, fences, inputs_of
@@ -35,11 +36,58 @@ def document(res: Result, found: list[findings.Finding] | None = None) -> dict:
     and the rare stalls left out, with where their time sits), ``segments`` (per decode batch size),
     ``stragglers_steady`` (per phase and rank: the collective waiting each caused) and ``straggler`` (the one
     verdict per phase), ``findings``."""
-    # The findings first: their what-if fit is the document's biggest working set and has the most room before the
-    # headline tables are kept, and their context lets go of the steady matched collectives (headline.let_go) before
-    # the rest of the document; the tables they ask for are the document's own (memoised): no number changes.
+    # The findings' tables first (findings.prepare): made from the steady matched collectives, which are let go of
+    # (headline.let_go) before the what-if fit, the document's biggest working set. Then the findings (the fit) on a
+    # second thread while this one builds the replay the fit asks for (whatif.fit_ahead: the fit's largest step)
+    # and makes the rest of the document; the tables they ask for are the document's own (memoised): no number
+    # changes.
+    finding, fit = None, False
     if found is None:
-        found = findings.find(res)
+        findings.prepare(res)
+        fit = not findings.known(res)
+        finding = _Beside(lambda: findings.find(res))
+    try:
+        if finding is not None and fit:  # the replay their what-if fit asks for, built here meanwhile
+            whatif.fit_ahead(res)
+        d = _document(res)
+    except Exception:
+        if finding is not None:
+            finding.result()  # its failure first, as when the findings came first
+        raise
+    if finding is not None:
+        found = finding.result()
+    assert found is not None
+    d["findings"] = [f.to_dict() for f in found]
+    return d
+
+
+class _Beside:
+    """``fn()`` on a second thread: :meth:`result` waits for it and gives its value or raises what it raised. A daemon
+    thread: a Ctrl-C does not wait for it (it computes, writes nothing)."""
+
+    def __init__(self, fn):
+        self.value, self.error = None, None
+        self._fn = fn
+        self._thread = threading.Thread(target=self._run, daemon=True, name="spectrace findings")
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.value = self._fn()
+        except BaseException as e:  # handed to the caller by result()
+            self.error = e
+        finally:
+            self._fn = None
+
+    def result(self):
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+def _document(res: Result) -> dict:
+    """:func:`document` but for its findings (a placeholder, in their place)."""
     d = res.to_dict()
     d["steady"] = {**selection(res), "definition": DEFINITION}
     d["tokens"] = summary(res).as_dict()
@@ -53,7 +101,7 @@ def document(res: Result, found: list[findings.Finding] | None = None) -> dict:
     st = headline.stragglers(res)
     d["stragglers_steady"] = st.to_dicts()
     d["straggler"] = collectives.verdict(st).to_dicts() if st.height else []
-    d["findings"] = [f.to_dict() for f in found]
+    d["findings"] = None  # (their place in the document: filled by document)
     util = utilisation.phases(res)
     if util.height:  # only for an export with GPU-metrics samples (docs/gpu-metrics.md)
         d["utilisation"] = util.to_dicts()

@@ -20,7 +20,13 @@ so it is not part of the key.
 ``result.json`` lists every frame file with its size and CRC-32 and carries a digest of itself; a result whose
 files do not match is not used (the analysis runs again and writes it anew). Writes are atomic: a folder built
 under a temporary name and renamed into place; one that cannot be written (a read-only cache, a full disk) is
-skipped, the analysis goes on. A store keeps the :data:`KEEP_RESULTS` most recently used results (:func:`prune`).
+skipped, the analysis goes on. Inside :func:`writing_behind` (the CLI's analysis verbs) :func:`save` writes the files
+on a thread while the command goes on with its outputs: what is written is fixed when it is called (the result's
+frames are never changed afterwards), and :func:`keep_derived` (every verb calls it when done), :func:`load` and
+:func:`save` of the same folder, :func:`wait` and the end of :func:`writing_behind` wait for it and raise what the
+writing raised (a failure that skips the cache still only skips it). A Ctrl-C meanwhile leaves the folder whole or
+absent: the thread is not a daemon, so the process ends once it is written and renamed; a process killed meanwhile
+leaves only a build folder (pruned as below). A store keeps the :data:`KEEP_RESULTS` most recently used results (:func:`prune`).
 ``rm -r <report>.spectrace`` (or the cache folder under ``SPECTRACE_CACHE_DIR``)
 clears it with the store; ``rm -r <report>.spectrace/results`` only the results.
 
@@ -37,11 +43,12 @@ import io
 import json
 import os
 import shutil
+import threading
 import time
 import uuid
 import weakref
 import zlib
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -52,7 +59,8 @@ from ..model import CommResult, Diagnostic, Result, Trace
 from .source import OpsWindow
 
 __all__ = ["KEEP_RESULTS", "STALE_S", "DICT_ROWS", "FOLDER", "KNOWN", "code_digest", "result_key", "derived", "load",
-           "save", "prune", "keep_derived", "cacheable", "kept_key"]
+           "save", "prune", "keep_derived", "cacheable", "kept_key", "wait",
+           "writing_behind", "known"]
 
 _T = TypeVar("_T")
 _RESULT_VERSION = 1
@@ -100,7 +108,7 @@ class _Unsupported(Exception):
     """A value the cache does not know how to write: the result is then not kept."""
 
 
-def _encode(v: object, frames: list[pl.DataFrame]) -> Any:
+def _encode(v: object, frames: list[pl.DataFrame | None]) -> Any:
     if v is None or isinstance(v, bool | int | float | str):
         return v
     if isinstance(v, pl.DataFrame):
@@ -248,21 +256,27 @@ def _read_doc(folder: Path, key: str) -> tuple[object, list[_Frame]] | None:
         return None
 
 
-def _write_doc(parent: Path, name: str, key: str, body: object, frames: list[pl.DataFrame]) -> bool:
+def _write_doc(parent: Path, name: str, key: str, body: object, frames: list[pl.DataFrame | None]) -> bool:
     """``body`` (from :func:`_encode`) and its frames as ``parent/name``, atomically: built beside and renamed into
-    place (a folder another process put there first is kept). False when it could not be written."""
+    place (a folder another process put there first is kept). False when it could not be written. The largest
+    frames are written first, and each one let go of (``frames[i] = None``) once written: a frame the caller lets go
+    of meanwhile (a write behind, :func:`save`) is not held longer than it takes to write it."""
     tmp = parent / f".{name}.tmp-{uuid.uuid4().hex[:12]}"
     try:
         parent.mkdir(exist_ok=True)
         tmp.mkdir()
-        files = []
-        for i, df in enumerate(frames):
+        files: list[list] = [[] for _ in frames]
+        sizes = [0 if df is None else df.estimated_size() for df in frames]
+        for i in sorted(range(len(frames)), key=lambda i: -sizes[i]):
+            df, frames[i] = frames[i], None
+            assert df is not None  # (each frame is written once)
             f = tmp / f"{i}.arrow"
             # Long string columns (names, phases, families: a few values repeated) dictionary-encoded on disk:
             # smaller and faster both ways than compressed strings; read back as strings (:class:`_Frame`).
             strings = [c for c, t in df.schema.items() if t == pl.String] if df.height >= DICT_ROWS else []
             (df.with_columns(pl.col(strings).cast(pl.Categorical)) if strings else df).write_ipc(f, compression="zstd")
-            files.append([*_crc(f), strings])
+            del df
+            files[i] = [*_crc(f), strings]
         doc = {"key": key, "files": files, "value": body}
         doc["check"] = _digest(doc)
         (tmp / "result.json").write_text(json.dumps(doc))
@@ -286,6 +300,70 @@ class _Kept:
     key: str
     derived: dict
     new: dict = dataclasses.field(default_factory=dict)
+    writing: _Writing | None = None  # the result's own folder, while it is written behind (:func:`save`)
+
+
+class _Writing:
+    """A result folder being written on a thread (:func:`save` with ``behind``): :meth:`wait` gives whether it was
+    written, and raises what the writing raised (once)."""
+
+    def __init__(self, folder: Path, write: Callable[[], bool]):
+        self.folder, self.ok = folder, False
+        self.error: BaseException | None = None
+        self._write = write
+        self.thread = threading.Thread(target=self._run, name=f"spectrace result cache {folder.name[:8]}")
+
+    def _run(self) -> None:
+        try:
+            self.ok = self._write()
+        except BaseException as e:  # handed to the caller by wait(): never lost in the thread
+            self.error = e
+        finally:
+            self._write = _no_write  # what it held (the frames) let go of
+
+    def wait(self) -> bool:
+        self.thread.join()
+        if _WRITING.get(self.folder) is self:
+            del _WRITING[self.folder]
+        e, self.error = self.error, None
+        if e is not None:
+            raise e
+        return self.ok
+
+
+def _no_write() -> bool:
+    return False
+
+
+# result folder -> its write under way in this process (:func:`save` with ``behind``): what load, save and wait
+# wait for first
+_WRITING: dict[Path, _Writing] = {}
+
+
+def _settle(folder: Path) -> None:
+    """Wait for a write behind of ``folder`` under way (raising what it raised)."""
+    w = _WRITING.get(folder)
+    if w is not None:
+        w.wait()
+
+
+def wait(res: Result | None = None) -> bool:
+    """Wait for the result cache's writes behind (:func:`save`): of ``res`` (True when it is written, or was read
+    from the cache), else all of this process's; raises what a write raised."""
+    if res is None:
+        ok = True
+        for w in list(_WRITING.values()):
+            ok = w.wait() and ok
+        return ok
+    entry = _kept(res)
+    if entry is None:
+        return False
+    if entry.writing is not None:
+        w, entry.writing = entry.writing, None
+        if not w.wait():  # not kept after all: nothing derived from it is kept either
+            _KEPT.pop(id(res), None)
+            return False
+    return True
 
 
 # id(result) -> _Kept. Only that very object reads and keeps derived tables, never a copy made from it (a copy
@@ -328,12 +406,20 @@ def derived(res: Result, key: Hashable, compute: Callable[[], _T]) -> _T:
     return value
 
 
+def known(res: Result, key: Hashable) -> bool:
+    """Whether :func:`derived` of ``res`` under ``key`` has its value without computing it (read with ``res`` from the
+    cache, or computed for it since)."""
+    entry = _kept(res)
+    return entry is not None and (key in entry.derived or key in entry.new)
+
+
 def load(store_root: Path, key: str) -> Result | None:
     """The result kept under ``key`` in the store at ``store_root`` (and the derived tables kept beside it, for
     :func:`derived`), or None (none kept, or one that does not verify: its digest or a frame file's size or
     CRC-32 differ, or a file cannot be read). A derived-table folder that does not verify is left out. Frames
     are parsed when first used."""
     folder = store_root / FOLDER / key
+    _settle(folder)
     doc = _read_doc(folder, key)
     try:
         res = _decode(*doc) if doc is not None else None
@@ -355,18 +441,55 @@ def load(store_root: Path, key: str) -> Result | None:
     return res
 
 
-def save(store_root: Path, key: str, res: Result) -> bool:
-    """Keep ``res`` under ``key``. False when it could not be written or holds a value the cache cannot write."""
-    frames: list[pl.DataFrame] = []
+def save(store_root: Path, key: str, res: Result, behind: bool | None = None) -> bool:
+    """Keep ``res`` under ``key``. False when it could not be written or holds a value the cache cannot write.
+
+    ``behind`` (default: inside :func:`writing_behind`): the files are written on a thread while the caller goes on
+    (what is written is encoded now; the result's frames are never changed afterwards); True unless the result
+    holds a value the cache cannot write. :func:`wait` (called by :func:`keep_derived`, :func:`load` and
+    :func:`save` of the same folder, and on leaving :func:`writing_behind`) waits for it."""
+    folder = store_root / FOLDER / key
+    _settle(folder)
+    frames: list[pl.DataFrame | None] = []
     try:
         body = _encode(res, frames)
     except _Unsupported:
         return False
-    ok = _write_doc(store_root / FOLDER, key, key, body, frames)
-    if ok:
-        _track(res, store_root / FOLDER / key, key, {})
+
+    def write() -> bool:
+        if not _write_doc(store_root / FOLDER, key, key, body, frames):
+            return False
         prune(store_root / FOLDER, key)
-    return ok
+        return True
+
+    if not (behind or behind is None and _BEHIND):
+        if not write():
+            return False
+        _track(res, folder, key, {})
+        return True
+    _track(res, folder, key, {})  # now: the tables derived meanwhile are remembered (kept once it is written)
+    entry = _kept(res)
+    assert entry is not None
+    entry.writing = _WRITING[folder] = _Writing(folder, write)
+    entry.writing.thread.start()
+    return True
+
+
+_BEHIND: list[bool] = []  # inside writing_behind(): the pipeline's saves are written behind
+
+
+@contextlib.contextmanager
+def writing_behind() -> Iterator[None]:
+    """Within it, :func:`save` writes a result's files on a thread (``behind``) while the command goes on with its
+    outputs (the CLI's analysis verbs run in it); on leaving it every write under way is waited for, and what one
+    raised is raised here (leaving it by an exception, Ctrl-C included: not waited for here; the thread, not a
+    daemon, finishes before the process ends)."""
+    _BEHIND.append(True)
+    try:
+        yield
+    finally:
+        _BEHIND.pop()
+    wait()
 
 
 def prune(parent: Path, keep: str) -> None:
@@ -399,10 +522,12 @@ def keep_derived(res: Result) -> bool:
     """Keep the tables derived from ``res`` since it was read or kept (the headline tables of each cycle choice,
     the cycle classes, a report's figures, ...: what :func:`derived` computed for it) beside it, so that the next
     command reads them too. A no-op for a result the cache did not give (a merge of several, a copy). True when something was kept."""
+    if not wait(res):  # its own folder written first (behind, :func:`save`); not written: nothing kept
+        return False
     entry = _kept(res)
     if entry is None or not entry.new:
         return False
-    frames: list[pl.DataFrame] = []
+    frames: list[pl.DataFrame | None] = []
     body = []
     for k, v in entry.new.items():
         mark = len(frames)
