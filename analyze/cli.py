@@ -29,15 +29,17 @@ __all__ = ["build_parser", "main", "run"]
 # Ctrl-C is caught, so that the window in which Ctrl-C means a Python traceback is the interpreter's start.
 
 # Set by main() before polars loads (only in spectrace's own process; a user's setting wins): keep freed
-# pages 2 s rather than polars' 0.5 s, so that the next step reuses them instead of faulting fresh
-# ones in. At 20 M kernels this cut system time 14 -> 10 s and the analysis 29 -> 25 s (BENCHMARKS.md). One
+# pages 1 s rather than polars' 0.5 s, so that the next step reuses them instead of faulting fresh
+# ones in. At 20 M kernels 2 s cut system time 14 -> 10 s and the analysis 29 -> 25 s (BENCHMARKS.md, session 4);
+# session 11 took it to 1 s: at 10 M kernels cold, the peak 1.41-1.50 -> 1.32-1.39 GB (SQLite) and 1.40-1.42 ->
+# 1.29-1.35 GB (parquetdir) for +0.4 s wall (parquetdir, 3 %) and +0.2 s (SQLite, 1 %), four same-minute pairs. One
 # arena (not one per thread): memory freed by one polars thread is reused by the next, so fewer fresh pages
 # (10 M kernels cold, measured alone: 1.34 -> 1.08 M page faults). No separate arena for allocations over 8 MiB
 # (``oversize_threshold:0``): jemalloc's default gives those back to the kernel at once, and the columns of a
 # million-row frame are that size, so each step faulted its pages in afresh (10 M cold, medians of 5 same-minute
 # rounds: 0.86 -> 0.61 M page faults, system time 2.4 -> 2.1 s, wall 10.7 -> 10.4 s; peak 1.73-1.94 -> 1.65-1.73 GiB).
 _MALLOC_VAR = "_RJEM_MALLOC_CONF"
-_MALLOC_CONF = "narenas:1,dirty_decay_ms:2000,muzzy_decay_ms:0,oversize_threshold:0"
+_MALLOC_CONF = "narenas:1,dirty_decay_ms:1000,muzzy_decay_ms:0,oversize_threshold:0"
 # What importing polars writes into the variable (polars/__init__.py): a process started by one that imported
 # polars (a notebook, a script, make bench) inherits it. Not the user's choice, so it does not stop ours.
 _POLARS_OWN = frozenset({"dirty_decay_ms:500", "muzzy_decay_ms:1000"})

@@ -197,7 +197,7 @@ def test_traced_command_gets_the_environment_unchanged_by_spectrace(tmp_path, ns
              "with contextlib.redirect_stdout(io.StringIO()): main(['hooks'])\n"
              "import polars; print(os.environ['_RJEM_MALLOC_CONF'])")
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True).stdout
-    ours = "narenas:1,dirty_decay_ms:2000,muzzy_decay_ms:0,oversize_threshold:0"
+    ours = "narenas:1,dirty_decay_ms:1000,muzzy_decay_ms:0,oversize_threshold:0"
     assert out.strip().endswith(ours if preset in (None, "dirty_decay_ms:500,muzzy_decay_ms:1000") else preset)
 
 
