@@ -430,6 +430,11 @@ def truncate(f: Path) -> None:
     f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
 
 
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
 def make_user_folder(e: Env) -> list:
     p = e.copy()
     d = cache_of(p)
@@ -1458,6 +1463,9 @@ CASES = [
          keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
     # Never destructive.
     Case("user_folder_at_the_cache_path", make_user_folder, says="not a spectrace cache"),
+    Case("input_is_a_folder_of_other_files", lambda e: (_write(e.inp / "notes" / "a.txt", "mine\n"),
+                                                        ["analyze", e.inp / "notes"])[1],
+         says="not an nsys parquetdir/arrowdir export"),
     Case("user_file_at_the_cache_path", make_user_file, says="not a spectrace cache"),
     Case("db_hard_link_to_the_input", make_db(hard_link), says="must not be the input"),
     Case("db_symlink_to_the_input", make_db(symlink), says="must not be the input"),

@@ -129,7 +129,8 @@ def check_file(path: str | os.PathLike) -> Path:
     except OSError as e:
         raise InputError(f"{p}: cannot read it ({e.strerror})", "UNREADABLE") from None
     if p.is_dir():
-        raise InputError(f"{p}: is a directory; give the .sqlite file exported by nsys", "NOT_SQLITE")
+        raise InputError(f"{p}: is a directory but not an nsys parquetdir/arrowdir export (none of its tables); give "
+                         "the .sqlite file or the folder nsys exported", "NOT_SQLITE")
     if not p.is_file():
         raise InputError(f"{p}: not a regular file (a pipe or a device); save the export to a file first",
                          "NOT_SQLITE")
