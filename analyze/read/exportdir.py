@@ -20,25 +20,17 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
+from nvtx_hooks.capture.files import table_files
+
 from ..model import InputError
 
 if TYPE_CHECKING:
     from polars._typing import PolarsDataType  # a dtype class (pl.Int64) or instance (pl.List(pl.Int64))
 
-__all__ = ["table_files", "is_export_dir", "DirReader"]
+__all__ = ["is_export_dir", "DirReader"]
 
-_SUFFIXES = (".parquet", ".arrow", ".arrows")
 _PID_UNIT = 1 << 24  # globalTid/globalPid: <hw:8><vm:8><pid:24><tid:24> (analyze.read.export.pid_of)
 _KNOWN = ("StringIds", "NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME")
-
-
-def table_files(path: Path) -> dict[str, Path]:
-    """The folder's table files by table name (a file's stem; of two with one stem, the first by name)."""
-    out: dict[str, Path] = {}
-    for f in sorted(path.iterdir()):
-        if f.suffix in _SUFFIXES and f.is_file():
-            out.setdefault(f.stem, f)
-    return out
 
 
 def _state(files: dict[str, Path]) -> list:

@@ -74,6 +74,8 @@ from typing import Any
 import polars as pl
 from polars.exceptions import PanicException
 
+from nvtx_hooks.capture.files import table_files
+
 from ..model import KEPT_API, InputError, Trace
 from .export import (
     API_SCHEMA,
@@ -91,7 +93,7 @@ from .export import (
     open_reader,
     read_meta,
 )
-from .exportdir import DirReader, table_files
+from .exportdir import DirReader
 from .protocols import ExportReader
 from .sqlite import check_file, sidecar
 

@@ -36,8 +36,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-__all__ = ["STALE_S", "OutputError", "clean", "utf8", "check_file", "new_file", "write_new", "NewFolder"]
+__all__ = ["STALE_S", "TABLE_SUFFIXES", "OutputError", "clean", "utf8", "check_file", "new_file", "write_new",
+           "NewFolder", "table_files"]
 
+TABLE_SUFFIXES = (".parquet", ".arrow", ".arrows")  # the table files of an nsys parquetdir/arrowdir export
 _SIDECARS = ("-wal", "-journal", "-shm")  # where SQLite keeps a database's journal, WAL and WAL index
 STALE_S = 24 * 3600  # a build folder of a target this old, or left by a dead process on this host, is removed
 
@@ -420,3 +422,13 @@ def _remove_tree(path: Path) -> None:
             return
         except KeyboardInterrupt:
             continue
+
+
+def table_files(path: Path) -> dict[str, Path]:
+    """The table files of an nsys parquetdir/arrowdir export folder by table name (a file's stem; of two with one
+    stem, the first by name): what the analysis reads (``analyze.read.exportdir``) and ``spectrace scrub`` copies."""
+    out: dict[str, Path] = {}
+    for f in sorted(path.iterdir()):
+        if f.suffix in TABLE_SUFFIXES and f.is_file():
+            out.setdefault(f.stem, f)
+    return out

@@ -16,7 +16,7 @@ import sqlite3
 import sys
 from pathlib import Path
 
-from .files import OutputError, new_file
+from .files import TABLE_SUFFIXES, OutputError, new_file, table_files
 
 __all__ = ["profiled_pids", "scrub", "find_strings", "run", "add_arguments"]
 
@@ -112,7 +112,7 @@ def scrub(src: str | Path, dst: str | Path, *, force: bool = False) -> dict:
     export (a folder of table files) is scrubbed the same way into a new folder (:func:`_scrub_folder`)."""
     src, dst = Path(src), Path(dst)
     if src.is_dir():
-        if not _table_files(src):
+        if not table_files(src):
             raise FileNotFoundError("a folder with no nsys table files (.parquet, .arrow): not a parquetdir or "
                                     "arrowdir export")
         return _scrub_folder(src, dst, force)
@@ -198,17 +198,7 @@ def _scrub(src: Path, dst: Path) -> dict:
 
 # ---- parquetdir / arrowdir exports: the same removals, table by table with polars -----------------------------
 
-_DIR_SUFFIXES = (".parquet", ".arrow", ".arrows")
 _MARKER = "SPECTRACE_SCRUBBED"  # the scrubbed folder's list of the files it wrote (files.NewFolder)
-
-
-def _table_files(folder: Path) -> dict[str, Path]:
-    """A folder's nsys table files by table name (as ``analyze.read.exportdir.table_files``)."""
-    out: dict[str, Path] = {}
-    for f in sorted(folder.iterdir()):
-        if f.suffix in _DIR_SUFFIXES and f.is_file():
-            out.setdefault(f.stem, f)
-    return out
 
 
 def _is_stream(f: Path) -> bool:
@@ -261,17 +251,15 @@ def _folder_pids(tables: dict[str, Path]) -> set[int]:
     """:func:`profiled_pids` of a folder export."""
 
     pids: set[int] = set()
-    for names, col in ((_TID_TABLES, "globalTid"), (_PID_TABLES, "globalPid")):
-        for t in names:
-            sch = _scan(tables[t]).collect_schema() if t in tables else {}
-            if col in sch:
-                pids |= set(_scan(tables[t]).select(_pid_of(col, sch[col]).alias("p")).drop_nulls().unique()
-                            .collect()["p"].to_list())
-    for t, col in (("TARGET_INFO_CUDA_DEVICE", "pid"), ("TARGET_INFO_CUDA_CONTEXT_INFO", "processId")):
-        sch = _scan(tables[t]).collect_schema() if t in tables else {}
+    wanted = [*((t, "globalTid", _pid_of) for t in _TID_TABLES), *((t, "globalPid", _pid_of) for t in _PID_TABLES),
+              ("TARGET_INFO_CUDA_DEVICE", "pid", _as_int64), ("TARGET_INFO_CUDA_CONTEXT_INFO", "processId", _as_int64)]
+    for t, col, pid in wanted:
+        if t not in tables:
+            continue
+        lf = _scan(tables[t])  # (an Arrow stream is read here, once)
+        sch = lf.collect_schema()
         if col in sch:
-            pids |= set(_scan(tables[t]).select(_as_int64(col, sch[col]).alias("p")).drop_nulls().unique()
-                        .collect()["p"].to_list())
+            pids |= set(lf.select(pid(col, sch[col]).alias("p")).drop_nulls().unique().collect()["p"].to_list())
     return pids - {0}
 
 
@@ -300,7 +288,7 @@ def _scrub_folder(src: Path, dst: Path, force: bool) -> dict:
 
     from .files import NewFolder, OutputError
 
-    tables = _table_files(src)
+    tables = table_files(src)
     changed: dict[str, pl.DataFrame] = {}
     stats: dict[str, int] = {}
     env_values: list[str] = []
@@ -382,7 +370,7 @@ def _scrub_folder(src: Path, dst: Path, force: bool) -> dict:
             for t, f in tables.items():
                 out.write(f.name, _encoded(changed[t], f) if t in changed else f.read_bytes())
             for f in sorted(src.iterdir()):  # anything else nsys wrote there (not a table): as it is
-                if f.is_file() and f.suffix not in _DIR_SUFFIXES and f.name not in (_MARKER, ".owner"):
+                if f.is_file() and f.suffix not in TABLE_SUFFIXES and f.name not in (_MARKER, ".owner"):
                     out.write(f.name, f.read_bytes())
     except OutputError as e:
         if "pass --force" in str(e):
@@ -396,18 +384,18 @@ def _find_strings_folder(path: Path, needles: list[str]) -> dict[str, list[str]]
     import polars as pl
 
     hits: dict[str, list[str]] = {}
-    for t, f in _table_files(path).items():
+    for t, f in table_files(path).items():
         lf = _scan(f)
-        for c, d in lf.collect_schema().items():
-            for n in needles:
-                if d == pl.Binary:
-                    found = pl.col(c).bin.contains(n.encode()).any()
-                elif d in (pl.String, pl.Categorical):
-                    found = pl.col(c).cast(pl.String).str.contains(n, literal=True).any()
-                else:
-                    continue
-                if lf.select(found).collect().item():
-                    hits.setdefault(n, []).append(f"{t}.{c}")
+        found = [(pl.col(c).bin.contains(n.encode()) if d == pl.Binary
+                  else pl.col(c).cast(pl.String).str.contains(n, literal=True)).any().alias(f"{c}\x00{n}")
+                 for c, d in lf.collect_schema().items() if d in (pl.Binary, pl.String, pl.Categorical)
+                 for n in dict.fromkeys(needles)]  # (a needle given twice: one column each)
+        if not found:
+            continue
+        for key, hit in lf.select(found).collect().row(0, named=True).items():  # one pass over the table
+            if hit:
+                c, n = key.split("\x00", 1)
+                hits.setdefault(n, []).append(f"{t}.{c}")
     return hits
 
 
