@@ -54,6 +54,12 @@ def test_a_hand_computed_slope():
 def test_nulls_and_nans_as_the_cross_join():
     xy = pl.DataFrame({"x": [0.0, 1.0, None, 3.0, 4.0], "y": [1.0, None, 7.0, 16.0, 20.0]})
     assert whatif._theil_sen(xy) == cross_join_median(xy)
-    xy = pl.DataFrame({"x": [0.0, 1.0, 2.0, 3.0], "y": [1.0, float("nan"), 7.0, 16.0]})
-    a, b = whatif._theil_sen(xy), cross_join_median(xy)
-    assert a == b or (np.isnan(a) and np.isnan(b))
+    nan = float("nan")
+    for xy in (pl.DataFrame({"x": [0.0, 1.0, 2.0, 3.0], "y": [1.0, nan, 7.0, 16.0]}),
+               pl.DataFrame({"x": [0.0, nan, nan, 3.0, 4.0], "y": [1.0, 2.0, 7.0, 16.0, 3.0]}),
+               pl.DataFrame({"x": [nan, nan, 1.0, 2.0, 2.0, 5.0], "y": [4.0, 1.0, 7.0, 2.0, 9.0, 3.0]}),
+               # two NaN x are one x value to polars: their pair is no pair (the median 10, not 10.5)
+               pl.DataFrame({"x": [nan, nan, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0],
+                             "y": [0.0, 1.0, 1.0, 4.0, 9.0, 16.0, 25.0, 36.0]})):
+        a, b = whatif._theil_sen(xy), cross_join_median(xy)
+        assert a == b or (np.isnan(a) and np.isnan(b)), xy

@@ -877,6 +877,8 @@ def _slope_blocks(x: np.ndarray, y: np.ndarray):
     for i0 in range(0, n, rows):
         i = np.arange(i0, min(i0 + rows, n))[:, None]
         keep = (j[None, :] > i) & (x[None, :] != x[i])
+        if x.dtype.kind == "f":  # NaN equals NaN, as in polars' comparison
+            keep &= ~(np.isnan(x)[None, :] & np.isnan(x[i]))
         ii, jj = np.broadcast_to(i, keep.shape)[keep], np.broadcast_to(j, keep.shape)[keep]
         yield (y[jj] - y[ii]) / (x[jj] - x[ii])
 
@@ -889,12 +891,17 @@ def _theil_sen(xy: pl.DataFrame) -> float:
     values there selected; the median of the middle two as polars takes it."""
     xy = xy.drop_nulls(["x", "y"])  # a pair with a null has a null slope, which the median leaves out
     x, y = xy["x"].to_numpy(), xy["y"].to_numpy()
-    total = sum(len(b) for b in _slope_blocks(x, y))
+    n = len(x)
+    # the pairs with two x values: all pairs but those within a group of equal x (the NaNs one group, as above)
+    same = np.unique(x, return_counts=True, equal_nan=True)[1]
+    total = n * (n - 1) // 2 - int((same * (same - 1) // 2).sum())
     if total == 0:
         return 0.0
     ranks = ((total - 1) // 2, total // 2)  # the middle one or two, 0-based
     step = max(1, total // _SLOPES_AT_ONCE)
     sample = np.sort(np.concatenate([b[::step] for b in _slope_blocks(x, y)]))
+    if step == 1 and not np.isnan(sample[ranks[1]]):  # the sample is every slope (NaN sorted last, as polars does)
+        return to_float(pl.Series(sample[list(ranks)]).median()) or 0.0
     margin = 4 * int(np.sqrt(len(sample))) + 2
     at = [r * len(sample) // total for r in ranks]
     lo, hi = sample[max(at[0] - margin, 0)], sample[min(at[1] + margin, len(sample) - 1)]
