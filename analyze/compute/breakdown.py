@@ -67,29 +67,34 @@ def _parts(rows: pl.DataFrame, key: str) -> pl.DataFrame:
     return parts
 
 
-def instance_metrics(ops: pl.DataFrame, key: str) -> pl.DataFrame:
+def instance_metrics(ops: pl.DataFrame, key: str, per_call: pl.DataFrame | None = None) -> pl.DataFrame:
     """Metrics of each group of ops keyed by ``key`` (a range instance): first/last op, span, busy, ...,
     and ``first_launch`` (the start of the earliest CUDA API call that launched one of them).
 
     ``ops`` must be sorted by start. Busy and comm are union lengths: each op adds the part of it
-    past the latest end of earlier ops in its group (communication ops among themselves).
+    past the latest end of earlier ops in its group (communication ops among themselves). Communication ops are
+    those with a ``comm`` family, or with ``_c`` true when ``ops`` have that flag instead. ``per_call``: the ops'
+    launching calls (:func:`analyze.compute.attribute.per_call`, keyed by ``key``): ``launches`` and
+    ``first_launch`` are then counted per call, not per op.
     """
-    is_comm = pl.col("comm").is_not_null()
+    is_comm = pl.col("_c") if "_c" in ops.columns else pl.col("comm").is_not_null()
+    sums = dict(first=pl.col("start").min(), last=pl.col("end").max(), kernel_ns=(pl.col("end") - pl.col("start")).sum(),
+                ops=pl.len())
+    unions = dict(busy_ns=pl.col("_p").sum(), comm_ns=pl.col("_q").sum())
+    if per_call is not None:  # the launches and their first start from the calls (one row each)
+        rows = ops.select(key, "start", "end", _c=is_comm).filter(pl.col(key).is_not_null())
+        launches = (per_call.lazy().filter(pl.col(key).is_not_null()).group_by(key)
+                    .agg(launches=pl.len(), first_launch=pl.col("api_start").min()))
+        return (_parts(rows, key).lazy().group_by(key).agg(**sums, **unions)
+                .join(launches, on=key, how="left")
+                .select(key, *sums, "launches", *unions, "first_launch")
+                .pipe(_derived).collect())
     launch = pl.col("api_start") if "api_start" in ops.columns else pl.lit(None, pl.Int64).alias("api_start")
-    rows = ops.filter(pl.col(key).is_not_null()).select(key, "start", "end", "corr", launch, _c=is_comm)
+    rows = ops.select(key, "start", "end", "corr", launch, _c=is_comm).filter(pl.col(key).is_not_null())
     return (
         _parts(rows, key).lazy()
         .group_by(key)
-        .agg(
-            first=pl.col("start").min(),
-            last=pl.col("end").max(),
-            kernel_ns=(pl.col("end") - pl.col("start")).sum(),
-            ops=pl.len(),
-            launches=pl.col("corr").n_unique(),
-            busy_ns=pl.col("_p").sum(),
-            comm_ns=pl.col("_q").sum(),
-            first_launch=pl.col("api_start").min(),
-        )
+        .agg(**sums, launches=pl.col("corr").n_unique(), **unions, first_launch=pl.col("api_start").min())
         .pipe(_derived)
         .collect()
     )
@@ -100,13 +105,15 @@ def _derived(lf: pl.LazyFrame) -> pl.LazyFrame:
             .with_columns(compute_ns=pl.col("busy_ns") - pl.col("comm_ns"), idle_ns=pl.col("span_ns") - pl.col("busy_ns")))
 
 
-def measure_instances(nested: pl.DataFrame, ops: pl.DataFrame, anc: pl.DataFrame) -> pl.DataFrame:
+def measure_instances(nested: pl.DataFrame, ops: pl.DataFrame, anc: pl.DataFrame,
+                      per_call: pl.DataFrame | None = None) -> pl.DataFrame:
     """Every selected range instance with its exclusive (``x_``) and inclusive (``i_``) metrics.
 
     Exclusive: the ops whose innermost selected range it is (the phase view). Inclusive: the ops
-    launched anywhere inside it, nested ranges included (NVIDIA's projection).
+    launched anywhere inside it, nested ranges included (NVIDIA's projection). ``per_call``: as in
+    :func:`instance_metrics`.
     """
-    ex = instance_metrics(ops, "range_id").rename({"range_id": "range_id"})
+    ex = instance_metrics(ops, "range_id", per_call)
     # Inclusive metrics differ from exclusive ones only for ranges with selected children: compute
     # those from their whole subtree, and copy the exclusive ones for leaves.
     proper = anc.filter(pl.col("anc") != pl.col("range_id"))
@@ -117,13 +124,7 @@ def measure_instances(nested: pl.DataFrame, ops: pl.DataFrame, anc: pl.DataFrame
     added = (ex.join(sub, on="range_id").group_by("anc")
              .agg(pl.col("first").min(), pl.col("last").max(), pl.col("kernel_ns", "ops", "launches").sum(),
                   pl.col("first_launch").min()))
-    inc_ops = (  # one plan: only the columns it keeps are filtered and joined
-        ops.lazy().filter(pl.col("range_id").is_not_null())
-        .join(sub.lazy(), on="range_id", maintain_order="left")  # keeps ops sorted by start
-        .select("start", "end", range_id="anc", _c=pl.col("comm").is_not_null())
-        .collect()
-    )
-    unions = _parts(inc_ops, "range_id").group_by("range_id").agg(busy_ns=pl.col("_p").sum(), comm_ns=pl.col("_q").sum())
+    unions = _inclusive_unions(nested, ops, sub)
     inner = (added.rename({"anc": "range_id"}).join(unions, on="range_id", how="left").lazy().pipe(_derived)
              .collect().select(ex.columns))
     is_internal = pl.col("range_id").is_in(internal["range_id"].implode())
@@ -136,6 +137,42 @@ def measure_instances(nested: pl.DataFrame, ops: pl.DataFrame, anc: pl.DataFrame
     return out.with_columns(pl.col(f"x_{c}").fill_null(0) for c in _METRICS).with_columns(
         pl.col(f"i_{c}").fill_null(0) for c in _METRICS
     )
+
+
+def _inclusive_unions(nested: pl.DataFrame, ops: pl.DataFrame, sub: pl.DataFrame) -> pl.DataFrame:
+    """``busy_ns`` and ``comm_ns`` (union lengths) of the ops of each internal range's subtree (``sub``: its
+    ``range_id, anc`` pairs, ``anc`` the internal range): an op counts towards each internal range around it.
+
+    A range has one ancestor-or-self at each depth of the nesting, so the ops are keyed once per depth by a gather
+    (range ids index an array), each depth's rows still in start order: no join that repeats each op per ancestor
+    and no sort. A join when ids are too large for an array (or the depths do not say the nesting)."""
+    is_comm = pl.col("_c") if "_c" in ops.columns else pl.col("comm").is_not_null()
+    agg = dict(busy_ns=pl.col("_p").sum(), comm_ns=pl.col("_q").sum())
+    levels = sub.join(nested.select(anc="range_id", _d="depth"), on="anc", how="left")
+    hi = max(to_int(nested["range_id"].max() or 0), to_int(ops["range_id"].max() or 0),
+             to_int(sub["range_id"].max() or 0))
+    depths = levels["_d"].unique().sort().to_list()
+    if (levels["_d"].null_count() == 0 and to_int(levels["range_id"].min() or 0) >= 0 and hi < _DENSE_RANGES
+            and not levels.select(pl.struct("range_id", "_d").is_duplicated().any()).item()):
+        parts = []
+        for d in depths:
+            at = levels.filter(pl.col("_d") == d)
+            table = pl.Series([None], dtype=pl.Int64).extend_constant(None, hi).scatter(at["range_id"], at["anc"])
+            rows = (ops.select("start", "end", range_id=pl.lit(table).gather(pl.col("range_id")), _c=is_comm)
+                    .filter(pl.col("range_id").is_not_null()))
+            parts.append(_parts(rows, "range_id").group_by("range_id").agg(**agg))
+        return pl.concat(parts) if parts else pl.DataFrame(schema={"range_id": pl.Int64, "busy_ns": pl.Int64,
+                                                                   "comm_ns": pl.Int64})
+    inc_ops = (  # one plan: only the columns it keeps are filtered and joined
+        ops.lazy().filter(pl.col("range_id").is_not_null())
+        .join(sub.lazy(), on="range_id", maintain_order="left")  # keeps ops sorted by start
+        .select("start", "end", range_id="anc", _c=is_comm)
+        .collect()
+    )
+    return _parts(inc_ops, "range_id").group_by("range_id").agg(**agg)
+
+
+_DENSE_RANGES = 1 << 21  # range ids below this index an array (16 MB at most) in _inclusive_unions
 
 
 def _sum_metrics(prefix: str) -> list[pl.Expr]:

@@ -76,12 +76,15 @@ def _waits(calls: pl.DataFrame, per_corr: pl.DataFrame) -> pl.DataFrame:
 
 
 def calls(ops: pl.DataFrame, api: pl.DataFrame, nested: pl.DataFrame, sync_ids: pl.Series,
-          launch_ids: pl.Series, tl: pl.DataFrame | None = None) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+          launch_ids: pl.Series, tl: pl.DataFrame | None = None,
+          per_call: pl.DataFrame | None = None) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """One process's key calls (:data:`CALL_SCHEMA`), the first launch of each range instance
     (:func:`_first_launches`) and per range instance ``x_launch_api_ns``, ``x_host_wait_ns`` and ``x_syncs``
     (its sync-like calls' wait and count). ``tl``: the timeline of ``nested``
-    (:func:`analyze.compute.attribute.timeline`) if already made."""
-    per_corr = _per_call(ops)
+    (:func:`analyze.compute.attribute.timeline`) if already made. ``per_call``: the ops' launching calls of
+    :func:`analyze.compute.attribute.per_call` if already made (then ``ops`` are not read again)."""
+    per_corr = _per_call(ops) if per_call is None else per_call.select(
+        "corr", "ops", "range_id", "first", "last", start="api_start", end="api_end")
     firsts = _first_launches(per_corr)
     is_sync, is_graph = pl.col("name_id").is_in(sync_ids.implode()), pl.col("name_id").is_in(launch_ids.implode())
     key = (api.filter(is_sync | is_graph | pl.col("corr").is_in(firsts["corr"].implode()))

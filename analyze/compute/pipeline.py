@@ -190,12 +190,25 @@ def process(source: ProcessSource, pid: int, ctx: ProcessContext) -> ProcessResu
     if not ctx.keep_ops:  # the device and graph node flag are done with: narrower copies below
         ops = ops.drop("device", "in_graph")
     # One lookup of each op's kind (name, communication family), a gather per column after.
-    ops = ops.with_columns(_kind=_kind_codes(ops, ctx.kinds)).with_columns(_gather_kinds(ctx.kinds, ["comm"]))
-    if not ctx.keep_ops:  # the kind code stands for the name id and label now
-        ops = ops.drop("name_id", "label")
+    ops = ops.with_columns(_kind=_kind_codes(ops, ctx.kinds))
     tl = attribute.timeline(nested)  # who launched what, and the range open around a call: one timeline
-    calls = attribute.launching_calls(ops, api, nested, tl)
-    ops = attribute.join_calls(ops, calls if ctx.keep_ops else calls.drop("api_name_id"))
+    if ctx.keep_ops:
+        ops = ops.with_columns(_gather_kinds(ctx.kinds, ["comm"]))
+        calls = attribute.launching_calls(ops, api, nested, tl)
+        ops = attribute.join_calls(ops, calls)
+        per_call = None
+        unmatched = int(ops["gtid"].null_count())
+    else:
+        # The columns the rest reads, sorted by start once (the kind code stands for the name id and label, a flag
+        # for the communication family); each launching call looked up once for all the ops it launched.
+        is_comm = pl.lit(ctx.kinds["comm"].is_not_null()).gather(pl.col("_kind")).fill_null(False)
+        ops = (ops.select("corr", "start", "end", "kind", "_kind", *(["graph"] if "graph" in ops.columns else []),
+                          _c=is_comm)
+               .sort("start").with_columns(pid=pl.lit(pid, pl.Int64)))
+        per_call, range_id = attribute.per_call(ops, api, nested, tl)
+        ops = ops.with_columns(range_id=range_id)
+        calls = per_call  # (its rows without a call have no name id: not launches)
+        unmatched = int(per_call.filter(pl.col("gtid").is_null())["ops"].sum())
     # The CUDA graphs each range launched (a few pairs): a cycle's graphs name its batch shape without a payload.
     # One op per launch is enough (a launch's ops share its correlation id, range and graph): dropping each op
     # whose correlation id repeats the previous row's leaves a few rows to make unique, whatever the row order.
@@ -217,10 +230,11 @@ def process(source: ProcessSource, pid: int, ctx: ProcessContext) -> ProcessResu
     orphans_inside = 0
     if launches > launched and ops.height:
         lo, hi = ops["start"].min(), ops["end"].max()
+        launchers = ops.select("corr").unique() if per_call is None else per_call.select("corr")
         orphans_inside = (api.filter(is_launch & pl.col("start").is_between(lo, hi))
-                          .join(ops.select("corr").unique(), on="corr", how="anti").height)
+                          .join(launchers, on="corr", how="anti").height)
     # The key host calls, the first call of each instance and per-instance counts (none without GPU work).
-    host_parts = host.calls(ops, api, nested, ctx.sync_ids, ctx.launch_ids, tl) if ops.height else None
+    host_parts = host.calls(ops, api, nested, ctx.sync_ids, ctx.launch_ids, tl, per_call) if ops.height else None
     del api
     facts = {
         "graph_ops": int((ops["kind"] == "graph").sum()),
@@ -228,24 +242,27 @@ def process(source: ProcessSource, pid: int, ctx: ProcessContext) -> ProcessResu
         "graph_launches": launches,
         "orphan_launches": launches - launched,
         "orphan_launches_inside": orphans_inside,
-        "unmatched_ops": int(ops["gtid"].null_count()),
+        "unmatched_ops": unmatched,
     }
     # The rank goes on the few rows that keep it (communication kernels, kernel statistics), not on every op.
-    comm = (ops.lazy().filter((pl.col("kind") == "kernel") & pl.col("comm").is_not_null())
-            .select("kind", "range_id", "corr", "start", "end", "comm", "_kind")  # what comm_kernels reads
-            .with_columns(*_gather_kinds(ctx.kinds, ["name"]), rank=pl.lit(rank, pl.Int64)).collect())
+    is_comm = pl.col("comm").is_not_null() if ctx.keep_ops else pl.col("_c")
+    comm = (ops.lazy().filter((pl.col("kind") == "kernel") & is_comm)
+            .select("kind", "range_id", "corr", "start", "end", "_kind")  # what comm_kernels reads
+            .with_columns(*_gather_kinds(ctx.kinds, ["comm", "name"]), rank=pl.lit(rank, pl.Int64)).collect())
     out = ProcessResult(facts, rk, _kernel_stats(ops, ctx.kinds, rank))
     if ctx.keep_ops:
         kept = [c for c in ops.columns if c != "_kind"]
         out.ops = ops.with_columns(*_gather_kinds(ctx.kinds, ["name"]), rank=pl.lit(rank, pl.Int64)).select(
             *kept[: kept.index("comm")], pl.col("name").cast(pl.String), *kept[kept.index("comm"):], "rank")
-    # The interval steps read only these columns: a narrow copy halves the memory of the inclusive view.
-    ops = ops.select("pid", "range_id", "corr", "start", "end", "comm", "api_start").sort("start")
+        # The interval steps read only these columns: a narrow copy halves the memory of the inclusive view.
+        ops = ops.select("pid", "range_id", "corr", "start", "end", "comm", "api_start").sort("start")
+    else:
+        ops = ops.select("pid", "range_id", "corr", "start", "end", "_c")
     facts["duplicate_ops"] = _duplicate_ops(ops)
     if host_parts is not None:  # (the same rows: ops has GPU work)
         key_calls, firsts, per_inst = host_parts
         anc = attribute.ancestors(nested)
-        inst = breakdown.measure_instances(nested, ops, anc)
+        inst = breakdown.measure_instances(nested, ops, anc, per_call)
         blocks = breakdown.gpu_blocks(ops)
         inst = windows.with_cycle(breakdown.add_gpu_idle(inst, blocks), anc, ctx.cycle_index)
         out.seams = host.seam_causes(breakdown.measure_seams(inst, blocks), firsts)
