@@ -6,11 +6,13 @@ innermost selected range) and ``comm`` (communication family or null).
 
 from __future__ import annotations
 
+import dataclasses
+
 import polars as pl
 
 from ..model import bound_expr
 from . import host
-from .intervals import busy_between, busy_function, group_parts, union_blocks, union_length
+from .intervals import busy_between, busy_function, group_parts, one_group, union_blocks, union_length
 from .scalars import real, to_int
 
 __all__ = ["ranks", "one_key", "instance_metrics", "measure_instances", "spread", "sum_phases", "projections",
@@ -21,8 +23,11 @@ _METRICS = ("span_ns", "busy_ns", "compute_ns", "comm_ns", "idle_ns", "kernel_ns
 
 def ranks(ops: pl.DataFrame, devices: pl.DataFrame) -> pl.DataFrame:
     """One rank per process with GPU work, numbered in device order: ``rank, pid, device, ...``."""
-    per_device = (ops.lazy().group_by("pid", "device")
-                  .agg(n=pl.len(), kernel_ns=(pl.col("end") - pl.col("start")).sum()).collect())
+    length = (pl.col("end") - pl.col("start")).sum()
+    if one_group(["pid", "device"], ops):  # one process on one device (the usual body): sums, no group-by
+        per_device = ops.select(pl.col("pid", "device").first(), n=pl.len(), kernel_ns=length)
+    else:
+        per_device = ops.lazy().group_by("pid", "device").agg(n=pl.len(), kernel_ns=length).collect()
     per = per_device.sort("pid", "n", "device", descending=[False, True, False]).group_by("pid").agg(
         device=pl.col("device").first(),  # the most used device (the lowest on a tie)
         devices=pl.col("device").sort(),
@@ -111,9 +116,16 @@ def measure_instances(nested: pl.DataFrame, ops: pl.DataFrame, anc: pl.DataFrame
 
     Exclusive: the ops whose innermost selected range it is (the phase view). Inclusive: the ops
     launched anywhere inside it, nested ranges included (NVIDIA's projection). ``per_call``: as in
-    :func:`instance_metrics`.
+    :func:`instance_metrics`. The ops of one process sorted by start: an instance whose ops are one run of rows
+    that no earlier op reaches into has its union lengths from running sums over all the ops (:func:`_prefix`,
+    one pass for every instance and both views) instead of worked out op by op.
     """
-    ex = instance_metrics(ops, "range_id", per_call)
+    pre = (_prefix(ops) if ops.height and one_group(["pid"], ops) and ops["start"].is_sorted()
+           and not ops["end"].null_count() else None)
+    if pre is None:
+        ex, spans = instance_metrics(ops, "range_id", per_call), None
+    else:
+        ex, spans = _exclusive(ops, per_call, pre)
     # Inclusive metrics differ from exclusive ones only for ranges with selected children: compute
     # those from their whole subtree, and copy the exclusive ones for leaves.
     proper = anc.filter(pl.col("anc") != pl.col("range_id"))
@@ -124,7 +136,14 @@ def measure_instances(nested: pl.DataFrame, ops: pl.DataFrame, anc: pl.DataFrame
     added = (ex.join(sub, on="range_id").group_by("anc")
              .agg(pl.col("first").min(), pl.col("last").max(), pl.col("kernel_ns", "ops", "launches").sum(),
                   pl.col("first_launch").min()))
-    unions = _inclusive_unions(nested, ops, sub)
+    if spans is None or pre is None:
+        unions = _inclusive_unions(nested, ops, sub)
+    else:  # a subtree's ops that are one run of rows from the running sums, the others (if any) op by op
+        ends = spans.join(sub, on="range_id").group_by("anc").agg(pl.col("lo").min(), pl.col("hi").max())
+        unions, crowded = _prefix_unions(pre, added.select(range_id="anc", a="first", n="ops").join(
+            ends.rename({"anc": "range_id"}), on="range_id", how="left"))
+        if crowded.len():
+            unions = pl.concat([unions, _inclusive_unions(nested, ops, sub.filter(pl.col("anc").is_in(crowded.implode())))])
     inner = (added.rename({"anc": "range_id"}).join(unions, on="range_id", how="left").lazy().pipe(_derived)
              .collect().select(ex.columns))
     is_internal = pl.col("range_id").is_in(internal["range_id"].implode())
@@ -137,6 +156,92 @@ def measure_instances(nested: pl.DataFrame, ops: pl.DataFrame, anc: pl.DataFrame
     return out.with_columns(pl.col(f"x_{c}").fill_null(0) for c in _METRICS).with_columns(
         pl.col(f"i_{c}").fill_null(0) for c in _METRICS
     )
+
+
+@dataclasses.dataclass
+class _Prefix:
+    """Running sums over one process's ops sorted by start: ``reach``, the latest end up to each op; ``busy``, the
+    union length of the ops up to each op, each op adding the part of it past the latest end before it (the
+    per-group shares of :func:`group_parts`, with the whole process as one group); ``comm``, the same over the
+    communication ops alone, which are the ops at positions ``comm_at``."""
+
+    reach: pl.Series
+    busy: pl.Series
+    comm_at: pl.Series
+    comm: pl.Series
+
+
+def _running_union(rows: pl.DataFrame, reach: pl.Series) -> pl.Series:
+    """The running union length of ``rows`` (sorted by start; ``reach``: the running maximum of their ends)."""
+    past = pl.col("end") - pl.max_horizontal(pl.col("start"), pl.lit(reach).shift(1))
+    return rows.select(past.clip(lower_bound=0).cum_sum()).to_series()
+
+
+def _prefix(ops: pl.DataFrame) -> _Prefix:
+    is_comm = pl.col("_c") if "_c" in ops.columns else pl.col("comm").is_not_null()
+    reach = ops["end"].cum_max()
+    comm = ops.with_row_index("_i").select("_i", "start", "end", _c=is_comm).filter("_c")
+    return _Prefix(reach, _running_union(ops, reach), comm["_i"].cast(pl.Int64).set_sorted(),
+                   _running_union(comm, comm["end"].cum_max()))
+
+
+def _prefix_unions(pre: _Prefix, w: pl.DataFrame) -> tuple[pl.DataFrame, pl.Series]:
+    """``busy_ns`` and ``comm_ns`` of each group of ops in ``w`` (``range_id``; ``a``: its first start; ``lo``, ``hi``:
+    the positions of its first and last op among the process's ops; ``n``: its op count) whose ops are one run of
+    rows that no earlier op reaches into, and the ``range_id`` of the others.
+
+    The union of such a run is the difference of the running union lengths at its ends: every earlier op ends by
+    its first start, so the running maximum restarts there as it would in a group of its own (so does the
+    communication ops' maximum: they are some of the ops)."""
+    lo, hi = w["lo"].cast(pl.Int64), w["hi"].cast(pl.Int64)
+    w = w.with_columns(
+        _lo=lo, _hi=hi,
+        _k=pre.comm_at.search_sorted(lo, "left").cast(pl.Int64),  # the run's communication ops: rows _k .. _m - 1
+        _m=pre.comm_at.search_sorted(hi, "right").cast(pl.Int64))
+
+    def before(v: pl.Series, i: str) -> pl.Expr:  # the running value just before row i (0 before the first)
+        if v.len() == 0:  # (no communication op: every run has none)
+            return pl.lit(0, pl.Int64)
+        return pl.when(pl.col(i) > 0).then(pl.lit(v).gather((pl.col(i) - 1).clip(lower_bound=0))).otherwise(0)
+
+    w = w.with_columns(_run=((pl.col("_hi") - pl.col("_lo") + 1) == pl.col("n").cast(pl.Int64))
+                       & ((pl.col("_lo") == 0) | (before(pre.reach, "_lo") <= pl.col("a"))))
+    runs = w.filter("_run").select(
+        "range_id",
+        busy_ns=pl.lit(pre.busy).gather("_hi") - before(pre.busy, "_lo"),
+        comm_ns=before(pre.comm, "_m") - before(pre.comm, "_k"))
+    return runs, w.filter(~pl.col("_run"))["range_id"]
+
+
+def _exclusive(ops: pl.DataFrame, per_call: pl.DataFrame | None, pre: _Prefix) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """:func:`instance_metrics` by ``range_id`` of one process's ops sorted by start, the union lengths of each
+    instance whose ops are one run of rows from the running sums (:func:`_prefix_unions`), of the others op by op;
+    and each instance's ``lo``, ``hi`` (the positions of its first and last op)."""
+    key = "range_id"
+    is_comm = pl.col("_c") if "_c" in ops.columns else pl.col("comm").is_not_null()
+    sums = dict(first=pl.col("start").min(), last=pl.col("end").max(), kernel_ns=(pl.col("end") - pl.col("start")).sum(),
+                ops=pl.len())
+    if per_call is None:
+        launch = pl.col("api_start") if "api_start" in ops.columns else pl.lit(None, pl.Int64)
+        rows = ops.with_row_index("_i").select(key, "start", "end", "_i", "corr", _l=launch, _c=is_comm)
+        counted = dict(launches=pl.col("corr").n_unique(), first_launch=pl.col("_l").min())
+    else:
+        rows = ops.with_row_index("_i").select(key, "start", "end", "_i", _c=is_comm)
+        counted = {}
+    rows = rows.filter(pl.col(key).is_not_null())
+    k = rows[key]
+    grouped = rows.with_columns(pl.col(key).set_sorted()) if k.null_count() == 0 and k.is_sorted() else rows
+    agg = grouped.lazy().group_by(key).agg(**sums, **counted, lo=pl.col("_i").min(), hi=pl.col("_i").max()).collect()
+    unions, crowded = _prefix_unions(pre, agg.select(key, "lo", "hi", a="first", n="ops"))
+    if crowded.len():
+        few = _parts(rows.filter(pl.col(key).is_in(crowded.implode())).drop("_i"), key)
+        unions = pl.concat([unions, few.group_by(key).agg(busy_ns=pl.col("_p").sum(), comm_ns=pl.col("_q").sum())])
+    lf = agg.lazy().join(unions.lazy(), on=key, how="left")
+    if per_call is not None:
+        lf = lf.join(per_call.lazy().filter(pl.col(key).is_not_null()).group_by(key)
+                     .agg(launches=pl.len(), first_launch=pl.col("api_start").min()), on=key, how="left")
+    ex = lf.select(key, *sums, "launches", "busy_ns", "comm_ns", "first_launch").pipe(_derived).collect()
+    return ex, agg.select(key, "lo", "hi")
 
 
 def _inclusive_unions(nested: pl.DataFrame, ops: pl.DataFrame, sub: pl.DataFrame) -> pl.DataFrame:
