@@ -97,8 +97,9 @@ def innermost(api: pl.DataFrame, nested: pl.DataFrame, tl: pl.DataFrame | None =
     :func:`timeline` of ``nested`` if already made)."""
     tl = timeline(nested) if tl is None else tl
     ends = nested.select(range_id="range_id", _rend="end")
+    s = api["start"]
     return (
-        api.sort("start")
+        (api if s.null_count() == 0 and s.is_sorted() else api.sort("start"))
         .join_asof(tl.rename({"t": "_t"}), left_on="start", right_on="_t", by="gtid", strategy="backward",
                    check_sortedness=False)
         .rename({"current": "range_id"})
@@ -170,7 +171,11 @@ def per_call(ops: pl.DataFrame, api: pl.DataFrame, nested: pl.DataFrame,
     per = (lf.group_by("corr", maintain_order=runs)
            .agg(ops=pl.len().cast(pl.UInt32), first=pl.col("start").min(), last=pl.col("end").max()).collect()
            .select(pl.lit(ops["pid"][0], pl.Int64).alias("pid"), "corr", "ops", "first", "last"))
-    per = per.join(launching_calls(per, api, nested, tl).drop("pid"), on="corr", how="left", maintain_order="left")
+    calls = launching_calls(per, api, nested, tl).drop("pid")
+    if calls.height == per.height and calls["corr"].equals(per["corr"]):  # every call found, in the same order
+        per = per.hstack(calls.drop("corr"))
+    else:
+        per = per.join(calls, on="corr", how="left", maintain_order="left")
     if runs:  # the calls in the order of the runs: an op's call is its run's
         return per, per["range_id"].gather(corr.rle_id())
     return per, ops.select("corr").join(per.select("corr", "range_id"), on="corr", how="left",

@@ -97,8 +97,9 @@ def calls(ops: pl.DataFrame, api: pl.DataFrame, nested: pl.DataFrame, sync_ids: 
         "corr", "ops", "range_id", "first", "last", start="api_start", end="api_end")
     firsts = _first_launches(per_corr)
     is_sync, is_graph = pl.col("name_id").is_in(sync_ids.implode()), pl.col("name_id").is_in(launch_ids.implode())
-    key = (api.filter(is_sync | is_graph | pl.col("corr").is_in(firsts["corr"].implode()))
-           .join(per_corr.select("corr", "ops", "range_id"), on="corr", how="left")
+    key = api.filter(is_sync | is_graph | pl.col("corr").is_in(firsts["corr"].implode()))
+    mine = per_corr.select("corr", "ops", "range_id").filter(pl.col("corr").is_in(key["corr"].implode()))
+    key = (key.join(mine, on="corr", how="left")
            .join(firsts.select("corr", unit="range_id"), on="corr", how="left")
            .with_columns(sync=is_sync, graph=is_graph, ops=pl.col("ops").fill_null(0)))
     # A call that launched nothing (a stream synchronize) belongs to the range open around it.

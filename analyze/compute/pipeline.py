@@ -186,7 +186,7 @@ def process(source: ProcessSource, pid: int, ctx: ProcessContext) -> ProcessResu
     rk = breakdown.ranks(ops, ctx.devices)  # one row (or none): its rank is fixed once all processes are in
     rk = rk.with_columns(pl.lit(v, pl.Int64).alias(k)
                          for k, v in windows.rank_window(ops, source.api_first(pid), nested).items())
-    node_ops = int(ops["in_graph"].sum())
+    node_ops, graph_ops = int(ops["in_graph"].sum()), int((ops["kind"] == "graph").sum())
     if not ctx.keep_ops:  # the device and graph node flag are done with: narrower copies below
         ops = ops.drop("device", "in_graph")
     # One lookup of each op's kind (name, communication family), a gather per column after.
@@ -202,23 +202,19 @@ def process(source: ProcessSource, pid: int, ctx: ProcessContext) -> ProcessResu
         # The columns the rest reads, sorted by start once (the kind code stands for the name id and label, a flag
         # for the communication family); each launching call looked up once for all the ops it launched.
         is_comm = pl.lit(ctx.kinds["comm"].is_not_null()).gather(pl.col("_kind")).fill_null(False)
-        ops = (ops.select("corr", "start", "end", "kind", "_kind", *(["graph"] if "graph" in ops.columns else []),
-                          _c=is_comm)
+        launch_graphs = _launch_graphs(ops, ctx.graphs)  # (the few rows before the sort: it keeps no graph column)
+        ops = (ops.select("corr", "start", "end", "_kind", _c=is_comm, _kernel=pl.col("kind") == "kernel")
                .sort("start").with_columns(pid=pl.lit(pid, pl.Int64)))
         per_call, range_id = attribute.per_call(ops, api, nested, tl)
         ops = ops.with_columns(range_id=range_id)
         calls = per_call  # (its rows without a call have no name id: not launches)
         unmatched = int(per_call.filter(pl.col("gtid").is_null())["ops"].sum())
     # The CUDA graphs each range launched (a few pairs): a cycle's graphs name its batch shape without a payload.
-    # One op per launch is enough (a launch's ops share its correlation id, range and graph): dropping each op
-    # whose correlation id repeats the previous row's leaves a few rows to make unique, whatever the row order.
-    new_launch = (pl.col("corr") != pl.col("corr").shift(1)).fill_null(True)
-    graphs = (ops.lazy().select("corr", "range_id", "graph").filter(pl.col("graph").is_not_null() & new_launch)
-              .select("range_id", "graph").filter(pl.col("range_id").is_not_null()).unique().collect()
-              if "graph" in ops.columns and ctx.graphs
-              else pl.DataFrame(schema={"range_id": pl.Int64, "graph": pl.Int32}))
-    if not ctx.keep_ops:
-        ops = ops.drop("graph", strict=False)
+    if per_call is None:
+        graphs = _launch_graphs(ops.with_columns(_r=pl.col("range_id")), ctx.graphs)
+    else:
+        graphs = launch_graphs.join(per_call.select("corr", _r="range_id"), on="corr", how="left")
+    graphs = graphs.select(range_id="_r", graph="graph").filter(pl.col("range_id").is_not_null()).unique()
     rank = rk["rank"][0] if rk.height else None
     nested = nested.with_columns(rank=pl.lit(rank, pl.Int64))
     is_launch = pl.col("name_id").is_in(ctx.launch_ids.implode())
@@ -237,7 +233,7 @@ def process(source: ProcessSource, pid: int, ctx: ProcessContext) -> ProcessResu
     host_parts = host.calls(ops, api, nested, ctx.sync_ids, ctx.launch_ids, tl, per_call) if ops.height else None
     del api
     facts = {
-        "graph_ops": int((ops["kind"] == "graph").sum()),
+        "graph_ops": graph_ops,
         "node_ops": node_ops,
         "graph_launches": launches,
         "orphan_launches": launches - launched,
@@ -245,9 +241,10 @@ def process(source: ProcessSource, pid: int, ctx: ProcessContext) -> ProcessResu
         "unmatched_ops": unmatched,
     }
     # The rank goes on the few rows that keep it (communication kernels, kernel statistics), not on every op.
-    is_comm = pl.col("comm").is_not_null() if ctx.keep_ops else pl.col("_c")
-    comm = (ops.lazy().filter((pl.col("kind") == "kernel") & is_comm)
-            .select("kind", "range_id", "corr", "start", "end", "_kind")  # what comm_kernels reads
+    is_comm = ((pl.col("kind") == "kernel") & pl.col("comm").is_not_null() if ctx.keep_ops
+               else pl.col("_kernel") & pl.col("_c"))
+    comm = (ops.lazy().filter(is_comm)
+            .select(pl.lit("kernel").alias("kind"), "range_id", "corr", "start", "end", "_kind")  # what comm_kernels reads
             .with_columns(*_gather_kinds(ctx.kinds, ["comm", "name"]), rank=pl.lit(rank, pl.Int64)).collect())
     out = ProcessResult(facts, rk, _kernel_stats(ops, ctx.kinds, rank))
     if ctx.keep_ops:
@@ -288,6 +285,18 @@ def _with_graphs(inst: pl.DataFrame, graphs: pl.DataFrame, anc: pl.DataFrame) ->
                      pairs.filter(pl.col("_n") > 1).group_by("range_id")
                      .agg(i_graphs=pl.col("graph").sort().cast(pl.String).str.join("+"))])
     return inst.join(sig, on="range_id", how="left", maintain_order="left")
+
+
+def _launch_graphs(ops: pl.DataFrame, graphs: bool) -> pl.DataFrame:
+    """The CUDA graph of each launch that has one (``corr, graph``, and ``_r`` where ``ops`` have it), when graphs
+    are wanted. One op per launch is enough (a launch's ops share its correlation id, range and graph): dropping
+    each op whose correlation id repeats the previous row's leaves a few rows to make unique, whatever the row
+    order."""
+    cols = ["corr", "graph", *(["_r"] if "_r" in ops.columns else [])]
+    if "graph" not in ops.columns or not graphs:
+        return pl.DataFrame(schema={"corr": pl.Int64, "graph": pl.Int32, "_r": pl.Int64}).select(cols)
+    new_launch = (pl.col("corr") != pl.col("corr").shift(1)).fill_null(True)
+    return ops.lazy().select(cols).filter(pl.col("graph").is_not_null() & new_launch).unique().collect()
 
 
 def _payload_batches(sel: pl.DataFrame) -> bool:
