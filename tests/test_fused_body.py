@@ -138,3 +138,28 @@ def test_ranks_of_one_device_as_of_several(devices):
     r = breakdown.ranks(ops, dev).row(0, named=True)
     assert (r["device"], r["devices"], r["gpu_ops"], r["kernel_ns"]) == (
         devices[-1] if devices[0] != devices[-1] else 0, sorted(set(devices)), 3, 5 + 20 + 1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 200), st.integers(0, 30)), min_size=1, max_size=25),
+       st.lists(st.tuples(st.integers(0, 230), st.integers(0, 60), st.integers(0, 230), st.integers(0, 60),
+                          st.booleans()), min_size=1, max_size=8))
+def test_gpu_idle_of_both_views(items, windows):
+    """Each instance's GPU idle time in its exclusive and inclusive windows (the inclusive one the same window for
+    some, as a leaf's), against the counted time points of every op; null windows are empty."""
+    ops = pl.DataFrame({"pid": [PID] * len(items), "start": [a for a, _ in items], "end": [a + d for a, d in items]},
+                       schema={"pid": pl.Int64, "start": pl.Int64, "end": pl.Int64}).sort("start")
+    rows = [(xa, xa + xd, xa if same else ia, (xa + xd) if same else ia + idur) for xa, xd, ia, idur, same in windows]
+    inst = pl.DataFrame(rows, schema={"x_first": pl.Int64, "x_last": pl.Int64, "i_first": pl.Int64,
+                                      "i_last": pl.Int64}, orient="row").with_columns(
+        pid=pl.lit(PID, pl.Int64), x_span_ns=pl.col("x_last") - pl.col("x_first"),
+        i_span_ns=pl.col("i_last") - pl.col("i_first"))
+    inst = pl.concat([inst, inst.head(1).with_columns(pl.lit(None, pl.Int64).alias(c) for c in (
+        "x_first", "x_last", "x_span_ns"))])  # an instance with no op of its own: its window null
+    got = breakdown.add_gpu_idle(inst, breakdown.gpu_blocks(ops))
+    pts = {t for a, d in items for t in range(a, a + d)}
+    for r in got.iter_rows(named=True):
+        for p in ("x", "i"):
+            a, b = r[f"{p}_first"], r[f"{p}_last"]
+            want = None if a is None else max(0, (b - a) - len({t for t in pts if a <= t < b}))
+            assert r[f"{p}_gpu_idle_ns"] == want

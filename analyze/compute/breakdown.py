@@ -339,14 +339,20 @@ def add_gpu_idle(inst: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:
     ``idle_ns`` counts gaps between the phase's own ops; some of those gaps may be filled by other
     work (another phase's ops on another stream, other threads). ``gpu_idle_ns <= idle_ns``.
     """
-    # Both views' windows in one query: exclusive rows first, then inclusive.
-    w = pl.concat([inst.select("pid", a=pl.col(f"{p}_first"), b=pl.col(f"{p}_last")) for p in ("x", "i")])
-    busy = busy_between(blocks, w.with_columns(pl.col("a", "b").fill_null(0)), ["pid"], "a", "b", "_all")
+    # Both views' windows in one query: exclusive rows first, then the inclusive ones that differ (a leaf's are the
+    # same window: its exclusive busy time is its inclusive one).
+    win = [inst.select("pid", a=pl.col(f"{p}_first").fill_null(0), b=pl.col(f"{p}_last").fill_null(0))
+           for p in ("x", "i")]
+    other = (win[0]["a"] != win[1]["a"]) | (win[0]["b"] != win[1]["b"])
+    at = other.arg_true()
+    busy = busy_between(blocks, pl.concat([win[0], win[1].filter(other)]), ["pid"], "a", "b", "_all")
     busy_ns = busy.collect()["_all"]
     n = inst.height
+    x_busy = busy_ns.slice(0, n)
+    i_busy = x_busy.clone().scatter(at, busy_ns.slice(n, at.len())) if at.len() else x_busy
     return inst.with_columns(
-        (pl.col(f"{p}_span_ns") - busy_ns.slice(k * n, n)).clip(lower_bound=0).alias(f"{p}_gpu_idle_ns")
-        for k, p in enumerate(("x", "i"))
+        (pl.col(f"{p}_span_ns") - b).clip(lower_bound=0).alias(f"{p}_gpu_idle_ns")
+        for p, b in (("x", x_busy), ("i", i_busy))
     )
 
 
