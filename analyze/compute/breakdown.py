@@ -426,7 +426,8 @@ def coverage(inst: pl.DataFrame, ops: pl.DataFrame, blocks: pl.DataFrame) -> pl.
     tops = inst.filter((pl.col("i_ops") > 0) & pl.col("parent").is_null())
     win = tops.group_by("rank", "pid").agg(a=pl.col("i_first").min(), b=pl.col("i_last").max())
     gpu = busy_between(blocks, win, ["pid"], "a", "b", "gpu_ns").collect()
-    att = union_length(ops.filter(pl.col("range_id").is_not_null()), ["pid"], "attributed_ns", presorted=True).collect()
+    attributed = ops.select("pid", "range_id", "start", "end").filter(pl.col("range_id").is_not_null())  # 4 columns
+    att = union_length(attributed, ["pid"], "attributed_ns", presorted=True).collect()
     return (
         gpu.join(att, on="pid", how="left")
         .with_columns(pl.col("attributed_ns").fill_null(0), window_ns=pl.col("b") - pl.col("a"))
