@@ -213,7 +213,8 @@ def process(source: ProcessSource, pid: int, ctx: ProcessContext) -> ProcessResu
     if per_call is None:
         graphs = _launch_graphs(ops.with_columns(_r=pl.col("range_id")), ctx.graphs)
     else:
-        graphs = launch_graphs.join(per_call.select("corr", _r="range_id"), on="corr", how="left")
+        ranges = per_call.select("corr", _r="range_id").filter(pl.col("corr").is_in(launch_graphs["corr"].implode()))
+        graphs = launch_graphs.join(ranges, on="corr", how="left")  # (a join of the few launches' rows only)
     graphs = graphs.select(range_id="_r", graph="graph").filter(pl.col("range_id").is_not_null()).unique()
     rank = rk["rank"][0] if rk.height else None
     nested = nested.with_columns(rank=pl.lit(rank, pl.Int64))
