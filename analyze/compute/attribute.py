@@ -17,7 +17,7 @@ from nvtx_hooks import phases as ph
 from .regex import check_regex
 from .scalars import to_int
 
-__all__ = ["select_ranges", "nest", "timeline", "innermost", "ancestors", "launching_calls", "join_calls"]
+__all__ = ["select_ranges", "nest", "timeline", "innermost", "ancestors", "launching_calls", "join_calls", "per_call"]
 
 _CYCLE_RANGE = r"(^|[.:/ ])(cycle|decode_step)$"  # the cycle ranges (analyze.compute.tokens.CYCLE_NAMES), any prefix
 
@@ -97,8 +97,9 @@ def innermost(api: pl.DataFrame, nested: pl.DataFrame, tl: pl.DataFrame | None =
     :func:`timeline` of ``nested`` if already made)."""
     tl = timeline(nested) if tl is None else tl
     ends = nested.select(range_id="range_id", _rend="end")
+    s = api["start"]
     return (
-        api.sort("start")
+        (api if s.null_count() == 0 and s.is_sorted() else api.sort("start"))
         .join_asof(tl.rename({"t": "_t"}), left_on="start", right_on="_t", by="gtid", strategy="backward",
                    check_sortedness=False)
         .rename({"current": "range_id"})
@@ -138,9 +139,47 @@ def launching_calls(ops: pl.DataFrame, api: pl.DataFrame, nested: pl.DataFrame,
         on = ["pid", "corr"]
         calls = api.join(ops.select(on).unique(), on=on, how="semi")
         first = pl.struct(on).is_first_distinct()
-    return innermost(calls, nested, tl).select(
+    out = innermost(calls, nested, tl).select(
         "pid", "corr", "gtid", "range_id", api_start="start", api_end="end", api_name_id="name_id"
-    ).filter(first)
+    )
+    c = out["corr"]
+    if on == ["corr"] and c.null_count() == 0 and c.is_sorted() and not out.select((c.diff() == 0).any()).item():
+        return out  # one call per id already (ids rising with their calls' starts): no hash of every id
+    return out.filter(first)
+
+
+def per_call(ops: pl.DataFrame, api: pl.DataFrame, nested: pl.DataFrame,
+             tl: pl.DataFrame | None = None) -> tuple[pl.DataFrame, pl.Series]:
+    """One process's ops attributed by their launching calls, a call at a time: one row per correlation id of
+    ``ops`` (``pid, corr, ops, first, last``: how many ops it launched, the earliest start, the latest end) with its
+    call (``gtid, range_id, api_start, api_end, api_name_id`` of :func:`launching_calls`, null when the call is not
+    in ``api``), and each op's ``range_id`` in the order of ``ops``.
+
+    The calls are looked up and their ranges found once per call, not once per op. When the correlation ids of
+    ``ops`` are sorted (ops sorted by start usually have them in launch order) the group-by takes polars' sorted
+    path and each op's range is a gather by its run of one id; otherwise a group-by and a join on the id."""
+    if ops.height == 0 or not _one_pid(ops):
+        on = ["pid", "corr"]
+        per = ops.lazy().group_by(on).agg(ops=pl.len().cast(pl.UInt32), first=pl.col("start").min(),
+                                          last=pl.col("end").max()).collect()
+        per = per.join(launching_calls(per, api, nested, tl), on=on, how="left", maintain_order="left")
+        return per, ops.select(on).join(per.select(*on, "range_id"), on=on, how="left",
+                                        maintain_order="left")["range_id"]
+    corr = ops["corr"]
+    runs = corr.null_count() == 0 and corr.is_sorted()  # each call's ops one run of rows
+    lf = ops.lazy().select(pl.col("corr").set_sorted() if runs else "corr", "start", "end")
+    per = (lf.group_by("corr", maintain_order=runs)
+           .agg(ops=pl.len().cast(pl.UInt32), first=pl.col("start").min(), last=pl.col("end").max()).collect()
+           .select(pl.lit(ops["pid"][0], pl.Int64).alias("pid"), "corr", "ops", "first", "last"))
+    calls = launching_calls(per, api, nested, tl).drop("pid")
+    if calls.height == per.height and calls["corr"].equals(per["corr"]):  # every call found, in the same order
+        per = per.hstack(calls.drop("corr"))
+    else:
+        per = per.join(calls, on="corr", how="left", maintain_order="left")
+    if runs:  # the calls in the order of the runs: an op's call is its run's
+        return per, per["range_id"].gather(corr.rle_id())
+    return per, ops.select("corr").join(per.select("corr", "range_id"), on="corr", how="left",
+                                        maintain_order="left")["range_id"]
 
 
 def _one_pid(*frames: pl.DataFrame) -> bool:

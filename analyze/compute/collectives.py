@@ -55,10 +55,12 @@ def comm_kernels(ops: pl.DataFrame, instances: pl.DataFrame) -> pl.DataFrame:
     c = ops.filter((pl.col("kind") == "kernel") & pl.col("comm").is_not_null()).select(
         "rank", "range_id", "corr", "start", "end", "name", "comm"
     )
-    c = c.join(instances.select("range_id", "domain", phase="range"), on="range_id", how="left")
+    c = c.join(instances.select("range_id", "domain", phase="range"), on="range_id", how="left", maintain_order="left")
     # (rank, range_id, name) is the group (rank, domain, phase, k, name): a range instance is one rank's
     # (domain, phase, k); kernels outside phases (range_id null) group per rank and name.
-    c = c.sort("start", "corr")
+    s = c["start"]
+    if not (s.null_count() == 0 and s.is_sorted() and not c.select((pl.col("start").diff() == 0).any()).item()):
+        c = c.sort("start", "corr")  # (kernels in start order, no two starting together, are sorted already)
     if c["rank"].n_unique() <= 1:  # one process: numbered per (range_id, name) without a window
         c = windows.ordinal(c, "range_id", "name", "j", by=(), keep_order=True)
     else:

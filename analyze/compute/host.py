@@ -65,27 +65,41 @@ def _first_launches(per_corr: pl.DataFrame) -> pl.DataFrame:
 def _waits(calls: pl.DataFrame, per_corr: pl.DataFrame) -> pl.DataFrame:
     """``calls`` with ``wait_end`` (latest end of the ops launched by calls that started no later) and
     ``wait_range_id`` (the range of that op), both null before the first launch."""
-    launched = (per_corr.filter(pl.col("start").is_not_null()).sort("start", "last")
+    launched = per_corr.filter(pl.col("start").is_not_null())
+    # Calls in launch order with no two starting together (ids rising with their starts): no sort, no group-by.
+    rising = _rising(launched["start"])
+    launched = ((launched if rising else launched.sort("start", "last"))
                 .select("start", "range_id", end="last")
                 .with_columns(wait_end=pl.col("end").cum_max()))
     launched = launched.with_columns(
         wait_range_id=pl.when(pl.col("end") == pl.col("wait_end")).then("range_id").forward_fill())
-    last = launched.group_by("start", maintain_order=True).agg(pl.col("wait_end", "wait_range_id").last())
+    last = (launched.select("start", "wait_end", "wait_range_id") if rising
+            else launched.group_by("start", maintain_order=True).agg(pl.col("wait_end", "wait_range_id").last()))
     return calls.sort("start").join_asof(last.rename({"start": "_s"}), left_on="start", right_on="_s",
                                          strategy="backward", check_sortedness=False).drop("_s")
 
 
+def _rising(values: pl.Series) -> bool:
+    """Whether ``values`` rise strictly (no null, no repeat)."""
+    return (values.null_count() == 0 and values.is_sorted()
+            and not values.to_frame("v").select((pl.col("v").diff() == 0).any()).item())
+
+
 def calls(ops: pl.DataFrame, api: pl.DataFrame, nested: pl.DataFrame, sync_ids: pl.Series,
-          launch_ids: pl.Series, tl: pl.DataFrame | None = None) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+          launch_ids: pl.Series, tl: pl.DataFrame | None = None,
+          per_call: pl.DataFrame | None = None) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """One process's key calls (:data:`CALL_SCHEMA`), the first launch of each range instance
     (:func:`_first_launches`) and per range instance ``x_launch_api_ns``, ``x_host_wait_ns`` and ``x_syncs``
     (its sync-like calls' wait and count). ``tl``: the timeline of ``nested``
-    (:func:`analyze.compute.attribute.timeline`) if already made."""
-    per_corr = _per_call(ops)
+    (:func:`analyze.compute.attribute.timeline`) if already made. ``per_call``: the ops' launching calls of
+    :func:`analyze.compute.attribute.per_call` if already made (then ``ops`` are not read again)."""
+    per_corr = _per_call(ops) if per_call is None else per_call.select(
+        "corr", "ops", "range_id", "first", "last", start="api_start", end="api_end")
     firsts = _first_launches(per_corr)
     is_sync, is_graph = pl.col("name_id").is_in(sync_ids.implode()), pl.col("name_id").is_in(launch_ids.implode())
-    key = (api.filter(is_sync | is_graph | pl.col("corr").is_in(firsts["corr"].implode()))
-           .join(per_corr.select("corr", "ops", "range_id"), on="corr", how="left")
+    key = api.filter(is_sync | is_graph | pl.col("corr").is_in(firsts["corr"].implode()))
+    mine = per_corr.select("corr", "ops", "range_id").filter(pl.col("corr").is_in(key["corr"].implode()))
+    key = (key.join(mine, on="corr", how="left")
            .join(firsts.select("corr", unit="range_id"), on="corr", how="left")
            .with_columns(sync=is_sync, graph=is_graph, ops=pl.col("ops").fill_null(0)))
     # A call that launched nothing (a stream synchronize) belongs to the range open around it.

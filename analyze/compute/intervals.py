@@ -11,7 +11,7 @@ import polars as pl
 
 from .scalars import real
 
-__all__ = ["group_parts", "union_blocks", "union_length", "busy_function", "busy_between"]
+__all__ = ["group_parts", "one_group", "union_blocks", "union_length", "busy_function", "busy_between"]
 
 
 def _prev_end(by: list[str]) -> pl.Expr:
@@ -63,7 +63,7 @@ def _shifted_parts(lf: pl.LazyFrame, s: pl.Expr, e: pl.Expr, only: str | None) -
     return lf.with_columns(**cols).drop("_s", "_e")
 
 
-def _one_group(by: list[str], *frames: pl.DataFrame | pl.LazyFrame) -> bool:
+def one_group(by: list[str], *frames: pl.DataFrame | pl.LazyFrame) -> bool:
     """Whether these frames are eager, hold rows, and all share one non-null value of ``by``: then
     no grouping is needed. The streamed analysis works one process at a time, so its ``pid``
     groups are always one.
@@ -91,17 +91,17 @@ def union_blocks(df: pl.DataFrame | pl.LazyFrame, by: Sequence[str] = (), presor
     ``presorted`` says the rows are already sorted by ``start``.
     """
     by = list(by)
-    one_group = not by or _one_group(by, df)
+    single = not by or one_group(by, df)
     lf = df.lazy().select(*by, "start", "end")
-    if not one_group:
+    if not single:
         lf = lf.sort([*by, "start"])  # groups contiguous
     elif not presorted:
         lf = lf.sort("start")
     running = pl.col("end").cum_max()
-    if not one_group:
+    if not single:
         running = running.over(by)
     opens = pl.col("start") > pl.col("_run").shift(1)
-    if not one_group:
+    if not single:
         opens = opens | pl.any_horizontal([pl.col(c) != pl.col(c).shift(1) for c in by])
     lf = (
         lf.with_columns(_run=running)
@@ -123,7 +123,7 @@ def union_length(df: pl.DataFrame | pl.LazyFrame, by: Sequence[str] = (), name: 
     lf = df.lazy().select(*by, "start", "end")
     if not presorted:
         lf = lf.sort("start")
-    if by and _one_group(by, df):
+    if by and one_group(by, df):
         part = (pl.col("end") - pl.max_horizontal(pl.col("start"), _prev_end([]))).clip(lower_bound=0)
         return lf.select(*[pl.col(c).first() for c in by], part.sum().alias(name))  # one group: no window
     part = (pl.col("end") - pl.max_horizontal(pl.col("start"), _prev_end(by))).clip(lower_bound=0)
@@ -136,7 +136,7 @@ def busy_function(blocks: pl.DataFrame | pl.LazyFrame, by: Sequence[str]) -> pl.
     Busy time in ``[0, t]`` is then ``before + clip(t - start, 0, end - start)`` for the last block
     starting at or before ``t`` (see :func:`busy_between`).
     """
-    by = [] if _one_group(list(by), blocks) else list(by)
+    by = [] if one_group(list(by), blocks) else list(by)
     length = pl.col("end") - pl.col("start")
     lf = blocks.lazy()
     # Sorted by start across groups (what the as-of joins need); within a group that is block order.
@@ -166,7 +166,7 @@ def busy_between(
 
     ``blocks`` may already be a :func:`busy_function` (a ``before`` column): it is then used as is.
     """
-    if _one_group(list(by), blocks, windows):
+    if one_group(list(by), blocks, windows):
         by = []
     lf = blocks.lazy()
     fn = lf if "before" in lf.collect_schema().names() else busy_function(blocks, by)

@@ -186,26 +186,36 @@ def process(source: ProcessSource, pid: int, ctx: ProcessContext) -> ProcessResu
     rk = breakdown.ranks(ops, ctx.devices)  # one row (or none): its rank is fixed once all processes are in
     rk = rk.with_columns(pl.lit(v, pl.Int64).alias(k)
                          for k, v in windows.rank_window(ops, source.api_first(pid), nested).items())
-    node_ops = int(ops["in_graph"].sum())
+    node_ops, graph_ops = int(ops["in_graph"].sum()), int((ops["kind"] == "graph").sum())
     if not ctx.keep_ops:  # the device and graph node flag are done with: narrower copies below
         ops = ops.drop("device", "in_graph")
     # One lookup of each op's kind (name, communication family), a gather per column after.
-    ops = ops.with_columns(_kind=_kind_codes(ops, ctx.kinds)).with_columns(_gather_kinds(ctx.kinds, ["comm"]))
-    if not ctx.keep_ops:  # the kind code stands for the name id and label now
-        ops = ops.drop("name_id", "label")
+    ops = ops.with_columns(_kind=_kind_codes(ops, ctx.kinds))
     tl = attribute.timeline(nested)  # who launched what, and the range open around a call: one timeline
-    calls = attribute.launching_calls(ops, api, nested, tl)
-    ops = attribute.join_calls(ops, calls if ctx.keep_ops else calls.drop("api_name_id"))
+    if ctx.keep_ops:
+        ops = ops.with_columns(_gather_kinds(ctx.kinds, ["comm"]))
+        calls = attribute.launching_calls(ops, api, nested, tl)
+        ops = attribute.join_calls(ops, calls)
+        per_call = None
+        unmatched = int(ops["gtid"].null_count())
+    else:
+        # The columns the rest reads, sorted by start once (the kind code stands for the name id and label, a flag
+        # for the communication family); each launching call looked up once for all the ops it launched.
+        is_comm = pl.lit(ctx.kinds["comm"].is_not_null()).gather(pl.col("_kind")).fill_null(False)
+        launch_graphs = _launch_graphs(ops, ctx.graphs)  # (the few rows before the sort: it keeps no graph column)
+        ops = (ops.select("corr", "start", "end", "_kind", _c=is_comm, _kernel=pl.col("kind") == "kernel")
+               .sort("start").with_columns(pid=pl.lit(pid, pl.Int64)))
+        per_call, range_id = attribute.per_call(ops, api, nested, tl)
+        ops = ops.with_columns(range_id=range_id)
+        calls = per_call  # (its rows without a call have no name id: not launches)
+        unmatched = int(per_call.filter(pl.col("gtid").is_null())["ops"].sum())
     # The CUDA graphs each range launched (a few pairs): a cycle's graphs name its batch shape without a payload.
-    # One op per launch is enough (a launch's ops share its correlation id, range and graph): dropping each op
-    # whose correlation id repeats the previous row's leaves a few rows to make unique, whatever the row order.
-    new_launch = (pl.col("corr") != pl.col("corr").shift(1)).fill_null(True)
-    graphs = (ops.lazy().select("corr", "range_id", "graph").filter(pl.col("graph").is_not_null() & new_launch)
-              .select("range_id", "graph").filter(pl.col("range_id").is_not_null()).unique().collect()
-              if "graph" in ops.columns and ctx.graphs
-              else pl.DataFrame(schema={"range_id": pl.Int64, "graph": pl.Int32}))
-    if not ctx.keep_ops:
-        ops = ops.drop("graph", strict=False)
+    if per_call is None:
+        graphs = _launch_graphs(ops.with_columns(_r=pl.col("range_id")), ctx.graphs)
+    else:
+        ranges = per_call.select("corr", _r="range_id").filter(pl.col("corr").is_in(launch_graphs["corr"].implode()))
+        graphs = launch_graphs.join(ranges, on="corr", how="left")  # (a join of the few launches' rows only)
+    graphs = graphs.select(range_id="_r", graph="graph").filter(pl.col("range_id").is_not_null()).unique()
     rank = rk["rank"][0] if rk.height else None
     nested = nested.with_columns(rank=pl.lit(rank, pl.Int64))
     is_launch = pl.col("name_id").is_in(ctx.launch_ids.implode())
@@ -217,35 +227,40 @@ def process(source: ProcessSource, pid: int, ctx: ProcessContext) -> ProcessResu
     orphans_inside = 0
     if launches > launched and ops.height:
         lo, hi = ops["start"].min(), ops["end"].max()
+        launchers = ops.select("corr").unique() if per_call is None else per_call.select("corr")
         orphans_inside = (api.filter(is_launch & pl.col("start").is_between(lo, hi))
-                          .join(ops.select("corr").unique(), on="corr", how="anti").height)
+                          .join(launchers, on="corr", how="anti").height)
     # The key host calls, the first call of each instance and per-instance counts (none without GPU work).
-    host_parts = host.calls(ops, api, nested, ctx.sync_ids, ctx.launch_ids, tl) if ops.height else None
+    host_parts = host.calls(ops, api, nested, ctx.sync_ids, ctx.launch_ids, tl, per_call) if ops.height else None
     del api
     facts = {
-        "graph_ops": int((ops["kind"] == "graph").sum()),
+        "graph_ops": graph_ops,
         "node_ops": node_ops,
         "graph_launches": launches,
         "orphan_launches": launches - launched,
         "orphan_launches_inside": orphans_inside,
-        "unmatched_ops": int(ops["gtid"].null_count()),
+        "unmatched_ops": unmatched,
     }
     # The rank goes on the few rows that keep it (communication kernels, kernel statistics), not on every op.
-    comm = (ops.lazy().filter((pl.col("kind") == "kernel") & pl.col("comm").is_not_null())
-            .select("kind", "range_id", "corr", "start", "end", "comm", "_kind")  # what comm_kernels reads
-            .with_columns(*_gather_kinds(ctx.kinds, ["name"]), rank=pl.lit(rank, pl.Int64)).collect())
+    is_comm = ((pl.col("kind") == "kernel") & pl.col("comm").is_not_null() if ctx.keep_ops
+               else pl.col("_kernel") & pl.col("_c"))
+    comm = (ops.lazy().filter(is_comm)
+            .select(pl.lit("kernel").alias("kind"), "range_id", "corr", "start", "end", "_kind")  # what comm_kernels reads
+            .with_columns(*_gather_kinds(ctx.kinds, ["comm", "name"]), rank=pl.lit(rank, pl.Int64)).collect())
     out = ProcessResult(facts, rk, _kernel_stats(ops, ctx.kinds, rank))
     if ctx.keep_ops:
         kept = [c for c in ops.columns if c != "_kind"]
         out.ops = ops.with_columns(*_gather_kinds(ctx.kinds, ["name"]), rank=pl.lit(rank, pl.Int64)).select(
             *kept[: kept.index("comm")], pl.col("name").cast(pl.String), *kept[kept.index("comm"):], "rank")
-    # The interval steps read only these columns: a narrow copy halves the memory of the inclusive view.
-    ops = ops.select("pid", "range_id", "corr", "start", "end", "comm", "api_start").sort("start")
+        # The interval steps read only these columns: a narrow copy halves the memory of the inclusive view.
+        ops = ops.select("pid", "range_id", "corr", "start", "end", "comm", "api_start").sort("start")
+    else:
+        ops = ops.select("pid", "range_id", "corr", "start", "end", "_c")
     facts["duplicate_ops"] = _duplicate_ops(ops)
     if host_parts is not None:  # (the same rows: ops has GPU work)
         key_calls, firsts, per_inst = host_parts
         anc = attribute.ancestors(nested)
-        inst = breakdown.measure_instances(nested, ops, anc)
+        inst = breakdown.measure_instances(nested, ops, anc, per_call)
         blocks = breakdown.gpu_blocks(ops)
         inst = windows.with_cycle(breakdown.add_gpu_idle(inst, blocks), anc, ctx.cycle_index)
         out.seams = host.seam_causes(breakdown.measure_seams(inst, blocks), firsts)
@@ -271,6 +286,18 @@ def _with_graphs(inst: pl.DataFrame, graphs: pl.DataFrame, anc: pl.DataFrame) ->
                      pairs.filter(pl.col("_n") > 1).group_by("range_id")
                      .agg(i_graphs=pl.col("graph").sort().cast(pl.String).str.join("+"))])
     return inst.join(sig, on="range_id", how="left", maintain_order="left")
+
+
+def _launch_graphs(ops: pl.DataFrame, graphs: bool) -> pl.DataFrame:
+    """The CUDA graph of each launch that has one (``corr, graph``, and ``_r`` where ``ops`` have it), when graphs
+    are wanted. One op per launch is enough (a launch's ops share its correlation id, range and graph): dropping
+    each op whose correlation id repeats the previous row's leaves a few rows to make unique, whatever the row
+    order."""
+    cols = ["corr", "graph", *(["_r"] if "_r" in ops.columns else [])]
+    if "graph" not in ops.columns or not graphs:
+        return pl.DataFrame(schema={"corr": pl.Int64, "graph": pl.Int32, "_r": pl.Int64}).select(cols)
+    new_launch = (pl.col("corr") != pl.col("corr").shift(1)).fill_null(True)
+    return ops.lazy().select(cols).filter(pl.col("graph").is_not_null() & new_launch).unique().collect()
 
 
 def _payload_batches(sel: pl.DataFrame) -> bool:
