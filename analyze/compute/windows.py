@@ -230,11 +230,35 @@ def ordinal(df: pl.DataFrame, key: str, name: str, out: str, by: tuple[str, ...]
         d = d.with_row_index("_row")
     # a null key is a group of its own per name (as in a window): negative ids
     d = d.with_columns(_gk=pl.coalesce(pl.col(key) * n + pl.col("_nc"), -1 - pl.col("_nc")))
-    d = d.sort("_gk", *by, maintain_order=True)
+    one = _sort_key(d, ["_gk", *by])
+    d = d.sort(one if one is not None else ["_gk", *by], maintain_order=True)
     i = pl.int_range(pl.len(), dtype=pl.Int64)
     new = pl.col("_gk").ne_missing(pl.col("_gk").shift(1)).fill_null(True)
     d = d.with_columns((i - pl.when(new).then(i).forward_fill()).alias(out)).drop("_nc", "_gk")
     return d.sort("_row").drop("_row") if keep_order else d
+
+
+def _sort_key(df: pl.DataFrame, cols: list[str]) -> pl.Expr | None:
+    """One integer that sorts as the integer columns ``cols`` of ``df`` sort together (each offset by its minimum,
+    packed), or None when a column is not an integer one, has nulls, or they do not fit in 62 bits. A sort on it
+    (stable or not) gives the rows of a sort on the columns: equal keys are equal rows."""
+    if df.height == 0 or not all(df.schema[c].is_integer() for c in cols):
+        return None
+    ends = df.select(*[pl.col(c).min().alias(f"lo{i}") for i, c in enumerate(cols)],
+                     *[pl.col(c).max().alias(f"hi{i}") for i, c in enumerate(cols)],
+                     *[pl.col(c).null_count().alias(f"nn{i}") for i, c in enumerate(cols)]).row(0)
+    k = len(cols)
+    if any(ends[2 * k + i] for i in range(k)):
+        return None
+    key, bits = pl.lit(0, pl.Int64), 0
+    for i, c in enumerate(cols):
+        lo, hi = whole(ends[i]), whole(ends[k + i])
+        b = (hi - lo).bit_length()
+        bits += b
+        if bits > 62:
+            return None
+        key = key * 2**b + (pl.col(c).cast(pl.Int64) - lo)
+    return key
 
 
 @dataclass
@@ -263,11 +287,14 @@ def _time_keys(cand: pl.DataFrame, anc: pl.DataFrame, kern: pl.DataFrame, bound:
     # The candidates with such kernels (each once), numbered in time order per rank and phase; each kernel then
     # gets its instance's rank, phase, start and number, and its phase's reference rank, in one join.
     io = (cand.select("range_id", "rank", *ph, _is="start")
-          .filter(pl.col("range_id").is_in(inc["range_id"].unique().implode())).sort("_is", "range_id")
+          .filter(pl.col("range_id").is_in(inc["range_id"].unique().implode())))
+    one = _sort_key(io, ["_is", "range_id"])
+    io = (io.sort(one if one is not None else ["_is", "range_id"])
           .with_columns(_o=pl.int_range(pl.len(), dtype=pl.Int64).over("rank", *ph)))
     ref = io.group_by(ph).agg(_ref=pl.col("rank").min(), _n=(pl.col("rank") == pl.col("rank").min()).sum())
-    inc = ordinal(inc.join(io.join(ref, on=ph, how="left"), on="range_id", maintain_order="left"), "range_id",
-                  "name", "_j")
+    # (numbered on the four columns first: the sort moves them, not the ten after the join; the rows as before)
+    inc = ordinal(inc, "range_id", "name", "_j").join(io.drop("_is").join(ref, on=ph, how="left"), on="range_id",
+                                                      how="left", maintain_order="left")
     is_ref = pl.col("rank") == pl.col("_ref")
     # Votes: each kernel of a sample of reference instances, for the offset to the instance of another
     # rank whose kernel of the same name ends nearest (within the bound).
@@ -275,8 +302,9 @@ def _time_keys(cand: pl.DataFrame, anc: pl.DataFrame, kern: pl.DataFrame, bound:
     left = inc.filter(is_ref & (pl.col("_o") % step == 0)).select(*ph, "name", "end", _oref="_o")
     right = inc.filter(~is_ref).select(*ph, "name", "rank", "end", _or="_o", _er="end")
     left = left.join(right.select(*ph, "rank").unique(), on=ph)
-    votes = (left.sort("end").join_asof(right.sort("end"), on="end", by=[*ph, "name", "rank"],
-                                        strategy="nearest", check_sortedness=False)
+    (left, right), by = _packed((left, right), [*ph, "name", "rank"])  # one integer to look up by
+    right = right.drop(*ph, "name", "rank") if by == ["_key"] else right
+    votes = (left.sort("end").join_asof(right.sort("end"), on="end", by=by, strategy="nearest", check_sortedness=False)
              .filter((pl.col("_er") - pl.col("end")).abs() <= bound)
              .group_by(*ph, "rank", offset=pl.col("_or") - pl.col("_oref")).agg(_v=pl.len()))
     # the offset most kernels vote for (the smallest one on a tie)
@@ -288,7 +316,8 @@ def _time_keys(cand: pl.DataFrame, anc: pl.DataFrame, kern: pl.DataFrame, bound:
     paired = inc.with_columns(_a=pl.col("range_id").replace_strict(io["range_id"], io["_a"], default=None))
     refk = paired.filter(is_ref).select(*ph, "_a", "name", "_j", _eref="end")
     (others, refk), on = _packed((paired.filter(~is_ref), refk), [*ph, "_a", "name", "_j"])
-    diff = (others.join(refk.select(*on, "_eref"), on=on).drop("_key", strict=False)
+    # (in the kernels' order, grouped by instance: the per-instance group-by below takes the sorted path)
+    diff = (others.join(refk.select(*on, "_eref"), on=on, maintain_order="left").drop("_key", strict=False)
             .with_columns(_x=(pl.col("end") - pl.col("_eref")).abs()))
     io = io.join(_median_above(diff, "range_id", "_x", bound, "_far"), on="range_id", how="left").with_columns(
         _mis=pl.col("_a").is_null() | pl.col("_far").fill_null(False))
@@ -332,6 +361,8 @@ def _median_above(df: pl.DataFrame, by: str, col: str, bound: int, out: str) -> 
     the values above it, or exactly half and the two middle values (the largest at or below, the smallest
     above) averaging above it. Null for a group without values."""
     x = pl.col(col)
+    if df[by].null_count() == 0 and df[by].is_sorted():  # a group-by on a column flagged sorted: no hashing
+        df = df.with_columns(pl.col(by).set_sorted())
     g = df.group_by(by).agg(_n=x.count(), _up=(x > bound).sum(), _lo=x.filter(x <= bound).max(),
                             _hi=x.filter(x > bound).min())
     half = 2 * pl.col("_up") == pl.col("_n")
