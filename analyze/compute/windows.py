@@ -179,13 +179,14 @@ def _dense_packed(df: pl.DataFrame, cols: list[str]) -> pl.Expr | None:
     for c in cols:
         e = pl.col(c)
         if df.schema[c] == pl.String:
-            e = e.rank("dense")  # 1 up, null stays null
-        elif not df.schema[c].is_integer():
+            e = e.rank("dense")  # 1 up, null stays null: at most as many values as distinct ones
+            ends: tuple = (1, df[c].n_unique())
+        elif df.schema[c].is_integer():
+            ends = df.select(e.min().alias("lo"), e.max().alias("hi")).row(0)
+        else:
             return None
-        lo, hi = df.select(e.min().alias("lo"), e.max().alias("hi")).row(0)
-        lo, hi = whole_or_none(lo), whole_or_none(hi)
-        if lo is None or hi is None:  # all null
-            lo = hi = 0
+        low, high = whole_or_none(ends[0]), whole_or_none(ends[1])
+        lo, hi = (0, 0) if low is None or high is None else (low, high)  # (0, 0): all null
         width = hi - lo + 2  # one more value: null, last
         total *= width
         if total >= 2**62:
@@ -593,6 +594,8 @@ def _whole_cycles(x: pl.DataFrame, anc: pl.DataFrame) -> pl.DataFrame:
     left out is left out with everything inside it, and so is the same cycle (key) on every other rank
     (``left_out`` = ``cycle`` where nothing else applies): every phase's all-rank row covers the same cycles
     as the cycle count."""
+    if x["left_out"].null_count() == x.height:  # nothing left out: no cycle to leave out
+        return x
     cyc = x.filter(pl.col("rank").is_not_null() & base_expr().is_in(_CYCLE_PHASES)).select("_phj", "key", anc="range_id")
     if cyc.height == 0:
         return x
