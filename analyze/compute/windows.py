@@ -301,7 +301,8 @@ def _time_keys(cand: pl.DataFrame, anc: pl.DataFrame, kern: pl.DataFrame, bound:
     # rank whose kernel of the same name ends nearest (within the bound).
     step = (pl.col("_n") // _VOTE_INSTANCES).clip(lower_bound=1)
     left = inc.filter(is_ref & (pl.col("_o") % step == 0)).select(*ph, "name", "end", _oref="_o")
-    right = inc.filter(~is_ref).select(*ph, "name", "rank", "end", _or="_o", _er="end")
+    nonref = inc.filter(~is_ref)  # (the votes' other side, and the kernels checked below)
+    right = nonref.select(*ph, "name", "rank", "end", _or="_o", _er="end")
     left = left.join(right.select(*ph, "rank").unique(), on=ph)
     (left, right), by = _packed((left, right), [*ph, "name", "rank"])  # one integer to look up by
     right = right.drop(*ph, "name", "rank") if by == ["_key"] else right
@@ -313,10 +314,12 @@ def _time_keys(cand: pl.DataFrame, anc: pl.DataFrame, kern: pl.DataFrame, bound:
     offs = pl.concat([ref.select(*ph, rank="_ref", offset=pl.lit(0, pl.Int64)), off.select(*ph, "rank", pl.col("offset").cast(pl.Int64))])
     io = io.join(offs, on=[*ph, "rank"], how="left").with_columns(_a=pl.col("_o") - pl.col("offset"))
     # Check each paired instance: its collectives must end with the reference instance's.
-    # (every kernel's instance is in io: a lookup of its _a, not a join)
-    paired = inc.with_columns(_a=pl.col("range_id").replace_strict(io["range_id"], io["_a"], default=None))
-    refk = paired.filter(is_ref).select(*ph, "_a", "name", "_j", _eref="end")
-    (others, refk), on = _packed((paired.filter(~is_ref), refk), [*ph, "_a", "name", "_j"])
+    # (a kernel's row has its instance's phase, rank and number: its _a is that number less its rank's offset, which
+    # is 0 on the reference rank)
+    refk = inc.filter(is_ref).select(*ph, "name", "_j", _a="_o", _eref="end")
+    others = nonref.join(off.select(*ph, "rank", pl.col("offset").cast(pl.Int64)), on=[*ph, "rank"], how="left",
+                         maintain_order="left").with_columns(_a=pl.col("_o") - pl.col("offset"))
+    (others, refk), on = _packed((others, refk), [*ph, "_a", "name", "_j"])
     # (in the kernels' order, grouped by instance: the per-instance group-by below takes the sorted path)
     diff = (others.join(refk.select(*on, "_eref"), on=on, maintain_order="left").drop("_key", strict=False)
             .with_columns(_x=(pl.col("end") - pl.col("_eref")).abs()))
@@ -391,7 +394,8 @@ def _keys(x: pl.DataFrame, anc: pl.DataFrame, kern: pl.DataFrame, bound: int = E
     disjoint = _disjoint_ranks(x)
     if disjoint:
         x = x.with_columns(cycle=pl.lit(None, pl.Int64))
-    ordered = x.sort("start", "range_id")
+    one = _sort_key(x, ["start", "range_id"])
+    ordered = x.sort(one if one is not None else ["start", "range_id"])
     pay = (ordered.filter(pl.col("cycle").is_not_null())
            .with_columns(_b=pl.int_range(pl.len(), dtype=pl.Int64).over("rank", "_ph", "cycle"))
            .select("range_id", *_PHASE, "_ph", _src=pl.lit(0), _a="cycle", _b="_b", _p=pl.lit("")))
