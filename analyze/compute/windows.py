@@ -474,6 +474,10 @@ def pair(inst: pl.DataFrame, kern: pl.DataFrame, ranks: pl.DataFrame, bound: int
     m = kern.select("range_id").join(x.select("range_id", "key", "left_out"), on="range_id", how="left",
                                      maintain_order="left")
     kern = kern.drop("left_out", strict=False).hstack(m.select("key", "left_out"))
+    if m["key"].null_count() == kern["range_id"].null_count() and m["left_out"].null_count() == m.height:
+        # every kernel inside an instance has its key, none left out: the same columns without the conditions
+        return Paired(_with_pairing(inst, x), kern.with_columns(k=pl.col("key").fill_null(-1).cast(pl.Int64))
+                      .drop("key"), diags)
     inside = pl.col("range_id").is_not_null()
     kern = kern.with_columns(
         k=pl.when(inside).then(pl.col("key")).otherwise(-1).cast(pl.Int64),
