@@ -119,3 +119,105 @@ def test_values_too_wide_to_pack_are_joined_on_the_columns():
     assert _packed((a,), ["x", "y"])[1] == ["x", "y"]
     assert _packed((a,), ["y"])[1] == ["_key"]
     assert _packed((a.with_columns(pl.col("y").cast(pl.String)),), ["y"])[1] == ["y"]  # not integers
+
+
+dense_rows = st.lists(st.tuples(st.integers(0, 2), st.integers(0, 2), st.integers(-3, 3), st.integers(0, 3),
+                                st.one_of(st.none(), st.sampled_from(["", "a", "b:1", "b:10", "b:9"]))), max_size=60)
+
+
+@settings(max_examples=300, deadline=None)
+@given(dense_rows, st.sampled_from([1, 2**20, 2**61]))
+def test_dense_is_the_sorted_distinct_number(rows, wide):
+    """:func:`windows._dense` (one dense rank of the packed columns; the sort on every column when they do not pack):
+    per group, the index of the row's values among the group's distinct values in sorted order, nulls last (an
+    independent computation in Python); strings by their own order ('b:10' < 'b:9')."""
+    from analyze.compute.windows import _dense
+
+    df = pl.DataFrame(rows, schema={"g": pl.Int64, "s": pl.Int64, "a": pl.Int64, "b": pl.Int64, "p": pl.String},
+                      orient="row").with_columns(pl.col("a") * wide)
+    got = _dense(df, ["g"], ["s", "a", "b", "p"]).to_list()
+
+    def order(r):
+        return (r[1], r[2] * wide, r[3], (1, "") if r[4] is None else (0, r[4]))
+
+    distinct = {g: sorted({order(r) for r in rows if r[0] == g}) for g in {r[0] for r in rows}}
+    assert got == [distinct[r[0]].index(order(r)) for r in rows]
+
+
+sortable = st.lists(st.tuples(st.integers(-5, 5), st.integers(-3, 40), st.integers(0, 9)), max_size=60)
+
+
+@settings(max_examples=300, deadline=None)
+@given(sortable, st.sampled_from([1, 2**30, 2**60]), st.booleans())
+def test_sort_key_sorts_as_the_columns(rows, wide, null):
+    """:func:`windows._sort_key`: a stable sort on it is the stable sort on the columns; None with a null or when the
+    values do not fit in 62 bits."""
+    from analyze.compute.windows import _sort_key
+
+    df = (pl.DataFrame(rows, schema={"k": pl.Int64, "t": pl.Int64, "v": pl.Int64}, orient="row")
+          .with_columns(pl.col("t") * wide))
+    if null and df.height:
+        df = df.with_columns(pl.when(pl.col("v") == 0).then(None).otherwise(pl.col("t")).alias("t"))
+    key = _sort_key(df, ["k", "t"])
+    if key is None:
+        assert df.height == 0 or df["t"].null_count() or wide == 2**60
+        return
+    assert df.sort(key, maintain_order=True).equals(df.sort("k", "t", maintain_order=True))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.one_of(st.none(), st.integers(0, 4)), st.sampled_from(["x", "y", "z"]),
+                          st.integers(0, 6)), max_size=50), st.sampled_from([1, 2**58]))
+def test_ordinal_is_the_window_ordinal(rows, wide):
+    """:func:`windows.ordinal` (one packed sort key where it fits): each row's order by start among the rows of its
+    (key, name), ties in their given order, as a window over the stably sorted rows numbers them."""
+    from analyze.compute.windows import ordinal
+
+    df = pl.DataFrame(rows, schema={"key": pl.Int64, "name": pl.String, "start": pl.Int64}, orient="row")
+    df = df.with_columns(pl.col("start") * wide).with_row_index("i")
+    want = (df.sort("start", maintain_order=True)
+            .with_columns(o=pl.int_range(pl.len(), dtype=pl.Int64).over("key", "name")).sort("i"))
+    assert ordinal(df, "key", "name", "o").sort("i").equals(want)
+    in_order = df.with_columns(o=pl.int_range(pl.len(), dtype=pl.Int64).over("key", "name"))  # as comm_kernels
+    assert ordinal(df, "key", "name", "o", by=(), keep_order=True).equals(in_order)
+
+
+presence_rows = st.lists(st.tuples(st.integers(0, 2), st.integers(0, 1), st.integers(0, 3), st.integers(0, 1),
+                                   st.booleans(), st.booleans(), st.integers(0, 100)), max_size=40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(presence_rows)
+def test_presence_packed_is_the_presence_on_the_columns(rows):
+    """:func:`windows._presence` on packed (phase, key, rank) integers gives what it gives on the columns (the packing
+    turned off): missing keys (the rank-by-rank branch), cut, misaligned and GPU-less instances."""
+    import analyze.compute.windows as w
+
+    x = (pl.DataFrame(rows, schema={"rank": pl.Int64, "_ph": pl.Int64, "key": pl.Int64, "i_ops": pl.UInt32,
+                                    "_cut": pl.Boolean, "misaligned": pl.Boolean, "start": pl.Int64}, orient="row")
+         .unique(["rank", "_ph", "key"], keep="first", maintain_order=True)
+         .with_row_index("range_id").with_columns(pl.col("range_id").cast(pl.Int64), _phj="_ph",
+                                                  cut=pl.when("_cut").then(pl.lit("window_start"))).drop("_cut"))
+    ranks = pl.DataFrame({"rank": [0, 1, 2], "window_start_ns": [10, 0, 0], "window_end_ns": [100, 90, 100]})
+    got = w._presence(x, ranks).sort("range_id")
+    packed = w._packed
+    try:
+        w._packed = lambda frames, cols: (frames, cols)
+        want = w._presence(x, ranks).sort("range_id")
+    finally:
+        w._packed = packed
+    assert got.equals(want)
+
+
+def test_phase_codes_one_per_phase_nulls_apart():
+    """:func:`windows._phase_codes`: one code per (domain, range), a null a value of its own (as in a group-by);
+    ``_phj`` null where either is null (as a join on the two strings matches nothing there); rows in their order."""
+    from analyze.compute.windows import _phase_codes
+
+    x = pl.DataFrame({"domain": ["", "", None, "", None, "", "d"], "range": ["a", "b", "a", None, "a", "a", "a"],
+                      "i": range(7)})
+    y = _phase_codes(x)
+    assert y["i"].to_list() == list(range(7))
+    ph = y["_ph"].to_list()
+    assert ph[0] == ph[5] and ph[2] == ph[4] and len({ph[0], ph[1], ph[2], ph[3], ph[6]}) == 5
+    assert y["_phj"].to_list() == [ph[0], ph[1], None, None, None, ph[5], ph[6]]

@@ -125,8 +125,8 @@ def with_cycle(inst: pl.DataFrame, anc: pl.DataFrame, use_index: bool = True) ->
 
 
 def _edges(inst: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
-    """``inst`` with ``cut`` (``window_start``, ``window_end``, ``tail_lost`` or null) and ``_tail``
-    (the rank's ranges go on after its GPU rows stop)."""
+    """``inst`` (with its phase code ``_ph``, :func:`_phase_codes`) with ``cut`` (``window_start``, ``window_end``,
+    ``tail_lost`` or null) and ``_tail`` (the rank's ranges go on after its GPU rows stop)."""
     w = ranks.select("rank", _w0="window_start_ns", _w1="window_end_ns",
                      _rep=pl.col("report") if "report" in ranks.columns else pl.lit(0))
     # The earliest window start of the other ranks of its report (one clock): were they recording while
@@ -140,9 +140,9 @@ def _edges(inst: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
     # Start: the range began before this rank's first CUDA event, while another rank was already recording
     # or after an earlier instance of the phase ran here unrecorded (the window opened mid-run).
     late = (pl.col("_w0o") <= pl.col("start")).fill_null(False) | (
-        (pl.col("end") < pl.col("_w0")).fill_null(False).any().over("rank", *_PHASE))
-    rate = (x.filter(pl.col("start") <= pl.col("_w1")).group_by("rank", *_PHASE).agg(_rate=gpu.mean()))
-    x = x.join(rate, on=["rank", *_PHASE], how="left", nulls_equal=True)
+        (pl.col("end") < pl.col("_w0")).fill_null(False).any().over("rank", "_ph"))
+    rate = (x.filter(pl.col("start") <= pl.col("_w1")).group_by("rank", "_ph").agg(_rate=gpu.mean()))
+    x = x.join(rate, on=["rank", "_ph"], how="left", nulls_equal=True)
     after = ((pl.col("start") > pl.col("_w1")) & ~gpu & (pl.col("_rate") >= _ALWAYS_GPU)).fill_null(False)
     x = x.with_columns(_after=after).with_columns(_tail=pl.col("_after").any().over("rank"))
     at_end = (pl.col("end") > pl.col("_w1")) | (pl.col("i_last") >= pl.col("_w1"))
@@ -156,13 +156,46 @@ def _edges(inst: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
 
 
 def _dense(df: pl.DataFrame, by: list[str], cols: list[str]) -> pl.Series:
-    """Per group ``by``, a dense number of the distinct values of ``cols`` in sorted order (rows as given)."""
+    """Per group ``by``, a dense number of the distinct values of ``cols`` in sorted order (rows as given; nulls
+    last). One dense rank of the columns packed into one integer (a string column by its dense rank) when they are
+    integers, or strings, and pack into 62 bits; else one sort by every column."""
+    packed = _dense_packed(df, [*by, *cols])
+    if packed is not None:
+        r = df.select(*by, _r=packed.rank("dense").cast(pl.Int64))
+        return r.select(pl.col("_r") - pl.col("_r").min().over(by))["_r"].alias("_k")
     d = df.with_row_index("_i").sort(*by, *cols, nulls_last=True)
     new = pl.any_horizontal([pl.col(c).ne_missing(pl.col(c).shift(1)) for c in [*by, *cols]]).fill_null(True)
     first = pl.any_horizontal([pl.col(c).ne_missing(pl.col(c).shift(1)) for c in by]).fill_null(True)
     d = d.with_columns(_n=new.cast(pl.Int64).cum_sum(), _f=first)
     d = d.with_columns(_k=pl.col("_n") - pl.when("_f").then(pl.col("_n")).forward_fill())
     return d.sort("_i")["_k"]
+
+
+def _dense_packed(df: pl.DataFrame, cols: list[str]) -> pl.Expr | None:
+    """The columns ``cols`` of ``df`` as one integer that sorts as they sort together (nulls last), or None."""
+    if df.height == 0:
+        return None
+    parts, total = [], 1
+    for c in cols:
+        e = pl.col(c)
+        if df.schema[c] == pl.String:
+            e = e.rank("dense")  # 1 up, null stays null: at most as many values as distinct ones
+            ends: tuple = (1, df[c].n_unique())
+        elif df.schema[c].is_integer():
+            ends = df.select(e.min().alias("lo"), e.max().alias("hi")).row(0)
+        else:
+            return None
+        low, high = whole_or_none(ends[0]), whole_or_none(ends[1])
+        lo, hi = (0, 0) if low is None or high is None else (low, high)  # (0, 0): all null
+        width = hi - lo + 2  # one more value: null, last
+        total *= width
+        if total >= 2**62:
+            return None
+        parts.append(((e.cast(pl.Int64) - lo).fill_null(width - 1), width))
+    key = pl.lit(0, pl.Int64)
+    for e, w in parts:
+        key = key * w + e
+    return key
 
 
 def _epochs(x: pl.DataFrame) -> pl.DataFrame:
@@ -198,11 +231,35 @@ def ordinal(df: pl.DataFrame, key: str, name: str, out: str, by: tuple[str, ...]
         d = d.with_row_index("_row")
     # a null key is a group of its own per name (as in a window): negative ids
     d = d.with_columns(_gk=pl.coalesce(pl.col(key) * n + pl.col("_nc"), -1 - pl.col("_nc")))
-    d = d.sort("_gk", *by, maintain_order=True)
+    one = _sort_key(d, ["_gk", *by])
+    d = d.sort(one if one is not None else ["_gk", *by], maintain_order=True)
     i = pl.int_range(pl.len(), dtype=pl.Int64)
     new = pl.col("_gk").ne_missing(pl.col("_gk").shift(1)).fill_null(True)
     d = d.with_columns((i - pl.when(new).then(i).forward_fill()).alias(out)).drop("_nc", "_gk")
     return d.sort("_row").drop("_row") if keep_order else d
+
+
+def _sort_key(df: pl.DataFrame, cols: list[str]) -> pl.Expr | None:
+    """One integer that sorts as the integer columns ``cols`` of ``df`` sort together (each offset by its minimum,
+    packed), or None when a column is not an integer one, has nulls, or they do not fit in 62 bits. A sort on it
+    (stable or not) gives the rows of a sort on the columns: equal keys are equal rows."""
+    if df.height == 0 or not all(df.schema[c].is_integer() for c in cols):
+        return None
+    ends = df.select(*[pl.col(c).min().alias(f"lo{i}") for i, c in enumerate(cols)],
+                     *[pl.col(c).max().alias(f"hi{i}") for i, c in enumerate(cols)],
+                     *[pl.col(c).null_count().alias(f"nn{i}") for i, c in enumerate(cols)]).row(0)
+    k = len(cols)
+    if any(ends[2 * k + i] for i in range(k)):
+        return None
+    key, bits = pl.lit(0, pl.Int64), 0
+    for i, c in enumerate(cols):
+        lo, hi = whole(ends[i]), whole(ends[k + i])
+        b = (hi - lo).bit_length()
+        bits += b
+        if bits > 62:
+            return None
+        key = key * 2**b + (pl.col(c).cast(pl.Int64) - lo)
+    return key
 
 
 @dataclass
@@ -221,9 +278,8 @@ def _time_keys(cand: pl.DataFrame, anc: pl.DataFrame, kern: pl.DataFrame, bound:
     ``anc``: the nesting (:func:`attribute.ancestors`); ``kern``: communication kernels with ``range_id``
     (innermost).
     """
-    # Phases numbered: one integer instead of two strings in the joins and groups below.
-    ph_ids = cand.select(_PHASE).unique().with_row_index("_ph").with_columns(pl.col("_ph").cast(pl.Int64))
-    cand = cand.join(ph_ids, on=_PHASE, how="left")
+    # Phases by their code (:func:`_phase_codes`): one integer instead of two strings in the joins and groups below.
+    cand = cand.drop("_ph").rename({"_phj": "_ph"})
     ph = ["_ph"]
     # the first few collectives of each name in each instance are enough to pair and check it
     inc = (kern.lazy().filter(pl.col("range_id").is_not_null() & (pl.col("j") < _ALIGN_KERNELS))
@@ -232,20 +288,25 @@ def _time_keys(cand: pl.DataFrame, anc: pl.DataFrame, kern: pl.DataFrame, bound:
     # The candidates with such kernels (each once), numbered in time order per rank and phase; each kernel then
     # gets its instance's rank, phase, start and number, and its phase's reference rank, in one join.
     io = (cand.select("range_id", "rank", *ph, _is="start")
-          .filter(pl.col("range_id").is_in(inc["range_id"].unique().implode())).sort("_is", "range_id")
+          .filter(pl.col("range_id").is_in(inc["range_id"].unique().implode())))
+    one = _sort_key(io, ["_is", "range_id"])
+    io = (io.sort(one if one is not None else ["_is", "range_id"])
           .with_columns(_o=pl.int_range(pl.len(), dtype=pl.Int64).over("rank", *ph)))
     ref = io.group_by(ph).agg(_ref=pl.col("rank").min(), _n=(pl.col("rank") == pl.col("rank").min()).sum())
-    inc = ordinal(inc.join(io.join(ref, on=ph, how="left"), on="range_id", maintain_order="left"), "range_id",
-                  "name", "_j")
+    # (numbered on the four columns first: the sort moves them, not the ten after the join; the rows as before)
+    inc = ordinal(inc, "range_id", "name", "_j").join(io.drop("_is").join(ref, on=ph, how="left"), on="range_id",
+                                                      how="left", maintain_order="left")
     is_ref = pl.col("rank") == pl.col("_ref")
     # Votes: each kernel of a sample of reference instances, for the offset to the instance of another
     # rank whose kernel of the same name ends nearest (within the bound).
     step = (pl.col("_n") // _VOTE_INSTANCES).clip(lower_bound=1)
     left = inc.filter(is_ref & (pl.col("_o") % step == 0)).select(*ph, "name", "end", _oref="_o")
-    right = inc.filter(~is_ref).select(*ph, "name", "rank", "end", _or="_o", _er="end")
+    nonref = inc.filter(~is_ref)  # (the votes' other side, and the kernels checked below)
+    right = nonref.select(*ph, "name", "rank", "end", _or="_o", _er="end")
     left = left.join(right.select(*ph, "rank").unique(), on=ph)
-    votes = (left.sort("end").join_asof(right.sort("end"), on="end", by=[*ph, "name", "rank"],
-                                        strategy="nearest", check_sortedness=False)
+    (left, right), by = _packed((left, right), [*ph, "name", "rank"])  # one integer to look up by
+    right = right.drop(*ph, "name", "rank") if by == ["_key"] else right
+    votes = (left.sort("end").join_asof(right.sort("end"), on="end", by=by, strategy="nearest", check_sortedness=False)
              .filter((pl.col("_er") - pl.col("end")).abs() <= bound)
              .group_by(*ph, "rank", offset=pl.col("_or") - pl.col("_oref")).agg(_v=pl.len()))
     # the offset most kernels vote for (the smallest one on a tie)
@@ -253,18 +314,22 @@ def _time_keys(cand: pl.DataFrame, anc: pl.DataFrame, kern: pl.DataFrame, bound:
     offs = pl.concat([ref.select(*ph, rank="_ref", offset=pl.lit(0, pl.Int64)), off.select(*ph, "rank", pl.col("offset").cast(pl.Int64))])
     io = io.join(offs, on=[*ph, "rank"], how="left").with_columns(_a=pl.col("_o") - pl.col("offset"))
     # Check each paired instance: its collectives must end with the reference instance's.
-    # (every kernel's instance is in io: a lookup of its _a, not a join)
-    paired = inc.with_columns(_a=pl.col("range_id").replace_strict(io["range_id"], io["_a"], default=None))
-    refk = paired.filter(is_ref).select(*ph, "_a", "name", "_j", _eref="end")
-    (others, refk), on = _packed((paired.filter(~is_ref), refk), [*ph, "_a", "name", "_j"])
-    diff = (others.join(refk.select(*on, "_eref"), on=on).drop("_key", strict=False)
+    # (a kernel's row has its instance's phase, rank and number: its _a is that number less its rank's offset, which
+    # is 0 on the reference rank)
+    refk = inc.filter(is_ref).select(*ph, "name", "_j", _a="_o", _eref="end")
+    others = nonref.join(off.select(*ph, "rank", pl.col("offset").cast(pl.Int64)), on=[*ph, "rank"], how="left",
+                         maintain_order="left").with_columns(_a=pl.col("_o") - pl.col("offset"))
+    (others, refk), on = _packed((others, refk), [*ph, "_a", "name", "_j"])
+    # (in the kernels' order, grouped by instance: the per-instance group-by below takes the sorted path)
+    diff = (others.join(refk.select(*on, "_eref"), on=on, maintain_order="left").drop("_key", strict=False)
             .with_columns(_x=(pl.col("end") - pl.col("_eref")).abs()))
     io = io.join(_median_above(diff, "range_id", "_x", bound, "_far"), on="range_id", how="left").with_columns(
         _mis=pl.col("_a").is_null() | pl.col("_far").fill_null(False))
     spread = diff.group_by(*ph, "rank").agg(spread_p50_ns=pl.col("_x").median().cast(pl.Int64))
     offsets = (offs.join(spread, on=[*ph, "rank"], how="left")
                .join(io.group_by(ph).agg(_ranks=pl.col("rank").n_unique()), on=ph)
-               .filter(pl.col("_ranks") > 1).drop("_ranks").join(ph_ids, on="_ph").drop("_ph")
+               .filter(pl.col("_ranks") > 1).drop("_ranks")
+               .join(cand.group_by("_ph").agg(pl.col(*_PHASE).first()), on="_ph").drop("_ph")
                .select(*_PHASE, pl.exclude(*_PHASE)).sort(*_PHASE, "rank"))
     return _TimeAlignment(io.select("range_id", "_a", "_mis"), offsets)
 
@@ -300,6 +365,8 @@ def _median_above(df: pl.DataFrame, by: str, col: str, bound: int, out: str) -> 
     the values above it, or exactly half and the two middle values (the largest at or below, the smallest
     above) averaging above it. Null for a group without values."""
     x = pl.col(col)
+    if df[by].null_count() == 0 and df[by].is_sorted():  # a group-by on a column flagged sorted: no hashing
+        df = df.with_columns(pl.col(by).set_sorted())
     g = df.group_by(by).agg(_n=x.count(), _up=(x > bound).sum(), _lo=x.filter(x <= bound).max(),
                             _hi=x.filter(x > bound).min())
     half = 2 * pl.col("_up") == pl.col("_n")
@@ -320,21 +387,22 @@ def _keys(x: pl.DataFrame, anc: pl.DataFrame, kern: pl.DataFrame, bound: int = E
     nesting (:func:`attribute.ancestors`)."""
     if x["rank"].n_unique() < 2:  # nothing to pair: each instance's order in its phase
         ordered = x.sort("start", "range_id")
-        out = ordered.select("range_id", "cycle", key=pl.int_range(pl.len(), dtype=pl.Int64).over(_PHASE),
+        out = ordered.select("range_id", "cycle", key=pl.int_range(pl.len(), dtype=pl.Int64).over("_ph"),
                              misaligned=pl.lit(False))
         return _Keys(out, [], pl.DataFrame())
     x = _epochs(x)
     disjoint = _disjoint_ranks(x)
     if disjoint:
         x = x.with_columns(cycle=pl.lit(None, pl.Int64))
-    ordered = x.sort("start", "range_id")
+    one = _sort_key(x, ["start", "range_id"])
+    ordered = x.sort(one if one is not None else ["start", "range_id"])
     pay = (ordered.filter(pl.col("cycle").is_not_null())
-           .with_columns(_b=pl.int_range(pl.len(), dtype=pl.Int64).over("rank", *_PHASE, "cycle"))
-           .select("range_id", *_PHASE, _src=pl.lit(0), _a="cycle", _b="_b", _p=pl.lit("")))
+           .with_columns(_b=pl.int_range(pl.len(), dtype=pl.Int64).over("rank", "_ph", "cycle"))
+           .select("range_id", *_PHASE, "_ph", _src=pl.lit(0), _a="cycle", _b="_b", _p=pl.lit("")))
     ta = _time_keys(x.filter(pl.col("cycle").is_null()), anc, kern, bound)
     # misaligned instances keep the key of their offset: their partners learn that they are bad
-    tk = (ta.keys.filter(pl.col("_a").is_not_null()).join(x.select("range_id", *_PHASE), on="range_id")
-          .select("range_id", *_PHASE, _src=pl.lit(1), _a="_a", _b=pl.lit(0, pl.Int64), _p=pl.lit("")))
+    tk = (ta.keys.filter(pl.col("_a").is_not_null()).join(x.select("range_id", *_PHASE, "_ph"), on="range_id")
+          .select("range_id", *_PHASE, "_ph", _src=pl.lit(1), _a="_a", _b=pl.lit(0, pl.Int64), _p=pl.lit("")))
     mis = ta.keys.filter("_mis").select("range_id")
     known = pl.concat([pay, tk])
     # Instances without communication inside: their parent's identity and their order in the parent.
@@ -345,10 +413,10 @@ def _keys(x: pl.DataFrame, anc: pl.DataFrame, kern: pl.DataFrame, bound: int = E
             known.select(parent="range_id", _pp=ident), on="parent")
         if lvl.height == 0:
             continue
-        lvl = lvl.with_columns(_b=pl.int_range(pl.len(), dtype=pl.Int64).over("parent", *_PHASE)).select(
-            "range_id", *_PHASE, _src=pl.lit(2), _a=pl.lit(0, pl.Int64), _b="_b", _p="_pp")
+        lvl = lvl.with_columns(_b=pl.int_range(pl.len(), dtype=pl.Int64).over("parent", "_ph")).select(
+            "range_id", *_PHASE, "_ph", _src=pl.lit(2), _a=pl.lit(0, pl.Int64), _b="_b", _p="_pp")
         known = pl.concat([known, lvl])
-    k = known.with_columns(key=_dense(known, _PHASE, ["_src", "_a", "_b", "_p"]))
+    k = known.with_columns(key=_dense(known, ["_ph"], ["_src", "_a", "_b", "_p"]))
     out = (x.select("range_id", "cycle").join(k.select("range_id", "key"), on="range_id", how="left")
            .with_columns(misaligned=pl.col("range_id").is_in(mis["range_id"].implode())))
     phases_by_payload = sorted(x.filter(pl.col("cycle").is_not_null())["range"].unique().to_list())
@@ -386,10 +454,14 @@ def pair(inst: pl.DataFrame, kern: pl.DataFrame, ranks: pl.DataFrame, bound: int
     """Cuts, keys and presence over every rank's instances (one clock); kernels keyed by their instance."""
     if "cycle" not in inst.columns:
         inst = inst.with_columns(cycle=pl.lit(None, pl.Int64))
-    x = _edges(inst.drop("key", "left_out", "misaligned", strict=False), ranks)
+    # Worked out on the few columns the steps read (the instance frame is ~50 columns: every join would copy it),
+    # the four results then added to it.
+    # Phases as integer codes (:func:`_phase_codes`) in every join and group below, not two strings.
+    x = _edges(_phase_codes(inst.select(_PAIR_COLS)), ranks)
     ranked = x.filter(pl.col("rank").is_not_null())
     anc = attribute.ancestors(ranked.select("range_id", "parent", "depth"))
-    ks = _keys(ranked.select("range_id", "rank", *_PHASE, "start", "parent", "depth", "cycle"), anc, kern, bound)
+    ks = _keys(ranked.select("range_id", "rank", *_PHASE, "_ph", "_phj", "start", "parent", "depth", "cycle"), anc,
+               kern, bound)
     x = (x.drop("cycle").join(ks.instances, on="range_id", how="left")
          .with_columns(pl.col("misaligned").fill_null(False)))
     x = x.join(_presence(x, ranks), on="range_id", how="left")
@@ -398,16 +470,41 @@ def pair(inst: pl.DataFrame, kern: pl.DataFrame, ranks: pl.DataFrame, bound: int
                 .when(pl.col("_gone").fill_null(False)).then(pl.lit("unpaired")))
     x = _whole_cycles(x.with_columns(left_out=left_out), anc)
     diags = _diagnostics(x, ranks, ks)
-    x = x.drop("_tail", "_gone", "_solo", "misaligned")
-    m = x.select("range_id", "key", "left_out")
-    kern = kern.drop("left_out", strict=False).join(m, on="range_id", how="left")
+    x = x.select("range_id", "cut", "cycle", "key", "left_out")
+    m = kern.select("range_id").join(x.select("range_id", "key", "left_out"), on="range_id", how="left",
+                                     maintain_order="left")
+    kern = kern.drop("left_out", strict=False).hstack(m.select("key", "left_out"))
+    if m["key"].null_count() == kern["range_id"].null_count() and m["left_out"].null_count() == m.height:
+        # every kernel inside an instance has its key, none left out: the same columns without the conditions
+        return Paired(_with_pairing(inst, x), kern.with_columns(k=pl.col("key").fill_null(-1).cast(pl.Int64))
+                      .drop("key"), diags)
     inside = pl.col("range_id").is_not_null()
     kern = kern.with_columns(
         k=pl.when(inside).then(pl.col("key")).otherwise(-1).cast(pl.Int64),
         left_out=pl.when(inside & pl.col("key").is_null()).then(pl.coalesce("left_out", pl.lit("unpaired")))
         .otherwise("left_out"),
     ).drop("key")
-    return Paired(x, kern, diags)
+    return Paired(_with_pairing(inst, x), kern, diags)
+
+
+def _phase_codes(x: pl.DataFrame) -> pl.DataFrame:
+    """``x`` with ``_ph``: an integer per phase (``domain, range``; a null in either is a value, as in a group-by),
+    and ``_phj``: the same, null where either is null (a join on the two columns matches no such row)."""
+    ids = x.select(_PHASE).unique().with_row_index("_ph").with_columns(pl.col("_ph").cast(pl.Int64))
+    x = x.join(ids, on=_PHASE, how="left", nulls_equal=True, maintain_order="left")
+    return x.with_columns(_phj=pl.when(pl.col("domain").is_not_null() & pl.col("range").is_not_null()).then("_ph"))
+
+
+_PAIR_COLS = ("range_id", "rank", *_PHASE, "start", "end", "i_ops", "i_last", "parent", "depth", "cycle")
+
+
+def _with_pairing(inst: pl.DataFrame, x: pl.DataFrame) -> pl.DataFrame:
+    """``inst`` with ``x``'s ``cut, cycle, key, left_out`` (``x``: a row per instance, ``range_id`` unique), in
+    place of any it had: added as columns when the rows are in the same order, else joined."""
+    wide = inst.drop("cut", "_tail", "cycle", "key", "left_out", "misaligned", strict=False)
+    if x.height == wide.height and x["range_id"].equals(wide["range_id"]):
+        return wide.hstack(x.drop("range_id"))
+    return wide.join(x, on="range_id", how="left", maintain_order="left")
 
 
 def pair_reports(results: list) -> Paired:
@@ -440,11 +537,11 @@ def pair_reports(results: list) -> Paired:
 
 def _paired_phases(x: pl.DataFrame) -> pl.DataFrame:
     """Phases paired across ranks (keys on several ranks) and the ranks taking part: every rank with GPU work
-    in the phase (``domain, range, rank``)."""
-    has = x.filter((pl.col("i_ops") > 0) & pl.col("rank").is_not_null())
-    multi = has.group_by(_PHASE).agg(_keyed=pl.col("rank").filter(pl.col("key").is_not_null()).n_unique()).filter(
+    in the phase (``_ph, rank``; phases with a null domain or name are not paired)."""
+    has = x.filter((pl.col("i_ops") > 0) & pl.col("rank").is_not_null() & pl.col("_phj").is_not_null())
+    multi = has.group_by("_ph").agg(_keyed=pl.col("rank").filter(pl.col("key").is_not_null()).n_unique()).filter(
         pl.col("_keyed") > 1)
-    return has.select(*_PHASE, "rank").unique().join(multi.select(_PHASE), on=_PHASE)
+    return has.select("_ph", "rank").unique().join(multi.select("_ph"), on="_ph")
 
 
 def _presence(x: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
@@ -452,28 +549,35 @@ def _presence(x: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
     same key cut, misaligned or without GPU work, or lacks it while not recording (the instance starts
     before that rank's window or after its last GPU op); ``_solo`` when another rank lacks it while recording
     (counted, but its collectives have no partner)."""
-    # Phases numbered (an integer instead of two strings in the joins below).
+    # Phases by their code; null outside the paired phases. (phase, key, rank), (phase, key) and (phase, rank) each
+    # packed into one integer where they fit (:func:`_packed`): one-column group-bys and joins.
     part = _paired_phases(x)
-    ph_ids = part.select(_PHASE).unique().with_row_index("_ph").with_columns(pl.col("_ph").cast(pl.Int64))
-    part = part.join(ph_ids, on=_PHASE).select("_ph", "rank")
-    x = x.join(ph_ids, on=_PHASE, how="left")
-    mine = x.filter((pl.col("i_ops") > 0) & pl.col("key").is_not_null() & pl.col("_ph").is_not_null()).select(
-        "range_id", "rank", "_ph", "key", "start")
-    state = (x.filter(pl.col("key").is_not_null() & pl.col("rank").is_not_null() & pl.col("_ph").is_not_null())
-             .group_by("_ph", "key", "rank")
-             .agg(_ok=((pl.col("i_ops") > 0) & pl.col("cut").is_null() & ~pl.col("misaligned")).all()))
+    x = x.with_columns(_ph=pl.when(pl.col("_ph").is_in(part["_ph"].unique().implode())).then("_ph"))
+    keyed = x.filter(pl.col("key").is_not_null() & pl.col("rank").is_not_null() & pl.col("_ph").is_not_null()).select(
+        "range_id", "rank", "_ph", "key", "start", _gpu=pl.col("i_ops") > 0,
+        _okr=(pl.col("i_ops") > 0) & pl.col("cut").is_null() & ~pl.col("misaligned"))
+    (keyed,), gkr = _packed_as((keyed,), ["_ph", "key", "rank"], "_gkr")
+    (keyed,), gk = _packed_as((keyed,), ["_ph", "key"], "_gk")
+    (keyed, part), pr = _packed_as((keyed, part), ["_ph", "rank"], "_pr")
+    state = keyed.group_by(gkr).agg(*[pl.col(c).first() for c in dict.fromkeys([*gk, *pr]) if c not in gkr],
+                                    _ok=pl.col("_okr").all())
     # Where every taking-part rank has the key (the rule), no rank lacks it: count the other ranks' bad states.
-    st = state.join(part, on=["_ph", "rank"], how="semi")
-    per_key = st.group_by("_ph", "key").agg(_np=pl.len(), _nf=(~pl.col("_ok")).sum())
+    st = state.join(part.select(pr), on=pr, how="semi")
+    per_key = st.group_by(gk).agg(_np=pl.len(), _nf=(~pl.col("_ok")).sum())
     n_part = part.group_by("_ph").agg(_nt=pl.len())
-    mine = (mine.join(per_key, on=["_ph", "key"], how="left").join(n_part, on="_ph", how="left")
-            .join(st.select("_ph", "key", "rank", _own="_ok"), on=["_ph", "key", "rank"], how="left"))
+    mine = (keyed.filter("_gpu").join(per_key, on=gk, how="left").join(n_part, on="_ph", how="left")
+            .join(st.select(*gkr, _own="_ok"), on=gkr, how="left"))
     full = pl.col("_np") == pl.col("_nt")
     bad_others = pl.col("_nf") - (~pl.col("_own")).cast(pl.UInt32)
     whole = mine.filter(full).select("range_id", _gone=bad_others > 0, _solo=pl.lit(False))
+    lack = mine.filter(~full)
+    if lack.height == 0:
+        return whole
     # Otherwise, rank by rank: a rank without the key counts by whether it was recording when the instance started.
+    state = keyed.group_by("_ph", "key", "rank").agg(_ok=pl.col("_okr").all())
+    part = part.select("_ph", "rank")
     w = ranks.select(_s="rank", _w0="window_start_ns", _w1="window_end_ns")
-    other = (mine.filter(~full).select("range_id", "rank", "_ph", "key", "start")
+    other = (lack.select("range_id", "rank", "_ph", "key", "start")
              .join(part.rename({"rank": "_s"}), on="_ph").filter(pl.col("_s") != pl.col("rank"))
              .join(state.rename({"rank": "_s"}), on=["_ph", "key", "_s"], how="left")
              .join(w, on="_s", how="left"))
@@ -484,18 +588,29 @@ def _presence(x: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
     return pl.concat([whole, some])
 
 
+def _packed_as(frames: tuple[pl.DataFrame, ...], cols: list[str], name: str
+               ) -> tuple[tuple[pl.DataFrame, ...], list[str]]:
+    """:func:`_packed` with the packed column named ``name`` (``cols`` themselves when they do not pack)."""
+    frames, on = _packed(frames, cols)
+    if on != ["_key"]:
+        return frames, on
+    return tuple(f.rename({"_key": name}) for f in frames), [name]
+
+
 def _whole_cycles(x: pl.DataFrame, anc: pl.DataFrame) -> pl.DataFrame:
     """Left out whole: a cycle (a range of a ``cycle``-role phase: cycle, prefill, decode_step) with any part
     left out is left out with everything inside it, and so is the same cycle (key) on every other rank
     (``left_out`` = ``cycle`` where nothing else applies): every phase's all-rank row covers the same cycles
     as the cycle count."""
-    cyc = x.filter(pl.col("rank").is_not_null() & base_expr().is_in(_CYCLE_PHASES)).select(*_PHASE, "key", anc="range_id")
+    if x["left_out"].null_count() == x.height:  # nothing left out: no cycle to leave out
+        return x
+    cyc = x.filter(pl.col("rank").is_not_null() & base_expr().is_in(_CYCLE_PHASES)).select("_phj", "key", anc="range_id")
     if cyc.height == 0:
         return x
     inside = anc.join(cyc, on="anc").join(x.select("range_id", "left_out"), on="range_id")
-    bad = inside.group_by("anc", *_PHASE, "key").agg(_bad=pl.col("left_out").is_not_null().any()).filter("_bad")
-    keys_ = bad.filter(pl.col("key").is_not_null()).select(*_PHASE, "key").unique()
-    dropped = pl.concat([bad.select("anc"), cyc.join(keys_, on=[*_PHASE, "key"]).select("anc")])
+    bad = inside.group_by("anc", "_phj", "key").agg(_bad=pl.col("left_out").is_not_null().any()).filter("_bad")
+    keys_ = bad.filter(pl.col("key").is_not_null()).select("_phj", "key").unique()
+    dropped = pl.concat([bad.select("anc"), cyc.join(keys_, on=["_phj", "key"]).select("anc")])
     gone = anc.join(dropped.unique(), on="anc")["range_id"].unique()
     return x.with_columns(left_out=pl.when(pl.col("range_id").is_in(gone.implode()))
                           .then(pl.coalesce("left_out", pl.lit("cycle"))).otherwise("left_out"))
@@ -521,7 +636,8 @@ def _diagnostics(x: pl.DataFrame, ranks: pl.DataFrame, ks: _Keys) -> list[Diagno
     out: list[Diagnostic] = []
     if ks.ignored_index:
         out.append(Diagnostic("warning", "PAYLOAD_CYCLE_INDEX", ks.ignored_index))
-    multi = _paired_phases(x).select(_PHASE).unique()
+    multi_ph = _paired_phases(x).select("_ph").unique()
+    multi = x.select("_ph", *_PHASE).join(multi_ph, on="_ph", how="semi").unique("_ph").drop("_ph")
     gpu_ranks = x.filter((pl.col("i_ops") > 0) & pl.col("rank").is_not_null())["rank"].n_unique()
     if gpu_ranks > 1 and multi.height:
         how = []
@@ -538,8 +654,8 @@ def _diagnostics(x: pl.DataFrame, ranks: pl.DataFrame, ks: _Keys) -> list[Diagno
                 per_phase.append(f"{rng!r} ({shifts})")
             how.append("by time, the instance offset under which collectives end together (p50 end "
                        "difference): " + "; ".join(per_phase))
-        counted = (x.filter(pl.col("left_out").is_null() & (pl.col("i_ops") > 0)).join(multi, on=_PHASE)
-                   .group_by(_PHASE).agg(n=pl.col("key").n_unique()).sort("range"))
+        counted = (x.filter(pl.col("left_out").is_null() & (pl.col("i_ops") > 0)).join(multi_ph, on="_ph")
+                   .group_by("_ph").agg(pl.col("range").first(), n=pl.col("key").n_unique()).sort("range"))
         same = ", ".join(f"{r['range']!r} ×{r['n']}" for r in counted.iter_rows(named=True))
         out.append(Diagnostic("info", "INSTANCE_PAIRING", "instances paired across ranks " + "; ".join(how)
                               + (f". Counted on every rank: {same}" if same else "")))
@@ -560,9 +676,9 @@ def _diagnostics(x: pl.DataFrame, ranks: pl.DataFrame, ks: _Keys) -> list[Diagno
     out += _tails(x, w)
     un = x.filter(pl.col("left_out").is_in(["unpaired", "cycle"]) & (pl.col("i_ops") > 0))
     if un.height:
-        kept = x.filter(pl.col("left_out").is_null() & (pl.col("i_ops") > 0)).group_by(_PHASE).agg(
+        kept = x.filter(pl.col("left_out").is_null() & (pl.col("i_ops") > 0)).group_by("_phj").agg(
             _lo=pl.col("start").min(), _hi=pl.col("start").max())
-        un = un.join(kept, on=_PHASE, how="left").with_columns(
+        un = un.join(kept, on="_phj", how="left").with_columns(
             _inside=(pl.col("start") > pl.col("_lo")) & (pl.col("start") < pl.col("_hi")))
         for (rank,), g in un.group_by("rank", maintain_order=True):
             per = g.group_by("range").agg(n=pl.len(), t0=pl.col("start").min(), t1=pl.col("end").max())
@@ -598,10 +714,10 @@ def _tails(x: pl.DataFrame, w: pl.DataFrame) -> list[Diagnostic]:
     # work here.
     have = top.filter((pl.col("i_ops") > 0) & pl.col("key").is_not_null())
     ranks = w.select("rank", "window_end_ns")
-    pk = have.filter(pl.col("cut").is_null()).group_by(*_PHASE, "key").agg(
+    pk = have.filter(pl.col("cut").is_null()).group_by("_phj", "key").agg(
         _t=pl.col("start").min(), _g=pl.col("i_last").max(), _on=pl.col("rank"))
-    keyed_ranks = have.select(*_PHASE, "rank").unique()
-    lack = (pk.join(keyed_ranks, on=_PHASE).filter(~pl.col("_on").list.contains(pl.col("rank")))
+    keyed_ranks = have.select("_phj", "rank").unique()
+    lack = (pk.join(keyed_ranks, on="_phj").filter(~pl.col("_on").list.contains(pl.col("rank")))
             .join(ranks, on="rank").filter(pl.col("_t") > pl.col("window_end_ns"))
             .group_by("rank").agg(_lack=pl.len(), _upto=pl.col("_g").max()))
     cut = x.filter(pl.col("cut") == "window_end").group_by("rank").agg(_cut=pl.len())
