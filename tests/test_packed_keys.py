@@ -119,3 +119,21 @@ def test_values_too_wide_to_pack_are_joined_on_the_columns():
     assert _packed((a,), ["x", "y"])[1] == ["x", "y"]
     assert _packed((a,), ["y"])[1] == ["_key"]
     assert _packed((a.with_columns(pl.col("y").cast(pl.String)),), ["y"])[1] == ["y"]  # not integers
+
+
+pairs = st.lists(st.tuples(st.one_of(st.none(), st.integers(-2, 4)), st.one_of(st.none(), st.integers(0, 2**40))),
+                 max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(pairs, pairs, st.sampled_from([0, 2**61]))
+def test_rows_in_is_the_semi_join(rows, keys, wide):
+    """headline.rows_in (a filter on the two key columns packed into one integer, or the semi join when they do not
+    pack: a negative or too wide value) keeps the rows the semi join keeps, in their order; a null matches nothing."""
+    from analyze.compute.headline import rows_in
+
+    schema = {"rank": pl.Int64, "range_id": pl.Int64}
+    df = pl.DataFrame(rows, schema=schema, orient="row").with_row_index("i")
+    ks = pl.DataFrame(keys, schema=schema, orient="row").with_columns(pl.col("range_id") + wide)
+    want = df.join(ks, on=["rank", "range_id"], how="semi", maintain_order="left")
+    assert rows_in(df, ks).equals(want)

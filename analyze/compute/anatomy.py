@@ -217,9 +217,9 @@ def _class_stragglers(res: Result, members: pl.DataFrame, phase: str) -> pl.Data
     if m.height == 0:
         return None
     inst = headline.instances_marked_steady(res)
-    inside = (inst.filter(pl.col("range") == phase).select("rank", "range_id", "top")
-              .join(members.select("rank", top="range_id"), on=["rank", "top"], how="semi").select("rank", "range_id"))
-    m = m.join(inside, on=["rank", "range_id"], how="semi")
+    inside = headline.rows_in(inst.select("rank", "range_id", "top", "range").filter(pl.col("range") == phase),
+                              members.select("rank", top="range_id"), on=("rank", "top"))
+    m = headline.rows_in(m, inside)
     return collectives.stragglers(m) if m.height else None
 
 

@@ -28,7 +28,7 @@ from .tokens import base_expr, cycles, prefill_rows, summary
 __all__ = ["GAP", "memoised", "instances_marked_steady", "keys", "matched", "let_go", "steady_phases",
            "steady_phases_all_ranks", "steady_seam_instances", "steady_seams", "steady_seams_all_ranks",
            "matching", "stragglers", "straggler_verdict", "ranges", "kernels", "cycles_per_rank",
-           "main_cycles", "cycle_pieces", "budget", "steady_keys", "mean_budget"]
+           "main_cycles", "cycle_pieces", "budget", "steady_keys", "mean_budget", "rows_in"]
 
 GAP = "between cycles"
 
@@ -41,6 +41,16 @@ def memoised(res: Result, name: str, fn, kept: bool = True):
     if key not in res.memo:
         res.memo[key] = results.derived(res, key, fn) if kept else fn()
     return res.memo[key]
+
+
+def rows_in(frame: pl.DataFrame, keys: pl.DataFrame, on: tuple[str, str] = ("rank", "range_id")) -> pl.DataFrame:
+    """The rows of ``frame`` whose two integer columns ``on`` are a row of ``keys``, in their order: a semi join, on
+    the two packed into one integer when they pack (:func:`analyze.compute.breakdown.one_key`; a null matches
+    nothing either way)."""
+    (fk, kk), cols = breakdown.one_key(frame.select(*on), keys.select(*on), on=on)
+    if cols == ["_key"]:
+        return frame.filter(fk["_key"].is_in(kk["_key"].implode()))
+    return frame.join(keys.select(*on), on=list(on), how="semi", maintain_order="left")
 
 
 def _ids(inst: pl.DataFrame) -> list[str]:
@@ -109,9 +119,12 @@ def matched(res: Result) -> pl.DataFrame:
         if packed is not None:
             at = k.select(pl.col("rank", "range_id").gather(packed["_row"]))
             (mk, ks), on = breakdown.one_key(at, keys(res))
-            rows = mk.with_row_index("_i").join(ks.select(on), on=on, how="semi")["_i"]
+            if on == ["_key"]:  # kept by a filter on the packed key, in their order
+                packed = packed.filter(mk["_key"].is_in(ks["_key"].implode()))
+            else:
+                rows = mk.with_row_index("_i").join(ks.select(on), on=on, how="semi", maintain_order="left")["_i"]
+                packed = packed.select(pl.all().gather(rows))
             del at, mk
-            packed = packed.select(pl.all().gather(rows))
             return collectives.unpacked(k, packed)
         m = collectives.match(collectives.with_group_ids(collectives.usable(k)))
         if m.height == 0:
@@ -176,7 +189,7 @@ def steady_seam_instances(res: Result) -> pl.DataFrame:
         s = res.seam_instances
         if s.height == 0:
             return s
-        return s.join(keys(res), on=["rank", "range_id"], how="semi")
+        return rows_in(s, keys(res))
     return memoised(res, "seam_instances", run)
 
 

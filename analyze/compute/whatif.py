@@ -1013,7 +1013,7 @@ def _draft_repeats(res: Result) -> tuple[int, int, int] | None:
     inst = res.instances.select("range_id", "range").filter(base_expr("range") == "draft").select("range_id")
     if inst.height == 0 or res.kernels is None or res.kernels.height == 0:
         return None
-    k = res.kernels.join(inst, on="range_id", how="semi")
+    k = res.kernels.select("name", "count").filter(res.kernels["range_id"].is_in(inst["range_id"].implode()))
     per = (k.group_by("name", "count").agg(n=pl.len()).sort("n", "count", descending=[True, False])
            .group_by("name", maintain_order=True).agg(pl.col("count").first(), seen=pl.col("n").sum()))
     modal = per.filter(pl.col("seen") * 2 >= inst.height)["count"].to_list()
