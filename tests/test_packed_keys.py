@@ -221,3 +221,21 @@ def test_phase_codes_one_per_phase_nulls_apart():
     ph = y["_ph"].to_list()
     assert ph[0] == ph[5] and ph[2] == ph[4] and len({ph[0], ph[1], ph[2], ph[3], ph[6]}) == 5
     assert y["_phj"].to_list() == [ph[0], ph[1], None, None, None, ph[5], ph[6]]
+
+
+pairs = st.lists(st.tuples(st.one_of(st.none(), st.integers(-2, 4)), st.one_of(st.none(), st.integers(0, 2**40))),
+                 max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(pairs, pairs, st.sampled_from([0, 2**61]))
+def test_rows_in_is_the_semi_join(rows, keys, wide):
+    """headline.rows_in (a filter on the two key columns packed into one integer, or the semi join when they do not
+    pack: a negative or too wide value) keeps the rows the semi join keeps, in their order; a null matches nothing."""
+    from analyze.compute.headline import rows_in
+
+    schema = {"rank": pl.Int64, "range_id": pl.Int64}
+    df = pl.DataFrame(rows, schema=schema, orient="row").with_row_index("i")
+    ks = pl.DataFrame(keys, schema=schema, orient="row").with_columns(pl.col("range_id") + wide)
+    want = df.join(ks, on=["rank", "range_id"], how="semi", maintain_order="left")
+    assert rows_in(df, ks).equals(want)

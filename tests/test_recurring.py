@@ -92,6 +92,21 @@ def serve():
     return {m: analyze(samples.path(f"tp1_serve_{m}")) for m in ("graph", "node")}
 
 
+def test_mean_budget_on_packed_keys_as_on_two_columns(stall, serve, monkeypatch):
+    """mean_budget keeps and counts the cycles on (rank, key) packed into one integer: the same tables, to the bit, as
+    the two-column join it falls back to (per rank and over all ranks, every steady cycle and a subset)."""
+    from analyze.compute import breakdown
+
+    for res in (stall, serve["graph"], serve["node"]):
+        keys = headline.steady_keys(res)
+        some = keys.filter(pl.col("key") % 3 == 0)
+        got = [headline.mean_budget(res, k, by_rank=b) for k in (keys, some) for b in (True, False)]
+        monkeypatch.setattr(breakdown, "one_key", lambda *frames, on: (frames, list(on)))
+        want = [headline.mean_budget(res, k, by_rank=b) for k in (keys, some) for b in (True, False)]
+        monkeypatch.undo()
+        assert all(g.height and g.equals(w) for g, w in zip(got, want, strict=True))
+
+
 @pytest.mark.parametrize("mode", ["graph", "node"])
 def test_serving_segments_match_the_workloads_own_medians(serve, mode):
     res, truth = serve[mode], record(f"tp1_serve_{mode}")["segments"]
@@ -293,3 +308,19 @@ def test_a_chosen_window_describes_only_its_cycles(straggler_node):
     assert (c.every, c.keys) == (4, [12, 16]) and c.rank == 1  # the class's cycles inside the window only
     assert not info["stalls"]  # the whole run's rare stall (cycle 23) lies outside the window
     assert comm(path, window="10:20").straggler.select("phase", "rank").rows() == [("draft", 1)]
+
+
+def test_cycle_classes_whatever_the_order_of_the_pieces(stall, serve):
+    """A class's pieces are summed unsorted (their ns and order are whole numbers: exact in any order): the classes
+    of a result whose cycle pieces come in another order are the same, to the bit."""
+    for res in (stall, serve["graph"], serve["node"]):
+        choice = repr(sorted(res.cycle_choice.items()))
+        want = [c.as_dict() for c in anatomy._classes(res)]
+        pieces = headline.cycle_pieces(res)
+        assert want and pieces.select(((pl.col("ns").round(0) == pl.col("ns"))
+                                       & (pl.col("order").round(0) == pl.col("order"))).all()).item()
+        res.memo[("pieces", choice)] = pieces.sample(fraction=1.0, shuffle=True, seed=5)
+        try:
+            assert [c.as_dict() for c in anatomy._classes(res)] == want
+        finally:
+            res.memo[("pieces", choice)] = pieces

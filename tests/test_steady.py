@@ -160,3 +160,47 @@ def test_cli_text_json_and_tables(path, capsys):
     assert len(json.loads(capsys.readouterr().out)["budget"]) == 16
     assert main(["analyze", str(path), "--table", "nope"]) == 2
     assert main(["analyze", str(path), "--skip-cycles", "1", "--window", "1:3"]) == 2  # argparse: mutually exclusive
+
+
+def _marks_by_joins(res) -> pl.DataFrame:
+    """headline._marks as it was (each top realigned by a join on the ids, the top's start joined on its rank): the
+    reference of test_steady_marks_row_for_row."""
+    inst = res.instances
+    ids = ["report", "range_id"] if "report" in inst.columns else ["range_id"]
+    rep = ids[:-1]
+    cur = inst.select(*ids, top=pl.col("range_id"), up=pl.col("parent"))
+    up = inst.select(*rep, up="range_id", _up2="parent")
+    while cur["up"].null_count() < cur.height:
+        cur = (cur.join(up, on=[*rep, "up"], how="left")
+               .with_columns(top=pl.coalesce("up", "top"), up=pl.col("_up2")).drop("_up2"))
+    narrow = inst.select(*ids, "rank", "start")
+    narrow = narrow.with_columns(top=narrow.join(cur.select(*ids, "top"), on=ids, how="left", maintain_order="left")["top"])
+    cyc = cycles(res)
+    flags = cyc.select("rank", top="range_id", _cyc=pl.col("steady"))
+    env = cyc.filter("steady").group_by("rank").agg(_a=pl.col("start").min(), _b=pl.col("end").max())
+    tops = narrow.select("rank", *rep, top="range_id", _tstart="start")
+    narrow = (narrow.join(flags, on=["rank", "top"], how="left", maintain_order="left")
+              .join(tops, on=["rank", *rep, "top"], how="left", maintain_order="left")
+              .join(env, on="rank", how="left", maintain_order="left")
+              .with_columns(_has=pl.col("rank").is_in(cyc["rank"].unique().implode())))
+    inside = (pl.col("_tstart") >= pl.col("_a")) & (pl.col("_tstart") <= pl.col("_b"))
+    steady = (pl.when(pl.col("_cyc").is_not_null()).then(pl.col("_cyc"))
+              .when(pl.col("rank").is_null() | ~pl.col("_has")).then(True)
+              .otherwise(inside.fill_null(False)))
+    return narrow.select(top="top", steady=steady)
+
+
+def test_steady_marks_row_for_row(res, tmp_path):
+    """The steady marks (outermost range and whether it counts) carry the top's rank and start up the nesting levels:
+    the same, row for row, as realigning the tops and joining their starts (one trace, two merged reports with the
+    same range ids, a trace with prefills outside the cycles)."""
+    paths = [es.chained(tmp_path / f"{n}.sqlite", "Graph") for n in ("a", "b")]
+    import sqlite3
+
+    con = sqlite3.connect(paths[1])
+    con.execute("PRAGMA user_version = 1")
+    con.close()
+    pre = es.eagle(tmp_path / "p.sqlite", cycles=8, prefills=(2_000, 49_600))
+    for r in (res, analyze(paths, jobs=1), analyze(pre)):
+        got = headline._marks(r)
+        assert got.height == r.instances.height and got.equals(_marks_by_joins(r))

@@ -354,3 +354,59 @@ def test_replay_built_once_whoever_asks_first(traces, monkeypatch):
     monkeypatch.setattr(whatif, "_steps_known", lambda r, s: (_ for _ in ()).throw(InputError("no steps", "NO_STEPS")))
     whatif.fit_ahead(dataclasses.replace(traces[0], memo={}))  # the fit would not get that far
     assert len(builds) == 2
+
+
+def _same_replay(a: Replay, b: Replay) -> bool:
+    return (np.array_equal(a.rank, b.rank) and np.array_equal(a.period, b.period) and np.array_equal(a.n_items, b.n_items)
+            and a.labels == b.labels and np.array_equal(a.rest, b.rest) and a.defaults == b.defaults
+            and a.a.keys() == b.a.keys()
+            and all(a.a[k].dtype == b.a[k].dtype and a.a[k].flags.c_contiguous
+                    and np.array_equal(a.a[k], b.a[k], equal_nan=a.a[k].dtype.kind == "f") for k in a.a))
+
+
+def test_replay_built_on_packed_keys_as_on_two_columns(traces, tmp_path, monkeypatch):
+    """_build_replay looks up each slot's predecessor and awaited slot on (window, range id) packed into one integer;
+    the same arrays as the two-column joins it falls back to (a trace, a node-level chain, two merged reports)."""
+    from analyze.compute import whatif
+
+    paths = [es.chained(tmp_path / f"{n}.sqlite", "Graph") for n in ("a", "b")]
+    con = sqlite3.connect(paths[1])
+    con.execute("PRAGMA user_version = 1")
+    con.close()
+    results = [traces[0], analyze(es.chained(tmp_path / "n.sqlite", "Node")), analyze(paths, jobs=1)]
+    for res in results:
+        packed = whatif._build_replay(res)
+        monkeypatch.setattr(whatif, "_PACK_BELOW", 0)
+        columns = whatif._build_replay(res)
+        monkeypatch.undo()
+        assert packed.windows > 0 and _same_replay(packed, columns)
+
+
+def test_same_rank_is_a_shift_over_rank():
+    """_same_rank(by) masking a shift on rows sorted by rank is the shift over each rank (nulls one rank too)."""
+    from analyze.compute.whatif import _same_rank
+
+    rng = np.random.default_rng(3)
+    rank = rng.integers(0, 4, 300).astype(float)
+    rank[rng.random(300) < 0.1] = np.nan
+    df = (pl.DataFrame({"rank": rank, "x": rng.integers(0, 100, 300)}).with_columns(pl.col("rank").fill_nan(None).cast(pl.Int64))
+          .sort("rank", "x"))
+    for by in (1, -1):
+        got = df.select(pl.when(_same_rank(by)).then(pl.col("x").shift(by)))["x"]
+        assert got.equals(df.select(pl.col("x").shift(by).over("rank"))["x"])
+    assert pl.DataFrame({"rank": [1], "x": [5]}).select(pl.when(_same_rank(1)).then(pl.col("x").shift(1)))["x"].to_list() == [None]
+
+
+def test_seam_slots_pick_what_the_mask_picks():
+    """Replay.seam_slots: each seam's places in the flat arrays, in the order a boolean mask gives them."""
+    rng = np.random.default_rng(11)
+    r = _random_replay(rng, 300, 9)
+    r.a["trans"] = rng.integers(-1, 3, r.a["trans"].shape)
+    r.labels = ["a", "b", "c", "never"]
+    gap = rng.normal(size=r.a["trans"].shape)
+    at = r.seam_slots()
+    assert list(at) == ["a", "b", "c"]
+    for i, lab in enumerate(r.labels[:3]):
+        assert np.array_equal(gap.reshape(-1)[at[lab]], gap[r.a["trans"] == i])
+    r.let_go()
+    assert "_seam_slots" not in r.__dict__ and "_seam_slots" not in r.__getstate__()

@@ -107,12 +107,12 @@ def _deltas(res: Result, members: pl.DataFrame, typical: pl.DataFrame) -> pl.Dat
         typ = typical
     roles = pl.concat([members.select(rk, "rank", seg="segment", role=pl.lit(1)),
                        typ.select(rk, "rank", seg="segment", role=pl.lit(0))]).unique("_rk", keep="first")
-    # sorted after each group_by: the sums below then add in one order, so the output is the same every run
+    # sorted after each group_by: the sums below then add in one order, so the output is the same every run (the
+    # pieces' ns and order are whole numbers: summed exactly in any order, so the pieces are not sorted first)
     n = roles.group_by("rank", "role", "seg").agg(_n=pl.len()).sort("rank", "role", "seg")
     p = (headline.cycle_pieces(res).filter(pl.col("kind") != "prefill")
          .select(rk, "segment", "kind", "order", "ns").join(roles.drop("rank"), on="_rk")
          .with_columns(rank=pl.col("_rk") // (1 << 40))
-         .sort("_rk", "segment", "kind")
          .group_by("rank", "role", "seg", "segment", "kind").agg(pl.col("ns").sum(), pl.col("order").mean())
          .join(n, on=["rank", "role", "seg"]).sort("rank", "role", "segment", "kind", "seg"))
     # the class: every one of its cycles counts once; typical: each segment's mean, weighted by the class's share
@@ -217,9 +217,9 @@ def _class_stragglers(res: Result, members: pl.DataFrame, phase: str) -> pl.Data
     if m.height == 0:
         return None
     inst = headline.instances_marked_steady(res)
-    inside = (inst.filter(pl.col("range") == phase).select("rank", "range_id", "top")
-              .join(members.select("rank", top="range_id"), on=["rank", "top"], how="semi").select("rank", "range_id"))
-    m = m.join(inside, on=["rank", "range_id"], how="semi")
+    inside = headline.rows_in(inst.select("rank", "range_id", "top", "range").filter(pl.col("range") == phase),
+                              members.select("rank", top="range_id"), on=("rank", "top"))
+    m = headline.rows_in(m, inside)
     return collectives.stragglers(m) if m.height else None
 
 

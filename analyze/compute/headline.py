@@ -28,7 +28,7 @@ from .tokens import base_expr, cycles, prefill_rows, summary
 __all__ = ["GAP", "memoised", "instances_marked_steady", "keys", "matched", "let_go", "steady_phases",
            "steady_phases_all_ranks", "steady_seam_instances", "steady_seams", "steady_seams_all_ranks",
            "matching", "stragglers", "straggler_verdict", "ranges", "kernels", "cycles_per_rank",
-           "main_cycles", "cycle_pieces", "budget", "steady_keys", "mean_budget"]
+           "main_cycles", "cycle_pieces", "budget", "steady_keys", "mean_budget", "rows_in"]
 
 GAP = "between cycles"
 
@@ -41,6 +41,16 @@ def memoised(res: Result, name: str, fn, kept: bool = True):
     if key not in res.memo:
         res.memo[key] = results.derived(res, key, fn) if kept else fn()
     return res.memo[key]
+
+
+def rows_in(frame: pl.DataFrame, keys: pl.DataFrame, on: tuple[str, str] = ("rank", "range_id")) -> pl.DataFrame:
+    """The rows of ``frame`` whose two integer columns ``on`` are a row of ``keys``, in their order: a semi join, on
+    the two packed into one integer when they pack (:func:`analyze.compute.breakdown.one_key`; a null matches
+    nothing either way)."""
+    (fk, kk), cols = breakdown.one_key(frame.select(*on), keys.select(*on), on=on)
+    if cols == ["_key"]:
+        return frame.filter(fk["_key"].is_in(kk["_key"].implode()))
+    return frame.join(keys.select(*on), on=list(on), how="semi", maintain_order="left")
 
 
 def _ids(inst: pl.DataFrame) -> list[str]:
@@ -60,26 +70,29 @@ def _marks(res: Result) -> pl.DataFrame:
     ids = _ids(inst)
     rep = ids[:-1]
     # Outermost ancestor: one join per nesting level (a handful), never a loop over instances.
-    cur = inst.select(*ids, top=pl.col("range_id"), up=pl.col("parent"))
-    up = inst.select(*rep, up="range_id", _up2="parent")
+    # Row for row with the instances (each level's join keeps the left order; a range id is one instance), with the
+    # top's rank and start carried along: what the steady flags below ask of it.
+    cur = inst.select(*rep, "rank", top=pl.col("range_id"), up=pl.col("parent"), _trank="rank", _tstart="start")
+    up = inst.select(*rep, up="range_id", _up2="parent", _r2="rank", _s2="start")
     for _ in range(64):
         if cur["up"].null_count() == cur.height:
             break
-        cur = (cur.join(up, on=[*rep, "up"], how="left")
-               .with_columns(top=pl.coalesce("up", "top"), up=pl.col("_up2")).drop("_up2"))
+        cur = (cur.join(up, on=[*rep, "up"], how="left", maintain_order="left")
+               .with_columns(top=pl.coalesce("up", "top"), up=pl.col("_up2"),
+                             _trank=pl.when(pl.col("up").is_null()).then("_trank").otherwise("_r2"),
+                             _tstart=pl.when(pl.col("up").is_null()).then("_tstart").otherwise("_s2"))
+               .drop("_up2", "_r2", "_s2"))
     # Worked out on a narrow copy and added as two columns: the wide instance frame is never copied.
-    narrow = inst.select(*ids, "rank", "start")
-    top = narrow.join(cur.select(*ids, "top"), on=ids, how="left", maintain_order="left")["top"]
+    top = cur["top"]
     cyc = cycles(res)
     if cyc.height == 0:
         return pl.DataFrame({"top": top}).with_columns(steady=pl.lit(True))
-    narrow = narrow.with_columns(top=top)
     flags = cyc.select("rank", top="range_id", _cyc=pl.col("steady"))
     env = (cyc.filter("steady").group_by("rank")
            .agg(_a=pl.col("start").min(), _b=pl.col("end").max()))
-    tops = narrow.select("rank", *rep, top="range_id", _tstart="start")
-    narrow = (narrow.join(flags, on=["rank", "top"], how="left", maintain_order="left")
-              .join(tops, on=["rank", *rep, "top"], how="left", maintain_order="left")
+    # the top's start where the top is of the instance's rank (a join on rank, as a null rank matches none)
+    narrow = (cur.select("rank", "top", _tstart=pl.when(pl.col("_trank") == pl.col("rank")).then("_tstart"))
+              .join(flags, on=["rank", "top"], how="left", maintain_order="left")
               .join(env, on="rank", how="left", maintain_order="left")
               .with_columns(_has=pl.col("rank").is_in(cyc["rank"].unique().implode())))
     inside = (pl.col("_tstart") >= pl.col("_a")) & (pl.col("_tstart") <= pl.col("_b"))
@@ -106,9 +119,12 @@ def matched(res: Result) -> pl.DataFrame:
         if packed is not None:
             at = k.select(pl.col("rank", "range_id").gather(packed["_row"]))
             (mk, ks), on = breakdown.one_key(at, keys(res))
-            rows = mk.with_row_index("_i").join(ks.select(on), on=on, how="semi")["_i"]
+            if on == ["_key"]:  # kept by a filter on the packed key, in their order
+                packed = packed.filter(mk["_key"].is_in(ks["_key"].implode()))
+            else:
+                rows = mk.with_row_index("_i").join(ks.select(on), on=on, how="semi", maintain_order="left")["_i"]
+                packed = packed.select(pl.all().gather(rows))
             del at, mk
-            packed = packed.select(pl.all().gather(rows))
             return collectives.unpacked(k, packed)
         m = collectives.match(collectives.with_group_ids(collectives.usable(k)))
         if m.height == 0:
@@ -173,7 +189,7 @@ def steady_seam_instances(res: Result) -> pl.DataFrame:
         s = res.seam_instances
         if s.height == 0:
             return s
-        return s.join(keys(res), on=["rank", "range_id"], how="semi")
+        return rows_in(s, keys(res))
     return memoised(res, "seam_instances", run)
 
 
@@ -272,7 +288,9 @@ def kernels(res: Result, top: int | None = None) -> pl.DataFrame:
         if k is None or k.height == 0:
             return pl.DataFrame(schema={"phase": pl.String, "name": pl.String, "count": pl.Int64,
                                         "kernel_ns": pl.Int64, "ranks": pl.UInt32})
-        names = res.instances.select("rank", "range_id", phase="range").filter(pl.col("rank").is_not_null())
+        # the phase as a categorical (a handful of names): joined and grouped on as an integer, a string at the end
+        names = (res.instances.select("rank", "range_id", phase=pl.col("range").cast(pl.Categorical))
+                 .filter(pl.col("rank").is_not_null()))
         (names, ks, k), on = breakdown.one_key(names, keys(res), k)
         steady = names.join(ks.select(on), on=on, how="semi")
         # streamed: the join is summed as it is made, never whole (1.6 M rows at 10 M kernels); the sums are exact
@@ -280,7 +298,7 @@ def kernels(res: Result, top: int | None = None) -> pl.DataFrame:
         return (k.lazy().join(steady.lazy().select(*on, "phase"), on=on)
                 .group_by("phase", "name").agg(pl.col("count").sum(), pl.col("kernel_ns").sum(),
                                                ranks=pl.col("rank").n_unique())
-                .with_columns(pl.col("name").cast(pl.String)).collect(engine="streaming"))
+                .with_columns(pl.col("phase", "name").cast(pl.String)).collect(engine="streaming"))
     k = memoised(res, "kernels", run)
     n = max(_steady_cycles(res), 1)
     k = k.with_columns(per_cycle_ns=pl.col("kernel_ns") / n, count_per_cycle=pl.col("count") / n,
@@ -452,11 +470,20 @@ def mean_budget(res: Result, which: pl.DataFrame, by_rank: bool = True) -> pl.Da
     p = cycle_pieces(res)
     if p.height == 0 or which.height == 0:
         return pl.DataFrame(schema=_BUDGET_SCHEMA)
-    p = p.join(which.select("rank", "key").unique(), on=["rank", "key"], how="semi")
     grp = ["rank"] if by_rank else []
-    cyc = p.select("rank", "key").unique()
-    n = (cyc.group_by("rank").agg(cycles=pl.len()) if by_rank
-         else pl.DataFrame({"cycles": [cyc.height]}, schema={"cycles": pl.UInt32}))
+    (pk, wk), on = breakdown.one_key(p.select("rank", "key"), which.select("rank", "key"), on=("rank", "key"))
+    if on == ["_key"]:  # (rank, key) packed into one integer: the cycles' rows kept by it, and counted on it
+        keep = pk["_key"].is_in(wk["_key"].implode())
+        p = p.filter(keep)
+        pk = pk.filter(keep)
+        n = (pk.group_by("rank").agg(cycles=pl.col("_key").n_unique()) if by_rank
+             else pl.DataFrame({"cycles": [pk["_key"].n_unique()]}, schema={"cycles": pl.UInt32}))
+    else:
+        p = p.join(which.select("rank", "key").unique(), on=["rank", "key"], how="semi")
+        cyc = p.select("rank", "key").unique()
+        n = (cyc.group_by("rank").agg(cycles=pl.len()) if by_rank
+             else pl.DataFrame({"cycles": [cyc.height]}, schema={"cycles": pl.UInt32}))
+    del pk, wk
     period = p.group_by(*grp).agg(period=pl.col("ns").sum())
     out = (p.group_by(*grp, "segment", "kind")
            .agg(order=pl.col("order").mean(), ns=pl.col("ns").sum(), compute_ns=pl.col("compute_ns").sum(),

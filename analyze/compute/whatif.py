@@ -160,12 +160,22 @@ class Replay:
             memo[cut] = _Slots.of(self.a, cut)
         return memo[cut]
 
+    def seam_slots(self) -> dict[str, np.ndarray]:
+        """Where each seam of ``labels`` that the windows have sits in the flat (windows, slots) arrays, in their
+        order (``gap.reshape(-1)[at]`` is ``gap[trans == i]``); worked out once, kept until :meth:`let_go`."""
+        if "_seam_slots" not in self.__dict__:
+            tr = self.a["trans"].reshape(-1) if self.windows else np.zeros(0, np.int64)
+            at = {lab: np.flatnonzero(tr == i) for i, lab in enumerate(self.labels)}
+            self.__dict__["_seam_slots"] = {lab: x for lab, x in at.items() if len(x)}
+        return self.__dict__["_seam_slots"]
+
     def let_go(self) -> None:
         """Let go of what :meth:`run` keeps between replays (as large as the arrays: a later run makes it again)."""
         self.__dict__.pop("_slots_memo", None)
+        self.__dict__.pop("_seam_slots", None)
 
     def __getstate__(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "_slots_memo"}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_slots_memo", "_seam_slots")}
 
 
 @dataclass
@@ -216,6 +226,16 @@ class _Slots:
                    own_time=t(a["own_time"]), return_latency=t(a["return_latency"]))
 
 
+_PACK_BELOW = 1 << 22  # windows: below it, a window and a range id are joined on as one integer (_build_replay)
+
+
+def _same_rank(by: int) -> pl.Expr:
+    """On rows sorted by rank: whether the row ``by`` rows away (as :meth:`polars.Expr.shift` counts) is of the same
+    rank (null ranks one rank). ``when(_same_rank(by)).then(x.shift(by))`` is ``x.shift(by).over("rank")`` without a
+    window per rank (where no such row exists, the shifted value is null either way)."""
+    return pl.col("rank").shift(by).eq_missing(pl.col("rank"))
+
+
 def _build_replay(res: Result) -> Replay:
     """The :class:`Replay` of an analysed trace (its cycles, phase instances and key host calls)."""
     empty = Replay(np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64), {}, [], np.zeros(0))
@@ -227,8 +247,8 @@ def _build_replay(res: Result) -> Replay:
     # A replayed window runs from one cycle's first GPU op to the next's: it holds the cycle and the wait before
     # the next one, so both must be steady (a cycle's period, tokens.DEFINITION, ends at its last op instead).
     cyc = (cycles(res).filter(pl.col("kind") == "cycle").sort("rank", "n")
-           .with_columns(period_ns=pl.when(pl.col("steady").shift(-1).over("rank"))
-                         .then((pl.col("i_first").shift(-1) - pl.col("i_first")).over("rank")))
+           .with_columns(period_ns=pl.when(_same_rank(-1) & pl.col("steady").shift(-1))
+                         .then(pl.col("i_first").shift(-1) - pl.col("i_first")))
            .filter("steady").with_columns(range_id=uid("range_id")))
     periods = cyc.filter(pl.col("period_ns").is_not_null())
     calls = res.host_calls
@@ -243,9 +263,9 @@ def _build_replay(res: Result) -> Replay:
                            cyc=pl.when(pl.col("range_id").is_in(cyc_ids)).then("range_id")
                            .when(pl.col("parent").is_in(cyc_ids)).then("parent"))
              .sort("rank", "gpu_first")
-             .with_columns(pred=pl.col("range_id").shift(1).over("rank"),
-                           pred_gpu_last=pl.col("gpu_last").shift(1).over("rank"),
-                           pred_phase=pl.col("phase").shift(1).over("rank"), pred_cyc=pl.col("cyc").shift(1).over("rank")))
+             .with_columns(pl.when(_same_rank(1)).then(pl.col(c).shift(1)).alias(n)
+                           for c, n in (("range_id", "pred"), ("gpu_last", "pred_gpu_last"), ("phase", "pred_phase"),
+                                        ("cyc", "pred_cyc"))))
     code = {p: i for i, p in enumerate(_MODEL_PHASES)}
     units = units.with_columns(code=pl.col("phase").replace_strict(code, default=-1, return_dtype=pl.Int64))
     threads = inst.select("rank", "gtid", "range_id").filter(pl.col("range_id").is_in(cyc_ids)).select("rank", "gtid").unique()
@@ -298,7 +318,8 @@ def _build_replay(res: Result) -> Replay:
     extra = (calls.select("rank", "gtid", "ops", "start", "graph", "sync", "unit")
              .filter(pl.col("graph") & ~pl.col("sync") & pl.col("unit").is_null())
              .join(threads, on=["rank", "gtid"], how="semi").select("rank", "ops", t="start").sort("t"))
-    gaps = (extra.join_asof(items.select("rank", "s").unique().sort("s"), left_on="t", right_on="s", by="rank",
+    # (the keys as they come: a repeated s matches as the same s)
+    gaps = (extra.join_asof(items.select("rank", "s").sort("s"), left_on="t", right_on="s", by="rank",
                             strategy="forward", check_sortedness=False)
             .group_by("rank", "s").agg(gap_nodes=pl.col("ops").sum().cast(pl.Float64),
                                        gap_launches=pl.len().cast(pl.Float64)))
@@ -326,18 +347,35 @@ def _build_replay(res: Result) -> Replay:
     order = pl.concat([x.select("_i", "w", "wcyc", "s") for x in (inside, closing)], how="vertical_relaxed").sort("w", "s")
     long = items[order["_i"]].with_columns(order["w"], order["wcyc"])
     del items, at, inside, closing, order  # done with: freed before the slots are laid out
-    long = long.with_columns(k=pl.int_range(pl.len()).over("w"))
+    # sorted by window: each row's slot is its distance from its window's first row (no window per group)
+    i = pl.int_range(pl.len())
+    long = long.with_columns(k=i - pl.when(~(pl.col("w") == pl.col("w").shift(1)).fill_null(False)).then(i).forward_fill())
     slot_of = long.select("w", "unit", "k").filter(pl.col("unit").is_not_null()).select("w", ref="unit", ref_k="k")
     by_pred = slot_of.rename({"ref": "pred", "ref_k": "pred_k"})
     by_wait = slot_of.rename({"ref": "wait_range_id", "ref_k": "wait_k"})
-    if slot_of.select(pl.struct("w", "ref").is_duplicated().any()).item():  # a unit twice in a window: rows repeat
+    # A window is one rank's: its units, the phases they follow and the work its syncs wait for are that rank's, so
+    # the window and the range id (qualified by rank: uid) pack into one integer key (one hash of an integer a row).
+    ids = res.instances["range_id"]
+    if win.height < _PACK_BELOW and (ids.len() == ids.null_count() or (to_int(ids.min()) >= 0
+                                                                     and to_int(ids.max()) < (1 << 40))):
+        def packed_key(ref: str) -> pl.Expr:
+            return pl.col("w").cast(pl.Int64) * (1 << 40) + pl.col(ref) % (1 << 40)
+
+        by_ref, on = slot_of.select(_key=packed_key("ref"), _k="ref_k"), ["_key"]
+        refs = long.select(_pred=packed_key("pred"), _wait=packed_key("wait_range_id"))
+        pred_on, wait_on = refs.select(_key="_pred"), refs.select(_key="_wait")
+        repeats = by_ref["_key"].is_duplicated().any()
+    else:
+        by_ref, on = slot_of.rename({"ref_k": "_k"}), ["w", "ref"]
+        pred_on = long.select("w", ref="pred")
+        wait_on = long.select("w", ref="wait_range_id")
+        repeats = slot_of.select(pl.struct("w", "ref").is_duplicated().any()).item()
+    if repeats:  # a unit twice in a window: rows repeat
         long = (long.join(by_pred, on=["w", "pred"], how="left")
                 .join(by_wait, on=["w", "wait_range_id"], how="left"))
-    else:  # each row's slot looked up on the two key columns (a join of every column copied them all twice)
-        refs = long.select("w", "pred", "wait_range_id")
-        long = long.with_columns(
-            refs.join(by_pred, on=["w", "pred"], how="left", maintain_order="left")["pred_k"],
-            refs.join(by_wait, on=["w", "wait_range_id"], how="left", maintain_order="left")["wait_k"])
+    else:  # each row's slot looked up on the key columns (a join of every column copied them all twice)
+        long = long.with_columns(pred_on.join(by_ref, on=on, how="left", maintain_order="left")["_k"].alias("pred_k"),
+                                 wait_on.join(by_ref, on=on, how="left", maintain_order="left")["_k"].alias("wait_k"))
     labels = sorted(long.select(pl.format("{}→{}", "pred_phase", "phase").filter(pl.col("pred_cyc") == pl.col("wcyc")))
                     .unique().to_series().drop_nulls().to_list())
     long = long.with_columns(
@@ -352,19 +390,20 @@ def _build_replay(res: Result) -> Replay:
     n_w = win.height
     k_max = to_int(long["k"].max()) + 1 if long.height else 0
     arrays = {}
-    w_idx, k_idx = long["w"].to_numpy(), long["k"].to_numpy()
+    # each row's place in the flat (windows, slots) arrays, worked out once for every column
+    flat = long["w"].to_numpy().astype(np.int64) * k_max + long["k"].to_numpy()
     for c in _ITEM_COLS:
         values = long[c]
         if values.dtype == pl.Boolean:
-            arr = np.zeros((n_w, k_max), bool)
-            arr[w_idx, k_idx] = values.fill_null(False).to_numpy()
+            arr = np.zeros(n_w * k_max, bool)
+            arr[flat] = values.fill_null(False).to_numpy()
         elif c in ("pred", "wait", "trans", "code"):
-            arr = np.full((n_w, k_max), -1, np.int64)
-            arr[w_idx, k_idx] = values.to_numpy()
+            arr = np.full(n_w * k_max, -1, np.int64)
+            arr[flat] = values.to_numpy()
         else:
-            arr = np.full((n_w, k_max), np.nan)
-            arr[w_idx, k_idx] = values.cast(pl.Float64).to_numpy()
-        arrays[c] = arr
+            arr = np.full(n_w * k_max, np.nan)
+            arr[flat] = values.cast(pl.Float64).to_numpy()
+        arrays[c] = arr.reshape(n_w, k_max)
     n_items = long.group_by("w").agg(pl.len()).sort("w")["len"].to_numpy() if n_w else np.zeros(0, np.int64)
     done = win["cyc"].implode()
     rest = periods.filter(~pl.col("range_id").is_in(done))["period_ns"].cast(pl.Float64).to_numpy()
@@ -524,10 +563,9 @@ class Model:
             if r is None:
                 raise ValueError("a Model without its Replay cannot predict (fit builds both)")
             period, seams, gap = r.run(dict(key[0]), self._cut)
-            tr = r.a["trans"] if r.windows else np.zeros((0, 0), np.int64)
+            flat = gap.reshape(-1)
             self._runs[key] = (float(np.mean(period - r.period)) if r.windows else 0.0,
-                               {lab: float(np.median(np.maximum(gap[tr == i], 0.0))) for i, lab in enumerate(r.labels)
-                                if (tr == i).any()},
+                               {lab: float(np.median(np.maximum(flat[at], 0.0))) for lab, at in r.seam_slots().items()},
                                float(np.median(seams)) if r.windows else 0.0)
         return self._runs[key]
 
@@ -972,10 +1010,10 @@ def _draft_repeats(res: Result) -> tuple[int, int, int] | None:
     name once per instance is one step, or a draft that is not a loop: not guessed)."""
     import math
 
-    inst = res.instances.filter(base_expr("range") == "draft").select("range_id")
+    inst = res.instances.select("range_id", "range").filter(base_expr("range") == "draft").select("range_id")
     if inst.height == 0 or res.kernels is None or res.kernels.height == 0:
         return None
-    k = res.kernels.join(inst, on="range_id", how="semi")
+    k = res.kernels.select("name", "count").filter(res.kernels["range_id"].is_in(inst["range_id"].implode()))
     per = (k.group_by("name", "count").agg(n=pl.len()).sort("n", "count", descending=[True, False])
            .group_by("name", maintain_order=True).agg(pl.col("count").first(), seen=pl.col("n").sum()))
     modal = per.filter(pl.col("seen") * 2 >= inst.height)["count"].to_list()
