@@ -58,15 +58,19 @@ def _scan(f: Path) -> pl.LazyFrame:
         return pl.read_ipc_stream(f).lazy()
 
 
+def _as_signed(c: str, t: PolarsDataType) -> pl.Expr | None:
+    """Column ``c`` of type ``t`` as SQLite stores it: UInt64 reinterpreted as Int64 (two's complement), other
+    ints widened; None when it needs nothing."""
+    if t == pl.UInt64:
+        return pl.col(c).reinterpret(signed=True)
+    if t.is_integer() and t != pl.Int64:
+        return pl.col(c).cast(pl.Int64)
+    return None
+
+
 def _signed(lf: pl.LazyFrame) -> pl.LazyFrame:
     """UInt64 columns reinterpreted as Int64 (two's complement, as SQLite stores them); other ints widened."""
-    sch = lf.collect_schema()
-    fix = []
-    for c, t in sch.items():
-        if t == pl.UInt64:
-            fix.append(pl.col(c).reinterpret(signed=True))
-        elif t.is_integer() and t != pl.Int64:
-            fix.append(pl.col(c).cast(pl.Int64))
+    fix = [e for c, t in lf.collect_schema().items() if (e := _as_signed(c, t)) is not None]
     return lf.with_columns(fix) if fix else lf
 
 
@@ -123,6 +127,23 @@ class DirReader:
         cut = of == pid if isinstance(pid, int) else pl.any_horizontal([of == p for p in pid])
         lfs = {t: _signed(self._raw[t].filter(cut)) if column in self._cols[t] else lf
                for t, lf in self._plain.items()}
+        try:
+            return pl.SQLContext(lfs, eager=False).execute(sql)
+        except Exception as e:
+            raise InputError(f"{self.path}: cannot read the export tables ({e})", "CORRUPT") from None
+
+    def column(self, table: str, column: str) -> pl.Expr:
+        """``column`` of ``table``'s file as the queries see it (Int64, as in SQLite), for :meth:`rows_where`."""
+        t = self._raw[table].collect_schema()[column]
+        e = _as_signed(column, t)
+        return pl.col(column) if e is None else e
+
+    def rows_where(self, sql: str, table: str, where: pl.Expr) -> pl.LazyFrame:
+        """``sql`` over the tables, ``table`` cut first to the rows where ``where`` holds: an expression of the
+        file's own columns (:meth:`column` gives them as the queries see them), so that polars skips the row groups
+        whose statistics exclude it (a time bound) and decodes the other columns of the rows it keeps only. No
+        ``rowid`` (the cut renumbers rows)."""
+        lfs = {t: _signed(self._raw[t].filter(where)) if t == table else lf for t, lf in self._plain.items()}
         try:
             return pl.SQLContext(lfs, eager=False).execute(sql)
         except Exception as e:

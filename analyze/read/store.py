@@ -1062,12 +1062,14 @@ def _columnar_counts(r: DirReader, duration: int | None, strings_f: Future[pl.Da
     handed: dict[tuple[str, int], pl.DataFrame] = {}
     api_q = api_query(r)
     if api_q:
-        # every column of the kept calls: each process's are what its read returns (handed to the store)
-        api = _narrow(api_q[1], r._lazy(api_q[0]), list(API_SCHEMA))
-        notes["api_without_pid"] = int(api.select(BAD_API.sum()).item() or 0)
-        api = api.filter(~BAD_API).with_columns(_kept=pl.col("name_id").is_in(kept_ids.implode()).fill_null(False))
-        kept_rows = api.filter("_kept").drop("_kept")
-        api = api.select("pid", "corr", "start", "name_id", "_kept")
+        # Every column of the kept calls (each process's are what its read returns: handed to the store), the cut
+        # made in the scan of the file's own columns (the other calls' are not decoded), then the few other calls
+        # _rest_of_api reads: the early ones (row groups after the bound skipped) and the launchers of lost ops.
+        name_id, gtid = r.column(RUNTIME, "nameId"), r.column(RUNTIME, "globalTid")
+        is_kept = name_id.is_in(kept_ids.implode()).fill_null(False)
+        kept_rows = _narrow(api_q[1], r.rows_where(api_q[0], RUNTIME, gtid.is_not_null() & is_kept), list(API_SCHEMA))
+        notes["api_without_pid"] = int(r.rows_where(f"SELECT globalTid FROM {RUNTIME}", RUNTIME,
+                                                    gtid.is_null()).select(pl.len()).collect().item())
         kept = kept_rows.select("pid", "corr", "start", "name_id")
         ids.append(kept["name_id"].unique().drop_nulls())
         kept_first = dict(kept.group_by("pid").agg(pl.col("start").min()).iter_rows())
@@ -1085,13 +1087,17 @@ def _columnar_counts(r: DirReader, duration: int | None, strings_f: Future[pl.Da
         lost = pl.concat(missing).unique() if missing else lost
         del packed, loose
         bound = max((min(t, kept_first.get(p, t)) for p, t in ops_first.items()), default=None)
-        near = pl.col("corr").is_in(lost["corr"].drop_nulls().unique().implode())
+        corr = r.column(RUNTIME, "correlationId")
+        near = pl.lit(False)
+        if lost.height:  # (a test of every row: only when some op's launcher is missing)
+            near = corr.is_in(lost["corr"].drop_nulls().unique().implode())
         if lost["corr"].null_count():
-            near = near | pl.col("corr").is_null()
+            near = near | corr.is_null()
         if bound is not None:
-            near = near | (pl.col("start") < bound)
-        rest = api.filter(~pl.col("_kept") & near.fill_null(False))  # what _rest_of_api reads of the other calls
-        del api
+            near = near | (r.column(RUNTIME, "start") < bound)
+        # (a filter keeps the rows where it is true: no fill_null, which would hide the time bound from the skip)
+        rest = _narrow(api_q[1], r.rows_where(api_q[0], RUNTIME, near & gtid.is_not_null() & ~is_kept),
+                       ["pid", "corr", "start", "name_id"])
         found = rest.join(lost, on=["pid", "corr"], how="semi", nulls_equal=True)
         ids.append(found["name_id"].unique().drop_nulls())
         lost = found.select("pid", "corr").unique().sort("pid", "corr")
