@@ -14,6 +14,7 @@ import polars as pl
 
 from nvtx_hooks import phases as ph
 
+from .intervals import rising
 from .regex import check_regex
 from .scalars import to_int
 
@@ -142,8 +143,7 @@ def launching_calls(ops: pl.DataFrame, api: pl.DataFrame, nested: pl.DataFrame,
     out = innermost(calls, nested, tl).select(
         "pid", "corr", "gtid", "range_id", api_start="start", api_end="end", api_name_id="name_id"
     )
-    c = out["corr"]
-    if on == ["corr"] and c.null_count() == 0 and c.is_sorted() and not out.select((c.diff() == 0).any()).item():
+    if on == ["corr"] and rising(out["corr"]):
         return out  # one call per id already (ids rising with their calls' starts): no hash of every id
     return out.filter(first)
 

@@ -34,6 +34,7 @@ import polars as pl
 
 from ..model import CommResult, Diagnostic
 from . import align, windows
+from .intervals import rising
 from .scalars import to_int, whole
 
 __all__ = ["SPLIT", "comm_kernels", "usable", "with_group_ids", "match", "per_collective", "stragglers",
@@ -58,8 +59,7 @@ def comm_kernels(ops: pl.DataFrame, instances: pl.DataFrame) -> pl.DataFrame:
     c = c.join(instances.select("range_id", "domain", phase="range"), on="range_id", how="left", maintain_order="left")
     # (rank, range_id, name) is the group (rank, domain, phase, k, name): a range instance is one rank's
     # (domain, phase, k); kernels outside phases (range_id null) group per rank and name.
-    s = c["start"]
-    if not (s.null_count() == 0 and s.is_sorted() and not c.select((pl.col("start").diff() == 0).any()).item()):
+    if not rising(c["start"]):
         c = c.sort("start", "corr")  # (kernels in start order, no two starting together, are sorted already)
     if c["rank"].n_unique() <= 1:  # one process: numbered per (range_id, name) without a window
         c = windows.ordinal(c, "range_id", "name", "j", by=(), keep_order=True)

@@ -30,6 +30,7 @@ import polars as pl
 
 from ..model import SEAM_CAUSES
 from .attribute import innermost
+from .intervals import rising
 
 __all__ = ["CALL_SCHEMA", "calls", "add_instance_cols", "seam_causes", "seam_aggs", "phase_host"]
 
@@ -67,22 +68,16 @@ def _waits(calls: pl.DataFrame, per_corr: pl.DataFrame) -> pl.DataFrame:
     ``wait_range_id`` (the range of that op), both null before the first launch."""
     launched = per_corr.filter(pl.col("start").is_not_null())
     # Calls in launch order with no two starting together (ids rising with their starts): no sort, no group-by.
-    rising = _rising(launched["start"])
-    launched = ((launched if rising else launched.sort("start", "last"))
+    ordered = rising(launched["start"])
+    launched = ((launched if ordered else launched.sort("start", "last"))
                 .select("start", "range_id", end="last")
                 .with_columns(wait_end=pl.col("end").cum_max()))
     launched = launched.with_columns(
         wait_range_id=pl.when(pl.col("end") == pl.col("wait_end")).then("range_id").forward_fill())
-    last = (launched.select("start", "wait_end", "wait_range_id") if rising
+    last = (launched.select("start", "wait_end", "wait_range_id") if ordered
             else launched.group_by("start", maintain_order=True).agg(pl.col("wait_end", "wait_range_id").last()))
     return calls.sort("start").join_asof(last.rename({"start": "_s"}), left_on="start", right_on="_s",
                                          strategy="backward", check_sortedness=False).drop("_s")
-
-
-def _rising(values: pl.Series) -> bool:
-    """Whether ``values`` rise strictly (no null, no repeat)."""
-    return (values.null_count() == 0 and values.is_sorted()
-            and not values.to_frame("v").select((pl.col("v").diff() == 0).any()).item())
 
 
 def calls(ops: pl.DataFrame, api: pl.DataFrame, nested: pl.DataFrame, sync_ids: pl.Series,

@@ -11,7 +11,7 @@ import polars as pl
 
 from .scalars import real
 
-__all__ = ["group_parts", "one_group", "union_blocks", "union_length", "busy_function", "busy_between"]
+__all__ = ["group_parts", "one_group", "rising", "union_blocks", "union_length", "busy_function", "busy_between"]
 
 
 def _prev_end(by: list[str]) -> pl.Expr:
@@ -80,6 +80,13 @@ def one_group(by: list[str], *frames: pl.DataFrame | pl.LazyFrame) -> bool:
                 return False
         seen.add(tuple(f[c][0] for c in by))
     return len(seen) == 1
+
+
+def rising(values: pl.Series) -> bool:
+    """Whether ``values`` rise strictly (no null, no repeat): rows already in the order a sort on them would give,
+    each its own group."""
+    return (values.null_count() == 0 and values.is_sorted()
+            and not values.to_frame("v").select((pl.col("v").diff() == 0).any()).item())
 
 
 def union_blocks(df: pl.DataFrame | pl.LazyFrame, by: Sequence[str] = (), presorted: bool = False) -> pl.LazyFrame:
