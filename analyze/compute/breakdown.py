@@ -72,6 +72,23 @@ def _parts(rows: pl.DataFrame, key: str) -> pl.DataFrame:
     return parts
 
 
+def _is_comm(ops: pl.DataFrame) -> pl.Expr:
+    """Whether an op is communication: its ``_c`` flag where ``ops`` have one, else a ``comm`` family."""
+    return pl.col("_c") if "_c" in ops.columns else pl.col("comm").is_not_null()
+
+
+def _sums() -> dict[str, pl.Expr]:
+    """The per-instance aggregates that are plain sums and extremes of its ops."""
+    return dict(first=pl.col("start").min(), last=pl.col("end").max(), kernel_ns=(pl.col("end") - pl.col("start")).sum(),
+                ops=pl.len())
+
+
+def _launches(per_call: pl.DataFrame, key: str) -> pl.LazyFrame:
+    """``launches`` and ``first_launch`` per ``key`` from the ops' launching calls (one row a call)."""
+    return (per_call.lazy().filter(pl.col(key).is_not_null()).group_by(key)
+            .agg(launches=pl.len(), first_launch=pl.col("api_start").min()))
+
+
 def instance_metrics(ops: pl.DataFrame, key: str, per_call: pl.DataFrame | None = None) -> pl.DataFrame:
     """Metrics of each group of ops keyed by ``key`` (a range instance): first/last op, span, busy, ...,
     and ``first_launch`` (the start of the earliest CUDA API call that launched one of them).
@@ -82,16 +99,12 @@ def instance_metrics(ops: pl.DataFrame, key: str, per_call: pl.DataFrame | None 
     launching calls (:func:`analyze.compute.attribute.per_call`, keyed by ``key``): ``launches`` and
     ``first_launch`` are then counted per call, not per op.
     """
-    is_comm = pl.col("_c") if "_c" in ops.columns else pl.col("comm").is_not_null()
-    sums = dict(first=pl.col("start").min(), last=pl.col("end").max(), kernel_ns=(pl.col("end") - pl.col("start")).sum(),
-                ops=pl.len())
+    is_comm, sums = _is_comm(ops), _sums()
     unions = dict(busy_ns=pl.col("_p").sum(), comm_ns=pl.col("_q").sum())
     if per_call is not None:  # the launches and their first start from the calls (one row each)
         rows = ops.select(key, "start", "end", _c=is_comm).filter(pl.col(key).is_not_null())
-        launches = (per_call.lazy().filter(pl.col(key).is_not_null()).group_by(key)
-                    .agg(launches=pl.len(), first_launch=pl.col("api_start").min()))
         return (_parts(rows, key).lazy().group_by(key).agg(**sums, **unions)
-                .join(launches, on=key, how="left")
+                .join(_launches(per_call, key), on=key, how="left")
                 .select(key, *sums, "launches", *unions, "first_launch")
                 .pipe(_derived).collect())
     launch = pl.col("api_start") if "api_start" in ops.columns else pl.lit(None, pl.Int64).alias("api_start")
@@ -178,9 +191,8 @@ def _running_union(rows: pl.DataFrame, reach: pl.Series) -> pl.Series:
 
 
 def _prefix(ops: pl.DataFrame) -> _Prefix:
-    is_comm = pl.col("_c") if "_c" in ops.columns else pl.col("comm").is_not_null()
     reach = ops["end"].cum_max()
-    comm = ops.with_row_index("_i").select("_i", "start", "end", _c=is_comm).filter("_c")
+    comm = ops.with_row_index("_i").select("_i", "start", "end", _c=_is_comm(ops)).filter("_c")
     return _Prefix(reach, _running_union(ops, reach), comm["_i"].cast(pl.Int64).set_sorted(),
                    _running_union(comm, comm["end"].cum_max()))
 
@@ -218,9 +230,7 @@ def _exclusive(ops: pl.DataFrame, per_call: pl.DataFrame | None, pre: _Prefix) -
     instance whose ops are one run of rows from the running sums (:func:`_prefix_unions`), of the others op by op;
     and each instance's ``lo``, ``hi`` (the positions of its first and last op)."""
     key = "range_id"
-    is_comm = pl.col("_c") if "_c" in ops.columns else pl.col("comm").is_not_null()
-    sums = dict(first=pl.col("start").min(), last=pl.col("end").max(), kernel_ns=(pl.col("end") - pl.col("start")).sum(),
-                ops=pl.len())
+    is_comm, sums = _is_comm(ops), _sums()
     if per_call is None:
         launch = pl.col("api_start") if "api_start" in ops.columns else pl.lit(None, pl.Int64)
         rows = ops.with_row_index("_i").select(key, "start", "end", "_i", "corr", _l=launch, _c=is_comm)
@@ -238,8 +248,7 @@ def _exclusive(ops: pl.DataFrame, per_call: pl.DataFrame | None, pre: _Prefix) -
         unions = pl.concat([unions, few.group_by(key).agg(busy_ns=pl.col("_p").sum(), comm_ns=pl.col("_q").sum())])
     lf = agg.lazy().join(unions.lazy(), on=key, how="left")
     if per_call is not None:
-        lf = lf.join(per_call.lazy().filter(pl.col(key).is_not_null()).group_by(key)
-                     .agg(launches=pl.len(), first_launch=pl.col("api_start").min()), on=key, how="left")
+        lf = lf.join(_launches(per_call, key), on=key, how="left")
     ex = lf.select(key, *sums, "launches", "busy_ns", "comm_ns", "first_launch").pipe(_derived).collect()
     return ex, agg.select(key, "lo", "hi")
 
@@ -251,7 +260,7 @@ def _inclusive_unions(nested: pl.DataFrame, ops: pl.DataFrame, sub: pl.DataFrame
     A range has one ancestor-or-self at each depth of the nesting, so the ops are keyed once per depth by a gather
     (range ids index an array), each depth's rows still in start order: no join that repeats each op per ancestor
     and no sort. A join when ids are too large for an array (or the depths do not say the nesting)."""
-    is_comm = pl.col("_c") if "_c" in ops.columns else pl.col("comm").is_not_null()
+    is_comm = _is_comm(ops)
     agg = dict(busy_ns=pl.col("_p").sum(), comm_ns=pl.col("_q").sum())
     levels = sub.join(nested.select(anc="range_id", _d="depth"), on="anc", how="left")
     hi = max(to_int(nested["range_id"].max() or 0), to_int(ops["range_id"].max() or 0),
