@@ -118,20 +118,13 @@ def matched(res: Result) -> pl.DataFrame:
         packed = res.memo.pop("matched_counted", None)
         if packed is not None:
             at = k.select(pl.col("rank", "range_id").gather(packed["_row"]))
-            (mk, ks), on = breakdown.one_key(at, keys(res))
-            if on == ["_key"]:  # kept by a filter on the packed key, in their order
-                packed = packed.filter(mk["_key"].is_in(ks["_key"].implode()))
-            else:
-                rows = mk.with_row_index("_i").join(ks.select(on), on=on, how="semi", maintain_order="left")["_i"]
-                packed = packed.select(pl.all().gather(rows))
-            del at, mk
+            packed = packed.select(pl.all().gather(_steady_rows(res, at)))
+            del at
             return collectives.unpacked(k, packed)
         m = collectives.match(collectives.with_group_ids(collectives.usable(k)))
         if m.height == 0:
             return m
-        (mk, ks), on = breakdown.one_key(m.select("rank", "range_id"), keys(res))
-        rows = mk.with_row_index("_i").join(ks.select(on), on=on, how="semi")["_i"]
-        del mk
+        rows = _steady_rows(res, m.select("rank", "range_id"))
         # The steady rows gathered a column at a time, each counted column let go once gathered: the two frames
         # (200 MB each at 10 M kernels) are never whole at once.
         steady = {}
@@ -142,6 +135,11 @@ def matched(res: Result) -> pl.DataFrame:
     # Not kept in the cache (200 MB at 10 M kernels): the tables made from it are (phases' split, stragglers, the
     # cycle classes), and a second command reads those.
     return memoised(res, "matched", run, kept=False)
+
+
+def _steady_rows(res: Result, at: pl.DataFrame) -> pl.Series:
+    """The rows of ``at`` (``rank, range_id``) of steady instances (:func:`keys`), as row numbers in their order."""
+    return rows_in(at.with_row_index("_i"), keys(res))["_i"]
 
 
 def let_go(res: Result) -> None:
