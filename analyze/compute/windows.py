@@ -231,35 +231,19 @@ def ordinal(df: pl.DataFrame, key: str, name: str, out: str, by: tuple[str, ...]
         d = d.with_row_index("_row")
     # a null key is a group of its own per name (as in a window): negative ids
     d = d.with_columns(_gk=pl.coalesce(pl.col(key) * n + pl.col("_nc"), -1 - pl.col("_nc")))
-    one = _sort_key(d, ["_gk", *by])
-    d = d.sort(one if one is not None else ["_gk", *by], maintain_order=True)
+    d = _sorted(d, ["_gk", *by], maintain_order=True)
     i = pl.int_range(pl.len(), dtype=pl.Int64)
     new = pl.col("_gk").ne_missing(pl.col("_gk").shift(1)).fill_null(True)
     d = d.with_columns((i - pl.when(new).then(i).forward_fill()).alias(out)).drop("_nc", "_gk")
     return d.sort("_row").drop("_row") if keep_order else d
 
 
-def _sort_key(df: pl.DataFrame, cols: list[str]) -> pl.Expr | None:
-    """One integer that sorts as the integer columns ``cols`` of ``df`` sort together (each offset by its minimum,
-    packed), or None when a column is not an integer one, has nulls, or they do not fit in 62 bits. A sort on it
-    (stable or not) gives the rows of a sort on the columns: equal keys are equal rows."""
-    if df.height == 0 or not all(df.schema[c].is_integer() for c in cols):
-        return None
-    ends = df.select(*[pl.col(c).min().alias(f"lo{i}") for i, c in enumerate(cols)],
-                     *[pl.col(c).max().alias(f"hi{i}") for i, c in enumerate(cols)],
-                     *[pl.col(c).null_count().alias(f"nn{i}") for i, c in enumerate(cols)]).row(0)
-    k = len(cols)
-    if any(ends[2 * k + i] for i in range(k)):
-        return None
-    key, bits = pl.lit(0, pl.Int64), 0
-    for i, c in enumerate(cols):
-        lo, hi = whole(ends[i]), whole(ends[k + i])
-        b = (hi - lo).bit_length()
-        bits += b
-        if bits > 62:
-            return None
-        key = key * 2**b + (pl.col(c).cast(pl.Int64) - lo)
-    return key
+def _sorted(df: pl.DataFrame, cols: list[str], maintain_order: bool = False) -> pl.DataFrame:
+    """``df`` sorted by ``cols``: on one integer that sorts as they do together (:func:`_dense_packed`) when no
+    column has a null and they pack, else on the columns. Equal keys are equal rows: the same rows in the same order
+    either way."""
+    key = None if any(df[c].null_count() for c in cols) else _dense_packed(df, cols)
+    return df.sort(key if key is not None else cols, maintain_order=maintain_order)
 
 
 @dataclass
@@ -289,8 +273,7 @@ def _time_keys(cand: pl.DataFrame, anc: pl.DataFrame, kern: pl.DataFrame, bound:
     # gets its instance's rank, phase, start and number, and its phase's reference rank, in one join.
     io = (cand.select("range_id", "rank", *ph, _is="start")
           .filter(pl.col("range_id").is_in(inc["range_id"].unique().implode())))
-    one = _sort_key(io, ["_is", "range_id"])
-    io = (io.sort(one if one is not None else ["_is", "range_id"])
+    io = (_sorted(io, ["_is", "range_id"])
           .with_columns(_o=pl.int_range(pl.len(), dtype=pl.Int64).over("rank", *ph)))
     ref = io.group_by(ph).agg(_ref=pl.col("rank").min(), _n=(pl.col("rank") == pl.col("rank").min()).sum())
     # (numbered on the four columns first: the sort moves them, not the ten after the join; the rows as before)
@@ -334,9 +317,10 @@ def _time_keys(cand: pl.DataFrame, anc: pl.DataFrame, kern: pl.DataFrame, bound:
     return _TimeAlignment(io.select("range_id", "_a", "_mis"), offsets)
 
 
-def _packed(frames: tuple[pl.DataFrame, ...], cols: list[str]) -> tuple[tuple[pl.DataFrame, ...], list[str]]:
-    """The frames with ``_key``: their integer (or Categorical) columns ``cols`` as one integer, and ``["_key"]``
-    to join on (a join on one integer instead of several columns); the frames as they are and ``cols`` when a
+def _packed(frames: tuple[pl.DataFrame, ...], cols: list[str], name: str = "_key"
+            ) -> tuple[tuple[pl.DataFrame, ...], list[str]]:
+    """The frames with ``name`` (``_key``): their integer (or Categorical) columns ``cols`` as one integer, and
+    ``[name]`` to join on (a join on one integer instead of several columns); the frames as they are and ``cols`` when a
     column is of another type or the values do not pack into 62 bits. A null in any column makes the key null (it
     matches nothing, as in a join on all of them)."""
     if not all(f.schema[c].is_integer() or isinstance(f.schema[c], pl.Categorical | pl.Enum) for f in frames
@@ -356,7 +340,7 @@ def _packed(frames: tuple[pl.DataFrame, ...], cols: list[str]) -> tuple[tuple[pl
     key = pl.lit(0, pl.Int64)
     for e, lo, w in zip(phys, lows, widths, strict=True):
         key = key * w + (e - lo)
-    return tuple(f.with_columns(_key=key) for f in frames), ["_key"]
+    return tuple(f.with_columns(key.alias(name)) for f in frames), [name]
 
 
 def _median_above(df: pl.DataFrame, by: str, col: str, bound: int, out: str) -> pl.DataFrame:
@@ -394,8 +378,7 @@ def _keys(x: pl.DataFrame, anc: pl.DataFrame, kern: pl.DataFrame, bound: int = E
     disjoint = _disjoint_ranks(x)
     if disjoint:
         x = x.with_columns(cycle=pl.lit(None, pl.Int64))
-    one = _sort_key(x, ["start", "range_id"])
-    ordered = x.sort(one if one is not None else ["start", "range_id"])
+    ordered = _sorted(x, ["start", "range_id"])
     pay = (ordered.filter(pl.col("cycle").is_not_null())
            .with_columns(_b=pl.int_range(pl.len(), dtype=pl.Int64).over("rank", "_ph", "cycle"))
            .select("range_id", *_PHASE, "_ph", _src=pl.lit(0), _a="cycle", _b="_b", _p=pl.lit("")))
@@ -556,9 +539,9 @@ def _presence(x: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
     keyed = x.filter(pl.col("key").is_not_null() & pl.col("rank").is_not_null() & pl.col("_ph").is_not_null()).select(
         "range_id", "rank", "_ph", "key", "start", _gpu=pl.col("i_ops") > 0,
         _okr=(pl.col("i_ops") > 0) & pl.col("cut").is_null() & ~pl.col("misaligned"))
-    (keyed,), gkr = _packed_as((keyed,), ["_ph", "key", "rank"], "_gkr")
-    (keyed,), gk = _packed_as((keyed,), ["_ph", "key"], "_gk")
-    (keyed, part), pr = _packed_as((keyed, part), ["_ph", "rank"], "_pr")
+    (keyed,), gkr = _packed((keyed,), ["_ph", "key", "rank"], "_gkr")
+    (keyed,), gk = _packed((keyed,), ["_ph", "key"], "_gk")
+    (keyed, part), pr = _packed((keyed, part), ["_ph", "rank"], "_pr")
     state = keyed.group_by(gkr).agg(*[pl.col(c).first() for c in dict.fromkeys([*gk, *pr]) if c not in gkr],
                                     _ok=pl.col("_okr").all())
     # Where every taking-part rank has the key (the rule), no rank lacks it: count the other ranks' bad states.
@@ -586,15 +569,6 @@ def _presence(x: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
         _gone=((pl.col("_ok") == False) | (pl.col("_ok").is_null() & outside)).any(),  # noqa: E712
         _solo=(pl.col("_ok").is_null() & ~outside).any())
     return pl.concat([whole, some])
-
-
-def _packed_as(frames: tuple[pl.DataFrame, ...], cols: list[str], name: str
-               ) -> tuple[tuple[pl.DataFrame, ...], list[str]]:
-    """:func:`_packed` with the packed column named ``name`` (``cols`` themselves when they do not pack)."""
-    frames, on = _packed(frames, cols)
-    if on != ["_key"]:
-        return frames, on
-    return tuple(f.rename({"_key": name}) for f in frames), [name]
 
 
 def _whole_cycles(x: pl.DataFrame, anc: pl.DataFrame) -> pl.DataFrame:
