@@ -579,8 +579,7 @@ def prepare(res: Result) -> None:
 def known(res: Result) -> bool:
     """Whether :func:`find` (the default model) has the findings without making them (made in this process, or kept
     with the result in the cache)."""
-    key = ("findings", repr(sorted(res.cycle_choice.items())))
-    return key in res.memo or results.known(res, key)
+    return results.known(res, ("findings", repr(sorted(res.cycle_choice.items()))))
 
 
 def context(res: Result, model: Model | None = None) -> RuleContext:

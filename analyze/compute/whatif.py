@@ -446,8 +446,7 @@ def fit_ahead(res: Result) -> None:
     """Build the replay that :func:`fitted` (its default options) will fit on, when it will fit one: neither fitted
     nor kept with the result yet, and the draft step count known (:func:`replay_of`; what a second thread does
     meanwhile asks for it and waits)."""
-    key = ("whatif", repr((None, None, False, sorted(res.cycle_choice.items()))))
-    if key in res.memo or results.known(res, key):
+    if results.known(res, _fitted_key(res)):
         return
     try:
         _steps_known(res, None)
@@ -1036,12 +1035,18 @@ def with_segments(m: Model, res: Result, steps_now: int | None = None, alpha: fl
     return m
 
 
+def _fitted_key(res: Result, steps_now: int | None = None, alpha: float | None = None, as_traced: bool = False
+                ) -> tuple[str, str]:
+    """The memo key of :func:`fitted` with these options."""
+    return ("whatif", repr((steps_now, alpha, as_traced, sorted(res.cycle_choice.items()))))
+
+
 def fitted(res: Result, steps_now: int | None = None, alpha: float | None = None, as_traced: bool = False) -> Model:
     """:func:`fit` (no baseline) with its per-segment models (:func:`fit_segments`) and the replays its document
     (:func:`to_dict`) asks for: kept with the result (:func:`analyze.read.results.derived`), so that a second command
     on the same capture (``whatif``, ``report``, ``analyze``'s findings) reads the model instead of fitting it. One
     object per result and options: callers do not change it."""
-    key = ("whatif", repr((steps_now, alpha, as_traced, sorted(res.cycle_choice.items()))))
+    key = _fitted_key(res, steps_now, alpha, as_traced)
     if key not in res.memo:
         def run() -> Model:
             m = with_segments(fit(res, steps_now, alpha=alpha, as_traced=as_traced), res, steps_now, alpha, as_traced)

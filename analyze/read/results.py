@@ -407,8 +407,10 @@ def derived(res: Result, key: Hashable, compute: Callable[[], _T]) -> _T:
 
 
 def known(res: Result, key: Hashable) -> bool:
-    """Whether :func:`derived` of ``res`` under ``key`` has its value without computing it (read with ``res`` from the
-    cache, or computed for it since)."""
+    """Whether the value of ``res`` under the memo key ``key`` is there without computing it: in ``res.memo`` (made
+    in this process), or for :func:`derived` (read with ``res`` from the cache, or computed for it since)."""
+    if key in res.memo:
+        return True
     entry = _kept(res)
     return entry is not None and (key in entry.derived or key in entry.new)
 
