@@ -195,9 +195,8 @@ def comm(reports: Reports, ranges: str | None = None, comm_patterns: list[CommPa
     choose them; ``skip_cycles=0``: the whole run), so that both name the same straggler; collectives outside
     any phase are kept. ``kw``: as for :func:`analyze` (store, cache, jobs, executor).
     """
-    from .compute import collectives, headline, pipeline, steady
+    from .compute import headline, pipeline, steady
     from .compute.tokens import selection
-    from .read.results import derived
 
     if isinstance(reports, Result):
         raise InputError("comm matches collectives across the reports themselves: give the reports, not an "
@@ -207,22 +206,10 @@ def comm(reports: Reports, ranges: str | None = None, comm_patterns: list[CommPa
     results = pipeline.analyze_each(many, ranges, comm_patterns, **kw)  # kw: store, cache, jobs, executor, progress
     res = pipeline.merge_results(results) if len(results) > 1 else results[0]
     res.cycle_choice = choice
-    info = selection(res)
-
-    def run() -> CommResult:
-        if info.get("how") == "none":
-            cr = collectives.cross_rank(results)
-            cr.straggler = collectives.verdict(cr.stragglers)
-            return cr
-        verdict = headline.straggler_verdict(res)  # the same rule and cycles as analyze's findings
-        headline.let_go(res)  # its matched collectives (hundreds of MB at 10 M kernels) before they are matched again
-        out = collectives.cross_rank(results, keys=headline.keys(res), cycles=info["text"])
-        out.straggler = verdict
-        return out
-
+    selection(res)  # a choice that leaves no cycle fails here
     # One report's document depends on its result and the cycle choice only: kept with the result (a merge's is
-    # computed each time).
-    out = derived(res, ("comm", repr(sorted(choice.items()))), run)
+    # made each time).
+    out = headline.comm_document(res, reports=results)
     keep_derived(res)
     return out
 

@@ -1,10 +1,11 @@
 """The JSON document's memory-saving order changes no number, on a bundled real TP=2 capture with a straggler.
 
-``data.document`` computes the findings first and their context lets go of the steady matched collectives
-(``headline.let_go``) before the what-if fit; a what-if model keeps each replay reduced. Checked here against
-independent computations: the document built in the old order (every headline table first, the findings last) on
-a second analysis of the same capture, the matched collectives made again after ``let_go`` against those the
-analysis made, and the model's predicted cycle and seams against :meth:`Replay.run`'s own arrays.
+``data.document`` makes the findings' inputs first (``findings.rule_inputs``), which let go of the steady matched
+collectives (declared: their table ``releases`` them) before the what-if fit; a what-if model keeps each replay
+reduced. Checked here against independent computations: the document built in the old order (every headline table
+first, the findings last) on a second analysis of the same capture, the matched collectives made again after they
+were let go of against those the analysis made, and the model's predicted cycle and seams against
+:meth:`Replay.run`'s own arrays.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import polars as pl
 import pytest
 
 from analyze import analyze
-from analyze.compute import anatomy, collectives, findings, headline, utilisation, whatif
+from analyze.compute import anatomy, collectives, findings, headline, utilisation, view, whatif
 from analyze.compute.tokens import selection, summary
 from analyze.output import data
 from tests.helpers.paths import tp2
@@ -39,22 +40,24 @@ def test_document_equals_the_old_order(path):
     assert data.doc_json(data.document(old, found)) == data.to_json(analyze(path))
 
 
-def test_matched_made_again_after_let_go(path):
+def test_matched_made_again_after_it_is_let_go_of(path):
     res = analyze(path)
-    assert res.memo["matched_counted"].columns == ["_row", "_g", "last", "first_arrival", "end_spread_ns", "delay_ns",
-                                                   "is_last"]  # packed: its rows of the comm kernels, and more
+    assert res.counted_matches is not None
+    assert res.counted_matches.columns == ["_row", "_g", "last", "first_arrival", "end_spread_ns", "delay_ns",
+                                           "is_last"]  # packed: its rows of the comm kernels, and more
     # independently: matched again as the analysis did, whole
     counted = collectives.phase_comm_split(res.phases, res.comm_kernels)[3].drop("_row")
     first = headline.matched(res)
-    assert "matched_counted" not in res.memo  # let go once narrowed to the steady cycles
+    assert res.counted_matches is None  # taken once narrowed to the steady cycles
     # independently: the counted match's rows whose (rank, range_id) is a steady key, in their order
     keys = headline.keys(res)
     want = counted.join(keys, on=["rank", "range_id"], how="semi", maintain_order="left")
     assert first.equals(want)
     assert 0 < first.height <= counted.height
-    findings.context(res)  # holds every table made from it, then lets it go
-    assert any(k[0] == "stragglers" for k in res.memo if isinstance(k, tuple))
-    assert not any(k[0] in ("matched", "per_collective") for k in res.memo if isinstance(k, tuple))
+    assert view.known(headline.matched, res) and not view.known(headline.stragglers, res)
+    findings.context(res)  # every table made from it made, then it is let go of
+    assert view.known(headline.stragglers, res) and view.known(headline.matching, res)
+    assert not view.known(headline.matched, res) and not view.known(headline.per_collective, res)
     again = headline.matched(res)  # matched again from the Result's communication kernels (as a cached result is)
     assert again.select(first.columns).sort("_g", "j", "rank").equals(first.sort("_g", "j", "rank"))
     assert collectives.per_collective(again).equals(collectives.per_collective(first))
@@ -80,7 +83,7 @@ def test_reduced_replays_predict_as_the_arrays(path):
 def test_steady_marks_are_two_columns(path):
     res = analyze(path)
     marked = headline.instances_marked_steady(res)
-    marks = next(v for k, v in res.memo.items() if isinstance(k, tuple) and k[0] == "steady_marks")
+    marks = headline.steady_marks(res)
     assert marks.columns == ["top", "steady"] and marks.height == res.instances.height
     assert marked.drop("top", "steady").equals(res.instances)
     assert marked.select(pl.col("steady").sum()).item() == headline.keys(res).height + marked.filter(

@@ -17,6 +17,7 @@ from polars.testing import assert_frame_equal
 
 from analyze import api
 from analyze.compute import findings, utilisation
+from analyze.model import CycleChoice
 from analyze.read import gpu_metrics
 from bench.export_dir import write_export_dir
 
@@ -301,8 +302,8 @@ def test_whatif_uses_the_measured_bound_as_its_prior(res, capture):
     assert m.verify_per_token_ns == pytest.approx(m.cost_ns["verify"] * v["tensor_active_pct"] / 100 / 4)
     assert whatif.to_dict(m)["model"]["verify_prior"]["bound"] == v["bound"]
     # batch 1 alone: memory-bound verify, its extra tokens nearly free (a few % of the compute-bound slope)
-    one = whatif.fit(dataclasses.replace(res, cycle_choice={"segment": 0}, memo={}), steps_now=3)
-    big = whatif.fit(dataclasses.replace(res, cycle_choice={"segment": 2}, memo={}), steps_now=3)
+    one = whatif.fit(dataclasses.replace(res, cycle_choice=CycleChoice(segment=0)), steps_now=3)
+    big = whatif.fit(dataclasses.replace(res, cycle_choice=CycleChoice(segment=2)), steps_now=3)
     assert one.verify_prior["bound"] == "memory" and big.verify_prior["bound"] == "compute"
     assert one.verify_per_token_ns < 0.1 * big.verify_per_token_ns
 

@@ -22,6 +22,7 @@ from analyze import api
 from analyze.compute import pipeline
 from analyze.compute.comm_patterns import PATTERNS
 from analyze.compute.whatif import to_dict
+from analyze.model import CycleChoice
 from analyze.output import data, text
 from analyze.read import results
 from analyze.read.store import cache_dir_for
@@ -172,7 +173,7 @@ def test_a_cached_result_pickles_as_a_plain_result_and_copies_keep_nothing(repor
     assert results._kept(res) is not None
     back = pickle.loads(pickle.dumps(res))
     assert type(back) is type(res).__mro__[1] and back.instances.equals(res.instances)
-    copy = dataclasses.replace(res, cycle_choice={"skip_cycles": 1})
+    copy = dataclasses.replace(res, cycle_choice=CycleChoice(skip_cycles=1))
     assert results._kept(copy) is None and not results.keep_derived(copy)
 
 
@@ -214,7 +215,7 @@ def test_values_read_from_the_cache_can_be_kept_again(report):
     api.analyze(report, cache=True)
     assert data.doc_json(api.comm(report, cache=True).to_dict()) == want  # result read, matching computed, kept
     res = api.analyze(report, cache=True)
-    assert ("comm", "[]") in results._kept(res).derived
+    assert ("comm_document", "[]") in results._kept(res).derived
     frames: list = []
     assert results._encode(res.diagnostics, frames)[0]["$class"] == "Diagnostic"
 

@@ -17,7 +17,7 @@ from analyze import analyze
 from analyze.cli import main
 from analyze.compute import headline, steady
 from analyze.compute.tokens import cycles, selection, summary
-from analyze.model import InputError
+from analyze.model import InputError, Window
 from tests.helpers import eagle_synth as es
 
 PERIODS = [30_000, 20_000] + [10_000] * 5 + [25_000] + [10_000] * 3  # 11 periods, 12 cycles
@@ -78,7 +78,7 @@ def test_time_window_and_bad_choices(path):
             steady.parse_window(bad)
     with pytest.raises(InputError):
         steady.check_choice(1, "2:3")
-    assert steady.parse_window(":40") == {"unit": "cycle", "start": None, "end": 40, "text": ":40"}
+    assert steady.parse_window(":40") == Window("cycle", None, 40, ":40")
 
 
 def test_steady_tables_leave_out_warmup_and_stall(res):
@@ -163,7 +163,7 @@ def test_cli_text_json_and_tables(path, capsys):
 
 
 def _marks_by_joins(res) -> pl.DataFrame:
-    """headline._marks as it was (each top realigned by a join on the ids, the top's start joined on its rank): the
+    """headline.steady_marks as it was (each top realigned by a join on the ids, the top's start joined on its rank): the
     reference of test_steady_marks_row_for_row."""
     inst = res.instances
     ids = ["report", "range_id"] if "report" in inst.columns else ["range_id"]
@@ -202,5 +202,5 @@ def test_steady_marks_row_for_row(res, tmp_path):
     con.close()
     pre = es.eagle(tmp_path / "p.sqlite", cycles=8, prefills=(2_000, 49_600))
     for r in (res, analyze(paths, jobs=1), analyze(pre)):
-        got = headline._marks(r)
+        got = headline.steady_marks.make(r)
         assert got.height == r.instances.height and got.equals(_marks_by_joins(r))

@@ -304,15 +304,15 @@ def test_replay_run_equals_the_window_by_window_reference(traces):
 
 
 def test_replay_built_once_whoever_asks_first(traces, monkeypatch):
-    """replay_of: one build per result and cycle choice, a second thread asking meanwhile waits for it (the JSON
-    document builds it while the findings' fit asks for it); a failed build fails both and is not kept;
-    fit_ahead builds it only when fitted() will fit (not fitted yet, step count known)."""
+    """The replay table: one build per result and cycle choice, a second thread asking meanwhile waits for it (the
+    JSON document builds it while the findings' fit asks for it); a failed build fails both and is not kept;
+    will_replay only when fitted() will fit (not fitted yet, step count known)."""
     import dataclasses
     import threading
 
     from analyze.compute import whatif
 
-    res = dataclasses.replace(traces[0], memo={})
+    res = dataclasses.replace(traces[0])
     builds: list[int] = []
     started, go = threading.Event(), threading.Event()
     real = whatif._build_replay
@@ -325,34 +325,35 @@ def test_replay_built_once_whoever_asks_first(traces, monkeypatch):
 
     monkeypatch.setattr(whatif, "_build_replay", slow)
     got: list = []
-    t = threading.Thread(target=lambda: got.append(whatif.replay_of(res)))
+    t = threading.Thread(target=lambda: got.append(whatif.replay(res)))
     t.start()
     started.wait(10)
-    other = threading.Thread(target=lambda: got.append(whatif.replay_of(res)))
+    other = threading.Thread(target=lambda: got.append(whatif.replay(res)))
     other.start()  # asks while the first builds: waits
     go.set()
     t.join()
     other.join()
-    assert len(builds) == 1 and got[0] is got[1] and whatif.replay_of(res) is got[0]
+    assert len(builds) == 1 and got[0] is got[1] and whatif.replay(res) is got[0]
     assert fit(res).replay is got[0] and len(builds) == 1
     want = real(res)
     assert np.array_equal(got[0].period, want.period) and got[0].labels == want.labels
 
-    fresh = dataclasses.replace(traces[0], memo={})
+    fresh = dataclasses.replace(traces[0])
     monkeypatch.setattr(whatif, "_build_replay", lambda r: (_ for _ in ()).throw(RuntimeError("broken")))
     for _ in range(2):  # not kept: the next caller builds it again
         with pytest.raises(RuntimeError, match="broken"):
-            whatif.replay_of(fresh)
+            whatif.replay(fresh)
     monkeypatch.setattr(whatif, "_build_replay", slow)
     builds.clear()
     whatif.fitted(fresh)
-    whatif.fit_ahead(fresh)  # fitted already: nothing built
+    assert not whatif.will_replay(fresh)  # fitted already: nothing to build
     assert len(builds) == 1
-    ahead = dataclasses.replace(traces[0], memo={})
-    whatif.fit_ahead(ahead)
-    assert len(builds) == 2 and whatif.fitted(ahead).replay is whatif.replay_of(ahead) and len(builds) == 2
+    ahead = dataclasses.replace(traces[0])
+    assert whatif.will_replay(ahead)
+    whatif.replay(ahead)
+    assert len(builds) == 2 and whatif.fitted(ahead).replay is whatif.replay(ahead) and len(builds) == 2
     monkeypatch.setattr(whatif, "_steps_known", lambda r, s: (_ for _ in ()).throw(InputError("no steps", "NO_STEPS")))
-    whatif.fit_ahead(dataclasses.replace(traces[0], memo={}))  # the fit would not get that far
+    assert not whatif.will_replay(dataclasses.replace(traces[0]))  # the fit would not get that far
     assert len(builds) == 2
 
 

@@ -26,7 +26,7 @@ import polars as pl
 
 from ..model import Result
 from ..read import results
-from . import collectives, headline
+from . import collectives, headline, view
 from .scalars import to_float, to_int
 from .steady import class_label
 from .tokens import selection
@@ -68,12 +68,9 @@ class CycleClass:
         return asdict(self)
 
 
+@view.table()
 def cycle_classes(res: Result) -> list[CycleClass]:
     """The classes of slower cycles with their anatomy (module docstring), the recurring ones first."""
-    return headline.memoised(res, "cycle_classes", lambda: _classes(res))
-
-
-def _classes(res: Result) -> list[CycleClass]:
     info = selection(res)
     c = headline.main_cycles(res)
     if c.height == 0 or not info.get("classes") and not info.get("stalls"):
@@ -270,12 +267,9 @@ class Segment:
         return asdict(self)
 
 
+@view.table()
 def segments(res: Result) -> list[Segment]:
     """The run cut into segments of one batch size (module docstring); none when the payload has no batch size."""
-    return headline.memoised(res, "segments", lambda: _segments(res))
-
-
-def _segments(res: Result) -> list[Segment]:
     info = selection(res)
     if not info.get("segments"):
         return []

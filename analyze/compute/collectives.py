@@ -38,7 +38,7 @@ from .intervals import rising
 from .scalars import to_int, whole
 
 __all__ = ["SPLIT", "comm_kernels", "usable", "with_group_ids", "match", "per_collective", "stragglers",
-           "STRAGGLER_FLOOR", "verdict", "phase_split", "with_split", "refused", "short_name",
+           "STRAGGLER_FLOOR", "verdict", "phase_split", "MATCHED_COLUMNS", "with_split", "refused", "short_name",
            "phase_comm_split", "packed", "unpacked", "cross_rank", "within"]
 
 _GROUP = ["domain", "phase", "k", "name"]
@@ -418,6 +418,9 @@ def phase_comm_split(phases: pl.DataFrame, kernels: pl.DataFrame
 
 
 _PACKED = ("_row", "_g", "last", "first_arrival", "end_spread_ns", "delay_ns", "is_last")
+# The columns of the steady view's matched collectives (:func:`unpacked`, or :func:`match` narrowed to them).
+MATCHED_COLUMNS = ("rank", *_KEY, "range_id", "start", "end", "_g", "duration_ns", "last", "first_arrival",
+                   "end_spread_ns", "skew_ns", "wait_ns", "transfer_ns", "delay_ns", "is_last")
 
 
 def packed(matched: pl.DataFrame) -> pl.DataFrame:
@@ -436,7 +439,8 @@ def unpacked(kernels: pl.DataFrame, p: pl.DataFrame) -> pl.DataFrame:
             .with_columns(skew_ns=pl.col("last") - pl.col("start"))
             .with_columns(wait_ns=pl.min_horizontal("duration_ns", "skew_ns"))
             .with_columns(transfer_ns=pl.col("duration_ns") - pl.col("wait_ns"), delay_ns=p["delay_ns"],
-                          is_last=p["is_last"]))
+                          is_last=p["is_last"])
+            .select(MATCHED_COLUMNS))
 
 
 def cross_rank(results: list, paired: windows.Paired | None = None, keys: pl.DataFrame | None = None,

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from ..model import Result
-from . import headline, steady
+from . import headline, steady, view
 from .scalars import real, to_float
 from .tokens import DEFINITION, Tokens, base_expr, selection, summary
 
@@ -106,16 +106,16 @@ def _n_cycles(res: Result) -> int:
     return headline.steady_keys(res).height
 
 
+@view.table(name="compare_long")
 def _long(res: Result) -> pl.DataFrame:
     """``rank, key, name, kind`` and the piece's ``ns, compute_ns, comm_ns, idle_ns`` of every steady cycle
-    (computed once per result: :func:`per_cycle` and :func:`_wide` both read it)."""
-    def run():
-        p = headline.rows_in(headline.cycle_pieces(res), headline.steady_keys(res), on=("rank", "key"))
-        return (p.group_by("rank", "key", name="item")
-                .agg(kind=pl.col("kind").first(), ns=pl.col("ns").sum(), compute_ns=pl.col("compute_ns").sum(),
-                     comm_ns=pl.col("comm_ns").sum(), idle_ns=pl.col("idle_ns").sum())
-                .with_columns(pl.col(*VALS).fill_null(0.0), pl.col("name", "kind").cast(pl.String)))
-    return headline.memoised(res, "compare_long", run)
+    (made once per result: :func:`per_cycle` and :func:`_wide` both read it)."""
+    p = headline.rows_in(headline.cycle_pieces(res), headline.steady_keys(res), on=("rank", "key"))
+    return (p.group_by("rank", "key", name="item")
+            .agg(kind=pl.col("kind").first(), ns=pl.col("ns").sum(), compute_ns=pl.col("compute_ns").sum(),
+                 comm_ns=pl.col("comm_ns").sum(), idle_ns=pl.col("idle_ns").sum())
+            .with_columns(pl.col(*VALS).fill_null(0.0), pl.col("name", "kind").cast(pl.String))
+            .sort("rank", "key", "name"))  # (the same table however it was made)
 
 
 def per_cycle(res: Result, by_rank: bool = False) -> pl.DataFrame:

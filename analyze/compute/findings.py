@@ -26,7 +26,7 @@ import polars as pl
 
 from ..model import InputError, Result
 from ..read import results
-from . import anatomy, breakdown, headline, steady, utilisation
+from . import anatomy, breakdown, headline, steady, utilisation, view
 from .scalars import real, to_float
 from .tokens import CYCLE_NAMES, base_expr, selection, summary
 
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = ["HIGH", "MEDIUM", "FLOOR", "RULES", "COMM_SHARE", "IDLE_SHARE", "GAIN", "RuleContext", "Finding", "RuleHit", "Rule",
            "SAME", "launch_timing", "NCCL_KERNEL", "PROTOS", "NcclSetting", "nccl_setting", "comm_action",
-           "PHASE_SHARE", "severity", "prepare", "known", "context", "find"]
+           "PHASE_SHARE", "severity", "RuleInputs", "rule_inputs", "known", "context", "find", "findings_at"]
 
 HIGH, MEDIUM, FLOOR = 0.10, 0.03, 0.01
 COMM_SHARE = 0.10  # a phase's communication share of its span worth a finding
@@ -564,32 +564,41 @@ def severity(share: float) -> str:
     return "high" if share >= HIGH else "medium" if share >= MEDIUM else "low"
 
 
-def prepare(res: Result) -> None:
-    """The steady-state tables the rules read, computed (memoised), and the steady matched collectives they are made
-    from let go of (:func:`analyze.compute.headline.let_go`): what :func:`context` does before the what-if fit, the
-    biggest working set here. After it, the fit and the rest of a document share no large intermediate."""
-    for table in (headline.cycles_per_rank, headline.budget, headline.steady_phases, headline.stragglers,
-                  anatomy.cycle_classes, headline.matching):
-        table(res)
-    # Every table made from the steady matched collectives is kept now (memoised functions all: the order changes
-    # no number).
-    headline.let_go(res)
+@dataclass
+class RuleInputs:
+    """The steady-state tables the rules read (each a table of its own, kept with the result), made together."""
+
+    cycles: pl.DataFrame  # rank, ncyc: steady cycles per rank
+    budget: pl.DataFrame
+    phases: pl.DataFrame
+    stragglers: pl.DataFrame
+    classes: list[anatomy.CycleClass]
+    untrusted: set[str]
+
+
+@view.table(kept=False, releases=(headline.matched, headline.per_collective))
+def rule_inputs(res: Result) -> RuleInputs:
+    """The steady-state tables the rules read (:class:`RuleInputs`), made before the what-if fit, the biggest
+    working set here: the steady matched collectives they are made from are let go of once they are (declared:
+    ``releases``), so that the fit and the rest of a document share no large intermediate."""
+    ncyc = headline.cycles_per_rank(res).rename({"cycles": "ncyc"})
+    budget, phases, stragglers = headline.budget(res), headline.steady_phases(res), headline.stragglers(res)
+    classes = anatomy.cycle_classes(res)
+    untrusted = set(headline.matching(res).filter(~pl.col("trusted"))["phase"].to_list())
+    return RuleInputs(ncyc, budget, phases, stragglers, classes, untrusted)
 
 
 def known(res: Result) -> bool:
     """Whether :func:`find` (the default model) has the findings without making them (made in this process, or kept
     with the result in the cache)."""
-    return results.known(res, ("findings", repr(sorted(res.cycle_choice.items()))))
+    return view.known(_findings, res)
 
 
 def context(res: Result, model: Model | None = None) -> RuleContext:
     """The rules' inputs for one analysed trace (``model``: a fitted what-if model, else one is tried, with its
     per-segment models when the run has several batch sizes)."""
-    prepare(res)
-    ncyc = headline.cycles_per_rank(res).rename({"cycles": "ncyc"})
-    budget, phases, seams = headline.budget(res), headline.steady_phases(res), launch_timing(res)
-    stragglers, classes = headline.stragglers(res), anatomy.cycle_classes(res)
-    untrusted = set(headline.matching(res).filter(~pl.col("trusted"))["phase"].to_list())
+    tables = rule_inputs(res)
+    seams = launch_timing(res)
     if model is None:
         from . import whatif
 
@@ -597,18 +606,31 @@ def context(res: Result, model: Model | None = None) -> RuleContext:
             model = whatif.fitted(res)
         except InputError:
             model = None
-    return RuleContext(res=res, period_ns=float(summary(res).period_ns or 0.0), budget=budget, phases=phases,
-                       seams=seams, stragglers=stragglers, info=selection(res), model=model, cycles=ncyc,
-                       untrusted=untrusted, classes=classes)
+    return RuleContext(res=res, period_ns=float(summary(res).period_ns or 0.0), budget=tables.budget,
+                       phases=tables.phases, seams=seams, stragglers=tables.stragglers, info=selection(res),
+                       model=model, cycles=tables.cycles, untrusted=tables.untrusted, classes=tables.classes)
 
 
 def find(res: Result, model: Model | None = None) -> list[Finding]:
     """Ranked findings (:class:`Finding`), biggest impact first; ``model``: a fitted what-if model (else one is
-    tried). ``Result.steady.findings`` has them with the default model. With the default model they are kept with the
-    result (:func:`analyze.compute.headline.memoised`): a second command on the same capture reads them."""
-    if model is None:
-        return headline.memoised(res, "findings", lambda: _find(res, None))
-    return _find(res, model)
+    tried). ``Result.steady.findings`` has them with the default model. With the default model they are a table kept
+    with the result (:mod:`analyze.compute.view`): a second command on the same capture reads them."""
+    return _findings(res) if model is None else _find(res, model)
+
+
+@view.table(name="findings")
+def _findings(res: Result) -> list[Finding]:
+    """:func:`find` with the default model."""
+    return _find(res, None)
+
+
+@view.table(params=("steps_now",))
+def findings_at(res: Result, steps_now: int | None) -> list[Finding]:
+    """:func:`find` with the what-if model fitted at ``steps_now`` draft steps (:func:`analyze.compute.whatif.fitted`;
+    the report's, kept with the result as the model is)."""
+    from . import whatif
+
+    return _find(res, whatif.fitted(res, steps_now))
 
 
 def _find(res, model) -> list[Finding]:

@@ -20,27 +20,17 @@ from __future__ import annotations
 
 import polars as pl
 
-from ..model import Result, bound_expr
-from ..read import results
-from . import breakdown, collectives, host, windows
-from .tokens import base_expr, cycles, prefill_rows, summary
+from ..model import CommResult, Result, bound_expr
+from . import breakdown, collectives, host, view, windows
+from .tokens import base_expr, cycles, prefill_rows, selection, summary
 
-__all__ = ["GAP", "memoised", "instances_marked_steady", "keys", "matched", "let_go", "steady_phases",
+__all__ = ["GAP", "instances_marked_steady", "steady_marks", "keys", "matched", "per_collective", "steady_phases",
            "steady_phases_all_ranks", "steady_seam_instances", "steady_seams", "steady_seams_all_ranks",
-           "matching", "stragglers", "straggler_verdict", "ranges", "kernels", "cycles_per_rank",
-           "main_cycles", "cycle_pieces", "budget", "steady_keys", "mean_budget", "rows_in"]
+           "matching", "stragglers", "straggler_verdict", "ranges", "kernels", "kernel_sums", "cycles_per_rank",
+           "main_cycles", "cycle_pieces", "budget", "steady_keys", "mean_budget", "rows_in", "comm_inputs",
+           "comm_document"]
 
 GAP = "between cycles"
-
-
-def memoised(res: Result, name: str, fn, kept: bool = True):
-    """``fn()``, once per result and cycle choice; ``kept``: also with the result in the cache
-    (:func:`analyze.read.results.derived`), else only in this process (an intermediate that the kept tables are
-    made from)."""
-    key = (name, repr(sorted(res.cycle_choice.items())))
-    if key not in res.memo:
-        res.memo[key] = results.derived(res, key, fn) if kept else fn()
-    return res.memo[key]
 
 
 def rows_in(frame: pl.DataFrame, keys: pl.DataFrame, on: tuple[str, str] = ("rank", "range_id")) -> pl.DataFrame:
@@ -61,10 +51,11 @@ def _ids(inst: pl.DataFrame) -> list[str]:
 def instances_marked_steady(res: Result) -> pl.DataFrame:
     """``res.instances`` with ``steady`` (bool) and ``top`` (the range_id of its outermost selected range)."""
     # Only the two columns are kept (with the result in the cache too): the instance frame is the Result's own.
-    return res.instances.with_columns(memoised(res, "steady_marks", lambda: _marks(res)).get_columns())
+    return res.instances.with_columns(steady_marks(res).get_columns())
 
 
-def _marks(res: Result) -> pl.DataFrame:
+@view.table()
+def steady_marks(res: Result) -> pl.DataFrame:
     """``top, steady`` of each of ``res.instances`` (:func:`instances_marked_steady`), row for row."""
     inst = res.instances
     ids = _ids(inst)
@@ -102,53 +93,45 @@ def _marks(res: Result) -> pl.DataFrame:
     return narrow.select(top="top", steady=steady)
 
 
+@view.table()
 def keys(res: Result) -> pl.DataFrame:
     """``rank, range_id`` of the steady instances with GPU work (ranks are unique across merged reports)."""
-    return memoised(res, "keys", lambda: instances_marked_steady(res).select("rank", "range_id", "steady")
-                    .filter(pl.col("steady") & pl.col("rank").is_not_null()).select("rank", "range_id"))
+    return (instances_marked_steady(res).select("rank", "range_id", "steady")
+            .filter(pl.col("steady") & pl.col("rank").is_not_null()).select("rank", "range_id"))
 
 
+# Not kept in the cache (200 MB at 10 M kernels): the tables made from it are (phases' split, stragglers, the cycle
+# classes), and a second command reads those; let go once they are made (the tables that release it).
+@view.table(kept=False)
 def matched(res: Result) -> pl.DataFrame:
     """The matched collectives (:func:`analyze.compute.collectives.match`) of steady phase instances."""
-    def run():
-        # Matched once by the analysis over the counted instances, kept packed (70 MB at 10 M kernels, not 200: its
-        # rows of the communication kernels and what matching worked out); let go once narrowed to these cycles:
-        # another cycle choice on this Result matches them again.
-        k = res.comm_kernels
-        packed = res.memo.pop("matched_counted", None)
-        if packed is not None:
-            at = k.select(pl.col("rank", "range_id").gather(packed["_row"]))
-            packed = packed.select(pl.all().gather(_steady_rows(res, at)))
-            del at
-            return collectives.unpacked(k, packed)
-        m = collectives.match(collectives.with_group_ids(collectives.usable(k)))
-        if m.height == 0:
-            return m
-        rows = _steady_rows(res, m.select("rank", "range_id"))
-        # The steady rows gathered a column at a time, each counted column let go once gathered: the two frames
-        # (200 MB each at 10 M kernels) are never whole at once.
-        steady = {}
-        for c in m.columns:
-            steady[c] = m[c].gather(rows)
-            m = m.drop(c)
-        return pl.DataFrame(steady)
-    # Not kept in the cache (200 MB at 10 M kernels): the tables made from it are (phases' split, stragglers, the
-    # cycle classes), and a second command reads those.
-    return memoised(res, "matched", run, kept=False)
+    # Matched once by the analysis over the counted instances, kept packed (70 MB at 10 M kernels, not 200: its rows
+    # of the communication kernels and what matching worked out); taken once narrowed to these cycles: another cycle
+    # choice on this Result matches them again.
+    k = res.comm_kernels
+    packed = view.take(res, "counted_matches")
+    if packed is not None:
+        at = k.select(pl.col("rank", "range_id").gather(packed["_row"]))
+        packed = packed.select(pl.all().gather(_steady_rows(res, at)))
+        del at
+        return collectives.unpacked(k, packed)
+    m = collectives.match(collectives.with_group_ids(collectives.usable(k)))
+    if m.height == 0:
+        return m.select(collectives.MATCHED_COLUMNS)
+    rows = _steady_rows(res, m.select("rank", "range_id"))
+    # The steady rows gathered a column at a time, each counted column let go once gathered: the two frames
+    # (200 MB each at 10 M kernels) are never whole at once.
+    steady = {}
+    m = m.select(collectives.MATCHED_COLUMNS)  # (the columns the counted match has: one shape whichever way)
+    for c in m.columns:
+        steady[c] = m[c].gather(rows)
+        m = m.drop(c)
+    return pl.DataFrame(steady)
 
 
 def _steady_rows(res: Result, at: pl.DataFrame) -> pl.Series:
     """The rows of ``at`` (``rank, range_id``) of steady instances (:func:`keys`), as row numbers in their order."""
     return rows_in(at.with_row_index("_i"), keys(res))["_i"]
-
-
-def let_go(res: Result) -> None:
-    """Let go of :func:`matched` (200 MB at 10 M kernels) and its collectives (30 MB) once the tables made from
-    them are kept: the phases' comm
-    split, the stragglers and the collectives' matching (the findings' context asks for all of them, and for the
-    cycle classes, the other user). A later call matches the steady collectives again."""
-    for name in ("matched", "per_collective"):
-        res.memo.pop((name, repr(sorted(res.cycle_choice.items()))), None)
 
 
 def _steady_instances(res: Result, prefix: str, *more: str) -> pl.DataFrame:
@@ -159,145 +142,148 @@ def _steady_instances(res: Result, prefix: str, *more: str) -> pl.DataFrame:
     return inst.select(*cols, "steady").filter("steady").drop("steady")
 
 
+@view.table()
 def steady_phases(res: Result) -> pl.DataFrame:
     """Per rank and phase over the steady state: sums, per-instance mean/p50/p90, the comm wait/transfer split."""
-    def run():
-        p = breakdown.sum_phases(_steady_instances(res, "x_"))
-        split = collectives.phase_split(matched(res)) if res.comm_kernels.height else None
-        if split is None or split.height == 0:
-            return p.with_columns(pl.lit(0, pl.Int64).alias(c) for c in collectives.SPLIT)
-        return p.join(split, on=["rank", "domain", "phase"], how="left", maintain_order="left").with_columns(
-            pl.col(*collectives.SPLIT).fill_null(0).cast(pl.Int64))
-    return memoised(res, "phases", run)
+    p = breakdown.sum_phases(_steady_instances(res, "x_"))
+    split = collectives.phase_split(matched(res)) if res.comm_kernels.height else None
+    if split is None or split.height == 0:
+        return p.with_columns(pl.lit(0, pl.Int64).alias(c) for c in collectives.SPLIT)
+    return p.join(split, on=["rank", "domain", "phase"], how="left", maintain_order="left").with_columns(
+        pl.col(*collectives.SPLIT).fill_null(0).cast(pl.Int64))
 
 
+@view.table()
 def steady_phases_all_ranks(res: Result) -> pl.DataFrame:
     """Per phase over all ranks' steady instances: sums and per-instance mean/p50/p90 (``ranks`` = ranks with it)."""
-    def run():
-        inst = _steady_instances(res, "x_")
-        p = breakdown.sum_phases(inst, by=())
-        n = inst.filter(pl.col("x_ops") > 0).group_by("domain", range="range").agg(ranks=pl.col("rank").n_unique())
-        return p.join(n.rename({"range": "phase"}), on=["domain", "phase"], how="left")
-    return memoised(res, "phases_all", run)
+    inst = _steady_instances(res, "x_")
+    p = breakdown.sum_phases(inst, by=())
+    n = inst.filter(pl.col("x_ops") > 0).group_by("domain", range="range").agg(ranks=pl.col("rank").n_unique())
+    return p.join(n.rename({"range": "phase"}), on=["domain", "phase"], how="left")
 
 
+@view.table()
 def steady_seam_instances(res: Result) -> pl.DataFrame:
     """Seam instances that lead into a steady instance (the wait before a cycle belongs to that cycle's period)."""
-    def run():
-        s = res.seam_instances
-        if s.height == 0:
-            return s
-        return rows_in(s, keys(res))
-    return memoised(res, "seam_instances", run)
+    s = res.seam_instances
+    if s.height == 0:
+        return s
+    return rows_in(s, keys(res))
 
 
+@view.table()
 def steady_seams(res: Result) -> pl.DataFrame:
     """Seams per rank over the steady state (as :func:`analyze.compute.breakdown.sum_seams`)."""
-    def run():
-        s = steady_seam_instances(res)
-        if s.height == 0:
-            return res.seams.head(0)
-        return breakdown.sum_seams(s, res.instances)
-    return memoised(res, "seams", run)
+    s = steady_seam_instances(res)
+    if s.height == 0:
+        return res.seams.head(0)
+    return breakdown.sum_seams(s, res.instances)
 
 
+@view.table()
 def steady_seams_all_ranks(res: Result) -> pl.DataFrame:
     """Seams over all ranks, steady state: sums and per-instance idle mean/p50/p90."""
-    def run():
-        s = steady_seam_instances(res)
-        if s.height == 0:
-            return pl.DataFrame()
-        parents = res.instances.filter(pl.col("rank").is_not_null()).select("rank", parent="range_id",
-                                                                            parent_range="range")
-        causes = host.seam_aggs() if "cause" in s.columns else []
-        out = (s.join(parents, on=["rank", "parent"], how="left")
-               .group_by(pl.col("parent_range").alias("parent"), pl.col("prev_range").alias("from"),
-                         pl.col("range").alias("to"))
-               .agg(pl.col("rank").n_unique().alias("ranks"), pl.len().alias("instances"),
-                    *[pl.col(c).sum() for c in ("gap_ns", "idle_ns", "busy_ns", "overlap_ns")],
-                    *breakdown.spread("idle_ns", "idle"), *causes)
-               .sort("idle_ns", "from", "to", descending=[True, False, False]))
-        return out.with_columns(bound_expr()) if causes else out
-    return memoised(res, "seams_all", run)
+    s = steady_seam_instances(res)
+    if s.height == 0:
+        return pl.DataFrame()
+    parents = res.instances.filter(pl.col("rank").is_not_null()).select("rank", parent="range_id",
+                                                                        parent_range="range")
+    causes = host.seam_aggs() if "cause" in s.columns else []
+    out = (s.join(parents, on=["rank", "parent"], how="left")
+           .group_by(pl.col("parent_range").alias("parent"), pl.col("prev_range").alias("from"),
+                     pl.col("range").alias("to"))
+           .agg(pl.col("rank").n_unique().alias("ranks"), pl.len().alias("instances"),
+                *[pl.col(c).sum() for c in ("gap_ns", "idle_ns", "busy_ns", "overlap_ns")],
+                *breakdown.spread("idle_ns", "idle"), *causes)
+           .sort("idle_ns", "from", "to", descending=[True, False, False]))
+    return out.with_columns(bound_expr()) if causes else out
 
 
+@view.table()
 def matching(res: Result) -> pl.DataFrame:
     """Per phase: ``collectives`` matched and the p50 spread of their end times across ranks (``end_spread_p50_ns``);
     ``trusted`` when it is within :data:`analyze.compute.windows.END_SPREAD_BOUND_NS`, the bound of
     :func:`analyze.compute.collectives.refused` (collectives of one job end together; far more means instances
     were paired wrongly, and wait/straggler numbers are not shown)."""
-    def run():
-        m = matched(res)
-        if m.height == 0:
-            return pl.DataFrame(schema={"phase": pl.String, "collectives": pl.UInt32, "end_spread_p50_ns": pl.Int64,
-                                        "trusted": pl.Boolean})
-        per = _per_collective(res)
-        return (per.group_by("phase").agg(collectives=pl.len(),
-                                          end_spread_p50_ns=pl.col("end_spread_ns").quantile(0.5, "nearest"))
-                .with_columns(trusted=pl.col("end_spread_p50_ns") <= windows.END_SPREAD_BOUND_NS).sort("phase"))
-    return memoised(res, "matching", run)
+    m = matched(res)
+    if m.height == 0:
+        return pl.DataFrame(schema={"phase": pl.String, "collectives": pl.UInt32, "end_spread_p50_ns": pl.Int64,
+                                    "trusted": pl.Boolean})
+    per = per_collective(res)
+    return (per.group_by("phase").agg(collectives=pl.len(),
+                                      end_spread_p50_ns=pl.col("end_spread_ns").quantile(0.5, "nearest"))
+            .with_columns(trusted=pl.col("end_spread_p50_ns") <= windows.END_SPREAD_BOUND_NS).sort("phase"))
 
 
-def _per_collective(res: Result) -> pl.DataFrame:
+# Not kept in the cache, let go with matched (30 MB at 10 M kernels): matching and stragglers, made from it, are.
+@view.table(kept=False)
+def per_collective(res: Result) -> pl.DataFrame:
     """One row per matched collective of the steady state (:func:`analyze.compute.collectives.per_collective`)."""
-    # Not kept in the cache, let go with matched (30 MB at 10 M kernels): matching and stragglers, made from it, are.
-    return memoised(res, "per_collective", lambda: collectives.per_collective(matched(res)), kept=False)
+    return collectives.per_collective(matched(res))
 
 
+@view.table()
 def stragglers(res: Result) -> pl.DataFrame:
     """Per phase and rank over the steady state: last arrivals at matched collectives (see collectives)."""
-    return memoised(res, "stragglers", lambda: collectives.stragglers(matched(res), coll=_per_collective(res))
-                    if matched(res).height
-                    else pl.DataFrame())
+    return collectives.stragglers(matched(res), coll=per_collective(res)) if matched(res).height else pl.DataFrame()
 
 
+@view.table()
 def straggler_verdict(res: Result) -> pl.DataFrame:
     """The straggler of each phase over the steady cycles (:func:`collectives.verdict`) with ``per_cycle_ns``, the
     waiting it caused per steady cycle, kept when that is at least :data:`collectives.STRAGGLER_FLOOR` of the
     cycle period: the one verdict that ``analyze``'s findings, ``comm``, ``compare`` and the report name."""
-    def run():
-        st = stragglers(res)
-        if st.height == 0:
-            return pl.DataFrame(schema={"domain": pl.String, "phase": pl.String, "rank": pl.Int64,
-                                        "collectives": pl.UInt32, "last_arrivals": pl.Int64, "share": pl.Float64,
-                                        "mean_delay_ns": pl.Int64, "caused_wait_ns": pl.Int64,
-                                        "wait_share": pl.Float64, "per_cycle_ns": pl.Float64})
-        c = cycles(res)  # the matched collectives are those of every steady cycle, the first one too
-        main = c["kind"].mode().sort()[0] if c.height else None
-        n = max(c.filter((pl.col("kind") == main) & pl.col("steady")).select("key").unique().height, 1)
-        period = summary(res).period_ns or 0.0
-        untrusted = matching(res).filter(~pl.col("trusted"))["phase"].to_list()
-        v = collectives.verdict(st.filter(~pl.col("phase").is_in(untrusted)))
-        return (v.with_columns(per_cycle_ns=pl.col("caused_wait_ns") / n)
-                .filter(pl.col("per_cycle_ns") >= collectives.STRAGGLER_FLOOR * period))
-    return memoised(res, "straggler_verdict", run)
+    st = stragglers(res)
+    if st.height == 0:
+        return pl.DataFrame(schema={"domain": pl.String, "phase": pl.String, "rank": pl.Int64,
+                                    "collectives": pl.UInt32, "last_arrivals": pl.Int64, "share": pl.Float64,
+                                    "mean_delay_ns": pl.Int64, "caused_wait_ns": pl.Int64,
+                                    "wait_share": pl.Float64, "per_cycle_ns": pl.Float64})
+    c = cycles(res)  # the matched collectives are those of every steady cycle, the first one too
+    main = c["kind"].mode().sort()[0] if c.height else None
+    n = max(c.filter((pl.col("kind") == main) & pl.col("steady")).select("key").unique().height, 1)
+    period = summary(res).period_ns or 0.0
+    untrusted = matching(res).filter(~pl.col("trusted"))["phase"].to_list()
+    v = collectives.verdict(st.filter(~pl.col("phase").is_in(untrusted)))
+    return (v.with_columns(per_cycle_ns=pl.col("caused_wait_ns") / n)
+            .filter(pl.col("per_cycle_ns") >= collectives.STRAGGLER_FLOOR * period))
 
 
+@view.table(kept=False, releases=(matched, per_collective))
+def comm_inputs(res: Result) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """What ``comm`` reads of the steady view: the straggler verdict and the steady keys, made before it matches the
+    collectives across the reports again (:func:`comm_document`): the steady matched collectives (hundreds of MB at
+    10 M kernels) they are made from are let go of once they are (declared: ``releases``)."""
+    return straggler_verdict(res), keys(res)
+
+
+@view.table(inputs=("reports",))
+def comm_document(res: Result, reports: list[Result]) -> CommResult:
+    """``spectrace comm``'s result over the steady cycles: the collectives of ``reports`` (``res`` is their merge,
+    or the one) matched across ranks (:func:`analyze.compute.collectives.cross_rank`), the phases' collectives
+    narrowed to the steady cycles' instances, with the straggler verdict of :func:`straggler_verdict` (the same
+    rule and cycles as ``analyze``'s findings). Without cycle ranges: the whole run, and its own verdict."""
+    info = selection(res)
+    if info.get("how") == "none":
+        cr = collectives.cross_rank(reports)
+        cr.straggler = collectives.verdict(cr.stragglers)
+        return cr
+    verdict, steady = comm_inputs(res)
+    out = collectives.cross_rank(reports, keys=steady, cycles=info["text"])
+    out.straggler = verdict
+    return out
+
+
+@view.table()
 def ranges(res: Result) -> pl.DataFrame:
     """NVIDIA-style inclusive projections (:func:`analyze.compute.breakdown.projections`) over the steady state."""
-    return memoised(res, "ranges", lambda: breakdown.projections(_steady_instances(res, "i_", "start", "end")))
+    return breakdown.projections(_steady_instances(res, "i_", "start", "end"))
 
 
 def kernels(res: Result, top: int | None = None) -> pl.DataFrame:
     """GPU operations per phase over the steady state, all ranks: ``phase, name, count, kernel_ns, ranks,
     per_cycle_ns, count_per_cycle, share`` (of the phase's kernel time), biggest first; ``top`` per phase."""
-    def run():
-        k = res.kernels
-        if k is None or k.height == 0:
-            return pl.DataFrame(schema={"phase": pl.String, "name": pl.String, "count": pl.Int64,
-                                        "kernel_ns": pl.Int64, "ranks": pl.UInt32})
-        # the phase as a categorical (a handful of names): joined and grouped on as an integer, a string at the end
-        names = (res.instances.select("rank", "range_id", phase=pl.col("range").cast(pl.Categorical))
-                 .filter(pl.col("rank").is_not_null()))
-        (names, ks, k), on = breakdown.one_key(names, keys(res), k)
-        steady = names.join(ks.select(on), on=on, how="semi")
-        # streamed: the join is summed as it is made, never whole (1.6 M rows at 10 M kernels); the sums are exact
-        # (integers) and the caller sorts the groups
-        return (k.lazy().join(steady.lazy().select(*on, "phase"), on=on)
-                .group_by("phase", "name").agg(pl.col("count").sum(), pl.col("kernel_ns").sum(),
-                                               ranks=pl.col("rank").n_unique())
-                .with_columns(pl.col("phase", "name").cast(pl.String)).collect(engine="streaming"))
-    k = memoised(res, "kernels", run)
+    k = kernel_sums(res)
     n = max(_steady_cycles(res), 1)
     k = k.with_columns(per_cycle_ns=pl.col("kernel_ns") / n, count_per_cycle=pl.col("count") / n,
                        share=pl.col("kernel_ns") / pl.col("kernel_ns").sum().over("phase"))
@@ -305,15 +291,36 @@ def kernels(res: Result, top: int | None = None) -> pl.DataFrame:
     return k.group_by("phase", maintain_order=True).head(top) if top else k
 
 
+@view.table()
+def kernel_sums(res: Result) -> pl.DataFrame:
+    """GPU operations per phase and name over the steady state, all ranks: ``phase, name, count, kernel_ns, ranks``
+    by phase and name (:func:`kernels` sorts them its way)."""
+    k = res.kernels
+    if k is None or k.height == 0:
+        return pl.DataFrame(schema={"phase": pl.String, "name": pl.String, "count": pl.Int64,
+                                    "kernel_ns": pl.Int64, "ranks": pl.UInt32})
+    # the phase as a categorical (a handful of names): joined and grouped on as an integer, a string at the end
+    names = (res.instances.select("rank", "range_id", phase=pl.col("range").cast(pl.Categorical))
+             .filter(pl.col("rank").is_not_null()))
+    (names, ks, k), on = breakdown.one_key(names, keys(res), k)
+    steady = names.join(ks.select(on), on=on, how="semi")
+    # streamed: the join is summed as it is made, never whole (1.6 M rows at 10 M kernels); the sums are exact
+    # (integers), the groups (a few thousand) sorted once made: the same table however it was made
+    return (k.lazy().join(steady.lazy().select(*on, "phase"), on=on)
+            .group_by("phase", "name").agg(pl.col("count").sum(), pl.col("kernel_ns").sum(),
+                                           ranks=pl.col("rank").n_unique())
+            .with_columns(pl.col("phase", "name").cast(pl.String)).collect(engine="streaming")
+            .sort("phase", "name"))
+
+
+@view.table()
 def cycles_per_rank(res: Result) -> pl.DataFrame:
     """``rank, cycles``: steady cycles of the trace's cycle kind on each rank (the divisor of per-cycle numbers)."""
-    def run():
-        c = cycles(res)
-        if c.height == 0:
-            return pl.DataFrame(schema={"rank": pl.Int64, "cycles": pl.UInt32})
-        main = c["kind"].mode().sort()[0]
-        return c.filter(pl.col("steady") & (pl.col("kind") == main)).group_by("rank").agg(cycles=pl.len()).sort("rank")
-    return memoised(res, "cycles_per_rank", run)
+    c = cycles(res)
+    if c.height == 0:
+        return pl.DataFrame(schema={"rank": pl.Int64, "cycles": pl.UInt32})
+    main = c["kind"].mode().sort()[0]
+    return c.filter(pl.col("steady") & (pl.col("kind") == main)).group_by("rank").agg(cycles=pl.len()).sort("rank")
 
 
 def _steady_cycles(res: Result) -> int:
@@ -342,15 +349,12 @@ def main_cycles(res: Result) -> pl.DataFrame:
     return c.filter((pl.col("kind") == main) & pl.col("period_ns").is_not_null())
 
 
+@view.table()
 def cycle_pieces(res: Result) -> pl.DataFrame:
     """Every cycle with a period cut into consecutive pieces on its rank's GPU clock that add up to its period
     exactly (module docstring): ``rank, key, segment, item, kind, order, ns, compute_ns, comm_ns, idle_ns,
     gpu_idle_ns``; ``kind``: gap (between cycles), prefill, head, phase, seam, tail; ``item``: the piece by base
     names (``verify``, ``seam:draft→verify``), the same across traces whatever the ranges' prefix."""
-    return memoised(res, "pieces", lambda: _pieces(res))
-
-
-def _pieces(res: Result) -> pl.DataFrame:
     c = main_cycles(res)
     if c.height == 0:
         return pl.DataFrame(schema=_PIECE_SCHEMA)
@@ -446,13 +450,15 @@ def _pieces(res: Result) -> pl.DataFrame:
     return (pieces.join(cyc.select("rank", "cycle_id", "key"), on=["rank", "cycle_id"])
             .select(list(_PIECE_SCHEMA))
             .cast(_PIECE_SCHEMA)  # type: ignore[arg-type]  # polars' stub: a dict keyed by str is not its key union
+            .sort("rank", "key", "order")  # (one piece per order in a cycle: the same table however it was made)
             .collect())
 
 
+@view.table()
 def budget(res: Result) -> pl.DataFrame:
     """Per rank and piece of the mean steady cycle (module docstring): ``rank, segment, kind, order, ns, share,
     compute_ns, comm_ns, idle_ns, gpu_idle_ns, cycles``; a rank's ``ns`` add up to its mean cycle period."""
-    return memoised(res, "budget", lambda: mean_budget(res, steady_keys(res)))
+    return mean_budget(res, steady_keys(res))
 
 
 def steady_keys(res: Result) -> pl.DataFrame:

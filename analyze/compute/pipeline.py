@@ -522,7 +522,7 @@ def _run(source: ProcessSource, ranges: str | None, comm_patterns: list[CommPatt
         kernels=kstat,
         host_calls=calls,
         comm_refused=refused.filter(pl.col("phase").is_not_null()),
-        memo={"matched_counted": collectives.packed(matched)},  # the headline tables narrow it to the steady cycles
+        counted_matches=collectives.packed(matched),  # the steady view narrows it to the steady cycles
     )
 
 

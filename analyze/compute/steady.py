@@ -46,7 +46,7 @@ import re
 
 import polars as pl
 
-from ..model import InputError
+from ..model import CycleChoice, InputError, Window
 from .scalars import real, to_float, to_int
 
 __all__ = ["LEFT_OUT_WARN", "parse_window", "check_choice", "flag_cycles", "class_label"]
@@ -75,13 +75,13 @@ def _nth(n: int) -> str:
     return f"{n}{'th' if 10 <= n % 100 <= 20 else _ORDINAL.get(n % 10, 'th')}"
 
 
-def parse_window(text: str | tuple | None) -> dict | None:
-    """``"START:END"`` → ``{"unit": "cycle"|"ns", "start": int|None, "end": int|None, "text": ...}``."""
+def parse_window(text: str | tuple | None) -> Window | None:
+    """``"START:END"`` → a :class:`~analyze.model.Window` (cycles ``START:END``, or times such as ``1.5s:3s``)."""
     if text is None:
         return None
     if isinstance(text, tuple | list):
         a, b = text
-        return {"unit": "cycle", "start": a, "end": b, "text": f"{'' if a is None else a}:{'' if b is None else b}"}
+        return Window("cycle", a, b, f"{'' if a is None else a}:{'' if b is None else b}")
     parts = str(text).split(":")
     if len(parts) != 2:
         raise InputError(f"--window {text!r}: expected START:END (cycles, e.g. 5:50, or times, e.g. 1.5s:3s)",
@@ -103,22 +103,16 @@ def parse_window(text: str | tuple | None) -> dict | None:
         raise InputError(f"--window {text!r}: give both ends as cycles or both as times", "BAD_OPTION")
     if vals[0] is not None and vals[1] is not None and vals[1] <= vals[0]:
         raise InputError(f"--window {text!r}: END must be after START", "BAD_OPTION")
-    return {"unit": units.pop() if units else "cycle", "start": vals[0], "end": vals[1], "text": str(text)}
+    return Window(units.pop() if units else "cycle", vals[0], vals[1], str(text))
 
 
-def check_choice(skip_cycles: int | None, window) -> dict:
+def check_choice(skip_cycles: int | None, window) -> CycleChoice:
     """The ``cycle_choice`` of a Result from the user's options (InputError when they make no sense)."""
     if skip_cycles is not None and window is not None:
         raise InputError("give --skip-cycles or --window, not both", "BAD_OPTION")
     if skip_cycles is not None and skip_cycles < 0:
         raise InputError(f"--skip-cycles must be >= 0, not {skip_cycles}", "BAD_OPTION")
-    out: dict = {}
-    if skip_cycles is not None:
-        out["skip_cycles"] = int(skip_cycles)
-    w = parse_window(window)
-    if w is not None:
-        out["window"] = w
-    return out
+    return CycleChoice(skip_cycles=None if skip_cycles is None else int(skip_cycles), window=parse_window(window))
 
 
 def _identity(m: pl.DataFrame) -> tuple[pl.Expr, str]:
@@ -300,10 +294,10 @@ def _describe_classes(s: pl.DataFrame, classes: list[dict], w: int) -> list[dict
     return out
 
 
-def flag_cycles(cyc: pl.DataFrame, choice: dict | None = None) -> tuple[pl.DataFrame, dict]:
+def flag_cycles(cyc: pl.DataFrame, choice: CycleChoice | None = None) -> tuple[pl.DataFrame, dict]:
     """``cyc`` with ``steady``/``why``, ``key`` (the cross-rank cycle identity), ``cycle_class`` (the class of
     slower cycles it belongs to, null for a typical one) and ``segment``, and what was decided (module docstring)."""
-    choice = choice or {}
+    choice = choice or CycleChoice()
     if cyc.height == 0:
         return cyc.with_columns(steady=pl.lit(True), why=pl.lit(None, pl.String), key=pl.col("n"),
                                 cycle_class=pl.lit(None, pl.Int64), segment=pl.lit(0, pl.Int64)), {
@@ -329,18 +323,18 @@ def flag_cycles(cyc: pl.DataFrame, choice: dict | None = None) -> tuple[pl.DataF
     how = "detected"
     post = pl.col("pos") >= w
     why: pl.Expr
-    if "skip_cycles" in choice:
+    if choice.skip_cycles is not None:
         how = "skip"
-        why = pl.when(pl.col("n") < choice["skip_cycles"]).then(pl.lit("skipped"))
-    elif "window" in choice:
+        why = pl.when(pl.col("n") < choice.skip_cycles).then(pl.lit("skipped"))
+    elif choice.window is not None:
         how = "window"
-        wd = choice["window"]
-        col = pl.col("n") if wd["unit"] == "cycle" else pl.col("i_first")
+        wd = choice.window
+        col = pl.col("n") if wd.unit == "cycle" else pl.col("i_first")
         inside = pl.lit(True)
-        if wd["start"] is not None:
-            inside = inside & (col >= wd["start"])
-        if wd["end"] is not None:
-            inside = inside & (col < wd["end"])
+        if wd.start is not None:
+            inside = inside & (col >= wd.start)
+        if wd.end is not None:
+            inside = inside & (col < wd.end)
         why = pl.when(~inside).then(pl.lit("outside window"))
     else:
         why = pl.when(~post).then(pl.lit("warm-up")).when(pl.col("out").is_not_null()).then(pl.col("out"))
@@ -350,10 +344,10 @@ def flag_cycles(cyc: pl.DataFrame, choice: dict | None = None) -> tuple[pl.DataF
     if how == "detected":
         c = c.with_columns(why=pl.when(is_main).then(
             pl.when(pl.col("_kw")).then(pl.lit("warm-up")).when(pl.col("out").is_not_null()).then(pl.col("out"))))
-        if "segment" in choice:  # one segment's steady cycles (a what-if per batch size): the others set aside
-            # (a list: the segments of one batch size, a serving run visiting it several times)
-            seg = choice["segment"]
-            other = ~pl.col("segment").is_in(seg) if isinstance(seg, list) else pl.col("segment") != seg
+        if choice.segment is not None:  # one segment's steady cycles (a what-if per batch size): the others set aside
+            # (a tuple: the segments of one batch size, a serving run visiting it several times)
+            one = choice.segment
+            other = ~pl.col("segment").is_in(list(one)) if isinstance(one, tuple) else pl.col("segment") != one
             c = c.with_columns(why=pl.when(is_main & pl.col("why").is_null() & other)
                                .then(pl.lit("other segment")).otherwise("why"))
     else:
@@ -363,7 +357,7 @@ def flag_cycles(cyc: pl.DataFrame, choice: dict | None = None) -> tuple[pl.DataF
     if how != "detected" and to_int(per_rank["steady"].max()) == 0:
         mm = c.filter(is_main)
         raise InputError(
-            f"{'--skip-cycles ' + str(choice['skip_cycles']) if how == 'skip' else '--window ' + choice['window']['text']}"
+            f"{'--skip-cycles ' + str(choice.skip_cycles) if how == 'skip' else '--window ' + _window_text(choice)}"
             f" leaves no cycle: there are {to_int(per_rank['total'].max())} per rank (n = 0…{to_int(mm['n'].max())}), "
             f"their first GPU ops from {real(mm['i_first'].min()) / 1e9:.3f} s to {real(mm['i_first'].max()) / 1e9:.3f} s "
             "on the "
@@ -405,10 +399,14 @@ def flag_cycles(cyc: pl.DataFrame, choice: dict | None = None) -> tuple[pl.DataF
                       "first_key": r["first_key"], "last_key": r["last_key"], "first_n": r["first_n"],
                       "cycles": r["cycles"]}
                      for r in seg.iter_rows(named=True)] if segmented else [],
-        "choice": {k: (v["text"] if k == "window" else v) for k, v in choice.items()},
+        "choice": choice.described(),
     }
     info["text"] = _describe(info)
     return c.drop("out", "_kw").with_columns(slow=pl.col("slow").fill_null(False)), info
+
+
+def _window_text(choice: CycleChoice) -> str:
+    return choice.window.text if choice.window is not None else ""
 
 
 def class_label(c: dict) -> str:

@@ -5,8 +5,9 @@ kept: :mod:`analyze.compute.steady`) is an attribute of :class:`SteadyState`: th
 seams per instance, the tokens, the slower cycles, the segments of one batch size, the stragglers, the ranked
 findings and the GPU utilisation. Each attribute calls the function that computes it
 (:mod:`analyze.compute.headline`, :mod:`~analyze.compute.tokens`, :mod:`~analyze.compute.anatomy`,
-:mod:`~analyze.compute.findings`, :mod:`~analyze.compute.utilisation`); those keep what they computed in
-``Result.memo``, so that asking twice computes once and the CLI, the report and a notebook share the tables.
+:mod:`~analyze.compute.findings`, :mod:`~analyze.compute.utilisation`); each is a derived table
+(:mod:`analyze.compute.view`), made once per result and cycle choice, so that the CLI, the report and a
+notebook share the tables.
 
 A :class:`SteadyState` holds nothing but its :class:`~analyze.model.Result`: ``res.steady`` builds one on each
 access (the class is attached to the Result by :func:`analyze.api.analyze`, the model layer does not import
@@ -117,10 +118,7 @@ class SteadyState:
     def findings(self) -> list[Finding]:
         """The ranked findings, biggest impact first (:func:`analyze.compute.findings.find`, with the what-if
         model fitted on this trace when it can be)."""
-        key = ("findings", repr(sorted(self.result.cycle_choice.items())))
-        if key not in self.result.memo:
-            self.result.memo[key] = findings.find(self.result)
-        return self.result.memo[key]
+        return findings.find(self.result)
 
     @property
     def utilisation(self) -> pl.DataFrame:

@@ -32,12 +32,12 @@ import polars as pl
 from nvtx_hooks import phases as ph
 
 from ..model import Result
-from ..read import results
-from . import steady
+from . import steady, view
 from .scalars import real_or_none, to_float
 
 __all__ = ["CYCLE_NAMES", "DEFINITION", "base_expr", "cycle_order", "decode_exprs", "decode_frame",
-           "manifest_path", "speculative", "read_manifest", "cycles", "selection", "prefill_rows", "Tokens",
+           "manifest_path", "speculative", "read_manifest", "raw_cycles", "flagged_cycles", "cycles", "selection",
+           "prefill_rows", "Tokens",
            "summary"]
 
 CYCLE_NAMES = ("cycle", "decode_step")
@@ -123,28 +123,25 @@ def cycles(res: Result) -> pl.DataFrame:
     """One row per cycle instance with GPU work: rank, n (order on its rank), kind, GPU first/last, period,
     batch_size, cycle_index, accept_length, tokens (null when unknown), and whether it is in the steady
     state (``steady``, ``why`` not, ``key`` = its identity across ranks; :mod:`analyze.compute.steady`)."""
-    key = ("cycles", repr(sorted(res.cycle_choice.items())))
-    if key not in res.memo:
-        res.memo[key] = results.derived(res, key, lambda: steady.flag_cycles(_raw_cycles(res), res.cycle_choice))
-    return res.memo[key][0]
+    return flagged_cycles(res)[0]
 
 
 def selection(res: Result) -> dict:
     """What :func:`cycles` decided: counts of cycles, warm-up and stalls, the text that says so."""
-    cycles(res)
-    return res.memo[("cycles", repr(sorted(res.cycle_choice.items())))][1]
+    return flagged_cycles(res)[1]
 
 
-def _raw_cycles(res: Result) -> pl.DataFrame:
-    """:func:`_cycles`, once per result whatever the cycle choice (the what-if per batch size asks for one view of
-    the result per batch size; the views share the memo)."""
-    key = ("cycles, any choice",)
-    if key not in res.memo:
-        res.memo[key] = _cycles(res)
-    return res.memo[key]
+@view.table()
+def flagged_cycles(res: Result) -> tuple[pl.DataFrame, dict]:
+    """:func:`cycles` and :func:`selection`: the cycles flagged under the result's cycle choice
+    (:func:`analyze.compute.steady.flag_cycles`)."""
+    return steady.flag_cycles(raw_cycles(res), res.cycle_choice)
 
 
-def _cycles(res: Result) -> pl.DataFrame:
+@view.table(kept=False, any_choice=True)
+def raw_cycles(res: Result) -> pl.DataFrame:
+    """One row per cycle instance with GPU work, before any choice of the steady ones (the what-if per batch size
+    asks for one view of the result per batch size: made once for all of them)."""
     inst = decode_frame(res.instances).with_columns(base=base_expr())
     if "cycle" in inst.columns:  # an index the pairing ignored (analyze.compute.windows: PAYLOAD_CYCLE_INDEX) is none
         inst = inst.with_columns(cycle_index=pl.when(pl.col("cycle").is_not_null()).then("cycle_index"))

@@ -29,7 +29,7 @@ import polars as pl
 
 from ..model import InputError, Result
 from ..read import gpu_metrics
-from . import headline
+from . import headline, view
 from .tokens import cycles, selection
 
 __all__ = ["MIN_PERIODS", "DRAM_BOUND_PCT", "TENSOR_LOW_PCT", "TENSOR_BOUND_PCT", "ISSUE_BOUND_PCT",
@@ -45,22 +45,19 @@ IDLE_PCT = 10.0  # SMs active below this share of the time: the GPU mostly idle 
 _SPAN_SCHEMA = {"rank": pl.Int64, "id": pl.Int64, "start": pl.Int64, "end": pl.Int64}
 
 
+@view.table(kept=False, any_choice=True, name="gpu_metrics_samples")
 def _samples(res: Result) -> dict[int, gpu_metrics.GpuSamples]:
-    """The GPU-metrics samples of each report of ``res`` (index in ``res.reports``), read once per result."""
-    key = ("gpu_metrics", "samples")
-    if key not in res.memo:
-        paths = res.reports or [res.trace.path]
-        out = {}
-        for i, p in enumerate(paths):
-            try:
-                s = gpu_metrics.read(p)
-            except (InputError, OSError) as e:  # the report went away or changed since it was analysed
-                res.memo[("gpu_metrics", "unread")] = f"{p}: GPU-metrics samples not read ({e})"
-                continue
-            if s is not None:
-                out[i] = s
-        res.memo[key] = out
-    return res.memo[key]
+    """The GPU-metrics samples of each report of ``res`` (index in ``res.reports``), read once per result (none of
+    a report that went away or changed since it was analysed)."""
+    out = {}
+    for i, p in enumerate(res.reports or [res.trace.path]):
+        try:
+            s = gpu_metrics.read(p)
+        except (InputError, OSError):  # the report went away or changed since it was analysed
+            continue
+        if s is not None:
+            out[i] = s
+    return out
 
 
 def period_ns(res: Result) -> int | None:
@@ -133,12 +130,10 @@ def interval_means(spans: pl.DataFrame, s: gpu_metrics.GpuSamples) -> pl.DataFra
     )
 
 
+@view.table(kept=False, name="utilisation_instances")
 def instances(res: Result) -> pl.DataFrame:
     """Per phase instance with GPU work: ``rank, report, range_id, domain, phase, steady, segment, start, end``
     and the columns of :func:`interval_means`; empty without samples."""
-    key = ("gpu_metrics", "instances", repr(sorted(res.cycle_choice.items())))
-    if key in res.memo:
-        return res.memo[key]
     got = _samples(res)
     out = pl.DataFrame()
     if got:
@@ -150,7 +145,6 @@ def instances(res: Result) -> pl.DataFrame:
                             "steady", "top", start="x_first", end="x_last")
         spans = spans.join(seg, on=["rank", "top"], how="left").drop("top")
         out = _measure(res, spans, got)
-    res.memo[key] = out
     return out
 
 
@@ -202,17 +196,14 @@ def scope_order() -> pl.Expr:
             .otherwise(pl.col("scope").str.extract(r"(\d+)$").cast(pl.Int64, strict=False).fill_null(-1)))
 
 
+@view.table(kept=False, name="utilisation_phases")
 def phases(res: Result) -> pl.DataFrame:
     """Per rank, phase and scope (``steady``, ``all``, the steady state's ``batch N`` segments), plus all-ranks
     rows (``rank`` null): the main metrics as columns (percent of peak), ``samples``, ``instances`` measured,
     ``short`` instances, ``bound`` and ``note``; empty without samples."""
-    key = ("gpu_metrics", "phases", repr(sorted(res.cycle_choice.items())))
-    if key in res.memo:
-        return res.memo[key]
     inst = instances(res)
     if inst.height == 0:
-        res.memo[key] = pl.DataFrame()
-        return res.memo[key]
+        return pl.DataFrame()
     ms = _metric_names(res)
     scoped = pl.concat([
         inst.filter("steady").with_columns(scope=pl.lit("steady")),
@@ -226,7 +217,6 @@ def phases(res: Result) -> pl.DataFrame:
     out = (out.with_columns(_o=scope_order()).sort("_o", "scope", pl.col("rank").is_null(), "rank", "sampled_ns", "domain",
                                             "phase", descending=[False, False, False, False, True, False, False])
            .drop("_o"))
-    res.memo[key] = out
     return out
 
 

@@ -44,9 +44,7 @@ Validated on real step sweeps of the embedded workload (README: "Reports, compar
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -54,12 +52,13 @@ import polars as pl
 
 from ..model import InputError, Result
 from ..read import results
+from . import view
 from .scalars import real_or_none, to_float, to_int
 from .tokens import base_expr, cycles, speculative, summary
 
 __all__ = ["MAX_STEPS", "Replay", "Model", "SegmentModel", "fit_segments", "run_alpha", "join_runs",
            "solve_alpha", "fit", "to_dict", "validate", "MIN_LOG_LINES", "calibrate", "NEAR_BEST", "fitted",
-           "with_segments", "replay_of", "fit_ahead"]
+           "with_segments", "replay", "will_replay", "phase_spans"]
 
 _MODEL_PHASES = ("draft", "verify", "draft_extend")
 MAX_STEPS = 10
@@ -68,18 +67,20 @@ MAX_STEPS = 10
 def _cycle_phases(res: Result) -> pl.DataFrame:
     """Per rank and cycle (``n``): each child phase's GPU span (``x_span_ns``) by base name, one row each."""
     c = cycles(res).filter((pl.col("kind") == "cycle") & pl.col("steady")).select(
-        "rank", "n", parent="range_id", tokens="tokens",
-                                                                accept_length="accept_length",
-                                                                batch_size="batch_size")
-    key = ("whatif phases with GPU work",)  # whatever the cycle choice: once for every batch size's view
-    if key not in res.memo:
-        res.memo[key] = (res.instances.select("rank", "parent", "range", "x_span_ns", "x_ops")
-                         .filter(pl.col("x_ops") > 0).with_columns(phase=base_expr()).drop("range"))
-    kids = res.memo[key]  # the phases with GPU work, named once each
+        "rank", "n", parent="range_id", tokens="tokens", accept_length="accept_length", batch_size="batch_size")
+    kids = phase_spans(res)
     # on the rank too: range ids are unique per report only, and a merged result has several
     return (c.join(kids, on=["rank", "parent"])
             .group_by("rank", "n", "phase").agg(pl.col("x_span_ns").sum(), pl.col("tokens").first(),
                                                 pl.col("accept_length").first(), pl.col("batch_size").first()))
+
+
+@view.table(kept=False, any_choice=True)
+def phase_spans(res: Result) -> pl.DataFrame:
+    """The phases with GPU work (``rank, parent, x_span_ns, x_ops, phase``: by base name), whatever the cycle
+    choice: made once for every batch size's view."""
+    return (res.instances.select("rank", "parent", "range", "x_span_ns", "x_ops")
+            .filter(pl.col("x_ops") > 0).with_columns(phase=base_expr()).drop("range"))
 
 
 # ---- the replay ----------------------------------------------------------------------------------------
@@ -411,48 +412,24 @@ def _build_replay(res: Result) -> Replay:
                   defaults)
 
 
-_REPLAY_LOCK = threading.Lock()
+@view.table(kept=False)
+def replay(res: Result) -> Replay:
+    """The :class:`Replay` of ``res`` (:func:`_build_replay`), once per result and cycle choice in this process (a
+    caller while another thread builds it waits for that one's: the JSON document builds it beside the findings,
+    whose fit asks for it, when :func:`will_replay`)."""
+    return _build_replay(res)
 
 
-def replay_of(res: Result) -> Replay:
-    """The :class:`Replay` of ``res`` (:func:`_build_replay`), once per result and cycle choice in this process: a
-    caller while another thread builds it waits for that one's (the JSON document builds it beside the findings,
-    whose fit asks for it: :func:`fit_ahead`)."""
-    key = ("whatif replay", repr(sorted(res.cycle_choice.items())))
-    with _REPLAY_LOCK:
-        got = res.memo.get(key)
-        mine = got is None
-        if mine:
-            got = res.memo[key] = Future()
-    if isinstance(got, Replay):
-        return got
-    assert isinstance(got, Future)
-    if not mine:
-        return got.result()
-    try:
-        r = _build_replay(res)
-    except BaseException as e:
-        with _REPLAY_LOCK:
-            res.memo.pop(key, None)
-        got.set_exception(e)
-        raise
-    with _REPLAY_LOCK:
-        res.memo[key] = r  # the value itself (a Result's memo holds plain values)
-    got.set_result(r)
-    return r
-
-
-def fit_ahead(res: Result) -> None:
-    """Build the replay that :func:`fitted` (its default options) will fit on, when it will fit one: neither fitted
-    nor kept with the result yet, and the draft step count known (:func:`replay_of`; what a second thread does
-    meanwhile asks for it and waits)."""
-    if results.known(res, _fitted_key(res)):
-        return
+def will_replay(res: Result) -> bool:
+    """Whether :func:`fitted` (its default options) will build the replay: neither fitted nor kept with the result
+    yet, and the draft step count known (what a second thread may build meanwhile)."""
+    if view.known(_fitted, res, steps_now=None, alpha=None, as_traced=False):
+        return False
     try:
         _steps_known(res, None)
     except InputError:
-        return
-    replay_of(res)
+        return False
+    return not view.known(replay, res)
 
 
 def _graph_launch_cost(res: Result) -> tuple[float, int] | None:
@@ -793,7 +770,7 @@ def fit_segments(res: Result, steps_now: int | None = None, alpha: float | None 
     # by batch size (a serving run's visits come in any order), then by the first visit
     for group in sorted(groups, key=lambda v: (v[0].batch_size is None, v[0].batch_size or 0, v[0].segment)):
         g, ids = group[0], [x.segment for x in group]
-        view = dataclasses.replace(res, cycle_choice={**res.cycle_choice, "segment": ids if len(ids) > 1 else g.segment})
+        one = dataclasses.replace(res.cycle_choice, segment=tuple(ids) if len(ids) > 1 else g.segment)
         typ = c.filter(pl.col("steady") & pl.col("segment").is_in(ids) & pl.col("cycle_class").is_null()
                        & ~pl.col("slow") & pl.col("period_ns").is_not_null())
         if typ.height < _MIN_SEGMENT_CYCLES:
@@ -801,7 +778,8 @@ def fit_segments(res: Result, steps_now: int | None = None, alpha: float | None 
         period = to_float(typ["period_ns"].median())
         own = alpha is None and typ.select("key").unique().height >= _OWN_ALPHA_CYCLES
         try:
-            m = fit(view, s0, alpha=None if own else pooled, as_traced=as_traced, period_ns=period)
+            m = fit(view.with_choice(res, one), s0, alpha=None if own else pooled, as_traced=as_traced,
+                    period_ns=period)
         except InputError:
             continue
         m.notes.append("acceptance α measured on this segment's own cycles" if own else
@@ -1035,32 +1013,25 @@ def with_segments(m: Model, res: Result, steps_now: int | None = None, alpha: fl
     return m
 
 
-def _fitted_key(res: Result, steps_now: int | None = None, alpha: float | None = None, as_traced: bool = False
-                ) -> tuple[str, str]:
-    """The memo key of :func:`fitted` with these options."""
-    return ("whatif", repr((steps_now, alpha, as_traced, sorted(res.cycle_choice.items()))))
-
-
 def fitted(res: Result, steps_now: int | None = None, alpha: float | None = None, as_traced: bool = False) -> Model:
     """:func:`fit` (no baseline) with its per-segment models (:func:`fit_segments`) and the replays its document
-    (:func:`to_dict`) asks for: kept with the result (:func:`analyze.read.results.derived`), so that a second command
+    (:func:`to_dict`) asks for: a table kept with the result (:mod:`analyze.compute.view`), so that a second command
     on the same capture (``whatif``, ``report``, ``analyze``'s findings) reads the model instead of fitting it. One
     object per result and options: callers do not change it."""
-    key = _fitted_key(res, steps_now, alpha, as_traced)
-    if key not in res.memo:
-        def run() -> Model:
-            m = with_segments(fit(res, steps_now, alpha=alpha, as_traced=as_traced), res, steps_now, alpha, as_traced)
-            try:
-                to_dict(m)  # the replays, kept in the model
-            except InputError:
-                pass  # (raised again where the document is asked for)
-            for r in (m.replay, *(sm.model.replay for sm in m.segments)):
-                if r is not None:
-                    r.let_go()
-            return m
+    return _fitted(res, steps_now=steps_now, alpha=alpha, as_traced=as_traced)
 
-        res.memo[key] = results.derived(res, key, run)
-    return res.memo[key]
+
+@view.table(name="whatif_fit", params=("steps_now", "alpha", "as_traced"))
+def _fitted(res: Result, steps_now: int | None, alpha: float | None, as_traced: bool) -> Model:
+    m = with_segments(fit(res, steps_now, alpha=alpha, as_traced=as_traced), res, steps_now, alpha, as_traced)
+    try:
+        to_dict(m)  # the replays, kept in the model
+    except InputError:
+        pass  # (raised again where the document is asked for)
+    for r in (m.replay, *(sm.model.replay for sm in m.segments)):
+        if r is not None:
+            r.let_go()
+    return m
 
 
 def fit(res: Result, steps_now: int | None = None, baseline: Result | None = None, alpha: float | None = None,
@@ -1131,7 +1102,7 @@ def fit(res: Result, steps_now: int | None = None, baseline: Result | None = Non
     if alpha is not None and batch is None:
         batch = 1.0
         notes.append("batch size unknown: tokens and tokens/s are per request")
-    replay = replay_of(res)
+    rp = replay(res)
     mode = res.trace.graph_trace_mode
     cut = (0.0, 0)
     if mode == "Node" and not as_traced:
@@ -1141,10 +1112,10 @@ def fit(res: Result, steps_now: int | None = None, baseline: Result | None = Non
                          "estimated; replayed as traced")
         else:
             cut = lc
-    if replay.windows == 0:
+    if rp.windows == 0:
         notes.append("no cycle could be replayed (no key host calls: an older result?): phase cost changes are "
                      "added to the measured period")
-    m = Model(s0, float(period), cost, 0.0, b, e1, batch, alpha, tk.accepted_per_request, notes, replay, *cut, mode,
+    m = Model(s0, float(period), cost, 0.0, b, e1, batch, alpha, tk.accepted_per_request, notes, rp, *cut, mode,
               verify_source=source, verify_prior=prior if source == "gpu_metrics" else None, steps_source=how,
               alpha_given=alpha_given)
     m.other_ns = m.predict(s0)["other_ns"]

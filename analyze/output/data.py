@@ -36,19 +36,19 @@ def document(res: Result, found: list[findings.Finding] | None = None) -> dict:
     and the rare stalls left out, with where their time sits), ``segments`` (per decode batch size),
     ``stragglers_steady`` (per phase and rank: the collective waiting each caused) and ``straggler`` (the one
     verdict per phase), ``findings``."""
-    # The findings' tables first (findings.prepare): made from the steady matched collectives, which are let go of
-    # (headline.let_go) before the what-if fit, the document's biggest working set. Then the findings (the fit) on a
-    # second thread while this one builds the replay the fit asks for (whatif.fit_ahead: the fit's largest step)
-    # and makes the rest of the document; the tables they ask for are the document's own (memoised): no number
-    # changes.
+    # The findings' tables first (findings.rule_inputs): made from the steady matched collectives, which are let go of
+    # then (declared), before the what-if fit, the document's biggest working set. Then the findings (the fit) on a
+    # second thread while this one builds the replay the fit asks for (the fit's largest step, when the fit will
+    # build it: whatif.will_replay; a table: the fit waits for this one's) and makes the rest of the document; the
+    # tables they ask for are the document's own (each made once): no number changes.
     finding, fit = None, False
     if found is None:
-        findings.prepare(res)
+        findings.rule_inputs(res)
         fit = not findings.known(res)
         finding = _Beside(lambda: findings.find(res))
     try:
-        if finding is not None and fit:  # the replay their what-if fit asks for, built here meanwhile
-            whatif.fit_ahead(res)
+        if finding is not None and fit and whatif.will_replay(res):
+            whatif.replay(res)
         d = _document(res)
     except Exception:
         if finding is not None:

@@ -30,7 +30,7 @@ import polars as pl
 
 from nvtx_hooks.capture.files import NewFolder, utf8
 
-from ..compute import anatomy, findings, headline, utilisation, whatif
+from ..compute import anatomy, findings, headline, utilisation, view, whatif
 from ..compute import compare as cmp
 from ..compute.scalars import real
 from ..compute.tokens import DEFINITION, cycle_order, selection, summary
@@ -124,8 +124,8 @@ def _page_key(res: Result, vs: Result | None, steps_now: int | None) -> str | No
         other = results.kept_key(vs)
         if other is None:
             return None
-    key = {"output": output_digest(), "cycles": repr(sorted(res.cycle_choice.items())), "steps_now": steps_now,
-           "vs": other, "vs_cycles": None if vs is None else repr(sorted(vs.cycle_choice.items())),
+    key = {"output": output_digest(), "cycles": res.cycle_choice.key, "steps_now": steps_now,
+           "vs": other, "vs_cycles": None if vs is None else vs.cycle_choice.key,
            "timing": res.probe_effect is not None}
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=repr).encode()).hexdigest()[:32]
 
@@ -133,7 +133,7 @@ def _page_key(res: Result, vs: Result | None, steps_now: int | None) -> str | No
 @dataclass
 class _Figures:
     """The page's figures, each drawn or read back: with a ``key`` (:func:`_page_key`), each figure's PNG is kept
-    with the result in its cache (:func:`analyze.read.results.derived`), and the same page of the same capture
+    with the result in its cache (a table: :mod:`analyze.compute.view`), and the same page of the same capture
     with the same options reads it instead of drawing it again; ``key`` None: drawn every time."""
 
     res: Result
@@ -154,11 +154,18 @@ class _Figures:
             fig.savefig(buf, format="png", dpi=_plots().DPI)
             return buf.getvalue()
 
-        data = png() if self.key is None else results.derived(self.res, ("figure", name, self.key), png)
+        data = png() if self.key is None else _figure(self.res, figure=name, page=self.key, draw=png)
         if not data:
             return ""
         return (f'<img src="data:image/png;base64,{base64.b64encode(data).decode("ascii")}" '
                 f'alt="{html.escape(alt)}" title="{name}">')
+
+
+@view.table(params=("figure", "page"), inputs=("draw",), name="report_figure")
+def _figure(res: Result, figure: str, page: str, draw: Callable[[], bytes]) -> bytes:
+    """The PNG of a report's ``figure`` that ``draw`` makes, kept with the result under its page's key
+    (:func:`_page_key`: what the page and the figure are drawn from)."""
+    return draw()
 
 
 def _p(text: str, cls: str = "note") -> str:
@@ -580,7 +587,7 @@ def _write_page(res: Result, out: NewFolder, vs: Result | None, steps_now: int |
     if isinstance(model, InputError):
         found = findings.find(res)
     else:  # the findings with the model at these steps: kept with the result, as the model is
-        found = headline.memoised(res, f"findings steps={steps_now}", lambda: findings.find(res, model))
+        found = findings.findings_at(res, steps_now=steps_now)
     figs = _Figures(res, _page_key(res, vs, steps_now))
     top = [_comparison(cmp.compare_results(vs, res), figs)] if vs is not None else []
     secs = [*top, _summary(res, steps_now), _budget(res, figs), _findings(found),

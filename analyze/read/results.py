@@ -55,7 +55,7 @@ from typing import Any, TypeVar
 import polars as pl
 
 from .. import __version__
-from ..model import CommResult, Diagnostic, Result, Trace
+from ..model import CommResult, CycleChoice, Diagnostic, Result, Trace, Window
 from .source import OpsWindow
 
 __all__ = ["KEEP_RESULTS", "STALE_S", "DICT_ROWS", "FOLDER", "KNOWN", "code_digest", "result_key", "derived", "load",
@@ -69,7 +69,7 @@ STALE_S = 24 * 3600  # a build folder (``.<key>.tmp-*``) this old was left by a 
 DICT_ROWS = 10_000  # string columns of frames this long are written dictionary-encoded
 FOLDER = "results"
 # The dataclasses a result may hold, by name: nothing else is ever built from a cache's JSON.
-KNOWN = {c.__name__: c for c in (Result, Trace, Diagnostic, OpsWindow, CommResult)}
+KNOWN = {c.__name__: c for c in (Result, Trace, Diagnostic, OpsWindow, CommResult, CycleChoice, Window)}
 
 
 @functools.cache
@@ -142,8 +142,8 @@ def _encode(v: object, frames: list[pl.DataFrame | None]) -> Any:
     cls = getattr(type(v), "_lazy_of", type(v))  # a value read from the cache is written as its plain class
     name = cls.__name__
     if dataclasses.is_dataclass(v) and KNOWN.get(name) is cls:
-        return {"$class": name,
-                "fields": {f.name: _encode(getattr(v, f.name), frames) for f in dataclasses.fields(v)}}
+        return {"$class": name,  # the fields a copy carries (not a Result's derived tables: its ``memo``)
+                "fields": {f.name: _encode(getattr(v, f.name), frames) for f in dataclasses.fields(v) if f.init}}
     raise _Unsupported(type(v).__name__)
 
 
@@ -192,8 +192,9 @@ def _rebuild(cls: type[_T], kw: dict[str, Any]) -> _T:
 def _lazy(cls: type) -> type:
     """``cls`` with every field a :class:`_LazyField`; pickled and copied as a plain ``cls`` (every frame read)."""
     names = [f.name for f in dataclasses.fields(cls)]
+    given = [f.name for f in dataclasses.fields(cls) if f.init]
     ns: dict[str, object] = {n: _LazyField(n) for n in names}
-    ns["__reduce__"] = lambda self: (_rebuild, (cls, {n: getattr(self, n) for n in names}))
+    ns["__reduce__"] = lambda self: (_rebuild, (cls, {n: getattr(self, n) for n in given}))
     ns["_lazy_of"] = cls
     return type(cls.__name__, (cls,), ns)
 
@@ -367,7 +368,8 @@ def wait(res: Result | None = None) -> bool:
 
 
 # id(result) -> _Kept. Only that very object reads and keeps derived tables, never a copy made from it (a copy
-# shares its ``memo`` dict but may hold other frames: probe.combine, whatif's segment views).
+# may hold other frames, or another cycle choice: probe.combine, whatif's segment views). By id: a Result (a
+# dataclass with ``__eq__``) cannot be a key itself; the weak reference checks that the id is still that object's.
 _KEPT: dict[int, _Kept] = {}
 
 
@@ -407,10 +409,8 @@ def derived(res: Result, key: Hashable, compute: Callable[[], _T]) -> _T:
 
 
 def known(res: Result, key: Hashable) -> bool:
-    """Whether the value of ``res`` under the memo key ``key`` is there without computing it: in ``res.memo`` (made
-    in this process), or for :func:`derived` (read with ``res`` from the cache, or computed for it since)."""
-    if key in res.memo:
-        return True
+    """Whether the cache has the value of ``res`` under ``key`` for :func:`derived` without computing it (read with
+    ``res`` from the cache, or computed for it since)."""
     entry = _kept(res)
     return entry is not None and (key in entry.derived or key in entry.new)
 
