@@ -207,7 +207,8 @@ class Result:
     range_id, name, count, kernel_ns`` (the top-kernels tables). ``cycle_choice``: which cycles are the
     steady state (:class:`CycleChoice`: ``skip_cycles``/``window``; neither = detected).
     ``memo``: the tables derived from this one (:mod:`analyze.compute.view` alone reads and writes it; a copy made
-    with :func:`dataclasses.replace` starts with none). ``counted_matches``: the collectives matched across ranks
+    with :func:`dataclasses.replace` starts with none); ``cached``: where the result cache keeps it
+    (:mod:`analyze.read.results`; None for a copy). ``counted_matches``: the collectives matched across ranks
     over the counted instances, packed (:func:`analyze.compute.collectives.packed`), until the steady view takes
     them (None after, and for a merge of several reports: matched again from ``comm_kernels``). :attr:`steady`: the
     steady state (what ``spectrace analyze`` prints first). ``comm_refused``: phases whose matched collectives
@@ -235,9 +236,12 @@ class Result:
     window: WindowReader | None = field(default=None, repr=False)  # reads ops by time window, when asked
     kernels: pl.DataFrame | None = None
     cycle_choice: CycleChoice = field(default_factory=CycleChoice)
-    # the derived tables' storage (analyze.compute.view): not a field a copy or the result cache carries
-    memo: dict[tuple[str, ...], Any] = field(default_factory=dict, init=False, repr=False, compare=False)
     counted_matches: pl.DataFrame | None = field(default=None, repr=False)
+    # Not fields a copy, a pickle or the result cache carries (init=False): the derived tables' storage
+    # (analyze.compute.view), and where the result cache keeps this very object (analyze.read.results; a copy may
+    # hold other frames or another cycle choice: it is not the cache's).
+    memo: dict[tuple[str, ...], Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+    cached: Any = field(default=None, init=False, repr=False, compare=False)
     # The key CUDA API calls of each rank (analyze.compute.host.CALL_SCHEMA): what the what-if replays.
     host_calls: pl.DataFrame | None = field(default=None, repr=False)
     # With a graph-level timing pass (analyze.compute.probe): what node-level tracing cost.
@@ -246,6 +250,12 @@ class Result:
     # What :attr:`steady` builds (analyze.compute.steady_state.SteadyState), set by analyze.api.analyze: this
     # layer does not import the computations.
     steady_class: Any = field(default=None, repr=False, compare=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in ("memo", "cached")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, memo={}, cached=None)
 
     @property
     def steady(self) -> Any:

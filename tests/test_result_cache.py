@@ -231,16 +231,19 @@ def test_values_read_from_the_cache_can_be_kept_again(report):
 
 
 def test_a_result_that_is_gone_leaves_nothing_behind(report):
-    """What the cache remembers of a result (its folder, the derived tables read) goes with the result."""
+    """What the cache remembers of a result (its folder, the derived tables read) lives on the result and goes
+    with it: nothing else holds the result or its entry."""
     import gc
+    import weakref
 
     api.analyze(report, cache=True)
     res = api.analyze(report, cache=True)
-    i = id(res)
-    assert results._KEPT.get(i) is not None and results._KEPT[i].derived is not None
-    del res
+    entry = results._kept(res)
+    assert entry is not None and entry.derived is not None
+    gone, gone_entry = weakref.ref(res), weakref.ref(entry)
+    del res, entry
     gc.collect()
-    assert i not in results._KEPT
+    assert gone() is None and gone_entry() is None
 
 
 def test_a_store_keeps_the_most_recently_used_results_and_removes_dead_builds(tmp_path):

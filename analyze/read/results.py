@@ -46,7 +46,6 @@ import shutil
 import threading
 import time
 import uuid
-import weakref
 import zlib
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from pathlib import Path
@@ -191,10 +190,9 @@ def _rebuild(cls: type[_T], kw: dict[str, Any]) -> _T:
 @functools.cache
 def _lazy(cls: type) -> type:
     """``cls`` with every field a :class:`_LazyField`; pickled and copied as a plain ``cls`` (every frame read)."""
-    names = [f.name for f in dataclasses.fields(cls)]
-    given = [f.name for f in dataclasses.fields(cls) if f.init]
+    names = [f.name for f in dataclasses.fields(cls) if f.init]  # (the others are never read from the cache)
     ns: dict[str, object] = {n: _LazyField(n) for n in names}
-    ns["__reduce__"] = lambda self: (_rebuild, (cls, {n: getattr(self, n) for n in given}))
+    ns["__reduce__"] = lambda self: (_rebuild, (cls, {n: getattr(self, n) for n in names}))
     ns["_lazy_of"] = cls
     return type(cls.__name__, (cls,), ns)
 
@@ -293,10 +291,10 @@ def _write_doc(parent: Path, name: str, key: str, body: object, frames: list[pl.
 
 @dataclasses.dataclass
 class _Kept:
-    """A result read from or written to the cache in this process: where, the derived tables read with it
-    (``derived``), and those computed for it since (``new``: what :func:`keep_derived` writes)."""
+    """A result read from or written to the cache in this process (``Result.cached``: it lives and goes with that
+    very object): where, the derived tables read with it (``derived``), and those computed for it since (``new``:
+    what :func:`keep_derived` writes)."""
 
-    ref: weakref.ref
     folder: Path
     key: str
     derived: dict
@@ -362,26 +360,20 @@ def wait(res: Result | None = None) -> bool:
     if entry.writing is not None:
         w, entry.writing = entry.writing, None
         if not w.wait():  # not kept after all: nothing derived from it is kept either
-            _KEPT.pop(id(res), None)
+            res.cached = None
             return False
     return True
 
 
-# id(result) -> _Kept. Only that very object reads and keeps derived tables, never a copy made from it (a copy
-# may hold other frames, or another cycle choice: probe.combine, whatif's segment views). By id: a Result (a
-# dataclass with ``__eq__``) cannot be a key itself; the weak reference checks that the id is still that object's.
-_KEPT: dict[int, _Kept] = {}
-
-
 def _track(res: Result, folder: Path, key: str, derived: dict) -> None:
-    """Remember ``res`` as the cache's (until it is garbage: its entry, with the derived tables read, goes too)."""
-    i = id(res)
-    _KEPT[i] = _Kept(weakref.ref(res, lambda _gone: _KEPT.pop(i, None)), folder, key, derived)
+    """Remember ``res`` as the cache's (on the object itself: a copy of it is not the cache's, and the entry, with
+    the derived tables read, goes with the result)."""
+    res.cached = _Kept(folder, key, derived)
 
 
 def _kept(res: Result) -> _Kept | None:
-    entry = _KEPT.get(id(res))
-    return entry if entry is not None and entry.ref() is res else None
+    entry = res.cached
+    return entry if isinstance(entry, _Kept) else None
 
 
 def kept_key(res: Result) -> str | None:
