@@ -342,7 +342,7 @@ class CommResult:
     left_out_kernels: int = 0  # kernels of instances left out by the cross-rank pairing (not matched)
     cycles: str | None = None  # which cycles the phases' collectives come from (the steady state's sentence)
     outside_cycles: int = 0  # matched kernels of phase instances outside those cycles (warm-up, rare stalls)
-    straggler: pl.DataFrame = field(default_factory=pl.DataFrame)  # the one verdict per phase (collectives.verdict)
+    straggler: pl.DataFrame = field(default_factory=pl.DataFrame)  # the one verdict per phase (compute.straggler)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document: ``collectives`` and ``stragglers`` keys as in the README."""

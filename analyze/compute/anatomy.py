@@ -10,7 +10,7 @@ mean over the typical steady cycles of the same segments.
 When a phase grew on some ranks but not on another whose pieces *before* that phase grew instead, that other
 rank arrived late and the first ones waited for it (in the phase's collectives); when the phase has matched
 collectives in those cycles, the late rank is the one that caused most of their waiting
-(:func:`analyze.compute.collectives.verdict`, the one straggler rule), which overrides the budget's reading. A class with a late rank is a straggler class: "every 4th cycle rank 1
+(:func:`analyze.compute.straggler.verdict`, the one straggler rule), which overrides the budget's reading. A class with a late rank is a straggler class: "every 4th cycle rank 1
 starts draft ≈ 540 µs late; rank 0 waits in draft".
 
 **Segments** (:func:`segments`): the runs of cycles of one decode batch size (the payload's; without a payload,
@@ -26,7 +26,7 @@ import polars as pl
 
 from ..model import Result
 from ..read import results
-from . import collectives, headline, view
+from . import collectives, headline, straggler, view
 from .scalars import to_float, to_int
 from .steady import class_label
 from .tokens import selection
@@ -191,7 +191,7 @@ def _late_rank(res: Result, out: CycleClass, d: pl.DataFrame, members: pl.DataFr
     evidence = "budget"
     st = _class_stragglers(res, members, phase)
     if st is not None:
-        v = collectives.verdict(st)
+        v = straggler.verdict(st)  # over the class's cycles: the share rule (no cycle period to weigh against)
         if v.height:
             late, evidence = int(v["rank"][0]), "collectives"
             waiting = [r for r in waiting if r != late] or [r for r in ranks if r != late]

@@ -33,12 +33,12 @@ from typing import Any
 import polars as pl
 
 from ..model import CommResult, Diagnostic
-from . import align, windows
+from . import align, straggler, windows
 from .intervals import rising
 from .scalars import to_int, whole
 
 __all__ = ["SPLIT", "comm_kernels", "usable", "with_group_ids", "match", "per_collective", "stragglers",
-           "STRAGGLER_FLOOR", "verdict", "phase_split", "MATCHED_COLUMNS", "with_split", "refused", "short_name",
+           "phase_split", "MATCHED_COLUMNS", "with_split", "refused", "short_name",
            "phase_comm_split", "packed", "unpacked", "cross_rank", "within"]
 
 _GROUP = ["domain", "phase", "k", "name"]
@@ -294,22 +294,6 @@ def stragglers(matched: pl.DataFrame, refused_phases: pl.DataFrame | None = None
     )
 
 
-_STRAGGLER_WAIT_SHARE = 0.5  # a rank that caused this share of a phase's collective waiting is its straggler
-STRAGGLER_FLOOR = 0.01  # ... when that waiting is at least this share of the cycle period, per cycle
-
-
-def verdict(st: pl.DataFrame) -> pl.DataFrame:
-    """The straggler of each phase from :func:`stragglers` rows: the rank that caused most of the waiting, when it
-    caused at least :data:`_STRAGGLER_WAIT_SHARE` of it (one row per phase at most; phases outside any range
-    have none). Every verb names the straggler through this."""
-    if st.height == 0:
-        return st
-    return (st.filter(pl.col("phase").is_not_null() & (pl.col("caused_wait_ns") > 0)
-                      & (pl.col("wait_share") >= _STRAGGLER_WAIT_SHARE))
-            .sort("phase", "caused_wait_ns", "rank", descending=[False, True, False])
-            .group_by("domain", "phase", maintain_order=True).head(1))
-
-
 def _mismatches(kernels: pl.DataFrame, counts: pl.DataFrame | None = None) -> pl.DataFrame:
     """Groups whose kernel counts differ across ranks, in order of their first kernel."""
     g = (_group_counts(kernels) if counts is None else counts).filter(~pl.col("matched"))
@@ -526,7 +510,7 @@ def within(cr: CommResult, keys: pl.DataFrame, cycles: str) -> CommResult:
     ``cr`` is consumed: its matched rows move into the returned result a column at a time (``cr.matched`` is left
     empty), so that the two frames (200 MB each at 10 M kernels) are never whole at once."""
     if cr.matched.height == 0:
-        return dataclasses.replace(cr, cycles=cycles, straggler=verdict(cr.stragglers))
+        return dataclasses.replace(cr, cycles=cycles, straggler=straggler.verdict(cr.stragglers))
     # The rows kept in their order (by first arrival, _g, j, rank: one row each): no concatenation, no sort.
     full, n = cr.matched, cr.matched.height
     steady = keys.select("rank", "range_id").unique().with_columns(_in=pl.lit(True))
@@ -541,4 +525,4 @@ def within(cr: CommResult, keys: pl.DataFrame, cycles: str) -> CommResult:
     m = pl.DataFrame(kept)
     st = stragglers(m, cr.refused)
     return dataclasses.replace(cr, matched=m, collectives=_summary(m, cr.refused), stragglers=st, cycles=cycles,
-                               outside_cycles=n - m.height, straggler=verdict(st))
+                               outside_cycles=n - m.height, straggler=straggler.verdict(st))

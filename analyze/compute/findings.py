@@ -26,7 +26,7 @@ import polars as pl
 
 from ..model import InputError, Result
 from ..read import results
-from . import anatomy, breakdown, headline, steady, utilisation, view
+from . import anatomy, breakdown, headline, steady, straggler, utilisation, view
 from .scalars import real, to_float
 from .tokens import CYCLE_NAMES, base_expr, selection, summary
 
@@ -321,8 +321,8 @@ def _class_stragglers(ctx: RuleContext) -> list:
 
 
 def _straggler(ctx: RuleContext) -> list[RuleHit]:
-    """One straggler verdict (:func:`collectives.verdict`, the rank that caused most of a phase's collective
-    waiting), named with its class when it is late only in a recurring class of cycles."""
+    """One straggler verdict (:func:`analyze.compute.straggler.verdict`, the rank that caused most of a phase's
+    collective waiting), named with its class when it is late only in a recurring class of cycles."""
     out = []
     verdict = headline.straggler_verdict(ctx.res)
     for c in _class_stragglers(ctx):
@@ -335,7 +335,7 @@ def _straggler(ctx: RuleContext) -> list[RuleHit]:
             + ("the late rank from the matched collectives of those cycles" if c.evidence == "collectives"
                else "the late rank from the cycle budget of those cycles") + ")" + waits),
             phase=c.phase, rank=c.rank, every=c.every, extra_ns=c.extra_ns, cycles=c.affected))
-    v = headline.straggler_verdict(ctx.res).filter(pl.col("collectives") >= 5)
+    v = headline.straggler_verdict(ctx.res, min_collectives=straggler.MIN_COLLECTIVES)
     named = {(h.rank, h.phase) for h in out}
     for r in v.iter_rows(named=True):
         if (r["rank"], r["phase"]) in named:

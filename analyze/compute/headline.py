@@ -21,7 +21,7 @@ from __future__ import annotations
 import polars as pl
 
 from ..model import CommResult, Result, bound_expr
-from . import breakdown, collectives, host, view, windows
+from . import breakdown, collectives, host, straggler, view, windows
 from .tokens import base_expr, cycles, prefill_rows, selection, summary
 
 __all__ = ["GAP", "instances_marked_steady", "steady_marks", "keys", "matched", "per_collective", "steady_phases",
@@ -225,28 +225,29 @@ def per_collective(res: Result) -> pl.DataFrame:
 @view.table()
 def stragglers(res: Result) -> pl.DataFrame:
     """Per phase and rank over the steady state: last arrivals at matched collectives (see collectives)."""
-    return collectives.stragglers(matched(res), coll=per_collective(res)) if matched(res).height else pl.DataFrame()
+    if matched(res).height == 0:
+        return pl.DataFrame(schema=straggler.STRAGGLERS)
+    return collectives.stragglers(matched(res), coll=per_collective(res))
 
 
-@view.table()
-def straggler_verdict(res: Result) -> pl.DataFrame:
-    """The straggler of each phase over the steady cycles (:func:`collectives.verdict`) with ``per_cycle_ns``, the
-    waiting it caused per steady cycle, kept when that is at least :data:`collectives.STRAGGLER_FLOOR` of the
-    cycle period: the one verdict that ``analyze``'s findings, ``comm``, ``compare`` and the report name."""
+def straggler_verdict(res: Result, min_collectives: int = 0) -> pl.DataFrame:
+    """The straggler of each phase over the steady cycles (:func:`analyze.compute.straggler.verdict`, the one rule:
+    its share of the waiting, ``per_cycle_ns`` against the cycle period, none in a phase whose collectives do not end
+    together): the one verdict that ``analyze``'s findings (with ``min_collectives``), ``comm``, ``compare`` and the
+    report name."""
+    return _straggler_verdict(res, min_collectives=min_collectives)
+
+
+@view.table(name="straggler_verdict", params=("min_collectives",))
+def _straggler_verdict(res: Result, min_collectives: int) -> pl.DataFrame:
     st = stragglers(res)
-    if st.height == 0:
-        return pl.DataFrame(schema={"domain": pl.String, "phase": pl.String, "rank": pl.Int64,
-                                    "collectives": pl.UInt32, "last_arrivals": pl.Int64, "share": pl.Float64,
-                                    "mean_delay_ns": pl.Int64, "caused_wait_ns": pl.Int64,
-                                    "wait_share": pl.Float64, "per_cycle_ns": pl.Float64})
+    if st.height == 0:  # no matched collectives: no straggler
+        return pl.DataFrame(schema=straggler.VERDICT)
     c = cycles(res)  # the matched collectives are those of every steady cycle, the first one too
     main = c["kind"].mode().sort()[0] if c.height else None
     n = max(c.filter((pl.col("kind") == main) & pl.col("steady")).select("key").unique().height, 1)
-    period = summary(res).period_ns or 0.0
     untrusted = matching(res).filter(~pl.col("trusted"))["phase"].to_list()
-    v = collectives.verdict(st.filter(~pl.col("phase").is_in(untrusted)))
-    return (v.with_columns(per_cycle_ns=pl.col("caused_wait_ns") / n)
-            .filter(pl.col("per_cycle_ns") >= collectives.STRAGGLER_FLOOR * period))
+    return straggler.verdict(st, straggler.PerCycle(n, summary(res).period_ns or 0.0), untrusted, min_collectives)
 
 
 @view.table(kept=False, releases=(matched, per_collective))
@@ -264,9 +265,9 @@ def comm_document(res: Result, reports: list[Result]) -> CommResult:
     narrowed to the steady cycles' instances, with the straggler verdict of :func:`straggler_verdict` (the same
     rule and cycles as ``analyze``'s findings). Without cycle ranges: the whole run, and its own verdict."""
     info = selection(res)
-    if info.get("how") == "none":
+    if info.get("how") == "none":  # no cycles: no cycle period to weigh the waiting against (the share rule alone)
         cr = collectives.cross_rank(reports)
-        cr.straggler = collectives.verdict(cr.stragglers)
+        cr.straggler = straggler.verdict(cr.stragglers)
         return cr
     verdict, steady = comm_inputs(res)
     out = collectives.cross_rank(reports, keys=steady, cycles=info["text"])

@@ -41,7 +41,7 @@ from typing import Any, Generic, TypeVar
 from ..model import CycleChoice, Result
 from ..read import results as cache
 
-__all__ = ["Table", "TABLES", "table", "known", "with_choice", "take"]
+__all__ = ["Table", "TABLES", "table", "known", "held", "with_choice", "take"]
 
 T = TypeVar("T")
 
@@ -154,6 +154,15 @@ def known(t: Table, res: Result, **params: Any) -> bool:
     if got is not _MISSING and not isinstance(got, _Making):
         return True
     return t.kept and cache.known(res, key)
+
+
+def held(res: Result) -> dict[tuple[str, ...], Any]:
+    """The tables ``res`` holds now, by key (name, cycle choice[, params]): made and not let go of (what a memory
+    profile lists)."""
+    with _LOCK:
+        out = {k: v for k, v in res.memo.items() if k != _SHARED and not isinstance(v, _Making)}
+        out.update((k, v) for k, v in res.memo.get(_SHARED, {}).items() if not isinstance(v, _Making))
+    return out
 
 
 def with_choice(res: Result, choice: CycleChoice) -> Result:

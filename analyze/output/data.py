@@ -16,7 +16,7 @@ import polars as pl
 
 from nvtx_hooks.capture import files
 
-from ..compute import anatomy, collectives, findings, headline, utilisation, whatif
+from ..compute import anatomy, findings, headline, straggler, utilisation, whatif
 from ..compute.tokens import DEFINITION, cycles, selection, summary
 from ..model import InputError, Result
 from .targets import as_input_error, check_db, fences, inputs_of
@@ -100,7 +100,7 @@ def _document(res: Result) -> dict:
     d["segments"] = [s.as_dict() for s in anatomy.segments(res)]
     st = headline.stragglers(res)
     d["stragglers_steady"] = st.to_dicts()
-    d["straggler"] = collectives.verdict(st).to_dicts() if st.height else []
+    d["straggler"] = straggler.verdict(st).to_dicts()  # each phase's (the share rule: module straggler)
     d["findings"] = None  # (their place in the document: filled by document)
     util = utilisation.phases(res)
     if util.height:  # only for an export with GPU-metrics samples (docs/gpu-metrics.md)

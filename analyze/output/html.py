@@ -30,7 +30,7 @@ import polars as pl
 
 from nvtx_hooks.capture.files import NewFolder, utf8
 
-from ..compute import anatomy, findings, headline, utilisation, view, whatif
+from ..compute import anatomy, findings, headline, straggler, utilisation, view, whatif
 from ..compute import compare as cmp
 from ..compute.scalars import real
 from ..compute.tokens import DEFINITION, cycle_order, selection, summary
@@ -326,9 +326,8 @@ def _comm(res: Result, figs: _Figures) -> Section | None:
     if st.height:
         body.append("<h3>Stragglers</h3>" + _p(
             "Per phase, over the steady cycles: the straggler is the rank that caused most of the waiting in the "
-            "phase's matched collectives (the other ranks' wait at the collectives it arrived last at), when that is "
-            "at least half of it and at least 1 % of the cycle per cycle — the same rule as the findings and "
-            "`spectrace comm`; \"–\" when no rank does. Every rank that ever arrived last is listed below it."))
+            "phase's matched collectives (the other ranks' wait at the collectives it arrived last at), "
+            f"{straggler.rule_text()}; \"–\" when no rank does. Every rank that ever arrived last is listed below it."))
         body.append(_table(_stragglers(res, st), {"wait_share": "% of the waiting", "per_cycle_ns": "others' wait µs/cycle"}))
         ever = st.filter(pl.col("last_arrivals") > 0)
         if ever.height:
