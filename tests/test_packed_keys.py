@@ -243,3 +243,151 @@ def test_rows_in_is_the_semi_join(rows, keys, wide):
     ks = pl.DataFrame(keys, schema=schema, orient="row").with_columns(pl.col("range_id") + wide)
     want = df.join(ks, on=["rank", "range_id"], how="semi", maintain_order="left")
     assert rows_in(df, ks).equals(want)
+
+
+# ---- the one packer: analyze.read.packed_keys, each operation against the plain polars operation ----------------
+
+cells = st.one_of(st.none(), st.integers(-3, 6))
+rows3 = st.lists(st.tuples(cells, cells, cells, st.integers(0, 99)), max_size=50)
+widths = st.sampled_from([1, 2**20, 2**40, 2**61])  # a column's values times this: 2**40 and up do not pack with others
+
+
+def _frame(rows, wide, dtype=pl.Int64):
+    return (pl.DataFrame(rows, schema={"a": pl.Int64, "b": pl.Int64, "c": pl.Int64, "v": pl.Int64}, orient="row")
+            .with_columns(pl.col("b") * wide).with_columns(pl.col("a", "c").cast(dtype)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows3, rows3, widths, st.sampled_from([pl.Int64, pl.Int16, pl.UInt64]))
+def test_packed_join_is_the_join_on_the_columns_nulls_negatives_and_wide_values(left, right, wide, dtype):
+    """:func:`packed_keys.join` (and :func:`with_key`, which it joins on) gives the rows and columns of the plain join
+    on the columns, inner and left, in the left frame's order: nulls match nothing, negative values, other integer
+    types, values too wide to pack (then the plain join itself)."""
+    from analyze.read import packed_keys as pk
+
+    if dtype == pl.UInt64:
+        left = [(None if a is None else abs(a), b, None if c is None else abs(c), v) for a, b, c, v in left]
+        right = [(None if a is None else abs(a), b, None if c is None else abs(c), v) for a, b, c, v in right]
+    a = _frame(left, wide, dtype)
+    b = _frame(right, wide, dtype).rename({"v": "w"})
+    on = ["a", "b", "c"]
+    for how in ("inner", "left"):
+        want = a.join(b, on=on, how=how, maintain_order="left")
+        assert pk.join(a, b, on, how=how, maintain_order="left").equals(want), how
+    (pa, pb), by = pk.with_key((a, b), on)
+    if wide < 2**40:  # small values always pack
+        assert by == ["_key"]
+    got = pa.join(pb.drop(*on) if by == ["_key"] else pb, on=by, how="left", maintain_order="left")
+    assert got.drop("_key", strict=False).equals(a.join(b, on=on, how="left", maintain_order="left"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows3, rows3, widths)
+def test_semi_join_is_the_semi_join(rows, keys, wide):
+    """:func:`packed_keys.semi_join`: the rows the semi join keeps, in their order (a null matches nothing)."""
+    from analyze.read.packed_keys import semi_join
+
+    df, ks = _frame(rows, wide), _frame(keys, wide)
+    for on in (["a", "b"], ["a", "b", "c"], ["c"]):
+        assert semi_join(df, ks, on).equals(df.join(ks, on=on, how="semi", maintain_order="left")), on
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows3, widths, st.booleans())
+def test_group_by_on_a_key_with_null_codes_is_the_group_by_on_the_columns(rows, wide, first):
+    """A key with a code for null (``nulls="first"``/``"last"``) groups as the columns do: a null is a value of its
+    own; and the columns come back from it (:meth:`Packing.unpacked`)."""
+    from analyze.read.packed_keys import packing
+
+    df = _frame(rows, wide)
+    on = ["a", "b", "c"]
+    p = packing((df,), on, "first" if first else "last")
+    want = df.group_by(on).agg(pl.col("v").sum()).sort(on, nulls_last=True)
+    if p is None:
+        assert wide >= 2**40
+        return
+    keyed = df.with_columns(p.key())
+    got = keyed.group_by("_key").agg(pl.col("v").sum()).select(*p.unpacked(), "v").sort(on, nulls_last=True)
+    assert got.equals(want)
+    assert keyed.select(*p.unpacked()).equals(df.select(on))
+
+
+strings = st.one_of(st.none(), st.sampled_from(["", "a", "b:1", "b:10", "b:9"]))
+sort_rows = st.lists(st.tuples(cells, strings, cells, st.integers(0, 3)), max_size=60)
+
+
+@settings(max_examples=300, deadline=None)
+@given(sort_rows, st.sampled_from([1, 2**20, 2**58, 2**61]), st.booleans())
+def test_sort_by_is_the_sort_on_the_columns(rows, wide, stable):
+    """:func:`packed_keys.sort_by`: the sort on the columns (nulls first, strings in their own order: 'b:10' < 'b:9'),
+    stable when asked: one key, or several sorted by the last first (2**58 makes two keys, 2**61 a column that packs
+    only alone), or the columns themselves; and every row is there once (ties kept apart: ``i``)."""
+    from analyze.read.packed_keys import sort_by
+
+    df = (pl.DataFrame(rows, schema={"x": pl.Int64, "s": pl.String, "t": pl.Int64, "u": pl.Int64}, orient="row")
+          .with_columns(pl.col("t") * wide).with_row_index("i"))
+    cols = ["x", "s", "t", "u"]
+    got = sort_by(df, cols, maintain_order=stable)
+    if stable:
+        assert got.equals(df.sort(cols, maintain_order=True))
+    else:  # ties in any order: the same rows, in the columns' order
+        assert got.select(cols).equals(df.sort(cols).select(cols)) and sorted(got["i"]) == sorted(df["i"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(sort_rows, st.sampled_from([1, 2**61]), st.booleans())
+def test_sort_key_sorts_as_the_columns(rows, wide, last):
+    """:func:`packed_keys.sort_key`: a stable sort on it is the stable sort on the columns, nulls first or last; None
+    when the values do not fit in one key."""
+    from analyze.read.packed_keys import sort_key
+
+    df = (pl.DataFrame(rows, schema={"x": pl.Int64, "s": pl.String, "t": pl.Int64, "u": pl.Int64}, orient="row")
+          .with_columns(pl.col("t") * wide))
+    key = sort_key(df, ["x", "s", "t"], "last" if last else "first")
+    if key is None:
+        assert wide == 2**61 and df["t"].drop_nulls().len() > 1
+        return
+    assert df.sort(key, maintain_order=True).equals(df.sort("x", "s", "t", nulls_last=last, maintain_order=True))
+
+
+def test_categorical_columns_pack_by_their_codes_for_joins_not_for_sorts():
+    from analyze.read.packed_keys import packing, semi_join, sort_by
+
+    df = pl.DataFrame({"n": ["b", "a", None, "b"], "r": [1, 2, 3, 1]}, schema={"n": pl.Categorical, "r": pl.Int64})
+    assert packing((df,), ["n", "r"]) is not None and packing((df,), ["n", "r"], sorting=True) is None
+    assert semi_join(df, df.head(1), ["n", "r"])["r"].to_list() == [1, 1]
+    assert sort_by(df, ["n", "r"]).equals(df.sort("n", "r"))
+    assert packing((df.with_columns(pl.col("n").cast(pl.String)),), ["n"]) is None  # strings: only to sort one frame
+
+
+def test_values_too_wide_do_not_pack_and_nothing_packs_with_no_room(monkeypatch):
+    from analyze.read import packed_keys as pk
+
+    a = pl.DataFrame({"x": [-(2**40), 2**40], "y": [0, 2**30], "z": [0, 2**62]})
+    assert pk.packing((a,), ["x", "y"]) is None and pk.packing((a,), ["x"]) is not None
+    assert pk.packing((a,), ["z"]) is not None and pk.packing((a,), ["z", "y"]) is None
+    assert pk.with_key((a,), ["x", "y"])[1] == ["x", "y"]
+    monkeypatch.setattr(pk, "KEYS", 0)  # what the tests of the plain paths do
+    assert pk.packing((a,), ["y"]) is None and pk.sort_by(a, ["y", "x"]).equals(a.sort("y", "x"))
+
+
+def test_a_fixed_packing_holds_only_values_in_its_range():
+    """:func:`packed_keys.fixed`: (pid, corr) as the store packs them; :meth:`Packing.holds` refuses nulls and values
+    out of range; the widths must fit in one key; the columns come back from the key."""
+    from analyze.read.packed_keys import fixed
+
+    p = fixed(("pid", "corr"), (1 << 31, 1 << 32))
+    ok = pl.DataFrame({"pid": [0, (1 << 31) - 1], "corr": [(1 << 32) - 1, 0]})
+    assert p.holds(ok) and p.holds(ok.head(0))
+    keyed = ok.select(p.key())
+    assert keyed["_key"].to_list() == [(1 << 32) - 1, ((1 << 31) - 1) << 32]
+    assert keyed.select(p.unpacked()).equals(ok)
+    for bad in ({"pid": [1 << 31], "corr": [0]}, {"pid": [-1], "corr": [0]}, {"pid": [0], "corr": [1 << 32]},
+                {"pid": [None, 1], "corr": [0, 1]}):
+        assert not p.holds(pl.DataFrame(bad, schema={"pid": pl.Int64, "corr": pl.Int64}))
+    try:
+        fixed(("a", "b"), (1 << 32, 1 << 32))
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("widths over 2**63 accepted")
