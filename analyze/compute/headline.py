@@ -21,14 +21,14 @@ from __future__ import annotations
 import polars as pl
 
 from ..model import Result, bound_expr
-from ..read import results
+from ..read import packed_keys, results
 from . import breakdown, collectives, host, windows
 from .tokens import base_expr, cycles, prefill_rows, summary
 
 __all__ = ["GAP", "memoised", "instances_marked_steady", "keys", "matched", "let_go", "steady_phases",
            "steady_phases_all_ranks", "steady_seam_instances", "steady_seams", "steady_seams_all_ranks",
            "matching", "stragglers", "straggler_verdict", "ranges", "kernels", "cycles_per_rank",
-           "main_cycles", "cycle_pieces", "budget", "steady_keys", "mean_budget", "rows_in"]
+           "main_cycles", "cycle_pieces", "budget", "steady_keys", "mean_budget"]
 
 GAP = "between cycles"
 
@@ -41,16 +41,6 @@ def memoised(res: Result, name: str, fn, kept: bool = True):
     if key not in res.memo:
         res.memo[key] = results.derived(res, key, fn) if kept else fn()
     return res.memo[key]
-
-
-def rows_in(frame: pl.DataFrame, keys: pl.DataFrame, on: tuple[str, str] = ("rank", "range_id")) -> pl.DataFrame:
-    """The rows of ``frame`` whose two integer columns ``on`` are a row of ``keys``, in their order: a semi join, on
-    the two packed into one integer when they pack (:func:`analyze.compute.breakdown.one_key`; a null matches
-    nothing either way)."""
-    (fk, kk), cols = breakdown.one_key(frame.select(*on), keys.select(*on), on=on)
-    if cols == ["_key"]:
-        return frame.filter(fk["_key"].is_in(kk["_key"].implode()))
-    return frame.join(keys.select(*on), on=list(on), how="semi", maintain_order="left")
 
 
 def _ids(inst: pl.DataFrame) -> list[str]:
@@ -139,7 +129,7 @@ def matched(res: Result) -> pl.DataFrame:
 
 def _steady_rows(res: Result, at: pl.DataFrame) -> pl.Series:
     """The rows of ``at`` (``rank, range_id``) of steady instances (:func:`keys`), as row numbers in their order."""
-    return rows_in(at.with_row_index("_i"), keys(res))["_i"]
+    return packed_keys.semi_join(at.with_row_index("_i"), keys(res), ["rank", "range_id"])["_i"]
 
 
 def let_go(res: Result) -> None:
@@ -187,7 +177,7 @@ def steady_seam_instances(res: Result) -> pl.DataFrame:
         s = res.seam_instances
         if s.height == 0:
             return s
-        return rows_in(s, keys(res))
+        return packed_keys.semi_join(s, keys(res), ["rank", "range_id"])
     return memoised(res, "seam_instances", run)
 
 
@@ -289,7 +279,7 @@ def kernels(res: Result, top: int | None = None) -> pl.DataFrame:
         # the phase as a categorical (a handful of names): joined and grouped on as an integer, a string at the end
         names = (res.instances.select("rank", "range_id", phase=pl.col("range").cast(pl.Categorical))
                  .filter(pl.col("rank").is_not_null()))
-        (names, ks, k), on = breakdown.one_key(names, keys(res), k)
+        (names, ks, k), on = packed_keys.with_key((names, keys(res), k), ["rank", "range_id"])
         steady = names.join(ks.select(on), on=on, how="semi")
         # streamed: the join is summed as it is made, never whole (1.6 M rows at 10 M kernels); the sums are exact
         # (integers) and the caller sorts the groups
@@ -469,7 +459,7 @@ def mean_budget(res: Result, which: pl.DataFrame, by_rank: bool = True) -> pl.Da
     if p.height == 0 or which.height == 0:
         return pl.DataFrame(schema=_BUDGET_SCHEMA)
     grp = ["rank"] if by_rank else []
-    (pk, wk), on = breakdown.one_key(p.select("rank", "key"), which.select("rank", "key"), on=("rank", "key"))
+    (pk, wk), on = packed_keys.with_key((p.select("rank", "key"), which.select("rank", "key")), ["rank", "key"])
     if on == ["_key"]:  # (rank, key) packed into one integer: the cycles' rows kept by it, and counted on it
         keep = pk["_key"].is_in(wk["_key"].implode())
         p = p.filter(keep)

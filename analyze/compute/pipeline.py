@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, NoReturn, TypeVar
 import polars as pl
 
 from ..model import GRAPH_LAUNCH, SYNC_API, Diagnostic, InputError, Result, Trace
-from ..read import results
+from ..read import packed_keys, results
 from ..read.protocols import ProcessSource
 from ..read.source import ManyWindows, OpsWindow, StoreSource, open_source
 from ..read.store import CacheError, Progress, discard, existing_store, open_store
@@ -326,15 +326,22 @@ def _kernel_stats(ops: pl.DataFrame, kinds: pl.DataFrame, rank: int | None) -> p
     """GPU operations inside selected ranges summed per (process, range instance, name): ``count, kernel_ns``.
 
     One process (rank ``rank``): grouped on one integer key (range instance × kind of op: ``_kind``, see
-    :func:`_kind_codes`), the names, process and rank added after; nothing per operation but that key."""
-    n = max(kinds.height, 1)
+    :func:`_kind_codes`; :func:`analyze.read.packed_keys.packing`, the two columns if they do not pack), the names,
+    process and rank added after; nothing per operation but that key."""
+    instance_kind = packed_keys.packing((ops,), ["range_id", "_kind"])  # (a null in either: a null key)
+    if instance_kind is None:
+        by, known = [pl.col("range_id", "_kind")], pl.col("_kind").is_not_null()
+    else:
+        by, known = [instance_kind.key("key")], pl.col("key").is_not_null()
     # Lazy: the four columns it reads projected first (an eager group-by of the wide frame takes twice as long).
     per = (ops.lazy().filter(pl.col("range_id").is_not_null())
-           .group_by(key=pl.col("range_id") * n + pl.col("_kind"))
+           .group_by(*by)
            .agg(count=pl.len(), kernel_ns=(pl.col("end") - pl.col("start")).sum())
-           .filter(pl.col("key").is_not_null()).collect())
+           .filter(known).collect())
     names = kinds.select("name").with_row_index("_kind").with_columns(pl.col("_kind").cast(pl.Int64))
-    per = per.with_columns(range_id=pl.col("key") // n, _kind=pl.col("key") % n).join(names, on="_kind", how="left")
+    if instance_kind is not None:
+        per = per.with_columns(instance_kind.unpacked("key"))
+    per = per.join(names, on="_kind", how="left")
     if kinds["name"].null_count() == 0 and kinds["name"].n_unique() == kinds.height:
         # each name is one kind: a (range, name) is one (range, kind), already summed (no second group-by)
         per = per.with_columns(pl.col("count").cast(pl.Int64))

@@ -193,12 +193,15 @@ def _measure(frames: Sequence[pl.DataFrame], c: str, nulls: Nulls, sorting: bool
     return _part(c, code, lo, hi, has_null, nulls)
 
 
-def _part(c: str, code: Literal["int", "physical", "dense"], lo: int, hi: int, has_null: bool, nulls: Nulls) -> _Part:
-    """The part of column ``c``, its values ``lo .. hi``: a code for null too when it has nulls and they are values."""
+def _part(c: str, code: Literal["int", "physical", "dense"], lo: int, hi: int, has_null: bool,
+          nulls: Nulls) -> _Part | None:
+    """The part of column ``c``, its values ``lo .. hi``: a code for null too when it has nulls and they are values.
+    None when the value of code 0 is below Int64's range (the lowest Int64 with a null first)."""
     width = max(hi - lo + 1, 1)
+    part = _Part(c, code, lo, width, None)
     if has_null and nulls != "unmatched":
-        return _Part(c, code, lo, width + 1, 0 if nulls == "first" else width)
-    return _Part(c, code, lo, width, None)
+        part = _Part(c, code, lo, width + 1, 0 if nulls == "first" else width)
+    return part if part.shift >= -(1 << 63) else None
 
 
 def with_key(frames: Sequence[pl.DataFrame], columns: Sequence[str], name: str = "_key", nulls: Nulls = "unmatched"

@@ -77,6 +77,7 @@ from polars.exceptions import PanicException
 from nvtx_hooks.capture.files import table_files
 
 from ..model import KEPT_API, InputError, Trace
+from . import packed_keys
 from .export import (
     API_SCHEMA,
     BAD_API,
@@ -1050,8 +1051,8 @@ def _columnar_counts(r: DirReader, duration: int | None, strings_f: Future[pl.Da
             ops_first[p] = t if p not in ops_first else min(ops_first[p], t)
         keys.append(_op_keys(df))
         ids.append(keys[-1]["name_id"].drop_nulls())  # (their names: _names makes them unique)
-        if _packs(df):  # (pid, corr) as one integer: a semi-join is a hash of one column
-            packed.append(df.select(key=_KEY))
+        if _CALL.holds(df):  # (pid, corr) as one integer: a semi-join is a hash of one column
+            packed.append(df.select(_CALL.key("key")))
         else:
             loose.append(df.select("pid", "corr"))
         del df
@@ -1074,12 +1075,11 @@ def _columnar_counts(r: DirReader, duration: int | None, strings_f: Future[pl.Da
         ids.append(kept["name_id"].unique().drop_nulls())
         kept_first = dict(kept.group_by("pid").agg(pl.col("start").min()).iter_rows())
         # the ops no kept call launched (_unmatched), their (pid, corr) once each
-        if _packs(kept):
-            have = kept.select(key=_KEY)["key"].implode()
-            missing = [df.filter(~pl.col("key").is_in(have)) for df in packed]
-            missing = [df.select(pid=pl.col("key") // (1 << 32), corr=pl.col("key") % (1 << 32)) for df in missing]
+        if _CALL.holds(kept):
+            have = kept.select(_CALL.key("key"))["key"].implode()
+            missing = [df.filter(~pl.col("key").is_in(have)).select(_CALL.unpacked("key")) for df in packed]
         else:
-            loose += [df.select(pid=pl.col("key") // (1 << 32), corr=pl.col("key") % (1 << 32)) for df in packed]
+            loose += [df.select(_CALL.unpacked("key")) for df in packed]
             missing = []
         if loose:
             missing.append(pl.concat(loose).join(kept.select("pid", "corr"), on=["pid", "corr"], how="anti",
@@ -1121,14 +1121,10 @@ def _columnar_counts(r: DirReader, duration: int | None, strings_f: Future[pl.Da
                            op_keys=pl.concat(keys).unique() if keys else pl.DataFrame(schema=_OP_KEYS))
 
 
-_KEY = pl.col("pid") * (1 << 32) + pl.col("corr")
-
-
-def _packs(rows: pl.DataFrame) -> bool:
-    """Whether every (pid, corr) packs into one integer (:func:`_call_keys`): no null, ids in range."""
-    p, c = pl.col("pid"), pl.col("corr")
-    fits = (p.is_not_null() & c.is_not_null() & (p >= 0) & (p < 1 << 31) & (c >= 0) & (c < 1 << 32)).fill_null(False)
-    return bool(rows.select(fits.all()).item())
+_CALL = packed_keys.fixed(("pid", "corr"), (1 << 31, 1 << 32))
+"""A call's (pid, correlation id) as one integer, the same in every batch (CUPTI correlation ids are 32-bit, pids
+24-bit): a semi-join is a hash of one column; :meth:`~analyze.read.packed_keys.Packing.holds` says whether a batch
+packs (no null, ids in range)."""
 
 
 def _lazy_post(post, lf: pl.LazyFrame) -> pl.LazyFrame:
@@ -1175,23 +1171,11 @@ def _unmatched(ops: pl.DataFrame, api: pl.DataFrame) -> pl.DataFrame:
 
 
 def _call_keys(rows: pl.DataFrame) -> pl.Series | None:
-    """The distinct (pid, correlation id) of some ops or API calls, each as one integer (pid * 2^32 + corr), or None
-    when they do not pack (a null, or out of range: CUPTI correlation ids are 32-bit, pids 24-bit)."""
-    p, c = rows["pid"], rows["corr"]
-    if p.null_count() or c.null_count():
+    """The distinct (pid, correlation id) of some ops or API calls, each as one integer (:data:`_CALL`), or None
+    when they do not pack (a null, or out of range)."""
+    if not _CALL.holds(rows):
         return None
-    if rows.height and (_int(p.min()) < 0 or _int(p.max()) >= 1 << 31 or _int(c.min()) < 0
-                        or _int(c.max()) >= 1 << 32):
-        return None
-    return rows.select((pl.col("pid") * (1 << 32) + pl.col("corr")).unique().alias("key"))["key"]
-
-
-def _int(value: object) -> int:
-    """A column's min or max read out of polars (typed as any literal): an int, checked (the read layer cannot
-    import :mod:`analyze.compute.scalars`)."""
-    if isinstance(value, int):
-        return value
-    raise TypeError(f"expected an integer, got {value!r}")
+    return rows.select(_CALL.key("key").unique())["key"]
 
 
 def _unmatched_keys(ops: list[pl.Series], api: list[pl.Series]) -> pl.DataFrame:
@@ -1200,7 +1184,7 @@ def _unmatched_keys(ops: list[pl.Series], api: list[pl.Series]) -> pl.DataFrame:
     key = pl.col("key")
     lost = (pl.concat(ops).to_frame("key") if ops else pl.DataFrame(schema={"key": pl.Int64})).filter(
         ~key.is_in(have.implode())).unique()
-    return lost.select(pid=key // (1 << 32), corr=key % (1 << 32))
+    return lost.select(_CALL.unpacked("key"))
 
 
 def _early_bound(ops_first: dict[int, int]) -> int | None:
