@@ -366,3 +366,28 @@ def test_every_output_is_the_same_with_nothing_packed(tmp_path, monkeypatch):
         plain = _outputs(path)
         monkeypatch.undo()
         assert packed == plain, path
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows3, st.integers(0, 5), st.integers(0, 5), st.sampled_from([1, 2**20, 2**61]))
+def test_a_bounded_packing_groups_as_the_columns(rows, below, above, wide):
+    """:func:`packed_keys.bounded`: columns packed from bounds known beforehand (wider than the values: ``below``,
+    ``above``) group the non-null rows as the columns do; None when the bounds do not fit in one key."""
+    from analyze.read.packed_keys import bounded
+
+    df = _frame(rows, wide)
+    on = ["a", "b", "c"]
+    ends = [(df[c].min(), df[c].max()) for c in on]
+    bounds = [((lo if lo is not None else 0) - below, (hi if hi is not None else 0) + above) for lo, hi in ends]
+    p = bounded(on, bounds)
+    total = 1
+    for lo, hi in bounds:
+        total *= hi - lo + 1
+    assert (p is None) == (total > 2**63)
+    if p is None:
+        return
+    full = df.drop_nulls(on)
+    want = full.group_by(on).agg(pl.col("v").sum()).sort(on)
+    got = full.group_by(p.key()).agg(pl.col("v").sum()).select(*p.unpacked(), "v").sort(on)
+    assert got.equals(want)
+    assert df.select(p.key())["_key"].is_null().equals(df.select(pl.any_horizontal(pl.col(on).is_null()))["a"])

@@ -106,7 +106,7 @@ def _deltas(res: Result, members: pl.DataFrame, typical: pl.DataFrame) -> pl.Dat
     if typ.height == 0:
         typ = typical
     pieces = headline.cycle_pieces(res).filter(pl.col("kind") != "prefill")
-    (members, typ, pieces), on = packed_keys.with_key((members, typ, pieces), ["rank", "key"], "_rk")
+    (members, typ, pieces), on = packed_keys.with_key((members, typ, pieces), ["rank", "key"], "_rank_cycle")
     cycle = list(dict.fromkeys([*on, "rank"]))  # the join key and the rank
     roles = pl.concat([members.select(*cycle, seg="segment", role=pl.lit(1)),
                        typ.select(*cycle, seg="segment", role=pl.lit(0))]).unique(on, keep="first")

@@ -36,6 +36,7 @@ from ..model import CommResult, Diagnostic
 from ..read import packed_keys
 from . import align, windows
 from .intervals import rising
+from .scalars import to_int
 
 __all__ = ["SPLIT", "comm_kernels", "usable", "with_group_ids", "match", "per_collective", "stragglers",
            "STRAGGLER_FLOOR", "verdict", "phase_split", "with_split", "refused", "short_name",
@@ -80,7 +81,7 @@ def with_group_ids(kernels: pl.DataFrame) -> pl.DataFrame:
 
     Grouping, sorting and joining on one integer instead of three strings and an integer is what
     keeps matching fast at millions of kernels. The id packs small dense codes of ``(domain, phase)``
-    and ``name`` with ``k`` (:func:`analyze.read.packed_keys.packing`; a null ``k``: a null id); when they do not
+    and ``name`` with ``k`` (:func:`analyze.read.packed_keys.bounded`; a null ``k``: a null id); when they do not
     fit in one integer, groups are numbered by a group-by.
     """
     kernels = kernels.drop("_g", strict=False)
@@ -92,7 +93,9 @@ def with_group_ids(kernels: pl.DataFrame) -> pl.DataFrame:
     c = (kernels.select("domain", "phase", "k", "name")
          .join(dp, on=["domain", "phase"], how="left", nulls_equal=True, maintain_order="left")
          .join(names, on="name", how="left", maintain_order="left"))
-    group = packed_keys.packing((c,), ["_p", "k", "_n"])
+    k_lo, k_hi = c["k"].min(), c["k"].max()  # (the codes' bounds are their counts: no pass over the rows for them)
+    group = packed_keys.bounded(["_p", "k", "_n"], [(0, dp.height - 1), (to_int(k_lo or 0), to_int(k_hi or 0)),
+                                                    (0, names.height - 1)])
     if group is not None:
         return kernels.with_columns(c.select(group.key("_g"))["_g"])
     ids = c.select("_p", "k", "_n").unique(maintain_order=True).with_row_index("_g").with_columns(pl.col("_g").cast(pl.Int64))

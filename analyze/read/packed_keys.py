@@ -8,6 +8,7 @@ place that packs; the read layer (the store's (pid, correlation id) keys) and th
 - :func:`packing` measures the columns of some frames (each one's lowest and highest value, whether it has a null)
   and returns their :class:`Packing`, or None when a column is not an integer (nor a Categorical: its codes), or
   when the values do not fit in one Int64 key: the overflow check, made here once for every caller.
+  :func:`bounded` packs columns whose bounds are known without a pass over the rows (checked the same way);
   :func:`fixed` is a layout given in advance (for keys made batch by batch and compared across batches), checked
   on each frame with :meth:`Packing.holds`.
 - :class:`Packing` is the layout: :meth:`Packing.key` the key (an expression), :meth:`Packing.unpacked` the
@@ -34,7 +35,8 @@ from typing import Literal
 
 import polars as pl
 
-__all__ = ["KEYS", "Nulls", "Packing", "packing", "fixed", "with_key", "join", "semi_join", "sort_key", "sort_by"]
+__all__ = ["KEYS", "Nulls", "Packing", "packing", "bounded", "fixed", "with_key", "join", "semi_join", "sort_key",
+           "sort_by"]
 
 KEYS = 1 << 63
 """How many keys an Int64 holds from 0 (0 .. 2**63 - 1): a packing fits when its widths multiply to at most this.
@@ -145,6 +147,17 @@ def fixed(columns: Sequence[str], widths: Sequence[int], lows: Sequence[int] | N
     if total > KEYS:
         raise ValueError(f"{list(columns)}: widths {list(widths)} do not fit in one Int64 key")
     return Packing(tuple(_Part(c, "int", lo, w, None) for c, lo, w in zip(columns, lows, widths, strict=True)))
+
+
+def bounded(columns: Sequence[str], bounds: Sequence[tuple[int, int]]) -> Packing | None:
+    """The packing of integer columns whose values are known to lie within ``bounds`` (``(lowest, highest)`` of each,
+    e.g. ids whose range a smaller frame gives: no pass over the rows to measure them), or None when they do not fit
+    in one key. A null makes the key null. The caller vouches for the bounds: a value outside them packs wrong."""
+    parts = [_Part(c, "int", lo, max(hi - lo + 1, 1), None) for c, (lo, hi) in zip(columns, bounds, strict=True)]
+    total = 1
+    for p in parts:
+        total *= p.width
+    return Packing(tuple(parts)) if parts and total <= KEYS and min(lo for lo, _ in bounds) >= -(1 << 63) else None
 
 
 def packing(frames: Sequence[pl.DataFrame], columns: Sequence[str], nulls: Nulls = "unmatched",
