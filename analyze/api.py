@@ -107,6 +107,7 @@ def analyze(
     ``store``/``cache``: where the rows live (default: by size; a valid cache is reused).
     ``keep_ops``: keep every GPU operation in ``Result.ops`` (one report). ``jobs``/``executor``: how
     several reports are analysed in parallel (worker processes, or e.g. a Dask ``Client.get_executor()``).
+    ``progress``: the progress bar on standard error (default: when it is a terminal; False: never).
     ``skip_cycles``/``window``: which cycles are the steady state of the headline numbers (default: warm-up
     and stalls detected and left out; :mod:`analyze.compute.steady`); ``Result.phases`` etc. always count
     every captured instance, :mod:`analyze.compute.headline` has the steady-state tables.
@@ -118,6 +119,7 @@ def analyze(
     """
     from .compute import pipeline, steady
     from .compute.steady_state import SteadyState
+    from .output.progress import terminal_bar
 
     if isinstance(reports, Result):
         return _analysed(reports, ranges=ranges, comm_patterns=comm_patterns, keep_ops=keep_ops or None,
@@ -136,7 +138,7 @@ def analyze(
     many, notes = _exported(_many(reports))
     if len(many) == 1 and executor is None:
         res = pipeline.analyze(many[0], ranges, comm_patterns, store=store, cache=cache, keep_ops=keep_ops,
-                               progress=progress)
+                               progress=terminal_bar(progress))
     elif keep_ops:
         raise InputError("keep_ops needs a single report", "BAD_OPTION")
     else:
@@ -197,12 +199,14 @@ def comm(reports: Reports, ranges: str | None = None, comm_patterns: list[CommPa
     """
     from .compute import headline, pipeline, steady
     from .compute.tokens import selection
+    from .output.progress import terminal_bar
 
     if isinstance(reports, Result):
         raise InputError("comm matches collectives across the reports themselves: give the reports, not an "
                          "analysed Result", "BAD_OPTION")
     choice = steady.check_choice(skip_cycles, window)
     many, _ = _exported(_many(reports))
+    kw["progress"] = terminal_bar(kw.get("progress"))  # (the bar of a single report)
     results = pipeline.analyze_each(many, ranges, comm_patterns, **kw)  # kw: store, cache, jobs, executor, progress
     res = pipeline.merge_results(results) if len(results) > 1 else results[0]
     res.cycle_choice = choice

@@ -95,13 +95,13 @@ def serve():
 def test_mean_budget_on_packed_keys_as_on_two_columns(stall, serve, monkeypatch):
     """mean_budget keeps and counts the cycles on (rank, key) packed into one integer: the same tables, to the bit, as
     the two-column join it falls back to (per rank and over all ranks, every steady cycle and a subset)."""
-    from analyze.compute import breakdown
+    from analyze.read import packed_keys
 
     for res in (stall, serve["graph"], serve["node"]):
         keys = headline.steady_keys(res)
         some = keys.filter(pl.col("key") % 3 == 0)
         got = [headline.mean_budget(res, k, by_rank=b) for k in (keys, some) for b in (True, False)]
-        monkeypatch.setattr(breakdown, "one_key", lambda *frames, on: (frames, list(on)))
+        monkeypatch.setattr(packed_keys, "KEYS", 0)  # nothing packs: the plain two-column operations
         want = [headline.mean_budget(res, k, by_rank=b) for k in (keys, some) for b in (True, False)]
         monkeypatch.undo()
         assert all(g.height and g.equals(w) for g, w in zip(got, want, strict=True))

@@ -57,12 +57,12 @@ def test_stream_equals_memory_on_probe(tmp_path):
 
 def test_store_read_in_row_ranges_equals_one_pass(tmp_path, monkeypatch):
     """Large tables are read in rowid ranges by several threads: same rows, same order per process."""
-    from analyze.read import store as cache
+    from analyze.read.store import copy_build
 
     p = need(PROBE)
     whole = open_store(p, cache_dir=tmp_path / "whole")
-    monkeypatch.setattr(cache, "PIECE_ROWS", 997)  # ~16 pieces of the kernel table, ~30 of the API calls
-    monkeypatch.setattr(cache, "FLUSH_ROWS", 500)  # several parts per piece
+    monkeypatch.setattr(copy_build, "PIECE_ROWS", 997)  # ~16 pieces of the kernel table, ~30 of the API calls
+    monkeypatch.setattr(copy_build, "FLUSH_ROWS", 500)  # several parts per piece
     cut = open_store(p, cache_dir=tmp_path / "cut")
     assert len(list((tmp_path / "cut" / "ops").rglob("*.parquet"))) > 3 * len(list((tmp_path / "whole" / "ops").rglob("*.parquet")))
     assert cut.meta["ops_rows"] == whole.meta["ops_rows"] and cut.meta["api_rows"] == whole.meta["api_rows"]

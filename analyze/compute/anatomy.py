@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 import polars as pl
 
 from ..model import Result
-from ..read import results
+from ..read import packed_keys, results
 from . import collectives, headline, straggler, view
 from .scalars import to_float, to_int
 from .steady import class_label
@@ -97,19 +97,21 @@ def _deltas(res: Result, members: pl.DataFrame, typical: pl.DataFrame) -> pl.Dat
     """Per rank and budget piece: the mean over the class's cycles, the mean over typical cycles of the same
     segments (weighted as the class's cycles fall in them), and the difference (prefill pieces left out: a
     class's extra time is over its cycles' periods without their prefill). One pass over the pieces, joined on
-    one packed (rank, cycle) key."""
-    rk = (pl.col("rank") * (1 << 40) + pl.col("key")).alias("_rk")
+    one packed (rank, cycle) key (:func:`analyze.read.packed_keys.with_key`; on the two columns if they do not
+    pack)."""
     typ = typical.filter(pl.col("segment").is_in(members["segment"].unique().implode()))
     if typ.height == 0:
         typ = typical
-    roles = pl.concat([members.select(rk, "rank", seg="segment", role=pl.lit(1)),
-                       typ.select(rk, "rank", seg="segment", role=pl.lit(0))]).unique("_rk", keep="first")
+    pieces = headline.cycle_pieces(res).filter(pl.col("kind") != "prefill")
+    (members, typ, pieces), on = packed_keys.with_key((members, typ, pieces), ["rank", "key"], "_rank_cycle")
+    cycle = list(dict.fromkeys([*on, "rank"]))  # the join key and the rank
+    roles = pl.concat([members.select(*cycle, seg="segment", role=pl.lit(1)),
+                       typ.select(*cycle, seg="segment", role=pl.lit(0))]).unique(on, keep="first")
     # sorted after each group_by: the sums below then add in one order, so the output is the same every run (the
     # pieces' ns and order are whole numbers: summed exactly in any order, so the pieces are not sorted first)
     n = roles.group_by("rank", "role", "seg").agg(_n=pl.len()).sort("rank", "role", "seg")
-    p = (headline.cycle_pieces(res).filter(pl.col("kind") != "prefill")
-         .select(rk, "segment", "kind", "order", "ns").join(roles.drop("rank"), on="_rk")
-         .with_columns(rank=pl.col("_rk") // (1 << 40))
+    p = (pieces.select(*cycle, "segment", "kind", "order", "ns")
+         .join(roles.drop([c for c in cycle if c not in on]), on=on)
          .group_by("rank", "role", "seg", "segment", "kind").agg(pl.col("ns").sum(), pl.col("order").mean())
          .join(n, on=["rank", "role", "seg"]).sort("rank", "role", "segment", "kind", "seg"))
     # the class: every one of its cycles counts once; typical: each segment's mean, weighted by the class's share
@@ -214,9 +216,9 @@ def _class_stragglers(res: Result, members: pl.DataFrame, phase: str) -> pl.Data
     if m.height == 0:
         return None
     inst = headline.instances_marked_steady(res)
-    inside = headline.rows_in(inst.select("rank", "range_id", "top", "range").filter(pl.col("range") == phase),
-                              members.select("rank", top="range_id"), on=("rank", "top"))
-    m = headline.rows_in(m, inside)
+    inside = packed_keys.semi_join(inst.select("rank", "range_id", "top", "range").filter(pl.col("range") == phase),
+                                   members.select("rank", top="range_id"), ["rank", "top"])
+    m = packed_keys.semi_join(m, inside, ["rank", "range_id"])
     return collectives.stragglers(m) if m.height else None
 
 

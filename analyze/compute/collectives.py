@@ -33,9 +33,10 @@ from typing import Any
 import polars as pl
 
 from ..model import CommResult, Diagnostic
+from ..read import packed_keys
 from . import align, straggler, windows
 from .intervals import rising
-from .scalars import to_int, whole
+from .scalars import to_int
 
 __all__ = ["SPLIT", "comm_kernels", "usable", "with_group_ids", "match", "per_collective", "stragglers",
            "phase_split", "MATCHED_COLUMNS", "with_split", "refused", "short_name",
@@ -80,7 +81,8 @@ def with_group_ids(kernels: pl.DataFrame) -> pl.DataFrame:
 
     Grouping, sorting and joining on one integer instead of three strings and an integer is what
     keeps matching fast at millions of kernels. The id packs small dense codes of ``(domain, phase)``
-    and ``name`` with ``k``; when they do not fit in 62 bits, groups are numbered by a group-by.
+    and ``name`` with ``k`` (:func:`analyze.read.packed_keys.bounded`; a null ``k``: a null id); when they do not
+    fit in one integer, groups are numbered by a group-by.
     """
     kernels = kernels.drop("_g", strict=False)
     if kernels.height == 0:
@@ -91,11 +93,11 @@ def with_group_ids(kernels: pl.DataFrame) -> pl.DataFrame:
     c = (kernels.select("domain", "phase", "k", "name")
          .join(dp, on=["domain", "phase"], how="left", nulls_equal=True, maintain_order="left")
          .join(names, on="name", how="left", maintain_order="left"))
-    bits = [int(x).bit_length() for x in (dp.height, whole(c["k"].max()) + 1, names.height)]
-    if sum(bits) <= 62:
-        g = (pl.col("_p").cast(pl.Int64) * 2 ** (bits[1] + bits[2]) + (pl.col("k") + 1) * 2 ** bits[2]
-             + pl.col("_n").cast(pl.Int64))
-        return kernels.with_columns(c.select(_g=g)["_g"])
+    k_lo, k_hi = c["k"].min(), c["k"].max()  # (the codes' bounds are their counts: no pass over the rows for them)
+    group = packed_keys.bounded(["_p", "k", "_n"], [(0, dp.height - 1), (to_int(k_lo or 0), to_int(k_hi or 0)),
+                                                    (0, names.height - 1)])
+    if group is not None:
+        return kernels.with_columns(c.select(group.key("_g"))["_g"])
     ids = c.select("_p", "k", "_n").unique(maintain_order=True).with_row_index("_g").with_columns(pl.col("_g").cast(pl.Int64))
     return kernels.with_columns(c.join(ids, on=["_p", "k", "_n"], how="left", maintain_order="left")["_g"])
 
@@ -133,8 +135,9 @@ def match(kernels: pl.DataFrame, counts: pl.DataFrame | None = None, ordered: bo
     m = (kernels.select("_g", "j", "start", "end", "rank").with_row_index("_i")
          .filter(pl.col("_g").is_in(counts.filter("matched")["_g"].implode())))
     # Each collective's rows contiguous, by arrival: first, last and second-latest arrivals are
-    # read off its first and last rows (no window per collective).
-    m = _sorted_by_collective(m)
+    # read off its first and last rows (no window per collective). Sorted on packed keys (at 10 M kernels two,
+    # (_g, j) and (start, rank): a sort on four columns compares them one by one).
+    m = packed_keys.sort_by(m, ["_g", "j", "start", "rank"])
     new = ((pl.col("_g") != pl.col("_g").shift(1)) | (pl.col("j") != pl.col("j").shift(1))).fill_null(True)
     m = m.with_columns(_new=new).with_columns(_last=pl.col("_new").shift(-1).fill_null(True),
                                                _c=pl.col("_new").cum_sum())
@@ -161,34 +164,13 @@ def match(kernels: pl.DataFrame, counts: pl.DataFrame | None = None, ordered: bo
     return kernels.select(pl.all().gather(m["_i"])).hstack(m.drop("_i", "_g", "j", "start", "end", "rank"))
 
 
-def _bits(s: pl.Series) -> int | None:
-    """Bits that hold every value of an integer column, or None when it has nulls or negative values."""
-    if s.null_count() or (s.len() and whole(s.min()) < 0):
-        return None
-    return to_int(s.max() or 0).bit_length()
-
-
-def _sorted_by_collective(m: pl.DataFrame) -> pl.DataFrame:
-    """``m`` sorted by ``_g, j, start, rank``: on two packed integers when they fit in 62 bits (a sort on four
-    columns compares them one by one), on the four columns otherwise."""
-    if m.height == 0:
-        return m
-    s0 = to_int(m["start"].min())
-    g, j, start, rank = _bits(m["_g"]), _bits(m["j"]), _bits(m["start"] - s0), _bits(m["rank"])
-    if g is None or j is None or start is None or rank is None or g + j > 62 or start + rank > 62:
-        return m.sort("_g", "j", "start", "rank")
-    # by the second key, then stably by the first: two one-key sorts cost less than one on two keys
-    return (m.sort((pl.col("start") - s0) * 2 ** rank + pl.col("rank"))
-            .sort(pl.col("_g") * 2 ** j + pl.col("j"), maintain_order=True))
-
-
 def per_collective(matched: pl.DataFrame) -> pl.DataFrame:
     """One row per matched collective: its straggler rank (null on a tie) and delay, start spread, end spread."""
-    g, j = _bits(matched["_g"]), _bits(matched["j"])
-    if g is None or j is None or g + j > 62:
+    collective = packed_keys.packing((matched,), ["_g", "j"], nulls="first")
+    if collective is None:
         by, ids = [pl.col("_g"), pl.col("j")], []
     else:  # one integer per collective: a one-key group-by
-        by, ids = [(pl.col("_g") * 2 ** j + pl.col("j")).alias("_c")], [pl.col("_g", "j").first()]
+        by, ids = [collective.key("_c")], [pl.col("_g", "j").first()]
     return (
         matched.group_by(*by)
         .agg(

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from ..model import Result
+from ..read import packed_keys
 from . import headline, steady, view
 from .scalars import real, to_float
 from .tokens import DEFINITION, Tokens, base_expr, selection, summary
@@ -110,7 +111,7 @@ def _n_cycles(res: Result) -> int:
 def _long(res: Result) -> pl.DataFrame:
     """``rank, key, name, kind`` and the piece's ``ns, compute_ns, comm_ns, idle_ns`` of every steady cycle
     (made once per result: :func:`per_cycle` and :func:`_wide` both read it)."""
-    p = headline.rows_in(headline.cycle_pieces(res), headline.steady_keys(res), on=("rank", "key"))
+    p = packed_keys.semi_join(headline.cycle_pieces(res), headline.steady_keys(res), ["rank", "key"])
     return (p.group_by("rank", "key", name="item")
             .agg(kind=pl.col("kind").first(), ns=pl.col("ns").sum(), compute_ns=pl.col("compute_ns").sum(),
                  comm_ns=pl.col("comm_ns").sum(), idle_ns=pl.col("idle_ns").sum())
@@ -139,7 +140,7 @@ def _wide(res: Result) -> pl.DataFrame:
     keys = headline.steady_keys(res)
     if keys.height == 0:
         return pl.DataFrame()
-    c = headline.rows_in(headline.main_cycles(res), keys, on=("rank", "key"))
+    c = packed_keys.semi_join(headline.main_cycles(res), keys, ["rank", "key"])
     cyc = (c.group_by("key").agg(period=pl.col("period_ns").mean(), tokens=pl.col("tokens").mean(),
                                  _r=pl.col("rank").n_unique()))
     lg = _long(res)

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from ..model import InputError, Result
-from ..read import results
-from . import anatomy, breakdown, headline, steady, straggler, utilisation, view
+from ..read import packed_keys, results
+from . import anatomy, headline, steady, straggler, utilisation, view
 from .scalars import real, to_float
 from .tokens import CYCLE_NAMES, base_expr, selection, summary
 
@@ -167,10 +167,7 @@ def launch_timing(res: Result) -> pl.DataFrame:
         return s
     nxt = res.instances.filter(pl.col("rank").is_not_null()).select("rank", "range_id", launch="i_first_launch")
     gap = (pl.col("b") - pl.col("a")).clip(lower_bound=0)
-    (s, nxt), on = breakdown.one_key(s, nxt)
-    if on == ["_key"]:
-        nxt = nxt.drop("rank", "range_id")
-    return (s.join(nxt, on=on, how="left").drop("_key", strict=False)
+    return (packed_keys.join(s, nxt, ["rank", "range_id"], how="left")
             .with_columns(late_ns=(pl.col("launch") - pl.col("a")).clip(lower_bound=0).fill_null(0))
             .with_columns(late_ns=pl.min_horizontal("late_ns", gap))
             .with_columns(held_ns=gap - pl.col("late_ns"), host_late=pl.col("launch") > pl.col("a")))

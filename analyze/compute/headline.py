@@ -21,26 +21,18 @@ from __future__ import annotations
 import polars as pl
 
 from ..model import CommResult, Result, bound_expr
+from ..read import packed_keys
 from . import breakdown, collectives, host, straggler, view, windows
 from .tokens import base_expr, cycles, prefill_rows, selection, summary
 
 __all__ = ["GAP", "instances_marked_steady", "steady_marks", "keys", "matched", "per_collective", "steady_phases",
            "steady_phases_all_ranks", "steady_seam_instances", "steady_seams", "steady_seams_all_ranks",
            "matching", "stragglers", "straggler_verdict", "ranges", "kernels", "kernel_sums", "cycles_per_rank",
-           "main_cycles", "cycle_pieces", "budget", "steady_keys", "mean_budget", "rows_in", "comm_inputs",
-           "comm_document"]
+           "main_cycles", "cycle_pieces", "budget", "steady_keys", "mean_budget", "comm_inputs", "comm_document"]
 
 GAP = "between cycles"
 
 
-def rows_in(frame: pl.DataFrame, keys: pl.DataFrame, on: tuple[str, str] = ("rank", "range_id")) -> pl.DataFrame:
-    """The rows of ``frame`` whose two integer columns ``on`` are a row of ``keys``, in their order: a semi join, on
-    the two packed into one integer when they pack (:func:`analyze.compute.breakdown.one_key`; a null matches
-    nothing either way)."""
-    (fk, kk), cols = breakdown.one_key(frame.select(*on), keys.select(*on), on=on)
-    if cols == ["_key"]:
-        return frame.filter(fk["_key"].is_in(kk["_key"].implode()))
-    return frame.join(keys.select(*on), on=list(on), how="semi", maintain_order="left")
 
 
 def _ids(inst: pl.DataFrame) -> list[str]:
@@ -131,7 +123,7 @@ def matched(res: Result) -> pl.DataFrame:
 
 def _steady_rows(res: Result, at: pl.DataFrame) -> pl.Series:
     """The rows of ``at`` (``rank, range_id``) of steady instances (:func:`keys`), as row numbers in their order."""
-    return rows_in(at.with_row_index("_i"), keys(res))["_i"]
+    return packed_keys.semi_join(at.with_row_index("_i"), keys(res), ["rank", "range_id"])["_i"]
 
 
 def _steady_instances(res: Result, prefix: str, *more: str) -> pl.DataFrame:
@@ -168,7 +160,7 @@ def steady_seam_instances(res: Result) -> pl.DataFrame:
     s = res.seam_instances
     if s.height == 0:
         return s
-    return rows_in(s, keys(res))
+    return packed_keys.semi_join(s, keys(res), ["rank", "range_id"])
 
 
 @view.table()
@@ -303,7 +295,7 @@ def kernel_sums(res: Result) -> pl.DataFrame:
     # the phase as a categorical (a handful of names): joined and grouped on as an integer, a string at the end
     names = (res.instances.select("rank", "range_id", phase=pl.col("range").cast(pl.Categorical))
              .filter(pl.col("rank").is_not_null()))
-    (names, ks, k), on = breakdown.one_key(names, keys(res), k)
+    (names, ks, k), on = packed_keys.with_key((names, keys(res), k), ["rank", "range_id"])
     steady = names.join(ks.select(on), on=on, how="semi")
     # streamed: the join is summed as it is made, never whole (1.6 M rows at 10 M kernels); the sums are exact
     # (integers), the groups (a few thousand) sorted once made: the same table however it was made
@@ -476,7 +468,7 @@ def mean_budget(res: Result, which: pl.DataFrame, by_rank: bool = True) -> pl.Da
     if p.height == 0 or which.height == 0:
         return pl.DataFrame(schema=_BUDGET_SCHEMA)
     grp = ["rank"] if by_rank else []
-    (pk, wk), on = breakdown.one_key(p.select("rank", "key"), which.select("rank", "key"), on=("rank", "key"))
+    (pk, wk), on = packed_keys.with_key((p.select("rank", "key"), which.select("rank", "key")), ["rank", "key"])
     if on == ["_key"]:  # (rank, key) packed into one integer: the cycles' rows kept by it, and counted on it
         keep = pk["_key"].is_in(wk["_key"].implode())
         p = p.filter(keep)

@@ -34,16 +34,18 @@ from typing import TYPE_CHECKING, NoReturn, TypeVar
 import polars as pl
 
 from ..model import GRAPH_LAUNCH, SYNC_API, Diagnostic, InputError, Result, Trace
-from ..read import results
-from ..read.protocols import ProcessSource
+from ..read import packed_keys, results
+from ..read.protocols import ProcessSource, ShowProgress, no_progress
 from ..read.source import ManyWindows, OpsWindow, StoreSource, open_source
-from ..read.store import CacheError, Progress, discard, existing_store, open_store
+from ..read.store.install import discard, existing_store, open_store
+from ..read.store.reader import CacheError
 from . import attribute, breakdown, collectives, host, windows
 from .comm_patterns import PATTERNS, CommPattern, family_expr
 from .diagnostics import FACTS, diagnose
+from .scalars import to_int
 
 if TYPE_CHECKING:
-    from ..read.store import Store
+    from ..read.store.reader import Store
 
 __all__ = ["ProcessContext", "ProcessResult", "op_kinds", "process", "analyze", "analyze_for_merge", "merge_results",
            "analyze_each"]
@@ -247,7 +249,7 @@ def process(source: ProcessSource, pid: int, ctx: ProcessContext) -> ProcessResu
     comm = (ops.lazy().filter(is_comm)
             .select(pl.lit("kernel").alias("kind"), "range_id", "corr", "start", "end", "_kind")  # what comm_kernels reads
             .with_columns(*_gather_kinds(ctx.kinds, ["comm", "name"]), rank=pl.lit(rank, pl.Int64)).collect())
-    out = ProcessResult(facts, rk, _kernel_stats(ops, ctx.kinds, rank))
+    out = ProcessResult(facts, rk, _kernel_stats(ops, ctx.kinds, rank, nested))
     if ctx.keep_ops:
         kept = [c for c in ops.columns if c != "_kind"]
         out.ops = ops.with_columns(*_gather_kinds(ctx.kinds, ["name"]), rank=pl.lit(rank, pl.Int64)).select(
@@ -322,19 +324,30 @@ def _duplicate_ops(ops: pl.DataFrame) -> int:
     return cand.height - cand.select("corr", "start", "end").unique().height
 
 
-def _kernel_stats(ops: pl.DataFrame, kinds: pl.DataFrame, rank: int | None) -> pl.DataFrame:
+def _kernel_stats(ops: pl.DataFrame, kinds: pl.DataFrame, rank: int | None, nested: pl.DataFrame) -> pl.DataFrame:
     """GPU operations inside selected ranges summed per (process, range instance, name): ``count, kernel_ns``.
 
-    One process (rank ``rank``): grouped on one integer key (range instance × kind of op: ``_kind``, see
-    :func:`_kind_codes`), the names, process and rank added after; nothing per operation but that key."""
-    n = max(kinds.height, 1)
+    One process (rank ``rank``; ``nested``: its ranges, which the ops' range ids are of): grouped on one integer key
+    (range instance × kind of op: ``_kind``, see :func:`_kind_codes`; :func:`analyze.read.packed_keys.bounded`, the
+    two columns if they do not pack), the names, process and rank added after; nothing per operation but that key."""
+    # (range ids from 0 to the process's highest, kinds from 0 to n - 1: no pass over the ops to measure them; a null
+    # in either: a null key)
+    lo, hi = nested["range_id"].min(), nested["range_id"].max()
+    instance_kind = packed_keys.bounded(["range_id", "_kind"], [(min(to_int(lo or 0), 0), to_int(hi or 0)),
+                                                                (0, max(kinds.height - 1, 0))])
+    if instance_kind is None:
+        by, known = [pl.col("range_id", "_kind")], pl.col("_kind").is_not_null()
+    else:
+        by, known = [instance_kind.key("key")], pl.col("key").is_not_null()
     # Lazy: the four columns it reads projected first (an eager group-by of the wide frame takes twice as long).
     per = (ops.lazy().filter(pl.col("range_id").is_not_null())
-           .group_by(key=pl.col("range_id") * n + pl.col("_kind"))
+           .group_by(*by)
            .agg(count=pl.len(), kernel_ns=(pl.col("end") - pl.col("start")).sum())
-           .filter(pl.col("key").is_not_null()).collect())
+           .filter(known).collect())
     names = kinds.select("name").with_row_index("_kind").with_columns(pl.col("_kind").cast(pl.Int64))
-    per = per.with_columns(range_id=pl.col("key") // n, _kind=pl.col("key") % n).join(names, on="_kind", how="left")
+    if instance_kind is not None:
+        per = per.with_columns(instance_kind.unpacked("key"))
+    per = per.join(names, on="_kind", how="left")
     if kinds["name"].null_count() == 0 and kinds["name"].n_unique() == kinds.height:
         # each name is one kind: a (range, name) is one (range, kind), already summed (no second group-by)
         per = per.with_columns(pl.col("count").cast(pl.Int64))
@@ -359,7 +372,7 @@ def analyze(
     store: bool | None = None,
     cache: bool | None = None,
     keep_ops: bool = False,
-    progress: bool | None = None,
+    progress: ShowProgress | None = None,
     workers: int = 2,
 ) -> Result:
     """Attribute the GPU work of one nsys export to phases (see the README for the definitions).
@@ -369,6 +382,8 @@ def analyze(
     where the rows live (:func:`analyze.read.source.open_source`; by default: in memory for small exports,
     the parquet store beside the report for large ones, any valid cache reused). ``keep_ops``: keep every
     GPU operation in ``Result.ops`` (memory grows with the trace). ``workers``: processes analysed at once.
+    ``progress``: meters of the store's build and of the analysis (None: none; :func:`analyze.api.analyze` passes
+    the terminal's bar, :func:`analyze.output.progress.terminal_bar`).
     """
     try:
         return _analyze(report, store, cache, progress, ranges, comm_patterns, keep_ops, workers)
@@ -421,7 +436,7 @@ def _analyze(report, store, cache, progress, ranges, comm_patterns, keep_ops, wo
 
 
 def _run(source: ProcessSource, ranges: str | None, comm_patterns: list[CommPattern] | None, keep_ops: bool,
-         progress: bool | None, workers: int) -> Result:
+         progress: ShowProgress | None, workers: int) -> Result:
     head = source.head
     patterns = comm_patterns if comm_patterns is not None else list(PATTERNS)
     diags: list[Diagnostic] = list(source.notes)
@@ -440,7 +455,7 @@ def _run(source: ProcessSource, ranges: str | None, comm_patterns: list[CommPatt
                          graphs=not _payload_batches(sel), cycle_index=bad_index is None)
 
     pids = source.pids
-    bar = Progress(sum(source.ops_rows.values()), "spectrace: analysing", progress)
+    bar = (progress or no_progress)(sum(source.ops_rows.values()), "spectrace: analysing")
 
     def one(pid: int) -> ProcessResult:
         out = process(source, pid, ctx)
@@ -572,7 +587,7 @@ def _no_kernels() -> pl.DataFrame:
 def analyze_for_merge(path: str, ranges: str | None, comm_patterns: list[CommPattern] | None,
                       store: bool | None, cache: bool | None) -> Result:
     """:func:`analyze` of one report for :func:`merge_results`: the unit a worker process, Ray or Dask task runs."""
-    return analyze(path, ranges, comm_patterns, store=store, cache=cache, progress=False)
+    return analyze(path, ranges, comm_patterns, store=store, cache=cache)
 
 
 def _offset(df: pl.DataFrame, base: int, i: int) -> pl.DataFrame:
@@ -658,7 +673,7 @@ def analyze_each(
     cache: bool | None = None,
     jobs: int | None = None,
     executor: Executor | None = None,
-    progress: bool | None = None,
+    progress: ShowProgress | None = None,
 ) -> list[Result]:
     """:func:`analyze` of each report, in parallel processes (``jobs``, default: CPUs, at most one per report).
 
