@@ -43,7 +43,7 @@ from ..read import results as cache
 
 __all__ = ["Table", "TABLES", "table", "known", "held", "with_choice", "take"]
 
-T = TypeVar("T")
+_T = TypeVar("_T")
 
 TABLES: dict[str, Table] = {}  # every declared table, by name (filled as the modules that declare them load)
 _LOCK = threading.Lock()  # guards every result's memo (a dict shared by the threads of one command)
@@ -54,12 +54,12 @@ class _Making(Future):
     """A table being made by a thread: what a second thread asking for it waits on."""
 
 
-class Table(Generic[T]):
+class Table(Generic[_T]):
     """A derived table (module docstring): ``t(res, **params)`` is its value for ``res`` under its cycle choice."""
 
     kept: bool
 
-    def __init__(self, make: Callable[..., T], name: str, kept: bool, any_choice: bool,
+    def __init__(self, make: Callable[..., _T], name: str, kept: bool, any_choice: bool,
                  releases: tuple[Table, ...], params: tuple[str, ...], inputs: tuple[str, ...]):
         if any(r.kept for r in releases):
             raise ValueError(f"{name}: a table kept in the result cache is never let go of")
@@ -80,7 +80,7 @@ class Table(Generic[T]):
         choice = _ANY if self.any_choice else _choice(res).key
         return (self.name, choice, repr(sorted(extra.items()))) if self.params else (self.name, choice)
 
-    def __call__(self, res: Result, **params: Any) -> T:
+    def __call__(self, res: Result, **params: Any) -> _T:
         key = self.key(res, params)
         memo = _store(res, self)
         with _LOCK:
@@ -135,9 +135,9 @@ def _choice(res: Result) -> CycleChoice:
 
 def table(*, kept: bool = True, any_choice: bool = False, releases: tuple[Table, ...] = (),
           params: tuple[str, ...] = (), inputs: tuple[str, ...] = (),
-          name: str | None = None) -> Callable[[Callable[..., T]], Table[T]]:
+          name: str | None = None) -> Callable[[Callable[..., _T]], Table[_T]]:
     """Declare the decorated function ``f(res, **params)`` a derived table (module docstring), named after it."""
-    def declare(make: Callable[..., T]) -> Table[T]:
+    def declare(make: Callable[..., _T]) -> Table[_T]:
         n = name or make.__name__.lstrip("_")
         if n in TABLES and TABLES[n].make.__qualname__ != make.__qualname__:
             raise ValueError(f"two tables named {n}")
