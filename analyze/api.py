@@ -109,15 +109,15 @@ def analyze(
     several reports are analysed in parallel (worker processes, or e.g. a Dask ``Client.get_executor()``).
     ``progress``: the progress bar on standard error (default: when it is a terminal; False: never).
     ``skip_cycles``/``window``: which cycles are the steady state of the headline numbers (default: warm-up
-    and stalls detected and left out; :mod:`analyze.compute.steady`); ``Result.phases`` etc. always count
-    every captured instance, :mod:`analyze.compute.headline` has the steady-state tables.
+    and stalls detected and left out; :mod:`analyze.compute.steady_cycles`); ``Result.phases`` etc. always count
+    every captured instance, :mod:`analyze.compute.steady_tables` has the steady-state tables.
     ``timing``: a graph-level pass of the same workload (``reports`` then being the node-level pass): spans,
     seams and cycle period from it, the split inside graphs from ``reports``, and ``Result.probe_effect``
     (:mod:`analyze.compute.probe`; ``unprofiled_cycles_per_s``: the workload's throughput without a profiler).
     ``Result.steady``: the steady state, what ``spectrace analyze`` prints first
     (:class:`~analyze.compute.steady_state.SteadyState`: ``res.steady.budget``, ``.phases``, ``.findings``, ...).
     """
-    from .compute import pipeline, steady
+    from .compute import pipeline, steady_cycles
     from .compute.steady_state import SteadyState
     from .output.progress import terminal_bar
 
@@ -125,7 +125,7 @@ def analyze(
         return _analysed(reports, ranges=ranges, comm_patterns=comm_patterns, keep_ops=keep_ops or None,
                          skip_cycles=skip_cycles, window=window, timing=timing,
                          unprofiled_cycles_per_s=unprofiled_cycles_per_s)
-    choice = steady.check_choice(skip_cycles, window)
+    choice = steady_cycles.check_choice(skip_cycles, window)
     if timing is not None:
         def one(r: Reports) -> Result:  # each pass with the same options
             return analyze(r, ranges, comm_patterns, store=store, cache=cache, jobs=jobs, executor=executor,
@@ -137,18 +137,18 @@ def analyze(
         return out
     many, notes = _exported(_many(reports))
     if len(many) == 1 and executor is None:
-        res = pipeline.analyze(many[0], ranges, comm_patterns, store=store, cache=cache, keep_ops=keep_ops,
+        res = pipeline.result_of(many[0], ranges, comm_patterns, store=store, cache=cache, keep_ops=keep_ops,
                                progress=terminal_bar(progress))
     elif keep_ops:
         raise InputError("keep_ops needs a single report", "BAD_OPTION")
     else:
-        res = pipeline.merge_results(pipeline.analyze_each(many, ranges, comm_patterns, store=store, cache=cache,
+        res = pipeline.merge_results(pipeline.results_of(many, ranges, comm_patterns, store=store, cache=cache,
                                                    jobs=jobs, executor=executor))
     res.cycle_choice = choice
     res.diagnostics[:0] = notes
     res.steady_class = SteadyState
     if choice:
-        from .compute.tokens import selection
+        from .compute.cycles import selection
 
         selection(res)  # a choice that leaves no cycle fails here, not later
     return res
@@ -197,23 +197,23 @@ def comm(reports: Reports, ranges: str | None = None, comm_patterns: list[CommPa
     choose them; ``skip_cycles=0``: the whole run), so that both name the same straggler; collectives outside
     any phase are kept. ``kw``: as for :func:`analyze` (store, cache, jobs, executor).
     """
-    from .compute import headline, pipeline, steady
-    from .compute.tokens import selection
+    from .compute import pipeline, steady_cycles, steady_tables
+    from .compute.cycles import selection
     from .output.progress import terminal_bar
 
     if isinstance(reports, Result):
         raise InputError("comm matches collectives across the reports themselves: give the reports, not an "
                          "analysed Result", "BAD_OPTION")
-    choice = steady.check_choice(skip_cycles, window)
+    choice = steady_cycles.check_choice(skip_cycles, window)
     many, _ = _exported(_many(reports))
     kw["progress"] = terminal_bar(kw.get("progress"))  # (the bar of a single report)
-    results = pipeline.analyze_each(many, ranges, comm_patterns, **kw)  # kw: store, cache, jobs, executor, progress
+    results = pipeline.results_of(many, ranges, comm_patterns, **kw)  # kw: store, cache, jobs, executor, progress
     res = pipeline.merge_results(results) if len(results) > 1 else results[0]
     res.cycle_choice = choice
     selection(res)  # a choice that leaves no cycle fails here
     # One report's document depends on its result and the cycle choice only: kept with the result (a merge's is
     # made each time).
-    out = headline.comm_document(res, reports=results)
+    out = steady_tables.comm_document(res, reports=results)
     keep_derived(res)
     return out
 

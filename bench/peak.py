@@ -47,8 +47,9 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ.setdefault(cli._MALLOC_VAR, cli._MALLOC_CONF)  # as the CLI runs (before polars loads)
     from analyze import api
-    from analyze.compute import anatomy, findings, headline, straggler, utilisation, view
-    from analyze.compute.tokens import selection, summary
+    from analyze.compute import anatomy, cycle_budget, findings, steady_tables, straggler, utilisation, view
+    from analyze.compute.cycles import selection
+    from analyze.compute.tokens import summary
     from analyze.output import data
 
     if a.cold:
@@ -76,14 +77,14 @@ def main(argv: list[str] | None = None) -> int:
     part("to_dict", lambda: d.update(res.to_dict()))
     part("steady selection", lambda: selection(res))
     part("tokens summary", lambda: summary(res))
-    part("budget", lambda: headline.budget(res))
-    part("steady_phases", lambda: headline.steady_phases(res))
-    part("steady_phases_all_ranks", lambda: headline.steady_phases_all_ranks(res))
-    part("steady_seams", lambda: headline.steady_seams(res))
-    part("kernels", lambda: headline.kernels(res, data.TOP_KERNELS))
+    part("budget", lambda: cycle_budget.budget(res))
+    part("steady_phases", lambda: steady_tables.steady_phases(res))
+    part("steady_phases_all_ranks", lambda: steady_tables.steady_phases_all_ranks(res))
+    part("steady_seams", lambda: steady_tables.steady_seams(res))
+    part("kernels", lambda: steady_tables.kernels(res, data.TOP_KERNELS))
     part("cycle_classes", lambda: anatomy.cycle_classes(res))
     part("segments", lambda: anatomy.segments(res))
-    st = part("stragglers", lambda: headline.stragglers(res))
+    st = part("stragglers", lambda: steady_tables.stragglers(res))
     part("straggler verdict", lambda: straggler.verdict(st))
     part("utilisation", lambda: utilisation.phases(res))
     doc = part("whole document again (from what the parts kept)", lambda: data.to_json(res))

@@ -14,7 +14,7 @@ from test_scale import _same
 from test_store_api import odd_calls
 
 from analyze import analyze
-from analyze.compute.pipeline import analyze as analyze_store
+from analyze.compute.pipeline import result_of as analyze_store
 from analyze.read.store import build, open_store
 from bench.export_dir import write_export_dir
 from tests.helpers.paths import tp2

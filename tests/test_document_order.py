@@ -17,8 +17,18 @@ import polars as pl
 import pytest
 
 from analyze import analyze
-from analyze.compute import anatomy, collectives, findings, headline, utilisation, view, whatif
-from analyze.compute.tokens import selection, summary
+from analyze.compute import (
+    anatomy,
+    collectives,
+    cycle_budget,
+    findings,
+    steady_tables,
+    utilisation,
+    view,
+    whatif,
+)
+from analyze.compute.cycles import selection
+from analyze.compute.tokens import summary
 from analyze.output import data
 from tests.helpers.paths import tp2
 
@@ -31,9 +41,9 @@ def path(tmp_path_factory):
 def test_document_equals_the_old_order(path):
     old = analyze(path)
     # the order the document had: the headline tables, then the findings (the fit last)
-    parts = [selection(old), summary(old), headline.budget(old), headline.steady_phases(old),
-             headline.steady_phases_all_ranks(old), headline.steady_seams(old), headline.kernels(old, 10),
-             anatomy.cycle_classes(old), anatomy.segments(old), headline.stragglers(old)]
+    parts = [selection(old), summary(old), cycle_budget.budget(old), steady_tables.steady_phases(old),
+             steady_tables.steady_phases_all_ranks(old), steady_tables.steady_seams(old), steady_tables.kernels(old, 10),
+             anatomy.cycle_classes(old), anatomy.segments(old), steady_tables.stragglers(old)]
     assert parts[3].height and parts[9].height  # phases and stragglers: the capture has matched collectives
     found = findings.find(old)
     assert utilisation.phases(old).height == 0
@@ -47,18 +57,18 @@ def test_matched_made_again_after_it_is_let_go_of(path):
                                            "is_last"]  # packed: its rows of the comm kernels, and more
     # independently: matched again as the analysis did, whole
     counted = collectives.phase_comm_split(res.phases, res.comm_kernels)[3].drop("_row")
-    first = headline.matched(res)
+    first = steady_tables.matched(res)
     assert res.counted_matches is None  # taken once narrowed to the steady cycles
     # independently: the counted match's rows whose (rank, range_id) is a steady key, in their order
-    keys = headline.keys(res)
+    keys = steady_tables.keys(res)
     want = counted.join(keys, on=["rank", "range_id"], how="semi", maintain_order="left")
     assert first.equals(want)
     assert 0 < first.height <= counted.height
-    assert view.known(headline.matched, res) and not view.known(headline.stragglers, res)
+    assert view.known(steady_tables.matched, res) and not view.known(steady_tables.stragglers, res)
     findings.context(res)  # every table made from it made, then it is let go of
-    assert view.known(headline.stragglers, res) and view.known(headline.matching, res)
-    assert not view.known(headline.matched, res) and not view.known(headline.per_collective, res)
-    again = headline.matched(res)  # matched again from the Result's communication kernels (as a cached result is)
+    assert view.known(steady_tables.stragglers, res) and view.known(steady_tables.matching, res)
+    assert not view.known(steady_tables.matched, res) and not view.known(steady_tables.per_collective, res)
+    again = steady_tables.matched(res)  # matched again from the Result's communication kernels (as a cached result is)
     assert again.select(first.columns).sort("_g", "j", "rank").equals(first.sort("_g", "j", "rank"))
     assert collectives.per_collective(again).equals(collectives.per_collective(first))
 
@@ -82,11 +92,11 @@ def test_reduced_replays_predict_as_the_arrays(path):
 
 def test_steady_marks_are_two_columns(path):
     res = analyze(path)
-    marked = headline.instances_marked_steady(res)
-    marks = headline.steady_marks(res)
+    marked = steady_tables.instances_marked_steady(res)
+    marks = steady_tables.steady_marks(res)
     assert marks.columns == ["top", "steady"] and marks.height == res.instances.height
     assert marked.drop("top", "steady").equals(res.instances)
-    assert marked.select(pl.col("steady").sum()).item() == headline.keys(res).height + marked.filter(
+    assert marked.select(pl.col("steady").sum()).item() == steady_tables.keys(res).height + marked.filter(
         pl.col("steady") & pl.col("rank").is_null()).height
 
 
@@ -106,7 +116,7 @@ def test_findings_made_beside_the_document_raise_where_they_did(path, monkeypatc
     with pytest.raises(InputError, match="no findings here"):
         data.document(analyze(path))
     assert seen == ["spectrace findings"]
-    monkeypatch.setattr(headline, "kernels", lambda *a, **k: (_ for _ in ()).throw(ValueError("kernels failed")))
+    monkeypatch.setattr(steady_tables, "kernels", lambda *a, **k: (_ for _ in ()).throw(ValueError("kernels failed")))
     with pytest.raises(InputError, match="no findings here"):
         data.document(analyze(path))
     monkeypatch.setattr(findings, "find", lambda res, model=None: [])

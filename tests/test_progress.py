@@ -35,7 +35,7 @@ def test_a_meter_of_ones_own_gets_every_row(capsys):
             steps[self.label][2] += 1
 
     path = samples.path("tp1_node")
-    res = pipeline.analyze(path, store=True, cache=False, progress=Meter)
+    res = pipeline.result_of(path, store=True, cache=False, progress=Meter)
     assert capsys.readouterr().err == ""
     total, done, closed = steps["spectrace: analysing"]
     assert total == done == res.ranks["gpu_ops"].sum() and closed == 1

@@ -14,7 +14,7 @@ from test_collectives_real import split_probe
 
 from analyze import analyze
 from analyze.cli import main
-from analyze.compute.pipeline import analyze as analyze_store
+from analyze.compute.pipeline import result_of as analyze_store
 from analyze.read.store import open_store
 from tests.helpers.paths import PROBE, need
 

@@ -18,7 +18,7 @@ from test_rank_windows import base, trace
 from test_scale import _same
 
 from analyze import analyze
-from analyze.compute.pipeline import analyze as analyze_store
+from analyze.compute.pipeline import result_of as analyze_store
 from analyze.model import KEPT_API, SYNC_API
 from analyze.read.store import open_store
 from tests.helpers.paths import PROBE, need, tp2

@@ -10,7 +10,7 @@ import polars as pl
 import pytest
 
 from analyze import analyze
-from analyze.compute import headline, straggler
+from analyze.compute import steady_tables, straggler
 from tests.helpers.paths import tp2
 
 
@@ -71,9 +71,9 @@ def test_the_steady_tables_have_one_shape_with_and_without_collectives(stragglin
     from nvtx_hooks.capture import samples
 
     alone = analyze(samples.path("tp1_graph"))  # one H200: no collective matched across ranks
-    assert headline.stragglers(alone).height == 0 and headline.stragglers(straggling).height
+    assert steady_tables.stragglers(alone).height == 0 and steady_tables.stragglers(straggling).height
     for res in (straggling, alone):
-        assert headline.stragglers(res).schema == straggler.STRAGGLERS
-        assert headline.straggler_verdict(res).schema == straggler.VERDICT
+        assert steady_tables.stragglers(res).schema == straggler.STRAGGLERS
+        assert steady_tables.straggler_verdict(res).schema == straggler.VERDICT
     # the capture's injected delay: rank 1 sleeps 500 µs before every verify (tests/data/h200_tp2/README.md)
-    assert headline.straggler_verdict(straggling).select("phase", "rank").rows() == [("verify", 1)]
+    assert steady_tables.straggler_verdict(straggling).select("phase", "rank").rows() == [("verify", 1)]

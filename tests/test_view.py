@@ -19,7 +19,7 @@ import polars as pl
 import pytest
 
 from analyze import analyze
-from analyze.compute import headline, steady_state, view, whatif
+from analyze.compute import cycle_budget, steady_state, steady_tables, view, whatif
 from analyze.model import CycleChoice, Result
 from analyze.output import html  # noqa: F401  (declares the report's figure table)
 from tests.helpers.paths import tp2
@@ -98,12 +98,12 @@ def test_any_order_of_requests_gives_the_same_tables(path):
 
 def test_tables_let_go_of_once_released_and_made_again(path):
     res = analyze(path, cache=False)
-    first = headline.matched(res)
-    assert first.height and view.known(headline.matched, res)
-    headline.comm_inputs(res)  # releases the steady matched collectives (and their per-collective rows)
-    assert not view.known(headline.matched, res) and not view.known(headline.per_collective, res)
-    assert view.known(headline.stragglers, res) and view.known(headline.keys, res)  # kept: what they were made for
-    again = headline.matched(res)  # matched anew from the result's communication kernels
+    first = steady_tables.matched(res)
+    assert first.height and view.known(steady_tables.matched, res)
+    steady_tables.comm_inputs(res)  # releases the steady matched collectives (and their per-collective rows)
+    assert not view.known(steady_tables.matched, res) and not view.known(steady_tables.per_collective, res)
+    assert view.known(steady_tables.stragglers, res) and view.known(steady_tables.keys, res)  # kept: what they were made for
+    again = steady_tables.matched(res)  # matched anew from the result's communication kernels
     assert again is not first
     _same(again.select(first.columns).sort("_g", "j", "rank"), first.sort("_g", "j", "rank"))
 
@@ -112,15 +112,15 @@ def test_a_view_under_another_choice_shares_only_the_tables_of_any_choice(path):
     res = analyze(path, cache=False)
     other = view.with_choice(res, CycleChoice(skip_cycles=3))
     assert whatif.phase_spans(other) is whatif.phase_spans(res)  # any choice: made once for both
-    assert headline.budget(other) is not headline.budget(res)
-    assert not headline.budget(other).equals(headline.budget(res))  # three cycles fewer per rank
+    assert cycle_budget.budget(other) is not cycle_budget.budget(res)
+    assert not cycle_budget.budget(other).equals(cycle_budget.budget(res))  # three cycles fewer per rank
 
 
 def test_a_failed_table_is_not_kept_and_a_second_thread_waits(path, monkeypatch):
     res = analyze(path, cache=False)
     calls: list[int] = []
     started, go = threading.Event(), threading.Event()
-    real = headline.keys.make
+    real = steady_tables.keys.make
 
     def slow(r):
         calls.append(1)
@@ -130,12 +130,12 @@ def test_a_failed_table_is_not_kept_and_a_second_thread_waits(path, monkeypatch)
             raise RuntimeError("broken once")
         return real(r)
 
-    monkeypatch.setattr(headline.keys, "make", slow)
+    monkeypatch.setattr(steady_tables.keys, "make", slow)
     errors: list[BaseException] = []
 
     def ask():
         try:
-            headline.keys(res)
+            steady_tables.keys(res)
         except RuntimeError as e:
             errors.append(e)
 
@@ -148,5 +148,5 @@ def test_a_failed_table_is_not_kept_and_a_second_thread_waits(path, monkeypatch)
     go.set()
     a.join()
     b.join()
-    assert len(calls) == 1 and len(errors) == 2 and not view.known(headline.keys, res)
-    assert headline.keys(res).equals(real(res)) and len(calls) == 2  # not kept: made again
+    assert len(calls) == 1 and len(errors) == 2 and not view.known(steady_tables.keys, res)
+    assert steady_tables.keys(res).equals(real(res)) and len(calls) == 2  # not kept: made again

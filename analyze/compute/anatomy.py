@@ -1,9 +1,9 @@
 """Slow-cycle anatomy and segments: what recurs, by how much, where it sits, and the run cut by batch size.
 
-**Classes** (:func:`cycle_classes`): for each class of slower cycles that :mod:`analyze.compute.steady` found
+**Classes** (:func:`cycle_classes`): for each class of slower cycles that :mod:`analyze.compute.steady_cycles` found
 (every N-th cycle, after a prefill, after a batch-size change, a second mode) and for the rare stalls it left
 out: how many cycles, which, the extra time per affected cycle over the typical cycle of its segment, and
-where that time sits: the cycle-budget pieces (:func:`analyze.compute.headline.cycle_pieces`: between
+where that time sits: the cycle-budget pieces (:func:`analyze.compute.cycle_budget.cycle_pieces`: between
 cycles, prefill, each phase and seam) that grew, per rank, from the mean over the affected cycles minus the
 mean over the typical steady cycles of the same segments.
 
@@ -26,10 +26,10 @@ import polars as pl
 
 from ..model import Result
 from ..read import packed_keys, results
-from . import collectives, headline, straggler, view
+from . import collectives, cycle_budget, steady_tables, straggler, view
+from .cycles import selection
 from .scalars import to_float, to_int
-from .steady import class_label
-from .tokens import selection
+from .steady_cycles import class_label
 
 __all__ = ["CycleClass", "cycle_classes", "Segment", "segments"]
 
@@ -72,7 +72,7 @@ class CycleClass:
 def cycle_classes(res: Result) -> list[CycleClass]:
     """The classes of slower cycles with their anatomy (module docstring), the recurring ones first."""
     info = selection(res)
-    c = headline.main_cycles(res)
+    c = cycle_budget.main_cycles(res)
     if c.height == 0 or not info.get("classes") and not info.get("stalls"):
         return []
     typical = c.filter(pl.col("steady") & pl.col("cycle_class").is_null() & ~pl.col("slow"))
@@ -102,7 +102,7 @@ def _deltas(res: Result, members: pl.DataFrame, typical: pl.DataFrame) -> pl.Dat
     typ = typical.filter(pl.col("segment").is_in(members["segment"].unique().implode()))
     if typ.height == 0:
         typ = typical
-    pieces = headline.cycle_pieces(res).filter(pl.col("kind") != "prefill")
+    pieces = cycle_budget.cycle_pieces(res).filter(pl.col("kind") != "prefill")
     (members, typ, pieces), on = packed_keys.with_key((members, typ, pieces), ["rank", "key"], "_rank_cycle")
     cycle = list(dict.fromkeys([*on, "rank"]))  # the join key and the rank
     roles = pl.concat([members.select(*cycle, seg="segment", role=pl.lit(1)),
@@ -209,13 +209,13 @@ def _late_rank(res: Result, out: CycleClass, d: pl.DataFrame, members: pl.DataFr
 def _class_stragglers(res: Result, members: pl.DataFrame, phase: str) -> pl.DataFrame | None:
     """:func:`collectives.stragglers` over the matched collectives of ``phase`` in the class's cycles (None without
     any, or when the phase's collectives do not end together)."""
-    if phase in headline.matching(res).filter(~pl.col("trusted"))["phase"].to_list():
+    if phase in steady_tables.matching(res).filter(~pl.col("trusted"))["phase"].to_list():
         return None
-    m = headline.matched(res)
+    m = steady_tables.matched(res)
     m = m.filter(pl.col("phase") == phase) if m.height else m
     if m.height == 0:
         return None
-    inst = headline.instances_marked_steady(res)
+    inst = steady_tables.instances_marked_steady(res)
     inside = packed_keys.semi_join(inst.select("rank", "range_id", "top", "range").filter(pl.col("range") == phase),
                                    members.select("rank", top="range_id"), ["rank", "top"])
     m = packed_keys.semi_join(m, inside, ["rank", "range_id"])
@@ -275,7 +275,7 @@ def segments(res: Result) -> list[Segment]:
     info = selection(res)
     if not info.get("segments"):
         return []
-    c = headline.main_cycles(res)
+    c = cycle_budget.main_cycles(res)
     out = []
     one = len(info["segments"]) == 1
     for sg in info["segments"]:
@@ -283,9 +283,9 @@ def segments(res: Result) -> list[Segment]:
         st = mine.filter("steady")
         p = st["period_ns"]
         # one segment is the whole steady state: its budget is the headline budget's mean over ranks
-        b = (headline.budget(res).group_by("segment", "kind").agg(pl.col("order").mean(), pl.col("ns").mean(),
+        b = (cycle_budget.budget(res).group_by("segment", "kind").agg(pl.col("order").mean(), pl.col("ns").mean(),
                                                                   pl.col("share").mean()).sort("order")
-             if one else headline.mean_budget(res, st.select("rank", "key"), by_rank=False))
+             if one else cycle_budget.mean_budget(res, st.select("rank", "key"), by_rank=False))
         out.append(Segment(
             segment=sg["segment"], key=sg["key"] or "all",
             batch_size=sg["batch_size"], first_cycle=sg["first_key"], last_cycle=sg["last_key"], cycles=st.height,

@@ -1,12 +1,12 @@
 """Ranked findings: what in a trace costs cycle time, the evidence, and what to try.
 
 Every rule is one row of :data:`RULES`: a code, what it looks at, what to try, and a check over the
-steady-state numbers (:mod:`analyze.compute.headline`) that returns hits. A hit's *impact* is the
+steady-state numbers (:mod:`analyze.compute.steady_tables`) that returns hits. A hit's *impact* is the
 cycle time (ns per cycle, mean over ranks unless the rule names a rank) it explains; findings are
 ranked by impact, and the severity is the impact's share of the cycle period: ``high`` from
 :data:`HIGH`, ``medium`` from :data:`MEDIUM`, ``low`` below (hits under :data:`FLOOR` are dropped).
 
-Collectives whose matched kernels do not end together across ranks (:func:`analyze.compute.headline.matching`)
+Collectives whose matched kernels do not end together across ranks (:func:`analyze.compute.steady_tables.matching`)
 give no straggler finding and no wait/transfer split: their pairing is suspect, and a wrong straggler sends an
 engineer after a problem that does not exist.
 
@@ -26,9 +26,11 @@ import polars as pl
 
 from ..model import InputError, Result
 from ..read import packed_keys, results
-from . import anatomy, headline, steady, straggler, utilisation, view
+from . import anatomy, cycle_budget, steady_cycles, steady_tables, straggler, utilisation, view
+from .cycles import selection
+from .payload import CYCLE_NAMES, base_expr
 from .scalars import real, to_float
-from .tokens import CYCLE_NAMES, base_expr, selection, summary
+from .tokens import summary
 
 if TYPE_CHECKING:
     from .whatif import Model
@@ -53,7 +55,7 @@ class RuleContext:
     phases: pl.DataFrame  # per rank, steady
     seams: pl.DataFrame  # seam instances, steady, with launch timing
     stragglers: pl.DataFrame
-    info: dict  # tokens.selection: which cycles are the steady state, and why
+    info: dict  # cycles.selection: which cycles are the steady state, and why
     model: Model | None  # the what-if model, when it could be fitted
     cycles: pl.DataFrame  # rank, ncyc: steady cycles per rank
     untrusted: set[str]  # phases whose matched collectives do not end together: no straggler or wait findings
@@ -162,7 +164,7 @@ def _ranks_txt(o: _OverRanks) -> str:
 def launch_timing(res: Result) -> pl.DataFrame:
     """Steady seam instances with ``late_ns`` (the GPU idle before the next range's first launch call began:
     the CPU was late) and ``held_ns`` (the rest of the gap: launched in time, started later)."""
-    s = headline.steady_seam_instances(res)
+    s = steady_tables.steady_seam_instances(res)
     if s.height == 0:
         return s
     nxt = res.instances.filter(pl.col("rank").is_not_null()).select("rank", "range_id", launch="i_first_launch")
@@ -186,7 +188,7 @@ def _gap(ctx: RuleContext) -> list[RuleHit]:
     late = to_float(s["host_late"].mean()) if s.height else None
     ev = (f"the GPU is idle {_us(o.mean)} between the last GPU op of a cycle and the first of the next = "
           f"{_pct(o.mean / ctx.period_ns)} of the {_us(ctx.period_ns)} cycle ({_ranks_txt(o)})")
-    held = [c for c in ctx.classes if c.kept and c.piece == headline.GAP and c.per_cycle_ns > 0]
+    held = [c for c in ctx.classes if c.kept and c.piece == cycle_budget.GAP and c.per_cycle_ns > 0]
     if held:
         ev += "; of which " + ", ".join(f"{_us(c.per_cycle_ns)} from {c.label} (+{_us(c.extra_ns)} each)"
                                         for c in held)
@@ -266,7 +268,7 @@ class NcclSetting:
 def nccl_setting(res: Result, phase: str) -> NcclSetting | None:
     """The protocol of ``phase``'s collectives: the recorded environment's ``NCCL_PROTO``/``NCCL_ALGO`` (the manifest
     beside the capture), else the name of the NCCL kernel with the most time in the phase; None when neither says."""
-    from .tokens import read_manifest
+    from ..read.manifest import read_manifest
 
     env = (read_manifest(res.trace.path) or {}).get("nccl_env") or {}
     proto = PROTOS.get(str(env.get("NCCL_PROTO", "")).strip().lower())
@@ -321,7 +323,7 @@ def _straggler(ctx: RuleContext) -> list[RuleHit]:
     """One straggler verdict (:func:`analyze.compute.straggler.verdict`, the rank that caused most of a phase's
     collective waiting), named with its class when it is late only in a recurring class of cycles."""
     out = []
-    verdict = headline.straggler_verdict(ctx.res)
+    verdict = steady_tables.straggler_verdict(ctx.res)
     for c in _class_stragglers(ctx):
         v = verdict.filter((pl.col("phase") == c.phase) & (pl.col("rank") == c.rank))
         waits = (f"; over all steady cycles the other ranks wait {_us(v['per_cycle_ns'][0])} per cycle in "
@@ -332,7 +334,7 @@ def _straggler(ctx: RuleContext) -> list[RuleHit]:
             + ("the late rank from the matched collectives of those cycles" if c.evidence == "collectives"
                else "the late rank from the cycle budget of those cycles") + ")" + waits),
             phase=c.phase, rank=c.rank, every=c.every, extra_ns=c.extra_ns, cycles=c.affected))
-    v = headline.straggler_verdict(ctx.res, min_collectives=straggler.MIN_COLLECTIVES)
+    v = steady_tables.straggler_verdict(ctx.res, min_collectives=straggler.MIN_COLLECTIVES)
     named = {(h.rank, h.phase) for h in out}
     for r in v.iter_rows(named=True):
         if (r["rank"], r["phase"]) in named:
@@ -392,7 +394,7 @@ def _stalls(ctx: RuleContext) -> list[RuleHit]:
 
 def _left_out(ctx: RuleContext) -> list[RuleHit]:
     share = ctx.info.get("left_out_share") or 0.0
-    if ctx.info.get("how") != "detected" or share <= steady.LEFT_OUT_WARN:
+    if ctx.info.get("how") != "detected" or share <= steady_cycles.LEFT_OUT_WARN:
         return []
     n = ctx.info.get("post_warmup") or 0
     return [RuleHit(share * ctx.period_ns, (
@@ -573,15 +575,15 @@ class RuleInputs:
     untrusted: set[str]
 
 
-@view.table(kept=False, releases=(headline.matched, headline.per_collective))
+@view.table(kept=False, releases=(steady_tables.matched, steady_tables.per_collective))
 def rule_inputs(res: Result) -> RuleInputs:
     """The steady-state tables the rules read (:class:`RuleInputs`), made before the what-if fit, the biggest
     working set here: the steady matched collectives they are made from are let go of once they are (declared:
     ``releases``), so that the fit and the rest of a document share no large intermediate."""
-    ncyc = headline.cycles_per_rank(res).rename({"cycles": "ncyc"})
-    budget, phases, stragglers = headline.budget(res), headline.steady_phases(res), headline.stragglers(res)
+    ncyc = steady_tables.cycles_per_rank(res).rename({"cycles": "ncyc"})
+    budget, phases, stragglers = cycle_budget.budget(res), steady_tables.steady_phases(res), steady_tables.stragglers(res)
     classes = anatomy.cycle_classes(res)
-    untrusted = set(headline.matching(res).filter(~pl.col("trusted"))["phase"].to_list())
+    untrusted = set(steady_tables.matching(res).filter(~pl.col("trusted"))["phase"].to_list())
     return RuleInputs(ncyc, budget, phases, stragglers, classes, untrusted)
 
 

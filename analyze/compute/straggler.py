@@ -10,10 +10,10 @@ its share of all of it. :func:`verdict` names at most one rank per phase:
   steady cycle, and only when that is at least :data:`FLOOR` of the cycle period (a straggler that costs nothing
   is not named);
 - none in a phase of ``untrusted``: its matched collectives do not end together across ranks
-  (:func:`analyze.compute.headline.matching`), so its instances were probably paired wrongly;
+  (:func:`analyze.compute.steady_tables.matching`), so its instances were probably paired wrongly;
 - for a finding (``min_collectives``): over at least :data:`MIN_COLLECTIVES` matched collectives of the phase.
 
-Who applies what: the steady view's verdict (:func:`analyze.compute.headline.straggler_verdict`: every rule but the
+Who applies what: the steady view's verdict (:func:`analyze.compute.steady_tables.straggler_verdict`: every rule but the
 finding's count) is what ``analyze``'s findings (with :data:`MIN_COLLECTIVES`), ``comm``, ``compare`` and the
 report name. Without cycle ranges (``comm`` over the whole run), over one class of slower cycles (the slow-cycle
 anatomy, :mod:`analyze.compute.anatomy`) and in ``analyze``'s JSON ``straggler`` key (each phase's verdict beside

@@ -9,7 +9,7 @@ instance's GPU span.
   :data:`MIN_PERIODS` sampling periods gets no number (``short``): most of its samples' time would be its
   neighbours'.
 - **Per phase** (:func:`phases`): per rank, phase and scope — ``steady`` (the steady-state instances of
-  :mod:`analyze.compute.headline`), ``all`` (the whole run) and each decode-batch segment of the steady state
+  :mod:`analyze.compute.steady_tables`), ``all`` (the whole run) and each decode-batch segment of the steady state
   (``batch 16``) — the mean over its measured instances weighted by their sampled time, with ``samples``, the
   measured ``instances`` and the ``short`` ones. A phase whose every instance is short says so (``note``).
 - **Per seam** (:func:`seams`): the same over the gaps between consecutive phases (steady state).
@@ -29,8 +29,8 @@ import polars as pl
 
 from ..model import InputError, Result
 from ..read import gpu_metrics
-from . import headline, view
-from .tokens import cycles, selection
+from . import steady_tables, view
+from .cycles import cycles, selection
 
 __all__ = ["MIN_PERIODS", "DRAM_BOUND_PCT", "TENSOR_LOW_PCT", "TENSOR_BOUND_PCT", "ISSUE_BOUND_PCT",
            "IDLE_PCT", "period_ns", "interval_means", "instances", "scope_order", "phases", "bound_expr",
@@ -137,7 +137,7 @@ def instances(res: Result) -> pl.DataFrame:
     got = _samples(res)
     out = pl.DataFrame()
     if got:
-        inst = headline.instances_marked_steady(res).filter(pl.col("left_out").is_null() & (pl.col("x_ops") > 0)
+        inst = steady_tables.instances_marked_steady(res).filter(pl.col("left_out").is_null() & (pl.col("x_ops") > 0)
                                               & pl.col("rank").is_not_null())
         rep = pl.col("report").cast(pl.Int64) if "report" in inst.columns else pl.lit(0, pl.Int64)
         seg = _segments(res)
@@ -266,7 +266,7 @@ def seams(res: Result) -> pl.DataFrame:
     """Per seam (``parent, from, to``) of the steady state, all ranks: the main metrics over the gaps between
     consecutive phases (``[end of from, start of to)``), as :func:`phases`; empty without samples."""
     got = _samples(res)
-    s = headline.steady_seam_instances(res)
+    s = steady_tables.steady_seam_instances(res)
     if not got or s.height == 0 or "a" not in s.columns:
         return pl.DataFrame()
     rep = pl.col("report").cast(pl.Int64) if "report" in s.columns else pl.lit(0, pl.Int64)

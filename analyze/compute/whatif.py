@@ -27,7 +27,7 @@ draft(S0)``, …) and everything else as the trace recorded it:
   end + launch latency, the previous phase's end + device gap)``; which term bound it in the trace gives
   that term's value, the other takes its median over the phases where it bound (clipped so that the
   trace is reproduced exactly);
-- only the steady-state cycles are replayed (:mod:`analyze.compute.steady`: warm-up and stalls left out, or
+- only the steady-state cycles are replayed (:mod:`analyze.compute.steady_cycles`: warm-up and stalls left out, or
   the user's ``--skip-cycles``/``--window``): windows from a steady cycle's first GPU op to the next steady
   cycle's; predicted cycle = the measured cycle period (:data:`analyze.compute.tokens.DEFINITION`, what
   ``analyze``, ``compare`` and the report print) moved by the mean change of the replayed windows, so that
@@ -52,9 +52,12 @@ import polars as pl
 
 from ..model import InputError, Result
 from ..read import results
+from ..read.manifest import speculative
 from . import view
+from .cycles import cycles
+from .payload import base_expr
 from .scalars import real_or_none, to_float, to_int
-from .tokens import base_expr, cycles, speculative, summary
+from .tokens import summary
 
 __all__ = ["MAX_STEPS", "Replay", "Model", "SegmentModel", "fit_segments", "run_alpha", "join_runs",
            "solve_alpha", "fit", "to_dict", "validate", "MIN_LOG_LINES", "calibrate", "NEAR_BEST", "fitted",

@@ -49,8 +49,8 @@ from nvtx_hooks import phases as ph
 from ..model import Diagnostic
 from ..read import packed_keys
 from . import align, attribute
+from .payload import CYCLE_NAMES, base_expr, decode_exprs, decode_frame
 from .scalars import whole_or_none
-from .tokens import CYCLE_NAMES, base_expr, decode_exprs, decode_frame
 
 __all__ = ["WRAP", "END_SPREAD_BOUND_NS", "CODES", "rank_window", "cycle_index_problem", "with_cycle",
            "ordinal", "Paired", "pair", "pair_reports"]

@@ -16,8 +16,9 @@ import polars as pl
 
 from nvtx_hooks.capture import files
 
-from ..compute import anatomy, findings, headline, straggler, utilisation, whatif
-from ..compute.tokens import DEFINITION, cycles, selection, summary
+from ..compute import anatomy, cycle_budget, findings, steady_tables, straggler, utilisation, whatif
+from ..compute.cycles import cycles, selection
+from ..compute.tokens import DEFINITION, summary
 from ..model import InputError, Result
 from .targets import as_input_error, check_db, fences, inputs_of
 
@@ -91,14 +92,14 @@ def _document(res: Result) -> dict:
     d = res.to_dict()
     d["steady"] = {**selection(res), "definition": DEFINITION}
     d["tokens"] = summary(res).as_dict()
-    d["budget"] = headline.budget(res).to_dicts()
-    d["phases_steady"] = headline.steady_phases(res).to_dicts()
-    d["phases_steady_all_ranks"] = headline.steady_phases_all_ranks(res).to_dicts()
-    d["seams_steady"] = headline.steady_seams(res).to_dicts()
-    d["kernels"] = headline.kernels(res, TOP_KERNELS).to_dicts()
+    d["budget"] = cycle_budget.budget(res).to_dicts()
+    d["phases_steady"] = steady_tables.steady_phases(res).to_dicts()
+    d["phases_steady_all_ranks"] = steady_tables.steady_phases_all_ranks(res).to_dicts()
+    d["seams_steady"] = steady_tables.steady_seams(res).to_dicts()
+    d["kernels"] = steady_tables.kernels(res, TOP_KERNELS).to_dicts()
     d["cycle_classes"] = [c.as_dict() for c in anatomy.cycle_classes(res)]
     d["segments"] = [s.as_dict() for s in anatomy.segments(res)]
-    st = headline.stragglers(res)
+    st = steady_tables.stragglers(res)
     d["stragglers_steady"] = st.to_dicts()
     d["straggler"] = straggler.verdict(st).to_dicts()  # each phase's (the share rule: module straggler)
     d["findings"] = None  # (their place in the document: filled by document)
@@ -122,16 +123,16 @@ CSV_TABLES = ("phases", "ranges", "seams", "ranks", "coverage", "instances", "ho
 
 def frame(res: Result, name: str) -> pl.DataFrame:
     """One result table by name; ``phases``/``ranges``/``seams`` include all-ranks rows (rank null), and so do
-    ``phases_steady``/``seams_steady`` (the steady state, :mod:`analyze.compute.headline`)."""
+    ``phases_steady``/``seams_steady`` (the steady state, :mod:`analyze.compute.steady_tables`)."""
     if name == "phases_steady":
-        return pl.concat([headline.steady_phases(res), headline.steady_phases_all_ranks(res).drop("ranks")], how="diagonal_relaxed")
+        return pl.concat([steady_tables.steady_phases(res), steady_tables.steady_phases_all_ranks(res).drop("ranks")], how="diagonal_relaxed")
     if name == "seams_steady":
-        s = headline.steady_seams(res)
-        return pl.concat([s, headline.steady_seams_all_ranks(res).drop("ranks")], how="diagonal_relaxed") if s.height else s
+        s = steady_tables.steady_seams(res)
+        return pl.concat([s, steady_tables.steady_seams_all_ranks(res).drop("ranks")], how="diagonal_relaxed") if s.height else s
     if name == "budget":
-        return headline.budget(res)
+        return cycle_budget.budget(res)
     if name == "kernels":
-        return headline.kernels(res)
+        return steady_tables.kernels(res)
     if name == "cycles":
         return cycles(res)
     if name == "cycle_classes":  # one row per class and budget piece that grew (its pieces, flat)

@@ -30,10 +30,12 @@ import polars as pl
 
 from nvtx_hooks.capture.files import NewFolder, utf8
 
-from ..compute import anatomy, findings, headline, straggler, utilisation, view, whatif
+from ..compute import anatomy, cycle_budget, findings, steady_tables, straggler, utilisation, view, whatif
 from ..compute import compare as cmp
+from ..compute.cycles import selection
+from ..compute.payload import cycle_order
 from ..compute.scalars import real
-from ..compute.tokens import DEFINITION, cycle_order, selection, summary
+from ..compute.tokens import DEFINITION, summary
 from ..model import InputError, Result
 from ..read import results
 from . import terminal
@@ -195,7 +197,7 @@ def _summary(res: Result, steps_now) -> Section:
 
 
 def _budget(res: Result, figs: _Figures) -> Section:
-    b = headline.budget(res)
+    b = cycle_budget.budget(res)
     if b.height == 0:
         return Section("budget", "Cycle budget", _p("No steady cycles with a period: no cycle budget."))
     ranks = sorted(b["rank"].unique().to_list())
@@ -246,10 +248,10 @@ _PHASE_HEADS = {f"{k}_{s}_ns": f"{k} µs/inst {s}" for k in ("span", "compute", 
 def _phases(res: Result, figs: _Figures) -> Section:
     body = [_p("Per instance over the steady state (µs per instance: mean, p50, p90); span = compute + comm + idle "
                "(means add up; percentiles do not)."),
-            "<h3>All ranks</h3>", _table(headline.steady_phases_all_ranks(res).with_columns(_o=cycle_order()).sort("_o", "phase")
+            "<h3>All ranks</h3>", _table(steady_tables.steady_phases_all_ranks(res).with_columns(_o=cycle_order()).sort("_o", "phase")
                                          .select("ranks", *_PHASE_COLS), _PHASE_HEADS)]
     if res.ranks.height > 1:
-        per = headline.steady_phases(res).with_columns(_o=cycle_order()).sort("_o", "phase", "rank")
+        per = steady_tables.steady_phases(res).with_columns(_o=cycle_order()).sort("_o", "phase", "rank")
         body += ["<h3>Per rank</h3>", _table(per.select("rank", *_PHASE_COLS), _PHASE_HEADS)]
         hm = figs.img("rank_phase.png", "median span per rank and phase", lambda: _plots().rank_heatmap(res))
         if hm:
@@ -306,12 +308,12 @@ def utilisation_section(res: Result) -> Section | None:
 
 
 def _comm(res: Result, figs: _Figures) -> Section | None:
-    mt = headline.matching(res)
+    mt = steady_tables.matching(res)
     bad = mt.filter(~pl.col("trusted"))
     refused = set(bad["phase"].to_list())
-    p = headline.steady_phases(res).filter(~pl.col("phase").is_in(list(refused)))
+    p = steady_tables.steady_phases(res).filter(~pl.col("phase").is_in(list(refused)))
     split = figs.img("comm_split.png", "communication transfer vs wait per rank", lambda: _plots().comm_split(p))
-    st = headline.stragglers(res)
+    st = steady_tables.stragglers(res)
     st = st.filter(~pl.col("phase").is_in(list(refused))) if st.height else st
     notes = [d for d in res.diagnostics if d.code.startswith("COMM")]
     if not split and st.height == 0 and not notes and not refused:
@@ -343,8 +345,8 @@ def _comm(res: Result, figs: _Figures) -> Section | None:
 
 
 def _stragglers(res: Result, st: pl.DataFrame) -> pl.DataFrame:
-    """One row per phase: its straggler (:func:`headline.straggler_verdict`) and the wait it costs the others."""
-    v = headline.straggler_verdict(res).select("phase", straggler=pl.col("rank").cast(pl.String), wait_share="wait_share",
+    """One row per phase: its straggler (:func:`steady_tables.straggler_verdict`) and the wait it costs the others."""
+    v = steady_tables.straggler_verdict(res).select("phase", straggler=pl.col("rank").cast(pl.String), wait_share="wait_share",
                                                per_cycle_ns="per_cycle_ns")
     phases = st.filter(pl.col("phase").is_not_null()).group_by("phase").agg(pl.col("collectives").first())
     return (phases.join(v, on="phase", how="left")
@@ -392,7 +394,7 @@ def _segments(res: Result) -> Section | None:
 
 
 def _seams(res: Result, figs: _Figures) -> Section:
-    sa = headline.steady_seams_all_ranks(res)
+    sa = steady_tables.steady_seams_all_ranks(res)
     body = [_p("GPU idle between consecutive ranges (last op of one → first op of the next), steady state, all ranks.")]
     if sa.height:
         causes = [c for c in ("bound", "gpu_bound_ns", "launch_bound_ns", "host_bound_ns", "launch_block_ns",
@@ -416,9 +418,9 @@ _SEAM_HEADS = {"idle_mean_ns": "idle µs/inst mean", "idle_p50_ns": "idle µs/in
 
 
 def _parents(res: Result) -> Section:
-    parents = headline.steady_seams_all_ranks(res)
+    parents = steady_tables.steady_seams_all_ranks(res)
     names = parents["parent"].drop_nulls().unique() if parents.height else pl.Series([], dtype=pl.String)
-    pr = headline.ranges(res)
+    pr = steady_tables.ranges(res)
     body = [_p("Ranges with selected ranges inside them, inclusive (NVIDIA-style projection of everything launched "
                "inside), steady state, per rank.")]
     rows = pr.filter(pl.col("range").is_in(names.implode())) if names.len() else pr.head(0)
@@ -439,7 +441,7 @@ def _parents(res: Result) -> Section:
 
 
 def _kernels(res: Result) -> Section:
-    k = headline.kernels(res, 5)
+    k = steady_tables.kernels(res, 5)
     if k.height == 0:
         return Section("kernels", "Top GPU operations", _p("No GPU operations in phases."))
     k = k.with_columns(name=pl.Series(display_names(k["name"].to_list())))

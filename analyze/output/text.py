@@ -10,14 +10,15 @@ import polars as pl
 
 from nvtx_hooks.phases import base_name
 
-from ..compute import anatomy
-from ..compute import headline as hl
+from ..compute import anatomy, steady_tables
 from ..compute.collectives import short_name
 from ..compute.compare import Comparison
+from ..compute.cycle_budget import budget
+from ..compute.cycles import selection
 from ..compute.findings import Finding
-from ..compute.headline import budget
+from ..compute.payload import cycle_order
 from ..compute.scalars import real, to_float
-from ..compute.tokens import DEFINITION, cycle_order, selection, summary
+from ..compute.tokens import DEFINITION, summary
 from ..compute.whatif import MAX_STEPS, NEAR_BEST, Model
 from ..model import SEAM_CAUSES, CommResult, Result
 
@@ -290,8 +291,8 @@ _STEADY_HEADER = ["phase", "rank", "inst", "span µs", "p50", "p90", "compute µ
 
 def steady_phase_text(res: Result) -> list[str]:
     """Per phase (all ranks, then each rank when there are several): per-instance mean / p50 / p90, steady state."""
-    pa = _order(hl.steady_phases_all_ranks(res).with_columns(rank=pl.lit(None, pl.Int64)), "phase")
-    pr = hl.steady_phases(res)
+    pa = _order(steady_tables.steady_phases_all_ranks(res).with_columns(rank=pl.lit(None, pl.Int64)), "phase")
+    pr = steady_tables.steady_phases(res)
     multi = res.ranks.height > 1
     rows = []
     for a in pa.iter_rows(named=True):
@@ -348,7 +349,7 @@ def table_text(df: pl.DataFrame) -> str:
 
 def kernels_text(res: Result, top: int = 5) -> str:
     """``analyze --table kernels``: the top GPU operations of each phase, steady state."""
-    k = _order(hl.kernels(res, top), "phase")
+    k = _order(steady_tables.kernels(res, top), "phase")
     out = [f"Top {top} GPU operations per phase, steady state, all ranks (per cycle = per rank per steady cycle)"]
     rows = [[r["phase"], label, f"{r['count_per_cycle']:,.1f}", _us(r["per_cycle_ns"]),
              f"{100 * r['share']:.1f}", str(r["ranks"])]
@@ -387,7 +388,7 @@ def analyze_table(res: Result, found: list[Finding] | None = None) -> str:
     out.append(f"All ranks ({res.ranks.height}), times summed over ranks")
     out += _grid(_PHASE_HEADER, _phase_rows(_order(pa, "phase"), total))
     out += _comm_split(res)
-    sa = hl.steady_seams_all_ranks(res)
+    sa = steady_tables.steady_seams_all_ranks(res)
     if sa.height:
         out.append("")
         out.append("Seams, steady state: GPU idle between consecutive ranges (last op of one → first op of the next), "

@@ -1,7 +1,7 @@
 """Which decode cycles are the steady state, and which slower cycles recur: warm-up and rare stalls detected,
 recurring slow cycles described and kept, segments of one batch size, or the user's choice.
 
-Input: the cycles of a trace (:func:`analyze.compute.tokens.cycles`: ``rank, n, kind, i_first, i_last,
+Input: the cycles of a trace (:func:`analyze.compute.cycles.cycles`: ``rank, n, kind, i_first, i_last,
 period_ns, prefill_ns, payload_batch, pair_key, cycle_index …``); output: the same rows with ``key`` (the
 cycle's identity across ranks), ``steady`` (bool), ``why`` (null, ``warm-up``, ``stall``, ``pause``,
 ``skipped``, ``outside window``), ``cycle_class`` (the class of slower cycles it belongs to, null when
