@@ -242,17 +242,17 @@ def whatif(reports: Reports, steps_now: int | None = None, baseline: Reports | N
            comm_patterns: list[CommPattern] | None = None, *, as_traced: bool = False, timing: Reports | None = None,
            unprofiled_cycles_per_s: float | None = None, other_steps: list[Reports] | None = None,
            unprofiled_log: str | os.PathLike | None = None, **kw: Any) -> Model:
-    """The cost model fitted on one speculative run (:class:`analyze.compute.whatif.Model`): predictions
+    """The cost model fitted on one speculative run (:class:`analyze.compute.whatif_model.Model`): predictions
     for other draft-step counts. ``baseline``: a run without speculation (calibrates verify's slope).
     ``as_traced``: keep node-level graph tracing's launch cost in the prediction (default: removed).
     ``timing``: a graph-level pass of the same run: the model is fitted on it (``Model.probe``: the probe effect).
     ``Model.segments``: without a baseline, one model per batch size when the run has several
-    (:func:`analyze.compute.whatif.fit_segments`). ``other_steps``: runs of the same workload at other draft-step
+    (:func:`analyze.compute.whatif_segments.fit_segments`). ``other_steps``: runs of the same workload at other draft-step
     counts (their manifests say which): each batch size's prediction at a step count comes from the run measured
-    nearest to it, with this run's acceptance (:class:`analyze.compute.whatif.SegmentModel`). ``unprofiled_log``:
+    nearest to it, with this run's acceptance (:class:`analyze.compute.whatif_model.SegmentModel`). ``unprofiled_log``:
     a decode log of the same workload at this run's step count without a profiler (SGLang's "Decode batch" lines):
-    each batch size's predictions are calibrated on it (:func:`analyze.compute.whatif.calibrate`)."""
-    from .compute import whatif as wi
+    each batch size's predictions are calibrated on it (:func:`analyze.compute.whatif_segments.calibrate`)."""
+    from .compute import whatif, whatif_fit, whatif_segments
 
     if acceptance is not None and not 0 <= acceptance <= 1:
         raise InputError(f"--acceptance must be in [0, 1], not {acceptance}")
@@ -266,12 +266,12 @@ def whatif(reports: Reports, steps_now: int | None = None, baseline: Reports | N
     base = analyze(baseline, ranges, comm_patterns, **kw) if baseline is not None else None
     # kept with the result, when nothing below changes it (join_runs and calibrate do)
     if base is None and not other_steps and periods is None and res.probe_effect is None:
-        m = wi.fitted(res, steps_now, alpha=acceptance, as_traced=as_traced)
+        m = whatif.fitted(res, steps_now, alpha=acceptance, as_traced=as_traced)
     else:
-        m = wi.fit(res, steps_now, baseline=base, alpha=acceptance, as_traced=as_traced)
+        m = whatif_fit.fit(res, steps_now, baseline=base, alpha=acceptance, as_traced=as_traced)
         m.probe = res.probe_effect
         if base is None:  # one model per batch size, verify's curve measured across them
-            wi.with_segments(m, res, steps_now, acceptance, as_traced)
+            whatif.with_segments(m, res, steps_now, acceptance, as_traced)
     if other_steps:
         if not m.segments:
             raise InputError("--other-steps joins runs per batch size: this run has fewer than two batch sizes "
@@ -284,11 +284,11 @@ def whatif(reports: Reports, steps_now: int | None = None, baseline: Reports | N
                 kept.append(analyze(o, ranges, comm_patterns, **kw))
                 yield ", ".join(Path(p).name for p in _paths(o)), kept[-1]
 
-        alpha = acceptance if acceptance is not None else wi.run_alpha(res, m.steps_now)
-        m.notes += wi.join_runs(m.segments, runs(), alpha, as_traced)
+        alpha = acceptance if acceptance is not None else whatif_segments.run_alpha(res, m.steps_now)
+        m.notes += whatif_segments.join_runs(m.segments, runs(), alpha, as_traced)
         keep_derived(*kept)
     if periods is not None:
-        m.notes += wi.calibrate(m, periods, log_name)
+        m.notes += whatif_segments.calibrate(m, periods, log_name)
     keep_derived(res, base)
     return m
 
@@ -301,7 +301,7 @@ def whatif_validation(runs: dict[int, Reports | list[Reports]], baseline: Report
     predicted_ns, measured_ns, error_pct``, ...: :func:`analyze.compute.whatif.validate`). ``baseline``: a run
     without speculation, as for :func:`whatif`; ``as_traced`` (default): the models keep the traces' own probe
     effect, so that like is compared with like. ``kw``: as for :func:`analyze`."""
-    from .compute import whatif as wi
+    from .compute import whatif
 
     def one(r: Reports) -> Result:
         return analyze(r, ranges, comm_patterns, **kw)
@@ -309,7 +309,7 @@ def whatif_validation(runs: dict[int, Reports | list[Reports]], baseline: Report
     analysed: dict[int, Result | Sequence[Result]] = {
         s: [one(x) for x in r] if isinstance(r, list) else one(r) for s, r in runs.items()}
     base = one(baseline) if baseline is not None else None
-    out = wi.validate(analysed, baseline=base, as_traced=as_traced)
+    out = whatif.validate(analysed, baseline=base, as_traced=as_traced)
     for r in analysed.values():
         keep_derived(*([r] if isinstance(r, Result) else r))
     return out

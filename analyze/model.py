@@ -343,10 +343,10 @@ class CommResult:
     cycles: str | None = None  # which cycles the phases' collectives come from (the steady state's sentence)
     outside_cycles: int = 0  # matched kernels of phase instances outside those cycles (warm-up, rare stalls)
     straggler: pl.DataFrame = field(default_factory=pl.DataFrame)  # the one verdict per phase (compute.straggler)
+    matched_collectives: int = 0  # collectives matched (the rows of ``matched`` are per collective and rank)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document: ``collectives`` and ``stragglers`` keys as in the README."""
-        n_coll = self.matched.select(pl.struct("_g", "j").n_unique()).item() if self.matched.height else 0
         return {
             "spectrace_version": __version__,
             "reports": self.reports,
@@ -356,7 +356,7 @@ class CommResult:
             "matching": {
                 "comm_kernels": self.kernels.height + self.left_out_kernels,
                 "matched_kernels": self.matched.height,
-                "matched_collectives": n_coll,
+                "matched_collectives": self.matched_collectives,
                 "unmatched_kernels": self.kernels.height - self.matched.height,
                 "left_out_kernels": self.left_out_kernels,
             },

@@ -6,7 +6,7 @@ import pytest
 
 from analyze import analyze
 from analyze.compute import findings
-from analyze.compute.whatif import fit
+from analyze.compute.whatif_fit import fit
 from tests.helpers import eagle_synth as es
 
 PERIODS = [30_000, 20_000] + [10_000] * 5 + [25_000] + [10_000] * 3
@@ -65,11 +65,11 @@ def test_whatif_finding_follows_the_model(res):
     m = fit(res)
     best, now = m.best(measured_only=True), m.predict(m.steps_now)  # never an extrapolated step count
     f = by_code(findings.find(res, m)).get("WHATIF_STEPS")
-    gain = best["tokens_per_s"] / now["tokens_per_s"] - 1
-    if best["steps"] == m.steps_now or gain < findings.GAIN:
+    gain = best.tokens_per_s / now.tokens_per_s - 1
+    if best.steps == m.steps_now or gain < findings.GAIN:
         assert f is None
     else:
-        assert f[0].impact_ns == pytest.approx(gain * 10_000) and f"{best['steps']} draft steps" in f[0].evidence
+        assert f[0].impact_ns == pytest.approx(gain * 10_000) and f"{best.steps} draft steps" in f[0].evidence
 
 
 def test_straggler_rank(tmp_path):

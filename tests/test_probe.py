@@ -12,7 +12,7 @@ from analyze import analyze, probe_effect
 from analyze.cli import main
 from analyze.compute import probe
 from analyze.compute.tokens import summary
-from analyze.compute.whatif import fit
+from analyze.compute.whatif_fit import fit
 from bench.probe_check import median_cycle_period
 from nvtx_hooks.capture import samples
 from tests.helpers import eagle_synth as es

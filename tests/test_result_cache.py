@@ -296,7 +296,7 @@ def test_the_whatif_model_and_findings_are_kept_and_read_back_per_option(report,
     """whatif's fitted model (with its per-batch-size models and replays) and the default findings are kept with the
     result: a second command reads them (fit and rules made to fail) and its outputs equal a fresh run's; other
     options (steps, acceptance, as traced, the cycle choice) are a model of their own, fitted afresh."""
-    from analyze.compute import findings, whatif
+    from analyze.compute import findings, whatif, whatif_fit
 
     want = {(s, a): data.doc_json(to_dict(api.whatif(report, s, acceptance=a, cache=False), 10))
             for s, a in ((3, None), (2, None), (3, 0.5))}
@@ -307,7 +307,7 @@ def test_the_whatif_model_and_findings_are_kept_and_read_back_per_option(report,
     assert data.doc_json(to_dict(api.whatif(report, 3, cache=True), 10)) == want[(3, None)]
     no_analysis()
     fits = []
-    real_fit = whatif.fit
+    real_fit = whatif_fit.fit
     monkeypatch.setattr(whatif, "fit", lambda *a, **k: (fits.append(a[1:]), real_fit(*a, **k))[1])
     monkeypatch.setattr(findings, "_find", lambda *a: (_ for _ in ()).throw(AssertionError("rules run again")))
     second = api.analyze(report, cache=True)

@@ -205,7 +205,7 @@ def test_whatif_and_plot_inputs_same_from_memory_and_store(tmp_path, name):
 
     Once the streamed Result kept only communication kernels, and on tp1_steps3 its fit lost the
     verify→draft_extend launch seam."""
-    from analyze.compute.whatif import fit
+    from analyze.compute.whatif_fit import fit
     from analyze.output import plots
     from nvtx_hooks.capture import samples
 

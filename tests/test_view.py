@@ -19,7 +19,7 @@ import polars as pl
 import pytest
 
 from analyze import analyze
-from analyze.compute import cycle_budget, steady_state, steady_tables, view, whatif
+from analyze.compute import cycle_budget, steady_state, steady_tables, view, whatif_fit
 from analyze.model import CycleChoice, Result
 from analyze.output import html  # noqa: F401  (declares the report's figure table)
 from tests.helpers.paths import tp2
@@ -111,7 +111,7 @@ def test_tables_let_go_of_once_released_and_made_again(path):
 def test_a_view_under_another_choice_shares_only_the_tables_of_any_choice(path):
     res = analyze(path, cache=False)
     other = view.with_choice(res, CycleChoice(skip_cycles=3))
-    assert whatif.phase_spans(other) is whatif.phase_spans(res)  # any choice: made once for both
+    assert whatif_fit.phase_spans(other) is whatif_fit.phase_spans(res)  # any choice: made once for both
     assert cycle_budget.budget(other) is not cycle_budget.budget(res)
     assert not cycle_budget.budget(other).equals(cycle_budget.budget(res))  # three cycles fewer per rank
 

@@ -478,6 +478,7 @@ def cross_rank(results: list, paired: windows.Paired | None = None, keys: pl.Dat
         diagnostics=diags,
         refused=ref,
         left_out_kernels=every.height - kernels.height,
+        matched_collectives=_collectives_in(matched),
     )
     del matched
     if keys is None or out.matched.height == 0:  # else the whole run's tables are not made: within makes its own
@@ -507,4 +508,10 @@ def within(cr: CommResult, keys: pl.DataFrame, cycles: str) -> CommResult:
     m = pl.DataFrame(kept)
     st = stragglers(m, cr.refused)
     return dataclasses.replace(cr, matched=m, collectives=_summary(m, cr.refused), stragglers=st, cycles=cycles,
-                               outside_cycles=n - m.height, straggler=straggler.verdict(st))
+                               outside_cycles=n - m.height, straggler=straggler.verdict(st),
+                               matched_collectives=_collectives_in(m))
+
+
+def _collectives_in(matched: pl.DataFrame) -> int:
+    """How many collectives ``matched`` (one row per collective and rank) holds."""
+    return matched.select(pl.struct("_g", "j").n_unique()).item() if matched.height else 0

@@ -33,7 +33,7 @@ from .scalars import real, to_float
 from .tokens import summary
 
 if TYPE_CHECKING:
-    from .whatif import Model
+    from .whatif_model import Model
 
 __all__ = ["HIGH", "MEDIUM", "FLOOR", "RULES", "COMM_SHARE", "IDLE_SHARE", "GAIN", "RuleContext", "Finding", "RuleHit", "Rule",
            "SAME", "launch_timing", "NCCL_KERNEL", "PROTOS", "NcclSetting", "nccl_setting", "comm_action",
@@ -410,13 +410,13 @@ def _whatif(ctx: RuleContext) -> list[RuleHit]:
         return []
     best, now = m.best(measured_only=True), m.predict(m.steps_now)
     far = m.best()
-    if best is None or best["steps"] == m.steps_now or not now["tokens_per_s"]:
+    if best is None or best.tokens_per_s is None or best.steps == m.steps_now or not now.tokens_per_s:
         return []
-    gain = best["tokens_per_s"] / now["tokens_per_s"] - 1
+    gain = best.tokens_per_s / now.tokens_per_s - 1
     if gain < GAIN:
         return []
-    ev = (f"the what-if model predicts {best['tokens_per_s']:,.0f} tokens/s at {best['steps']} draft steps against "
-          f"{now['tokens_per_s']:,.0f} at the current {m.steps_now} (+{_pct(gain)}; acceptance α = {m.alpha:.2f} "
+    ev = (f"the what-if model predicts {best.tokens_per_s:,.0f} tokens/s at {best.steps} draft steps against "
+          f"{now.tokens_per_s:,.0f} at the current {m.steps_now} (+{_pct(gain)}; acceptance α = {m.alpha:.2f} "
           "fitted on this trace, model assumptions in `spectrace whatif --explain`)")
     if m.verify_source == "assumed":
         ev += ("; verify's cost per extra verified token is ASSUMED 0 (not measured: no baseline, one batch size): "
@@ -424,9 +424,9 @@ def _whatif(ctx: RuleContext) -> list[RuleHit]:
     elif m.verify_source == "gpu_metrics" and m.verify_prior is not None:  # "gpu_metrics" comes with its prior
         ev += (f"; verify's cost per extra verified token is a PRIOR from its measured {m.verify_prior['bound']}-bound "
                "GPU metrics (not a measured slope): confirm with a run at that step count")
-    if far is not None and far["steps"] != best["steps"]:
-        ev += (f"; {far['steps']} steps predicts more ({far['tokens_per_s']:,.0f} tokens/s) but is "
-               f"{abs(far['steps'] - m.steps_now)} steps from the measured {m.steps_now}: extrapolated, not "
+    if far is not None and far.steps != best.steps:
+        ev += (f"; {far.steps} steps predicts more ({far.tokens_per_s:,.0f} tokens/s) but is "
+               f"{abs(far.steps - m.steps_now)} steps from the measured {m.steps_now}: extrapolated, not "
                "recommended")
     return [RuleHit(gain * ctx.period_ns, ev)]
 
@@ -438,7 +438,7 @@ def _verify_how(source: str) -> str:
 
 def _whatif_per_batch(ctx: RuleContext) -> list[RuleHit]:
     """Different best step counts for different batch sizes (the what-if per segment)."""
-    from .whatif import NEAR_BEST
+    from .whatif_model import NEAR_BEST
 
     m = ctx.model
     segs = [sm.as_dict() for sm in (m.segments if m is not None else [])]

@@ -32,7 +32,7 @@ it in a collective all see the same long cycle; one late event counts once):
 
 Cycles are identified across ranks by the pairing of :mod:`analyze.compute.windows` (the payload's cycle
 index, or the offset under which collectives end together), else the payload index, else their order.
-``segment=ID`` (internal: :func:`analyze.compute.whatif.fit_segments`) keeps the detected steady cycles of one
+``segment=ID`` (internal: :func:`analyze.compute.whatif_segments.fit_segments`) keeps the detected steady cycles of one
 segment only. ``skip_cycles=N`` leaves out exactly the first N cycles of each rank (0: none); ``window`` keeps only cycles
 ``START <= n < END`` (``"5:50"``, open ends allowed) or cycles whose first GPU op lies in a time range on the
 session clock (``"1.5s:3s"``, units ns/us/µs/ms/s). With either, stalls and classes are still found and

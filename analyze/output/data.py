@@ -16,7 +16,16 @@ import polars as pl
 
 from nvtx_hooks.capture import files
 
-from ..compute import anatomy, cycle_budget, findings, steady_tables, straggler, utilisation, whatif
+from ..compute import (
+    anatomy,
+    cycle_budget,
+    findings,
+    steady_tables,
+    straggler,
+    utilisation,
+    whatif,
+    whatif_replay,
+)
 from ..compute.cycles import cycles, selection
 from ..compute.tokens import DEFINITION, summary
 from ..model import InputError, Result
@@ -49,7 +58,7 @@ def document(res: Result, found: list[findings.Finding] | None = None) -> dict:
         finding = _Beside(lambda: findings.find(res))
     try:
         if finding is not None and fit and whatif.will_replay(res):
-            whatif.replay(res)
+            whatif_replay.replay(res)
         d = _document(res)
     except Exception:
         if finding is not None:

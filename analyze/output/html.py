@@ -30,7 +30,17 @@ import polars as pl
 
 from nvtx_hooks.capture.files import NewFolder, utf8
 
-from ..compute import anatomy, cycle_budget, findings, steady_tables, straggler, utilisation, view, whatif
+from ..compute import (
+    anatomy,
+    cycle_budget,
+    findings,
+    steady_tables,
+    straggler,
+    utilisation,
+    view,
+    whatif,
+    whatif_model,
+)
 from ..compute import compare as cmp
 from ..compute.cycles import selection
 from ..compute.payload import cycle_order
@@ -453,21 +463,21 @@ def _kernels(res: Result) -> Section:
                              "share": "% of phase"}))
 
 
-def _whatif(res: Result, figs: _Figures, model: whatif.Model | InputError, max_steps: int = whatif.MAX_STEPS) -> Section:
+def _whatif(res: Result, figs: _Figures, model: whatif_model.Model | InputError, max_steps: int = whatif_model.MAX_STEPS) -> Section:
     """The what-if model as prose and tables (what ``spectrace whatif`` prints), and its figure."""
     if isinstance(model, InputError):
         return Section("whatif", "What if: draft steps", _p(f"No what-if model: {model}"))
     m = model
     now = m.predict(m.steps_now)
     body = [_p(f"From {m.steps_now} draft steps ({m.steps_source}): measured cycle {m.period_ns / 1e3:,.1f} µs (mean "
-               f"over the steady cycles); the model's {now['cycle_ns'] / 1e3:,.1f} µs = draft "
-               f"{now['draft_ns'] / 1e3:,.1f} + verify {now['verify_ns'] / 1e3:,.1f} + draft_extend "
-               f"{now['draft_extend_ns'] / 1e3:,.1f} + seams {now['seams_ns'] / 1e3:,.1f} + other "
-               f"{now['other_ns'] / 1e3:,.1f} µs.", "head")]
+               f"over the steady cycles); the model's {now.cycle_ns / 1e3:,.1f} µs = draft "
+               f"{now.draft_ns / 1e3:,.1f} + verify {now.verify_ns / 1e3:,.1f} + draft_extend "
+               f"{now.draft_extend_ns / 1e3:,.1f} + seams {now.seams_ns / 1e3:,.1f} + other "
+               f"{now.other_ns / 1e3:,.1f} µs.", "head")]
     if m.alpha is not None:
         body.append(_p(acceptance_text(m)))
     body += [_p(f"Note: {n}") for n in m.notes]
-    preds = pl.DataFrame(m.predictions(max_steps))
+    preds = pl.DataFrame([p.as_dict() for p in m.predictions(max_steps)])
     marks = [("measured now" if p["measured"] else "extrapolated" if p["extrapolated"] else "")
              for p in preds.iter_rows(named=True)]
     body.append(_table(preds.select("steps", "cycle_ns", "draft_ns", "verify_ns", "draft_extend_ns", "seams_ns",
@@ -489,7 +499,7 @@ def _whatif(res: Result, figs: _Figures, model: whatif.Model | InputError, max_s
                          "gain": None if d["gain"] is None else f"{100 * d['gain']:+.1f} %"})
         body.append("<h3>Per segment</h3>" + _p("One model per batch size, from its own cycles: predicted tokens/s at "
                                                  "each step count (* extrapolated); best among the others, ≈ another "
-                                                 f"within {100 * whatif.NEAR_BEST:.0f} % of its tokens/s.")
+                                                 f"within {100 * whatif_model.NEAR_BEST:.0f} % of its tokens/s.")
                     + _table(pl.DataFrame(rows), {"period_p50_ns": "cycle µs p50"}))
     if m.probe is not None:
         body.append(_p("Fitted on the graph-level pass (--timing)."))
@@ -580,7 +590,7 @@ def write_page(res: Result, out: str | Path, vs: Result | None = None, steps_now
 
 def _write_page(res: Result, out: NewFolder, vs: Result | None, steps_now: int | None, extra) -> None:
     name = ", ".join(Path(p).name for p in res.reports) or Path(res.trace.path).name
-    model: whatif.Model | InputError  # the error is shown in the what-if section
+    model: whatif_model.Model | InputError  # the error is shown in the what-if section
     try:  # vs is a run to compare with, not whatif's no-speculation baseline: one model per batch size
         model = whatif.fitted(res, steps_now)  # with its per-batch-size models; kept with the result
     except InputError as e:

@@ -28,7 +28,7 @@ from ..compute.compare import Comparison
 from ..compute.cycles import cycles
 from ..compute.payload import base_expr
 from ..compute.scalars import to_float, to_int
-from ..compute.whatif import Model
+from ..compute.whatif_model import Model
 from ..model import Result
 from . import terminal
 
@@ -349,7 +349,7 @@ def comm_split(phases: pl.DataFrame) -> Figure | None:
 def whatif_curve(model: Model, max_steps: int = 10) -> Figure:
     """Predicted cycle time (stacked: draft, verify, draft_extend, the seams between them, other) and tokens/s
     against the number of draft steps; the bars add up to the predicted cycle."""
-    preds = pl.DataFrame(model.predictions(max_steps))
+    preds = pl.DataFrame([p.as_dict() for p in model.predictions(max_steps)])
     fig = _figure(9, 4.8)
     ax = fig.subplots()
     bottom = [0.0] * preds.height

@@ -19,7 +19,7 @@ from ..compute.findings import Finding
 from ..compute.payload import cycle_order
 from ..compute.scalars import real, to_float
 from ..compute.tokens import DEFINITION, summary
-from ..compute.whatif import MAX_STEPS, NEAR_BEST, Model
+from ..compute.whatif_model import MAX_STEPS, NEAR_BEST, Model
 from ..model import SEAM_CAUSES, CommResult, Result
 
 __all__ = ["kernel_label", "ranked", "text_width", "wrap_lines", "display_names", "selection_lines", "class_lines",
@@ -670,21 +670,21 @@ def best_text(m: Model, max_steps: int = MAX_STEPS) -> str:
              "size is in the per-segment table) " if m.segments else "")
     if best is None:
         return "best: unknown without acceptance (shortest cycle is always 1 step)"
-    if near is not None and near["steps"] != best["steps"]:
-        return (f"best {whole}within one step of the measured {m.steps_now}: {near['steps']} steps, "
-                f"{near['tokens_per_s']:.1f} tok/s predicted; {best['steps']} steps predicts "
-                f"{best['tokens_per_s']:.1f} tok/s but is extrapolated (*)")
-    return (f"best {whole}".rstrip() + f": {best['steps']} steps, {best['tokens_per_s']:.1f} tok/s predicted"
-            + (" (extrapolated *)" if best["extrapolated"] else ""))
+    if near is not None and near.steps != best.steps:
+        return (f"best {whole}within one step of the measured {m.steps_now}: {near.steps} steps, "
+                f"{near.tokens_per_s:.1f} tok/s predicted; {best.steps} steps predicts "
+                f"{best.tokens_per_s:.1f} tok/s but is extrapolated (*)")
+    return (f"best {whole}".rstrip() + f": {best.steps} steps, {best.tokens_per_s:.1f} tok/s predicted"
+            + (" (extrapolated *)" if best.extrapolated else ""))
 
 
 def whatif_table(m: Model, max_steps: int = MAX_STEPS, explain: bool = False) -> str:
     """``spectrace whatif``: the fitted costs and the predictions per step count (``explain``: the assumptions)."""
     now = m.predict(m.steps_now)
     out = [f"what-if from {m.steps_now} draft steps: measured cycle {m.period_ns / 1e3:.1f} µs (mean over the "
-           f"steady cycles); model {now['cycle_ns'] / 1e3:.1f} µs = draft {now['draft_ns'] / 1e3:.1f} + verify {now['verify_ns'] / 1e3:.1f} "
-           f"+ draft_extend {now['draft_extend_ns'] / 1e3:.1f} + seams {now['seams_ns'] / 1e3:.1f} + other "
-           f"{now['other_ns'] / 1e3:.1f} µs"]
+           f"steady cycles); model {now.cycle_ns / 1e3:.1f} µs = draft {now.draft_ns / 1e3:.1f} + verify "
+           f"{now.verify_ns / 1e3:.1f} + draft_extend {now.draft_extend_ns / 1e3:.1f} + seams {now.seams_ns / 1e3:.1f} "
+           f"+ other {now.other_ns / 1e3:.1f} µs"]
     seams = m.seams(m.steps_now)
     if seams:
         out.append("seams inside a cycle (median µs): " + ", ".join(f"{k} {v / 1e3:.1f}" for k, v in seams.items()))
@@ -697,11 +697,11 @@ def whatif_table(m: Model, max_steps: int = MAX_STEPS, explain: bool = False) ->
     out.append(f"{'steps':>5}  {'cycle µs':>9}  {'draft':>8}  {'verify':>8}  {'extend':>8}  {'seams':>8}  {'other':>8}  "
                f"{'tok/cycle':>9}  {'tok/s':>9}")
     for p in m.predictions(max_steps):
-        tok = f"{p['tokens_per_cycle']:9.2f}" if p["tokens_per_cycle"] is not None else f"{'-':>9}"
-        tps = f"{p['tokens_per_s']:9.1f}" if p["tokens_per_s"] is not None else f"{'-':>9}"
-        mark = " ← now" if p["measured"] else " *" if p["extrapolated"] else ""
-        out.append(f"{p['steps']:5d}  {p['cycle_ns'] / 1e3:9.1f}  {p['draft_ns'] / 1e3:8.1f}  {p['verify_ns'] / 1e3:8.1f}  "
-                   f"{p['draft_extend_ns'] / 1e3:8.1f}  {p['seams_ns'] / 1e3:8.1f}  {p['other_ns'] / 1e3:8.1f}  {tok}  {tps}{mark}")
+        tok = f"{p.tokens_per_cycle:9.2f}" if p.tokens_per_cycle is not None else f"{'-':>9}"
+        tps = f"{p.tokens_per_s:9.1f}" if p.tokens_per_s is not None else f"{'-':>9}"
+        mark = " ← now" if p.measured else " *" if p.extrapolated else ""
+        out.append(f"{p.steps:5d}  {p.cycle_ns / 1e3:9.1f}  {p.draft_ns / 1e3:8.1f}  {p.verify_ns / 1e3:8.1f}  "
+                   f"{p.draft_extend_ns / 1e3:8.1f}  {p.seams_ns / 1e3:8.1f}  {p.other_ns / 1e3:8.1f}  {tok}  {tps}{mark}")
     out += ["", best_text(m, max_steps)]
     out.append(f"verify: {m.verify_text()}")
     out += whatif_segment_lines(m, max_steps)
