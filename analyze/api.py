@@ -147,7 +147,7 @@ def analyze(
     res.cycle_choice = choice
     res.diagnostics[:0] = notes
     res.steady_class = SteadyState
-    if choice:
+    if choice.chosen:
         from .compute.cycles import selection
 
         selection(res)  # a choice that leaves no cycle fails here, not later

@@ -177,6 +177,11 @@ class CycleChoice:
     window: Window | None = None
     segment: int | tuple[int, ...] | None = None
 
+    @property
+    def chosen(self) -> bool:
+        """Whether the cycles are chosen (by the user, or one segment's), not only detected."""
+        return self.skip_cycles is not None or self.window is not None or self.segment is not None
+
     def described(self) -> dict[str, Any]:
         """What was chosen, as the JSON's ``steady.choice`` has it (the window as its text; only what was set)."""
         out: dict[str, Any] = {}

@@ -29,7 +29,7 @@ from ..read import packed_keys, results
 from . import collectives, cycle_budget, steady_tables, straggler, view
 from .cycles import selection
 from .scalars import to_float, to_int
-from .steady_cycles import class_label
+from .steady_cycles import SlowClass, class_label
 
 __all__ = ["CycleClass", "cycle_classes", "Segment", "segments"]
 
@@ -73,19 +73,19 @@ def cycle_classes(res: Result) -> list[CycleClass]:
     """The classes of slower cycles with their anatomy (module docstring), the recurring ones first."""
     info = selection(res)
     c = cycle_budget.main_cycles(res)
-    if c.height == 0 or not info.get("classes") and not info.get("stalls"):
+    if c.height == 0 or not info.classes and not info.stalls:
         return []
     typical = c.filter(pl.col("steady") & pl.col("cycle_class").is_null() & ~pl.col("slow"))
     steady_n = max(c.filter("steady").select("key").unique().height, 1)
     out = []
-    groups = [(cl, c.filter((pl.col("cycle_class") == cl["id"]) & pl.col("slow") & pl.col("steady")))
-              for cl in info["classes"]]
-    if info["stalls"]:
-        n = len(info["stalls"])
-        st = {"id": None, "kind": "stall", "every": None, "offset": None, "slots": n,
-              "extra_ns": sum(x["excess_ns"] for x in info["stalls"]) / n,
-              "typical_ns": sum(x["period_ns"] - x["excess_ns"] for x in info["stalls"]) / n}
-        groups.append((st, c.filter(pl.col("key").is_in([s["key"] for s in info["stalls"]]))))
+    groups = [(cl, c.filter((pl.col("cycle_class") == cl.id) & pl.col("slow") & pl.col("steady")))
+              for cl in info.classes]
+    if info.stalls:
+        n = len(info.stalls)
+        st = SlowClass(id=None, kind="stall", every=None, offset=None, slots=n,
+                       extra_ns=sum(x.excess_ns for x in info.stalls) / n,
+                       typical_ns=sum(x.period_ns - x.excess_ns for x in info.stalls) / n)
+        groups.append((st, c.filter(pl.col("key").is_in([s.key for s in info.stalls]))))
     for cl, members in groups:
         if members.height == 0:
             continue
@@ -135,15 +135,15 @@ def _deltas(res: Result, members: pl.DataFrame, typical: pl.DataFrame) -> pl.Dat
             .sort("rank", "order", "segment"))
 
 
-def _anatomy(res: Result, cl: dict, members: pl.DataFrame, typical: pl.DataFrame, steady_n: int) -> CycleClass:
+def _anatomy(res: Result, cl: SlowClass, members: pl.DataFrame, typical: pl.DataFrame, steady_n: int) -> CycleClass:
     keys = members.select("key").unique().sort("key")["key"].to_list()
-    extra, typical_ns = float(cl.get("extra_ns") or 0.0), float(cl.get("typical_ns") or 0.0)
+    extra, typical_ns = float(cl.extra_ns or 0.0), float(cl.typical_ns or 0.0)
     d = _deltas(res, members, typical)
     ranks = sorted(d["rank"].unique().to_list())
-    label = class_label(cl) if cl["kind"] != "stall" else "rare stalls (left out)"
-    kept = cl["kind"] != "stall"
-    out = CycleClass(id=cl["id"], kind=cl["kind"], label=label, every=cl.get("every"), offset=cl.get("offset"),
-                     kept=kept, slots=int(cl.get("slots") or len(keys)), affected=len(keys), keys=keys[:20],
+    label = class_label(cl) if cl.kind != "stall" else "rare stalls (left out)"
+    kept = cl.kind != "stall"
+    out = CycleClass(id=cl.id, kind=cl.kind, label=label, every=cl.every, offset=cl.offset,
+                     kept=kept, slots=int(cl.slots or len(keys)), affected=len(keys), keys=keys[:20],
                      extra_ns=extra, typical_ns=typical_ns,
                      per_cycle_ns=extra * len(keys) / steady_n if kept else 0.0,
                      rank=None, phase=None, piece=None)
@@ -273,13 +273,13 @@ class Segment:
 def segments(res: Result) -> list[Segment]:
     """The run cut into segments of one batch size (module docstring); none when the payload has no batch size."""
     info = selection(res)
-    if not info.get("segments"):
+    if not info.segments:
         return []
     c = cycle_budget.main_cycles(res)
     out = []
-    one = len(info["segments"]) == 1
-    for sg in info["segments"]:
-        mine = c.filter(pl.col("segment") == sg["segment"])
+    one = len(info.segments) == 1
+    for sg in info.segments:
+        mine = c.filter(pl.col("segment") == sg.segment)
         st = mine.filter("steady")
         p = st["period_ns"]
         # one segment is the whole steady state: its budget is the headline budget's mean over ranks
@@ -287,8 +287,8 @@ def segments(res: Result) -> list[Segment]:
                                                                   pl.col("share").mean()).sort("order")
              if one else cycle_budget.mean_budget(res, st.select("rank", "key"), by_rank=False))
         out.append(Segment(
-            segment=sg["segment"], key=sg["key"] or "all",
-            batch_size=sg["batch_size"], first_cycle=sg["first_key"], last_cycle=sg["last_key"], cycles=st.height,
+            segment=sg.segment, key=sg.key or "all",
+            batch_size=sg.batch_size, first_cycle=sg.first_key, last_cycle=sg.last_key, cycles=st.height,
             prefills=to_int(mine.group_by("rank").agg(pl.col("prefills").sum())["prefills"].max() or 0),
             period_p50_ns=to_float(p.median()) if p.len() else None,
             period_p90_ns=to_float(p.quantile(0.9, "nearest")) if p.len() else None,

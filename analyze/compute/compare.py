@@ -34,6 +34,7 @@ from . import cycle_budget, steady_cycles, steady_tables, view
 from .cycles import selection
 from .payload import base_expr
 from .scalars import real, to_float
+from .steady_cycles import Selection
 from .tokens import DEFINITION, Tokens, summary
 
 __all__ = ["BOOT", "MAX_DRAWS", "SPLIT", "VALS", "PHASE_KINDS", "Comparison", "per_cycle", "kernels", "warnings",
@@ -259,7 +260,7 @@ class _Capture:
     graph_trace_mode: str | None
     ranks: int
     gpus: list[str]
-    selection: dict
+    selection: Selection
 
     @classmethod
     def of(cls, res: Result) -> _Capture:
@@ -285,8 +286,8 @@ def _warnings(a: _Capture, b: _Capture) -> list[str]:
         out.append(f"GPU models differ (A: {', '.join(ga)}; B: {', '.join(gb)})")
     for side, r in (("A", a), ("B", b)):
         info = r.selection
-        if info.get("how") == "detected" and (info.get("left_out_share") or 0) > steady_cycles.LEFT_OUT_WARN:
-            out.append(f"{side} leaves out {info['left_out_share']:.0%} of its cycles after warm-up (stalls, pauses): "
+        if info.how == "detected" and info.left_out_share > steady_cycles.LEFT_OUT_WARN:
+            out.append(f"{side} leaves out {info.left_out_share:.0%} of its cycles after warm-up (stalls, pauses): "
                        "its numbers describe the rest only")
     return out
 
@@ -316,7 +317,7 @@ class Side:
     def of(cls, res: Result) -> Side:
         return cls(name=", ".join(res.reports) or str(res.trace.path), cycles=_n_cycles(res), tokens=summary(res),
                    per_cycle=per_cycle(res), per_rank=per_cycle(res, True), wide=_wide(res),
-                   kernels=_kernels_of(res), steady=selection(res)["text"], straggler=_straggler(res),
+                   kernels=_kernels_of(res), steady=selection(res).text, straggler=_straggler(res),
                    capture=_Capture.of(res))
 
 

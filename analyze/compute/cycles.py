@@ -35,16 +35,16 @@ def cycles(res: Result) -> pl.DataFrame:
     """One row per cycle instance with GPU work: rank, n (order on its rank), kind, GPU first/last, period,
     batch_size, cycle_index, accept_length, tokens (null when unknown), and whether it is in the steady
     state (``steady``, ``why`` not, ``key`` = its identity across ranks; :mod:`analyze.compute.steady_cycles`)."""
-    return flagged_cycles(res)[0]
+    return flagged_cycles(res).cycles
 
 
-def selection(res: Result) -> dict:
+def selection(res: Result) -> steady_cycles.Selection:
     """What :func:`cycles` decided: counts of cycles, warm-up and stalls, the text that says so."""
-    return flagged_cycles(res)[1]
+    return flagged_cycles(res).selection
 
 
 @view.table()
-def flagged_cycles(res: Result) -> tuple[pl.DataFrame, dict]:
+def flagged_cycles(res: Result) -> steady_cycles.Flagged:
     """:func:`cycles` and :func:`selection`: the cycles flagged under the result's cycle choice
     (:func:`analyze.compute.steady_cycles.flag_cycles`)."""
     return steady_cycles.flag_cycles(raw_cycles(res), res.cycle_choice)

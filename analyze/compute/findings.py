@@ -30,6 +30,7 @@ from . import anatomy, cycle_budget, steady_cycles, steady_tables, straggler, ut
 from .cycles import selection
 from .payload import CYCLE_NAMES, base_expr
 from .scalars import real, to_float
+from .steady_cycles import Selection
 from .tokens import summary
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ class RuleContext:
     phases: pl.DataFrame  # per rank, steady
     seams: pl.DataFrame  # seam instances, steady, with launch timing
     stragglers: pl.DataFrame
-    info: dict  # cycles.selection: which cycles are the steady state, and why
+    info: Selection  # which cycles are the steady state, and why
     model: Model | None  # the what-if model, when it could be fitted
     cycles: pl.DataFrame  # rank, ncyc: steady cycles per rank
     untrusted: set[str]  # phases whose matched collectives do not end together: no straggler or wait findings
@@ -375,17 +376,17 @@ def _idle(ctx: RuleContext) -> list[RuleHit]:
 
 
 def _stalls(ctx: RuleContext) -> list[RuleHit]:
-    st = ctx.info.get("stalls") or []
-    if not st or not ctx.info.get("steady"):
+    st = ctx.info.stalls
+    if not st or not ctx.info.steady:
         return []
-    excess = sum(s["excess_ns"] for s in st)
-    per = excess / max(ctx.info["steady"], 1)
-    kept = ctx.info["how"] != "detected"
-    worst = max(st, key=lambda s: s["period_ns"])
+    excess = sum(s.excess_ns for s in st)
+    per = excess / max(ctx.info.steady, 1)
+    kept = ctx.info.how != "detected"
+    worst = max(st, key=lambda s: s.period_ns)
     where = next((c for c in ctx.classes if c.kind == "stall"), None)
     return [RuleHit(per, (
-        f"{len(st)} cycle(s) took longer than {_us(ctx.info['limit_ns'])} (median period "
-        f"{_us(ctx.info['median_ns'])}) and do not recur, the worst cycle {worst['key']} at {_us(worst['period_ns'])}; "
+        f"{len(st)} cycle(s) took longer than {_us(ctx.info.limit_ns or 0.0)} (median period "
+        f"{_us(ctx.info.median_ns or 0.0)}) and do not recur, the worst cycle {worst.key} at {_us(worst.period_ns)}; "
         f"together {_us(excess)} more than median cycles, {_us(per)} per steady cycle"
         + (f"; {where.text}" if where else "")
         + (" (kept in the numbers: you chose the cycles)" if kept else " (left out of the numbers above)")),
@@ -393,10 +394,10 @@ def _stalls(ctx: RuleContext) -> list[RuleHit]:
 
 
 def _left_out(ctx: RuleContext) -> list[RuleHit]:
-    share = ctx.info.get("left_out_share") or 0.0
-    if ctx.info.get("how") != "detected" or share <= steady_cycles.LEFT_OUT_WARN:
+    share = ctx.info.left_out_share
+    if ctx.info.how != "detected" or share <= steady_cycles.LEFT_OUT_WARN:
         return []
-    n = ctx.info.get("post_warmup") or 0
+    n = ctx.info.post_warmup
     return [RuleHit(share * ctx.period_ns, (
         f"{share:.0%} of the {n} cycles after warm-up are left out of the steady state (rare stalls and pauses): "
         "the headline numbers describe the rest only"))]

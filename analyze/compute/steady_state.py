@@ -25,6 +25,7 @@ from . import anatomy, cycle_budget, findings, steady_tables, utilisation
 from .anatomy import CycleClass, Segment
 from .cycles import cycles, selection
 from .findings import Finding
+from .steady_cycles import Selection
 from .tokens import Tokens, summary
 
 __all__ = ["SteadyState"]
@@ -40,8 +41,9 @@ class SteadyState:
         return f"SteadyState({self.selection['text']!r})"
 
     @property
-    def selection(self) -> dict:
-        """Which cycles are the steady state and why: ``text`` (the sentence ``analyze`` prints), ``how``, counts."""
+    def selection(self) -> Selection:
+        """Which cycles are the steady state and why (:class:`~analyze.compute.steady_cycles.Selection`): ``text``
+        (the sentence ``analyze`` prints, also ``selection["text"]``), ``how``, counts, stalls, classes, segments."""
         return selection(self.result)
 
     @property

@@ -257,12 +257,12 @@ def comm_document(res: Result, reports: list[Result]) -> CommResult:
     narrowed to the steady cycles' instances, with the straggler verdict of :func:`straggler_verdict` (the same
     rule and cycles as ``analyze``'s findings). Without cycle ranges: the whole run, and its own verdict."""
     info = selection(res)
-    if info.get("how") == "none":  # no cycles: no cycle period to weigh the waiting against (the share rule alone)
+    if info.how == "none":  # no cycles: no cycle period to weigh the waiting against (the share rule alone)
         cr = collectives.cross_rank(reports)
         cr.straggler = straggler.verdict(cr.stragglers)
         return cr
     verdict, steady = comm_inputs(res)
-    out = collectives.cross_rank(reports, keys=steady, cycles=info["text"])
+    out = collectives.cross_rank(reports, keys=steady, cycles=info.text)
     out.straggler = verdict
     return out
 

@@ -151,10 +151,10 @@ def instances(res: Result) -> pl.DataFrame:
 def _segments(res: Result) -> pl.DataFrame:
     """``rank, top, segment``: the decode-batch segment (its key, ``batch 16``) of each steady cycle."""
     c = cycles(res)
-    segs = selection(res).get("segments") or []
+    segs = selection(res).segments
     if c.height == 0 or "segment" not in c.columns or len(segs) < 2:
         return pl.DataFrame(schema={"rank": pl.Int64, "top": pl.Int64, "segment": pl.String})
-    names = pl.DataFrame({"segment": [s["segment"] for s in segs], "_name": [str(s["key"]) for s in segs]},
+    names = pl.DataFrame({"segment": [s.segment for s in segs], "_name": [str(s.key) for s in segs]},
                          schema={"segment": pl.Int64, "_name": pl.String})
     return (c.filter(pl.col("steady")).select("rank", top="range_id", segment=pl.col("segment").cast(pl.Int64))
             .join(names, on="segment", how="left").select("rank", "top", segment="_name"))

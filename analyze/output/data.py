@@ -99,7 +99,7 @@ class _Beside:
 def _document(res: Result) -> dict:
     """:func:`document` but for its findings (a placeholder, in their place)."""
     d = res.to_dict()
-    d["steady"] = {**selection(res), "definition": DEFINITION}
+    d["steady"] = {**selection(res).as_dict(), "definition": DEFINITION}
     d["tokens"] = summary(res).as_dict()
     d["budget"] = cycle_budget.budget(res).to_dicts()
     d["phases_steady"] = steady_tables.steady_phases(res).to_dicts()

@@ -191,7 +191,7 @@ def _summary(res: Result, steps_now) -> Section:
             f"phases: {res.selection}"]
     body = [_p(" · ".join(bits))]
     info = selection(res)
-    body.append(_p(info["text"][0].upper() + info["text"][1:], "head"))
+    body.append(_p(info.text[0].upper() + info.text[1:], "head"))
     if tk.period_ns:
         line = (f"<b>{tk.period_ns / 1e3:,.1f} µs</b> cycle period, mean (p50 {real(tk.period_p50_ns) / 1e3:,.1f} µs, "
                 f"p90 {real(tk.period_p90_ns) / 1e3:,.1f} µs)")

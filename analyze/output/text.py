@@ -185,7 +185,7 @@ def display_names(names: list[str], width: int = 60) -> list[str]:
 def selection_lines(res: Result) -> list[str]:
     """The steady-state statement and the cycle period / tokens headline (one definition, stated once)."""
     info = selection(res)
-    out = [info["text"][0].upper() + info["text"][1:]]
+    out = [info.text[0].upper() + info.text[1:]]
     tk = summary(res)
     if tk.period_ns:
         line = (f"Cycle period {_us(tk.period_ns)} µs (p50 {_us(tk.period_p50_ns)}, p90 {_us(tk.period_p90_ns)})")
@@ -303,7 +303,7 @@ def steady_phase_text(res: Result) -> list[str]:
                          _us(r["compute_mean_ns"]), _us(r["comm_mean_ns"]), _us(r["idle_mean_ns"]),
                          _us(r["idle_p50_ns"]), _us(r["idle_p90_ns"]), _pct(r["comm_ns"], r["span_ns"]),
                          _pct(r["idle_ns"], r["span_ns"])])
-    which = "steady state" if selection(res).get("how") != "none" else "whole run (no cycle ranges)"
+    which = "steady state" if selection(res).how != "none" else "whole run (no cycle ranges)"
     return [f"Phases per instance, {which} (µs; mean unless p50/p90; span = compute + comm + idle)",
             *_grid(_STEADY_HEADER, rows, 2)]
 
