@@ -490,12 +490,12 @@ def flag_cycles(cyc: pl.DataFrame, choice: CycleChoice | None = None) -> Flagged
         why = pl.when(~inside).then(pl.lit("outside window"))
     else:
         why = pl.when(~post).then(pl.lit("warm-up")).when(pl.col("out").is_not_null()).then(pl.col("out"))
-    per_key = s.select("key", "cycle_class", "segment", "out", slow="elevated", _kw=(~post).alias("_kw"))
+    per_key = s.select("key", "cycle_class", "segment", "out", slow="elevated", _in_warmup=(~post).alias("_in_warmup"))
     c = (cyc.join(per_key, on="key", how="left", maintain_order="left")
          .with_columns(cycle_class=pl.when(is_main).then("cycle_class"), segment=pl.when(is_main).then("segment")))
     if how == "detected":
         c = c.with_columns(why=pl.when(is_main).then(
-            pl.when(pl.col("_kw")).then(pl.lit("warm-up")).when(pl.col("out").is_not_null()).then(pl.col("out"))))
+            pl.when(pl.col("_in_warmup")).then(pl.lit("warm-up")).when(pl.col("out").is_not_null()).then(pl.col("out"))))
         if choice.segment is not None:  # one segment's steady cycles (a what-if per batch size): the others set aside
             # (a tuple: the segments of one batch size, a serving run visiting it several times)
             one = choice.segment
@@ -555,7 +555,7 @@ def flag_cycles(cyc: pl.DataFrame, choice: CycleChoice | None = None) -> Flagged
         text="",
     )
     info = dataclasses.replace(info, text=_describe(info))
-    return Flagged(c.drop("out", "_kw").with_columns(slow=pl.col("slow").fill_null(False)), info)
+    return Flagged(c.drop("out", "_in_warmup").with_columns(slow=pl.col("slow").fill_null(False)), info)
 
 
 def _window_text(choice: CycleChoice) -> str:

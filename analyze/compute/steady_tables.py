@@ -56,32 +56,32 @@ def steady_marks(res: Result) -> pl.DataFrame:
     # Outermost ancestor: one join per nesting level (a handful), never a loop over instances.
     # Row for row with the instances (each level's join keeps the left order; a range id is one instance), with the
     # top's rank and start carried along: what the steady flags below ask of it.
-    cur = inst.select(*rep, "rank", top=pl.col("range_id"), up=pl.col("parent"), _trank="rank", _tstart="start")
-    up = inst.select(*rep, up="range_id", _up2="parent", _r2="rank", _s2="start")
+    cur = inst.select(*rep, "rank", top=pl.col("range_id"), up=pl.col("parent"), _top_rank="rank", _top_start="start")
+    up = inst.select(*rep, up="range_id", _up_parent="parent", _up_rank="rank", _up_start="start")
     for _ in range(64):
         if cur["up"].null_count() == cur.height:
             break
         cur = (cur.join(up, on=[*rep, "up"], how="left", maintain_order="left")
-               .with_columns(top=pl.coalesce("up", "top"), up=pl.col("_up2"),
-                             _trank=pl.when(pl.col("up").is_null()).then("_trank").otherwise("_r2"),
-                             _tstart=pl.when(pl.col("up").is_null()).then("_tstart").otherwise("_s2"))
-               .drop("_up2", "_r2", "_s2"))
+               .with_columns(top=pl.coalesce("up", "top"), up=pl.col("_up_parent"),
+                             _top_rank=pl.when(pl.col("up").is_null()).then("_top_rank").otherwise("_up_rank"),
+                             _top_start=pl.when(pl.col("up").is_null()).then("_top_start").otherwise("_up_start"))
+               .drop("_up_parent", "_up_rank", "_up_start"))
     # Worked out on a narrow copy and added as two columns: the wide instance frame is never copied.
     top = cur["top"]
     cyc = cycles(res)
     if cyc.height == 0:
         return pl.DataFrame({"top": top}).with_columns(steady=pl.lit(True))
-    flags = cyc.select("rank", top="range_id", _cyc=pl.col("steady"))
+    flags = cyc.select("rank", top="range_id", _cycle_steady=pl.col("steady"))
     env = (cyc.filter("steady").group_by("rank")
-           .agg(_a=pl.col("start").min(), _b=pl.col("end").max()))
+           .agg(_first_start=pl.col("start").min(), _last_end=pl.col("end").max()))
     # the top's start where the top is of the instance's rank (a join on rank, as a null rank matches none)
-    narrow = (cur.select("rank", "top", _tstart=pl.when(pl.col("_trank") == pl.col("rank")).then("_tstart"))
+    narrow = (cur.select("rank", "top", _top_start=pl.when(pl.col("_top_rank") == pl.col("rank")).then("_top_start"))
               .join(flags, on=["rank", "top"], how="left", maintain_order="left")
               .join(env, on="rank", how="left", maintain_order="left")
-              .with_columns(_has=pl.col("rank").is_in(cyc["rank"].unique().implode())))
-    inside = (pl.col("_tstart") >= pl.col("_a")) & (pl.col("_tstart") <= pl.col("_b"))
-    steady = (pl.when(pl.col("_cyc").is_not_null()).then(pl.col("_cyc"))
-              .when(pl.col("rank").is_null() | ~pl.col("_has")).then(True)
+              .with_columns(_rank_has_cycles=pl.col("rank").is_in(cyc["rank"].unique().implode())))
+    inside = (pl.col("_top_start") >= pl.col("_first_start")) & (pl.col("_top_start") <= pl.col("_last_end"))
+    steady = (pl.when(pl.col("_cycle_steady").is_not_null()).then(pl.col("_cycle_steady"))
+              .when(pl.col("rank").is_null() | ~pl.col("_rank_has_cycles")).then(True)
               .otherwise(inside.fill_null(False)))
     return narrow.select(top="top", steady=steady)
 
