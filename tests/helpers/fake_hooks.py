@@ -32,17 +32,21 @@ def record(monkeypatch):
     purge()
 
 
-def shape(events: list[tuple]) -> list[str]:
-    """Events as an indented outline (payload dropped), to assert nesting; marks as ``!name`` at their depth."""
-    out, depth = [], 0
+def shape(events: list[tuple], hosts: bool = False) -> list[str]:
+    """Events as an indented outline (payload dropped), to assert nesting; marks as ``!name`` at their depth.
+    The scheduler's host ranges (``scheduler.*``) are left out (and do not indent) unless ``hosts``."""
+    out, open_ = [], []  # open_: per open range, whether it is shown
     for e in events:
+        depth = sum(open_)
         if e[0] == "push":
-            out.append("  " * depth + e[1])
-            depth += 1
+            shown = hosts or not e[1].startswith("scheduler.")
+            if shown:
+                out.append("  " * depth + e[1])
+            open_.append(shown)
         elif e[0] == "mark":
             out.append("  " * depth + "!" + e[1])
         else:
-            depth -= 1
-            assert depth >= 0, "pop without push"
-    assert depth == 0, "unbalanced ranges"
+            assert open_, "pop without push"
+            open_.pop()
+    assert not open_, "unbalanced ranges"
     return out
