@@ -16,11 +16,12 @@ def purge() -> None:
         del sys.modules[m]
 
 
-def record(monkeypatch):
-    """Fake SGLang on sys.path, hooks uninstalled after; yields the list of recorded NVTX calls
-    (``("push", name, payload)``, ``("pop",)``, ``("mark", name, payload)``). For a fixture: ``yield from``."""
+def record(monkeypatch, path: str = FAKE):
+    """Fake SGLang (or the package at ``path``) on sys.path, hooks uninstalled after; yields the list of recorded
+    NVTX calls (``("push", name, payload)``, ``("pop",)``, ``("mark", name, payload)``). For a fixture:
+    ``yield from``."""
     events: list[tuple] = []
-    monkeypatch.syspath_prepend(FAKE)
+    monkeypatch.syspath_prepend(str(path))
     monkeypatch.setattr(ranges, "push", lambda name, payload=None: events.append(("push", name, payload)))
     monkeypatch.setattr(ranges, "pop", lambda: events.append(("pop",)))
     monkeypatch.setattr(ranges, "mark", lambda name, payload=None: events.append(("mark", name, payload)))
