@@ -11,7 +11,7 @@ import time
 import pytest
 
 from nvtx_hooks.capture import manifest, workload
-from nvtx_hooks.phases import decode_payload
+from nvtx_hooks.phases import accept_histograms, decode_payload
 
 TINY = ["--device", "cpu", "--hidden", "32", "--ffn", "64", "--layers", "2", "--cycles", "4", "--warmup", "1",
         "--host-us", "0"]
@@ -65,13 +65,17 @@ def test_cycle_structure_and_payloads(torch, monkeypatch):
     out, rec = run([*TINY, "--steps", "2"], monkeypatch)
     assert rec.depth == 0
     names = [(d, n) for d, n, _ in rec.events]
-    assert names[:5] == [(0, "cycle"), (1, "draft"), (1, "verify"), (1, "draft_extend"), (1, "host_overhead")]
-    assert len(names) == 5 * 5  # 1 warmup + 4 measured cycles
+    # v1-like: the accept lengths are on the host after verify, so its histogram mark follows it (as the hooks')
+    assert names[:6] == [(0, "cycle"), (1, "draft"), (1, "verify"), (1, "mark:accept_histogram"),
+                         (1, "draft_extend"), (1, "host_overhead")]
+    assert len(names) == 6 * 5  # 1 warmup + 4 measured cycles
     cycles = [decode_payload(p) for _, n, p in rec.events if n == "cycle"]
     assert [c["cycle_index"] for c in cycles] == [0, 1, 2, 3, 4]
     sched = workload.accept_lengths(5, 2, 0)
     assert [c["accept_length"] for c in cycles] == [4 * (a - 1) for a in sched]
-    assert all(c["batch_size"] == 4 for c in cycles)
+    assert all(c["batch_size"] == 4 and c["steps"] == 2 for c in cycles)
+    assert accept_histograms([p for _, n, p in rec.events if n == "mark:accept_histogram"]) == {
+        i: [0] * (a - 1) + [4] for i, a in enumerate(sched)}  # every request of a cycle accepts alike
     assert out["mode"] == "eagle" and out["cycles"] == 4 and out["graphs"] is False
     assert out["tokens_per_cycle"] == 4 * sum(sched[1:]) / 4
 
@@ -199,7 +203,7 @@ def test_stall_between_cycles_outside_ranges(torch, monkeypatch, us):
     monkeypatch.setattr(workload, "spin", lambda s: (seen.append((list(rec.stack), len(rec.events), s)),
                                                      real_spin(s)))
     out, rec = run([*TINY, "--warmup", "3", "--stall-every", "2", "--stall-us", str(us)], monkeypatch, rec)
-    assert rec.depth == 0 and len(rec.events) == 7 * 5
+    assert rec.depth == 0 and len([e for e in rec.events if not e[1].startswith("mark:")]) == 7 * 5
     if us == 0:
         assert seen == [] and "stall" not in out
         return
