@@ -209,28 +209,40 @@ def _field(layout: tuple[PayloadField, ...], name: str) -> PayloadField:
     return next(f for f in layout if f[0] == name)
 
 
+# Version 2's geometry as constants, taken from its layout (encode_payload runs on every range a hook opens)
+_ACC1_SHIFT, _ACC1_MAX = _field(PAYLOAD_LAYOUTS[1], "accept_length")[1], (1 << 20) - 2
+_ACC2_SHIFT, _ACC2_BITS = _field(PAYLOAD_LAYOUTS[2], "accept_length")[1:3]
+_ACC2_MAX = (1 << _ACC2_BITS) - 2
+_STEPS_SHIFT, _STEPS_BITS = _field(PAYLOAD_LAYOUTS[2], "steps")[1:3]
+_STEPS_MAX = (1 << _STEPS_BITS) - 2
+_NEXT_ROUND = 1 << _field(PAYLOAD_LAYOUTS[2], "next_round")[1]
+_IN_PREFILL_BATCH = 1 << _field(PAYLOAD_LAYOUTS[2], "in_prefill_batch")[1]
+_V1, _V2 = 1 << VERSION_SHIFT, 2 << VERSION_SHIFT
+
+
 def encode_payload(batch_size: int, cycle_index: int, accept_length: int | None = None, steps: int | None = None,
                    *, next_round: bool = False, in_prefill_batch: bool = False, version: int = PAYLOAD_VERSION) -> int:
     """Pack one range's or ``accept`` mark's numbers into a 63-bit int (:data:`PAYLOAD_VERSION` unless
     ``version=1``, the old layout, which has no steps and no flags: ValueError if any is given)."""
-    if version not in PAYLOAD_LAYOUTS:
+    bs = batch_size if 0 <= batch_size <= _BS_MAX else min(max(int(batch_size), 0), _BS_MAX)
+    v = ((int(cycle_index) & _CYC_MASK) << _CYC_SHIFT) | bs
+    if version == 2:
+        if accept_length is not None:
+            v |= (min(max(int(accept_length), 0), _ACC2_MAX) + 1) << _ACC2_SHIFT
+        if steps is not None and 0 <= steps <= _STEPS_MAX:
+            v |= (int(steps) + 1) << _STEPS_SHIFT
+        if next_round:
+            v |= _NEXT_ROUND
+        if in_prefill_batch:
+            v |= _IN_PREFILL_BATCH
+        return v | _V2
+    if version != 1:
         raise ValueError(f"payload version {version} is not one of {sorted(PAYLOAD_LAYOUTS)}")
-    layout = PAYLOAD_LAYOUTS[version]
-    if version == 1 and (steps is not None or next_round or in_prefill_batch):
+    if steps is not None or next_round or in_prefill_batch:
         raise ValueError("payload version 1 carries no steps and no flags")
-    bs = min(max(int(batch_size), 0), _BS_MAX)
-    cyc = int(cycle_index) & _CYC_MASK
-    _, acc_shift, acc_bits, _ = _field(layout, "accept_length")
-    acc_max = (1 << acc_bits) - 2
-    acc = 0 if accept_length is None else min(max(int(accept_length), 0), acc_max) + 1
-    v = (version << VERSION_SHIFT) | (acc << acc_shift) | (cyc << _CYC_SHIFT) | bs
-    if version >= 2:
-        _, st_shift, st_bits, _ = _field(layout, "steps")
-        st = 0 if steps is None or not 0 <= int(steps) <= (1 << st_bits) - 2 else int(steps) + 1
-        v |= st << st_shift
-        v |= (1 << _field(layout, "next_round")[1]) if next_round else 0
-        v |= (1 << _field(layout, "in_prefill_batch")[1]) if in_prefill_batch else 0
-    return v
+    if accept_length is not None:
+        v |= (min(max(int(accept_length), 0), _ACC1_MAX) + 1) << _ACC1_SHIFT
+    return v | _V1
 
 
 def decode_payload(value: int | None) -> dict | None:
@@ -288,11 +300,14 @@ _H_CYC_BITS, _H_FIRST_SHIFT, _H_FIRST_BITS, _H_WIDTH_SHIFT, _H_SLOT_SHIFT, _H_SL
 
 def histogram_of(drafts_per_request) -> list[int]:
     """counts[j] = how many of ``drafts_per_request`` (each request's accepted draft tokens, ints ≥ 0) equal j;
-    ``[]`` for no requests."""
-    counts: list[int] = []
-    for d in drafts_per_request:
-        if d >= len(counts):
-            counts.extend([0] * (d + 1 - len(counts)))
+    ``[]`` for no requests; ValueError for a negative count."""
+    ds = drafts_per_request if isinstance(drafts_per_request, list) else list(drafts_per_request)
+    if not ds:
+        return []
+    if min(ds) < 0:
+        raise ValueError("accepted draft counts must be non-negative")
+    counts = [0] * (max(ds) + 1)
+    for d in ds:
         counts[d] += 1
     return counts
 
@@ -300,27 +315,33 @@ def histogram_of(drafts_per_request) -> list[int]:
 def encode_accept_histogram(cycle_index: int, counts: list[int]) -> list[int]:
     """The ``accept_histogram`` mark payloads (version 3) of one cycle's histogram ``counts`` (see above), all-zero
     chunks left out; ValueError if a count is negative or above 16383 or a nonzero count sits past position 30."""
-    if any(c < 0 for c in counts):
+    n = len(counts)
+    while n and not counts[n - 1]:  # trailing zeros: implied
+        n -= 1
+    if not n:
+        if counts and min(counts) < 0:
+            raise ValueError("histogram counts must be non-negative")
+        return []
+    if min(counts) < 0:
         raise ValueError("histogram counts must be non-negative")
-    top = max(counts, default=0)
-    code = next((i for i, w in enumerate(HISTOGRAM_WIDTHS) if top < (1 << w)), None)
-    if code is None:
+    top = max(counts)
+    for code, width in enumerate(HISTOGRAM_WIDTHS):
+        if top < (1 << width):
+            break
+    else:
         raise ValueError(f"a histogram count of {top} does not fit {HISTOGRAM_WIDTHS[-1]} bits")
-    width = HISTOGRAM_WIDTHS[code]
+    if n - 1 > HISTOGRAM_MAX_POSITION:  # (every width's chunk starts reach position 30: first_position <= 30)
+        raise ValueError(f"accepted-draft position {n - 1} is past {HISTOGRAM_MAX_POSITION}")
     slots = _H_SLOT_BITS // width
-    last = max((j for j, c in enumerate(counts) if c), default=-1)
-    if last > HISTOGRAM_MAX_POSITION:  # (every width's chunk starts reach position 30: first_position <= 30)
-        raise ValueError(f"accepted-draft position {last} is past {HISTOGRAM_MAX_POSITION}")
-    out = []
     base = (HISTOGRAM_LAYOUT << VERSION_SHIFT) | (code << _H_WIDTH_SHIFT) | (int(cycle_index) & _CYC_MASK)
-    for first in range(0, last + 1, slots):
-        chunk = counts[first:first + slots]
-        if not any(chunk):
-            continue
-        v = base | (first << _H_FIRST_SHIFT)
-        for s, c in enumerate(chunk):
-            v |= c << (_H_SLOT_SHIFT + s * width)
-        out.append(v)
+    out = []
+    for first in range(0, n, slots):
+        v = 0
+        for s, c in enumerate(counts[first:min(first + slots, n)]):
+            if c:
+                v |= c << (_H_SLOT_SHIFT + s * width)
+        if v:
+            out.append(base | (first << _H_FIRST_SHIFT) | v)
     return out
 
 

@@ -169,9 +169,9 @@ def _shared_step() -> list[Target]:
     return [
         Target(COMMON, "", ("run_eagle_verify",), "verify", VERIFY, lo, hi, (_B, ("ctx",)),
                ("forward_batch_generation",), steps_kwarg="num_steps", layout=LAYOUT_SHARED),
-        Target(COMMON, "", ("eagle_forward_generation",), "cycle", CHECK, lo, hi, (ANY, (ANY,)),
+        Target(COMMON, "", ("eagle_forward_generation",), "cycle", CHECK, lo, hi, ((ANY,), (ANY,)),
                ("run_eagle_verify",), layout=LAYOUT_SHARED),
-        Target(COMMON, "", ("eagle_forward_generation",), "cycle", CHECK, lo, hi, (ANY, (ANY,)),
+        Target(COMMON, "", ("eagle_forward_generation",), "cycle", CHECK, lo, hi, ((ANY,), (ANY,)),
                ("activate_step_by_batch",), layout=LAYOUT_SHARED),
     ]
 

@@ -70,14 +70,13 @@ def decode_exprs(uint64: str = "uint64", int64: str = "int64") -> list[pl.Expr]:
     ver = v // (1 << ph.VERSION_SHIFT)
 
     def field(name: str) -> pl.Expr:
-        expr = None
+        expr: pl.Expr = pl.lit(None, pl.Int64)
         for version, layout in ph.PAYLOAD_LAYOUTS.items():
             _, shift, bits, offset = next(f for f in layout if f[0] == name)
             raw = (v // (1 << shift)) % (1 << bits)
             val = pl.when(raw > 0).then(raw.cast(pl.Int64) - offset) if offset else raw.cast(pl.Int64)
-            expr = (pl.when(ver == version) if expr is None else expr.when(ver == version)).then(val)
-        assert expr is not None
-        return expr.otherwise(None)
+            expr = pl.when(ver == version).then(val).otherwise(expr)
+        return expr
 
     return [field("batch_size").alias("batch_size"), field("cycle_index").alias("cycle_index"),
             field("accept_length").alias("accept_length")]
