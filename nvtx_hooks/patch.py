@@ -650,6 +650,7 @@ def uninstall() -> None:
         _installed = False
         _warned = False
         _tls.stack.clear()
+        _reported.clear()  # a later install reports its own errors again
         _tls.busy = _tls.verified = _tls.in_prefill_batch = False
         _tls.steps = None
         _cycle[0] = 0

@@ -325,11 +325,10 @@ def encode_accept_histogram(cycle_index: int, counts: list[int]) -> list[int]:
     if min(counts) < 0:
         raise ValueError("histogram counts must be non-negative")
     top = max(counts)
-    for code, width in enumerate(HISTOGRAM_WIDTHS):
-        if top < (1 << width):
-            break
-    else:
+    code = next((i for i, w in enumerate(HISTOGRAM_WIDTHS) if top < (1 << w)), None)
+    if code is None:
         raise ValueError(f"a histogram count of {top} does not fit {HISTOGRAM_WIDTHS[-1]} bits")
+    width = HISTOGRAM_WIDTHS[code]
     if n - 1 > HISTOGRAM_MAX_POSITION:  # (every width's chunk starts reach position 30: first_position <= 30)
         raise ValueError(f"accepted-draft position {n - 1} is past {HISTOGRAM_MAX_POSITION}")
     slots = _H_SLOT_BITS // width

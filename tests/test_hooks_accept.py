@@ -276,3 +276,26 @@ def test_nested_entry_keeps_one_index(rec):
     assert [p["cycle_index"] for p in _payloads(rec, "cycle")] == [1, 2]
     assert [p["cycle_index"] for p in _payloads(rec, "draft_extend")] == [1, 2]
     assert [p["cycle_index"] for p in _payloads(rec, "accept")] == [1, 2]
+
+
+def test_a_per_request_list_that_disagrees_gives_no_histogram(rec, monkeypatch):
+    """SGLang's per-request list must sum to its own count: else the accept mark alone, the mismatch said once."""
+    patch.install("0.5.23")
+    from sglang.srt.managers.scheduler_components import batch_result_processor as m
+
+    orig = m.SchedulerBatchResultProcessor._resolve_spec_v2_tokens.__spectrace_wrapped__
+
+    def skewed(self, result, batch):
+        out = orig(self, result, batch)
+        result.num_correct_drafts_per_req_cpu = [x + 1 for x in result.num_correct_drafts_per_req_cpu]
+        return out
+
+    wrapped = patch._make_wrapper(skewed, m.SchedulerBatchResultProcessor._resolve_spec_v2_tokens.__spectrace_target__)
+    monkeypatch.setattr(m.SchedulerBatchResultProcessor, "_resolve_spec_v2_tokens", wrapped)
+    seen, h = _errors()
+    try:
+        _scheduler(True).event_loop_overlap(_batches((3,), (3,), None))
+    finally:
+        patch.log.removeHandler(h)
+    assert _shape(rec) == CYCLE + CYCLE + ["!accept", "!accept"]
+    assert len([x for x in seen if "sum to" in x]) == 1

@@ -201,3 +201,38 @@ def test_no_bookkeeping_when_ranges_are_off(rec, monkeypatch):
 
     EAGLEWorker().forward_batch_generation(Batch(1))
     assert rec == [] and patch._cycle[0] == 0
+
+
+def test_steps_route_failure_leaves_them_unknown(rec):
+    """A changed adaptive controller: the cycle still opens, its steps unknown, the error said once; without a
+    controller the worker's own count."""
+    seen, h = [], logging.Handler()
+    h.emit = lambda r: seen.append(r.getMessage())
+    patch.log.addHandler(h)
+
+    class Broken:
+        def get_steps_for_batch(self, bs):
+            raise KeyError("no route")
+
+    w = types.SimpleNamespace(adaptive_controller=types.SimpleNamespace(params=Broken()), speculative_num_steps=3)
+    b = types.SimpleNamespace(seq_lens=types.SimpleNamespace(shape=(4,)), reqs=[0] * 4)
+    try:
+        assert patch._route_steps(w, b) is None
+        assert patch._route_steps(w, b) is None
+    finally:
+        patch.log.removeHandler(h)
+    assert len([s for s in seen if "adaptive step route" in s]) == 1
+    w.adaptive_controller = None
+    assert patch._route_steps(w, b) == 3
+    w.speculative_num_steps = True  # not an int count: unknown, not 1
+    assert patch._route_steps(w, b) is None
+
+
+def test_layout_defaults_to_the_released_one(monkeypatch):
+    monkeypatch.delitem(sys.modules, "sglang.srt.speculative.eagle_worker_common", raising=False)
+    assert patch.layout() == "worker-step"
+    common = types.ModuleType("sglang.srt.speculative.eagle_worker_common")
+    monkeypatch.setitem(sys.modules, common.__name__, common)
+    assert patch.layout() == "worker-step"
+    common.eagle_forward_generation = lambda *a: None
+    assert patch.layout() == "shared-step"
