@@ -62,7 +62,17 @@ cap() {
   # shellcheck disable=SC2086
   timeout 150 python3 -m nvtx_hooks.capture trace --capture all --force -o "$W/$name" "${targs[@]}" -- \
     python3 -m nvtx_hooks.capture.workload --nproc "$NPROC" "$@" $EXTRA_WL > "$W/$name.stdout" 2>&1
-  log "  rc=$? $(grep -h '^{"rank"' "$W/$name.stdout" | cut -c1-240 | tr '\n' ' ')"
+  local rc=$?
+  if [ "$rc" != 0 ] && [[ " ${targs[*]} " == *" --cpu-sampling "* ]] && left; then
+    # Python sampling is added where nsys lists it, never tried here before: once more without it
+    log "  rc=$rc with CPU sampling; again with --python-sampling=false: $(tail -3 "$W/$name.stdout" | tr '\n' ' ')"
+    # shellcheck disable=SC2086
+    timeout 150 python3 -m nvtx_hooks.capture trace --capture all --force -o "$W/$name" "${targs[@]}" \
+      --nsys-arg=--python-sampling=false -- \
+      python3 -m nvtx_hooks.capture.workload --nproc "$NPROC" "$@" $EXTRA_WL > "$W/$name.stdout" 2>&1
+    rc=$?
+  fi
+  log "  rc=$rc $(grep -h '^{"rank"' "$W/$name.stdout" | cut -c1-240 | tr '\n' ' ')"
   python3 - "$W/$name.sqlite" >> "$OUT/log.txt" 2>&1 <<'PY'
 import sqlite3, sys
 con = sqlite3.connect(sys.argv[1])
