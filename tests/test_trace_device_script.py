@@ -39,7 +39,11 @@ def test_device_script_on_cpu(tmp_path):
     r = subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     files = sorted(p.name for p in out.iterdir())
-    assert files == ["adaptive.tar", "adaptive_plain.tar", "log.txt", "recurring.tar", "sched.tar"]
+    assert files == ["adaptive.tar", "adaptive_plain.tar", "hook_overhead.txt", "log.txt", "recurring.tar",
+                     "sched.tar"]
+    bench = [json.loads(ln) for ln in (out / "hook_overhead.txt").read_text().splitlines() if ln.startswith("{")]
+    assert len(bench) == 2 and {r["case"] for r in bench[0]["rows"]} >= {"patched decode-cycle entry",
+                                                                          "patched scheduler method (host range)"}
     assert all(p.stat().st_size < 16 << 20 for p in out.iterdir())
     names = {}
     for t in ("sched", "recurring", "adaptive", "adaptive_plain"):

@@ -24,8 +24,10 @@
 #                      40 cycles each (the steps' order rotated per run): the what-if's truth, the workload's own
 #                      per-segment periods (records in tp1_adaptive_plain.jsonl, one line per run, with "rep")
 #
-# Out ($OUT, 5 files): sched.tar (sglang, hooks, cpu), recurring.tar (shift, stalls, overlap), adaptive.tar (node,
-# graph), adaptive_plain.tar (jsonl), log.txt. Each capture: NAME.sqlite.xz (scrubbed, checked free of PATH/HOME),
+# Then the hooks' own cost per wrapper kind, python -m nvtx_hooks.bench without and under nsys (hook_overhead.txt).
+#
+# Out ($OUT, 6 files): sched.tar (sglang, hooks, cpu), recurring.tar (shift, stalls, overlap), adaptive.tar (node,
+# graph), adaptive_plain.tar (jsonl), hook_overhead.txt, log.txt. Each capture: NAME.sqlite.xz (scrubbed, checked free of PATH/HOME),
 # NAME.manifest.json (its program_output holds the workload's record: the truth), NAME.stdout.txt.
 # WORKLOAD_ARGS (appended to every workload command) and CYCLE_SCALE (divides every cycle count) exist to try the
 # script on CPU with a stand-in nsys (tests/test_trace_device_script.py); leave them unset on the GPU machine.
@@ -117,6 +119,18 @@ done
 cap "${TP}_sched_shift" -- "${SCHED[@]}" --cycles "$(n 250)" --extra "get_next_batch_to_run:400:from=$(n 130)"
 cap "${TP}_sched_stalls" -- "${SCHED[@]}" --cycles "$(n 250)" --extra recv_requests:600:p=0.25
 cap "${TP}_sched_overlap" -- "${SCHED[@]}" --cycles "$(n 200)" --overlap "${PERIODIC[@]}"
+
+# the hooks' own cost per wrapper kind (nvtx_hooks/bench.py): without a tool, then under nsys (the NVTX calls real)
+if left; then
+  {
+    echo "== python -m nvtx_hooks.bench (no profiler)"
+    python3 -m nvtx_hooks.bench --n "$(n 100000)" --repeat 7 --json
+    echo "== nsys profile -t nvtx python -m nvtx_hooks.bench (a tool attached)"
+    "$NSYS" profile -t nvtx --force-overwrite=true -o "$W/bench" python3 -m nvtx_hooks.bench --n "$(n 100000)" \
+      --repeat 7 --json
+  } > "$FINAL/hook_overhead.txt" 2>&1
+  log "hook overhead measured: $(grep -c '"rows"' "$FINAL/hook_overhead.txt") JSON lines"
+fi
 
 # ---- K (torch.profiler reader): the workload's torch.profiler captures go here, e.g.
 #   left && python3 -m nvtx_hooks.capture.workload --nproc "$NPROC" <your flag> "${SCHED[@]}" ... > "$W/NAME.stdout"
