@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Issues 37 and 38: captures of the embedded workload whose JSON records hold the injected truth, on one H200 in
-# one device call (about 6-8 minutes; no new step starts after BUDGET_S, default 480 s):
+# one device call (about 6-8 minutes; no new step starts after BUDGET_S, default 420 s, and every step is
+# bounded to 120 s, so the call ends within 9.5 minutes; steps are ordered by need, the overlap run and the
+# overhead bench last):
 #
 #   bash tests/device/host_anatomy_and_adaptive.sh        # from the repo root; carry .devdeps (and .whl if present)
 #
@@ -35,7 +37,7 @@
 set -u
 NPROC=${NPROC:-1}
 REPS=${REPS:-3}
-BUDGET_S=${BUDGET_S:-480}
+BUDGET_S=${BUDGET_S:-420}
 SCALE=${CYCLE_SCALE:-1}
 EXTRA_WL=${WORKLOAD_ARGS:-}
 FINAL=${OUT:-/tmp/spectrace-out}
@@ -62,14 +64,16 @@ cap() {
   left || { log "skip $name (budget)"; return; }
   log "capture $name: trace --capture all ${targs[*]} -- workload --nproc $NPROC $* $EXTRA_WL"
   # shellcheck disable=SC2086
-  timeout 150 python3 -m nvtx_hooks.capture trace --capture all --force -o "$W/$name" "${targs[@]}" -- \
+  timeout 120 python3 -m nvtx_hooks.capture trace --capture all --columnar none --force -o "$W/$name" \
+    "${targs[@]}" -- \
     python3 -m nvtx_hooks.capture.workload --nproc "$NPROC" "$@" $EXTRA_WL > "$W/$name.stdout" 2>&1
   local rc=$?
   if [ "$rc" != 0 ] && [[ " ${targs[*]} " == *" --cpu-sampling "* ]] && left; then
     # Python sampling is added where nsys lists it, never tried here before: once more without it
     log "  rc=$rc with CPU sampling; again with --python-sampling=false: $(tail -3 "$W/$name.stdout" | tr '\n' ' ')"
     # shellcheck disable=SC2086
-    timeout 150 python3 -m nvtx_hooks.capture trace --capture all --force -o "$W/$name" "${targs[@]}" \
+    timeout 120 python3 -m nvtx_hooks.capture trace --capture all --columnar none --force -o "$W/$name" \
+      "${targs[@]}" \
       --nsys-arg=--python-sampling=false -- \
       python3 -m nvtx_hooks.capture.workload --nproc "$NPROC" "$@" $EXTRA_WL > "$W/$name.stdout" 2>&1
     rc=$?
@@ -111,7 +115,7 @@ for rep in $(seq 1 "$REPS"); do
     for k in 0 1 2 3 4; do segs="$segs,$bs:$(( (k + rep - 1) % 5 )):$(n 40)"; done
   done
   # shellcheck disable=SC2086
-  python3 -m nvtx_hooks.capture.workload --nproc "$NPROC" --adaptive "${segs#,}" "${PROFILE[@]}" $EXTRA_WL \
+  timeout 120 python3 -m nvtx_hooks.capture.workload --nproc "$NPROC" --adaptive "${segs#,}" "${PROFILE[@]}" $EXTRA_WL \
     2>> "$OUT/log.txt" | grep '^{"rank"' | sed "s/^{/{\"rep\": $rep, /" >> "$OUT/${TP}_adaptive_plain.jsonl"
   log "plain adaptive sweep rep $rep: $(tail -c 300 "$OUT/${TP}_adaptive_plain.jsonl")"
 done
@@ -124,10 +128,10 @@ cap "${TP}_sched_overlap" -- "${SCHED[@]}" --cycles "$(n 200)" --overlap "${PERI
 if left; then
   {
     echo "== python -m nvtx_hooks.bench (no profiler)"
-    python3 -m nvtx_hooks.bench --n "$(n 100000)" --repeat 7 --json
+    timeout 45 python3 -m nvtx_hooks.bench --n "$(n 100000)" --repeat 7 --json
     echo "== nsys profile -t nvtx python -m nvtx_hooks.bench (a tool attached)"
-    "$NSYS" profile -t nvtx --force-overwrite=true -o "$W/bench" python3 -m nvtx_hooks.bench --n "$(n 100000)" \
-      --repeat 7 --json
+    timeout 60 "$NSYS" profile -t nvtx --force-overwrite=true -o "$W/bench" python3 -m nvtx_hooks.bench \
+      --n "$(n 100000)" --repeat 7 --json
   } > "$FINAL/hook_overhead.txt" 2>&1
   log "hook overhead measured: $(grep -c '"rows"' "$FINAL/hook_overhead.txt") JSON lines"
 fi
