@@ -19,7 +19,8 @@ batch classified as prefill. One kind (``ACCEPT``) opens no range: after SGLang'
 put a decode batch's accept lengths on the host, it emits an ``accept`` mark whose cycle index the entry
 wrapper attached to that result object (:data:`TAG`), then ``accept_histogram`` marks from SGLang's
 per-request host list (v1: right after ``verify``, from its host list). ``STAGE`` rows put
-``scheduler.<method>`` host ranges around the scheduler's loop methods, only while it serves (after a
+``scheduler.<method>`` host ranges (their own NVTX domain, ``spectrace.host``) around the scheduler's loop
+methods, only while it serves (after a
 ``get_next_batch_to_run`` that returned a batch: an idle loop spins through them thousands of times a
 second), never while SGLang's own ``SGLANG_ENABLE_NVTX_SCHEDULER`` ranges are on, and not at all with
 ``SPECTRACE_SCHEDULER_RANGES=0``.
@@ -93,6 +94,7 @@ class _State(threading.local):
         self.verified = False  # this cycle's verify ran (a draft after it drafts the next round)
         self.in_prefill_batch = False  # this cycle runs inside a batch classified as prefill (DP attention)
         self.busy = False  # the scheduler's last get_next_batch_to_run returned a batch (STAGE ranges on)
+        self.hosts: list[str] = []  # open scheduler host ranges (their own NVTX domain, their own stack)
 
 
 _tls = _State()
@@ -377,20 +379,21 @@ def _make_wrapper(orig: Callable[..., Any], t: Target) -> Callable[..., Any]:
                 except Exception as e:
                     _report_error(site + " (pop)", e)
 
-    elif kind == STAGE:  # a scheduler method: a host range while the scheduler serves, no payload
+    elif kind == STAGE:  # a scheduler method: a host range (own domain) while the scheduler serves, no payload
         gated = phase not in ("scheduler.run_batch", "scheduler.process_batch_result")  # those always have a batch
         schedules = phase == "scheduler.get_next_batch_to_run"
+        hr = r.host
 
         @functools.wraps(orig)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if not r._on:
                 return orig(*args, **kwargs)
-            st = tls.stack
+            hs = tls.hosts
             try:
-                on = not ((gated and not tls.busy) or (st and st[-1] == phase) or _compiling())
+                on = not ((gated and not tls.busy) or (hs and hs[-1] == phase) or _compiling())
                 if on:
-                    r.push(phase)
-                    st.append(phase)
+                    hr.push(phase)
+                    hs.append(phase)
             except Exception as e:  # never break the server
                 _report_error(site, e)
                 on = False
@@ -399,8 +402,8 @@ def _make_wrapper(orig: Callable[..., Any], t: Target) -> Callable[..., Any]:
             finally:
                 if on:
                     try:
-                        st.pop()
-                        r.pop()
+                        hs.pop()
+                        hr.pop()
                     except Exception as e:
                         _report_error(site + " (pop)", e)
             if schedules:  # 0.5.18+: a plan whose batch_to_run is the batch; before: the batch or None
@@ -650,6 +653,7 @@ def uninstall() -> None:
         _installed = False
         _warned = False
         _tls.stack.clear()
+        _tls.hosts.clear()
         _reported.clear()  # a later install reports its own errors again
         _tls.busy = _tls.verified = _tls.in_prefill_batch = False
         _tls.steps = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DOMAIN", "Phase", "CYCLE", "DRAFT", "VERIFY", "DRAFT_EXTEND", "HOST", "PREFILL", "PREFILL_TARGET",
+__all__ = ["DOMAIN", "HOST_DOMAIN", "Phase", "CYCLE", "DRAFT", "VERIFY", "DRAFT_EXTEND", "HOST", "PREFILL", "PREFILL_TARGET",
            "PREFILL_DRAFT_EXTEND", "DECODE_STEP", "ACCEPT", "ACCEPT_HISTOGRAM", "PHASES", "NAMES", "MARKS",
            "SCHEDULER_PREFIX", "SCHEDULER_STAGES", "SCHEDULER_RANGES", "EMITTED", "CYCLE_ORDER",
            "SEAM_COLOR", "IDLE_COLOR", "COMM_COLOR", "PAYLOAD_FIELDS", "PAYLOAD_FIELDS_V2", "color_of", "base_name",
@@ -19,6 +19,9 @@ __all__ = ["DOMAIN", "Phase", "CYCLE", "DRAFT", "VERIFY", "DRAFT_EXTEND", "HOST"
            "histogram_of", "encode_accept_histogram", "decode_accept_histogram", "accept_histograms"]
 
 DOMAIN = "spectrace"
+# The hooks' host ranges around SGLang's scheduler methods (SCHEDULER_RANGES): their own domain, so that the
+# ``spectrace`` domain stays the phases (``spectrace analyze`` selects that whole domain by default).
+HOST_DOMAIN = "spectrace.host"
 
 
 @dataclass(frozen=True)
@@ -75,10 +78,10 @@ MARKS: tuple[Phase, ...] = (ACCEPT, ACCEPT_HISTOGRAM)
 
 # Host ranges around SGLang's scheduler methods (role "host"): the same texts SGLang's own
 # ``SGLANG_ENABLE_NVTX_SCHEDULER=1`` ranges have (``srt/observability/scheduler_stage_metrics.py``,
-# ``scheduler.<stage>``, default NVTX domain), emitted by the hooks in the ``spectrace`` domain. A host item is
-# a range whose text is one of these, in either domain; the hooks emit none while SGLang's own are on, so a
-# capture has one of the two, never both. They enclose a cycle (``run_batch``) or a result's marks
-# (``process_batch_result``), so they are not phases: not in PHASES, NAMES or the phase regex.
+# ``scheduler.<stage>``, default NVTX domain), emitted by the hooks in HOST_DOMAIN. A host item is a range whose
+# text is one of these, in either domain; the hooks emit none while SGLang's own are on, so a capture has one of
+# the two, never both. They enclose a cycle (``run_batch``) or a result's marks (``process_batch_result``), so
+# they are not phases: not in PHASES, NAMES, EMITTED or the phase regex.
 SCHEDULER_PREFIX = "scheduler."
 SCHEDULER_STAGES: tuple[str, ...] = (
     "recv_requests", "process_input_requests", "get_next_batch_to_run", "run_batch", "process_batch_result",
@@ -97,8 +100,8 @@ _STAGE_COLOR = {  # SGLang's own colours for these ranges (srt/utils/nvtx_utils.
 SCHEDULER_RANGES: tuple[Phase, ...] = tuple(
     Phase(SCHEDULER_PREFIX + st, _STAGE_COLOR[st], _STAGE_DOC[st], "host") for st in SCHEDULER_STAGES
 )
-# Every name spectrace emits, ranges and marks (the strings ``ranges`` registers, with their colours).
-EMITTED: dict[str, Phase] = {p.name: p for p in PHASES + MARKS + SCHEDULER_RANGES}
+# Every name spectrace emits in its DOMAIN, ranges and marks (the strings ``ranges`` registers, with their colours).
+EMITTED: dict[str, Phase] = {p.name: p for p in PHASES + MARKS}
 # Order in which a decode cycle's phases run; used to order tables and plots.
 CYCLE_ORDER: tuple[str, ...] = ("draft", "verify", "draft_extend", "host_overhead")
 

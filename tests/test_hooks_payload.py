@@ -140,9 +140,13 @@ def test_forced_real_calls_balance():
     try:
         assert ranges.set_enabled(True, force=True)
         ranges.push("cycle", encode_payload(2, 1))
+        ranges.host.push("scheduler.run_batch")  # the host domain's own stack
         ranges.push("not_a_phase")
+        ranges.host.push("scheduler.not_a_stage")
         ranges.mark("verify", 3)
+        ranges.host.pop()
         ranges.pop()
+        ranges.host.pop()
         ranges.pop()
         with pytest.raises(KeyError):
             with ranges.phase_range("draft"):

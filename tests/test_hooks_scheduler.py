@@ -51,9 +51,10 @@ def test_overlap_loop(rec, version, components):
     from sglang.srt.managers.scheduler import CALLS
 
     assert [c[0] for c in CALLS].count("recv_requests") == 3  # the work ran every iteration, ranges or not
-    assert {e[1] for e in rec if e[0] == "push" and e[1].startswith("scheduler.")} == {p.name for p in
-                                                                                      SCHEDULER_RANGES}
-    assert all(e[2] is None for e in rec if e[0] == "push" and e[1].startswith("scheduler."))  # no payload
+    # in their own domain (spectrace.host), never in the phases' (spectrace), no payload
+    assert {e[1] for e in rec if e[0] == "hpush"} == {p.name for p in SCHEDULER_RANGES}
+    assert not any(e[1].startswith("scheduler.") for e in rec if e[0] == "push")
+    assert all(e[2] is None for e in rec if e[0] == "hpush")
 
 
 @pytest.mark.parametrize("version,components", SHAPES)
@@ -95,7 +96,7 @@ def test_switched_off_by_the_environment(rec, monkeypatch):
     monkeypatch.setenv(patch.SCHEDULER_ENV, "0")
     patch.install("0.5.23")
     _scheduler(True).event_loop_overlap(_batches((3,), (3,), None))
-    assert not any(e[1].startswith("scheduler.") for e in rec if e[0] == "push")
+    assert not any(e[0] == "hpush" for e in rec)
     assert not any(p.startswith("sglang.srt.managers.scheduler.") or ".request_receiver." in p
                    for p in patch.patched())
 
@@ -111,7 +112,7 @@ def test_no_device_access_added(rec, monkeypatch):
 
     plain = run()
     patch.install("0.5.23")
-    assert run() == plain and any(e[1] == "scheduler.run_batch" for e in rec if e[0] == "push")
+    assert run() == plain and any(e[1] == "scheduler.run_batch" for e in rec if e[0] == "hpush")
 
 
 def test_an_exception_pops_and_propagates(rec, monkeypatch):

@@ -19,10 +19,25 @@ TINY = ["--device", "cpu", "--hidden", "32", "--ffn", "64", "--layers", "2", "--
 
 class Recorder:
     """Stands in for nvtx_hooks.ranges: records (depth, name, payload) per event, its perf_counter time in
-    ``times``, and the open ranges in ``stack``."""
+    ``times``, and the open ranges in ``stack``; ``host`` (the spectrace.host domain's) records into the same
+    lists, and the names it opened into ``host_names``."""
 
     def __init__(self):
         self.events, self.times, self.stack, self.depth = [], [], [], 0
+        self.host_names = []
+        rec = self
+
+        class Host:
+            @staticmethod
+            def push(name, payload=None):
+                rec.host_names.append(name)
+                rec.push(name, payload)
+
+            @staticmethod
+            def pop():
+                rec.pop()
+
+        self.host = Host
 
     def push(self, name, payload=None):
         self.times.append(time.perf_counter())

@@ -109,6 +109,9 @@ def test_scheduler_loop_normal(torch, monkeypatch):
     accepts = [decode_payload(p)["cycle_index"] for p in _marks(rec, "accept")]
     assert cycles == accepts == [0, 1, 2, 3, 4]
     assert not any(n == "host_overhead" for _, n, _ in rec.events)
+    # the hooks' ranges: scheduler.* in the spectrace.host domain (ranges.host), the phases in spectrace's
+    assert set(rec.host_names) == {pl.range_name(f) for f in (*pl.SCHEDULER_FUNCTIONS, "run_batch")}
+    assert len(rec.host_names) == 5 * 5
     sc = out["scheduler"]
     assert (sc["ranges"], sc["overlap"], sc["first_cycle"], sc["busy_function"]) == ("hooks", False, 1,
                                                                                      "spectrace_busy_python")
@@ -140,7 +143,7 @@ def test_scheduler_ranges_in_sglang_domain_or_none(torch, monkeypatch):
     monkeypatch.setattr(pl, "DefaultDomainRanges", lambda: default)
     out, rec = run([*SCHED, "--scheduler-ranges", "sglang"], monkeypatch)
     assert {n for _, n, _ in default.events} == {pl.range_name(f) for f in (*pl.SCHEDULER_FUNCTIONS, "run_batch")}
-    assert not any(n.startswith("scheduler.") for _, n, _ in rec.events)
+    assert not any(n.startswith("scheduler.") for _, n, _ in rec.events) and rec.host_names == []
     assert [n for d, n, _ in rec.events][:4] == ["cycle", "draft", "verify", "draft_extend"]
     assert out["scheduler"]["ranges"] == "sglang" and default.depth == 0
     out, rec = run([*SCHED, "--scheduler-ranges", "none"], monkeypatch, Recorder())

@@ -14,7 +14,7 @@
   a pure-Python busy function with a distinctive name (:func:`spectrace_busy_python`) for CPU sampling to find, and
   the ranges they are wrapped in: SGLang's own (``scheduler.<method>`` in the default NVTX domain, as
   ``SGLANG_ENABLE_NVTX_SCHEDULER=1`` emits them: :class:`DefaultDomainRanges`), the hooks' (the same names in the
-  ``spectrace`` domain) or none.
+  ``spectrace.host`` domain) or none.
 
 Pure Python, no torch: the planning runs (and is tested) anywhere.
 """

@@ -53,7 +53,7 @@ across ranks). Cycle indices count from 0 over the warm-up and the measured cycl
   marks, its µs, and ``--busy-us`` µs in the pure-Python ``spectrace_busy_python`` for CPU sampling to find);
   ``--overlap``: SGLang's overlap scheduler, the next batch scheduled and launched while the GPU runs the current
   one, whose result is processed after (an event the copy recorded, then the host list). Ranges around those
-  functions (``--scheduler-ranges``): ``hooks`` (``scheduler.<method>`` in the spectrace domain, as the hooks),
+  functions (``--scheduler-ranges``): ``hooks`` (``scheduler.<method>`` in the spectrace.host domain, as the hooks),
   ``sglang`` (the same names in the default domain, as ``SGLANG_ENABLE_NVTX_SCHEDULER=1``) or ``none``.
 - Injected host time, ``--extra PIECE:US:RULE`` (repeatable): US µs more, spun, in PIECE (a scheduler function,
   ``host_overhead`` or ``between``: outside any range before the cycle) in the cycles RULE picks: ``every=N[+K]``
@@ -186,8 +186,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    help="µs of the emulated scheduler functions (default "
                         + ",".join(f"{k}={v}" for k, v in pl.DEFAULT_SCHEDULER_US.items()) + ")")
     p.add_argument("--scheduler-ranges", choices=pl.RANGE_KINDS, default="hooks",
-                   help="ranges around the scheduler functions: hooks (scheduler.* in the spectrace domain, as the "
-                        "hooks emit them; default), sglang (the same names in the default domain, as "
+                   help="ranges around the scheduler functions: hooks (scheduler.* in the spectrace.host domain, as "
+                        "the hooks emit them; default), sglang (the same names in the default domain, as "
                         "SGLANG_ENABLE_NVTX_SCHEDULER=1) or none")
     p.add_argument("--overlap", action="store_true",
                    help="with --scheduler: SGLang's overlap scheduler (the next batch scheduled and launched while the "
@@ -349,11 +349,11 @@ def spin(seconds: float) -> None:
 
 
 def _host_ranges(kind: str, ranges_on: bool, spectrace):
-    """The ranges around the emulated scheduler functions: the hooks' (``spectrace``, the phase ranges' own
-    emitter), SGLang's own (default domain), or none."""
+    """The ranges around the emulated scheduler functions: the hooks' (``spectrace.host``, the phase ranges'
+    emitter's ``host``), SGLang's own (default domain), or none."""
     if not ranges_on or kind == "none":
         return _NoRanges
-    return spectrace if kind == "hooks" else pl.DefaultDomainRanges()
+    return spectrace.host if kind == "hooks" else pl.DefaultDomainRanges()
 
 
 @contextlib.contextmanager
