@@ -34,7 +34,7 @@ def test_device_script_on_cpu(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "NSYS": str(nsys), "OUT": str(out),
            "STAGE": str(tmp_path / "stage"), "W": str(tmp_path / "cap"), "CYCLE_SCALE": "50", "REPS": "1",
-           "FAKE_NSYS_LOG": str(tmp_path / "nsys.log"),
+           "FAKE_NSYS_LOG": str(tmp_path / "nsys.log"), "OMP_NUM_THREADS": "1",
            "WORKLOAD_ARGS": "--device cpu --hidden 32 --ffn 64 --layers 2 --warmup 1"}
     r = subprocess.run(["bash", str(SCRIPT)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

@@ -10,15 +10,11 @@ from nvtx_hooks.capture import manifest, workload
 from nvtx_hooks.capture import plan as pl
 from nvtx_hooks.phases import accept_histograms, decode_payload, histogram_of
 from tests.test_workload_cpu import TINY, Recorder, run, run_ranks
+from tests.test_workload_cpu import torch as torch  # noqa: F401  (the fixture: one intra-op thread)
 
 SCHED = ["--device", "cpu", "--hidden", "32", "--ffn", "64", "--layers", "2", "--cycles", "4", "--warmup", "1",
          "--scheduler", "--scheduler-us", "recv_requests=0,process_input_requests=0,get_next_batch_to_run=0,"
          "process_batch_result=0"]
-
-
-@pytest.fixture
-def torch():
-    return pytest.importorskip("torch", reason="the workload needs torch (pip install torch==2.13.0)")
 
 
 def _marks(rec, name):
