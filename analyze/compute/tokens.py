@@ -63,19 +63,23 @@ def cycle_order(col: str = "phase") -> pl.Expr:
 
 
 def decode_exprs(uint64: str = "uint64", int64: str = "int64") -> list[pl.Expr]:
-    """``batch_size``, ``cycle_index``, ``accept_length`` decoded from the payload columns (null if none)."""
+    """``batch_size``, ``cycle_index``, ``accept_length`` decoded from the payload columns (null if none), from
+    every payload version :data:`nvtx_hooks.phases.PAYLOAD_LAYOUTS` defines (1 and 2; the fields sit where each
+    version's layout puts them)."""
     v = pl.coalesce(pl.col(uint64).cast(_U, strict=False), pl.col(int64).cast(_U, strict=False))
+    ver = v // (1 << ph.VERSION_SHIFT)
 
-    def field(shift: int, bits: int) -> pl.Expr:
-        return (v // (1 << shift)) % (1 << bits)
+    def field(name: str) -> pl.Expr:
+        expr: pl.Expr = pl.lit(None, pl.Int64)
+        for version, layout in ph.PAYLOAD_LAYOUTS.items():
+            _, shift, bits, offset = next(f for f in layout if f[0] == name)
+            raw = (v // (1 << shift)) % (1 << bits)
+            val = pl.when(raw > 0).then(raw.cast(pl.Int64) - offset) if offset else raw.cast(pl.Int64)
+            expr = pl.when(ver == version).then(val).otherwise(expr)
+        return expr
 
-    ok = (v // (1 << ph._VER_SHIFT)) == ph.PAYLOAD_VERSION
-    acc = field(ph._ACC_SHIFT, ph._ACC_BITS)
-    return [
-        pl.when(ok).then(field(0, ph._BS_BITS)).cast(pl.Int64).alias("batch_size"),
-        pl.when(ok).then(field(ph._CYC_SHIFT, ph._CYC_BITS)).cast(pl.Int64).alias("cycle_index"),
-        pl.when(ok & (acc > 0)).then(acc.cast(pl.Int64) - 1).alias("accept_length"),
-    ]
+    return [field("batch_size").alias("batch_size"), field("cycle_index").alias("cycle_index"),
+            field("accept_length").alias("accept_length")]
 
 
 def decode_frame(df: pl.DataFrame) -> pl.DataFrame:
