@@ -45,7 +45,7 @@ def same_store(cut, copied):
     lost = set(pl.read_parquet(cut.root / "lost.parquet")["pid"].to_list())
     assert set(cut._handed) == {("api", p) for p in copied.pids if copied.meta["api_rows"].get(str(p)) and p not in lost}
     for (_, pid), rows in cut._handed.items():
-        assert rows.equals(copied.read("api", pid)) and rows.equals(cut._columnar("api", [pid])[pid]), pid
+        assert rows.equals(copied.read("api", pid)) and rows.equals(cut._columnar_rows("api", [pid])[pid]), pid
     for pid in copied.pids:
         for kind in ("ops", "api"):
             assert cut.read(kind, pid).equals(copied.read(kind, pid)), (kind, pid)  # the order too

@@ -230,7 +230,7 @@ def test_key_hashes_a_few_blocks_of_each_file_and_sees_a_changed_page(tmp_path, 
     reads = []
     pread = os.pread
     monkeypatch.setattr(cache.os, "pread", lambda fd, n, at: (reads.append(n), pread(fd, n, at))[1])
-    key = cache._content(f)
+    key = cache._content_hash(f)
     assert len(reads) == cache.BLOCKS + 2 and sum(reads) <= 2 * cache.EDGE + cache.BLOCKS * cache.BLOCK
     monkeypatch.undo()
     size, mtime = f.stat().st_size, f.stat().st_mtime_ns
@@ -239,10 +239,10 @@ def test_key_hashes_a_few_blocks_of_each_file_and_sees_a_changed_page(tmp_path, 
         data[at] ^= 0xFF
         f.write_bytes(bytes(data))
         os.utime(f, ns=(mtime, mtime))
-        assert f.stat().st_size == size and cache._content(f) != key
+        assert f.stat().st_size == size and cache._content_hash(f) != key
         data[at] ^= 0xFF
         f.write_bytes(bytes(data))
-        assert cache._content(f) == key
+        assert cache._content_hash(f) == key
     entry = cache.fingerprint(f)["files"][0]
     assert entry[:4] == ["r.sqlite", size, f.stat().st_mtime_ns, f.stat().st_ino]
     assert entry[4] == f.stat().st_ctime_ns and entry[5] == key

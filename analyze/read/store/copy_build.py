@@ -170,8 +170,8 @@ class _RowBuild:
         dest, r, g = self.dest, self.r, self.gathered
         write_in_cache(dest / "ops", Path.mkdir)
         write_in_cache(dest / "api", Path.mkdir)
-        threads = [threading.Thread(target=self._guard, args=(f,))
-                   for f in (self._read_names, self._read_ranges, *[self._work] * _READ_THREADS)]
+        threads = [threading.Thread(target=self._run_catching, args=(f,))
+                   for f in (self._read_names, self._read_ranges, *[self._read_pieces] * _READ_THREADS)]
         try:
             for t in threads:
                 t.start()
@@ -212,7 +212,7 @@ class _RowBuild:
         write_meta(dest, meta)
         return dest
 
-    def _guard(self, fn: Callable[[], None]) -> None:
+    def _run_catching(self, fn: Callable[[], None]) -> None:
         try:
             fn()
         except BaseException as e:  # re-raised on the calling thread
@@ -236,7 +236,7 @@ class _RowBuild:
     def _stopped(self) -> bool:
         return bool(self.errors) or self.stop.is_set()
 
-    def _work(self) -> None:
+    def _read_pieces(self) -> None:
         """One reader thread: the next piece until none is left (or the build stops)."""
         while not self._stopped():
             with self.lock:
@@ -255,10 +255,10 @@ class _RowBuild:
                     q = q.replace(f"nameId IN ({_KEPT_IDS})",
                                   f"(nameId IN ({_KEPT_IDS}) OR {_early_calls_sql(self.bound)})")
                 q = q.replace(_KEPT_IDS, self.kept_ids)
-            if not self._piece(i, kind, q, post, n):
+            if not self._read_piece(i, kind, q, post, n):
                 return
 
-    def _piece(self, i: int, kind: str, q: str, post: _Post, n: int) -> bool:
+    def _read_piece(self, i: int, kind: str, q: str, post: _Post, n: int) -> bool:
         """Read piece ``i`` into its spill files; False when the build stopped meanwhile."""
         g = self.gathered
         spill, seen = _Spill(self.dest / kind, i, self.counts[kind], self.lock), 0

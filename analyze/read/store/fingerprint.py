@@ -31,7 +31,7 @@ BLOCK, BLOCKS = 4096, 6  # ...and BLOCKS blocks of BLOCK bytes spread between th
 def fingerprint(report: str | os.PathLike) -> dict:
     """What the cache is keyed by: the format version, the report's absolute resolved path, and of each of its
     files (a directory's table files; a SQLite file and its ``-wal``) ``[name, size, mtime, inode, ctime,
-    content]`` (:func:`_file_key`; :func:`_content`: a hash of 8 blocks). A copy of another capture over the
+    content]`` (:func:`_file_key`; :func:`_content_hash`: a hash of 8 blocks). A copy of another capture over the
     report, even of the same size and mtime, changes its ctime (and inode when renamed into place) and, unless
     it has the same first, last and sampled bytes, its content hash."""
     if not Path(report).is_dir():
@@ -57,10 +57,10 @@ def _file_key(f: Path, ctime: bool = True) -> list:
     file its owner again on every open (``fchown``), which moves its ctime (its content hash covers the last
     frames, whose checksums are cumulative)."""
     s = f.stat()
-    return [f.name, s.st_size, s.st_mtime_ns, s.st_ino, s.st_ctime_ns if ctime else None, _content(f)]
+    return [f.name, s.st_size, s.st_mtime_ns, s.st_ino, s.st_ctime_ns if ctime else None, _content_hash(f)]
 
 
-def _content(f: Path) -> str:
+def _content_hash(f: Path) -> str:
     """A hash of a file's first and last :data:`EDGE` bytes and of :data:`BLOCKS` blocks spread between them (the
     whole file when it is small): 8 reads whatever its size, no hash of a whole GB file."""
     h = hashlib.blake2b(digest_size=16)

@@ -85,7 +85,7 @@ def locked(folder: Path):
         os.close(fd)  # releases the lock
 
 
-def _alive(host: str, pid: int) -> bool:
+def _owner_alive(host: str, pid: int) -> bool:
     if host != socket.gethostname():
         return True  # cannot tell: only its age makes it stale
     try:
@@ -115,5 +115,5 @@ def remove_stale_builds(root: Path) -> None:
             if age > _STALE_S and not any(d.iterdir()):
                 d.rmdir()
             continue
-        if ".old-" in d.name or age > _STALE_S or not _alive(owner.get("host", ""), int(owner.get("pid", 0))):
+        if ".old-" in d.name or age > _STALE_S or not _owner_alive(owner.get("host", ""), int(owner.get("pid", 0))):
             remove_tree(d)

@@ -46,12 +46,12 @@ def discard(root: Path, build: str | None) -> None:
         remove_tree(old)
 
 
-def _write_error(reason, where: Path) -> CacheWriteError:
+def _cache_write_error(reason, where: Path) -> CacheWriteError:
     return CacheWriteError(f"{where}: cannot write the cache ({reason}); set SPECTRACE_CACHE_DIR to a writable "
                            "folder to keep one", "CACHE_WRITE", reason=str(reason))
 
 
-def _found(root: Path, key: dict, broken: str | None, report) -> Store | None:
+def _verified_store(root: Path, key: dict, broken: str | None, report) -> Store | None:
     """The cache at ``root`` when it verifies for ``key`` and is not build ``broken``; else None."""
     try:
         why, meta = problem_and_meta(root, key)
@@ -74,7 +74,7 @@ def existing_store(report: str | os.PathLike, cache_dir: Path | None = None) -> 
             return None
     except (OSError, CacheWriteError):
         return None
-    return _found(root, fingerprint(p), None, report)
+    return _verified_store(root, fingerprint(p), None, report)
 
 
 def open_store(report: str | os.PathLike, progress: ShowProgress | None = None, cache_dir: Path | None = None,
@@ -91,7 +91,7 @@ def open_store(report: str | os.PathLike, progress: ShowProgress | None = None, 
     key = fingerprint(p)
     root = cache_dir or cache_dir_for(p)
     refuse_inside_input(root, p)
-    found = _found(root, key, broken, report)
+    found = _verified_store(root, key, broken, report)
     if found is not None:
         return found
     if (root.exists() or root.is_symlink()) and not is_cache(root):
@@ -100,7 +100,7 @@ def open_store(report: str | os.PathLike, progress: ShowProgress | None = None, 
     try:
         root.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise _write_error(e.strerror or e, root.parent) from None
+        raise _cache_write_error(e.strerror or e, root.parent) from None
     remove_stale_builds(root)
     tmp = root.with_name(f".{root.name}.tmp-{uuid.uuid4().hex[:12]}")
     old = None
@@ -108,14 +108,14 @@ def open_store(report: str | os.PathLike, progress: ShowProgress | None = None, 
         try:
             build(p, tmp, progress)
         except CacheWriteError as e:
-            raise _write_error(e.reason, root) from None
+            raise _cache_write_error(e.reason, root) from None
         built = take_built_rows(tmp)
         if fingerprint(p) != key:  # the report changed while we read it: do not keep what we read
             raise InputError(f"{p}: the report changed while it was read; try again", "CHANGED")
         mine = build_id(tmp)
         try:
             with locked(root.parent):
-                found = _found(root, key, broken, report)
+                found = _verified_store(root, key, broken, report)
                 if found is not None:  # another process installed a good one meanwhile: ours is not needed
                     return found
                 if root.exists() or root.is_symlink():
@@ -129,14 +129,14 @@ def open_store(report: str | os.PathLike, progress: ShowProgress | None = None, 
                     os.replace(root, old)
                 os.replace(tmp, root)
         except OSError as e:
-            raise _write_error(e.strerror or e, root) from None
+            raise _cache_write_error(e.strerror or e, root) from None
     finally:
         take_built_rows(tmp)  # rows a failed build read go with it
         if tmp.exists():
             remove_tree(tmp)
         if old is not None:
             remove_tree(old)
-    found = _found(root, key, None, report)
+    found = _verified_store(root, key, None, report)
     if found is None:  # not kept: a cache that does not verify is never used
         why = problem(root, key)
         discard(root, mine)

@@ -71,10 +71,10 @@ def problem_and_meta(root: Path, key: dict | None) -> tuple[str | None, dict]:
         return f"meta.json unreadable ({e})", {}
     if not isinstance(meta, dict):
         return "stale", {}
-    return _check(root, key, meta), meta
+    return _problem_of(root, key, meta), meta
 
 
-def _check(root: Path, key: dict | None, meta: dict) -> str | None:
+def _problem_of(root: Path, key: dict | None, meta: dict) -> str | None:
     if key is not None and meta.get("key") != key:
         return "stale"
     if meta.get("check") != _digest(meta):

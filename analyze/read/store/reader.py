@@ -180,14 +180,14 @@ class Store:
         """All ``ops`` or ``api`` rows of one process (only ``columns``, if given), each file checked against its
         CRC-32 as it is read (a :class:`CacheError` if a file cannot be read or does not match)."""
         if self.meta.get("columnar"):
-            return self._columnar_of(kind, pid, columns)
+            return self._columnar_rows_of(kind, pid, columns)
         for f in self.files(kind, pid):  # each file's CRC (from the page cache), then read by polars
             self.check(f.relative_to(self.root).as_posix())
         lf = self.scan(kind, [pid])
         return self.reading(lambda: (lf if columns is None else lf.select(columns)).collect())
 
-    def _columnar_of(self, kind: str, pid: int, columns: tuple[str, ...] | None) -> pl.DataFrame:
-        """:meth:`_columnar` of one process, with the other processes of its group (:meth:`read_together`): read
+    def _columnar_rows_of(self, kind: str, pid: int, columns: tuple[str, ...] | None) -> pl.DataFrame:
+        """:meth:`_columnar_rows` of one process, with the other processes of its group (:meth:`read_together`): read
         by the first of them to ask, handed to the others; or the rows the build handed over (:meth:`hand`)."""
         with self._lock:
             handed = self._handed.pop((kind, pid), None)
@@ -195,7 +195,7 @@ class Store:
             return handed if columns is None else handed.select(columns)
         group = self._together.get((kind, pid))
         if group is None:
-            return self._columnar(kind, [pid], columns)[pid]
+            return self._columnar_rows(kind, [pid], columns)[pid]
         with self._lock:
             ahead = self._ahead.pop((kind, pid, columns), None)
             if ahead is None:  # the first of its group to ask: it reads for the others too
@@ -204,7 +204,7 @@ class Store:
         if ahead is not None:
             return ahead.result()
         try:
-            frames = self._columnar(kind, [pid, *others], columns)
+            frames = self._columnar_rows(kind, [pid, *others], columns)
         except BaseException as e:  # the others get the error too (each raises it in its own thread)
             for f in others.values():
                 f.set_exception(e)
@@ -213,7 +213,7 @@ class Store:
             f.set_result(frames[p])
         return frames[pid]
 
-    def _columnar(self, kind: str, pids: list[int],
+    def _columnar_rows(self, kind: str, pids: list[int],
                   columns: tuple[str, ...] | None = None) -> dict[int, pl.DataFrame]:
         """Some processes' ``ops`` or ``api`` rows (only ``columns``, if given) read from a columnar export
         (:func:`analyze.read.store.columnar_build.build_columnar`) with one scan of each table, by process: the rows
@@ -223,7 +223,7 @@ class Store:
         have = [p for p in pids if str(p) in self.meta[f"{kind}_rows"]]
         if not have:
             return {p: _no_rows(kind) if columns is None else _no_rows(kind).select(columns) for p in pids}
-        r = self._export()
+        r = self._export_reader()
         one: int | list[int] = have[0] if len(have) == 1 else have
         if kind == "ops":
             # One plan: the bad ops dropped and the unread columns pruned inside each table's scan, the tables
@@ -254,7 +254,7 @@ class Store:
         r.check_unchanged()
         return out
 
-    def _export(self):
+    def _export_reader(self):
         """The columnar export's reader, opened once (and checked against the key the store was verified with)."""
         with self._lock:
             if self._reader is None:
@@ -267,8 +267,8 @@ class Store:
 
     def _columnar_scan(self, kind: str, pids: list[int]) -> pl.LazyFrame:
         """Some processes' rows of a columnar export, lazily (a filter on time is pushed into the export's scans):
-        the rows of :meth:`_columnar`, by process in ``pids``' order."""
-        r = self._export()
+        the rows of :meth:`_columnar_rows`, by process in ``pids``' order."""
+        r = self._export_reader()
         which = pl.col("pid").is_in(pl.Series(pids, dtype=pl.Int64).implode())
         if kind == "ops":
             parts = [lazy_post(post, r._lazy(q)) for _, q, post in op_queries(r)]
