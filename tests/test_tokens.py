@@ -8,7 +8,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from analyze import analyze
-from analyze.compute.tokens import cycles, decode_frame, manifest_path, summary
+from analyze.compute.cycles import cycles
+from analyze.compute.payload import decode_frame
+from analyze.compute.tokens import summary
+from analyze.read.manifest import manifest_path
 from nvtx_hooks.phases import decode_payload, encode_payload
 from tests.helpers import eagle_synth as es
 

@@ -16,7 +16,7 @@ import statistics
 import pytest
 
 from analyze import whatif
-from analyze.compute.whatif import NEAR_BEST
+from analyze.compute.whatif_model import NEAR_BEST
 from bench.segments_table import plain_runs
 from nvtx_hooks.capture import samples
 
@@ -40,7 +40,7 @@ def _errors(tag: str, calibrated: bool) -> tuple[dict[tuple[int, int, int], floa
         for sm in m.segments:
             for s in (1, 2, 4):
                 truth = statistics.median(runs[(sm.batch_size, s)])
-                out[(i, sm.batch_size, s)] = abs(sm.predict(s)["cycle_ns"] / 1e3 / truth - 1)
+                out[(i, sm.batch_size, s)] = abs(sm.predict(s).cycle_ns / 1e3 / truth - 1)
     return out, models
 
 
