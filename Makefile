@@ -31,7 +31,7 @@ demo-pair: install
 TEST_WORKERS ?= 2
 PYTEST       := $(BIN)/python -m pytest -q -rs -n $(TEST_WORKERS) --dist loadfile
 test: install
-	$(PYTEST) -m 'not slow' tests
+	$(PYTEST) -m 'not slow' -p no:nbmake tests
 
 test-all: install
 	$(PYTEST) --nbmake tests notebooks

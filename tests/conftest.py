@@ -19,10 +19,9 @@ import pytest
 from tests.helpers.fake_hooks import record
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    # One of `make test`'s worker processes (pytest-xdist), as many as cores: one thread each for polars and
-    # torch (set before either is imported), or the workers' thread pools oversubscribe the cores and a test that
+    # One of `make test`'s worker processes (pytest-xdist), as many as cores: torch's OpenMP pool one thread
+    # (set before torch is imported), or its threads spin on cores the other worker is using and a test that
     # times a gap (the workload's) stalls behind them. The tests' own processes inherit it.
-    os.environ.setdefault("POLARS_MAX_THREADS", "1")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 NO_NSYS = "tests: this test ran the nsys on PATH; give it a fake (tests/data/fake_nsys.py) or mark it real_nsys"
