@@ -44,8 +44,12 @@ from tests.helpers.synth import Synth
 
 
 def run_cli(*args):
-    p = subprocess.run([sys.executable, "-m", "analyze.cli", *map(str, args)], capture_output=True, text=True)
-    return p.returncode, p.stdout, p.stderr
+    """``spectrace ARGS`` in this process (as the case rows run it): its exit status, standard output and error.
+    An exception that escaped would fail the test here, as its traceback on stderr would in a process of its own."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli.main([str(a) for a in args])
+    return rc, out.getvalue(), err.getvalue()
 
 
 def assert_clean_error(args, needle):

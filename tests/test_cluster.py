@@ -17,6 +17,7 @@ from analyze import analyze
 from analyze.compute.pipeline import result_for_merge
 
 distributed = pytest.importorskip("distributed", reason="pip install 'spectrace[cluster]'")
+pytestmark = pytest.mark.slow  # a Dask LocalCluster with worker processes: make test-all (CI)
 
 
 @pytest.fixture(scope="module")

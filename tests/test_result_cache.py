@@ -338,6 +338,7 @@ def test_numpy_arrays_round_trip_exactly(tmp_path):
         results._encode(np.array(["a"], dtype=object), [])
 
 
+@pytest.mark.slow  # the heaviest test (about 20 CPU-s: eleven reports drawn); make test-all (CI) runs it
 def test_a_second_report_reads_its_figures_and_a_changed_option_or_output_code_draws_them(report, tmp_path,
                                                                                            monkeypatch, no_analysis):
     """The report's figures are kept with the result: the same page again reads them (drawing made to fail) and is

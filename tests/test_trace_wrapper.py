@@ -62,8 +62,8 @@ def kinds(c: list[dict]) -> list[str]:
     return k
 
 
-def test_dry_run_overrides(tmp_path, capsys):
-    main(["trace", "-n", "--nsys", "nsys", "-o", "x.sqlite", "--cuda-graph-trace", "graph", "--delay", "60",
+def test_dry_run_overrides(tmp_path, nsys, capsys):
+    main(["trace", "-n", "--nsys", str(nsys), "-o", "x.sqlite", "--cuda-graph-trace", "graph", "--delay", "60",
           "--duration", "70", "-t", "cuda,nvtx,osrt", "--env", "NCCL_DEBUG=INFO",
           "--nsys-arg=--cuda-flush-interval=100", "--stats", "--", "srv", "--tp", "8"])
     out = capsys.readouterr().out.splitlines()
@@ -201,8 +201,8 @@ def test_traced_command_gets_the_environment_unchanged_by_spectrace(tmp_path, ns
     assert out.strip().endswith(ours if preset in (None, "dirty_decay_ms:500,muzzy_decay_ms:1000") else preset)
 
 
-def test_passes_dry_run(tmp_path, capsys):
-    assert main(["trace", "-n", "--nsys", "nsys", "--passes", "graph,node,plain", "-o", str(tmp_path / "w"),
+def test_passes_dry_run(tmp_path, nsys, capsys):
+    assert main(["trace", "-n", "--nsys", str(nsys), "--passes", "graph,node,plain", "-o", str(tmp_path / "w"),
                  "--", "prog", "--x"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 7  # each profiled pass: profile, SQLite export, parquetdir export
@@ -242,14 +242,14 @@ def test_passes_errors(tmp_path, nsys, capsys):
     assert json.loads((tmp_path / "f_plain.manifest.json").read_text())["exit_code"] == 4
 
 
-def test_gpu_metrics_dry_run(tmp_path, capsys):
-    main(["trace", "-n", "--nsys", "nsys", "-o", str(tmp_path / "r"), "--gpu-metrics", "--", "x"])
+def test_gpu_metrics_dry_run(tmp_path, nsys, capsys):
+    main(["trace", "-n", "--nsys", str(nsys), "-o", str(tmp_path / "r"), "--gpu-metrics", "--", "x"])
     first = capsys.readouterr().out.splitlines()[0].split()
     assert "--gpu-metrics-devices=all" in first and "--gpu-metrics-frequency=20000" in first
     assert first.index("--gpu-metrics-frequency=20000") < first.index("-o")
-    main(["trace", "-n", "--nsys", "nsys", "-o", str(tmp_path / "r"), "--", "x"])
+    main(["trace", "-n", "--nsys", str(nsys), "-o", str(tmp_path / "r"), "--", "x"])
     assert "--gpu-metrics" not in capsys.readouterr().out  # off unless asked
-    main(["trace", "-n", "--nsys", "nsys", "-o", str(tmp_path / "r"), "--gpu-metrics", "--gpu-metrics-frequency",
+    main(["trace", "-n", "--nsys", str(nsys), "-o", str(tmp_path / "r"), "--gpu-metrics", "--gpu-metrics-frequency",
           "100000", "--gpu-metrics-devices", "0,1", "--", "x"])
     first = capsys.readouterr().out.splitlines()[0].split()
     assert "--gpu-metrics-devices=0,1" in first and "--gpu-metrics-frequency=100000" in first

@@ -20,6 +20,8 @@ from analyze.compute.whatif_model import NEAR_BEST
 from bench.segments_table import plain_runs
 from nvtx_hooks.capture import samples
 
+pytestmark = pytest.mark.slow  # six real captures fitted and checked against the measured runs: make test-all (CI)
+
 DENSE = (1, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160)  # the dense schedule's batch sizes
 ALPHA = 0.7  # the workload's --accept-rate
 

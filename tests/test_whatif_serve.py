@@ -23,6 +23,8 @@ from analyze.compute import anatomy
 from bench.segments_table import plain_medians
 from nvtx_hooks.capture import samples
 
+pytestmark = pytest.mark.slow  # three real captures fitted and checked against the measured runs: make test-all (CI)
+
 ROUNDS = (1, 2, 3)
 
 

@@ -133,6 +133,7 @@ def test_ranges_off_emits_nothing(torch, monkeypatch):
     assert rec.events == []
 
 
+@pytest.mark.slow  # three processes (a launcher and two torch ranks over gloo); make test-all (CI) runs it
 def test_two_ranks_over_gloo_with_delay(torch):
     cmd = [sys.executable, "-m", "nvtx_hooks.capture.workload", *TINY, "--nproc", "2", "--delay-rank", "1",
            "--delay-us", "2000"]
@@ -327,6 +328,7 @@ def test_conflicting_options_are_refused_in_one_line(argv, says, capsys):
     assert len(err) == 1 and says in err[0]
 
 
+@pytest.mark.slow  # three processes (a launcher and two torch ranks over gloo); make test-all (CI) runs it
 def test_two_ranks_over_gloo_with_schedule(torch):
     """Both ranks run the same schedule (prefill included: its layers all-reduce too) and stalls."""
     cmd = [sys.executable, "-m", "nvtx_hooks.capture.workload", *TINY, "--nproc", "2", "--schedule", "1:2,3:2,2:1",
