@@ -13,7 +13,8 @@ from dataclasses import dataclass
 __all__ = ["DOMAIN", "Phase", "CYCLE", "DRAFT", "VERIFY", "DRAFT_EXTEND", "HOST", "PREFILL", "PREFILL_TARGET",
            "PREFILL_DRAFT_EXTEND", "DECODE_STEP", "ACCEPT", "PHASES", "NAMES", "MARKS", "EMITTED", "CYCLE_ORDER",
            "SEAM_COLOR", "IDLE_COLOR", "COMM_COLOR", "PAYLOAD_FIELDS", "color_of", "base_name",
-           "prefixed_phase_regex", "PAYLOAD_VERSION", "encode_payload", "decode_payload"]
+           "prefixed_phase_regex", "PAYLOAD_VERSION", "encode_payload", "decode_payload", "ANNOTATION_PREFIX",
+           "ANNOTATION_RE", "annotation", "parse_annotation"]
 
 DOMAIN = "spectrace"
 
@@ -166,3 +167,35 @@ def decode_payload(value: int | None) -> dict | None:
         "cycle_index": (v >> _CYC_SHIFT) & _CYC_MASK,
         "accept_length": acc - 1 if acc else None,
     }
+
+
+# --- Torch profiler annotations ---------------------------------------------
+#
+# Under torch.profiler (no NVTX tool attached) there are no domains and no payload
+# columns: a phase is a ``record_function`` whose name is ``spectrace:<phase>``, its
+# payload (the same int as the NVTX payload, :func:`encode_payload`: whatever fields
+# that carries travel with it) appended in hex after `` #``:
+#
+#   spectrace:cycle #0x1000001000004    spectrace:draft    spectrace:accept #0x...
+#
+# ``analyze.read.kineto`` reads them back with ANNOTATION_RE (group 1: the phase,
+# group 2: the payload's hex digits, if any) into the spectrace domain's ranges and
+# payload column, so the analysis decodes them as it decodes the NVTX payload.
+
+ANNOTATION_PREFIX = DOMAIN + ":"
+ANNOTATION_RE = r"^spectrace:([A-Za-z_]+)(?: #0x([0-9a-f]+))?$"
+
+
+def annotation(name: str, payload: int | None = None) -> str:
+    """The ``record_function`` name of phase ``name`` with an encoded ``payload`` (:func:`encode_payload`)."""
+    return ANNOTATION_PREFIX + name if payload is None else f"{ANNOTATION_PREFIX}{name} #{int(payload):#x}"
+
+
+def parse_annotation(text: str) -> tuple[str, int | None] | None:
+    """``(phase, payload)`` of a name :func:`annotation` made (payload None when it has none); None for any other."""
+    import re
+
+    m = re.match(ANNOTATION_RE, text)
+    if m is None:
+        return None
+    return m.group(1), int(m.group(2), 16) if m.group(2) else None
