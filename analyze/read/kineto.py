@@ -32,8 +32,6 @@ What maps to what (docs/torch-profiler.md has the whole table):
 from __future__ import annotations
 
 import contextlib
-import gzip
-import io
 import json
 import os
 import re
@@ -41,7 +39,6 @@ import shutil
 import tempfile
 import uuid
 import zlib
-from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +47,7 @@ from typing import Any
 import polars as pl
 
 from nvtx_hooks import phases as ph
+from nvtx_hooks.capture import chrome_trace
 from nvtx_hooks.capture.files import table_files
 
 from ..model import InputError
@@ -62,11 +60,6 @@ __all__ = ["FORMAT_VERSION", "FLUSH_ROWS", "TRACE_SUFFIXES", "is_trace", "trace_
 FORMAT_VERSION = 1  # of the converted tables: a change rebuilds them
 FLUSH_ROWS = 262_144  # rows of one table buffered in Python before they go to a parquet part
 TRACE_SUFFIXES = (".json", ".json.gz")
-_GZIP = b"\x1f\x8b"
-_SNIFF = 4096
-_HEAD = 1 << 20  # bytes of a file's start kept for its metadata (the keys before traceEvents)
-_TAIL = 4 << 20  # ...and of its end (the keys after it: SGLang's merged file has them there)
-_READ = 1 << 20  # bytes per read handed to the parser
 _LABEL = re.compile(r"^\[([^\]]*)\] ?(.*)$")  # SGLang's merged file: "[TP01] 12345"
 _RANK_IN_LABEL = re.compile(r"TP0*(\d+)")
 _RANK_IN_NAME = re.compile(r"-TP-(\d+)")
@@ -101,24 +94,17 @@ _PART = {_KERNEL: "kernel", _MEMCPY: "memcpy", _MEMSET: "memset", _API: "api", _
 # ---- what the input is ----------------------------------------------------------------------------------------
 
 
-def _opened(path: Path):
-    """A binary stream of the file's JSON text (gunzipped when it is gzip)."""
-    with path.open("rb") as f:
-        magic = f.read(2)
-    return gzip.open(path, "rb") if magic == _GZIP else path.open("rb")
-
-
 def _starts_json(path: Path, by_name: bool = True) -> bool:
     """Whether the file's text (gunzipped) starts, after white space, with ``{`` or ``[`` (``by_name``: or the file is
     named ``*.json(.gz)``: its reader then says what is wrong with it)."""
     try:
-        with _opened(path) as f:
-            head = f.read(_SNIFF)
+        with chrome_trace.opened(path) as f:
+            head = f.read(chrome_trace.SNIFF)
     except (OSError, EOFError, zlib.error):
         head = b""
         with contextlib.suppress(OSError), path.open("rb") as f:
             head = f.read(2)
-        return by_name and head == _GZIP and path.name.endswith(TRACE_SUFFIXES)  # a broken gzip named as a trace
+        return by_name and head == chrome_trace.GZIP and path.name.endswith(TRACE_SUFFIXES)  # a broken gzip named as a trace
     return head.lstrip()[:1] in (b"{", b"[") or (by_name and path.name.endswith(TRACE_SUFFIXES))
 
 
@@ -159,102 +145,6 @@ def _key(path: str | os.PathLike) -> dict:
 
 
 # ---- one streaming pass over a file ---------------------------------------------------------------------------
-
-
-class _Recorder(io.RawIOBase):
-    """The file's text as read by the parser, keeping its first :data:`_HEAD` and last :data:`_TAIL` bytes."""
-
-    def __init__(self, f):
-        self.f, self.head, self.tail, self.tail_len, self.pos = f, bytearray(), deque[bytes](), 0, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def read(self, n: int = -1) -> bytes:
-        b = self.f.read(n)
-        if len(self.head) < _HEAD:
-            self.head += b[: _HEAD - len(self.head)]
-        self.tail.append(b)
-        self.tail_len += len(b)
-        while self.tail_len - len(self.tail[0]) >= _TAIL:
-            self.tail_len -= len(self.tail.popleft())
-        self.pos += len(b)
-        return b
-
-    def readinto(self, buf) -> int:  # (RawIOBase) not used by ijson
-        b = self.read(len(buf))
-        buf[: len(b)] = b
-        return len(b)
-
-    def tail_bytes(self) -> tuple[int, bytes]:
-        """The kept end of the text and its offset in it."""
-        data = b"".join(self.tail)
-        return self.pos - len(data), data
-
-
-def _head_meta(head: bytes) -> tuple[dict, int | None, bool]:
-    """The top-level keys before ``traceEvents`` (values decoded), the offset of its array, and whether the text
-    is a bare array of events (Chrome's JSON Array Format)."""
-    text = head.decode("utf-8", "replace")
-    dec, meta, i = json.JSONDecoder(), {}, len(text) - len(text.lstrip())
-    if text[i:i + 1] == "[":
-        return meta, i, True
-    i += 1
-    try:
-        while True:
-            while text[i:i + 1].isspace() or text[i:i + 1] == ",":
-                i += 1
-            key, i = dec.raw_decode(text, i)
-            while text[i:i + 1].isspace() or text[i:i + 1] == ":":
-                i += 1
-            if key == "traceEvents":
-                return meta, len(text[:i].encode()), False
-            value, i = dec.raw_decode(text, i)
-            meta[key] = value
-    except (ValueError, IndexError):
-        return meta, None, False
-
-
-_WS = re.compile(r"\s*")
-
-
-def _object_end(text: str, j: int) -> dict | None:
-    """The keys of an object's end that starts at ``j`` (``, "k": v, ... }`` or ``}``) running to the end of
-    ``text``; None when the text there is not that."""
-    dec, out, n = json.JSONDecoder(), {}, len(text)
-    try:
-        j = _WS.match(text, j).end()  # type: ignore[union-attr]  # (\s* always matches)
-        c = text[j:j + 1]
-        while c == ",":
-            j = _WS.match(text, j + 1).end()  # type: ignore[union-attr]
-            if text[j:j + 1] != '"':
-                return None
-            key, j = dec.raw_decode(text, j)
-            j = _WS.match(text, j).end()  # type: ignore[union-attr]
-            if text[j:j + 1] != ":":
-                return None
-            out[key], j = dec.raw_decode(text, _WS.match(text, j + 1).end())  # type: ignore[union-attr]
-            j = _WS.match(text, j).end()  # type: ignore[union-attr]
-            c = text[j:j + 1]
-        if c == "}" and _WS.match(text, j + 1).end() == n:  # type: ignore[union-attr]
-            return out
-    except ValueError:
-        pass
-    return None
-
-
-def _tail_meta(data: bytes, skip: int) -> dict:
-    """The top-level keys after the events array, from the kept end of the text: after the leftmost ``]`` (past
-    ``skip``) that closes the array, i.e. after which the text is the end of an object (a ``]`` inside an event
-    leaves that event open, so the text after it is not)."""
-    text = data.decode("utf-8", "replace")
-    i = text.find("]", max(0, skip))
-    while i >= 0:
-        out = _object_end(text, i + 1)
-        if out is not None:
-            return out
-        i = text.find("]", i + 1)
-    return {}
 
 
 @dataclass
@@ -386,34 +276,13 @@ class _Parse:
 
     def read_file(self, path: Path) -> None:
         """One file, streamed: its metadata (keys before and after the events) and its events."""
-        import ijson
-
         fi = len(self.files)
         info = _File(path)
         self.files.append(info)
         try:
-            with _opened(path) as raw:
-                first = raw.read(_SNIFF)
-                bare = first.lstrip()[:1] == b"["
-                rec = _Recorder(_Chained(first, raw))
-                self.events(fi, ijson.items(rec, "item" if bare else "traceEvents.item", use_float=True,
-                                            buf_size=_READ))
-                while rec.read(_READ):  # (the parser stops at the end of the text; nothing should be left)
-                    pass
-        except ijson.JSONError as e:
-            raise InputError(f"{path}: not a complete JSON trace ({_one_line(e)}); copy or export it again",
-                             "CORRUPT") from None
-        except (EOFError, gzip.BadGzipFile, zlib.error) as e:
-            raise InputError(f"{path}: truncated or corrupt gzip ({_one_line(e)}); copy it again", "TRUNCATED") from None
-        except OSError as e:
-            raise InputError(f"{path}: cannot read it ({e.strerror or e})", "UNREADABLE") from None
-        meta: dict = {}
-        if not bare:
-            meta, at, _ = _head_meta(bytes(rec.head))
-            if at is None:
-                raise InputError(f"{path}: JSON, but not a torch profiler trace (no traceEvents array)", "NOT_A_TRACE")
-            off, tail = rec.tail_bytes()
-            meta.update(_tail_meta(tail, at - off))
+            meta = chrome_trace.read(path, lambda events: self.events(fi, events))
+        except chrome_trace.TraceError as e:
+            raise InputError(f"{path}: {e}", e.code) from None
         meta.pop("traceEvents", None)
         info.meta = meta
         base = meta.get("baseTimeNanoseconds")
@@ -422,29 +291,6 @@ class _Parse:
         info.host = host if isinstance(host, str) else None
         if not any(s.file == fi for s in self.sources):
             self._source(fi, None)  # a file without events is still a process of the input
-
-
-class _Chained(io.RawIOBase):
-    """``first`` then the rest of ``f``."""
-
-    def __init__(self, first: bytes, f):
-        self.first, self.f = first, f
-
-    def readable(self) -> bool:
-        return True
-
-    def read(self, n: int = -1) -> bytes:
-        if n == 0:
-            return b""
-        if self.first:
-            b, self.first = self.first, b""
-            return b
-        return self.f.read(n)
-
-    def readinto(self, buf) -> int:
-        b = self.read(len(buf))
-        buf[: len(b)] = b
-        return len(b)
 
 
 def _one_line(e: BaseException) -> str:
@@ -716,7 +562,8 @@ def _nvtx(ann: pl.DataFrame) -> tuple[pl.DataFrame, str]:
     domains = procs.select(start=pl.lit(0, pl.Int64), end=pl.lit(None, pl.Int64), eventType=pl.lit(_DOMAIN_CREATE),
                            globalTid="globalTid", domainId=pl.lit(_SPECTRACE_DOMAIN), text=pl.lit(ph.DOMAIN),
                            int64Value=pl.lit(None, pl.Int64))
-    out = pl.concat([f.cast(schema) for f in (domains, spectrace, derived, raw)]).sort("start", "globalTid")
+    out = pl.concat([f.cast(schema) for f in (domains, spectrace, derived, raw)]).sort(  # a parent before its child
+        "start", "end", "globalTid", descending=[False, True, False], nulls_last=True)
     how = ("spectrace's record_function names" if named.height and not native.height
            else "SGLang's native spans" if native.height and not named.height
            else "spectrace's names and SGLang's native spans (processes without the names)" if named.height

@@ -65,6 +65,7 @@ import time
 from collections.abc import Callable
 
 from ..phases import encode_payload
+from . import torch_profile
 
 __all__ = ["build_parser", "parse_schedule", "check", "flush_cupti", "accept_lengths", "spin", "run",
            "torchrun_command", "to_argv", "main"]
@@ -140,6 +141,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    help="how each rank of several ends: flush (CUPTI flush, NCCL teardown, normal exit; default) "
                         "or os (no flush, os._exit after the final barrier: a whole-run capture loses its last "
                         "CUDA events)")
+    torch_profile.add_arguments(p)
     return p
 
 
@@ -190,6 +192,7 @@ def check(args: argparse.Namespace) -> None:
         raise ValueError(f"--delay-offset {args.delay_offset} must be below --delay-every {args.delay_every}")
     if args.schedule and args.baseline:
         raise ValueError("--schedule runs speculative cycles: it cannot be combined with --baseline")
+    torch_profile.check(args)
 
 
 def flush_cupti() -> int:
@@ -315,7 +318,7 @@ def run(args: argparse.Namespace) -> dict:
             dist.init_process_group("nccl", device_id=dev)
         else:
             dist.init_process_group("gloo")
-    R = _ranges(args.ranges)
+    R = torch_profile.emitter(_ranges(args.ranges), args)
     H, inter = args.hidden, max(1, args.ffn // world)
     gen = torch.Generator(device=dev).manual_seed(args.seed + 17 * rank)
 
@@ -503,6 +506,7 @@ def run(args: argparse.Namespace) -> dict:
     bracket = use_cuda and args.profiler_api and args.profiler_rank in (None, rank)
     if bracket:
         torch.cuda.cudart().cudaProfilerStart()
+    prof = torch_profile.start(args, use_cuda)
     t0 = time.perf_counter()
     i = args.warmup
     prefill_ms: list[float | None] = []
@@ -523,6 +527,7 @@ def run(args: argparse.Namespace) -> dict:
         flush_cupti()  # this rank's events reach the profiler before its window closes
     if bracket:
         torch.cuda.cudart().cudaProfilerStop()
+    torch_trace = torch_profile.stop(prof, args, rank)
     measured = range(args.warmup, args.warmup + measured_cycles)
     rec = {
         "rank": rank,
@@ -542,6 +547,8 @@ def run(args: argparse.Namespace) -> dict:
         "tokens_per_cycle": (args.batch if args.baseline
                              else sum(batch_of[j] * sched[j] for j in measured) / max(1, measured_cycles)),
     }
+    if torch_trace:
+        rec["torch_trace"] = torch_trace
     if not args.schedule:
         rec["period_median_us"] = _median_step_us([pushed_at[j] for j in measured])
     if args.v2:  # per cycle index: accepted tokens per request, the bonus token included
