@@ -225,7 +225,8 @@ class _Parse:
 
     def events(self, fi: int, events: Iterator[Any]) -> None:
         """Route the file's events into rows."""
-        kinds, rows, src_of = _KINDS, self.rows, {}
+        kinds, rows = _KINDS, self.rows
+        src_of: dict[Any, tuple[int, int | None]] = {}
         append = {k: rows[k].append for k in rows}
         name, tid_of = self._name, self._tid
         for e in events:
@@ -245,8 +246,10 @@ class _Parse:
                 if kind <= _MEMSET:
                     a = e.get("args") or {}
                     extra = a.get("graph id") if kind == _KERNEL else a.get("bytes")
-                    append[kind]((src, t, d, name(e.get("name", "")), int(a.get("device", num)),
-                                  int(a.get("stream", e.get("tid"))), a.get("correlation"), extra))
+                    dev: Any = a.get("device", num)  # (None: a TypeError, the event skipped)
+                    stream: Any = a.get("stream", e.get("tid"))
+                    append[kind]((src, t, d, name(e.get("name", "")), int(dev), int(stream), a.get("correlation"),
+                                  extra))
                 elif kind == _API:
                     a = e.get("args") or {}
                     append[kind]((src, num, tid_of(e.get("tid")), t, d, name(e.get("name", "")), a.get("correlation")))
@@ -323,8 +326,8 @@ def native_phases(ann: pl.DataFrame) -> pl.DataFrame:
     ``bs=`` and its index, the ``forward_id=`` of its spans when every one has it (SGLang's detailed annotations,
     the same on every rank), else its number in the process counted from 1; of a prefill: its ``bs=`` and the index
     of the cycle before it (0: none), as the hooks give them. Accept lengths are unknown."""
-    out_schema = {"pid": pl.Int64, "gtid": pl.Int64, "start": pl.Int64, "end": pl.Int64, "text": pl.String,
-                  "payload": pl.Int64}
+    out_schema = pl.Schema({"pid": pl.Int64, "gtid": pl.Int64, "start": pl.Int64, "end": pl.Int64,
+                            "text": pl.String, "payload": pl.Int64})
     kind = pl.lit(None, pl.String)
     for pattern, k in reversed(_NATIVE):
         kind = pl.when(pl.col("text").str.contains(pattern)).then(pl.lit(k)).otherwise(kind)
@@ -491,7 +494,7 @@ def _write_tables(pz: _Parse, dest: Path) -> dict:
         dest / "ANALYSIS_DETAILS.parquet")
     pl.DataFrame({"utcEpochNs": [origin]}, schema={"utcEpochNs": pl.Int64}).write_parquet(
         dest / "TARGET_INFO_SESSION_START_TIME.parquet")
-    gpus = {}
+    gpus: dict[int, str] = {}
     for f in pz.files:
         for d in f.meta.get("deviceProperties") or []:
             if isinstance(d, dict) and isinstance(d.get("id"), int):
@@ -539,8 +542,8 @@ def _nvtx(ann: pl.DataFrame) -> tuple[pl.DataFrame, str]:
     a domain; spectrace's own (``spectrace:<phase>``) as ranges (marks) of the spectrace domain instead; for a process
     without those, the phases of SGLang's native spans (:func:`native_phases`) added in the spectrace domain. Also
     says which of the two the phases came from."""
-    schema = {"start": pl.Int64, "end": pl.Int64, "eventType": pl.Int64, "globalTid": pl.Int64, "domainId": pl.Int64,
-              "text": pl.String, "int64Value": pl.Int64}
+    schema = pl.Schema({"start": pl.Int64, "end": pl.Int64, "eventType": pl.Int64, "globalTid": pl.Int64,
+                        "domainId": pl.Int64, "text": pl.String, "int64Value": pl.Int64})
     parsed = ann.with_columns(_phase=pl.col("text").str.extract(ph.ANNOTATION_RE, 1),
                               _payload=pl.col("text").str.extract(ph.ANNOTATION_RE, 2).str.to_integer(base=16))
     named = parsed.filter(pl.col("_phase").is_not_null())

@@ -75,17 +75,11 @@ import polars as pl
 from polars.exceptions import PanicException
 
 from ..model import KEPT_API, InputError, Trace
-from .cachekey import (
-    BLOCK,
-    BLOCKS,
-    EDGE,
-    MARKER,
-    SUFFIX,
-    CacheWriteError,
-    cache_dir_for,
-    file_keys,
-    utf8,
-)
+from .cachekey import MARKER as MARKER  # (re-exported: st.MARKER, st.SUFFIX, ... as before they moved)
+from .cachekey import SUFFIX as SUFFIX
+from .cachekey import CacheWriteError as CacheWriteError
+from .cachekey import cache_dir_for as cache_dir_for
+from .cachekey import file_keys, utf8
 from .export import (
     API_SCHEMA,
     BAD_API,
@@ -106,8 +100,7 @@ from .exportdir import DirReader
 from .kineto import is_trace
 from .protocols import ExportReader
 
-__all__ = ["COLUMNAR", "FLUSH_ROWS", "PIECE_ROWS", "EARLY_ROWS", "SUFFIX", "MARKER", "TAIL", "EDGE", "BLOCK",
-           "BLOCKS", "CacheError", "CacheWriteError", "fingerprint", "cache_dir_for", "Progress", "problem", "is_cache", "Store",
+__all__ = ["COLUMNAR", "FLUSH_ROWS", "PIECE_ROWS", "EARLY_ROWS", "TAIL", "CacheError", "fingerprint", "Progress", "problem", "is_cache", "Store",
            "build", "remove_tree", "discard", "existing_store", "open_store", "temporary_store"]
 
 COLUMNAR = True  # a parquetdir/arrowdir export's store keeps no copy of its rows (_build_columnar)

@@ -84,7 +84,8 @@ def _head_meta(head: bytes) -> tuple[dict, int | None, bool]:
     """The top-level keys before ``traceEvents`` (values decoded), the offset of its array, and whether the text
     is a bare array of events (Chrome's JSON Array Format)."""
     text = head.decode("utf-8", "replace")
-    dec, meta, i = json.JSONDecoder(), {}, len(text) - len(text.lstrip())
+    meta: dict[str, Any] = {}
+    dec, i = json.JSONDecoder(), len(text) - len(text.lstrip())
     if text[i:i + 1] == "[":
         return meta, i, True
     i += 1
@@ -180,7 +181,7 @@ def read(path: Path, consume: Callable[[Iterator[Any]], None]) -> dict:
     integers as floats), then return its other top-level keys. :class:`TraceError` when the file cannot be read:
     ``CORRUPT`` (not complete JSON), ``TRUNCATED`` (a gzip that ends early or is damaged), ``NOT_A_TRACE`` (JSON
     without a ``traceEvents`` array), ``UNREADABLE``."""
-    import ijson
+    import ijson  # type: ignore[import-untyped]  # (ships no type information)
 
     try:
         with opened(path) as raw:
