@@ -236,3 +236,16 @@ def test_cpu_workload_scrub(cpu_workload, tmp_path):
     assert host.encode() not in gzip.decompress(out.read_bytes())
     a, b = load(src).ranges, load(out).ranges
     assert a.drop("range_id").equals(b.drop("range_id"))
+
+
+def test_same_os_pid_in_two_files_two_processes(tmp_path):
+    """Two containers' ranks, both pid 4000: each its own process (numbered 1, 2), with its own GPU work."""
+    d = tmp_path / "t"
+    d.mkdir()
+    for r in (0, 1):
+        t = rank_trace(r)
+        t["traceEvents"] = [{**e, "pid": 4000} if e.get("pid") == 4001 else e for e in t["traceEvents"]]
+        write(d / f"prof-TP-{r}.trace.json.gz", t)
+    res = api.analyze(d)
+    assert res.ranks.select("pid", "device").rows() == [(1, 0), (2, 1)]
+    assert _phase_us(res)[(1, "verify")] == GPU_US["verify"]

@@ -405,7 +405,7 @@ def _source_rank(pz: _Parse, s: _Source) -> int | None:
 
 def _processes(pz: _Parse, api: pl.LazyFrame, ann: pl.LazyFrame) -> pl.DataFrame:
     """``src, pid, final, main``: every (source, OS pid) with CPU events, the pid the tables give it (the OS pid
-    when those are unique across the input and fit nsys's 24 bits, else a number of its own) and whether it is
+    when those are unique across the input and fit nsys's 24 bits, else 1, 2, ... in order) and whether it is
     the source's main process (most CUDA calls, else most annotations; its GPU operations fall to it when no call
     has their correlation id). A source with no CPU process gets one."""
     counts = pl.concat([
@@ -418,10 +418,15 @@ def _processes(pz: _Parse, api: pl.LazyFrame, ann: pl.LazyFrame) -> pl.DataFrame
                                                  schema=counts.schema)])
     counts = counts.sort("src", "calls", "marks", "pid", descending=[False, True, True, False])
     counts = counts.with_columns(main=pl.int_range(pl.len()).over("src") == 0)
-    pids = counts["pid"]
-    own = pids.null_count() == 0 and pids.n_unique() == len(pids) and bool(((pids > 0) & (pids < _P24)).all())
-    final = pids if own else pl.Series(range(1, len(pids) + 1))
-    return counts.with_columns(final=final.cast(pl.Int64)).sort("src", "pid").select("src", "pid", "final", "main")
+    known = counts["pid"].drop_nulls()
+    own = known.n_unique() == len(known) and bool(((known > 0) & (known < _P24 - len(counts))).all())
+    if own:  # the OS pids; a source without CPU events gets a number above them
+        top = int(known.max() or 0)  # type: ignore[arg-type]  # (an int, or None when empty)
+        final = pl.coalesce(pl.col("pid"), top + pl.col("pid").is_null().cum_sum())
+    else:
+        final = pl.int_range(1, pl.len() + 1)
+    return (counts.with_columns(final=final.cast(pl.Int64)).sort("src", "pid")
+            .select("src", "pid", "final", "main"))
 
 
 def _write_tables(pz: _Parse, dest: Path) -> dict:
