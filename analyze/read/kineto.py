@@ -183,12 +183,19 @@ class _Parse:
     # -- rows --
 
     def _flush(self, kind: int) -> None:
+        """The buffered rows of ``kind`` as a parquet part: times in ns (µs × 1000, rounded), a value of the wrong
+        type null (an event without a time is left out and counted)."""
         rows = self.rows[kind]
         if not rows:
             return
+        raw = {c: (pl.Float64 if c in ("start", "dur") else t) for c, t in _SCHEMAS[kind].items()}
+        df = pl.DataFrame(rows, schema=raw, orient="row", strict=False)
+        ok = pl.col("start").is_not_null() & pl.col("start").is_finite()
+        self.skipped += int(df.select((~ok).sum()).item())
+        ns = [(pl.col(c).fill_null(0.0) * 1000).round().cast(pl.Int64) for c in ("start", "dur")]
+        df = df.filter(ok).with_columns(ns)
         f = self.work / f"{_PART[kind]}-{len(self.parts[kind]):05d}.parquet"
-        pl.DataFrame(rows, schema=_SCHEMAS[kind], orient="row").write_parquet(f, compression="uncompressed",
-                                                                               statistics=False)
+        df.write_parquet(f, compression="uncompressed", statistics=False)
         self.parts[kind].append(f)
         self.rows[kind] = []
 
@@ -224,8 +231,9 @@ class _Parse:
     # -- events --
 
     def events(self, fi: int, events: Iterator[Any]) -> None:
-        """Route the file's events into rows."""
-        kinds, rows = _KINDS, self.rows
+        """Route the file's events into rows: as they come (times in µs as floats, numbers as given), the least
+        Python work per event; :meth:`_flush` makes them columns."""
+        kinds, rows, names = _KINDS, self.rows, self.names
         src_of: dict[Any, tuple[int, int | None]] = {}
         append = {k: rows[k].append for k in rows}
         name, tid_of = self._name, self._tid
@@ -241,23 +249,27 @@ class _Parse:
                 if where is None:
                     where = src_of[pid] = self._where(fi, pid)
                 src, num = where
-                t = round(e["ts"] * 1000)
-                d = round(e.get("dur", 0) * 1000)
+                if kind == _SPAN:
+                    append[kind]((src, e["ts"], e.get("dur")))
+                    continue
+                nm = e.get("name", "")
+                nid = names.get(nm)
+                if nid is None:
+                    nid = name(nm)
                 if kind <= _MEMSET:
                     a = e.get("args") or {}
-                    extra = a.get("graph id") if kind == _KERNEL else a.get("bytes")
-                    dev: Any = a.get("device", num)  # (None: a TypeError, the event skipped)
-                    stream: Any = a.get("stream", e.get("tid"))
-                    append[kind]((src, t, d, name(e.get("name", "")), int(dev), int(stream), a.get("correlation"),
-                                  extra))
-                elif kind == _API:
-                    a = e.get("args") or {}
-                    append[kind]((src, num, tid_of(e.get("tid")), t, d, name(e.get("name", "")), a.get("correlation")))
-                elif kind == _ANNOTATION:
-                    append[kind]((src, num, tid_of(e.get("tid")), t, d, name(e.get("name", ""))))
+                    append[kind]((src, e["ts"], e.get("dur"), nid, a.get("device", num),
+                                  a.get("stream", e.get("tid")), a.get("correlation"),
+                                  a.get("graph id") if kind == _KERNEL else a.get("bytes")))
                 else:
-                    append[kind]((src, t, d))
-            except (KeyError, TypeError, ValueError):
+                    tid = e.get("tid")
+                    if type(tid) is not int:
+                        tid = tid_of(tid)
+                    if kind == _API:
+                        append[kind]((src, num, tid, e["ts"], e.get("dur"), nid, (e.get("args") or {}).get("correlation")))
+                    else:
+                        append[kind]((src, num, tid, e["ts"], e.get("dur"), nid))
+            except (KeyError, TypeError, ValueError, AttributeError):
                 self.skipped += 1
                 continue
             if len(rows[kind]) >= FLUSH_ROWS:
