@@ -101,7 +101,13 @@ def _native(rows: list[tuple[str, int, int]]) -> list[tuple]:
     ann = pl.DataFrame({"pid": [5] * len(rows), "gtid": [g] * len(rows), "start": [r[1] for r in rows],
                         "end": [r[2] for r in rows], "text": [r[0] for r in rows]})
     out = kineto.native_phases(ann).sort("start", "end", descending=[False, True])
-    return [(r["text"], r["start"], r["end"], ph.decode_payload(r["payload"])) for r in out.iter_rows(named=True)]
+    return [(r["text"], r["start"], r["end"], _fields(ph.decode_payload(r["payload"])))
+            for r in out.iter_rows(named=True)]
+
+
+def _fields(d: dict | None) -> dict | None:
+    """The payload's batch size, cycle index and accept length (whatever other fields it has)."""
+    return None if d is None else {k: d[k] for k in ("batch_size", "cycle_index", "accept_length")}
 
 
 def _p(bs: int, i: int) -> dict:
