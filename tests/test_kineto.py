@@ -255,3 +255,15 @@ def test_same_os_pid_in_two_files_two_processes(tmp_path):
     res = api.analyze(d)
     assert res.ranks.select("pid", "device").rows() == [(1, 0), (2, 1)]
     assert _phase_us(res)[(1, "verify")] == GPU_US["verify"]
+
+
+def test_through_the_store_as_in_memory(tmp_path):
+    """A large trace goes through the parquet store (columnar over the trace's tables): the same result."""
+    from analyze.output import data
+
+    d = _per_rank(tmp_path / "t")
+    mem = data.to_json(api.analyze(d, store=False, cache=False))
+    kept = api.analyze(d, store=True, cache=True)
+    assert data.to_json(kept) == mem
+    assert (tmp_path / "t.spectrace" / "meta.json").is_file() and (tmp_path / "t.tables.spectrace").is_dir()
+    assert data.to_json(api.analyze(d, store=True, cache=True)) == mem  # the store and its result cache reused
