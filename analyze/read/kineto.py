@@ -6,7 +6,7 @@ file is never in memory, the rows go to parquet every :data:`FLUSH_ROWS`), into 
 has, with nsys's table and column names; :class:`KinetoReader` then reads them as
 :class:`analyze.read.exportdir.DirReader` reads such an export, so every query, the store and every verb work on it
 unchanged. The tables are a cache (:func:`tables_dir_for`: ``<trace>.tables.spectrace`` beside the trace, or in the
-user cache folder), keyed by the trace's files as the store is (:func:`analyze.read.cachekey.file_keys`), built under
+user cache folder), keyed by the trace's files as the store is (:func:`analyze.read.store.fingerprint.file_keys`), built under
 a temporary name and renamed into place, reused while the trace is unchanged.
 
 What maps to what (docs/torch-profiler.md has the whole table):
@@ -51,8 +51,11 @@ from nvtx_hooks.capture import chrome_trace
 from nvtx_hooks.capture.files import table_files
 
 from ..model import InputError
-from .cachekey import MARKER, SUFFIX, CacheWriteError, cache_dir_for, file_keys
 from .exportdir import DirReader
+from .store.errors import CacheWriteError
+from .store.fingerprint import file_keys
+from .store.layout import MARKER
+from .store.location import SUFFIX, cache_dir_for
 
 __all__ = ["FORMAT_VERSION", "FLUSH_ROWS", "TRACE_SUFFIXES", "is_trace", "trace_files", "tables_dir_for", "convert",
            "native_phases", "KinetoReader"]

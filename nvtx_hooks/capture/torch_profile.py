@@ -93,6 +93,12 @@ class Emitter:
             return [f"step[DECODE bs={self._batch}]"]
         return []
 
+    @property
+    def host(self) -> Any:
+        """The inner ranges' ``host`` (the scheduler's ``spectrace.host`` ranges): NVTX only, no span (the reader
+        maps the phases, not the scheduler's host ranges)."""
+        return self.inner.host
+
     def push(self, name: str, payload: int | None = None) -> None:
         self.inner.push(name, payload)
         spans = [ph.annotation(name, payload)] if self.spectrace else []
