@@ -16,7 +16,8 @@ __all__ = ["DOMAIN", "HOST_DOMAIN", "Phase", "CYCLE", "DRAFT", "VERIFY", "DRAFT_
            "SEAM_COLOR", "IDLE_COLOR", "COMM_COLOR", "PAYLOAD_FIELDS", "PAYLOAD_FIELDS_V2", "color_of", "base_name",
            "prefixed_phase_regex", "PayloadField", "VERSION_SHIFT", "PAYLOAD_VERSION", "PAYLOAD_LAYOUTS",
            "encode_payload", "decode_payload", "HISTOGRAM_LAYOUT", "HISTOGRAM_WIDTHS", "HISTOGRAM_MAX_POSITION",
-           "histogram_of", "encode_accept_histogram", "decode_accept_histogram", "accept_histograms"]
+           "histogram_of", "encode_accept_histogram", "decode_accept_histogram", "accept_histograms",
+           "ANNOTATION_PREFIX", "ANNOTATION_RE", "annotation", "parse_annotation"]
 
 DOMAIN = "spectrace"
 # The hooks' host ranges around SGLang's scheduler methods (SCHEDULER_RANGES): their own domain, so that the
@@ -383,3 +384,35 @@ def accept_histograms(values) -> dict[int, list[int]]:
         while len(h) > 1 and h[-1] == 0:
             h.pop()
     return out
+
+
+# --- Torch profiler annotations ---------------------------------------------
+#
+# Under torch.profiler (no NVTX tool attached) there are no domains and no payload
+# columns: a phase is a ``record_function`` whose name is ``spectrace:<phase>``, its
+# payload (the same int as the NVTX payload, :func:`encode_payload`: whatever fields
+# that carries travel with it) appended in hex after `` #``:
+#
+#   spectrace:cycle #0x1000001000004    spectrace:draft    spectrace:accept #0x...
+#
+# ``analyze.read.kineto`` reads them back with ANNOTATION_RE (group 1: the phase,
+# group 2: the payload's hex digits, if any) into the spectrace domain's ranges and
+# payload column, so the analysis decodes them as it decodes the NVTX payload.
+
+ANNOTATION_PREFIX = DOMAIN + ":"
+ANNOTATION_RE = r"^spectrace:([A-Za-z_]+)(?: #0x([0-9a-f]+))?$"
+
+
+def annotation(name: str, payload: int | None = None) -> str:
+    """The ``record_function`` name of phase ``name`` with an encoded ``payload`` (:func:`encode_payload`)."""
+    return ANNOTATION_PREFIX + name if payload is None else f"{ANNOTATION_PREFIX}{name} #{int(payload):#x}"
+
+
+def parse_annotation(text: str) -> tuple[str, int | None] | None:
+    """``(phase, payload)`` of a name :func:`annotation` made (payload None when it has none); None for any other."""
+    import re
+
+    m = re.match(ANNOTATION_RE, text)
+    if m is None:
+        return None
+    return m.group(1), int(m.group(2), 16) if m.group(2) else None
