@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 __all__ = ["DOMAIN", "Phase", "CYCLE", "DRAFT", "VERIFY", "DRAFT_EXTEND", "HOST", "PREFILL", "PREFILL_TARGET",
            "PREFILL_DRAFT_EXTEND", "DECODE_STEP", "ACCEPT", "PHASES", "NAMES", "MARKS", "EMITTED", "CYCLE_ORDER",
-           "SEAM_COLOR", "IDLE_COLOR", "COMM_COLOR", "PAYLOAD_FIELDS", "color_of", "base_name",
+           "SEAM_COLOR", "IDLE_COLOR", "COMM_COLOR", "COMPUTE_COLOR", "PAYLOAD_FIELDS", "color_of", "base_name",
            "prefixed_phase_regex", "PAYLOAD_VERSION", "encode_payload", "decode_payload"]
 
 DOMAIN = "spectrace"
@@ -33,19 +33,19 @@ class Phase:
         return f"#{self.color & 0xFFFFFF:06x}"
 
 
-CYCLE = Phase("cycle", 0xFF4C72B0, "one speculative decode cycle: the worker's per-batch entry", "cycle")
-DRAFT = Phase("draft", 0xFFDD8452, "draft model proposes tokens (draft CUDA graph replay or eager loop)", "phase")
-VERIFY = Phase("verify", 0xFF55A868, "target model verifies the draft tokens, then accept/sample", "phase")
+CYCLE = Phase("cycle", 0xFF56B4E9, "one speculative decode cycle: the worker's per-batch entry", "cycle")
+DRAFT = Phase("draft", 0xFFCC79A7, "draft model proposes tokens (draft CUDA graph replay or eager loop)", "phase")
+VERIFY = Phase("verify", 0xFF009E73, "target model verifies the draft tokens, then accept/sample", "phase")
 DRAFT_EXTEND = Phase(
-    "draft_extend", 0xFFC44E52, "draft model extends over accepted tokens after verify", "phase"
+    "draft_extend", 0xFFD55E00, "draft model extends over accepted tokens after verify", "phase"
 )
-HOST = Phase("host_overhead", 0xFF8172B3, "host-side work between phases (syncs, scheduling)", "phase")
-PREFILL = Phase("prefill", 0xFF937860, "one prefill batch: target extend then draft extend", "cycle")
-PREFILL_TARGET = Phase("prefill_target_extend", 0xFFDA8BC3, "target model forward over the prompt", "prefill")
+HOST = Phase("host_overhead", 0xFFF0E442, "host-side work between phases (syncs, scheduling)", "phase")
+PREFILL = Phase("prefill", 0xFF8C6D31, "one prefill batch: target extend then draft extend", "cycle")
+PREFILL_TARGET = Phase("prefill_target_extend", 0xFFB8975A, "target model forward over the prompt", "prefill")
 PREFILL_DRAFT_EXTEND = Phase(
     "prefill_draft_extend", 0xFF8C8C8C, "draft model extend over the prompt's hidden states", "prefill"
 )
-DECODE_STEP = Phase("decode_step", 0xFF64B5CD, "one plain (non-speculative) decode step: baseline runs", "cycle")
+DECODE_STEP = Phase("decode_step", 0xFF56B4E9, "one plain (non-speculative) decode step: baseline runs", "cycle")
 ACCEPT = Phase(
     "accept", 0xFFCCB974, "a decode batch's accept lengths reached the host (SGLang v2 result processing)", "mark"
 )
@@ -70,9 +70,11 @@ EMITTED: dict[str, Phase] = {p.name: p for p in PHASES + MARKS}
 # Order in which a decode cycle's phases run; used to order tables and plots.
 CYCLE_ORDER: tuple[str, ...] = ("draft", "verify", "draft_extend", "host_overhead")
 
+# Colour-blind safe (Okabe–Ito): the phases above, and compute / communication / idle, distinct wherever they meet
 SEAM_COLOR = "#bbbbbb"
 IDLE_COLOR = "#e8e8e8"
-COMM_COLOR = "#2a6f97"
+COMM_COLOR = "#0072B2"
+COMPUTE_COLOR = "#E69F00"
 
 # Payload keys carried on the cycle range (uint64 payload packs them, see hooks).
 PAYLOAD_FIELDS: tuple[str, ...] = ("batch_size", "cycle_index", "accept_length")

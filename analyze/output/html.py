@@ -36,7 +36,7 @@ from ..compute.scalars import real
 from ..compute.tokens import DEFINITION, cycle_order, selection, summary
 from ..model import InputError, Result
 from ..read import results
-from . import terminal
+from . import cycles_chart, terminal, timeline
 from .targets import FIGURES, PAGE_START, as_input_error, report_folder
 from .text import acceptance_text, best_steps_label, best_text, display_names, probe_lines, ranked
 
@@ -52,7 +52,13 @@ p,li,h1,h2,h3,td.ev,td.act{overflow-wrap:anywhere}pre{white-space:pre-wrap;overf
 nav{font-size:13px;margin:.5em 0 1.5em}nav a{margin-right:.9em}.head{font-size:15px}
 .sev-high{background:#f8d7d3}.sev-medium{background:#fbe9c8}.sev-low{background:#eef2f5}
 td.ev{min-width:200px;max-width:520px}td.act{min-width:170px;max-width:380px;color:#333}
-td code{white-space:nowrap;overflow-wrap:normal}.verdict{font-size:16px;padding:.6em .8em;background:#eef2f5;border-left:4px solid #5a7d9a}"""
+td code{white-space:nowrap;overflow-wrap:normal}.verdict{font-size:16px;padding:.6em .8em;background:#eef2f5;border-left:4px solid #5a7d9a}
+""" + cycles_chart.CSS
+
+
+def _plots_cycles(res: Result) -> bool:
+    """Whether the run has decode cycles (the cycles chart and the timeline need them)."""
+    return res.steady.cycles.height > 0
 
 
 @dataclass
@@ -211,20 +217,30 @@ def _budget(res: Result, figs: _Figures) -> Section:
                    _p(note) + figs.img("budget.png", "cycle budget per rank", lambda: _plots().budget(res)) + _table(tab, heads))
 
 
-def _findings(found: list[findings.Finding]) -> Section:
+def _findings(found: list[findings.Finding], named: list[list[int]] | None = None,
+              timeline_file: str | None = None) -> Section:
+    """The ranked findings; ``named``: the cycles each names (a link marks them on the cycles chart);
+    ``timeline_file``: the annotated timeline beside the page (linked)."""
     if not found:
         return Section("findings", "Findings", _p("Nothing above 1 % of the cycle."))
     rows = []
     for i, f in enumerate(found, 1):
+        keys = named[i - 1] if named else []
+        cyc = (f'<a class="cyc" href="#cycles" data-finding="{i}">{len(keys)} cycle{"s" if len(keys) != 1 else ""}'
+               "</a>" if keys else "every steady cycle")
+        if timeline_file:
+            cyc += f' · <a href="{html.escape(timeline_file)}" download>timeline</a>'
+
         where = ", ".join(x for x in (f.phase, None if f.rank is None else
                                       ("worst rank " if f.rank_is == "worst" else "rank ") + str(f.rank))
                           if x)
         rows.append(f'<tr class="sev-{f.severity}"><td class="n">{i}</td><td>{f.severity}</td>'
                     f"<td><code>{f.code}</code></td><td>{html.escape(where or '-')}</td>"
                     f'<td class="n">{f.impact_ns / 1e3:,.1f} ({100 * f.share:.1f} %)</td>'
-                    f'<td class="ev">{html.escape(f.evidence)}</td><td class="act">{html.escape(f.action)}</td></tr>')
+                    f'<td class="ev">{html.escape(f.evidence)}</td><td class="act">{html.escape(f.action)}</td>'
+                    f"<td>{cyc}</td></tr>")
     head = ("<tr><th>#</th><th>severity</th><th>finding</th><th>where</th><th>µs per cycle (% of cycle)</th>"
-            "<th>evidence</th><th>what to try</th></tr>")
+            "<th>evidence</th><th>what to try</th><th>cycles</th></tr>")
     return Section("findings", "Findings, ranked",
                    _p("Ranked by the cycle time each explains; severity: high ≥ 10 % of the cycle, medium ≥ 3 %.")
                    + f'<div class="tw"><table>{head}{"".join(rows)}</table></div>')
@@ -555,22 +571,29 @@ def _whole_run(res: Result) -> Section:
 
 
 def write_page(res: Result, out: str | Path, vs: Result | None = None, steps_now: int | None = None,
-               extra: list[Section] | tuple = (), force: bool = False, inputs=None, baseline=None) -> Path:
+               extra: list[Section] | tuple = (), force: bool = False, inputs=None, baseline=None,
+               timeline_events: int = timeline.REPORT_MAX_EVENTS) -> Path:
     """Write ``out/index.html`` for an analysed trace (and an analysed run ``vs`` to compare with: A = ``vs``,
     B = ``res``; ``baseline`` is its old name); returns the page.
     ``extra``: more sections, placed before the whole-run tables. The folder is built beside ``out`` and put in
     its place whole when complete (:func:`analyze.output.targets.report_folder`): ``out`` may be new, empty or
     a report folder spectrace wrote; another folder is refused unless ``force``. ``inputs``: what must not be
-    written (default: the reports of ``res`` and ``vs``). The page is UTF-8 whatever the locale."""
+    written (default: the reports of ``res`` and ``vs``). The page is UTF-8 whatever the locale. ``timeline_events``:
+    the bound of the annotated timeline written beside the page (``timeline.trace.json``,
+    :mod:`analyze.output.timeline`; 0: none written)."""
     vs = vs if vs is not None else baseline
     if inputs is None:
         inputs = [*res.reports, *(vs.reports if vs is not None else [])] or [res.trace.path]
     with as_input_error(), report_folder(out, inputs, force) as folder:
-        _write_page(res, folder, vs, steps_now, extra)
+        _write_page(res, folder, vs, steps_now, extra, timeline_events)
     return Path(out) / "index.html"
 
 
-def _write_page(res: Result, out: NewFolder, vs: Result | None, steps_now: int | None, extra) -> None:
+TIMELINE_FILE = "timeline.trace.json"  # the annotated timeline beside a report's page
+
+
+def _write_page(res: Result, out: NewFolder, vs: Result | None, steps_now: int | None, extra,
+                timeline_events: int = timeline.REPORT_MAX_EVENTS) -> None:
     name = ", ".join(Path(p).name for p in res.reports) or Path(res.trace.path).name
     model: whatif.Model | InputError  # the error is shown in the what-if section
     try:  # vs is a run to compare with, not whatif's no-speculation baseline: one model per batch size
@@ -582,8 +605,16 @@ def _write_page(res: Result, out: NewFolder, vs: Result | None, steps_now: int |
     else:  # the findings with the model at these steps: kept with the result, as the model is
         found = headline.memoised(res, f"findings steps={steps_now}", lambda: findings.find(res, model))
     figs = _Figures(res, _page_key(res, vs, steps_now))
+    tl_file = None
+    if timeline_events and _plots_cycles(res):
+        out.write(TIMELINE_FILE, timeline.build(res, None, timeline_events).data())
+        tl_file = TIMELINE_FILE
+    classes = timeline.class_cycles(res) if _plots_cycles(res) else []
+    named = [timeline.finding_cycles(res, f, classes) for f in found]
     top = [_comparison(cmp.compare_results(vs, res), figs)] if vs is not None else []
-    secs = [*top, _summary(res, steps_now), _budget(res, figs), _findings(found),
+    cyc = ([Section("cycles", "Every cycle", cycles_chart.section_html(res, found, tl_file))]
+           if _plots_cycles(res) else [])
+    secs = [*top, _summary(res, steps_now), _budget(res, figs), _findings(found, named, tl_file), *cyc,
             *[x for x in (_classes(res), _segments(res)) if x is not None], _phases(res, figs)]
     secs += [s for s in (utilisation_section(res),) if s is not None]
     if res.probe_effect is not None:  # a two-pass capture (--timing): what node-level tracing cost
