@@ -329,10 +329,27 @@ class _Window:
 
 
 def _window(res: Result, keys: list[int]) -> _Window:
-    c = _cycles(res).filter(pl.col("key").is_in(keys))
+    """The shown cycles' time: each from the earliest of its CPU range, its GPU work and its period's start, to
+    the next cycle's CPU start (the host's work after it: result processing, scheduling), over ranks; the run's
+    first cycle from the capture's first range, its last to the capture's last."""
+    every = _cycles(res)
     lo = pl.min_horizontal(pl.col("start"), pl.col("i_first"),
                            pl.col("i_last") - pl.col("period_ns").fill_null(pl.col("i_last") - pl.col("i_first")))
-    spans = c.group_by("key").agg(a=lo.min(), b=pl.max_horizontal("end", "i_last").max()).sort("key")
+    # the run's first and last cycles reach out to the first and last range of the capture (a prefill, a range
+    # before the first cycle, the host's work after the last)
+    inst = res.instances.filter(pl.col("rank").is_not_null())
+    rng = res.trace.ranges.filter(pl.col("pid").is_in(res.ranks["pid"].implode()) & pl.col("end").is_not_null())
+    first = pl.concat([inst.select(t=pl.min_horizontal(pl.col("start").min(), pl.col("i_first").min())),
+                       rng.select(t=pl.col("start").min())])["t"].min()
+    last = pl.concat([inst.select(t=pl.max_horizontal(pl.col("end").max(), pl.col("i_last").max())),
+                      rng.select(t=pl.col("end").max())])["t"].max()
+    allspans = (every.group_by("key").agg(a=lo.min(), b=pl.max_horizontal("end", "i_last").max(),
+                                          s=pl.col("start").min()).sort("key")
+                .with_columns(b=pl.max_horizontal("b", (pl.col("s").shift(-1) - 1).fill_null(last)),
+                              a=pl.when(pl.int_range(pl.len()) == 0).then(pl.min_horizontal("a", pl.lit(first)))
+                              .otherwise("a")))
+    c = every.filter(pl.col("key").is_in(keys))
+    spans = allspans.filter(pl.col("key").is_in(keys)).select("key", "a", "b")
     # a cycle on the GPU, over ranks: its period (previous cycle's last op → its last op), clipped so that
     # consecutive cycles do not overlap (they nest on an annotation track)
     gpu_lo = pl.col("i_last") - pl.col("period_ns").fill_null(pl.col("i_last") - pl.col("i_first"))
@@ -346,17 +363,17 @@ def _window(res: Result, keys: list[int]) -> _Window:
 
 
 def _inside(df: pl.DataFrame, w: _Window, start: str, end: str) -> pl.DataFrame:
-    """The rows of ``df`` whose ``[start, end]`` overlaps a shown interval."""
+    """The rows of ``df`` whose ``[start, end)`` overlaps a shown interval."""
     if df.height == 0:
         return df
     cond = pl.lit(False)
     if len(w.intervals) <= 64:
         for a, b in w.intervals:
-            cond = cond | ((pl.col(end) >= a) & (pl.col(start) <= b))
+            cond = cond | ((pl.col(end) > a) & (pl.col(start) < b))
         return df.filter(cond)
     iv = pl.DataFrame({"_a": [a for a, _ in w.intervals], "_b": [b for _, b in w.intervals]}).sort("_a")
     return (df.with_row_index("_i").sort(start).join_asof(iv, left_on=start, right_on="_a", strategy="backward")
-            .filter(pl.col("_b").is_not_null() & (pl.col(start) <= pl.col("_b"))).sort("_i").drop("_i", "_a", "_b"))
+            .filter(pl.col("_b").is_not_null() & (pl.col(start) < pl.col("_b"))).sort("_i").drop("_i", "_a", "_b"))
 
 
 def _ops(res: Result, w: _Window) -> pl.DataFrame:
@@ -371,10 +388,14 @@ def _ops(res: Result, w: _Window) -> pl.DataFrame:
 def _instances(res: Result, w: _Window) -> pl.DataFrame:
     """The ranges with GPU work in the window: ``leaf`` (no child range with GPU work), ``top`` (outermost range),
     ``cyc_key`` (a cycle's number), ``left_out``."""
-    inst = res.steady.instances.filter(pl.col("rank").is_not_null() & (pl.col("i_ops") > 0))
-    inst = _inside(inst, w, "i_first", "i_last")
-    kids = inst.filter(pl.col("parent").is_not_null()).select("rank", range_id="parent").unique()
     c = _cycles(res).select("rank", "range_id", cyc_key="key")
+    inst = (res.steady.instances.filter(pl.col("rank").is_not_null() & (pl.col("i_ops") > 0))
+            .join(c.select("rank", top="range_id", _top_key="cyc_key"), on=["rank", "top"], how="left"))
+    # a cycle's ranges when the cycle is shown (not a neighbour reaching into its time on another rank); ranges
+    # outside cycles (prefill, before the first) by time
+    inst = pl.concat([inst.filter(pl.col("_top_key").is_in(w.keys)),
+                      _inside(inst.filter(pl.col("_top_key").is_null()), w, "i_first", "i_last")]).drop("_top_key")
+    kids = inst.filter(pl.col("parent").is_not_null()).select("rank", range_id="parent").unique()
     return (inst.join(kids.with_columns(_has=pl.lit(True)), on=["rank", "range_id"], how="left")
             .join(c, on=["rank", "range_id"], how="left")
             .with_columns(leaf=pl.col("_has").is_null()).drop("_has"))
@@ -451,7 +472,9 @@ def _gpu(res: Result, w: _Window, inst: pl.DataFrame, ops: pl.DataFrame) -> tupl
     si = res.seam_instances
     seams = (_inside(si, w, "a", "b").join(depth, on=["rank", "parent"], how="left")
              .join(top, on=["rank", "parent"], how="left")
-             .with_columns(s_top=pl.coalesce("s_top", "range_id")) if si.height else
+             .with_columns(s_top=pl.coalesce("s_top", "range_id"))
+             .join(_cycles(res).select("rank", s_top="range_id", _k="key"), on=["rank", "s_top"], how="left")
+             .filter(pl.col("parent").is_null() | pl.col("_k").is_in(w.keys)).drop("_k") if si.height else
              pl.DataFrame(schema={"rank": pl.Int64, "p_depth": pl.Int64, "a": pl.Int64, "b": pl.Int64,
                                   "parent": pl.Int64, "prev_range": pl.String, "range": pl.String, "cause": pl.String,
                                   "range_id": pl.Int64, "s_top": pl.Int64, "idle_ns": pl.Int64,
