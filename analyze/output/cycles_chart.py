@@ -133,7 +133,8 @@ _JS = r"""
 (function(){
 const D=JSON.parse(document.getElementById('spectrace-cycles').textContent);
 const C=D.cycles,P=D.pieces,N=C.key.length,NS='http://www.w3.org/2000/svg';
-const us=v=>v==null?'–':(v/1e3).toLocaleString(undefined,{maximumFractionDigits:1});
+const us=v=>v==null?'–':(v/1e3).toLocaleString('en-US',{minimumFractionDigits:1,maximumFractionDigits:1});
+const usT=v=>(v/1e3).toLocaleString('en-US',{maximumFractionDigits:0});
 const esc=s=>String(s).replace(/[&<>"]/g,c=>({'&':'&amp;','<':'&lt;','>':'&gt;','"':'&quot;'}[c]));
 const classOf={};D.classes.forEach(c=>c.keys.forEach(k=>{(classOf[k]=classOf[k]||[]).push(c)}));
 const findOf={};D.findings.forEach(f=>f.keys.forEach(k=>{(findOf[k]=findOf[k]||[]).push(f)}));
@@ -146,7 +147,10 @@ const byKey={};for(let i=0;i<N;i++){(byKey[C.key[i]]=byKey[C.key[i]]||[]).push(i
 const pieceIdx={};for(let j=0;j<P.key.length;j++){const k=P.rank[j]+':'+P.key[j];(pieceIdx[k]=pieceIdx[k]||[]).push(j)}
 const keys=Object.keys(byKey).map(Number).sort((a,b)=>a-b);
 const per=C.period_ns.filter(v=>v!=null);
-const ymax=Math.max(...per)*1.05, ymin=Math.min(0,...per);
+const lo=Math.min(...per),hi=Math.max(...per),pad=Math.max((hi-lo)*0.08,hi*0.01);
+const ymin=Math.max(0,lo-pad),ymax=hi+pad;
+function ticks(a,b,n){const raw=(b-a)/n,m=Math.pow(10,Math.floor(Math.log10(raw))),f=raw/m;
+  const st=(f<1.5?1:f<3.5?2:f<7.5?5:10)*m,out=[];for(let v=Math.ceil(a/st)*st;v<=b;v+=st)out.push(v);return out}
 const kmin=keys[0],kmax=keys[keys.length-1];
 let pinned=null,marked=null;
 function el(t,a,p){const e=document.createElementNS(NS,t);for(const k in a)e.setAttribute(k,a[k]);if(p)p.appendChild(e);return e}
@@ -172,14 +176,13 @@ function draw(){
     const a=x(s.first)-2,b=x(s.last)+2;
     el('rect',{x:a,y:mt,width:Math.max(b-a,1),height:H-mt-mb,fill:i%2?'#f2f2f2':'#e6eef5'},svg);
     const t=el('text',{x:a+3,y:mt-5,'font-size':10,fill:'#555'},svg);t.textContent=s.key;});
-  for(let g=0;g<=4;g++){const v=ymin+(ymax-ymin)*g/4,yy=y(v);
+  ticks(ymin,ymax,4).forEach(v=>{const yy=y(v);
     el('line',{x1:ml,x2:W-mr,y1:yy,y2:yy,stroke:'#ddd'},svg);
-    const t=el('text',{x:ml-6,y:yy+4,'font-size':10,'text-anchor':'end',fill:'#444'},svg);t.textContent=us(v);}
+    const t=el('text',{x:ml-6,y:yy+4,'font-size':10,'text-anchor':'end',fill:'#444'},svg);t.textContent=usT(v);});
   const yl=el('text',{x:12,y:mt+(H-mt-mb)/2,'font-size':11,'text-anchor':'middle',fill:'#333',
-    transform:`rotate(-90 12 ${mt+(H-mt-mb)/2})`},svg);yl.textContent='period µs';
-  const nt=Math.min(10,keys.length);
-  for(let g=0;g<nt;g++){const k=Math.round(kmin+(kmax-kmin)*g/Math.max(nt-1,1));
-    const t=el('text',{x:x(k),y:H-mb+14,'font-size':10,'text-anchor':'middle',fill:'#444'},svg);t.textContent=k;}
+    transform:`rotate(-90 12 ${mt+(H-mt-mb)/2})`},svg);yl.textContent='cycle period µs';
+  (kmax>kmin?ticks(kmin,kmax,Math.max(2,Math.floor((W-ml-mr)/80))).filter(k=>k===Math.round(k)):[kmin]).forEach(k=>{
+    const t=el('text',{x:x(k),y:H-mb+14,'font-size':10,'text-anchor':'middle',fill:'#444'},svg);t.textContent=k;});
   const xl=el('text',{x:ml+(W-ml-mr)/2,y:H-4,'font-size':11,'text-anchor':'middle',fill:'#333'},svg);
   xl.textContent='cycle (as analyze numbers them)';
   D.ranks.forEach(r=>{const pts=[];for(let i=0;i<N;i++)if(C.rank[i]===r&&C.period_ns[i]!=null)pts.push([C.key[i],C.period_ns[i]]);
@@ -237,8 +240,9 @@ function gantt(k){
       if(x(b)-x(a)>46){const l=el('text',{x:(x(a)+x(b))/2,y:yy+14,'font-size':10,'text-anchor':'middle',fill:'#111'},svg);
         l.textContent=it.replace('seam:','')}
       t+=w;});});
-  for(let g=0;g<=4;g++){const tv=t0+(t1-t0)*g/4;const l=el('text',{x:x(tv),y:H-3,'font-size':10,'text-anchor':'middle',fill:'#444'},svg);
-    l.textContent=us(tv-t0);}}
+  for(let g=0;g<=4;g++){const tv=t0+(t1-t0)*g/4;
+    const l=el('text',{x:x(tv),y:H-3,'font-size':10,'text-anchor':g===0?'start':g===4?'end':'middle',fill:'#444'},svg);
+    l.textContent=usT(tv-t0)+(g===4?' µs':'');}}
 function mark(keysToMark,label){marked=keysToMark;draw();
   document.getElementById('cycles-mark').textContent=label;}
 document.querySelectorAll('a[data-finding]').forEach(a=>a.addEventListener('click',ev=>{

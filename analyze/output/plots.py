@@ -21,7 +21,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from nvtx_hooks.phases import COMM_COLOR, CYCLE_ORDER, IDLE_COLOR, SEAM_COLOR, base_name, color_of
+from nvtx_hooks.phases import COMM_COLOR, COMPUTE_COLOR, CYCLE_ORDER, IDLE_COLOR, SEAM_COLOR, base_name, color_of
 
 from ..compute import headline
 from ..compute.compare import Comparison
@@ -34,7 +34,7 @@ from . import terminal
 __all__ = ["InlineFigure", "phase_bars", "rank_heatmap", "budget", "timeline", "distributions", "per_cycle",
            "has_comm_split", "comm_split", "whatif_curve", "utilisation_bars", "compare_delta", "DPI", "WAIT_COLOR"]
 
-WAIT_COLOR = "#f4a259"  # comm wait (a rank waiting for the others); transfer uses COMM_COLOR
+WAIT_COLOR = "#56B4E9"  # comm wait (a rank waiting for the others), a lighter blue; transfer uses COMM_COLOR
 
 
 def _t(text: str) -> str:
@@ -238,7 +238,7 @@ def timeline(res: Result, cycles_shown: int = 3, first: int | None = None) -> Fi
                            (y + 0.1, 0.2), facecolors=color, edgecolor="none",
                            label="comm kernel" if is_comm else "other GPU op")
     for c in win.filter(pl.col("rank") == ranks[0])["i_first"].to_list():
-        ax.axvline((c - t0) / us, color="#4c72b0", lw=0.8, ls="--")
+        ax.axvline((c - t0) / us, color=color_of("cycle"), lw=0.8, ls="--")
     ax.set_yticks([len(ranks) - 1 - i + 0.5 for i in range(len(ranks))], [f"rank {r}" for r in ranks])
     ax.set_xlim(0, (t1 - t0) / us)
     ax.set_xlabel(f"µs on the GPU clock (dashed: cycle starts on rank {ranks[0]})")
@@ -380,9 +380,9 @@ def whatif_curve(model: Model, max_steps: int = 10) -> Figure:
     return fig
 
 
-_UTIL_METRICS = (("sm_active_pct", "SMs active", "#4c78a8"), ("sm_issue_pct", "SM issue", "#72b7b2"),
-                 ("tensor_active_pct", "tensor active", "#e45756"), ("dram_read_pct", "DRAM read", "#f58518"),
-                 ("dram_write_pct", "DRAM write", "#eeca3b"))
+_UTIL_METRICS = (("sm_active_pct", "SMs active", "#0072B2"), ("sm_issue_pct", "SM issue", "#56B4E9"),
+                 ("tensor_active_pct", "tensor active", "#009E73"), ("dram_read_pct", "DRAM read", "#E69F00"),
+                 ("dram_write_pct", "DRAM write", "#CC79A7"))  # Okabe–Ito: colour-blind safe
 
 
 def _bound_label(bound: str) -> str:
@@ -435,7 +435,7 @@ def compare_delta(doc: Comparison, top: int = 12) -> Figure | None:
     ax = fig.subplots()
     y = np.arange(len(names))[::-1]
     ax.barh(y[0], p["delta_ns"] / 1e3, color="#444444", label="cycle period")
-    for col, label, color, hatch in (("delta_compute_ns", "compute", "#4c78a8", None),
+    for col, label, color, hatch in (("delta_compute_ns", "compute", COMPUTE_COLOR, None),
                                      ("delta_comm_ns", "comm", COMM_COLOR, None),
                                      ("delta_idle_ns", "idle", IDLE_COLOR, "//")):
         vals = np.array([(r[col] or 0) / 1e3 for r in rows])
