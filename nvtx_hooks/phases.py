@@ -73,8 +73,8 @@ CYCLE_ORDER: tuple[str, ...] = ("draft", "verify", "draft_extend", "host_overhea
 # Colour-blind safe (Okabe–Ito): the phases above, and compute / communication / idle, distinct wherever they meet
 SEAM_COLOR = "#bbbbbb"
 IDLE_COLOR = "#e8e8e8"
-COMM_COLOR = "#0072B2"
-COMPUTE_COLOR = "#E69F00"
+COMM_COLOR = "#0072b2"
+COMPUTE_COLOR = "#e69f00"
 
 # Payload keys carried on the cycle range (uint64 payload packs them, see hooks).
 PAYLOAD_FIELDS: tuple[str, ...] = ("batch_size", "cycle_index", "accept_length")

@@ -37,7 +37,7 @@ from ..compute.tokens import DEFINITION, cycle_order, selection, summary
 from ..model import InputError, Result
 from ..read import results
 from . import cycles_chart, terminal, timeline
-from .targets import FIGURES, PAGE_START, as_input_error, report_folder
+from .targets import FIGURES, PAGE_START, TIMELINE_FILE, as_input_error, report_folder
 from .text import acceptance_text, best_steps_label, best_text, display_names, probe_lines, ranked
 
 __all__ = ["Section", "utilisation_section", "write_page", "output_digest"]
@@ -593,9 +593,6 @@ def write_page(res: Result, out: str | Path, vs: Result | None = None, steps_now
     with as_input_error(), report_folder(out, inputs, force) as folder:
         _write_page(res, folder, vs, steps_now, extra, timeline_events)
     return Path(out) / "index.html"
-
-
-TIMELINE_FILE = "timeline.trace.json"  # the annotated timeline beside a report's page
 
 
 def _write_page(res: Result, out: NewFolder, vs: Result | None, steps_now: int | None, extra,

@@ -34,7 +34,7 @@ from . import terminal
 __all__ = ["InlineFigure", "phase_bars", "rank_heatmap", "budget", "timeline", "distributions", "per_cycle",
            "has_comm_split", "comm_split", "whatif_curve", "utilisation_bars", "compare_delta", "DPI", "WAIT_COLOR"]
 
-WAIT_COLOR = "#56B4E9"  # comm wait (a rank waiting for the others), a lighter blue; transfer uses COMM_COLOR
+WAIT_COLOR = "#56b4e9"  # comm wait (a rank waiting for the others), a lighter blue; transfer uses COMM_COLOR
 
 
 def _t(text: str) -> str:
