@@ -148,7 +148,10 @@ const pieceIdx={};for(let j=0;j<P.key.length;j++){const k=P.rank[j]+':'+P.key[j]
 const keys=Object.keys(byKey).map(Number).sort((a,b)=>a-b);
 const per=C.period_ns.filter(v=>v!=null);
 const lo=Math.min(...per),hi=Math.max(...per),pad=Math.max((hi-lo)*0.08,hi*0.01);
-const ymin=Math.max(0,lo-pad),ymax=hi+pad;
+const med=per.slice().sort((a,b)=>a-b)[Math.floor(per.length/2)],LOG=hi>4*med&&lo>0;
+const ymin=LOG?lo/1.15:Math.max(0,lo-pad),ymax=LOG?hi*1.15:hi+pad;
+function logTicks(a,b){const out=[];for(let e=Math.floor(Math.log10(a));e<=Math.ceil(Math.log10(b));e++)
+  for(const m of [1,2,5]){const v=m*Math.pow(10,e);if(v>=a&&v<=b)out.push(v)}return out}
 function ticks(a,b,n){const raw=(b-a)/n,m=Math.pow(10,Math.floor(Math.log10(raw))),f=raw/m;
   const st=(f<1.5?1:f<3.5?2:f<7.5?5:10)*m,out=[];for(let v=Math.ceil(a/st)*st;v<=b;v+=st)out.push(v);return out}
 const kmin=keys[0],kmax=keys[keys.length-1];
@@ -171,16 +174,16 @@ function draw(){
   const W=Math.max(box.clientWidth,300),H=260,ml=62,mr=12,mt=18,mb=36;
   const svg=el('svg',{width:W,height:H,viewBox:`0 0 ${W} ${H}`},box);
   const x=k=>ml+(kmax===kmin?0.5:(k-kmin)/(kmax-kmin))*(W-ml-mr);
-  const y=v=>mt+(1-(v-ymin)/(ymax-ymin))*(H-mt-mb);
+  const f=v=>LOG?Math.log(v):v,y=v=>mt+(1-(f(v)-f(ymin))/(f(ymax)-f(ymin)))*(H-mt-mb);
   D.segments.forEach((s,i)=>{if(D.segments.length<2)return;
     const a=x(s.first)-2,b=x(s.last)+2;
     el('rect',{x:a,y:mt,width:Math.max(b-a,1),height:H-mt-mb,fill:i%2?'#f2f2f2':'#e6eef5'},svg);
     const t=el('text',{x:a+3,y:mt-5,'font-size':10,fill:'#555'},svg);t.textContent=s.key;});
-  ticks(ymin,ymax,4).forEach(v=>{const yy=y(v);
+  (LOG?logTicks(ymin,ymax):ticks(ymin,ymax,4)).forEach(v=>{const yy=y(v);
     el('line',{x1:ml,x2:W-mr,y1:yy,y2:yy,stroke:'#ddd'},svg);
     const t=el('text',{x:ml-6,y:yy+4,'font-size':10,'text-anchor':'end',fill:'#444'},svg);t.textContent=usT(v);});
   const yl=el('text',{x:12,y:mt+(H-mt-mb)/2,'font-size':11,'text-anchor':'middle',fill:'#333',
-    transform:`rotate(-90 12 ${mt+(H-mt-mb)/2})`},svg);yl.textContent='cycle period µs';
+    transform:`rotate(-90 12 ${mt+(H-mt-mb)/2})`},svg);yl.textContent='cycle period µs'+(LOG?' (log)':'');
   (kmax>kmin?ticks(kmin,kmax,Math.max(2,Math.floor((W-ml-mr)/80))).filter(k=>k===Math.round(k)):[kmin]).forEach(k=>{
     const t=el('text',{x:x(k),y:H-mb+14,'font-size':10,'text-anchor':'middle',fill:'#444'},svg);t.textContent=k;});
   const xl=el('text',{x:ml+(W-ml-mr)/2,y:H-4,'font-size':11,'text-anchor':'middle',fill:'#333'},svg);

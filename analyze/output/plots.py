@@ -32,6 +32,7 @@ from ..model import Result
 from . import terminal
 
 __all__ = ["InlineFigure", "phase_bars", "rank_heatmap", "budget", "timeline", "distributions", "per_cycle",
+           "cycle_periods",
            "has_comm_split", "comm_split", "whatif_curve", "utilisation_bars", "compare_delta", "DPI", "WAIT_COLOR"]
 
 WAIT_COLOR = "#56b4e9"  # comm wait (a rank waiting for the others), a lighter blue; transfer uses COMM_COLOR
@@ -321,6 +322,59 @@ def per_cycle(res: Result) -> Figure:
     for ax in (a1, a2):
         if ax.get_legend_handles_labels()[0]:  # a trace without cycles has nothing to label
             ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+    return fig
+
+
+def cycle_periods(res: Result) -> Figure:
+    """Every cycle on one chart (the report's interactive one, :mod:`analyze.output.cycles_chart`, as a figure):
+    each cycle's period per rank (one marker per rank), coloured by its class (typical, each class of slower cycles
+    that recurs, rare stalls, left out), the batch-size segments as bands."""
+    from . import cycles_chart as cc
+    from .timeline import class_cycles
+
+    c = cycles(res)
+    fig = _figure(12, 4.2)
+    ax = fig.subplots()
+    c = c.filter(pl.col("period_ns").is_not_null()) if c.height else c
+    if c.height == 0:
+        ax.text(0.5, 0.5, "no cycles with a period", ha="center", transform=ax.transAxes)
+        return fig
+    segs = res.steady.segments
+    for i, sg in enumerate(segs if len(segs) > 1 else []):
+        ax.axvspan(sg.first_cycle - 0.5, sg.last_cycle + 0.5, color="#e6eef5" if i % 2 == 0 else "#f2f2f2", lw=0,
+                   zorder=0)
+        ax.text(sg.first_cycle, 0.98, " " + _t(sg.key), transform=ax.get_xaxis_transform(), fontsize=7, va="top")
+    colour = {None: cc.TYPICAL_COLOR}
+    labels = {cc.TYPICAL_COLOR: "typical"}
+    classes = class_cycles(res)
+    of_key: dict[int, str] = {}
+    for i, (cl, keys) in enumerate(classes):
+        col = cc.STALL_COLOR if cl.kind == "stall" else cc.CLASS_COLORS[i % len(cc.CLASS_COLORS)]
+        labels[col] = f"{cl.label} ({len(keys)})"
+        of_key |= {k: col for k in keys}
+    c = c.with_columns(colour=pl.when(~pl.col("steady") & (pl.col("why") != "stall")).then(pl.lit(cc.LEFT_OUT_COLOR))
+                       .otherwise(pl.col("key").replace_strict(of_key, default=colour[None], return_dtype=pl.String)))
+    labels[cc.LEFT_OUT_COLOR] = "left out (warm-up, outside the window)"
+    markers = "os^D"
+    for j, rk in enumerate(sorted(c["rank"].unique().to_list())):
+        r = c.filter(pl.col("rank") == rk).sort("key")
+        ax.plot(r["key"], r["period_ns"] / 1e3, color="#9db3c8", lw=0.8, zorder=1)
+        ax.scatter(r["key"], r["period_ns"] / 1e3, c=r["colour"].to_list(), marker=markers[j % 4], s=14, zorder=2,
+                   label=None)
+    handles: list[Artist] = [Line2D([], [], marker="o", ls="none", color=col, label=_t(lab))
+                             for col, lab in labels.items() if col in set(c["colour"].to_list())]
+    if c["rank"].n_unique() > 1:
+        handles += [Line2D([], [], marker=markers[j % 4], ls="none", color="#555555", label=f"rank {rk}")
+                    for j, rk in enumerate(sorted(c["rank"].unique().to_list()))]
+    ax.set_xlabel("cycle (as analyze numbers them)")
+    spread = float(c["period_ns"].max()) / max(float(c["period_ns"].median()), 1.0)  # type: ignore[arg-type]
+    if spread > 4:  # a few very long cycles (prefills, stalls) would flatten the rest
+        ax.set_yscale("log")
+    ax.set_ylabel("cycle period µs" + (" (log)" if spread > 4 else ""))
+    ax.set_title("Every cycle: its period per rank, coloured by its class (last GPU op of the previous cycle → its "
+                 "last)", fontsize=10)
+    ax.grid(alpha=0.3)
+    fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 5), fontsize=8, frameon=False)
     return fig
 
 
