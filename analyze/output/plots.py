@@ -21,7 +21,15 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from nvtx_hooks.phases import COMM_COLOR, COMPUTE_COLOR, CYCLE_ORDER, IDLE_COLOR, SEAM_COLOR, base_name, color_of
+from nvtx_hooks.phases import (
+    COMM_COLOR,
+    COMPUTE_COLOR,
+    CYCLE_ORDER,
+    IDLE_COLOR,
+    SEAM_COLOR,
+    base_name,
+    color_of,
+)
 
 from ..compute import headline
 from ..compute.compare import Comparison
