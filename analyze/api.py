@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from .compute.whatif import Model
     from .output.timeline import Timeline
 
-__all__ = ["analyze", "comm", "compare", "whatif", "whatif_validation", "report", "timeline", "probe_effect",
-           "keep_derived", "Report", "Reports"]
+__all__ = ["analyze", "comm", "compare", "whatif", "whatif_validation", "report", "timeline", "default_timeline_path",
+           "probe_effect", "keep_derived", "Report", "Reports"]
 
 Report = str | os.PathLike | Trace | Result
 Reports = Report | Sequence[Report]

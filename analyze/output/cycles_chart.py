@@ -27,7 +27,8 @@ from nvtx_hooks.phases import COMM_COLOR, COMPUTE_COLOR, IDLE_COLOR, SEAM_COLOR,
 from ..model import Result
 from .timeline import class_cycles, finding_cycles
 
-__all__ = ["MAX_PIECES", "CLASS_COLORS", "data", "section_html"]
+__all__ = ["MAX_PIECES", "TYPICAL_COLOR", "CLASS_COLORS", "STALL_COLOR", "LEFT_OUT_COLOR", "CSS", "data",
+           "section_html"]
 
 MAX_PIECES = 200_000  # pieces embedded (about 6 MB of page); past it, the chart says which cycles have none
 # Okabe–Ito, colour-blind safe: typical cycles, classes that recur (in order), rare stalls, left out

@@ -51,7 +51,7 @@ from nvtx_hooks.capture import files
 from ..model import InputError, Result
 from . import targets
 
-__all__ = ["DEFAULT_MAX_EVENTS", "REPORT_MAX_EVENTS", "Timeline", "choose", "build", "write", "class_cycles",
+__all__ = ["DEFAULT_MAX_EVENTS", "REPORT_MAX_EVENTS", "SCHEDULER", "Timeline", "choose", "build", "write", "class_cycles",
            "finding_cycles"]
 
 DEFAULT_MAX_EVENTS = 500_000  # about 60 MB of JSON: what ui.perfetto.dev and chrome://tracing open quickly
