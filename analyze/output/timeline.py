@@ -293,32 +293,46 @@ def _split(ops: pl.DataFrame, leaves: pl.DataFrame) -> pl.DataFrame:
     if o.height == 0:
         return pl.DataFrame(schema=schema)
 
-    def runs(x: pl.DataFrame, tag: str) -> pl.DataFrame:
-        x = x.sort("id", "o_start")
-        new = (pl.col("o_start") > pl.col("o_end").cum_max().shift(1).over("id")).fill_null(True)
-        return (x.with_columns(_r=new.cast(pl.Int64).cum_sum().over("id"))
-                .group_by("rank", "id", "_r").agg(a=pl.col("o_start").min(), b=pl.col("o_end").max())
-                .select("rank", "id", pl.lit(tag).alias("k"), "a", "b"))
+    # No window function per leaf (thousands of small groups): rows sorted by leaf, then start, and a leaf's times
+    # lifted by its rank in that order (``_lift``) so that a running max or sum over all rows never carries from
+    # one leaf into the next; a leaf's deltas sum to zero, so running sums need no reset at all.
+    lo = int(lv["start"].min())  # type: ignore[arg-type]  # (ints)
+    span = int(lv["end"].max()) - lo + 1  # type: ignore[arg-type]
+    order = lv.select("id").unique().sort("id").with_columns(_lift=pl.int_range(pl.len(), dtype=pl.Int64) * span)
+    if order.height * span >= 1 << 62:  # (never for a capture's nanoseconds; kept exact anyway)
+        raise InputError("the timeline's window is too long to lay out", "BAD_OPTION")
+    o = o.join(order, on="id").with_columns(pl.col("o_start", "o_end") - lo + pl.col("_lift"))
 
-    busy, comm = runs(o, "b"), runs(o.filter("c"), "c")
+    def runs(x: pl.DataFrame) -> pl.DataFrame:
+        x = x.sort("o_start")  # leaf by leaf (lifted), by start within each
+        new = (pl.col("o_start") > pl.col("o_end").cum_max().shift(1)).fill_null(True)
+        return (x.with_columns(_r=new.cast(pl.Int64).cum_sum())
+                .group_by("_r").agg(pl.col("rank").first(), pl.col("id").first(), pl.col("_lift").first(),
+                                    a=pl.col("o_start").min(), b=pl.col("o_end").max()))
+
+    busy, comm = runs(o), runs(o.filter("c"))
+    lvl = lv.join(order, on="id").with_columns(pl.col("start", "end") - lo + pl.col("_lift"))
     edges = pl.concat([
-        busy.select("rank", "id", t="a", db=pl.lit(1), dc=pl.lit(0)),
-        busy.select("rank", "id", t="b", db=pl.lit(-1), dc=pl.lit(0)),
-        comm.select("rank", "id", t="a", db=pl.lit(0), dc=pl.lit(1)),
-        comm.select("rank", "id", t="b", db=pl.lit(0), dc=pl.lit(-1)),
-        lv.select("rank", "id", t="start", db=pl.lit(0), dc=pl.lit(0)),
-        lv.select("rank", "id", t="end", db=pl.lit(0), dc=pl.lit(0)),
-    ]).join(lv.select("id"), on="id", how="semi")
-    seg = (edges.group_by("rank", "id", "t").agg(pl.col("db").sum(), pl.col("dc").sum()).sort("id", "t")
-           .with_columns(b=pl.col("db").cum_sum().over("id"), c=pl.col("dc").cum_sum().over("id"),
-                         nxt=pl.col("t").shift(-1).over("id"))
+        busy.select("rank", "id", "_lift", t="a", db=pl.lit(1), dc=pl.lit(0)),
+        busy.select("rank", "id", "_lift", t="b", db=pl.lit(-1), dc=pl.lit(0)),
+        comm.select("rank", "id", "_lift", t="a", db=pl.lit(0), dc=pl.lit(1)),
+        comm.select("rank", "id", "_lift", t="b", db=pl.lit(0), dc=pl.lit(-1)),
+        lvl.select("rank", "id", "_lift", t="start", db=pl.lit(0), dc=pl.lit(0)),
+        lvl.select("rank", "id", "_lift", t="end", db=pl.lit(0), dc=pl.lit(0)),
+    ])
+    same = pl.col("id") == pl.col("id").shift(-1)
+    seg = (edges.group_by("t").agg(pl.col("rank", "id", "_lift").first(), pl.col("db").sum(), pl.col("dc").sum())
+           .sort("t")
+           .with_columns(b=pl.col("db").cum_sum(), c=pl.col("dc").cum_sum(), nxt=pl.when(same).then(pl.col("t").shift(-1)))
            .filter(pl.col("nxt").is_not_null() & (pl.col("nxt") > pl.col("t")))
            .with_columns(part=pl.when(pl.col("c") > 0).then(pl.lit("comm")).when(pl.col("b") > 0).then(pl.lit("compute"))
                          .otherwise(pl.lit("idle"))))
-    # consecutive intervals of one kind: one slice
-    run = (pl.col("part") != pl.col("part").shift(1)).over("id").fill_null(True).cast(pl.Int64).cum_sum().over("id")
-    return (seg.with_columns(_g=run).group_by("rank", "id", "_g", "part")
-            .agg(start=pl.col("t").min(), end=pl.col("nxt").max()).select(list(schema)).sort("rank", "id", "start"))
+    # consecutive intervals of one kind (and leaf): one slice
+    run = ((pl.col("part") != pl.col("part").shift(1)) | (pl.col("id") != pl.col("id").shift(1))).fill_null(True)
+    return (seg.with_columns(_g=run.cast(pl.Int64).cum_sum()).group_by("_g")
+            .agg(pl.col("rank", "id", "part", "_lift").first(), start=pl.col("t").min(), end=pl.col("nxt").max())
+            .with_columns(pl.col("start", "end") - pl.col("_lift") + lo)
+            .select(list(schema)).sort("rank", "id", "start"))
 
 
 @dataclass
