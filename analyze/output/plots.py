@@ -241,11 +241,11 @@ def timeline(res: Result, cycles_shown: int = 3, first: int | None = None) -> Fi
         ax.broken_barh([((a - t0) / us, (b - a) / us) for a, b in s.select("a", "b").rows()], (y + 0.35, 0.5),
                        facecolors=SEAM_COLOR, hatch="..", edgecolor="#888888", linewidth=0, label="seam")
         o = ops.filter(pl.col("rank") == rk)
-        for is_comm, color in ((False, "#333333"), (True, COMM_COLOR)):
+        for is_comm, color in ((False, COMPUTE_COLOR), (True, COMM_COLOR)):
             oo = o.filter(pl.col("comm").is_not_null() == is_comm)
             ax.broken_barh([((a - t0) / us, (b - a) / us) for a, b in oo.select("start", "end").rows()],
                            (y + 0.1, 0.2), facecolors=color, edgecolor="none",
-                           label="comm kernel" if is_comm else "other GPU op")
+                           label="comm kernel" if is_comm else "compute op")
     for c in win.filter(pl.col("rank") == ranks[0])["i_first"].to_list():
         ax.axvline((c - t0) / us, color=color_of("cycle"), lw=0.8, ls="--")
     ax.set_yticks([len(ranks) - 1 - i + 0.5 for i in range(len(ranks))], [f"rank {r}" for r in ranks])
