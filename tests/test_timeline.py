@@ -268,3 +268,27 @@ def test_cli_writes_new_files_only(every4, tp2_dir, capsys):
     assert main(["timeline", str(path), "-o", str(tp2_dir / "x.json"), "--cycles", "class:9"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "class(es)" in err
+
+
+def test_gpu_metrics_counters_are_the_exports_samples():
+    """With nsys GPU metrics (tp1_gpumetrics_graph): one counter event per sample time in the window, on the rank's
+    process, its SMs-active value the export's (SQL on GPU_METRICS, independent of the reader)."""
+    import sqlite3
+
+    from nvtx_hooks.capture import samples
+
+    path = samples.path("tp1_gpumetrics_graph")
+    tr = te.read(tl.build(analyze(path)).text)
+    ev = [c for c in tr.counters if c["name"] == "GPU metrics % of peak"]
+    assert ev and {c["pid"] for c in ev} == {1}
+    assert all(0 <= v <= 100 for c in ev for v in c["args"].values())
+    ts = sorted(te.ns(c["ts"]) for c in ev)
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    sm = dict(con.execute(
+        "SELECT g.timestamp, g.value FROM GPU_METRICS g JOIN TARGET_INFO_GPU_METRICS m "
+        "ON g.typeId = m.typeId AND g.metricId = m.metricId WHERE m.metricName LIKE 'SMs Active%' "
+        "AND g.timestamp BETWEEN ? AND ?", (ts[0], ts[-1])).fetchall())
+    con.close()
+    assert sorted(sm) == ts
+    by_ts = {te.ns(c["ts"]): c["args"]["sm_active"] for c in ev}
+    assert all(by_ts[t] == pytest.approx(v) for t, v in sm.items())
