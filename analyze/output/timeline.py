@@ -250,7 +250,7 @@ def _us(col: str) -> pl.Expr:
     return (pl.col(col).cast(pl.Float64) / _US).round(3).alias(col.replace("_ns", "_us"))
 
 
-def _gpu_rows(res: Result, inst: pl.DataFrame, seams: pl.DataFrame, names: dict[int, int]) -> pl.DataFrame:
+def _gpu_rows(inst: pl.DataFrame, seams: pl.DataFrame) -> pl.DataFrame:
     """The GPU thread's slices before they become events: ``rank, level, start, end, name, kind, id, parent, top``
     (one row per range's GPU span and per seam)."""
     rng = inst.select(
@@ -265,7 +265,6 @@ def _gpu_rows(res: Result, inst: pl.DataFrame, seams: pl.DataFrame, names: dict[
             pl.format("seam {}→{}", "prev_range", "range"))
         + pl.when(pl.col("cause").is_not_null()).then(pl.format(" · {}-bound", "cause")).otherwise(pl.lit("")),
         kind=pl.lit("seam"), id=-pl.col("range_id") - 1, parent="parent", top="s_top")
-    del names
     return pl.concat([rng, sm], how="vertical_relaxed").filter(pl.col("end") > pl.col("start"))
 
 
@@ -493,7 +492,7 @@ def _gpu(res: Result, w: _Window, inst: pl.DataFrame, ops: pl.DataFrame) -> tupl
                                   "parent": pl.Int64, "prev_range": pl.String, "range": pl.String, "cause": pl.String,
                                   "range_id": pl.Int64, "s_top": pl.Int64, "idle_ns": pl.Int64,
                                   "late_ns": pl.Int64, "block_ns": pl.Int64}))
-    rows = _gpu_rows(res, inst, seams, {})
+    rows = _gpu_rows(inst, seams)
     rows = rows.with_columns(bad=_overlapping(rows))
     bad_ids = rows.filter("bad")["id"].to_list()
     moved = rows.filter(pl.col("bad") | pl.col("top").is_in(bad_ids) | pl.col("parent").is_in(bad_ids))
