@@ -241,7 +241,7 @@ def _findings(found: list[findings.Finding], named: list[list[int]] | None = Non
         rows.append(f'<tr class="sev-{f.severity}"><td>{i}<br><span class="note">{f.severity}</span></td>'
                     f"<td><code>{f.code}</code><br>{html.escape(where or '')}</td>"
                     f'<td class="n">{f.impact_ns / 1e3:,.1f}<br>({100 * f.share:.1f} %)</td>'
-                    f'<td class="ev">{html.escape(f.evidence)}<p class="act"><b>Try:</b> {html.escape(f.action)}</p>'
+                    f'<td class="ev">{html.escape(f.evidence)}<p class="act"><b>What to try:</b> {html.escape(f.action)}</p>'
                     f"</td><td>{cyc}</td></tr>")
     head = ("<tr><th>#</th><th>finding, where</th><th>µs per cycle (% of cycle)</th>"
             "<th>evidence; what to try</th><th>cycles</th></tr>")
