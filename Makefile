@@ -7,7 +7,7 @@ PAIR    ?= tp1
 RANGES  ?=
 ARGS    ?=
 
-.PHONY: install demo demo-pair test lint typecheck bench clean notebooks
+.PHONY: install demo demo-pair test test-all lint typecheck bench clean notebooks
 
 $(BIN)/spectrace: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -24,9 +24,17 @@ demo-pair: install
 	$(BIN)/spectrace analyze $$($(BIN)/python -m nvtx_hooks.capture.samples $(PAIR)_node) \
 	  --timing $$($(BIN)/python -m nvtx_hooks.capture.samples $(PAIR)_graph) $(ARGS)
 
-# -rs: why each skipped test was skipped (the shared real traces beside the checkout, torch, root, ...)
+# The tests a developer runs often: all but the `slow` ones (the heaviest end-to-end runs, PyPI downloads) and
+# the notebooks' own run, in TEST_WORKERS processes (pytest-xdist; one per core of the 2-core machine; a whole
+# test file per process, so that its module fixtures are computed once); -rs: why each skipped test was skipped
+# (the shared real traces beside the checkout, torch, root, ...). `make test-all` (CI) runs everything.
+TEST_WORKERS ?= 2
+PYTEST       := $(BIN)/python -m pytest -q -rs -n $(TEST_WORKERS) --dist loadfile
 test: install
-	$(BIN)/python -m pytest -q -rs --nbmake tests notebooks
+	$(PYTEST) -m 'not slow' -p no:nbmake tests
+
+test-all: install
+	$(PYTEST) --nbmake tests notebooks
 
 # the notebooks in Jupyter Lab (SPECTRACE_REPORT / SPECTRACE_BASELINE / SPECTRACE_STEPS: docs/cli.md); jupyterlab is
 # in the dev extra that `make install` installs (as root, e.g. in a container, Jupyter wants --allow-root)

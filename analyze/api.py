@@ -108,23 +108,25 @@ def analyze(
     ``store``/``cache``: where the rows live (default: by size; a valid cache is reused).
     ``keep_ops``: keep every GPU operation in ``Result.ops`` (one report). ``jobs``/``executor``: how
     several reports are analysed in parallel (worker processes, or e.g. a Dask ``Client.get_executor()``).
+    ``progress``: the progress bar on standard error (default: when it is a terminal; False: never).
     ``skip_cycles``/``window``: which cycles are the steady state of the headline numbers (default: warm-up
-    and stalls detected and left out; :mod:`analyze.compute.steady`); ``Result.phases`` etc. always count
-    every captured instance, :mod:`analyze.compute.headline` has the steady-state tables.
+    and stalls detected and left out; :mod:`analyze.compute.steady_cycles`); ``Result.phases`` etc. always count
+    every captured instance, :mod:`analyze.compute.steady_tables` has the steady-state tables.
     ``timing``: a graph-level pass of the same workload (``reports`` then being the node-level pass): spans,
     seams and cycle period from it, the split inside graphs from ``reports``, and ``Result.probe_effect``
     (:mod:`analyze.compute.probe`; ``unprofiled_cycles_per_s``: the workload's throughput without a profiler).
     ``Result.steady``: the steady state, what ``spectrace analyze`` prints first
     (:class:`~analyze.compute.steady_state.SteadyState`: ``res.steady.budget``, ``.phases``, ``.findings``, ...).
     """
-    from .compute import pipeline, steady
+    from .compute import pipeline, steady_cycles
     from .compute.steady_state import SteadyState
+    from .output.progress import terminal_bar
 
     if isinstance(reports, Result):
         return _analysed(reports, ranges=ranges, comm_patterns=comm_patterns, keep_ops=keep_ops or None,
                          skip_cycles=skip_cycles, window=window, timing=timing,
                          unprofiled_cycles_per_s=unprofiled_cycles_per_s)
-    choice = steady.check_choice(skip_cycles, window)
+    choice = steady_cycles.check_choice(skip_cycles, window)
     if timing is not None:
         def one(r: Reports) -> Result:  # each pass with the same options
             return analyze(r, ranges, comm_patterns, store=store, cache=cache, jobs=jobs, executor=executor,
@@ -136,18 +138,18 @@ def analyze(
         return out
     many, notes = _exported(_many(reports))
     if len(many) == 1 and executor is None:
-        res = pipeline.analyze(many[0], ranges, comm_patterns, store=store, cache=cache, keep_ops=keep_ops,
-                               progress=progress)
+        res = pipeline.result_of(many[0], ranges, comm_patterns, store=store, cache=cache, keep_ops=keep_ops,
+                               progress=terminal_bar(progress))
     elif keep_ops:
         raise InputError("keep_ops needs a single report", "BAD_OPTION")
     else:
-        res = pipeline.merge_results(pipeline.analyze_each(many, ranges, comm_patterns, store=store, cache=cache,
+        res = pipeline.merge_results(pipeline.results_of(many, ranges, comm_patterns, store=store, cache=cache,
                                                    jobs=jobs, executor=executor))
     res.cycle_choice = choice
     res.diagnostics[:0] = notes
     res.steady_class = SteadyState
-    if choice:
-        from .compute.tokens import selection
+    if choice.chosen:
+        from .compute.cycles import selection
 
         selection(res)  # a choice that leaves no cycle fails here, not later
     return res
@@ -196,34 +198,23 @@ def comm(reports: Reports, ranges: str | None = None, comm_patterns: list[CommPa
     choose them; ``skip_cycles=0``: the whole run), so that both name the same straggler; collectives outside
     any phase are kept. ``kw``: as for :func:`analyze` (store, cache, jobs, executor).
     """
-    from .compute import collectives, headline, pipeline, steady
-    from .compute.tokens import selection
-    from .read.results import derived
+    from .compute import pipeline, steady_cycles, steady_tables
+    from .compute.cycles import selection
+    from .output.progress import terminal_bar
 
     if isinstance(reports, Result):
         raise InputError("comm matches collectives across the reports themselves: give the reports, not an "
                          "analysed Result", "BAD_OPTION")
-    choice = steady.check_choice(skip_cycles, window)
+    choice = steady_cycles.check_choice(skip_cycles, window)
     many, _ = _exported(_many(reports))
-    results = pipeline.analyze_each(many, ranges, comm_patterns, **kw)  # kw: store, cache, jobs, executor, progress
+    kw["progress"] = terminal_bar(kw.get("progress"))  # (the bar of a single report)
+    results = pipeline.results_of(many, ranges, comm_patterns, **kw)  # kw: store, cache, jobs, executor, progress
     res = pipeline.merge_results(results) if len(results) > 1 else results[0]
     res.cycle_choice = choice
-    info = selection(res)
-
-    def run() -> CommResult:
-        if info.get("how") == "none":
-            cr = collectives.cross_rank(results)
-            cr.straggler = collectives.verdict(cr.stragglers)
-            return cr
-        verdict = headline.straggler_verdict(res)  # the same rule and cycles as analyze's findings
-        headline.let_go(res)  # its matched collectives (hundreds of MB at 10 M kernels) before they are matched again
-        out = collectives.cross_rank(results, keys=headline.keys(res), cycles=info["text"])
-        out.straggler = verdict
-        return out
-
+    selection(res)  # a choice that leaves no cycle fails here
     # One report's document depends on its result and the cycle choice only: kept with the result (a merge's is
-    # computed each time).
-    out = derived(res, ("comm", repr(sorted(choice.items()))), run)
+    # made each time).
+    out = steady_tables.comm_document(res, reports=results)
     keep_derived(res)
     return out
 
@@ -252,17 +243,17 @@ def whatif(reports: Reports, steps_now: int | None = None, baseline: Reports | N
            comm_patterns: list[CommPattern] | None = None, *, as_traced: bool = False, timing: Reports | None = None,
            unprofiled_cycles_per_s: float | None = None, other_steps: list[Reports] | None = None,
            unprofiled_log: str | os.PathLike | None = None, **kw: Any) -> Model:
-    """The cost model fitted on one speculative run (:class:`analyze.compute.whatif.Model`): predictions
+    """The cost model fitted on one speculative run (:class:`analyze.compute.whatif_model.Model`): predictions
     for other draft-step counts. ``baseline``: a run without speculation (calibrates verify's slope).
     ``as_traced``: keep node-level graph tracing's launch cost in the prediction (default: removed).
     ``timing``: a graph-level pass of the same run: the model is fitted on it (``Model.probe``: the probe effect).
     ``Model.segments``: without a baseline, one model per batch size when the run has several
-    (:func:`analyze.compute.whatif.fit_segments`). ``other_steps``: runs of the same workload at other draft-step
+    (:func:`analyze.compute.whatif_segments.fit_segments`). ``other_steps``: runs of the same workload at other draft-step
     counts (their manifests say which): each batch size's prediction at a step count comes from the run measured
-    nearest to it, with this run's acceptance (:class:`analyze.compute.whatif.SegmentModel`). ``unprofiled_log``:
+    nearest to it, with this run's acceptance (:class:`analyze.compute.whatif_model.SegmentModel`). ``unprofiled_log``:
     a decode log of the same workload at this run's step count without a profiler (SGLang's "Decode batch" lines):
-    each batch size's predictions are calibrated on it (:func:`analyze.compute.whatif.calibrate`)."""
-    from .compute import whatif as wi
+    each batch size's predictions are calibrated on it (:func:`analyze.compute.whatif_segments.calibrate`)."""
+    from .compute import whatif, whatif_fit, whatif_segments
 
     if acceptance is not None and not 0 <= acceptance <= 1:
         raise InputError(f"--acceptance must be in [0, 1], not {acceptance}")
@@ -276,12 +267,12 @@ def whatif(reports: Reports, steps_now: int | None = None, baseline: Reports | N
     base = analyze(baseline, ranges, comm_patterns, **kw) if baseline is not None else None
     # kept with the result, when nothing below changes it (join_runs and calibrate do)
     if base is None and not other_steps and periods is None and res.probe_effect is None:
-        m = wi.fitted(res, steps_now, alpha=acceptance, as_traced=as_traced)
+        m = whatif.fitted(res, steps_now, alpha=acceptance, as_traced=as_traced)
     else:
-        m = wi.fit(res, steps_now, baseline=base, alpha=acceptance, as_traced=as_traced)
+        m = whatif_fit.fit(res, steps_now, baseline=base, alpha=acceptance, as_traced=as_traced)
         m.probe = res.probe_effect
         if base is None:  # one model per batch size, verify's curve measured across them
-            wi.with_segments(m, res, steps_now, acceptance, as_traced)
+            whatif.with_segments(m, res, steps_now, acceptance, as_traced)
     if other_steps:
         if not m.segments:
             raise InputError("--other-steps joins runs per batch size: this run has fewer than two batch sizes "
@@ -294,11 +285,11 @@ def whatif(reports: Reports, steps_now: int | None = None, baseline: Reports | N
                 kept.append(analyze(o, ranges, comm_patterns, **kw))
                 yield ", ".join(Path(p).name for p in _paths(o)), kept[-1]
 
-        alpha = acceptance if acceptance is not None else wi.run_alpha(res, m.steps_now)
-        m.notes += wi.join_runs(m.segments, runs(), alpha, as_traced)
+        alpha = acceptance if acceptance is not None else whatif_segments.run_alpha(res, m.steps_now)
+        m.notes += whatif_segments.join_runs(m.segments, runs(), alpha, as_traced)
         keep_derived(*kept)
     if periods is not None:
-        m.notes += wi.calibrate(m, periods, log_name)
+        m.notes += whatif_segments.calibrate(m, periods, log_name)
     keep_derived(res, base)
     return m
 
@@ -311,7 +302,7 @@ def whatif_validation(runs: dict[int, Reports | list[Reports]], baseline: Report
     predicted_ns, measured_ns, error_pct``, ...: :func:`analyze.compute.whatif.validate`). ``baseline``: a run
     without speculation, as for :func:`whatif`; ``as_traced`` (default): the models keep the traces' own probe
     effect, so that like is compared with like. ``kw``: as for :func:`analyze`."""
-    from .compute import whatif as wi
+    from .compute import whatif
 
     def one(r: Reports) -> Result:
         return analyze(r, ranges, comm_patterns, **kw)
@@ -319,7 +310,7 @@ def whatif_validation(runs: dict[int, Reports | list[Reports]], baseline: Report
     analysed: dict[int, Result | Sequence[Result]] = {
         s: [one(x) for x in r] if isinstance(r, list) else one(r) for s, r in runs.items()}
     base = one(baseline) if baseline is not None else None
-    out = wi.validate(analysed, baseline=base, as_traced=as_traced)
+    out = whatif.validate(analysed, baseline=base, as_traced=as_traced)
     for r in analysed.values():
         keep_derived(*([r] if isinstance(r, Result) else r))
     return out

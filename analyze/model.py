@@ -14,7 +14,7 @@ import polars as pl
 from . import __version__
 
 __all__ = ["OP_KIND", "MARKS_SCHEMA", "SEAM_CAUSES", "SYNC_API", "GRAPH_LAUNCH", "KEPT_API", "InputError",
-           "Diagnostic", "Trace", "bound_expr", "WindowReader", "Result", "CommResult"]
+           "Diagnostic", "Trace", "bound_expr", "WindowReader", "Window", "CycleChoice", "Result", "CommResult"]
 
 # Sums over ranks: the columns of each per-rank table that add up (the first one orders the rows).
 _PHASE_SUMS = ("span_ns", "busy_ns", "compute_ns", "comm_ns", "idle_ns", "kernel_ns", "ops", "launches",
@@ -156,6 +156,49 @@ class WindowReader(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Window:
+    """``--window START:END``: cycles ``START <= n < END`` (``unit`` ``cycle``) or cycles whose first GPU op lies
+    in that time range on the session clock (``unit`` ``ns``); an open end is None; ``text`` as the user wrote it."""
+
+    unit: str
+    start: int | None
+    end: int | None
+    text: str
+
+
+@dataclass(frozen=True)
+class CycleChoice:
+    """Which cycles are the steady state: the user's ``skip_cycles`` (the first N of each rank left out) or
+    ``window``, else detected (:mod:`analyze.compute.steady_cycles`). ``segment`` (internal: the what-if per batch
+    size) keeps one decode-batch segment's steady cycles only, or several segments' (a tuple)."""
+
+    skip_cycles: int | None = None
+    window: Window | None = None
+    segment: int | tuple[int, ...] | None = None
+
+    @property
+    def chosen(self) -> bool:
+        """Whether the cycles are chosen (by the user, or one segment's), not only detected."""
+        return self.skip_cycles is not None or self.window is not None or self.segment is not None
+
+    def described(self) -> dict[str, Any]:
+        """What was chosen, as the JSON's ``steady.choice`` has it (the window as its text; only what was set)."""
+        out: dict[str, Any] = {}
+        if self.skip_cycles is not None:
+            out["skip_cycles"] = self.skip_cycles
+        if self.window is not None:
+            out["window"] = self.window.text
+        if self.segment is not None:
+            out["segment"] = list(self.segment) if isinstance(self.segment, tuple) else self.segment
+        return out
+
+    @property
+    def key(self) -> str:
+        """What the tables derived under this choice are kept under (:mod:`analyze.compute.view`)."""
+        return repr(sorted(self.described().items()))
+
+
 @dataclass
 class Result:
     """Everything ``spectrace analyze`` reports, as frames; the same shape whatever the path or size.
@@ -167,8 +210,12 @@ class Result:
     ``reports``: the input files, in rank order (several when reports were merged); ``clock``: how they
     were put on one clock. ``kernels``: GPU operations summed per (rank, range instance, name): ``rank,
     range_id, name, count, kernel_ns`` (the top-kernels tables). ``cycle_choice``: which cycles are the
-    steady state (``skip_cycles``/``window``; empty = detected, :mod:`analyze.compute.tokens`).
-    ``memo``: results derived from this one, kept by the functions that computed them. :attr:`steady`: the
+    steady state (:class:`CycleChoice`: ``skip_cycles``/``window``; neither = detected).
+    ``memo``: the tables derived from this one (:mod:`analyze.compute.view` alone reads and writes it; a copy made
+    with :func:`dataclasses.replace` starts with none); ``cached``: where the result cache keeps it
+    (:mod:`analyze.read.results`; None for a copy). ``counted_matches``: the collectives matched across ranks
+    over the counted instances, packed (:func:`analyze.compute.collectives.packed`), until the steady view takes
+    them (None after, and for a merge of several reports: matched again from ``comm_kernels``). :attr:`steady`: the
     steady state (what ``spectrace analyze`` prints first). ``comm_refused``: phases whose matched collectives
     do not end together
     (``domain, phase, collectives, end_spread_p50_ns, bound_ns``): their ``comm_wait_ns``/``comm_transfer_ns``
@@ -193,8 +240,13 @@ class Result:
     clock: dict[str, Any] = field(default_factory=dict)
     window: WindowReader | None = field(default=None, repr=False)  # reads ops by time window, when asked
     kernels: pl.DataFrame | None = None
-    cycle_choice: dict[str, Any] = field(default_factory=dict)
-    memo: dict[str | tuple[str, ...], Any] = field(default_factory=dict, repr=False)
+    cycle_choice: CycleChoice = field(default_factory=CycleChoice)
+    counted_matches: pl.DataFrame | None = field(default=None, repr=False)
+    # Not fields a copy, a pickle or the result cache carries (init=False): the derived tables' storage
+    # (analyze.compute.view), and where the result cache keeps this very object (analyze.read.results; a copy may
+    # hold other frames or another cycle choice: it is not the cache's).
+    memo: dict[tuple[str, ...], Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+    cached: Any = field(default=None, init=False, repr=False, compare=False)
     # The key CUDA API calls of each rank (analyze.compute.host.CALL_SCHEMA): what the what-if replays.
     host_calls: pl.DataFrame | None = field(default=None, repr=False)
     # With a graph-level timing pass (analyze.compute.probe): what node-level tracing cost.
@@ -203,6 +255,12 @@ class Result:
     # What :attr:`steady` builds (analyze.compute.steady_state.SteadyState), set by analyze.api.analyze: this
     # layer does not import the computations.
     steady_class: Any = field(default=None, repr=False, compare=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in ("memo", "cached")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, memo={}, cached=None)
 
     @property
     def steady(self) -> Any:
@@ -289,11 +347,11 @@ class CommResult:
     left_out_kernels: int = 0  # kernels of instances left out by the cross-rank pairing (not matched)
     cycles: str | None = None  # which cycles the phases' collectives come from (the steady state's sentence)
     outside_cycles: int = 0  # matched kernels of phase instances outside those cycles (warm-up, rare stalls)
-    straggler: pl.DataFrame = field(default_factory=pl.DataFrame)  # the one verdict per phase (collectives.verdict)
+    straggler: pl.DataFrame = field(default_factory=pl.DataFrame)  # the one verdict per phase (compute.straggler)
+    matched_collectives: int = 0  # collectives matched (the rows of ``matched`` are per collective and rank)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document: ``collectives`` and ``stragglers`` keys as in the README."""
-        n_coll = self.matched.select(pl.struct("_g", "j").n_unique()).item() if self.matched.height else 0
         return {
             "spectrace_version": __version__,
             "reports": self.reports,
@@ -303,7 +361,7 @@ class CommResult:
             "matching": {
                 "comm_kernels": self.kernels.height + self.left_out_kernels,
                 "matched_kernels": self.matched.height,
-                "matched_collectives": n_coll,
+                "matched_collectives": self.matched_collectives,
                 "unmatched_kernels": self.kernels.height - self.matched.height,
                 "left_out_kernels": self.left_out_kernels,
             },

@@ -268,7 +268,7 @@ def _latencies(host: pl.DataFrame, gpu: pl.DataFrame) -> pl.DataFrame:
 
 def _ranges(con: sqlite3.Connection) -> pl.DataFrame:
     """NVTX ranges with their base name and decoded payload (cycle_index)."""
-    from analyze.compute.tokens import decode_exprs
+    from analyze.compute.payload import decode_exprs
     from nvtx_hooks.phases import base_name
 
     types = ",".join(map(str, NVTX_RANGE_TYPES))

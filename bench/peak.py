@@ -47,8 +47,9 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ.setdefault(cli._MALLOC_VAR, cli._MALLOC_CONF)  # as the CLI runs (before polars loads)
     from analyze import api
-    from analyze.compute import anatomy, collectives, findings, headline, utilisation
-    from analyze.compute.tokens import selection, summary
+    from analyze.compute import anatomy, cycle_budget, findings, steady_tables, straggler, utilisation, view
+    from analyze.compute.cycles import selection
+    from analyze.compute.tokens import summary
     from analyze.output import data
 
     if a.cold:
@@ -76,15 +77,15 @@ def main(argv: list[str] | None = None) -> int:
     part("to_dict", lambda: d.update(res.to_dict()))
     part("steady selection", lambda: selection(res))
     part("tokens summary", lambda: summary(res))
-    part("budget", lambda: headline.budget(res))
-    part("steady_phases", lambda: headline.steady_phases(res))
-    part("steady_phases_all_ranks", lambda: headline.steady_phases_all_ranks(res))
-    part("steady_seams", lambda: headline.steady_seams(res))
-    part("kernels", lambda: headline.kernels(res, data.TOP_KERNELS))
+    part("budget", lambda: cycle_budget.budget(res))
+    part("steady_phases", lambda: steady_tables.steady_phases(res))
+    part("steady_phases_all_ranks", lambda: steady_tables.steady_phases_all_ranks(res))
+    part("steady_seams", lambda: steady_tables.steady_seams(res))
+    part("kernels", lambda: steady_tables.kernels(res, data.TOP_KERNELS))
     part("cycle_classes", lambda: anatomy.cycle_classes(res))
     part("segments", lambda: anatomy.segments(res))
-    st = part("stragglers", lambda: headline.stragglers(res))
-    part("straggler verdict", lambda: collectives.verdict(st) if st.height else None)
+    st = part("stragglers", lambda: steady_tables.stragglers(res))
+    part("straggler verdict", lambda: straggler.verdict(st))
     part("utilisation", lambda: utilisation.phases(res))
     doc = part("whole document again (from what the parts kept)", lambda: data.to_json(res))
     print(f"{Path(a.report).name}: md5 of the JSON document {hashlib.md5(doc.encode()).hexdigest()}")
@@ -95,10 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     for n, f in sizes.items():
         if f is not None:
             print(f"| {n} | {f.height:,} | {f.estimated_size() / 2**20:,.1f} |")
-    for k, v in res.memo.items():
+    held = view.held(res)
+    for k, v in held.items():
         if hasattr(v, "estimated_size"):
-            print(f"| memo {k} | {v.height:,} | {v.estimated_size() / 2**20:,.1f} |")
-    print(f"| memo ({len(res.memo)} entries) | | {sum(v.estimated_size() for v in res.memo.values() if hasattr(v, 'estimated_size')) / 2**20:,.1f} |")
+            print(f"| table {k} | {v.height:,} | {v.estimated_size() / 2**20:,.1f} |")
+    print(f"| tables ({len(held)} held) | | {sum(v.estimated_size() for v in held.values() if hasattr(v, 'estimated_size')) / 2**20:,.1f} |")
     return 0
 
 

@@ -87,7 +87,8 @@ def check(tp: str, caps: dict[str, Path], src: Path, ok: list) -> None:
 
     from analyze import analyze
     from analyze.compute.tokens import summary
-    from analyze.compute.whatif import fit, validate
+    from analyze.compute.whatif import validate
+    from analyze.compute.whatif_fit import fit
 
     res = {n: analyze(path, progress=False) for n, path in caps.items()}
     period = {n: summary(r).period_p50_ns for n, r in res.items()}

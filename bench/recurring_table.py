@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 
 from analyze import analyze, comm
-from analyze.compute import anatomy, findings, headline
-from analyze.compute.tokens import selection
+from analyze.compute import anatomy, cycle_budget, findings
+from analyze.compute.cycles import selection
 from bench.inject import inject
 from nvtx_hooks.capture import samples
 
@@ -50,7 +50,7 @@ def rows(tmp: Path) -> list[list[str]]:
         if "segments" in rec:
             seg = anatomy.segments(res)
             err = max(abs(s.period_p50_ns / 1e3 / t["period_median_us"] - 1) for s, t in zip(seg, rec["segments"]))
-            pre = headline.budget(res).filter(kind="prefill")["ns"].sum()
+            pre = cycle_budget.budget(res).filter(kind="prefill")["ns"].sum()
             what += f"; {len(rec['segments'])} batch sizes, {sum(t['prefill'] for t in rec['segments'])} prefills"
             extra = f"; segment p50s within {100 * err:.2f} % of the workload's; `prefill` {pre / 1e3:,.0f} µs/cycle"
         out.append([f"`{name}`", what, _kept(res), _named(res) + extra, "(one rank)"])

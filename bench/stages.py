@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.stages [--cold] -- analyze REPORT --format json -q
 
 The stages are the pipeline's own functions, timed from outside (wrapped for this run only): the store build
-(:func:`analyze.read.store.build`), the per-process bodies (:func:`analyze.compute.pipeline.process`, two at a
+(:func:`analyze.read.store.build.build`), the per-process bodies (:func:`analyze.compute.pipeline.process`, two at a
 time: their wall is the span from the first start to the last end), the global steps of
 :func:`analyze.compute.pipeline._run` (cross-rank pairing, collective matching, phase sums), the result cache
 (:mod:`analyze.read.results`), and the output (the JSON document or text table with its headline tables). CPU
@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     from analyze import cli
     from analyze.compute import collectives, pipeline, windows
     from analyze.output import data, html, text
-    from analyze.read import results, store
+    from analyze.read import results
+    from analyze.read.store import install
 
     imports = Clock.now()
     if a.cold:
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
 
         shutil.rmtree(cache_dir_for(cmd[1]), ignore_errors=True)
     clock = Clock()
-    clock.wrap(store, "build", "store build (read the export, write the parquet store)")
+    clock.wrap(install, "build", "store build (read the export, write the parquet store)")
     clock.wrap(pipeline, "process", "per-process bodies (2 threads)", overlapping=True)
     clock.wrap(windows, "pair", "global: cycles paired across ranks")
     clock.wrap(collectives, "phase_comm_split", "global: collectives matched, comm split")

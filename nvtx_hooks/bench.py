@@ -10,6 +10,7 @@ function call pair) is measured and shown separately, not subtracted.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -33,7 +34,7 @@ def _cases():
     """(label, loop function) pairs; each loop runs n ranges (or n empty pairs)."""
     from . import patch, ranges
     from .phases import encode_payload
-    from .targets import PHASE, Target
+    from .targets import DRAFT, ENTRY, PHASE, STAGE, Target
 
     push, pop = ranges.push, ranges.pop
     payload = encode_payload(64, 12345)
@@ -80,6 +81,57 @@ def _cases():
         for _ in range(n):
             wrapped(w, 1)
 
+    # The kinds added with payload version 2: a draft (payload with steps read from the worker), a decode-cycle
+    # entry (batch size, index, steps; the result tagged), a scheduler method (host range, busy gate), and the
+    # accept_histogram marks of a 48-request batch (what result processing adds per decode batch).
+    class Batch:
+        reqs = list(range(48))
+        is_extend_in_batch = False
+        forward_mode = None
+
+    class Out:
+        pass
+
+    class Worker:
+        speculative_num_steps = 3
+        adaptive_controller = None
+
+        def draft(self, batch):
+            return batch
+
+        def forward_batch_generation(self, batch):
+            return Out()
+
+        def get_next_batch_to_run(self):
+            return batch
+
+    batch, worker = Batch(), Worker()
+    row = functools.partial(Target, "bench", "Worker", lo=(0, 0, 0), hi=(9, 9, 9), params=())
+    draft = patch._make_wrapper(Worker.__dict__["draft"], row(("draft",), "draft", DRAFT))
+    entry = patch._make_wrapper(Worker.__dict__["forward_batch_generation"],
+                                row(("forward_batch_generation",), "cycle", ENTRY, tags_result=True))
+    stage = patch._make_wrapper(Worker.__dict__["get_next_batch_to_run"],
+                                row(("get_next_batch_to_run",), "scheduler.get_next_batch_to_run", STAGE))
+    per_request = [i % 4 for i in range(48)]
+
+    def draft_hooked(n):
+        for _ in range(n):
+            draft(worker, batch)
+
+    def entry_hooked(n):
+        for _ in range(n):
+            entry(worker, batch)
+
+    def stage_hooked(n):
+        patch._tls.busy = True
+        for _ in range(n):
+            stage(worker)
+
+    def histogram(n):
+        marks = patch._histogram_marks
+        for _ in range(n):
+            marks(7, per_request, 72)
+
     cases = [
         ("loop + 2 empty calls (baseline)", empty),
         ("push/pop", plain),
@@ -87,6 +139,10 @@ def _cases():
         ("with phase_range()", ctx),
         ("unpatched method call (baseline)", method_raw),
         ("patched method call", method_hooked),
+        ("patched draft (payload v2, steps)", draft_hooked),
+        ("patched decode-cycle entry", entry_hooked),
+        ("patched scheduler method (host range)", stage_hooked),
+        ("accept_histogram marks, 48 requests", histogram),
     ]
     try:
         import nvtx

@@ -3,10 +3,14 @@
 Never imports SGLang or torch: it parses the ``.py`` files of an SGLang tree
 (an installed package, an unpacked wheel, or a wheel fetched from PyPI into a
 cache by :func:`fetch_sglang`) and checks, for each target row that applies to
-the version, that the module, class and method exist, that the leading
+the version and to the tree's layout (:func:`detect_layout`: where the v2 decode
+step lives, as released or as refactored by sgl-project/sglang#31499), that the
+module, class and method (or module function) exist, that the leading
 parameters match, that the body still calls what the range must enclose
-(the CUDA-graph replay, the target forward), and, for the ``accept`` mark, that
-the body still stores the accepted-draft count the hook reads on its result.
+(the CUDA-graph replay, the target forward, the step activation), and, for the
+``accept`` mark, that the body still stores the accepted-draft count the hook
+reads on its result (and whether it stores the per-request list the
+``accept_histogram`` marks come from).
 """
 
 from __future__ import annotations
@@ -22,9 +26,26 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .targets import ACCEPT, ANY, STANDALONE, Target, parse_version, supported, targets_for
+from .targets import (
+    ACCEPT,
+    ANY,
+    CHECK,
+    COMMON,
+    ENTRY,
+    LAYOUT_SHARED,
+    LAYOUT_WORKER,
+    LAYOUTS,
+    MIXED,
+    STAGE,
+    STANDALONE,
+    Target,
+    parse_version,
+    supported,
+    targets_for,
+)
 
-__all__ = ["Finding", "Report", "detect_version", "check_tree", "cache_dir", "FetchError", "fetch_sglang"]
+__all__ = ["Finding", "Report", "detect_version", "detect_layout", "check_tree", "cache_dir", "FetchError",
+           "fetch_sglang"]
 
 _OK, _ABSENT_OPTIONAL = "ok", "absent (optional)"
 
@@ -52,6 +73,7 @@ class Report:
     root: Path
     findings: list[Finding] = field(default_factory=list)
     unsupported: bool = False
+    layout: str = LAYOUT_WORKER  # where the v2 decode step lives (nvtx_hooks.targets.LAYOUTS)
 
     @property
     def ok(self) -> bool:
@@ -60,7 +82,7 @@ class Report:
 
     def lines(self) -> list[str]:
         """Human-readable report lines."""
-        out = [f"SGLang {self.version} at {self.root}"]
+        out = [f"SGLang {self.version} at {self.root}", f"  layout: {self.layout} — {LAYOUTS[self.layout]}"]
         if self.unsupported:
             out.append("  UNSUPPORTED version: the hooks would warn once and patch nothing")
         for f in self.findings:
@@ -103,6 +125,19 @@ def detect_version(root: Path) -> str | None:
     return stamp.read_text().strip() if stamp.is_file() else None
 
 
+def detect_layout(root: Path) -> str:
+    """The tree's layout (:data:`nvtx_hooks.targets.LAYOUTS`): shared-step when ``eagle_worker_common`` defines a
+    top-level ``eagle_forward_generation`` (sgl-project/sglang#31499), else worker-step (as released)."""
+    p = _module_file(_package_root(root), COMMON)
+    if not p.is_file():
+        return LAYOUT_WORKER
+    try:
+        tree = ast.parse(p.read_text(errors="replace"), str(p))
+    except (SyntaxError, ValueError):
+        return LAYOUT_WORKER  # the check of that module's rows says what is wrong with it
+    return LAYOUT_SHARED if "eagle_forward_generation" in _functions(tree) else LAYOUT_WORKER
+
+
 def _module_file(root: Path, module: str) -> Path:
     """Source file of a dotted module under ``root``."""
     return root.joinpath(*module.split(".")).with_suffix(".py")
@@ -113,9 +148,12 @@ def _classes(tree: ast.Module) -> dict[str, ast.ClassDef]:
     return {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
 
 
-def _methods(cls: ast.ClassDef) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
-    """Methods defined in a class body (not inherited)."""
+def _methods(cls: ast.ClassDef | ast.Module) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
+    """Methods defined in a class body (not inherited), or a module's top-level functions."""
     return {n.name: n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+_functions = _methods
 
 
 def _calls(fn: ast.AST) -> set[str]:
@@ -188,16 +226,17 @@ def _check_target(trees: _Trees, t: Target) -> Finding:
     if tree is None:
         return Finding(t.qualname, _ABSENT_OPTIONAL if t.optional else "missing module",
                        str(_module_file(Path(""), t.module)))
-    cls = _classes(tree).get(t.cls)
-    if cls is None:
+    owner: ast.ClassDef | ast.Module | None = _classes(tree).get(t.cls) if t.cls else tree
+    if owner is None:
         return Finding(t.qualname, _ABSENT_OPTIONAL if t.optional else "missing class")
-    methods = _methods(cls)
+    methods = _methods(owner)
     name = next((m for m in t.methods if m in methods), None)
     if name is None:
         alts = " / ".join(t.methods)
-        return Finding(t.qualname, _ABSENT_OPTIONAL if t.optional else "missing method", f"none of {alts}")
+        return Finding(t.qualname, _ABSENT_OPTIONAL if t.optional else ("missing function" if not t.cls else
+                                                                         "missing method"), f"none of {alts}")
     fn = methods[name]
-    what = f"{t.module}.{t.cls}.{name}"
+    what = ".".join(x for x in (t.module, t.cls, name) if x)
     bad = _check_params(fn, t.params)
     if bad:
         return Finding(what, "changed signature", bad, fn.lineno)
@@ -208,7 +247,20 @@ def _check_target(trees: _Trees, t: Target) -> Finding:
         if not (_assigned(fn, obj) & set(t.assigns)):
             return Finding(what, "changed body", f"assigns none of {obj}.{' / '.join(t.assigns)}", fn.lineno)
     if t.kind == ACCEPT:
-        return Finding(what, _OK, f"mark {t.phase} reads {t.assigns[0]}", fn.lineno)
+        obj = [a.arg for a in fn.args.posonlyargs + fn.args.args][1]
+        per = sorted(_assigned(fn, obj) & set(t.per_request))
+        hist = f", accept_histogram from {per[0]}" if per else " (no per-request list: no accept_histogram)"
+        return Finding(what, _OK, f"mark {t.phase} reads {t.assigns[0]}{hist}", fn.lineno)
+    if t.kind == CHECK:
+        return Finding(what, _OK, f"calls {' / '.join(t.encloses)} (relied on, not patched)", fn.lineno)
+    if t.kind == STAGE:
+        return Finding(what, _OK, f"host range {t.phase}", fn.lineno)
+    if t.kind == ENTRY:
+        steps = "the adaptive route of the batch size" if t.routes_steps else "the worker's speculative_num_steps"
+        return Finding(what, _OK, f"range cycle|prefill, steps: {steps}", fn.lineno)
+    if t.kind == MIXED:
+        return Finding(what, _OK, "range cycle|prefill inside a prefill-classified batch (DP coordination)",
+                       fn.lineno)
     return Finding(what, _OK, f"range {t.phase}", fn.lineno)
 
 
@@ -237,12 +289,12 @@ def check_tree(root: Path, version: str | None = None) -> Report:
     if not version:
         raise ValueError(f"{root}: cannot tell the SGLang version; pass --version")
     v = parse_version(version)
-    rep = Report(version, root)
+    rep = Report(version, root, layout=detect_layout(root))
     if not supported(v):
         rep.unsupported = True
         return rep
     trees = _Trees(root)
-    targets = targets_for(v)
+    targets = targets_for(v, rep.layout)
     rep.findings = [_check_target(trees, t) for t in targets] + _check_standalone(trees, targets)
     return rep
 
@@ -251,12 +303,12 @@ def check_tree(root: Path, version: str | None = None) -> Report:
 
 _WANT = re.compile(
     r"^(sglang/(version|_version)\.py|sglang/srt/speculative/[^/]+\.py|sglang/srt/managers/tp_worker\.py"
-    r"|sglang/srt/managers/scheduler_output_processor_mixin\.py"
+    r"|sglang/srt/managers/scheduler_output_processor_mixin\.py|sglang/srt/managers/scheduler\.py"
     r"|sglang/srt/managers/scheduler_components/[^/]+\.py"
     r"|sglang-[^/]+\.dist-info/METADATA)$"
 )
 # Bumped whenever _WANT grows: a cached tree unpacked with another file set is fetched again.
-_FILESET = "2"
+_FILESET = "3"
 _STAMP = "SPECTRACE_FILESET"
 
 

@@ -1,4 +1,5 @@
-"""Emit spectrace NVTX ranges: push/pop/phase_range/mark in the ``spectrace`` domain.
+"""Emit spectrace NVTX ranges: push/pop/phase_range/mark in the ``spectrace`` domain, ``host.push``/``host.pop``
+in the ``spectrace.host`` domain (the scheduler's host ranges).
 
 Cheap by construction: the domain handle, one registered string and one
 prebuilt ``EventAttributes`` per name are made once (first use of a name);
@@ -22,9 +23,9 @@ import os
 from collections.abc import Callable
 from typing import Any, Literal
 
-from .phases import DOMAIN, EMITTED
+from .phases import DOMAIN, EMITTED, HOST_DOMAIN, SCHEDULER_RANGES
 
-__all__ = ["push", "pop", "mark", "phase_range", "enabled", "available", "set_enabled"]
+__all__ = ["push", "pop", "mark", "phase_range", "host", "enabled", "available", "set_enabled"]
 
 _GREY = 0xFF999999
 
@@ -37,7 +38,10 @@ _nvtx_push: Callable[..., object] = _unbound  # nvtx._lib.lib.push_range(attrs, 
 _nvtx_pop: Callable[..., object] = _unbound  # nvtx._lib.lib.pop_range(domain_handle)
 _nvtx_mark: Callable[..., object] = _unbound
 _handle = None  # nvtx DomainHandle for DOMAIN
+_host_handle = None  # and for HOST_DOMAIN
 _make_attrs: Callable[[str], Any] = _unbound  # name -> EventAttributes factory
+_make_host_attrs: Callable[[str], Any] = _unbound
+_host_attrs: dict = {}  # name -> EventAttributes of HOST_DOMAIN
 _attrs: dict = {}  # name -> EventAttributes without payload
 _pattrs: dict = {}  # name -> EventAttributes reused for payload calls
 _available = False  # nvtx importable and a tool is attached
@@ -46,7 +50,7 @@ _on = False  # emission switched on (available and not disabled)
 
 def _load(force: bool = False) -> bool:
     """Bind the NVTX C entry points; True if ranges would reach a tool (or ``force``)."""
-    global _nvtx_push, _nvtx_pop, _nvtx_mark, _handle, _make_attrs, _available
+    global _nvtx_push, _nvtx_pop, _nvtx_mark, _handle, _host_handle, _make_attrs, _make_host_attrs, _available
     try:
         from nvtx._lib import lib as _lib
     except Exception:  # nvtx missing or broken: stay a no-op
@@ -54,6 +58,8 @@ def _load(force: bool = False) -> bool:
     handle = _lib.DomainHandle(DOMAIN)
     if not (force or handle.enabled()):
         return False
+    host_handle = _lib.DomainHandle(HOST_DOMAIN)
+    host_colors = {p.name: p.color for p in SCHEDULER_RANGES}
 
     def make(name: str) -> Any:
         phase = EMITTED.get(name)
@@ -61,12 +67,19 @@ def _load(force: bool = False) -> bool:
         msg = _lib.RegisteredString(handle, name)
         return _lib.EventAttributes(handle, msg, color, None, None)
 
+    def make_host(name: str) -> Any:
+        msg = _lib.RegisteredString(host_handle, name)
+        return _lib.EventAttributes(host_handle, msg, host_colors.get(name, _GREY), None, None)
+
     _nvtx_push, _nvtx_pop, _nvtx_mark = _lib.push_range, _lib.pop_range, _lib.mark
-    _handle, _make_attrs = handle, make
+    _handle, _host_handle, _make_attrs, _make_host_attrs = handle, host_handle, make, make_host
     _attrs.clear()
     _pattrs.clear()
+    _host_attrs.clear()
     for name in EMITTED:  # pre-register the phase and mark vocabulary
         _attrs[name] = make(name)
+    for name in host_colors:  # and the scheduler's host ranges
+        _host_attrs[name] = make_host(name)
     _available = True
     return True
 
@@ -110,6 +123,33 @@ def mark(name: str, payload: int | None = None) -> None:
     """An instantaneous event named ``name`` with an optional encoded payload."""
     if _on:
         _nvtx_mark(_attrs_for(name, payload), _handle)
+
+
+class _Host:
+    """``host.push(name)`` / ``host.pop()``: ranges in the ``spectrace.host`` domain (the scheduler's host ranges,
+    :data:`nvtx_hooks.phases.SCHEDULER_RANGES`; other names work too, registered on first use), no payload."""
+
+    __slots__ = ()
+
+    @staticmethod
+    def push(name: str, payload: int | None = None) -> None:
+        if _on:
+            a = _host_attrs.get(name)
+            if a is None:
+                a = _host_attrs[name] = _make_host_attrs(name)
+            _nvtx_push(a, _host_handle)
+
+    @staticmethod
+    def pop() -> None:
+        if _on:
+            _nvtx_pop(_host_handle)
+
+    @staticmethod
+    def mark(name: str, payload: int | None = None) -> None:
+        return None
+
+
+host = _Host()
 
 
 class phase_range:  # noqa: N801 - used like a function

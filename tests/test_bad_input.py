@@ -35,7 +35,8 @@ import pytest
 
 from analyze import cli
 from analyze.model import InputError
-from analyze.read import store as st
+from analyze.read.store import copy_build, install, layout, location
+from analyze.read.store.fingerprint import fingerprint
 from nvtx_hooks.capture import samples
 from tests.helpers import killed_writer
 from tests.helpers.paths import EXTERNAL, PROBE, need
@@ -43,8 +44,12 @@ from tests.helpers.synth import Synth
 
 
 def run_cli(*args):
-    p = subprocess.run([sys.executable, "-m", "analyze.cli", *map(str, args)], capture_output=True, text=True)
-    return p.returncode, p.stdout, p.stderr
+    """``spectrace ARGS`` in this process (as the case rows run it): its exit status, standard output and error.
+    An exception that escaped would fail the test here, as its traceback on stderr would in a process of its own."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli.main([str(a) for a in args])
+    return rc, out.getvalue(), err.getvalue()
 
 
 def assert_clean_error(args, needle):
@@ -271,7 +276,7 @@ def clean(pristine) -> dict:
 def snapshot(root: Path) -> dict[str, tuple]:
     """Every file under ``root`` (spectrace's own marked caches aside): bytes, size, mtime, type."""
     out = {}
-    caches = [d for d in root.rglob("*") if st.is_cache(d)]
+    caches = [d for d in root.rglob("*") if layout.is_cache(d)]
     for f in sorted(root.rglob("*")):
         if any(c == f or c in f.parents for c in caches):
             continue
@@ -326,7 +331,7 @@ def cached(e: Env, *opts: str) -> Path:
 
 
 def cache_of(p: Path) -> Path:
-    return p.with_name(p.name + st.SUFFIX)
+    return p.with_name(p.name + location.SUFFIX)
 
 
 def one_ops_file(p: Path) -> Path:
@@ -455,10 +460,10 @@ def make_stale_build(e: Env) -> list:
     p = e.copy()
     dead = subprocess.Popen(["true"])
     dead.wait()
-    d = p.parent / f".{p.name}{st.SUFFIX}.tmp-deadbeef"
+    d = p.parent / f".{p.name}{location.SUFFIX}.tmp-deadbeef"
     (d / "ops" / "1").mkdir(parents=True)
     (d / "ops" / "1" / "00000-00000.parquet").write_bytes(b"PAR1" * 1000)
-    (d / st.MARKER).write_text(json.dumps({"host": os.uname().nodename, "pid": dead.pid}))
+    (d / layout.MARKER).write_text(json.dumps({"host": os.uname().nodename, "pid": dead.pid}))
     return ["analyze", p, "--cache", "--format", "json"]
 
 
@@ -472,7 +477,7 @@ def smash_early(p: Path) -> None:
     64 KiB every open checks): the cache verifies when opened and fails when its rows are read (rebuilt)."""
     f = max((cache_of(p) / "ops").rglob("*.parquet"), key=lambda q: q.stat().st_size)
     data = bytearray(f.read_bytes())
-    assert len(data) > st.TAIL + 1400
+    assert len(data) > layout.TAIL + 1400
     data[1000:1400] = b"\xa5" * 400
     f.write_bytes(bytes(data))
 
@@ -553,7 +558,7 @@ def proc_two_builders(argv, e: Env):
     smash_early(p)
     ev = {k: threading.Event() for k in ("b_building", "a_installed", "b_moved", "a_done")}
     calls = {"A": 0, "B": 0}
-    build, run, remove = st.build, pipeline._run, st.remove_tree
+    build, run, remove = install.build, pipeline._run, install.remove_tree
 
     def who() -> str:
         return threading.current_thread().name
@@ -586,9 +591,9 @@ def proc_two_builders(argv, e: Env):
             ev["a_done"].wait(60)
         return remove(path)
 
-    e.mp.setattr(st, "build", ordered_build)
+    e.mp.setattr(install, "build", ordered_build)
     e.mp.setattr(pipeline, "_run", ordered_run)
-    e.mp.setattr(st, "remove_tree", ordered_remove)
+    e.mp.setattr(install, "remove_tree", ordered_remove)
     results: dict[str, object] = {}
 
     def one() -> None:
@@ -607,7 +612,7 @@ def proc_two_builders(argv, e: Env):
     if errors:
         return 2, "", f"spectrace: error: {errors[0]}\n"
     assert set(results) == {"A", "B"} and results["A"] == results["B"]
-    assert st.problem(cache_of(p), st.fingerprint(p)) is None  # the cache left is good
+    assert layout.problem(cache_of(p), fingerprint(p)) is None  # the cache left is good
     return 0, results["A"], ""
 
 
@@ -615,7 +620,7 @@ def make_read_only_stale_cache(e: Env) -> list:
     """A cache of the user running spectrace (nobody), made read-only (``chmod -R a-w``), then stale."""
     p = e.copy()
     rc, out, err = run_proc(["analyze", p, "--cache", "-q", "--format", "json"], e, user=NOBODY)
-    assert rc == 0 and st.is_cache(cache_of(p)), err
+    assert rc == 0 and layout.is_cache(cache_of(p)), err
     for d in [cache_of(p), *cache_of(p).rglob("*")]:
         d.chmod(0o555 if d.is_dir() else 0o444)
     os.utime(p)  # a new mtime: the cache is stale
@@ -693,8 +698,8 @@ def make_disk_full(e: Env) -> list:
 
 
 def check_long_name_cache(e: Env) -> None:
-    caches = list((e.root / "xdg" / "spectrace").glob(f"*{st.SUFFIX}"))
-    assert len(caches) == 1 and st.is_cache(caches[0]) and len(os.fsencode(caches[0].name)) <= 255 - 18
+    caches = list((e.root / "xdg" / "spectrace").glob(f"*{location.SUFFIX}"))
+    assert len(caches) == 1 and layout.is_cache(caches[0]) and len(os.fsencode(caches[0].name)) <= 255 - 18
 
 
 # -- recipes: strings, rows, regexes, files --
@@ -1078,7 +1083,7 @@ def make_db_in_cache(e: Env) -> list:
 def make_db_in_cache_dir(e: Env) -> list:
     e.setenv("SPECTRACE_CACHE_DIR", str(e.other("cachedir")))
     p = cached(e)
-    return ["analyze", p, "--format", "json", "--db", st.cache_dir_for(p) / "r.db"]
+    return ["analyze", p, "--format", "json", "--db", location.cache_dir_for(p) / "r.db"]
 
 
 def make_report_in_cache(e: Env) -> list:
@@ -1146,8 +1151,8 @@ def make_unreadable(e: Env) -> list:
 
 def check_empty_xdg(e: Env) -> None:
     assert not (e.root / "cwd" / "spectrace").exists()  # not ./spectrace: the empty variable is ignored
-    caches = list((e.home / ".cache" / "spectrace").glob(f"*{st.SUFFIX}"))
-    assert len(caches) == 1 and (caches[0] / st.MARKER).is_file()
+    caches = list((e.home / ".cache" / "spectrace").glob(f"*{location.SUFFIX}"))
+    assert len(caches) == 1 and (caches[0] / layout.MARKER).is_file()
 
 
 # -- recipes: processes of their own --
@@ -1439,9 +1444,9 @@ CASES = [
     # Live and WAL SQLite: what is analysed is what SQLite returns, or one line.
     Case("wal_committed_changes_are_read", make_wal, rc=0, expect=third_deleted),
     Case("wal_committed_changes_are_read_through_the_store", lambda e: make_wal(e, "--store", "--cache"), rc=0,
-         expect=third_deleted, keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+         expect=third_deleted, keeps=(f"{NODE}.sqlite{location.SUFFIX}",)),
     Case("wal_appearing_after_the_cache_invalidates_it", make_wal_after_cache, rc=0, expect=third_deleted,
-         keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+         keeps=(f"{NODE}.sqlite{location.SUFFIX}",)),
     Case("hot_journal_is_refused", make_hot_journal, says="unfinished write", later="clean", fix=fix_hot_journal),
     Case("live_writer_is_refused", make_live_writer, says="another process is writing it", later="clean",
          fix=stop_writer),
@@ -1449,21 +1454,21 @@ CASES = [
          later=edited(f"DELETE FROM {KERNEL} WHERE rowid % 2 = 0")),
     # A verified cache: damaged caches are rebuilt and give the clean numbers.
     Case("cache_ops_file_deleted", make_cache_fault(lambda p: one_ops_file(p).unlink()), rc=0, expect="clean",
-         later="clean", keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+         later="clean", keeps=(f"{NODE}.sqlite{location.SUFFIX}",)),
     Case("cache_ranges_deleted", make_cache_fault(lambda p: (cache_of(p) / "ranges.parquet").unlink()), rc=0,
-         expect="clean", later="clean", keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+         expect="clean", later="clean", keeps=(f"{NODE}.sqlite{location.SUFFIX}",)),
     Case("cache_file_truncated", make_cache_fault(lambda p: truncate(one_ops_file(p))), rc=0, expect="clean",
-         later="clean", keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+         later="clean", keeps=(f"{NODE}.sqlite{location.SUFFIX}",)),
     Case("cache_names_truncated", make_cache_fault(lambda p: truncate(cache_of(p) / "names.parquet")), rc=0,
-         expect="clean", later="clean", keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+         expect="clean", later="clean", keeps=(f"{NODE}.sqlite{location.SUFFIX}",)),
     Case("cache_pid_removed_from_meta", make_cache_fault(drop_pid_from_meta), rc=0, expect="clean", later="clean",
-         keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+         keeps=(f"{NODE}.sqlite{location.SUFFIX}",)),
     Case("cache_meta_garbage", make_cache_fault(lambda p: (cache_of(p) / "meta.json").write_text("{")), rc=0,
-         expect="clean", later="clean", keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
-    Case("cache_marker_removed", make_cache_fault(lambda p: (cache_of(p) / st.MARKER).unlink()), rc=0,
-         expect="clean", later="clean", keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+         expect="clean", later="clean", keeps=(f"{NODE}.sqlite{location.SUFFIX}",)),
+    Case("cache_marker_removed", make_cache_fault(lambda p: (cache_of(p) / layout.MARKER).unlink()), rc=0,
+         expect="clean", later="clean", keeps=(f"{NODE}.sqlite{location.SUFFIX}",)),
     Case("stale_build_folder_is_removed", make_stale_build, rc=0, expect="clean",
-         keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+         keeps=(f"{NODE}.sqlite{location.SUFFIX}",)),
     # Never destructive.
     Case("user_folder_at_the_cache_path", make_user_folder, says="not a spectrace cache"),
     Case("input_is_a_folder_of_other_files", lambda e: (_write(e.inp / "notes" / "a.txt", "mine\n"),
@@ -1486,7 +1491,7 @@ CASES = [
     Case("nonutf8_range_name_in_one_of_two_reports", lambda e: make_two_reports(e, "-j", "2"), rc=0,
          says="NON_UTF8_STRINGS", proc=lambda argv, e: run_proc(argv, e)),
     Case("nonutf8_kernel_name_streamed_and_cached", make_nonutf8(116, "--store", "--cache"), rc=0,
-         says="NON_UTF8_STRINGS", expect=lossy_equivalent(116), keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+         says="NON_UTF8_STRINGS", expect=lossy_equivalent(116), keeps=(f"{NODE}.sqlite{location.SUFFIX}",)),
     Case("unreadable_report", make_unreadable, says="Permission denied", proc=proc_as_nobody),
     Case("ranges_look_ahead", make_plain("analyze", "--ranges", "(?=cycle)cyc"), says="bad regex"),
     Case("ranges_back_reference", make_plain("analyze", "--ranges", r"(c)\1"), says="bad regex"),
@@ -1520,7 +1525,7 @@ CASES = [
     Case("odd_file_name_cached", lambda e: ["analyze", e.copy(NODE, ODD), "--format", "json", "--cache"], rc=0,
          expect="clean", later="clean"),
     Case("dev_stdin_redirected_from_the_file", make_plain("analyze", "--cache", "--format", "json"), rc=0,
-         expect="clean", proc=proc_stdin_file, keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+         expect="clean", proc=proc_stdin_file, keeps=(f"{NODE}.sqlite{location.SUFFIX}",)),
     Case("dev_stdin_a_pipe", make_plain("analyze", "--cache"), says="not a regular file", proc=proc_stdin_pipe),
     Case("stdout_on_a_full_disk", make_plain("analyze", "--format", "json"), says="cannot write to standard output",
          proc=proc_full_disk),
@@ -1589,11 +1594,11 @@ CASES = [
                                                               "--db", e.other("db") / "r.db"], rc=0, expect="clean"),
     Case("report_with_dollar_range_names", make_dollar_names, rc=0, check=check_no_mathtext),
     # (e) never inside the cache (it is deleted when rebuilt)
-    Case("db_inside_the_cache", make_db_in_cache, says="inside spectrace's cache", keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+    Case("db_inside_the_cache", make_db_in_cache, says="inside spectrace's cache", keeps=(f"{NODE}.sqlite{location.SUFFIX}",)),
     Case("db_inside_the_cache_not_built_yet", make_db(lambda e, p: cache_of(p) / "r.db"), says="inside spectrace's cache"),
     Case("db_inside_a_cache_in_the_cache_dir", make_db_in_cache_dir, says="inside spectrace's cache"),
     Case("report_o_inside_the_cache", make_report_in_cache, says="inside spectrace's cache",
-         keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+         keeps=(f"{NODE}.sqlite{location.SUFFIX}",)),
     # (f) trace: no manifest without a report, a user's manifest kept without --force
     Case("trace_without_a_report_writes_no_manifest", make_trace(report=False), rc=1, says="no manifest written",
          check=lambda e: not manifest_of(e).exists() or pytest.fail("a manifest of nothing")),
@@ -1604,19 +1609,19 @@ CASES = [
     # ---- the cache knows what it caches
     # The report's path: absolute in the cache, the one the user gave in the analysis (and its manifest).
     Case("cache_rebuilt_from_another_folder_reads_the_same_report", make_cached_from_its_folder("tp1_baseline"),
-         rc=0, expect="clean", later="clean", keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+         rc=0, expect="clean", later="clean", keeps=(f"{NODE}.sqlite{location.SUFFIX}",)),
     Case("cache_rebuilt_from_another_folder_without_a_namesake", make_cached_from_its_folder(None), rc=0,
-         expect="clean", later="clean", keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+         expect="clean", later="clean", keeps=(f"{NODE}.sqlite{location.SUFFIX}",)),
     Case("cache_gives_the_json_of_the_export_manifest_included", make_manifest_beside, rc=0, expect="clean",
-         check=check_same_json_as_without_cache, keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+         check=check_same_json_as_without_cache, keeps=(f"{NODE}.sqlite{location.SUFFIX}",)),
     # The key: inode, ctime and a content hash besides size and mtime.
     Case("report_copied_over_same_size_and_mtime", make_replaced_same_size_and_mtime("copy"), rc=0,
-         expect=lambda e: longer_kernels(e, "eq.sqlite"), keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+         expect=lambda e: longer_kernels(e, "eq.sqlite"), keeps=(f"{NODE}.sqlite{location.SUFFIX}",)),
     Case("report_renamed_over_same_size_and_mtime", make_replaced_same_size_and_mtime("rename"), rc=0,
-         expect=lambda e: longer_kernels(e, "eq.sqlite"), keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+         expect=lambda e: longer_kernels(e, "eq.sqlite"), keeps=(f"{NODE}.sqlite{location.SUFFIX}",)),
     # Concurrent builders keep each other's work.
     Case("two_builders_on_a_damaged_cache", lambda e: ["analyze", cached(e), "--cache", "--format", "json"], rc=0,
-         expect="clean", proc=proc_two_builders, keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+         expect="clean", proc=proc_two_builders, keeps=(f"{NODE}.sqlite{location.SUFFIX}",)),
     # Where the cache goes: names that fit, valid variables, never inside the input.
     Case("report_name_of_246_characters", lambda e: ["analyze", e.copy(NODE, LONG), "--format", "json"], rc=0,
          expect="clean"),
@@ -1630,9 +1635,9 @@ CASES = [
          check=check_nothing_in_the_not_utf8_dir),
     # A cache that cannot be written is skipped with one line (nothing left behind): read-only, full, too large.
     Case("read_only_stale_cache_is_replaced", make_read_only_stale_cache, rc=0, expect="clean",
-         proc=proc_as_nobody, keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+         proc=proc_as_nobody, keeps=(f"{NODE}.sqlite{location.SUFFIX}",)),
     Case("stale_cache_of_another_user_is_skipped", make_stale_cache_of_another_user, rc=0,
-         says="CACHE_NOT_WRITTEN", expect="clean", proc=proc_as_nobody, keeps=(f"{NODE}.sqlite{st.SUFFIX}",)),
+         says="CACHE_NOT_WRITTEN", expect="clean", proc=proc_as_nobody, keeps=(f"{NODE}.sqlite{location.SUFFIX}",)),
     Case("cache_build_over_the_file_size_limit", make_plain("analyze", "--cache", "--format", "json"), rc=0,
          says="File too large", expect="clean", proc=proc_file_size_limit_64k),
     Case("store_no_cache_over_the_file_size_limit", make_plain("analyze", "--store", "--no-cache"),
@@ -1738,7 +1743,7 @@ def _interrupt_in_build(monkeypatch, after: float = 0.3) -> list[threading.Threa
     """Ctrl-C (a real SIGINT to the main thread) while the store's reader threads write, and a reader that goes
     on writing for ``after`` s: what the threads do after the interrupt is what a cleanup must wait for."""
     seen: list[threading.Thread] = []
-    flush = st._Spill.flush
+    flush = copy_build._Spill.flush
 
     def slow_flush(self):
         seen.append(threading.current_thread())
@@ -1747,7 +1752,7 @@ def _interrupt_in_build(monkeypatch, after: float = 0.3) -> list[threading.Threa
             time.sleep(after)
         flush(self)
 
-    monkeypatch.setattr(st._Spill, "flush", slow_flush)
+    monkeypatch.setattr(copy_build._Spill, "flush", slow_flush)
     return seen
 
 
@@ -1860,15 +1865,15 @@ def _smash_middle(f: Path) -> None:
 
 def test_cache_read_error_rebuilds_once(env, capsys, monkeypatch, clean):
     """A cache whose checksum still holds (only the tail is checked) but cannot be read: rebuilt once, clean numbers."""
-    monkeypatch.setattr(st, "TAIL", 16)  # the open-time check covers the last 16 bytes: a smashed middle passes it
+    monkeypatch.setattr(layout, "TAIL", 16)  # the open-time check covers the last 16 bytes: a smashed middle passes it
     p = cached(env, "--store")
     shutil.rmtree(cache_of(p) / "results")  # the kept result would answer without reading the ops (result cache)
     f = max((cache_of(p) / "ops").rglob("*.parquet"), key=lambda q: q.stat().st_size)
     _smash_middle(f)
-    assert st.problem(cache_of(p), st.fingerprint(p)) is None  # verified on open...
+    assert layout.problem(cache_of(p), fingerprint(p)) is None  # verified on open...
     builds = []
-    build = st.build
-    monkeypatch.setattr(st, "build", lambda *a, **k: (builds.append(a), build(*a, **k))[1])
+    build = install.build
+    monkeypatch.setattr(install, "build", lambda *a, **k: (builds.append(a), build(*a, **k))[1])
     rc, out, err = run_here(["analyze", p, "--format", "json", "--cache", "--store"], capsys)
     assert rc == 0 and numbers(out) == clean, err  # ...unreadable when read: rebuilt
     assert len(builds) == 1
@@ -1877,8 +1882,8 @@ def test_cache_read_error_rebuilds_once(env, capsys, monkeypatch, clean):
 
 def test_cache_unreadable_after_a_rebuild_is_one_line_naming_it(env, capsys, monkeypatch):
     """A disk that damages what is written: rebuilt once, then one line naming the folder, which is removed."""
-    monkeypatch.setattr(st, "TAIL", 16)
-    build = st.build
+    monkeypatch.setattr(layout, "TAIL", 16)
+    build = install.build
 
     def damaging_build(report, dest, progress=None):
         build(report, dest, progress)
@@ -1886,7 +1891,7 @@ def test_cache_unreadable_after_a_rebuild_is_one_line_naming_it(env, capsys, mon
             _smash_middle(f)
         return dest
 
-    monkeypatch.setattr(st, "build", damaging_build)
+    monkeypatch.setattr(install, "build", damaging_build)
     p = env.copy()
     rc, out, err = run_here(["analyze", p, "--format", "json", "--cache", "--store"], capsys)
     lines = err.strip().splitlines()
@@ -1896,14 +1901,14 @@ def test_cache_unreadable_after_a_rebuild_is_one_line_naming_it(env, capsys, mon
 
 
 def test_cache_that_does_not_verify_after_its_build(env, capsys, monkeypatch):
-    build = st.build
+    build = install.build
 
     def losing_build(report, dest, progress=None):
         build(report, dest, progress)
         (dest / "names.parquet").unlink()
         return dest
 
-    monkeypatch.setattr(st, "build", losing_build)
+    monkeypatch.setattr(install, "build", losing_build)
     p = env.copy()
     rc, out, err = run_here(["analyze", p, "--format", "json", "--cache"], capsys)
     lines = err.strip().splitlines()
@@ -1923,9 +1928,9 @@ def test_cache_lists_every_file_with_rows_size_and_checksum(env):
         f = cache_of(p) / rel
         data = f.read_bytes()
         assert rows == pl.read_parquet(f).height and size == len(data)
-        assert tail == zlib.crc32(data[-st.TAIL:]) and whole == zlib.crc32(data)
+        assert tail == zlib.crc32(data[-layout.TAIL:]) and whole == zlib.crc32(data)
     assert sum(meta["ops_rows"].values()) == sum(v[0] for k, v in meta["files"].items() if k.startswith("ops/"))
-    assert json.loads((cache_of(p) / st.MARKER).read_text())["pid"] == os.getpid()
+    assert json.loads((cache_of(p) / layout.MARKER).read_text())["pid"] == os.getpid()
 
 
 def test_concurrent_runs_build_one_cache(env, clean):
@@ -1938,15 +1943,15 @@ def test_concurrent_runs_build_one_cache(env, clean):
         out, err = q.communicate(timeout=120)
         assert q.returncode == 0 and not err, err
         assert numbers(out) == clean
-    assert {q.name for q in env.inp.iterdir()} == {p.name, p.name + st.SUFFIX}
-    assert st.problem(cache_of(p), st.fingerprint(p)) is None and not leftovers(env)
+    assert {q.name for q in env.inp.iterdir()} == {p.name, p.name + location.SUFFIX}
+    assert layout.problem(cache_of(p), fingerprint(p)) is None and not leftovers(env)
 
 
 def test_a_live_build_folder_is_not_removed(env, capsys):
     p = env.copy()
-    d = p.parent / f".{p.name}{st.SUFFIX}.tmp-alive"
+    d = p.parent / f".{p.name}{location.SUFFIX}.tmp-alive"
     d.mkdir()
-    (d / st.MARKER).write_text(json.dumps({"host": os.uname().nodename, "pid": os.getpid()}))  # us: alive
+    (d / layout.MARKER).write_text(json.dumps({"host": os.uname().nodename, "pid": os.getpid()}))  # us: alive
     rc, out, err = run_here(["analyze", p, "--cache", "-q"], capsys)
     assert rc == 0 and d.is_dir()
 

@@ -14,9 +14,10 @@ import pytest
 from test_collectives_real import split_probe
 
 from analyze import analyze
-from analyze.compute.pipeline import analyze_for_merge
+from analyze.compute.pipeline import result_for_merge
 
 distributed = pytest.importorskip("distributed", reason="pip install 'spectrace[cluster]'")
+pytestmark = pytest.mark.slow  # a Dask LocalCluster with worker processes: make test-all (CI)
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +35,7 @@ def test_dask_local_cluster_equals_one_process(reports):
         ex = client.get_executor()
         remote = analyze(reports, executor=ex)
         # the per-report map really ran on the workers: each future's result came from a worker process
-        futs = [client.submit(analyze_for_merge, p, None, None, None, None, pure=False) for p in reports]
+        futs = [client.submit(result_for_merge, p, None, None, None, None, pure=False) for p in reports]
         client.gather(futs)
         ran_on = {w for who in client.who_has(futs).values() for w in who}
         assert ran_on <= workers and ran_on
@@ -49,6 +50,6 @@ def test_dask_local_cluster_equals_one_process(reports):
 
 def test_only_small_results_cross(reports):
     """What a worker sends back: per-instance frames, no GPU operations (a fraction of the report's size)."""
-    res = analyze_for_merge(reports[0], None, None, None, None)
+    res = result_for_merge(reports[0], None, None, None, None)
     assert res.ops is None and res.trace.ops.height == 0 and res.trace.api.height == 0
     assert len(pickle.dumps(res)) < Path(reports[0]).stat().st_size / 2

@@ -14,9 +14,8 @@ from test_scale import _same
 from test_store_api import odd_calls
 
 from analyze import analyze
-from analyze.compute.pipeline import analyze as analyze_store
-from analyze.read import store as cache
-from analyze.read.store import open_store
+from analyze.compute.pipeline import result_of as analyze_store
+from analyze.read.store import build, open_store
 from bench.export_dir import write_export_dir
 from tests.helpers.paths import tp2
 
@@ -26,9 +25,9 @@ SMALL = ("ranges", "marks", "names", "devices", "diagnostics", "op_keys")
 def both(d, tmp_path, monkeypatch):
     """The columnar store of export folder ``d`` and one built by copying its rows (as every store was built before the columnar one)."""
     cut = open_store(d, cache_dir=tmp_path / "cut")
-    monkeypatch.setattr(cache, "COLUMNAR", False)
+    monkeypatch.setattr(build, "COLUMNAR", False)
     copied = open_store(d, cache_dir=tmp_path / "copied")
-    monkeypatch.setattr(cache, "COLUMNAR", True)
+    monkeypatch.setattr(build, "COLUMNAR", True)
     return cut, copied
 
 
@@ -46,7 +45,7 @@ def same_store(cut, copied):
     lost = set(pl.read_parquet(cut.root / "lost.parquet")["pid"].to_list())
     assert set(cut._handed) == {("api", p) for p in copied.pids if copied.meta["api_rows"].get(str(p)) and p not in lost}
     for (_, pid), rows in cut._handed.items():
-        assert rows.equals(copied.read("api", pid)) and rows.equals(cut._columnar("api", [pid])[pid]), pid
+        assert rows.equals(copied.read("api", pid)) and rows.equals(cut._columnar_rows("api", [pid])[pid]), pid
     for pid in copied.pids:
         for kind in ("ops", "api"):
             assert cut.read(kind, pid).equals(copied.read(kind, pid)), (kind, pid)  # the order too
@@ -149,11 +148,11 @@ def test_a_lazy_read_warns_nothing(tmp_path):
 
     from analyze.read.export import api_query, op_queries
     from analyze.read.exportdir import DirReader
-    from analyze.read.store import _lazy_post
+    from analyze.read.store.reader import lazy_post
 
     r = DirReader(write_export_dir(tp2("tp2_s3_node", tmp_path), tmp_path / "pqtdir"))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        plans = [_lazy_post(post, r._lazy(q)) for _, q, post in op_queries(r)]
-        plans.append(_lazy_post(api_query(r)[1], r._lazy(api_query(r)[0])))
+        plans = [lazy_post(post, r._lazy(q)) for _, q, post in op_queries(r)]
+        plans.append(lazy_post(api_query(r)[1], r._lazy(api_query(r)[0])))
         assert all(lf.collect().height for lf in plans)

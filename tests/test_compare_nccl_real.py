@@ -15,7 +15,7 @@ import polars as pl
 import pytest
 
 from analyze import analyze
-from analyze.compute import headline
+from analyze.compute import steady_tables
 from analyze.compute.compare import compare_results
 
 DATA = Path(__file__).parent / "data" / "h200_tp2"
@@ -31,7 +31,7 @@ def capture(name: str, tmp: Path) -> Path:
 
 
 def nccl_per_cycle(res, phase: str) -> float:
-    k = headline.kernels(res).filter(pl.col("phase").str.ends_with(phase) & pl.col("name").str.starts_with("nccl"))
+    k = steady_tables.kernels(res).filter(pl.col("phase").str.ends_with(phase) & pl.col("name").str.starts_with("nccl"))
     return float(k["per_cycle_ns"].sum())
 
 

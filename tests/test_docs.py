@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import importlib.util
+import io
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from analyze.cli import build_parser
+from analyze.cli import build_parser, main
 from nvtx_hooks.capture import samples
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -178,10 +178,12 @@ def _keys(doc, out: set[str]) -> set[str]:
 
 
 def _json(*argv: str) -> dict:
-    p = subprocess.run([sys.executable, "-m", "analyze.cli", *argv, "--format", "json"], capture_output=True,
-                       text=True, cwd=ROOT, timeout=600)
-    assert p.returncode == 0, p.stderr
-    return json.loads(p.stdout)
+    """The JSON document of ``spectrace ARGV --format json``, run in this process."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main([*argv, "--format", "json"])
+    assert rc == 0, err.getvalue()
+    return json.loads(out.getvalue())
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,11 @@
 """The JSON document's memory-saving order changes no number, on a bundled real TP=2 capture with a straggler.
 
-``data.document`` computes the findings first and their context lets go of the steady matched collectives
-(``headline.let_go``) before the what-if fit; a what-if model keeps each replay reduced. Checked here against
-independent computations: the document built in the old order (every headline table first, the findings last) on
-a second analysis of the same capture, the matched collectives made again after ``let_go`` against those the
-analysis made, and the model's predicted cycle and seams against :meth:`Replay.run`'s own arrays.
+``data.document`` makes the findings' inputs first (``findings.rule_inputs``), which let go of the steady matched
+collectives (declared: their table ``releases`` them) before the what-if fit; a what-if model keeps each replay
+reduced. Checked here against independent computations: the document built in the old order (every headline table
+first, the findings last) on a second analysis of the same capture, the matched collectives made again after they
+were let go of against those the analysis made, and the model's predicted cycle and seams against
+:meth:`Replay.run`'s own arrays.
 """
 
 from __future__ import annotations
@@ -16,8 +17,18 @@ import polars as pl
 import pytest
 
 from analyze import analyze
-from analyze.compute import anatomy, collectives, findings, headline, utilisation, whatif
-from analyze.compute.tokens import selection, summary
+from analyze.compute import (
+    anatomy,
+    collectives,
+    cycle_budget,
+    findings,
+    steady_tables,
+    utilisation,
+    view,
+    whatif,
+)
+from analyze.compute.cycles import selection
+from analyze.compute.tokens import summary
 from analyze.output import data
 from tests.helpers.paths import tp2
 
@@ -30,32 +41,34 @@ def path(tmp_path_factory):
 def test_document_equals_the_old_order(path):
     old = analyze(path)
     # the order the document had: the headline tables, then the findings (the fit last)
-    parts = [selection(old), summary(old), headline.budget(old), headline.steady_phases(old),
-             headline.steady_phases_all_ranks(old), headline.steady_seams(old), headline.kernels(old, 10),
-             anatomy.cycle_classes(old), anatomy.segments(old), headline.stragglers(old)]
+    parts = [selection(old), summary(old), cycle_budget.budget(old), steady_tables.steady_phases(old),
+             steady_tables.steady_phases_all_ranks(old), steady_tables.steady_seams(old), steady_tables.kernels(old, 10),
+             anatomy.cycle_classes(old), anatomy.segments(old), steady_tables.stragglers(old)]
     assert parts[3].height and parts[9].height  # phases and stragglers: the capture has matched collectives
     found = findings.find(old)
     assert utilisation.phases(old).height == 0
     assert data.doc_json(data.document(old, found)) == data.to_json(analyze(path))
 
 
-def test_matched_made_again_after_let_go(path):
+def test_matched_made_again_after_it_is_let_go_of(path):
     res = analyze(path)
-    assert res.memo["matched_counted"].columns == ["_row", "_g", "last", "first_arrival", "end_spread_ns", "delay_ns",
-                                                   "is_last"]  # packed: its rows of the comm kernels, and more
+    assert res.counted_matches is not None
+    assert res.counted_matches.columns == ["_row", "_g", "last", "first_arrival", "end_spread_ns", "delay_ns",
+                                           "is_last"]  # packed: its rows of the comm kernels, and more
     # independently: matched again as the analysis did, whole
     counted = collectives.phase_comm_split(res.phases, res.comm_kernels)[3].drop("_row")
-    first = headline.matched(res)
-    assert "matched_counted" not in res.memo  # let go once narrowed to the steady cycles
+    first = steady_tables.matched(res)
+    assert res.counted_matches is None  # taken once narrowed to the steady cycles
     # independently: the counted match's rows whose (rank, range_id) is a steady key, in their order
-    keys = headline.keys(res)
+    keys = steady_tables.keys(res)
     want = counted.join(keys, on=["rank", "range_id"], how="semi", maintain_order="left")
     assert first.equals(want)
     assert 0 < first.height <= counted.height
-    findings.context(res)  # holds every table made from it, then lets it go
-    assert any(k[0] == "stragglers" for k in res.memo if isinstance(k, tuple))
-    assert not any(k[0] in ("matched", "per_collective") for k in res.memo if isinstance(k, tuple))
-    again = headline.matched(res)  # matched again from the Result's communication kernels (as a cached result is)
+    assert view.known(steady_tables.matched, res) and not view.known(steady_tables.stragglers, res)
+    findings.context(res)  # every table made from it made, then it is let go of
+    assert view.known(steady_tables.stragglers, res) and view.known(steady_tables.matching, res)
+    assert not view.known(steady_tables.matched, res) and not view.known(steady_tables.per_collective, res)
+    again = steady_tables.matched(res)  # matched again from the Result's communication kernels (as a cached result is)
     assert again.select(first.columns).sort("_g", "j", "rank").equals(first.sort("_g", "j", "rank"))
     assert collectives.per_collective(again).equals(collectives.per_collective(first))
 
@@ -79,11 +92,11 @@ def test_reduced_replays_predict_as_the_arrays(path):
 
 def test_steady_marks_are_two_columns(path):
     res = analyze(path)
-    marked = headline.instances_marked_steady(res)
-    marks = next(v for k, v in res.memo.items() if isinstance(k, tuple) and k[0] == "steady_marks")
+    marked = steady_tables.instances_marked_steady(res)
+    marks = steady_tables.steady_marks(res)
     assert marks.columns == ["top", "steady"] and marks.height == res.instances.height
     assert marked.drop("top", "steady").equals(res.instances)
-    assert marked.select(pl.col("steady").sum()).item() == headline.keys(res).height + marked.filter(
+    assert marked.select(pl.col("steady").sum()).item() == steady_tables.keys(res).height + marked.filter(
         pl.col("steady") & pl.col("rank").is_null()).height
 
 
@@ -103,7 +116,7 @@ def test_findings_made_beside_the_document_raise_where_they_did(path, monkeypatc
     with pytest.raises(InputError, match="no findings here"):
         data.document(analyze(path))
     assert seen == ["spectrace findings"]
-    monkeypatch.setattr(headline, "kernels", lambda *a, **k: (_ for _ in ()).throw(ValueError("kernels failed")))
+    monkeypatch.setattr(steady_tables, "kernels", lambda *a, **k: (_ for _ in ()).throw(ValueError("kernels failed")))
     with pytest.raises(InputError, match="no findings here"):
         data.document(analyze(path))
     monkeypatch.setattr(findings, "find", lambda res, model=None: [])

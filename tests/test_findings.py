@@ -6,7 +6,7 @@ import pytest
 
 from analyze import analyze
 from analyze.compute import findings
-from analyze.compute.whatif import fit
+from analyze.compute.whatif_fit import fit
 from tests.helpers import eagle_synth as es
 
 PERIODS = [30_000, 20_000] + [10_000] * 5 + [25_000] + [10_000] * 3
@@ -65,11 +65,11 @@ def test_whatif_finding_follows_the_model(res):
     m = fit(res)
     best, now = m.best(measured_only=True), m.predict(m.steps_now)  # never an extrapolated step count
     f = by_code(findings.find(res, m)).get("WHATIF_STEPS")
-    gain = best["tokens_per_s"] / now["tokens_per_s"] - 1
-    if best["steps"] == m.steps_now or gain < findings.GAIN:
+    gain = best.tokens_per_s / now.tokens_per_s - 1
+    if best.steps == m.steps_now or gain < findings.GAIN:
         assert f is None
     else:
-        assert f[0].impact_ns == pytest.approx(gain * 10_000) and f"{best['steps']} draft steps" in f[0].evidence
+        assert f[0].impact_ns == pytest.approx(gain * 10_000) and f"{best.steps} draft steps" in f[0].evidence
 
 
 def test_straggler_rank(tmp_path):
@@ -114,12 +114,12 @@ def test_no_straggler_when_collectives_do_not_end_together(tmp_path):
     from test_rank_windows import trace
 
     from analyze.cli import main
-    from analyze.compute import headline
+    from analyze.compute import steady_tables
 
     idx = list(range(12))
     path = trace(tmp_path / "off.sqlite", payload={0: idx, 1: [i + 1 for i in idx]})
     res = analyze(path)
-    m = headline.matching(res)
+    m = steady_tables.matching(res)
     assert not m["trusted"].any() and set(m["phase"]) == {"draft", "verify"}
     assert set(res.comm_refused["phase"]) == {"draft", "verify"}
     f = by_code(findings.find(res))
@@ -136,13 +136,13 @@ def test_no_straggler_when_collectives_do_not_end_together(tmp_path):
 def test_ragged_window_pairs_by_cycle_and_names_no_false_straggler():
     """tp2_rank0_window: rank 1's window opens a cycle late; paired by cycle, every phase's collectives
     end together and no rank is a straggler by milliseconds (it looked 2.2 ms late at every all-reduce before)."""
-    from analyze.compute import headline
+    from analyze.compute import steady_tables
     from tests.helpers.paths import TRACES, need
 
     res = analyze(need(TRACES / "tp2_rank0_window.sqlite"))
-    m = headline.matching(res)
+    m = steady_tables.matching(res)
     assert m.height and m["trusted"].all() and (m["end_spread_p50_ns"] < 20_000).all()
-    st = headline.stragglers(res)
+    st = steady_tables.stragglers(res)
     assert st.height and st["max_delay_ns"].max() < 1_000_000
     assert all(x.impact_ns < 1_000_000 for x in by_code(findings.find(res)).get("STRAGGLER_RANK", []))
 

@@ -17,6 +17,7 @@ from polars.testing import assert_frame_equal
 
 from analyze import api
 from analyze.compute import findings, utilisation
+from analyze.model import CycleChoice
 from analyze.read import gpu_metrics
 from bench.export_dir import write_export_dir
 
@@ -292,26 +293,26 @@ def test_absent_metrics_give_nothing(tmp_path):
 def test_whatif_uses_the_measured_bound_as_its_prior(res, capture):
     import dataclasses
 
-    from analyze.compute import whatif
+    from analyze.compute import whatif, whatif_fit
 
-    m = whatif.fit(res, steps_now=3)
+    m = whatif_fit.fit(res, steps_now=3)
     assert m.verify_source == "gpu_metrics" and "PRIOR" in m.verify_text() and "PRIOR" in " ".join(m.assumptions())
     v = utilisation.phases(res).filter(pl.col("rank").is_null() & (pl.col("scope") == "steady")
                                        & (pl.col("phase") == "verify")).row(0, named=True)
     assert m.verify_per_token_ns == pytest.approx(m.cost_ns["verify"] * v["tensor_active_pct"] / 100 / 4)
     assert whatif.to_dict(m)["model"]["verify_prior"]["bound"] == v["bound"]
     # batch 1 alone: memory-bound verify, its extra tokens nearly free (a few % of the compute-bound slope)
-    one = whatif.fit(dataclasses.replace(res, cycle_choice={"segment": 0}, memo={}), steps_now=3)
-    big = whatif.fit(dataclasses.replace(res, cycle_choice={"segment": 2}, memo={}), steps_now=3)
+    one = whatif_fit.fit(dataclasses.replace(res, cycle_choice=CycleChoice(segment=0)), steps_now=3)
+    big = whatif_fit.fit(dataclasses.replace(res, cycle_choice=CycleChoice(segment=2)), steps_now=3)
     assert one.verify_prior["bound"] == "memory" and big.verify_prior["bound"] == "compute"
     assert one.verify_per_token_ns < 0.1 * big.verify_per_token_ns
 
 
 def test_whatif_without_samples_still_says_assumed(tmp_path):
-    from analyze.compute import whatif
+    from analyze.compute import whatif_fit
 
     src = _unpack(DATA / "h200_tp1" / "tp1_graph.sqlite.xz", tmp_path)
-    m = whatif.fit(api.analyze(str(src)))
+    m = whatif_fit.fit(api.analyze(str(src)))
     assert m.verify_source == "assumed" and m.verify_per_token_ns == 0 and "ASSUMED" in m.verify_text()
 
 

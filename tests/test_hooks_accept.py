@@ -11,12 +11,13 @@ import types
 import pytest
 
 from nvtx_hooks import patch, ranges
-from nvtx_hooks.phases import decode_payload
+from nvtx_hooks.phases import accept_histograms, decode_payload, histogram_of
 from nvtx_hooks.targets import ENTRY, V2, Target
 from tests.helpers.fake_hooks import shape as _shape
 
 CYCLE = ["cycle", "  draft", "  verify", "  draft_extend"]
 PREFILL = ["prefill", "  prefill_target_extend", "  prefill_draft_extend"]
+MARKS = ["!accept", "!accept_histogram"]  # a decode result's marks: its accept count, then its histogram
 # Accepted draft tokens per request, per decode cycle (the fake worker cycles through them).
 ACCEPT = [[2, 0, 3], [1, 1, 1], [3, 3, 0]]
 
@@ -39,7 +40,12 @@ def _batches(*specs):
 
 
 def _want(cycle, bs, drafts):
-    return {"batch_size": bs, "cycle_index": cycle, "accept_length": sum(drafts)}
+    return {"batch_size": bs, "cycle_index": cycle, "accept_length": sum(drafts), "steps": None, "next_round": False,
+            "in_prefill_batch": False}
+
+
+def _hists(events):
+    return accept_histograms([e[2] for e in events if e[0] == "mark" and e[1] == "accept_histogram"])
 
 
 # 0.5.10: SchedulerOutputProcessorMixin._resolve_spec_overlap_token_ids sets num_accepted_tokens;
@@ -53,15 +59,22 @@ def test_overlap_marks_the_cycle_whose_result_it_is(rec, version, components):
     patch.install(version)
     s = _scheduler(components)
     s.event_loop_overlap(_batches((3,), (3,), (3,), None))
-    assert _shape(rec) == CYCLE + CYCLE + ["!accept"] + CYCLE + ["!accept", "!accept"]
+    assert _shape(rec) == CYCLE + CYCLE + MARKS + CYCLE + MARKS + MARKS
     assert [p["cycle_index"] for p in _payloads(rec, "cycle")] == [1, 2, 3]
     assert _payloads(rec, "accept") == [_want(1, 3, ACCEPT[0]), _want(2, 3, ACCEPT[1]), _want(3, 3, ACCEPT[2])]
     # the mark carries exactly what SGLang's own metrics got for that batch
     assert [(p["batch_size"], p["accept_length"]) for p in _payloads(rec, "accept")] == s.spec_metrics
-    # the exact call list around the first mark: cycle 2's range closed, then cycle 1's mark
-    i = rec.index(next(e for e in rec if e[0] == "mark"))
-    assert [e[0] for e in rec[i - 2 : i + 2]] == ["pop", "pop", "mark", "push"]
-    assert rec[i + 1][1] == "cycle" and decode_payload(rec[i + 1][2])["cycle_index"] == 3
+    # the histograms: the requests of each cycle by accepted drafts, from SGLang's per-request host list
+    assert _hists(rec) == {1: [1, 0, 1, 1], 2: [0, 3], 3: [1, 0, 0, 2]}
+    assert _hists(rec) == {i + 1: histogram_of(a) for i, a in enumerate(ACCEPT)}
+    # the exact call list around the first mark: cycle 2's range closed, then cycle 1's marks (scheduler ranges
+    # left out)
+    i = next(k for k, e in enumerate(rec) if e[0] == "mark")
+    assert [e[1] for e in rec[i: i + 2]] == ["accept", "accept_histogram"]
+    inner = [e for e in rec[:i] if e[0] == "push"]
+    assert inner[-1][1] == "draft_extend" and decode_payload(inner[-1][2])["cycle_index"] == 2
+    nxt = next(e for e in rec[i:] if e[0] == "push" and e[1] == "cycle")
+    assert decode_payload(nxt[2])["cycle_index"] == 3
 
 
 @pytest.mark.parametrize("version,components", SHAPES)
@@ -70,7 +83,7 @@ def test_overlap_with_a_prefill_and_an_idle_iteration(rec, version, components):
     patch.install(version)
     s = _scheduler(components, accept=[[1, 0], [2, 2]])
     s.event_loop_overlap(_batches((2, "extend"), (2,), None, (2,), (2,), None))
-    assert _shape(rec) == PREFILL + CYCLE + ["!accept"] + CYCLE + CYCLE + ["!accept", "!accept"]
+    assert _shape(rec) == PREFILL + CYCLE + MARKS + CYCLE + CYCLE + MARKS + MARKS
     assert _payloads(rec, "accept") == [_want(1, 2, [1, 0]), _want(2, 2, [2, 2]), _want(3, 2, [1, 0])]
     assert len(s.prefill_outputs) == 1 and len(s.decode_outputs) == 3
 
@@ -80,7 +93,7 @@ def test_normal_loop_marks_right_after_its_cycle(rec):
     patch.install("0.5.23")
     s = _scheduler(True, enable_overlap=False)
     s.event_loop_normal(_batches((3,), (3,), (3,)))
-    assert _shape(rec) == (CYCLE + ["!accept"]) * 3
+    assert _shape(rec) == (CYCLE + MARKS) * 3
     assert [p["cycle_index"] for p in _payloads(rec, "accept")] == [1, 2, 3]
     assert [p["accept_length"] for p in _payloads(rec, "accept")] == [5, 3, 6]
 
@@ -154,7 +167,8 @@ def test_a_result_without_the_cycle_tag_gives_no_mark(rec):
     r = GenerationBatchResult(next_token_ids=Tensor([1] * 8, "cpu"), accept_lens=Tensor([2, 1], "cpu"),
                               speculative_num_draft_tokens=4, copy_done=Event())
     s.process_batch_result(Batch(2), r)
-    assert rec == [] and s.spec_metrics == [(2, 1)]
+    assert _shape(rec, hosts=True) == ["scheduler.process_batch_result"]  # its host range only, no mark
+    assert s.spec_metrics == [(2, 1)]
 
 
 def _errors():
@@ -258,7 +272,30 @@ def test_nested_entry_keeps_one_index(rec):
     from sglang.srt.managers.scheduler import Scheduler
 
     Scheduler(Sub(accept=ACCEPT), components=True).event_loop_overlap(_batches((3,), (3,), None))
-    assert _shape(rec) == CYCLE + CYCLE + ["!accept", "!accept"]
+    assert _shape(rec) == CYCLE + CYCLE + MARKS + MARKS
     assert [p["cycle_index"] for p in _payloads(rec, "cycle")] == [1, 2]
     assert [p["cycle_index"] for p in _payloads(rec, "draft_extend")] == [1, 2]
     assert [p["cycle_index"] for p in _payloads(rec, "accept")] == [1, 2]
+
+
+def test_a_per_request_list_that_disagrees_gives_no_histogram(rec, monkeypatch):
+    """SGLang's per-request list must sum to its own count: else the accept mark alone, the mismatch said once."""
+    patch.install("0.5.23")
+    from sglang.srt.managers.scheduler_components import batch_result_processor as m
+
+    orig = m.SchedulerBatchResultProcessor._resolve_spec_v2_tokens.__spectrace_wrapped__
+
+    def skewed(self, result, batch):
+        out = orig(self, result, batch)
+        result.num_correct_drafts_per_req_cpu = [x + 1 for x in result.num_correct_drafts_per_req_cpu]
+        return out
+
+    wrapped = patch._make_wrapper(skewed, m.SchedulerBatchResultProcessor._resolve_spec_v2_tokens.__spectrace_target__)
+    monkeypatch.setattr(m.SchedulerBatchResultProcessor, "_resolve_spec_v2_tokens", wrapped)
+    seen, h = _errors()
+    try:
+        _scheduler(True).event_loop_overlap(_batches((3,), (3,), None))
+    finally:
+        patch.log.removeHandler(h)
+    assert _shape(rec) == CYCLE + CYCLE + ["!accept", "!accept"]
+    assert len([x for x in seen if "sum to" in x]) == 1

@@ -9,8 +9,16 @@ import types
 import pytest
 
 from nvtx_hooks import patch, ranges
-from nvtx_hooks.phases import decode_payload
+from nvtx_hooks.phases import accept_histograms, decode_payload
 from tests.helpers.fake_hooks import shape as _shape
+
+V1_CYCLE = ["cycle", "  draft", "  verify", "  !accept_histogram", "  draft_extend"]
+
+
+def _p(bs, cyc, acc=None, steps=3, next_round=False, in_prefill_batch=False):
+    """A decoded version-2 payload."""
+    return {"batch_size": bs, "cycle_index": cyc, "accept_length": acc, "steps": steps, "next_round": next_round,
+            "in_prefill_batch": in_prefill_batch}
 
 
 def test_v1_decode_cycle(rec):
@@ -21,16 +29,17 @@ def test_v1_decode_cycle(rec):
     LOG.clear()
     w = EAGLEWorker(accept=[2, 0, 3])
     w.forward_batch_generation(Batch(3))
+    w.speculative_num_steps = 4  # v1 adaptive (0.5.11+) changes it between cycles
     w.forward_batch_generation(Batch(3))
-    assert _shape(rec) == ["cycle", "  draft", "  verify", "  draft_extend"] * 2
+    assert _shape(rec) == V1_CYCLE * 2
     # exact call list, payloads included
-    pushes = [e for e in rec if e[0] == "push"]
-    assert [e[1] if e[0] == "push" else "pop" for e in rec[:8]] == [
-        "cycle", "draft", "pop", "verify", "pop", "draft_extend", "pop", "pop"]
-    assert decode_payload(pushes[0][2]) == {"batch_size": 3, "cycle_index": 1, "accept_length": None}
-    assert pushes[1][2] is None and pushes[2][2] is None
-    assert decode_payload(pushes[3][2]) == {"batch_size": 3, "cycle_index": 1, "accept_length": 5}
-    assert decode_payload(pushes[4][2])["cycle_index"] == 2
+    assert [e[1] if e[0] != "pop" else "pop" for e in rec[:9]] == [
+        "cycle", "draft", "pop", "verify", "pop", "accept_histogram", "draft_extend", "pop", "pop"]
+    pay = [decode_payload(e[2]) for e in rec if e[0] == "push"]
+    assert pay[:4] == [_p(3, 1), _p(3, 1), _p(3, 1), _p(3, 1, acc=5)]  # cycle, draft, verify, draft_extend
+    assert pay[4:] == [_p(3, 2, steps=4), _p(3, 2, steps=4), _p(3, 2, steps=4), _p(3, 2, acc=5, steps=4)]
+    # the histogram of [2, 0, 3] accepted drafts: one request each at 0, 2 and 3
+    assert accept_histograms([e[2] for e in rec if e[0] == "mark"]) == {1: [1, 0, 1, 1], 2: [1, 0, 1, 1]}
     assert LOG == [("draft_graph", "replay"), ("extend_graph", "replay")] * 2  # originals really ran
 
 
@@ -41,7 +50,7 @@ def test_v1_prefill(rec):
 
     EAGLEWorker().forward_batch_generation(Batch(4, "extend"))
     assert _shape(rec) == ["prefill", "  prefill_target_extend", "  prefill_draft_extend"]
-    assert decode_payload(rec[0][2]) == {"batch_size": 4, "cycle_index": 0, "accept_length": None}
+    assert decode_payload(rec[0][2]) == _p(4, 0, steps=None)
 
 
 def test_v2_decode_and_prefill(rec):
@@ -56,8 +65,9 @@ def test_v2_decode_and_prefill(rec):
         "prefill", "  prefill_target_extend", "  prefill_draft_extend",
         "cycle", "  draft", "  verify", "  draft_extend",
     ]
-    de = [e for e in rec if e[0] == "push" and e[1] == "draft_extend"][0]
-    assert decode_payload(de[2]) == {"batch_size": 2, "cycle_index": 1, "accept_length": None}  # v2: on GPU
+    pay = {e[1]: decode_payload(e[2]) for e in rec if e[0] == "push" and e[2] is not None}
+    assert pay == {"prefill": _p(2, 0, steps=None), "cycle": _p(2, 1), "draft": _p(2, 1), "verify": _p(2, 1),
+                   "draft_extend": _p(2, 1)}  # v2: the accept lengths stay on the GPU (the accept mark has them)
 
 
 def test_target_forward_outside_prefill_has_no_range(rec):
@@ -81,7 +91,7 @@ def test_exception_pops_and_propagates(rec, where):
     assert patch._tls.stack == []
     rec.clear()
     EAGLEWorker().forward_batch_generation(Batch(1))  # next cycle is clean
-    assert _shape(rec) == ["cycle", "  draft", "  verify", "  draft_extend"]
+    assert _shape(rec) == V1_CYCLE
 
 
 def test_already_imported_is_patched_and_install_is_idempotent(rec):
@@ -94,7 +104,7 @@ def test_already_imported_is_patched_and_install_is_idempotent(rec):
     patch.install()
     assert EAGLEWorker.__dict__["draft"].__spectrace_wrapped__ is orig
     EAGLEWorker().forward_batch_generation(Batch(1))
-    assert _shape(rec) == ["cycle", "  draft", "  verify", "  draft_extend"]
+    assert _shape(rec) == V1_CYCLE
     assert sum(1 for f in sys.meta_path if isinstance(f, patch._Finder)) == 1
 
 
@@ -158,9 +168,11 @@ def test_hook_errors_do_not_break_the_call(rec):
     finally:
         patch.log.removeHandler(h)
     assert out[3] == 1 and len(LOG) == 4  # the server's work ran normally
-    # the entry hook failed (no cycle range); the inner phases still nest correctly
-    assert _shape(rec) == ["draft", "verify", "draft_extend"] * 2
-    assert len([s for s in seen if "boom" in s]) == 1  # reported once
+    # the entry hook failed (no cycle range); the inner phases still nest correctly; the draft outside a cycle
+    # reads its own batch, which fails: its range opens without a payload
+    assert _shape(rec) == ["draft", "verify", "!accept_histogram", "draft_extend"] * 2
+    assert [e[2] for e in rec if e[0] == "push" and e[1] == "draft"] == [None, None]
+    assert len([s for s in seen if "boom" in s]) == 2  # reported once per site: the entry, the draft's payload
 
 
 def test_no_ranges_while_torch_compiles(rec, monkeypatch):
@@ -178,7 +190,7 @@ def test_no_ranges_while_torch_compiles(rec, monkeypatch):
     monkeypatch.setattr(patch, "_is_compiling", None)
     monkeypatch.delitem(sys.modules, "torch")
     EAGLEWorker().forward_batch_generation(Batch(1))
-    assert _shape(rec) == ["cycle", "  draft", "  verify", "  draft_extend"]
+    assert _shape(rec) == V1_CYCLE
 
 
 def test_no_bookkeeping_when_ranges_are_off(rec, monkeypatch):
@@ -189,3 +201,38 @@ def test_no_bookkeeping_when_ranges_are_off(rec, monkeypatch):
 
     EAGLEWorker().forward_batch_generation(Batch(1))
     assert rec == [] and patch._cycle[0] == 0
+
+
+def test_steps_route_failure_leaves_them_unknown(rec):
+    """A changed adaptive controller: the cycle still opens, its steps unknown, the error said once; without a
+    controller the worker's own count."""
+    seen, h = [], logging.Handler()
+    h.emit = lambda r: seen.append(r.getMessage())
+    patch.log.addHandler(h)
+
+    class Broken:
+        def get_steps_for_batch(self, bs):
+            raise KeyError("no route")
+
+    w = types.SimpleNamespace(adaptive_controller=types.SimpleNamespace(params=Broken()), speculative_num_steps=3)
+    b = types.SimpleNamespace(seq_lens=types.SimpleNamespace(shape=(4,)), reqs=[0] * 4)
+    try:
+        assert patch._route_steps(w, b) is None
+        assert patch._route_steps(w, b) is None
+    finally:
+        patch.log.removeHandler(h)
+    assert len([s for s in seen if "adaptive step route" in s]) == 1
+    w.adaptive_controller = None
+    assert patch._route_steps(w, b) == 3
+    w.speculative_num_steps = True  # not an int count: unknown, not 1
+    assert patch._route_steps(w, b) is None
+
+
+def test_layout_defaults_to_the_released_one(monkeypatch):
+    monkeypatch.delitem(sys.modules, "sglang.srt.speculative.eagle_worker_common", raising=False)
+    assert patch.layout() == "worker-step"
+    common = types.ModuleType("sglang.srt.speculative.eagle_worker_common")
+    monkeypatch.setitem(sys.modules, common.__name__, common)
+    assert patch.layout() == "worker-step"
+    common.eagle_forward_generation = lambda *a: None
+    assert patch.layout() == "shared-step"

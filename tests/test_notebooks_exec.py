@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # a Jupyter kernel runs the whole notebook: make test-all (CI)
+
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 NB = Path(__file__).resolve().parents[1] / "notebooks"

@@ -9,7 +9,7 @@ import pytest
 from matplotlib.figure import Figure
 
 from analyze import analyze
-from analyze.compute.whatif import fit
+from analyze.compute.whatif_fit import fit
 from analyze.output import plots
 from nvtx_hooks.phases import COMM_COLOR, IDLE_COLOR, color_of
 from tests.helpers import eagle_synth as es

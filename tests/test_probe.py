@@ -12,7 +12,7 @@ from analyze import analyze, probe_effect
 from analyze.cli import main
 from analyze.compute import probe
 from analyze.compute.tokens import summary
-from analyze.compute.whatif import fit
+from analyze.compute.whatif_fit import fit
 from bench.probe_check import median_cycle_period
 from nvtx_hooks.capture import samples
 from tests.helpers import eagle_synth as es
@@ -39,7 +39,7 @@ def test_combined_result(pair):
 def test_combined_instances_carry_the_node_split(pair):
     """The steady-state tables (built from the range instances) show the node pass's split too, not the graph
     pass's (which sees one graph row and no communication inside it)."""
-    from analyze.compute import headline
+    from analyze.compute import steady_tables
 
     node, graph = pair
     res = analyze(node, timing=graph)
@@ -50,7 +50,7 @@ def test_combined_instances_carry_the_node_split(pair):
     cyc = res.instances.filter(pl.col("range") == "cycle")
     assert (cyc["i_span_ns"] == cyc["i_compute_ns"] + cyc["i_comm_ns"] + cyc["i_idle_ns"]).all()
     assert cyc["i_comm_ns"].sum() > 0 and analyze(graph).instances.filter(pl.col("range") == "cycle")["i_comm_ns"].sum() == 0
-    v = headline.steady_phases(res).filter(pl.col("phase") == "verify").row(0, named=True)
+    v = steady_tables.steady_phases(res).filter(pl.col("phase") == "verify").row(0, named=True)
     assert (v["compute_mean_ns"], v["comm_mean_ns"], v["idle_mean_ns"]) == (900, 100, 0)
 
 

@@ -30,7 +30,7 @@ def rows(seen: list[pipeline.ProcessResult], field: str) -> int:
 
 
 def test_the_result_is_made_of_the_process_results(tmp_path, seen):
-    res = pipeline.analyze(tp2("tp2_s3_graph", tmp_path), store=False)
+    res = pipeline.result_of(tp2("tp2_s3_graph", tmp_path), store=False)
     assert all(isinstance(o, pipeline.ProcessResult) for o in seen)
     gpu = [o for o in seen if o.comm_kernels is not None]
     assert len(seen) == 3 and len(gpu) == res.ranks.height == 2  # two ranks with GPU work, a third with API calls
@@ -46,7 +46,7 @@ def test_the_result_is_made_of_the_process_results(tmp_path, seen):
 
 
 def test_kept_operations_come_from_the_process_results(tmp_path, seen):
-    res = pipeline.analyze(tp2("tp2_s3_graph", tmp_path), store=False, keep_ops=True)
+    res = pipeline.result_of(tp2("tp2_s3_graph", tmp_path), store=False, keep_ops=True)
     assert res.ops is not None and rows(seen, "ops") == res.ops.height > 0
 
 

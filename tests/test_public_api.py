@@ -74,7 +74,7 @@ def test_finding_json_keys_are_the_dataclass_fields(res):
 
 
 def test_a_result_made_elsewhere_has_its_steady_state_by_hand(node):
-    raw = pipeline.analyze(str(node))
+    raw = pipeline.result_of(str(node))
     with pytest.raises(AttributeError, match="SteadyState"):
         raw.steady  # noqa: B018
     assert SteadyState(raw).phases.equals(analyze(node).steady.phases)

@@ -306,6 +306,7 @@ def test_flush_cupti_calls_every_loaded_libcupti(tmp_path):
     assert none == "0"
 
 
+@pytest.mark.slow  # three processes per run (a launcher and two torch ranks over gloo); make test-all (CI) runs it
 @pytest.mark.parametrize("mode", ["flush", "os"])
 def test_two_ranks_end_either_way(mode):
     """Both endings of a rank of several (NCCL teardown then a normal exit, or os._exit) finish cleanly (gloo)."""

@@ -309,19 +309,20 @@ def test_text_wraps_prose_at_120(window):
 def test_ranges_that_skip_the_cycle_keep_the_cycles(window, data):
     """--ranges 'verify|draft' (no cycle range in it) still knows the cycles from the trace's cycle
     ranges: the same steady cycles, period and per-phase steady numbers as the default selection, and findings."""
-    from analyze.compute import headline
+    from analyze.compute import steady_tables
+    from analyze.compute.cycles import selection
     from analyze.compute.findings import find
-    from analyze.compute.tokens import selection, summary
+    from analyze.compute.tokens import summary
 
     some = analyze(tp2("tp2_rank0_window", data), ranges="verify|draft")
     assert "and the cycle ranges ('eagle3.cycle'" in some.selection
     assert selection(some)["how"] == selection(window)["how"] != "none"
     assert summary(some).period_ns == summary(window).period_ns
     cols = ["phase", "instances", "span_mean_ns", "comm_mean_ns", "idle_mean_ns"]
-    mine = headline.steady_phases_all_ranks(some).select(cols).sort("phase")
+    mine = steady_tables.steady_phases_all_ranks(some).select(cols).sort("phase")
     # the cycle itself now holds the work of the phase not selected (host_overhead's .item() copy, 2.4 µs)
     assert mine["phase"].to_list() == ["eagle3.cycle", "eagle3.draft", "eagle3.draft_extend", "eagle3.verify"]
     mine = mine.filter(pl.col("phase") != "eagle3.cycle")
-    assert mine.equals(headline.steady_phases_all_ranks(window).select(cols).filter(pl.col("phase").is_in(mine["phase"].implode()))
+    assert mine.equals(steady_tables.steady_phases_all_ranks(window).select(cols).filter(pl.col("phase").is_in(mine["phase"].implode()))
                        .sort("phase"))
     assert {"GAP_HOST_BOUND", "STRAGGLER_RANK"} <= {f.code for f in find(some)}

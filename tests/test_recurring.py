@@ -23,10 +23,11 @@ import pytest
 
 from analyze import analyze, comm
 from analyze.cli import main
-from analyze.compute import anatomy, findings, headline
+from analyze.compute import anatomy, cycle_budget, findings, steady_tables
 from analyze.compute.compare import compare_results
+from analyze.compute.cycles import selection
 from analyze.compute.findings import Finding
-from analyze.compute.tokens import selection, summary
+from analyze.compute.tokens import summary
 from bench.inject import inject
 from nvtx_hooks.capture import samples
 from tests.helpers.paths import tp2
@@ -95,14 +96,14 @@ def serve():
 def test_mean_budget_on_packed_keys_as_on_two_columns(stall, serve, monkeypatch):
     """mean_budget keeps and counts the cycles on (rank, key) packed into one integer: the same tables, to the bit, as
     the two-column join it falls back to (per rank and over all ranks, every steady cycle and a subset)."""
-    from analyze.compute import breakdown
+    from analyze.read import packed_keys
 
     for res in (stall, serve["graph"], serve["node"]):
-        keys = headline.steady_keys(res)
+        keys = cycle_budget.steady_keys(res)
         some = keys.filter(pl.col("key") % 3 == 0)
-        got = [headline.mean_budget(res, k, by_rank=b) for k in (keys, some) for b in (True, False)]
-        monkeypatch.setattr(breakdown, "one_key", lambda *frames, on: (frames, list(on)))
-        want = [headline.mean_budget(res, k, by_rank=b) for k in (keys, some) for b in (True, False)]
+        got = [cycle_budget.mean_budget(res, k, by_rank=b) for k in (keys, some) for b in (True, False)]
+        monkeypatch.setattr(packed_keys, "KEYS", 0)  # nothing packs: the plain two-column operations
+        want = [cycle_budget.mean_budget(res, k, by_rank=b) for k in (keys, some) for b in (True, False)]
         monkeypatch.undo()
         assert all(g.height and g.equals(w) for g, w in zip(got, want, strict=True))
 
@@ -124,10 +125,10 @@ def test_serving_segments_match_the_workloads_own_medians(serve, mode):
 @pytest.mark.parametrize("mode", ["graph", "node"])
 def test_prefill_is_its_own_budget_piece(serve, mode):
     res, truth = serve[mode], record(f"tp1_serve_{mode}")
-    b = headline.budget(res)
+    b = cycle_budget.budget(res)
     pre = b.filter(pl.col("kind") == "prefill")
     assert pre.height == 1
-    pieces = headline.cycle_pieces(res).filter(pl.col("kind") == "prefill")
+    pieces = cycle_budget.cycle_pieces(res).filter(pl.col("kind") == "prefill")
     # one prefill piece before the first cycle of each segment whose batch grew, of the GPU span of its range
     grew = [t["first_cycle"] for t in truth["segments"] if t["prefill"]]
     assert sorted(pieces["key"].to_list()) == grew
@@ -138,7 +139,7 @@ def test_prefill_is_its_own_budget_piece(serve, mode):
     for t, ns in zip([t for t in truth["segments"] if t["prefill"]], spans):
         assert ns <= t["prefill_ms"] * 1e6 * 1.02
     # never "between cycles": the gap before those cycles is their typical size, not milliseconds
-    gaps = headline.cycle_pieces(res).filter((pl.col("kind") == "gap") & pl.col("key").is_in(grew))
+    gaps = cycle_budget.cycle_pieces(res).filter((pl.col("kind") == "gap") & pl.col("key").is_in(grew))
     assert gaps["ns"].max() < 2_000 * US
     # and never a stall
     assert not set(grew) & {s["key"] for s in selection(res)["stalls"]}
@@ -192,7 +193,7 @@ def test_straggler_every_4th_cycle_whole_run(tp2_dir, src):
 def test_analyzes_straggler_is_comms(straggler_node):
     path, _ = straggler_node
     res = analyze(path)
-    v = headline.straggler_verdict(res).select("phase", "rank").rows()
+    v = steady_tables.straggler_verdict(res).select("phase", "rank").rows()
     c = comm(path)
     assert c.straggler.select("phase", "rank").rows() == v == [("draft", 1)]
     assert c.cycles == selection(res)["text"]
@@ -242,7 +243,7 @@ def test_compare_fails_the_gate_on_the_straggler_run(straggler_node, tmp_path, c
     assert doc["stragglers"]["b"] and doc["stragglers"]["b"][0]["rank"] == 1
     # each row's per-cycle value is analyze's budget piece for the same cycles (mean over ranks)
     for res, side in ((a, "a"), (b, "b")):
-        bud = headline.mean_budget(res, headline.steady_keys(res), by_rank=False)
+        bud = cycle_budget.mean_budget(res, cycle_budget.steady_keys(res), by_rank=False)
         want = {r["segment"]: r["ns"] for r in bud.iter_rows(named=True)}
         rows = {r["phase"]: r[f"{side}_ns_per_cycle"] for r in doc["rows"]}
         assert rows["between cycles"] == pytest.approx(want["between cycles"])
@@ -310,17 +311,15 @@ def test_a_chosen_window_describes_only_its_cycles(straggler_node):
     assert comm(path, window="10:20").straggler.select("phase", "rank").rows() == [("draft", 1)]
 
 
-def test_cycle_classes_whatever_the_order_of_the_pieces(stall, serve):
+def test_cycle_classes_whatever_the_order_of_the_pieces(stall, serve, monkeypatch):
     """A class's pieces are summed unsorted (their ns and order are whole numbers: exact in any order): the classes
     of a result whose cycle pieces come in another order are the same, to the bit."""
     for res in (stall, serve["graph"], serve["node"]):
-        choice = repr(sorted(res.cycle_choice.items()))
-        want = [c.as_dict() for c in anatomy._classes(res)]
-        pieces = headline.cycle_pieces(res)
+        want = [c.as_dict() for c in anatomy.cycle_classes.make(res)]
+        pieces = cycle_budget.cycle_pieces(res)
         assert want and pieces.select(((pl.col("ns").round(0) == pl.col("ns"))
                                        & (pl.col("order").round(0) == pl.col("order"))).all()).item()
-        res.memo[("pieces", choice)] = pieces.sample(fraction=1.0, shuffle=True, seed=5)
-        try:
-            assert [c.as_dict() for c in anatomy._classes(res)] == want
-        finally:
-            res.memo[("pieces", choice)] = pieces
+        shuffled = pieces.sample(fraction=1.0, shuffle=True, seed=5)
+        with monkeypatch.context() as m:
+            m.setattr(cycle_budget, "cycle_pieces", lambda r, shuffled=shuffled: shuffled)
+            assert [c.as_dict() for c in anatomy.cycle_classes.make(res)] == want

@@ -22,6 +22,7 @@ from analyze import api
 from analyze.compute import pipeline
 from analyze.compute.comm_patterns import PATTERNS
 from analyze.compute.whatif import to_dict
+from analyze.model import CycleChoice
 from analyze.output import data, text
 from analyze.read import results
 from analyze.read.store import cache_dir_for
@@ -172,7 +173,7 @@ def test_a_cached_result_pickles_as_a_plain_result_and_copies_keep_nothing(repor
     assert results._kept(res) is not None
     back = pickle.loads(pickle.dumps(res))
     assert type(back) is type(res).__mro__[1] and back.instances.equals(res.instances)
-    copy = dataclasses.replace(res, cycle_choice={"skip_cycles": 1})
+    copy = dataclasses.replace(res, cycle_choice=CycleChoice(skip_cycles=1))
     assert results._kept(copy) is None and not results.keep_derived(copy)
 
 
@@ -214,7 +215,7 @@ def test_values_read_from_the_cache_can_be_kept_again(report):
     api.analyze(report, cache=True)
     assert data.doc_json(api.comm(report, cache=True).to_dict()) == want  # result read, matching computed, kept
     res = api.analyze(report, cache=True)
-    assert ("comm", "[]") in results._kept(res).derived
+    assert ("comm_document", "[]") in results._kept(res).derived
     frames: list = []
     assert results._encode(res.diagnostics, frames)[0]["$class"] == "Diagnostic"
 
@@ -230,16 +231,19 @@ def test_values_read_from_the_cache_can_be_kept_again(report):
 
 
 def test_a_result_that_is_gone_leaves_nothing_behind(report):
-    """What the cache remembers of a result (its folder, the derived tables read) goes with the result."""
+    """What the cache remembers of a result (its folder, the derived tables read) lives on the result and goes
+    with it: nothing else holds the result or its entry."""
     import gc
+    import weakref
 
     api.analyze(report, cache=True)
     res = api.analyze(report, cache=True)
-    i = id(res)
-    assert results._KEPT.get(i) is not None and results._KEPT[i].derived is not None
-    del res
+    entry = results._kept(res)
+    assert entry is not None and entry.derived is not None
+    gone, gone_entry = weakref.ref(res), weakref.ref(entry)
+    del res, entry
     gc.collect()
-    assert i not in results._KEPT
+    assert gone() is None and gone_entry() is None
 
 
 def test_a_store_keeps_the_most_recently_used_results_and_removes_dead_builds(tmp_path):
@@ -292,7 +296,7 @@ def test_the_whatif_model_and_findings_are_kept_and_read_back_per_option(report,
     """whatif's fitted model (with its per-batch-size models and replays) and the default findings are kept with the
     result: a second command reads them (fit and rules made to fail) and its outputs equal a fresh run's; other
     options (steps, acceptance, as traced, the cycle choice) are a model of their own, fitted afresh."""
-    from analyze.compute import findings, whatif
+    from analyze.compute import findings, whatif, whatif_fit
 
     want = {(s, a): data.doc_json(to_dict(api.whatif(report, s, acceptance=a, cache=False), 10))
             for s, a in ((3, None), (2, None), (3, 0.5))}
@@ -303,7 +307,7 @@ def test_the_whatif_model_and_findings_are_kept_and_read_back_per_option(report,
     assert data.doc_json(to_dict(api.whatif(report, 3, cache=True), 10)) == want[(3, None)]
     no_analysis()
     fits = []
-    real_fit = whatif.fit
+    real_fit = whatif_fit.fit
     monkeypatch.setattr(whatif, "fit", lambda *a, **k: (fits.append(a[1:]), real_fit(*a, **k))[1])
     monkeypatch.setattr(findings, "_find", lambda *a: (_ for _ in ()).throw(AssertionError("rules run again")))
     second = api.analyze(report, cache=True)
@@ -334,6 +338,7 @@ def test_numpy_arrays_round_trip_exactly(tmp_path):
         results._encode(np.array(["a"], dtype=object), [])
 
 
+@pytest.mark.slow  # the heaviest test (about 20 CPU-s: eleven reports drawn); make test-all (CI) runs it
 def test_a_second_report_reads_its_figures_and_a_changed_option_or_output_code_draws_them(report, tmp_path,
                                                                                            monkeypatch, no_analysis):
     """The report's figures are kept with the result: the same page again reads them (drawing made to fail) and is

@@ -14,7 +14,7 @@ from test_collectives_real import split_probe
 
 from analyze import analyze
 from analyze.cli import main
-from analyze.compute.pipeline import analyze as analyze_store
+from analyze.compute.pipeline import result_of as analyze_store
 from analyze.read.store import open_store
 from tests.helpers.paths import PROBE, need
 
@@ -57,12 +57,12 @@ def test_stream_equals_memory_on_probe(tmp_path):
 
 def test_store_read_in_row_ranges_equals_one_pass(tmp_path, monkeypatch):
     """Large tables are read in rowid ranges by several threads: same rows, same order per process."""
-    from analyze.read import store as cache
+    from analyze.read.store import copy_build
 
     p = need(PROBE)
     whole = open_store(p, cache_dir=tmp_path / "whole")
-    monkeypatch.setattr(cache, "PIECE_ROWS", 997)  # ~16 pieces of the kernel table, ~30 of the API calls
-    monkeypatch.setattr(cache, "FLUSH_ROWS", 500)  # several parts per piece
+    monkeypatch.setattr(copy_build, "PIECE_ROWS", 997)  # ~16 pieces of the kernel table, ~30 of the API calls
+    monkeypatch.setattr(copy_build, "FLUSH_ROWS", 500)  # several parts per piece
     cut = open_store(p, cache_dir=tmp_path / "cut")
     assert len(list((tmp_path / "cut" / "ops").rglob("*.parquet"))) > 3 * len(list((tmp_path / "whole" / "ops").rglob("*.parquet")))
     assert cut.meta["ops_rows"] == whole.meta["ops_rows"] and cut.meta["api_rows"] == whole.meta["api_rows"]
@@ -205,7 +205,7 @@ def test_whatif_and_plot_inputs_same_from_memory_and_store(tmp_path, name):
 
     Once the streamed Result kept only communication kernels, and on tp1_steps3 its fit lost the
     verify→draft_extend launch seam."""
-    from analyze.compute.whatif import fit
+    from analyze.compute.whatif_fit import fit
     from analyze.output import plots
     from nvtx_hooks.capture import samples
 

@@ -15,9 +15,10 @@ import pytest
 
 from analyze import analyze
 from analyze.cli import main
-from analyze.compute import headline, steady
-from analyze.compute.tokens import cycles, selection, summary
-from analyze.model import InputError
+from analyze.compute import cycle_budget, steady_cycles, steady_tables
+from analyze.compute.cycles import cycles, selection
+from analyze.compute.tokens import summary
+from analyze.model import InputError, Window
 from tests.helpers import eagle_synth as es
 
 PERIODS = [30_000, 20_000] + [10_000] * 5 + [25_000] + [10_000] * 3  # 11 periods, 12 cycles
@@ -64,7 +65,7 @@ def test_user_choice(path, choice, period, n):
     r = analyze(path, **choice)
     assert summary(r).period_ns == pytest.approx(period)
     assert selection(r)["steady"] == n
-    assert headline.steady_phases_all_ranks(r).filter(pl.col("phase") == "verify")["instances"].item() == 2 * n
+    assert steady_tables.steady_phases_all_ranks(r).filter(pl.col("phase") == "verify")["instances"].item() == 2 * n
 
 
 def test_time_window_and_bad_choices(path):
@@ -75,14 +76,14 @@ def test_time_window_and_bad_choices(path):
         analyze(path, window="1s:2s")
     for bad in ("5", "a:b", "5:2", "1.5:3", "1s:5"):
         with pytest.raises(InputError):
-            steady.parse_window(bad)
+            steady_cycles.parse_window(bad)
     with pytest.raises(InputError):
-        steady.check_choice(1, "2:3")
-    assert steady.parse_window(":40") == {"unit": "cycle", "start": None, "end": 40, "text": ":40"}
+        steady_cycles.check_choice(1, "2:3")
+    assert steady_cycles.parse_window(":40") == Window("cycle", None, 40, ":40")
 
 
 def test_steady_tables_leave_out_warmup_and_stall(res):
-    ph = headline.steady_phases(res)
+    ph = steady_tables.steady_phases(res)
     v = ph.filter((pl.col("rank") == 0) & (pl.col("phase") == "verify")).row(0, named=True)
     assert (v["instances"], v["span_ns"], v["span_p50_ns"], v["span_p90_ns"]) == (8, 24_000, 3_000, 3_000)
     d = ph.filter((pl.col("rank") == 0) & (pl.col("phase") == "draft")).row(0, named=True)
@@ -90,12 +91,12 @@ def test_steady_tables_leave_out_warmup_and_stall(res):
     assert res.phases.filter((pl.col("rank") == 0) & (pl.col("phase") == "verify"))["instances"].item() == 12
     # a seam counts with the steady instance it leads into: the cycle → cycle seam before each steady cycle
     # (3..7, 9..11): 8 per rank, gap 10 000 − 6 100 each
-    s = headline.steady_seams_all_ranks(res).filter(pl.col("from") == "cycle").row(0, named=True)
+    s = steady_tables.steady_seams_all_ranks(res).filter(pl.col("from") == "cycle").row(0, named=True)
     assert (s["instances"], s["idle_p50_ns"]) == (16, 3_900)
 
 
 def test_budget_adds_up_to_the_period(res):
-    b = headline.budget(res)
+    b = cycle_budget.budget(res)
     r0 = {row["segment"]: row["ns"] for row in b.filter(pl.col("rank") == 0).iter_rows(named=True)}
     # steady cycles (all have a period): 3..7 and 9..11; draft_extend E = 100 + 25 tokens
     ext = sum(100 + 25 * TOKENS[i] for i in STEADY) / len(STEADY)
@@ -109,7 +110,7 @@ def test_budget_adds_up_to_the_period(res):
     assert b.filter((pl.col("rank") == 1) & (pl.col("segment") == "draft"))["ns"].item() == 700
     assert b.filter(pl.col("kind") == "gap")["gpu_idle_ns"].to_list() == [3_900, 3_900]
     # every cycle's pieces add up to its own period
-    p = headline.cycle_pieces(res).group_by("rank", "key").agg(pl.col("ns").sum())
+    p = cycle_budget.cycle_pieces(res).group_by("rank", "key").agg(pl.col("ns").sum())
     per = cycles(res).select("rank", "key", "period_ns").drop_nulls()
     assert p.join(per, on=["rank", "key"]).filter(pl.col("ns") != pl.col("period_ns")).height == 0
     assert p.height == per.height == 22
@@ -121,7 +122,7 @@ def test_prefill_pieces_land_on_the_cycle_that_follows(tmp_path):
     r = analyze(es.eagle(tmp_path / "p.sqlite", cycles=8, prefills=(2_000, 49_600)))
     c = cycles(r).sort("rank", "n")
     assert c.filter(pl.col("rank") == 0)["prefill_ns"].to_list() == [500, 0, 0, 0, 500, 0, 0, 0]
-    p = headline.cycle_pieces(r)
+    p = cycle_budget.cycle_pieces(r)
     pre = p.filter(pl.col("kind") == "prefill")
     # the first cycle has no period, so its prefill is no piece of any cycle's: never moved onto cycle 1
     assert pre.select("rank", "key", "ns").sort("rank").rows() == [(0, 4, 500.0), (1, 4, 500.0)]
@@ -133,7 +134,7 @@ def test_prefill_pieces_land_on_the_cycle_that_follows(tmp_path):
 
 
 def test_top_kernels(res):
-    k = headline.kernels(res)
+    k = steady_tables.kernels(res)
     nccl = k.filter((pl.col("phase") == "draft") & pl.col("name").str.starts_with("nccl")).row(0, named=True)
     # 8 steady cycles per rank, one all-reduce each: 500 and 100 ns → per rank per cycle (500 + 100) / 2
     assert (nccl["count"], nccl["kernel_ns"], nccl["per_cycle_ns"]) == (16, 8 * 600, 300)
@@ -163,7 +164,7 @@ def test_cli_text_json_and_tables(path, capsys):
 
 
 def _marks_by_joins(res) -> pl.DataFrame:
-    """headline._marks as it was (each top realigned by a join on the ids, the top's start joined on its rank): the
+    """steady_tables.steady_marks as it was (each top realigned by a join on the ids, the top's start joined on its rank): the
     reference of test_steady_marks_row_for_row."""
     inst = res.instances
     ids = ["report", "range_id"] if "report" in inst.columns else ["range_id"]
@@ -202,5 +203,5 @@ def test_steady_marks_row_for_row(res, tmp_path):
     con.close()
     pre = es.eagle(tmp_path / "p.sqlite", cycles=8, prefills=(2_000, 49_600))
     for r in (res, analyze(paths, jobs=1), analyze(pre)):
-        got = headline._marks(r)
+        got = steady_tables.steady_marks.make(r)
         assert got.height == r.instances.height and got.equals(_marks_by_joins(r))

@@ -18,7 +18,7 @@ from test_rank_windows import base, trace
 from test_scale import _same
 
 from analyze import analyze
-from analyze.compute.pipeline import analyze as analyze_store
+from analyze.compute.pipeline import result_of as analyze_store
 from analyze.model import KEPT_API, SYNC_API
 from analyze.read.store import open_store
 from tests.helpers.paths import PROBE, need, tp2
@@ -91,11 +91,11 @@ def test_store_equals_memory_on_ragged_and_lost_tails(tmp_path, name):
 
 def test_store_api_on_probe_in_row_ranges(tmp_path, monkeypatch):
     """The extra pass in row ranges, as a large export is read: the same store as in one pass."""
-    from analyze.read import store as cache
+    from analyze.read.store import copy_build
 
     p = need(PROBE)
     whole = open_store(p, cache_dir=tmp_path / "whole")
-    monkeypatch.setattr(cache, "PIECE_ROWS", 997)
+    monkeypatch.setattr(copy_build, "PIECE_ROWS", 997)
     cut = open_store(p, cache_dir=tmp_path / "cut")
     assert cut.meta["api_rows"] == whole.meta["api_rows"] and cut.api_first == whole.api_first
     assert len(whole.api_first) == 2
@@ -117,9 +117,9 @@ def test_store_from_export_dir_equals_memory(tmp_path, fmt):
 def test_store_op_keys_are_the_ops_distinct_names_and_labels(tmp_path, monkeypatch, name):
     """The distinct (name id, label) of the GPU operations, kept by the build (in row ranges, as a large export is
     read), are those of the ops in the store: kernels by name id, copies and memsets by label."""
-    from analyze.read import store as cache
+    from analyze.read.store import copy_build
 
-    monkeypatch.setattr(cache, "PIECE_ROWS", 997)
+    monkeypatch.setattr(copy_build, "PIECE_ROWS", 997)
     s = open_store(need(PROBE) if name == "probe" else tp2(name, tmp_path), cache_dir=tmp_path / "c")
     want = s.scan("ops").select("name_id", "label").unique().sort("name_id", "label", nulls_last=True).collect()
     got = s.op_keys().sort("name_id", "label", nulls_last=True)
@@ -130,7 +130,7 @@ def test_store_op_keys_are_the_ops_distinct_names_and_labels(tmp_path, monkeypat
 def test_odd_launcher_found_from_the_build_keys(tmp_path, monkeypatch):
     """Every (pid, correlation id) packs: the ops without a kept call come from the keys the build took of each
     batch (no second read of the ops), and the odd launcher is found as before."""
-    from analyze.read import store as cache
+    from analyze.read.store import copy_build
 
     p = odd_calls(tmp_path / "odd.sqlite")
     con = sqlite3.connect(p)
@@ -141,8 +141,8 @@ def test_odd_launcher_found_from_the_build_keys(tmp_path, monkeypatch):
     def no_scan(*a):
         raise AssertionError("the ops were read again")
 
-    monkeypatch.setattr(cache, "_unmatched", no_scan)
-    monkeypatch.setattr(cache, "PIECE_ROWS", 7)  # many batches, each with its own keys
+    monkeypatch.setattr(copy_build, "unmatched_ops", no_scan)
+    monkeypatch.setattr(copy_build, "PIECE_ROWS", 7)  # many batches, each with its own keys
     s = open_store(p, cache_dir=tmp_path / "c")
     api = s.scan("api").collect()
     names = dict(pl.read_parquet(s.root / "names.parquet").iter_rows())
@@ -154,34 +154,34 @@ def test_odd_launcher_found_from_the_build_keys(tmp_path, monkeypatch):
 @given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2**32 - 1)), max_size=30),
        st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2**32 - 1)), max_size=30), st.integers(1, 5))
 def test_unmatched_from_keys_is_the_anti_join(ops, api, cut):
-    from analyze.read.store import _call_keys, _unmatched, _unmatched_keys
+    from analyze.read.store.call_keys import call_keys, unmatched_op_keys, unmatched_ops
 
     schema = {"pid": pl.Int64, "corr": pl.Int64}
     o = pl.DataFrame(ops + api[:cut], schema=schema, orient="row")  # some ops with their call
     a = pl.DataFrame(api, schema=schema, orient="row")
     want = o.join(a, on=["pid", "corr"], how="anti").unique().sort("pid", "corr")
     pieces = [o.slice(i, 4) for i in range(0, o.height, 4)]
-    got = _unmatched_keys([_call_keys(x) for x in pieces], [_call_keys(a)] if a.height else [])
+    got = unmatched_op_keys([call_keys(x) for x in pieces], [call_keys(a)] if a.height else [])
     assert got.sort("pid", "corr").equals(want)
-    assert _unmatched(o, a).sort("pid", "corr").equals(want)
+    assert unmatched_ops(o, a).sort("pid", "corr").equals(want)
     # a null correlation id does not pack: the anti-join, nulls matching nulls
     on = o.vstack(pl.DataFrame({"pid": [1], "corr": [None]}, schema=schema))
-    assert _call_keys(on) is None
-    assert _unmatched(on, a).filter(pl.col("corr").is_null()).height == 1
+    assert call_keys(on) is None
+    assert unmatched_ops(on, a).filter(pl.col("corr").is_null()).height == 1
 
 
 @pytest.mark.parametrize("source", ["odd", "tp2_rank0_window", "tp2_workload_captureall"])
 def test_early_calls_read_with_the_api_pieces_or_apart(tmp_path, monkeypatch, source):
     """The early calls (where a capture window may open) come with the API pieces when the bound they were read to
     covers the final one, from a pass of their own otherwise: the same store and analysis either way."""
-    from analyze.read import store as cache
+    from analyze.read.store import copy_build
 
     p = odd_calls(tmp_path / "odd.sqlite") if source == "odd" else tp2(source, tmp_path)
-    real = cache._early_bound
+    real = copy_build._early_bound
     built = {}
     for name, bound in (("apart", lambda firsts: None), ("low", lambda firsts: 0),
                         ("high", lambda firsts: 2**62), ("as read", real)):
-        monkeypatch.setattr(cache, "_early_bound", bound)
+        monkeypatch.setattr(copy_build, "_early_bound", bound)
         s = open_store(p, cache_dir=tmp_path / name.replace(" ", "_"))
         built[name] = (s, analyze_store(s), s.scan("api").collect().sort("pid", "start", "corr"))
     s0, res0, api0 = built["apart"]
@@ -199,15 +199,15 @@ def test_early_calls_read_with_the_api_pieces_or_apart(tmp_path, monkeypatch, so
 def test_too_many_early_calls_get_their_own_pass(tmp_path, monkeypatch):
     """The API pieces keep at most EARLY_ROWS early calls (a bound read too late would hold most of the API table):
     past that, the early calls are read in their own pass, and the store is the same."""
-    from analyze.read import store as cache
+    from analyze.read.store import copy_build
 
     p = odd_calls(tmp_path / "odd.sqlite")
-    monkeypatch.setattr(cache, "_early_bound", lambda firsts: 2**62)  # every call is early
+    monkeypatch.setattr(copy_build, "_early_bound", lambda firsts: 2**62)  # every call is early
     whole = open_store(p, cache_dir=tmp_path / "whole")
-    monkeypatch.setattr(cache, "EARLY_ROWS", 3)
+    monkeypatch.setattr(copy_build, "EARLY_ROWS", 3)
     passes = []
-    rest = cache._rest_of_api
-    monkeypatch.setattr(cache, "_rest_of_api", lambda *a: (passes.append(a[-1]), rest(*a))[1])
+    rest = copy_build._rest_of_api
+    monkeypatch.setattr(copy_build, "_rest_of_api", lambda *a: (passes.append(a[-1]), rest(*a))[1])
     capped = open_store(p, cache_dir=tmp_path / "capped")
     assert passes == [None]  # the early calls were not taken from the API pieces
     assert capped.scan("api").collect().sort("pid", "start", "corr").equals(
@@ -223,14 +223,14 @@ def test_key_hashes_a_few_blocks_of_each_file_and_sees_a_changed_page(tmp_path, 
     with the header, the last page or a sampled block, not with the size and mtime alone."""
     import os
 
-    from analyze.read import store as cache
+    from analyze.read.store import fingerprint as cache
 
     f = tmp_path / "r.sqlite"
     f.write_bytes(need(PROBE).read_bytes())
     reads = []
     pread = os.pread
     monkeypatch.setattr(cache.os, "pread", lambda fd, n, at: (reads.append(n), pread(fd, n, at))[1])
-    key = cache._content(f)
+    key = cache._content_hash(f)
     assert len(reads) == cache.BLOCKS + 2 and sum(reads) <= 2 * cache.EDGE + cache.BLOCKS * cache.BLOCK
     monkeypatch.undo()
     size, mtime = f.stat().st_size, f.stat().st_mtime_ns
@@ -239,10 +239,10 @@ def test_key_hashes_a_few_blocks_of_each_file_and_sees_a_changed_page(tmp_path, 
         data[at] ^= 0xFF
         f.write_bytes(bytes(data))
         os.utime(f, ns=(mtime, mtime))
-        assert f.stat().st_size == size and cache._content(f) != key
+        assert f.stat().st_size == size and cache._content_hash(f) != key
         data[at] ^= 0xFF
         f.write_bytes(bytes(data))
-        assert cache._content(f) == key
+        assert cache._content_hash(f) == key
     entry = cache.fingerprint(f)["files"][0]
     assert entry[:4] == ["r.sqlite", size, f.stat().st_mtime_ns, f.stat().st_ino]
     assert entry[4] == f.stat().st_ctime_ns and entry[5] == key
@@ -251,7 +251,8 @@ def test_key_hashes_a_few_blocks_of_each_file_and_sees_a_changed_page(tmp_path, 
 def test_a_rebuild_keeps_a_cache_another_process_installed(tmp_path, monkeypatch):
     """A rebuild replaces only the build that could not be read (its id): a good cache installed meanwhile by
     another process is used as it is, and is never discarded in the other's place."""
-    from analyze.read import store as cache
+    from analyze.read.store import install, layout
+    from analyze.read.store.fingerprint import fingerprint
 
     p = tmp_path / "r.sqlite"
     p.write_bytes(need(PROBE).read_bytes())
@@ -264,24 +265,25 @@ def test_a_rebuild_keeps_a_cache_another_process_installed(tmp_path, monkeypatch
     def no_build(*a, **k):
         raise AssertionError("built again")
 
-    monkeypatch.setattr(cache, "build", no_build)
+    monkeypatch.setattr(install, "build", no_build)
     assert open_store(p, broken=x).meta["build"] == y  # another process saw X broken too: it uses Y
-    cache.discard(first.root, x)  # discarding X (gone) leaves Y
-    assert cache.problem(first.root, cache.fingerprint(p)) is None
-    cache.discard(first.root, y)
+    install.discard(first.root, x)  # discarding X (gone) leaves Y
+    assert layout.problem(first.root, fingerprint(p)) is None
+    install.discard(first.root, y)
     assert not first.root.exists() and [q.name for q in tmp_path.iterdir()] == ["r.sqlite"]
 
 
 def test_the_trace_path_is_the_one_given(tmp_path, monkeypatch):
     """The cache keeps the report's absolute path; the analysis names the report as the caller gave it."""
-    from analyze.read import store as cache
+    from analyze.read.store import existing_store
+    from analyze.read.store.reader import Store
 
     p = tmp_path / "r.sqlite"
     p.write_bytes(need(PROBE).read_bytes())
     monkeypatch.chdir(tmp_path)
     s = open_store("r.sqlite")
     assert s.meta["report"] == str(p) and s.meta["key"]["path"] == str(p)
-    assert s.head().path == "r.sqlite" and cache.existing_store("./r.sqlite").head().path == "r.sqlite"
+    assert s.head().path == "r.sqlite" and existing_store("./r.sqlite").head().path == "r.sqlite"
     assert analyze("r.sqlite", cache=True).trace.path == "r.sqlite"
     assert analyze("r.sqlite", store=False).trace.path == "r.sqlite"
-    assert cache.Store(s.root).head().path == str(p)  # opened by itself: the path it was built from
+    assert Store(s.root).head().path == str(p)  # opened by itself: the path it was built from

@@ -23,7 +23,8 @@ from test_rank_windows_real import check_same_cycles, cycles_sql
 
 from analyze import analyze
 from analyze.compute.collectives import cross_rank
-from analyze.compute.tokens import cycles, summary
+from analyze.compute.cycles import cycles
+from analyze.compute.tokens import summary
 from nvtx_hooks.capture import complete
 from tests.helpers.paths import TP2, tp2
 

@@ -86,7 +86,8 @@ def test_make_test_says_why_and_make_notebooks_says_how(tmp_path):
     venv = Path(sys.executable).parent.parent
     r = subprocess.run(["make", "-C", str(ROOT), "-n", "-o", f"{venv}/bin/spectrace", "test", f"VENV={venv}"],
                        capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and "-m pytest -q -rs --nbmake tests notebooks" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "-m pytest -q -rs -n 2 --dist loadfile -m 'not slow' -p no:nbmake tests" in r.stdout, \
+        r.stdout + r.stderr
     bin_ = tmp_path / "v" / "bin"
     bin_.mkdir(parents=True)
     (bin_ / "python").write_text('#!/bin/sh\nexit 1\n')  # `import jupyterlab` fails

@@ -62,8 +62,8 @@ def kinds(c: list[dict]) -> list[str]:
     return k
 
 
-def test_dry_run_overrides(tmp_path, capsys):
-    main(["trace", "-n", "--nsys", "nsys", "-o", "x.sqlite", "--cuda-graph-trace", "graph", "--delay", "60",
+def test_dry_run_overrides(tmp_path, nsys, capsys):
+    main(["trace", "-n", "--nsys", str(nsys), "-o", "x.sqlite", "--cuda-graph-trace", "graph", "--delay", "60",
           "--duration", "70", "-t", "cuda,nvtx,osrt", "--env", "NCCL_DEBUG=INFO",
           "--nsys-arg=--cuda-flush-interval=100", "--stats", "--", "srv", "--tp", "8"])
     out = capsys.readouterr().out.splitlines()
@@ -201,8 +201,8 @@ def test_traced_command_gets_the_environment_unchanged_by_spectrace(tmp_path, ns
     assert out.strip().endswith(ours if preset in (None, "dirty_decay_ms:500,muzzy_decay_ms:1000") else preset)
 
 
-def test_passes_dry_run(tmp_path, capsys):
-    assert main(["trace", "-n", "--nsys", "nsys", "--passes", "graph,node,plain", "-o", str(tmp_path / "w"),
+def test_passes_dry_run(tmp_path, nsys, capsys):
+    assert main(["trace", "-n", "--nsys", str(nsys), "--passes", "graph,node,plain", "-o", str(tmp_path / "w"),
                  "--", "prog", "--x"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 7  # each profiled pass: profile, SQLite export, parquetdir export
@@ -242,14 +242,14 @@ def test_passes_errors(tmp_path, nsys, capsys):
     assert json.loads((tmp_path / "f_plain.manifest.json").read_text())["exit_code"] == 4
 
 
-def test_gpu_metrics_dry_run(tmp_path, capsys):
-    main(["trace", "-n", "--nsys", "nsys", "-o", str(tmp_path / "r"), "--gpu-metrics", "--", "x"])
+def test_gpu_metrics_dry_run(tmp_path, nsys, capsys):
+    main(["trace", "-n", "--nsys", str(nsys), "-o", str(tmp_path / "r"), "--gpu-metrics", "--", "x"])
     first = capsys.readouterr().out.splitlines()[0].split()
     assert "--gpu-metrics-devices=all" in first and "--gpu-metrics-frequency=20000" in first
     assert first.index("--gpu-metrics-frequency=20000") < first.index("-o")
-    main(["trace", "-n", "--nsys", "nsys", "-o", str(tmp_path / "r"), "--", "x"])
+    main(["trace", "-n", "--nsys", str(nsys), "-o", str(tmp_path / "r"), "--", "x"])
     assert "--gpu-metrics" not in capsys.readouterr().out  # off unless asked
-    main(["trace", "-n", "--nsys", "nsys", "-o", str(tmp_path / "r"), "--gpu-metrics", "--gpu-metrics-frequency",
+    main(["trace", "-n", "--nsys", str(nsys), "-o", str(tmp_path / "r"), "--gpu-metrics", "--gpu-metrics-frequency",
           "100000", "--gpu-metrics-devices", "0,1", "--", "x"])
     first = capsys.readouterr().out.splitlines()[0].split()
     assert "--gpu-metrics-devices=0,1" in first and "--gpu-metrics-frequency=100000" in first
@@ -334,3 +334,41 @@ def test_columnar_refuses_an_existing_folder_and_dry_run_prints_it(tmp_path, nsy
     lines = capsys.readouterr().out.splitlines()
     assert lines[2] == f"/opt/x/nsys export --type=parquetdir --force-overwrite=true -o {tmp_path / 'e'} " \
                        f"{tmp_path / 'e.nsys-rep'}"
+
+
+def test_cpu_sampling_dry_run(tmp_path, capsys):
+    """--cpu-sampling: --sample=process-tree in place of --sample=none, then the backtrace options."""
+    assert main(["trace", "-n", "--nsys", "/opt/x/nsys", "--cpu-sampling", "-o", str(tmp_path / "r"), "--", "p"]) == 0
+    first = capsys.readouterr().out.splitlines()[0].split()
+    opts = [x for x in first if x.startswith("--")]
+    assert opts[:7] == ["--trace=cuda,nvtx", "--cuda-graph-trace=node", "--trace-fork-before-exec=true",
+                        "--sample=process-tree", "--cpuctxsw=none", "--cudabacktrace=all", "--python-backtrace=cuda"]
+    assert "--sample=none" not in first and "--python-sampling=true" not in first  # a dry run asks no nsys
+
+
+@pytest.mark.parametrize("python_sampling", [True, False])
+def test_cpu_sampling_run_and_manifest(tmp_path, nsys, monkeypatch, python_sampling):
+    """A run checks the switches in this nsys's profile --help; Python sampling is added where it is listed; the
+    manifest says what was asked."""
+    if not python_sampling:
+        monkeypatch.setenv("FAKE_NSYS_NO_PYTHON_SAMPLING", "1")
+    out = tmp_path / "r"
+    assert main(["trace", "--nsys", str(nsys), "--cpu-sampling", "--columnar", "none", "-o", str(out), "--",
+                 *CMD]) == 0
+    prof = next(c for c in calls(tmp_path) if c["kind"] == "profile")["argv"]
+    want = ["--sample=process-tree", "--cudabacktrace=all", "--python-backtrace=cuda"]
+    assert all(x in prof for x in want) and ("--python-sampling=true" in prof) is python_sampling
+    m = json.loads((tmp_path / "r.manifest.json").read_text())
+    assert m["cpu_sampling"] == {"options": want + (["--python-sampling=true"] if python_sampling else []),
+                                 "python_sampling": python_sampling, "switches_checked": True}
+    assert "--sample=process-tree" in m["nsys"]["profile_command"]
+
+
+def test_cpu_sampling_refused_by_an_nsys_without_the_switches(tmp_path, nsys, monkeypatch, capsys):
+    monkeypatch.setenv("FAKE_NSYS_NO_SWITCHES", "--python-backtrace")
+    assert main(["trace", "--nsys", str(nsys), "--cpu-sampling", "-o", str(tmp_path / "r"), "--", *CMD]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no --python-backtrace" in err[0] and "2024.2" in err[0]
+    assert not any(c["kind"] == "profile" for c in calls(tmp_path))  # refused before anything ran
+    assert main(["trace", "-n", "--cpu-sampling", "-s", "cpu", "-o", str(tmp_path / "q"), "--", *CMD]) == 2
+    assert "cannot be combined with --sample cpu" in capsys.readouterr().err

@@ -11,7 +11,9 @@ import pytest
 
 from analyze import analyze
 from analyze.cli import main
-from analyze.compute.whatif import Replay, fit, solve_alpha, validate
+from analyze.compute.whatif import validate
+from analyze.compute.whatif_fit import fit, solve_alpha
+from analyze.compute.whatif_replay import Replay
 from analyze.model import InputError
 from tests.helpers import eagle_synth as es
 
@@ -39,32 +41,32 @@ def test_alpha_and_predictions(traces):
     assert a + a**2 + a**3 == pytest.approx(2.0, abs=1e-9)
     p1 = m.predict(1)
     tok1 = 2 * (1 + a)
-    assert p1["tokens_per_cycle"] == pytest.approx(tok1)
+    assert p1.tokens_per_cycle == pytest.approx(tok1)
     # The replay: every launch call of this trace is at a fixed host time (no sync), and each
     # cycle's draft launch (B + 200, returns at B + 250) finds the GPU idle: the draft starts 750 ns after
     # it, every cycle, so the period stays 10 000 whatever the phases cost. Inside the cycle the GPU is
     # the bound: verify starts at draft end + 400 (rank 0) / 800 (rank 1), draft_extend 100 after verify,
     # host_overhead 1400 − E after draft_extend (E = 150, 200, 250 in the 3 replayed cycles), at 1 step too.
-    assert p1["cycle_ns"] == pytest.approx(10_000)
+    assert p1.cycle_ns == pytest.approx(10_000)
     seams = {"draft→verify": 600, "verify→draft_extend": 100, "draft_extend→host_overhead": 1200}
     assert m.seams(3) == pytest.approx(seams) and m.seams(1) == pytest.approx(seams)
     # seams per cycle: 500 + 1400 − E (rank 0) and 900 + 1400 − E (rank 1): median (1750 + 2050) / 2;
     # other = 10 000 − 700 − 3000 − 225 − 1900
     assert m.seams_total(3) == 1900 and m.other_ns == 4175
-    assert m.predict(3)["cycle_ns"] == pytest.approx(10_000) and m.predict(3)["measured"]
-    assert p1["tokens_per_s"] == pytest.approx(tok1 / p1["cycle_ns"] * 1e9)
+    assert m.predict(3).cycle_ns == pytest.approx(10_000) and m.predict(3).measured
+    assert p1.tokens_per_s == pytest.approx(tok1 / p1.cycle_ns * 1e9)
 
 
 def test_baseline_sets_verify_slope(traces):
     m = fit(traces[0], baseline=traces[1])
     assert m.verify_per_token_ns == pytest.approx((3000 - 1500) / 3)
-    assert m.predict(1)["verify_ns"] == pytest.approx(2000) and m.predict(6)["verify_ns"] == pytest.approx(4500)
+    assert m.predict(1).verify_ns == pytest.approx(2000) and m.predict(6).verify_ns == pytest.approx(4500)
 
 
 def test_best_is_argmax_tokens_per_s(traces):
     m = fit(traces[0], baseline=traces[1])
     preds = m.predictions()
-    assert m.best()["steps"] == max(preds, key=lambda p: p["tokens_per_s"])["steps"]
+    assert m.best().steps == max(preds, key=lambda p: p.tokens_per_s).steps
 
 
 def test_solve_alpha_edges():
@@ -130,7 +132,7 @@ def test_replay_slow_launch_and_node_tracing_cost(chained):
     m = fit(r)
     assert m.launch_cut_ns == pytest.approx(380 / 7) and m.launch_cut_from == 3
     assert [m.cycle(s) for s in (1, 2, 3)] == pytest.approx([1695, 1795, 1895])
-    assert m.period_ns == 2000 and m.predict(3)["measured"]
+    assert m.period_ns == 2000 and m.predict(3).measured
     assert any("the model's cycle at 3 steps" in n for n in m.notes)
     seam = r.seams.filter(pl.col("from") == "draft").row(0, named=True)
     assert (seam["bound"], seam["launch_block_ns"]) == ("launch", 5 * 105)
@@ -304,18 +306,18 @@ def test_replay_run_equals_the_window_by_window_reference(traces):
 
 
 def test_replay_built_once_whoever_asks_first(traces, monkeypatch):
-    """replay_of: one build per result and cycle choice, a second thread asking meanwhile waits for it (the JSON
-    document builds it while the findings' fit asks for it); a failed build fails both and is not kept;
-    fit_ahead builds it only when fitted() will fit (not fitted yet, step count known)."""
+    """The replay table: one build per result and cycle choice, a second thread asking meanwhile waits for it (the
+    JSON document builds it while the findings' fit asks for it); a failed build fails both and is not kept;
+    will_replay only when fitted() will fit (not fitted yet, step count known)."""
     import dataclasses
     import threading
 
-    from analyze.compute import whatif
+    from analyze.compute import whatif, whatif_replay
 
-    res = dataclasses.replace(traces[0], memo={})
+    res = dataclasses.replace(traces[0])
     builds: list[int] = []
     started, go = threading.Event(), threading.Event()
-    real = whatif._build_replay
+    real = whatif_replay._build_replay
 
     def slow(r):
         builds.append(1)
@@ -323,36 +325,37 @@ def test_replay_built_once_whoever_asks_first(traces, monkeypatch):
         go.wait(10)
         return real(r)
 
-    monkeypatch.setattr(whatif, "_build_replay", slow)
+    monkeypatch.setattr(whatif_replay, "_build_replay", slow)
     got: list = []
-    t = threading.Thread(target=lambda: got.append(whatif.replay_of(res)))
+    t = threading.Thread(target=lambda: got.append(whatif_replay.replay(res)))
     t.start()
     started.wait(10)
-    other = threading.Thread(target=lambda: got.append(whatif.replay_of(res)))
+    other = threading.Thread(target=lambda: got.append(whatif_replay.replay(res)))
     other.start()  # asks while the first builds: waits
     go.set()
     t.join()
     other.join()
-    assert len(builds) == 1 and got[0] is got[1] and whatif.replay_of(res) is got[0]
+    assert len(builds) == 1 and got[0] is got[1] and whatif_replay.replay(res) is got[0]
     assert fit(res).replay is got[0] and len(builds) == 1
     want = real(res)
     assert np.array_equal(got[0].period, want.period) and got[0].labels == want.labels
 
-    fresh = dataclasses.replace(traces[0], memo={})
-    monkeypatch.setattr(whatif, "_build_replay", lambda r: (_ for _ in ()).throw(RuntimeError("broken")))
+    fresh = dataclasses.replace(traces[0])
+    monkeypatch.setattr(whatif_replay, "_build_replay", lambda r: (_ for _ in ()).throw(RuntimeError("broken")))
     for _ in range(2):  # not kept: the next caller builds it again
         with pytest.raises(RuntimeError, match="broken"):
-            whatif.replay_of(fresh)
-    monkeypatch.setattr(whatif, "_build_replay", slow)
+            whatif_replay.replay(fresh)
+    monkeypatch.setattr(whatif_replay, "_build_replay", slow)
     builds.clear()
     whatif.fitted(fresh)
-    whatif.fit_ahead(fresh)  # fitted already: nothing built
+    assert not whatif.will_replay(fresh)  # fitted already: nothing to build
     assert len(builds) == 1
-    ahead = dataclasses.replace(traces[0], memo={})
-    whatif.fit_ahead(ahead)
-    assert len(builds) == 2 and whatif.fitted(ahead).replay is whatif.replay_of(ahead) and len(builds) == 2
-    monkeypatch.setattr(whatif, "_steps_known", lambda r, s: (_ for _ in ()).throw(InputError("no steps", "NO_STEPS")))
-    whatif.fit_ahead(dataclasses.replace(traces[0], memo={}))  # the fit would not get that far
+    ahead = dataclasses.replace(traces[0])
+    assert whatif.will_replay(ahead)
+    whatif_replay.replay(ahead)
+    assert len(builds) == 2 and whatif.fitted(ahead).replay is whatif_replay.replay(ahead) and len(builds) == 2
+    monkeypatch.setattr(whatif, "steps_known", lambda r, s: (_ for _ in ()).throw(InputError("no steps", "NO_STEPS")))
+    assert not whatif.will_replay(dataclasses.replace(traces[0]))  # the fit would not get that far
     assert len(builds) == 2
 
 
@@ -365,9 +368,11 @@ def _same_replay(a: Replay, b: Replay) -> bool:
 
 
 def test_replay_built_on_packed_keys_as_on_two_columns(traces, tmp_path, monkeypatch):
-    """_build_replay looks up each slot's predecessor and awaited slot on (window, range id) packed into one integer;
-    the same arrays as the two-column joins it falls back to (a trace, a node-level chain, two merged reports)."""
-    from analyze.compute import whatif
+    """_build_replay qualifies range ids by rank and looks up each slot's predecessor and awaited slot on (window,
+    range id), each packed into one integer (analyze.read.packed_keys): the same arrays as without packing (KEYS 0:
+    a string id, two-column joins) on a trace, a node-level chain and two merged reports."""
+    from analyze.compute import whatif_replay
+    from analyze.read import packed_keys
 
     paths = [es.chained(tmp_path / f"{n}.sqlite", "Graph") for n in ("a", "b")]
     con = sqlite3.connect(paths[1])
@@ -375,16 +380,16 @@ def test_replay_built_on_packed_keys_as_on_two_columns(traces, tmp_path, monkeyp
     con.close()
     results = [traces[0], analyze(es.chained(tmp_path / "n.sqlite", "Node")), analyze(paths, jobs=1)]
     for res in results:
-        packed = whatif._build_replay(res)
-        monkeypatch.setattr(whatif, "_PACK_BELOW", 0)
-        columns = whatif._build_replay(res)
+        packed = whatif_replay._build_replay(res)
+        monkeypatch.setattr(packed_keys, "KEYS", 0)
+        columns = whatif_replay._build_replay(res)
         monkeypatch.undo()
         assert packed.windows > 0 and _same_replay(packed, columns)
 
 
 def test_same_rank_is_a_shift_over_rank():
     """_same_rank(by) masking a shift on rows sorted by rank is the shift over each rank (nulls one rank too)."""
-    from analyze.compute.whatif import _same_rank
+    from analyze.compute.whatif_replay import _same_rank
 
     rng = np.random.default_rng(3)
     rank = rng.integers(0, 4, 300).astype(float)

@@ -16,7 +16,7 @@ from collections import defaultdict
 import pytest
 
 from analyze import InputError, whatif
-from analyze.compute.whatif import MIN_LOG_LINES
+from analyze.compute.whatif_segments import MIN_LOG_LINES
 from analyze.read.server_log import decode_periods
 from bench.segments_table import plain_runs
 from nvtx_hooks.capture import samples
@@ -82,7 +82,7 @@ def predictions():
         for c, p in zip(cal.segments, plain.segments):
             assert c.batch_size == p.batch_size
             for s in (1, 2, 3, 4):
-                out[(i, c.batch_size, s)] = (c.predict(s)["cycle_ns"] / 1e3, p.predict(s)["cycle_ns"] / 1e3,
+                out[(i, c.batch_size, s)] = (c.predict(s).cycle_ns / 1e3, p.predict(s).cycle_ns / 1e3,
                                              c.model.extrapolated(s))
     return out, models
 
@@ -101,7 +101,7 @@ def test_the_measured_step_count_is_the_logs_period(predictions):
         for sm in m.segments:
             assert log.filter(log["batch_size"] == sm.batch_size)["lines"].item() >= MIN_LOG_LINES
             assert sm.unprofiled_ns == by_batch[sm.batch_size]
-            assert sm.predict(3)["cycle_ns"] == pytest.approx(by_batch[sm.batch_size], rel=1e-9)
+            assert sm.predict(3).cycle_ns == pytest.approx(by_batch[sm.batch_size], rel=1e-9)
             assert by_batch[sm.batch_size] / 1e3 == pytest.approx(own[sm.batch_size], rel=0.03)
             d = sm.as_dict(4)
             assert d["unprofiled_period_ns"] == sm.unprofiled_ns and d["calibration_ns"] == sm.model.calibration_ns
@@ -153,7 +153,7 @@ def test_near_best_steps_are_ties_within_the_runs_spread(predictions):
     Against the sweep (the six runs' medians, tokens/s with the workload's α = 0.7), the sweep's best among 2–4
     steps is the model's best for 30 of 33 (batch size, capture) pairs and among its near-best steps for 32: where
     the sweep's top two differ by 0.5 % (batch 64) or 1.3 % (batch 128) the model says it is a tie."""
-    from analyze.compute.whatif import NEAR_BEST
+    from analyze.compute.whatif_model import NEAR_BEST
 
     _, models = predictions
     runs = _truth()
@@ -189,10 +189,10 @@ def test_a_run_of_one_batch_size_is_calibrated_as_a_whole(tmp_path):
     # 4 requests × 2.50 accepted / 4000 tokens/s = 2.5 ms, on three lines
     log.write_text("Decode batch, #running-req: 4, accept len: 2.50, gen throughput (token/s): 4000.00\n" * 3)
     cal = whatif(cap, unprofiled_log=log)
-    off = raw.predict(3)["cycle_ns"] - 2.5e6
-    assert cal.calibration_ns == pytest.approx(off) and cal.predict(3)["cycle_ns"] == pytest.approx(2.5e6)
+    off = raw.predict(3).cycle_ns - 2.5e6
+    assert cal.calibration_ns == pytest.approx(off) and cal.predict(3).cycle_ns == pytest.approx(2.5e6)
     for s in (1, 2, 4):
-        assert cal.predict(s)["cycle_ns"] == pytest.approx(raw.predict(s)["cycle_ns"] - off)
+        assert cal.predict(s).cycle_ns == pytest.approx(raw.predict(s).cycle_ns - off)
     assert any(n.startswith("calibrated on server.log") for n in cal.notes)
     log.write_text("Decode batch, #running-req: 8, accept len: 2.50, gen throughput (token/s): 4000.00\n" * 3)
     other = whatif(cap, unprofiled_log=log)

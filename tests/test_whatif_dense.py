@@ -58,11 +58,11 @@ def test_predicted_change_from_three_steps_against_runs_without_a_profiler(fitte
     m, t = fitted
     checked = 0
     for sm in m.segments:
-        p3 = sm.model.predict(3)["cycle_ns"]
+        p3 = sm.model.predict(3).cycle_ns
         for s in (1, 2, 4):
             if sm.model.extrapolated(s) and abs(s - 3) == 1:
                 continue  # off the measured verify curve, one step out
-            p = sm.model.predict(s)["cycle_ns"]
+            p = sm.model.predict(s).cycle_ns
             err = 100 * ((p / p3) / (t[(sm.batch_size, s)] / t[(sm.batch_size, 3)]) - 1)
             assert abs(err) <= MODEL_BOUND.get((sm.batch_size, s), 4 if s != 1 else 8), (sm.key, s, round(err, 1))
             checked += 1
@@ -73,7 +73,7 @@ def test_capture_offset_is_what_separates_model_and_truth(fitted):
     """The predicted period at 3 steps is the capture's own: its offset from the runs without a profiler is the
     profiler's effect plus run-to-run variation (0–6 % measured), and the period errors are model + that."""
     m, t = fitted
-    offs = [100 * (sm.model.predict(3)["cycle_ns"] / 1e3 / t[(sm.batch_size, 3)] - 1) for sm in m.segments]
+    offs = [100 * (sm.model.predict(3).cycle_ns / 1e3 / t[(sm.batch_size, 3)] - 1) for sm in m.segments]
     assert all(-2 <= o <= 6 for o in offs), [round(o, 1) for o in offs]
 
 
@@ -105,14 +105,14 @@ def test_runs_at_other_steps_are_measurements(joined):
         assert sm.measured_steps == [3, 4, 2]
         for s in (2, 4):
             p = sm.predict(s)
-            assert p["from_steps"] == s and p["measured"] and not p["extrapolated"]
+            assert p.from_steps == s and p.measured and not p.extrapolated
             # the run's own typical period of that batch size, with the main run's acceptance
-            assert p["cycle_ns"] == pytest.approx(alone[s][sm.batch_size].period_ns, rel=1e-9)
-            assert p["tokens_per_s"] == pytest.approx(alone[s][sm.batch_size].predict(s)["tokens_per_s"], rel=1e-9)
-        assert sm.predict(1)["from_steps"] == 2 and sm.predict(5)["from_steps"] == 4
-        assert sm.predict(3)["from_steps"] == 3
-        assert sm.predict(6)["extrapolated"]  # two steps from the nearest measured (4)
-        assert sm.predict(5)["extrapolated"] == (sm.batch_size == 160)  # 960 tokens: beyond the 4-step run's 800
+            assert p.cycle_ns == pytest.approx(alone[s][sm.batch_size].period_ns, rel=1e-9)
+            assert p.tokens_per_s == pytest.approx(alone[s][sm.batch_size].predict(s).tokens_per_s, rel=1e-9)
+        assert sm.predict(1).from_steps == 2 and sm.predict(5).from_steps == 4
+        assert sm.predict(3).from_steps == 3
+        assert sm.predict(6).extrapolated  # two steps from the nearest measured (4)
+        assert sm.predict(5).extrapolated == (sm.batch_size == 160)  # 960 tokens: beyond the 4-step run's 800
 
 
 def test_joined_runs_pick_the_best_from_1_to_5_steps(joined):

@@ -10,7 +10,8 @@ import pytest
 
 from analyze import analyze
 from analyze.compute.tokens import summary
-from analyze.compute.whatif import fit, validate
+from analyze.compute.whatif import validate
+from analyze.compute.whatif_fit import fit
 from nvtx_hooks.capture import samples
 
 

@@ -53,7 +53,7 @@ def test_predicted_periods_against_runs_without_a_profiler(model):
     truth = plain()
     for sm in model.segments:
         for steps in (1, 2, 4):
-            pred = sm.model.predict(steps)["cycle_ns"] / 1e3
+            pred = sm.model.predict(steps).cycle_ns / 1e3
             err = 100 * (pred / truth[(sm.batch_size, steps)] - 1)
             assert abs(err) <= BOUND[(sm.batch_size, steps)], (sm.key, steps, round(err, 1))
 
@@ -109,8 +109,8 @@ def test_no_finding_recommends_an_extrapolated_or_assumed_step_count():
     assert "ASSUMED" in f.evidence and "extrapolated, not recommended" in f.evidence
     m = whatif(samples.path("tp1_node"))
     near = m.best(measured_only=True)
-    assert abs(near["steps"] - m.steps_now) <= 1 and f"at {near['steps']} draft steps" in f.evidence
-    assert m.best()["extrapolated"]  # the overall best is further out, and said to be
+    assert abs(near.steps - m.steps_now) <= 1 and f"at {near.steps} draft steps" in f.evidence
+    assert m.best().extrapolated  # the overall best is further out, and said to be
 
 
 def test_per_batch_finding_on_the_serving_sweep():

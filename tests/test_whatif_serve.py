@@ -23,6 +23,8 @@ from analyze.compute import anatomy
 from bench.segments_table import plain_medians
 from nvtx_hooks.capture import samples
 
+pytestmark = pytest.mark.slow  # three real captures fitted and checked against the measured runs: make test-all (CI)
+
 ROUNDS = (1, 2, 3)
 
 
@@ -65,7 +67,7 @@ def test_predictions_against_the_runs_without_a_profiler(models):
     to 17 %), and batch 200 at 1 and 4 steps misses by up to 16.5 % in all three captures (at 4 steps
     extrapolated)."""
     truth = _truth()
-    errs = [abs(sm.predict(s)["cycle_ns"] / 1e3 / truth[(sm.batch_size, s)] - 1)
+    errs = [abs(sm.predict(s).cycle_ns / 1e3 / truth[(sm.batch_size, s)] - 1)
             for m in models.values() for sm in m.segments for s in (1, 2, 4)]
     assert len(errs) == 225
     assert sum(e <= 0.04 for e in errs) >= 200 and statistics.median(errs) < 0.015

@@ -1,16 +1,16 @@
 """Slow-cycle anatomy and segments: what recurs, by how much, where it sits, and the run cut by batch size.
 
-**Classes** (:func:`cycle_classes`): for each class of slower cycles that :mod:`analyze.compute.steady` found
+**Classes** (:func:`cycle_classes`): for each class of slower cycles that :mod:`analyze.compute.steady_cycles` found
 (every N-th cycle, after a prefill, after a batch-size change, a second mode) and for the rare stalls it left
 out: how many cycles, which, the extra time per affected cycle over the typical cycle of its segment, and
-where that time sits: the cycle-budget pieces (:func:`analyze.compute.headline.cycle_pieces`: between
+where that time sits: the cycle-budget pieces (:func:`analyze.compute.cycle_budget.cycle_pieces`: between
 cycles, prefill, each phase and seam) that grew, per rank, from the mean over the affected cycles minus the
 mean over the typical steady cycles of the same segments.
 
 When a phase grew on some ranks but not on another whose pieces *before* that phase grew instead, that other
 rank arrived late and the first ones waited for it (in the phase's collectives); when the phase has matched
 collectives in those cycles, the late rank is the one that caused most of their waiting
-(:func:`analyze.compute.collectives.verdict`, the one straggler rule), which overrides the budget's reading. A class with a late rank is a straggler class: "every 4th cycle rank 1
+(:func:`analyze.compute.straggler.verdict`, the one straggler rule), which overrides the budget's reading. A class with a late rank is a straggler class: "every 4th cycle rank 1
 starts draft ≈ 540 µs late; rank 0 waits in draft".
 
 **Segments** (:func:`segments`): the runs of cycles of one decode batch size (the payload's; without a payload,
@@ -25,11 +25,11 @@ from dataclasses import asdict, dataclass, field
 import polars as pl
 
 from ..model import Result
-from ..read import results
-from . import collectives, headline
+from ..read import packed_keys, results
+from . import collectives, cycle_budget, steady_tables, straggler, view
+from .cycles import selection
 from .scalars import to_float, to_int
-from .steady import class_label
-from .tokens import selection
+from .steady_cycles import SlowClass, class_label
 
 __all__ = ["CycleClass", "cycle_classes", "Segment", "segments"]
 
@@ -68,27 +68,24 @@ class CycleClass:
         return asdict(self)
 
 
+@view.table()
 def cycle_classes(res: Result) -> list[CycleClass]:
     """The classes of slower cycles with their anatomy (module docstring), the recurring ones first."""
-    return headline.memoised(res, "cycle_classes", lambda: _classes(res))
-
-
-def _classes(res: Result) -> list[CycleClass]:
     info = selection(res)
-    c = headline.main_cycles(res)
-    if c.height == 0 or not info.get("classes") and not info.get("stalls"):
+    c = cycle_budget.main_cycles(res)
+    if c.height == 0 or not info.classes and not info.stalls:
         return []
     typical = c.filter(pl.col("steady") & pl.col("cycle_class").is_null() & ~pl.col("slow"))
     steady_n = max(c.filter("steady").select("key").unique().height, 1)
     out = []
-    groups = [(cl, c.filter((pl.col("cycle_class") == cl["id"]) & pl.col("slow") & pl.col("steady")))
-              for cl in info["classes"]]
-    if info["stalls"]:
-        n = len(info["stalls"])
-        st = {"id": None, "kind": "stall", "every": None, "offset": None, "slots": n,
-              "extra_ns": sum(x["excess_ns"] for x in info["stalls"]) / n,
-              "typical_ns": sum(x["period_ns"] - x["excess_ns"] for x in info["stalls"]) / n}
-        groups.append((st, c.filter(pl.col("key").is_in([s["key"] for s in info["stalls"]]))))
+    groups = [(cl, c.filter((pl.col("cycle_class") == cl.id) & pl.col("slow") & pl.col("steady")))
+              for cl in info.classes]
+    if info.stalls:
+        n = len(info.stalls)
+        st = SlowClass(id=None, kind="stall", every=None, offset=None, slots=n,
+                       extra_ns=sum(x.excess_ns for x in info.stalls) / n,
+                       typical_ns=sum(x.period_ns - x.excess_ns for x in info.stalls) / n)
+        groups.append((st, c.filter(pl.col("key").is_in([s.key for s in info.stalls]))))
     for cl, members in groups:
         if members.height == 0:
             continue
@@ -100,19 +97,21 @@ def _deltas(res: Result, members: pl.DataFrame, typical: pl.DataFrame) -> pl.Dat
     """Per rank and budget piece: the mean over the class's cycles, the mean over typical cycles of the same
     segments (weighted as the class's cycles fall in them), and the difference (prefill pieces left out: a
     class's extra time is over its cycles' periods without their prefill). One pass over the pieces, joined on
-    one packed (rank, cycle) key."""
-    rk = (pl.col("rank") * (1 << 40) + pl.col("key")).alias("_rk")
+    one packed (rank, cycle) key (:func:`analyze.read.packed_keys.with_key`; on the two columns if they do not
+    pack)."""
     typ = typical.filter(pl.col("segment").is_in(members["segment"].unique().implode()))
     if typ.height == 0:
         typ = typical
-    roles = pl.concat([members.select(rk, "rank", seg="segment", role=pl.lit(1)),
-                       typ.select(rk, "rank", seg="segment", role=pl.lit(0))]).unique("_rk", keep="first")
+    pieces = cycle_budget.cycle_pieces(res).filter(pl.col("kind") != "prefill")
+    (members, typ, pieces), on = packed_keys.with_key((members, typ, pieces), ["rank", "key"], "_rank_cycle")
+    cycle = list(dict.fromkeys([*on, "rank"]))  # the join key and the rank
+    roles = pl.concat([members.select(*cycle, seg="segment", role=pl.lit(1)),
+                       typ.select(*cycle, seg="segment", role=pl.lit(0))]).unique(on, keep="first")
     # sorted after each group_by: the sums below then add in one order, so the output is the same every run (the
     # pieces' ns and order are whole numbers: summed exactly in any order, so the pieces are not sorted first)
     n = roles.group_by("rank", "role", "seg").agg(_n=pl.len()).sort("rank", "role", "seg")
-    p = (headline.cycle_pieces(res).filter(pl.col("kind") != "prefill")
-         .select(rk, "segment", "kind", "order", "ns").join(roles.drop("rank"), on="_rk")
-         .with_columns(rank=pl.col("_rk") // (1 << 40))
+    p = (pieces.select(*cycle, "segment", "kind", "order", "ns")
+         .join(roles.drop([c for c in cycle if c not in on]), on=on)
          .group_by("rank", "role", "seg", "segment", "kind").agg(pl.col("ns").sum(), pl.col("order").mean())
          .join(n, on=["rank", "role", "seg"]).sort("rank", "role", "segment", "kind", "seg"))
     # the class: every one of its cycles counts once; typical: each segment's mean, weighted by the class's share
@@ -136,15 +135,15 @@ def _deltas(res: Result, members: pl.DataFrame, typical: pl.DataFrame) -> pl.Dat
             .sort("rank", "order", "segment"))
 
 
-def _anatomy(res: Result, cl: dict, members: pl.DataFrame, typical: pl.DataFrame, steady_n: int) -> CycleClass:
+def _anatomy(res: Result, cl: SlowClass, members: pl.DataFrame, typical: pl.DataFrame, steady_n: int) -> CycleClass:
     keys = members.select("key").unique().sort("key")["key"].to_list()
-    extra, typical_ns = float(cl.get("extra_ns") or 0.0), float(cl.get("typical_ns") or 0.0)
+    extra, typical_ns = float(cl.extra_ns or 0.0), float(cl.typical_ns or 0.0)
     d = _deltas(res, members, typical)
     ranks = sorted(d["rank"].unique().to_list())
-    label = class_label(cl) if cl["kind"] != "stall" else "rare stalls (left out)"
-    kept = cl["kind"] != "stall"
-    out = CycleClass(id=cl["id"], kind=cl["kind"], label=label, every=cl.get("every"), offset=cl.get("offset"),
-                     kept=kept, slots=int(cl.get("slots") or len(keys)), affected=len(keys), keys=keys[:20],
+    label = class_label(cl) if cl.kind != "stall" else "rare stalls (left out)"
+    kept = cl.kind != "stall"
+    out = CycleClass(id=cl.id, kind=cl.kind, label=label, every=cl.every, offset=cl.offset,
+                     kept=kept, slots=int(cl.slots or len(keys)), affected=len(keys), keys=keys[:20],
                      extra_ns=extra, typical_ns=typical_ns,
                      per_cycle_ns=extra * len(keys) / steady_n if kept else 0.0,
                      rank=None, phase=None, piece=None)
@@ -194,7 +193,7 @@ def _late_rank(res: Result, out: CycleClass, d: pl.DataFrame, members: pl.DataFr
     evidence = "budget"
     st = _class_stragglers(res, members, phase)
     if st is not None:
-        v = collectives.verdict(st)
+        v = straggler.verdict(st)  # over the class's cycles: the share rule (no cycle period to weigh against)
         if v.height:
             late, evidence = int(v["rank"][0]), "collectives"
             waiting = [r for r in waiting if r != late] or [r for r in ranks if r != late]
@@ -210,16 +209,16 @@ def _late_rank(res: Result, out: CycleClass, d: pl.DataFrame, members: pl.DataFr
 def _class_stragglers(res: Result, members: pl.DataFrame, phase: str) -> pl.DataFrame | None:
     """:func:`collectives.stragglers` over the matched collectives of ``phase`` in the class's cycles (None without
     any, or when the phase's collectives do not end together)."""
-    if phase in headline.matching(res).filter(~pl.col("trusted"))["phase"].to_list():
+    if phase in steady_tables.matching(res).filter(~pl.col("trusted"))["phase"].to_list():
         return None
-    m = headline.matched(res)
+    m = steady_tables.matched(res)
     m = m.filter(pl.col("phase") == phase) if m.height else m
     if m.height == 0:
         return None
-    inst = headline.instances_marked_steady(res)
-    inside = headline.rows_in(inst.select("rank", "range_id", "top", "range").filter(pl.col("range") == phase),
-                              members.select("rank", top="range_id"), on=("rank", "top"))
-    m = headline.rows_in(m, inside)
+    inst = steady_tables.instances_marked_steady(res)
+    inside = packed_keys.semi_join(inst.select("rank", "range_id", "top", "range").filter(pl.col("range") == phase),
+                                   members.select("rank", top="range_id"), ["rank", "top"])
+    m = packed_keys.semi_join(m, inside, ["rank", "range_id"])
     return collectives.stragglers(m) if m.height else None
 
 
@@ -270,29 +269,26 @@ class Segment:
         return asdict(self)
 
 
+@view.table()
 def segments(res: Result) -> list[Segment]:
     """The run cut into segments of one batch size (module docstring); none when the payload has no batch size."""
-    return headline.memoised(res, "segments", lambda: _segments(res))
-
-
-def _segments(res: Result) -> list[Segment]:
     info = selection(res)
-    if not info.get("segments"):
+    if not info.segments:
         return []
-    c = headline.main_cycles(res)
+    c = cycle_budget.main_cycles(res)
     out = []
-    one = len(info["segments"]) == 1
-    for sg in info["segments"]:
-        mine = c.filter(pl.col("segment") == sg["segment"])
+    one = len(info.segments) == 1
+    for sg in info.segments:
+        mine = c.filter(pl.col("segment") == sg.segment)
         st = mine.filter("steady")
         p = st["period_ns"]
         # one segment is the whole steady state: its budget is the headline budget's mean over ranks
-        b = (headline.budget(res).group_by("segment", "kind").agg(pl.col("order").mean(), pl.col("ns").mean(),
+        b = (cycle_budget.budget(res).group_by("segment", "kind").agg(pl.col("order").mean(), pl.col("ns").mean(),
                                                                   pl.col("share").mean()).sort("order")
-             if one else headline.mean_budget(res, st.select("rank", "key"), by_rank=False))
+             if one else cycle_budget.mean_budget(res, st.select("rank", "key"), by_rank=False))
         out.append(Segment(
-            segment=sg["segment"], key=sg["key"] or "all",
-            batch_size=sg["batch_size"], first_cycle=sg["first_key"], last_cycle=sg["last_key"], cycles=st.height,
+            segment=sg.segment, key=sg.key or "all",
+            batch_size=sg.batch_size, first_cycle=sg.first_key, last_cycle=sg.last_key, cycles=st.height,
             prefills=to_int(mine.group_by("rank").agg(pl.col("prefills").sum())["prefills"].max() or 0),
             period_p50_ns=to_float(p.median()) if p.len() else None,
             period_p90_ns=to_float(p.quantile(0.9, "nearest")) if p.len() else None,

@@ -11,11 +11,12 @@ import dataclasses
 import polars as pl
 
 from ..model import bound_expr
+from ..read import packed_keys
 from . import host
 from .intervals import busy_between, busy_function, group_parts, one_group, union_blocks, union_length
-from .scalars import real, to_int
+from .scalars import to_int
 
-__all__ = ["ranks", "one_key", "instance_metrics", "measure_instances", "spread", "sum_phases", "projections",
+__all__ = ["ranks", "instance_metrics", "measure_instances", "spread", "sum_phases", "projections",
            "add_gpu_idle", "gpu_blocks", "measure_seams", "sum_seams", "coverage"]
 
 _METRICS = ("span_ns", "busy_ns", "compute_ns", "comm_ns", "idle_ns", "kernel_ns", "ops", "launches")
@@ -37,20 +38,6 @@ def ranks(ops: pl.DataFrame, devices: pl.DataFrame) -> pl.DataFrame:
     per = per.sort("device", "pid").with_columns(rank=pl.int_range(pl.len()).cast(pl.Int64))
     per = per.join(devices, on="device", how="left")
     return per.select("rank", "pid", "device", "device_name", "devices", "gpu_ops", "kernel_ns")
-
-
-def one_key(*frames: pl.DataFrame, on: tuple[str, str] = ("rank", "range_id")) -> tuple[tuple[pl.DataFrame, ...],
-                                                                                    list[str]]:
-    """The frames with ``_key``, their two integer columns ``on`` as one integer, and ``["_key"]`` to join on: a join
-    on one integer instead of two columns. The frames as they are and ``on`` when the values do not pack (negative,
-    or too wide for 62 bits). A null in either column makes the key null (it matches nothing, as in a join on both)."""
-    a, b = on
-    if any(f[c].null_count() < f.height and real(f[c].min()) < 0 for f in frames for c in on):
-        return frames, list(on)
-    hi = max(to_int(f[b].max() or 0) for f in frames) + 1
-    if (max(to_int(f[a].max() or 0) for f in frames) + 1) * hi >= 2**62:
-        return frames, list(on)
-    return tuple(f.with_columns(_key=pl.col(a) * hi + pl.col(b)) for f in frames), ["_key"]
 
 
 def _parts(rows: pl.DataFrame, key: str) -> pl.DataFrame:
@@ -407,11 +394,8 @@ def sum_seams(seam_inst: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
     # A seam's parent runs on its thread, so in its process and rank: (rank, parent) also tells merged reports apart.
     parents = inst.filter(pl.col("rank").is_not_null()).select("rank", parent="range_id", parent_range="range")
     causes = host.seam_aggs() if "cause" in seam_inst.columns else []
-    (seam_inst, parents), on = one_key(seam_inst, parents, on=("rank", "parent"))
-    if on == ["_key"]:
-        parents = parents.drop("rank", "parent")
     out = (
-        seam_inst.join(parents, on=on, how="left")
+        packed_keys.join(seam_inst, parents, ["rank", "parent"], how="left")
         .group_by("rank", "parent_range", "prev_range", "range")
         .agg(
             *causes,

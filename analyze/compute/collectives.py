@@ -33,12 +33,13 @@ from typing import Any
 import polars as pl
 
 from ..model import CommResult, Diagnostic
-from . import align, windows
+from ..read import packed_keys
+from . import align, straggler, windows
 from .intervals import rising
-from .scalars import to_int, whole
+from .scalars import to_int
 
 __all__ = ["SPLIT", "comm_kernels", "usable", "with_group_ids", "match", "per_collective", "stragglers",
-           "STRAGGLER_FLOOR", "verdict", "phase_split", "with_split", "refused", "short_name",
+           "phase_split", "MATCHED_COLUMNS", "with_split", "refused", "short_name",
            "phase_comm_split", "packed", "unpacked", "cross_rank", "within"]
 
 _GROUP = ["domain", "phase", "k", "name"]
@@ -80,7 +81,8 @@ def with_group_ids(kernels: pl.DataFrame) -> pl.DataFrame:
 
     Grouping, sorting and joining on one integer instead of three strings and an integer is what
     keeps matching fast at millions of kernels. The id packs small dense codes of ``(domain, phase)``
-    and ``name`` with ``k``; when they do not fit in 62 bits, groups are numbered by a group-by.
+    and ``name`` with ``k`` (:func:`analyze.read.packed_keys.bounded`; a null ``k``: a null id); when they do not
+    fit in one integer, groups are numbered by a group-by.
     """
     kernels = kernels.drop("_g", strict=False)
     if kernels.height == 0:
@@ -91,11 +93,11 @@ def with_group_ids(kernels: pl.DataFrame) -> pl.DataFrame:
     c = (kernels.select("domain", "phase", "k", "name")
          .join(dp, on=["domain", "phase"], how="left", nulls_equal=True, maintain_order="left")
          .join(names, on="name", how="left", maintain_order="left"))
-    bits = [int(x).bit_length() for x in (dp.height, whole(c["k"].max()) + 1, names.height)]
-    if sum(bits) <= 62:
-        g = (pl.col("_p").cast(pl.Int64) * 2 ** (bits[1] + bits[2]) + (pl.col("k") + 1) * 2 ** bits[2]
-             + pl.col("_n").cast(pl.Int64))
-        return kernels.with_columns(c.select(_g=g)["_g"])
+    k_lo, k_hi = c["k"].min(), c["k"].max()  # (the codes' bounds are their counts: no pass over the rows for them)
+    group = packed_keys.bounded(["_p", "k", "_n"], [(0, dp.height - 1), (to_int(k_lo or 0), to_int(k_hi or 0)),
+                                                    (0, names.height - 1)])
+    if group is not None:
+        return kernels.with_columns(c.select(group.key("_g"))["_g"])
     ids = c.select("_p", "k", "_n").unique(maintain_order=True).with_row_index("_g").with_columns(pl.col("_g").cast(pl.Int64))
     return kernels.with_columns(c.join(ids, on=["_p", "k", "_n"], how="left", maintain_order="left")["_g"])
 
@@ -133,8 +135,9 @@ def match(kernels: pl.DataFrame, counts: pl.DataFrame | None = None, ordered: bo
     m = (kernels.select("_g", "j", "start", "end", "rank").with_row_index("_i")
          .filter(pl.col("_g").is_in(counts.filter("matched")["_g"].implode())))
     # Each collective's rows contiguous, by arrival: first, last and second-latest arrivals are
-    # read off its first and last rows (no window per collective).
-    m = _sorted_by_collective(m)
+    # read off its first and last rows (no window per collective). Sorted on packed keys (at 10 M kernels two,
+    # (_g, j) and (start, rank): a sort on four columns compares them one by one).
+    m = packed_keys.sort_by(m, ["_g", "j", "start", "rank"])
     new = ((pl.col("_g") != pl.col("_g").shift(1)) | (pl.col("j") != pl.col("j").shift(1))).fill_null(True)
     m = m.with_columns(_new=new).with_columns(_last=pl.col("_new").shift(-1).fill_null(True),
                                                _c=pl.col("_new").cum_sum())
@@ -161,34 +164,13 @@ def match(kernels: pl.DataFrame, counts: pl.DataFrame | None = None, ordered: bo
     return kernels.select(pl.all().gather(m["_i"])).hstack(m.drop("_i", "_g", "j", "start", "end", "rank"))
 
 
-def _bits(s: pl.Series) -> int | None:
-    """Bits that hold every value of an integer column, or None when it has nulls or negative values."""
-    if s.null_count() or (s.len() and whole(s.min()) < 0):
-        return None
-    return to_int(s.max() or 0).bit_length()
-
-
-def _sorted_by_collective(m: pl.DataFrame) -> pl.DataFrame:
-    """``m`` sorted by ``_g, j, start, rank``: on two packed integers when they fit in 62 bits (a sort on four
-    columns compares them one by one), on the four columns otherwise."""
-    if m.height == 0:
-        return m
-    s0 = to_int(m["start"].min())
-    g, j, start, rank = _bits(m["_g"]), _bits(m["j"]), _bits(m["start"] - s0), _bits(m["rank"])
-    if g is None or j is None or start is None or rank is None or g + j > 62 or start + rank > 62:
-        return m.sort("_g", "j", "start", "rank")
-    # by the second key, then stably by the first: two one-key sorts cost less than one on two keys
-    return (m.sort((pl.col("start") - s0) * 2 ** rank + pl.col("rank"))
-            .sort(pl.col("_g") * 2 ** j + pl.col("j"), maintain_order=True))
-
-
 def per_collective(matched: pl.DataFrame) -> pl.DataFrame:
     """One row per matched collective: its straggler rank (null on a tie) and delay, start spread, end spread."""
-    g, j = _bits(matched["_g"]), _bits(matched["j"])
-    if g is None or j is None or g + j > 62:
+    collective = packed_keys.packing((matched,), ["_g", "j"], nulls="first")
+    if collective is None:
         by, ids = [pl.col("_g"), pl.col("j")], []
     else:  # one integer per collective: a one-key group-by
-        by, ids = [(pl.col("_g") * 2 ** j + pl.col("j")).alias("_c")], [pl.col("_g", "j").first()]
+        by, ids = [collective.key("_c")], [pl.col("_g", "j").first()]
     return (
         matched.group_by(*by)
         .agg(
@@ -292,22 +274,6 @@ def stragglers(matched: pl.DataFrame, refused_phases: pl.DataFrame | None = None
         .sort(["phase", "caused_wait_ns", "last_arrivals", "rank", "domain"],
               descending=[False, True, True, False, False], nulls_last=True)
     )
-
-
-_STRAGGLER_WAIT_SHARE = 0.5  # a rank that caused this share of a phase's collective waiting is its straggler
-STRAGGLER_FLOOR = 0.01  # ... when that waiting is at least this share of the cycle period, per cycle
-
-
-def verdict(st: pl.DataFrame) -> pl.DataFrame:
-    """The straggler of each phase from :func:`stragglers` rows: the rank that caused most of the waiting, when it
-    caused at least :data:`_STRAGGLER_WAIT_SHARE` of it (one row per phase at most; phases outside any range
-    have none). Every verb names the straggler through this."""
-    if st.height == 0:
-        return st
-    return (st.filter(pl.col("phase").is_not_null() & (pl.col("caused_wait_ns") > 0)
-                      & (pl.col("wait_share") >= _STRAGGLER_WAIT_SHARE))
-            .sort("phase", "caused_wait_ns", "rank", descending=[False, True, False])
-            .group_by("domain", "phase", maintain_order=True).head(1))
 
 
 def _mismatches(kernels: pl.DataFrame, counts: pl.DataFrame | None = None) -> pl.DataFrame:
@@ -418,6 +384,9 @@ def phase_comm_split(phases: pl.DataFrame, kernels: pl.DataFrame
 
 
 _PACKED = ("_row", "_g", "last", "first_arrival", "end_spread_ns", "delay_ns", "is_last")
+# The columns of the steady view's matched collectives (:func:`unpacked`, or :func:`match` narrowed to them).
+MATCHED_COLUMNS = ("rank", *_KEY, "range_id", "start", "end", "_g", "duration_ns", "last", "first_arrival",
+                   "end_spread_ns", "skew_ns", "wait_ns", "transfer_ns", "delay_ns", "is_last")
 
 
 def packed(matched: pl.DataFrame) -> pl.DataFrame:
@@ -436,7 +405,8 @@ def unpacked(kernels: pl.DataFrame, p: pl.DataFrame) -> pl.DataFrame:
             .with_columns(skew_ns=pl.col("last") - pl.col("start"))
             .with_columns(wait_ns=pl.min_horizontal("duration_ns", "skew_ns"))
             .with_columns(transfer_ns=pl.col("duration_ns") - pl.col("wait_ns"), delay_ns=p["delay_ns"],
-                          is_last=p["is_last"]))
+                          is_last=p["is_last"])
+            .select(MATCHED_COLUMNS))
 
 
 def cross_rank(results: list, paired: windows.Paired | None = None, keys: pl.DataFrame | None = None,
@@ -508,6 +478,7 @@ def cross_rank(results: list, paired: windows.Paired | None = None, keys: pl.Dat
         diagnostics=diags,
         refused=ref,
         left_out_kernels=every.height - kernels.height,
+        matched_collectives=_collectives_in(matched),
     )
     del matched
     if keys is None or out.matched.height == 0:  # else the whole run's tables are not made: within makes its own
@@ -522,7 +493,7 @@ def within(cr: CommResult, keys: pl.DataFrame, cycles: str) -> CommResult:
     ``cr`` is consumed: its matched rows move into the returned result a column at a time (``cr.matched`` is left
     empty), so that the two frames (200 MB each at 10 M kernels) are never whole at once."""
     if cr.matched.height == 0:
-        return dataclasses.replace(cr, cycles=cycles, straggler=verdict(cr.stragglers))
+        return dataclasses.replace(cr, cycles=cycles, straggler=straggler.verdict(cr.stragglers))
     # The rows kept in their order (by first arrival, _g, j, rank: one row each): no concatenation, no sort.
     full, n = cr.matched, cr.matched.height
     steady = keys.select("rank", "range_id").unique().with_columns(_in=pl.lit(True))
@@ -537,4 +508,10 @@ def within(cr: CommResult, keys: pl.DataFrame, cycles: str) -> CommResult:
     m = pl.DataFrame(kept)
     st = stragglers(m, cr.refused)
     return dataclasses.replace(cr, matched=m, collectives=_summary(m, cr.refused), stragglers=st, cycles=cycles,
-                               outside_cycles=n - m.height, straggler=verdict(st))
+                               outside_cycles=n - m.height, straggler=straggler.verdict(st),
+                               matched_collectives=_collectives_in(m))
+
+
+def _collectives_in(matched: pl.DataFrame) -> int:
+    """How many collectives ``matched`` (one row per collective and rank) holds."""
+    return matched.select(pl.struct("_g", "j").n_unique()).item() if matched.height else 0

@@ -1,9 +1,9 @@
 """Compare two traces: per piece of the cycle (phases, seams, the gap between cycles, prefill), the GPU time per
 cycle in A and B, B − A split into compute, communication and idle, one ranking, a noise-aware verdict.
 
-- **Steady state only** on both sides (:mod:`analyze.compute.steady`: recurring slow cycles included, warm-up and
+- **Steady state only** on both sides (:mod:`analyze.compute.steady_cycles`: recurring slow cycles included, warm-up and
   rare stalls left out; the same choice, e.g. ``--skip-cycles``, applies to both). Pieces are the cycle
-  budget's (:func:`analyze.compute.headline.cycle_pieces`), matched by base name (``eagle3.verify`` and
+  budget's (:func:`analyze.compute.cycle_budget.cycle_pieces`), matched by base name (``eagle3.verify`` and
   ``verify`` compare; ``seam:draft→verify``; ``between cycles``; ``prefill``), so that a row's per-cycle value
   is the one ``analyze`` prints in its budget for the same cycles, and the rows add up to the cycle period.
 - **Per cycle** = for each steady cycle (its key across ranks), the mean over its ranks; then the mean over the
@@ -29,9 +29,13 @@ from dataclasses import dataclass
 import polars as pl
 
 from ..model import Result
-from . import headline, steady
+from ..read import packed_keys
+from . import cycle_budget, steady_cycles, steady_tables, view
+from .cycles import selection
+from .payload import base_expr
 from .scalars import real, to_float
-from .tokens import DEFINITION, Tokens, base_expr, selection, summary
+from .steady_cycles import Selection
+from .tokens import DEFINITION, Tokens, summary
 
 __all__ = ["BOOT", "MAX_DRAWS", "SPLIT", "VALS", "PHASE_KINDS", "Comparison", "per_cycle", "kernels", "warnings",
            "Side", "compare_results", "compare_sides", "slower_than"]
@@ -103,19 +107,19 @@ class Comparison:
 
 def _n_cycles(res: Result) -> int:
     """Steady cycles with a period, summed over ranks."""
-    return headline.steady_keys(res).height
+    return cycle_budget.steady_keys(res).height
 
 
+@view.table(name="compare_long")
 def _long(res: Result) -> pl.DataFrame:
     """``rank, key, name, kind`` and the piece's ``ns, compute_ns, comm_ns, idle_ns`` of every steady cycle
-    (computed once per result: :func:`per_cycle` and :func:`_wide` both read it)."""
-    def run():
-        p = headline.rows_in(headline.cycle_pieces(res), headline.steady_keys(res), on=("rank", "key"))
-        return (p.group_by("rank", "key", name="item")
-                .agg(kind=pl.col("kind").first(), ns=pl.col("ns").sum(), compute_ns=pl.col("compute_ns").sum(),
-                     comm_ns=pl.col("comm_ns").sum(), idle_ns=pl.col("idle_ns").sum())
-                .with_columns(pl.col(*VALS).fill_null(0.0), pl.col("name", "kind").cast(pl.String)))
-    return headline.memoised(res, "compare_long", run)
+    (made once per result: :func:`per_cycle` and :func:`_wide` both read it)."""
+    p = packed_keys.semi_join(cycle_budget.cycle_pieces(res), cycle_budget.steady_keys(res), ["rank", "key"])
+    return (p.group_by("rank", "key", name="item")
+            .agg(kind=pl.col("kind").first(), ns=pl.col("ns").sum(), compute_ns=pl.col("compute_ns").sum(),
+                 comm_ns=pl.col("comm_ns").sum(), idle_ns=pl.col("idle_ns").sum())
+            .with_columns(pl.col(*VALS).fill_null(0.0), pl.col("name", "kind").cast(pl.String))
+            .sort("rank", "key", "name"))  # (the same table however it was made)
 
 
 def per_cycle(res: Result, by_rank: bool = False) -> pl.DataFrame:
@@ -125,10 +129,10 @@ def per_cycle(res: Result, by_rank: bool = False) -> pl.DataFrame:
     if lg.height == 0:
         return pl.DataFrame(schema={"name": pl.String, "kind": pl.String, **{c: pl.Float64 for c in VALS}})
     if by_rank:
-        n = headline.steady_keys(res).group_by("rank").agg(_n=pl.len())
+        n = cycle_budget.steady_keys(res).group_by("rank").agg(_n=pl.len())
         return (lg.group_by("rank", "name").agg(pl.col("kind").first(), *[pl.col(c).sum() for c in VALS])
                 .join(n, on="rank").with_columns(pl.col(*VALS) / pl.col("_n")).drop("_n"))
-    ranks = headline.steady_keys(res).group_by("key").agg(_r=pl.len())
+    ranks = cycle_budget.steady_keys(res).group_by("key").agg(_r=pl.len())
     nkeys = ranks.height
     return (lg.join(ranks, on="key").with_columns(pl.col(*VALS) / pl.col("_r"))
             .group_by("name").agg(pl.col("kind").first(), *[(pl.col(c).sum() / nkeys) for c in VALS]))
@@ -136,10 +140,10 @@ def per_cycle(res: Result, by_rank: bool = False) -> pl.DataFrame:
 
 def _wide(res: Result) -> pl.DataFrame:
     """One row per steady cycle (``key``): period and tokens (mean over its ranks) and each piece's ns."""
-    keys = headline.steady_keys(res)
+    keys = cycle_budget.steady_keys(res)
     if keys.height == 0:
         return pl.DataFrame()
-    c = headline.rows_in(headline.main_cycles(res), keys, on=("rank", "key"))
+    c = packed_keys.semi_join(cycle_budget.main_cycles(res), keys, ["rank", "key"])
     cyc = (c.group_by("key").agg(period=pl.col("period_ns").mean(), tokens=pl.col("tokens").mean(),
                                  _r=pl.col("rank").n_unique()))
     lg = _long(res)
@@ -233,7 +237,7 @@ def kernels(a, b, tok: bool, ta, tb, top: int = 3) -> pl.DataFrame:
 
 def _kernels_of(res: Result) -> pl.DataFrame:
     """One side of :func:`kernels`: per phase (base name) and kernel, time and count per cycle."""
-    k = headline.kernels(res).with_columns(phase=base_expr("phase"))
+    k = steady_tables.kernels(res).with_columns(phase=base_expr("phase"))
     return k.group_by("phase", "name").agg(pl.col("per_cycle_ns").sum(), pl.col("count_per_cycle").sum())
 
 
@@ -256,7 +260,7 @@ class _Capture:
     graph_trace_mode: str | None
     ranks: int
     gpus: list[str]
-    selection: dict
+    selection: Selection
 
     @classmethod
     def of(cls, res: Result) -> _Capture:
@@ -282,8 +286,8 @@ def _warnings(a: _Capture, b: _Capture) -> list[str]:
         out.append(f"GPU models differ (A: {', '.join(ga)}; B: {', '.join(gb)})")
     for side, r in (("A", a), ("B", b)):
         info = r.selection
-        if info.get("how") == "detected" and (info.get("left_out_share") or 0) > steady.LEFT_OUT_WARN:
-            out.append(f"{side} leaves out {info['left_out_share']:.0%} of its cycles after warm-up (stalls, pauses): "
+        if info.how == "detected" and info.left_out_share > steady_cycles.LEFT_OUT_WARN:
+            out.append(f"{side} leaves out {info.left_out_share:.0%} of its cycles after warm-up (stalls, pauses): "
                        "its numbers describe the rest only")
     return out
 
@@ -313,7 +317,7 @@ class Side:
     def of(cls, res: Result) -> Side:
         return cls(name=", ".join(res.reports) or str(res.trace.path), cycles=_n_cycles(res), tokens=summary(res),
                    per_cycle=per_cycle(res), per_rank=per_cycle(res, True), wide=_wide(res),
-                   kernels=_kernels_of(res), steady=selection(res)["text"], straggler=_straggler(res),
+                   kernels=_kernels_of(res), steady=selection(res).text, straggler=_straggler(res),
                    capture=_Capture.of(res))
 
 
@@ -361,9 +365,9 @@ def compare_sides(a: Side, b: Side, boot: int = BOOT, seed: int = 0) -> Comparis
 
 
 def _straggler(res: Result) -> list[dict]:
-    """The straggler verdict of one side over its steady cycles (:func:`headline.straggler_verdict`: the one
+    """The straggler verdict of one side over its steady cycles (:func:`steady_tables.straggler_verdict`: the one
     ``analyze`` and ``comm`` name)."""
-    return headline.straggler_verdict(res).select("phase", "rank", "caused_wait_ns", "wait_share",
+    return steady_tables.straggler_verdict(res).select("phase", "rank", "caused_wait_ns", "wait_share",
                                                   "per_cycle_ns").to_dicts()
 
 

@@ -1,12 +1,12 @@
 """Ranked findings: what in a trace costs cycle time, the evidence, and what to try.
 
 Every rule is one row of :data:`RULES`: a code, what it looks at, what to try, and a check over the
-steady-state numbers (:mod:`analyze.compute.headline`) that returns hits. A hit's *impact* is the
+steady-state numbers (:mod:`analyze.compute.steady_tables`) that returns hits. A hit's *impact* is the
 cycle time (ns per cycle, mean over ranks unless the rule names a rank) it explains; findings are
 ranked by impact, and the severity is the impact's share of the cycle period: ``high`` from
 :data:`HIGH`, ``medium`` from :data:`MEDIUM`, ``low`` below (hits under :data:`FLOOR` are dropped).
 
-Collectives whose matched kernels do not end together across ranks (:func:`analyze.compute.headline.matching`)
+Collectives whose matched kernels do not end together across ranks (:func:`analyze.compute.steady_tables.matching`)
 give no straggler finding and no wait/transfer split: their pairing is suspect, and a wrong straggler sends an
 engineer after a problem that does not exist.
 
@@ -25,17 +25,20 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from ..model import InputError, Result
-from ..read import results
-from . import anatomy, breakdown, headline, steady, utilisation
+from ..read import packed_keys, results
+from . import anatomy, cycle_budget, steady_cycles, steady_tables, straggler, utilisation, view
+from .cycles import selection
+from .payload import CYCLE_NAMES, base_expr
 from .scalars import real, to_float
-from .tokens import CYCLE_NAMES, base_expr, selection, summary
+from .steady_cycles import Selection
+from .tokens import summary
 
 if TYPE_CHECKING:
-    from .whatif import Model
+    from .whatif_model import Model
 
 __all__ = ["HIGH", "MEDIUM", "FLOOR", "RULES", "COMM_SHARE", "IDLE_SHARE", "GAIN", "RuleContext", "Finding", "RuleHit", "Rule",
            "SAME", "launch_timing", "NCCL_KERNEL", "PROTOS", "NcclSetting", "nccl_setting", "comm_action",
-           "PHASE_SHARE", "severity", "prepare", "known", "context", "find"]
+           "PHASE_SHARE", "severity", "RuleInputs", "rule_inputs", "known", "context", "find", "findings_at"]
 
 HIGH, MEDIUM, FLOOR = 0.10, 0.03, 0.01
 COMM_SHARE = 0.10  # a phase's communication share of its span worth a finding
@@ -53,7 +56,7 @@ class RuleContext:
     phases: pl.DataFrame  # per rank, steady
     seams: pl.DataFrame  # seam instances, steady, with launch timing
     stragglers: pl.DataFrame
-    info: dict  # tokens.selection: which cycles are the steady state, and why
+    info: Selection  # which cycles are the steady state, and why
     model: Model | None  # the what-if model, when it could be fitted
     cycles: pl.DataFrame  # rank, ncyc: steady cycles per rank
     untrusted: set[str]  # phases whose matched collectives do not end together: no straggler or wait findings
@@ -162,15 +165,12 @@ def _ranks_txt(o: _OverRanks) -> str:
 def launch_timing(res: Result) -> pl.DataFrame:
     """Steady seam instances with ``late_ns`` (the GPU idle before the next range's first launch call began:
     the CPU was late) and ``held_ns`` (the rest of the gap: launched in time, started later)."""
-    s = headline.steady_seam_instances(res)
+    s = steady_tables.steady_seam_instances(res)
     if s.height == 0:
         return s
     nxt = res.instances.filter(pl.col("rank").is_not_null()).select("rank", "range_id", launch="i_first_launch")
     gap = (pl.col("b") - pl.col("a")).clip(lower_bound=0)
-    (s, nxt), on = breakdown.one_key(s, nxt)
-    if on == ["_key"]:
-        nxt = nxt.drop("rank", "range_id")
-    return (s.join(nxt, on=on, how="left").drop("_key", strict=False)
+    return (packed_keys.join(s, nxt, ["rank", "range_id"], how="left")
             .with_columns(late_ns=(pl.col("launch") - pl.col("a")).clip(lower_bound=0).fill_null(0))
             .with_columns(late_ns=pl.min_horizontal("late_ns", gap))
             .with_columns(held_ns=gap - pl.col("late_ns"), host_late=pl.col("launch") > pl.col("a")))
@@ -189,7 +189,7 @@ def _gap(ctx: RuleContext) -> list[RuleHit]:
     late = to_float(s["host_late"].mean()) if s.height else None
     ev = (f"the GPU is idle {_us(o.mean)} between the last GPU op of a cycle and the first of the next = "
           f"{_pct(o.mean / ctx.period_ns)} of the {_us(ctx.period_ns)} cycle ({_ranks_txt(o)})")
-    held = [c for c in ctx.classes if c.kept and c.piece == headline.GAP and c.per_cycle_ns > 0]
+    held = [c for c in ctx.classes if c.kept and c.piece == cycle_budget.GAP and c.per_cycle_ns > 0]
     if held:
         ev += "; of which " + ", ".join(f"{_us(c.per_cycle_ns)} from {c.label} (+{_us(c.extra_ns)} each)"
                                         for c in held)
@@ -269,7 +269,7 @@ class NcclSetting:
 def nccl_setting(res: Result, phase: str) -> NcclSetting | None:
     """The protocol of ``phase``'s collectives: the recorded environment's ``NCCL_PROTO``/``NCCL_ALGO`` (the manifest
     beside the capture), else the name of the NCCL kernel with the most time in the phase; None when neither says."""
-    from .tokens import read_manifest
+    from ..read.manifest import read_manifest
 
     env = (read_manifest(res.trace.path) or {}).get("nccl_env") or {}
     proto = PROTOS.get(str(env.get("NCCL_PROTO", "")).strip().lower())
@@ -321,10 +321,10 @@ def _class_stragglers(ctx: RuleContext) -> list:
 
 
 def _straggler(ctx: RuleContext) -> list[RuleHit]:
-    """One straggler verdict (:func:`collectives.verdict`, the rank that caused most of a phase's collective
-    waiting), named with its class when it is late only in a recurring class of cycles."""
+    """One straggler verdict (:func:`analyze.compute.straggler.verdict`, the rank that caused most of a phase's
+    collective waiting), named with its class when it is late only in a recurring class of cycles."""
     out = []
-    verdict = headline.straggler_verdict(ctx.res)
+    verdict = steady_tables.straggler_verdict(ctx.res)
     for c in _class_stragglers(ctx):
         v = verdict.filter((pl.col("phase") == c.phase) & (pl.col("rank") == c.rank))
         waits = (f"; over all steady cycles the other ranks wait {_us(v['per_cycle_ns'][0])} per cycle in "
@@ -335,7 +335,7 @@ def _straggler(ctx: RuleContext) -> list[RuleHit]:
             + ("the late rank from the matched collectives of those cycles" if c.evidence == "collectives"
                else "the late rank from the cycle budget of those cycles") + ")" + waits),
             phase=c.phase, rank=c.rank, every=c.every, extra_ns=c.extra_ns, cycles=c.affected))
-    v = headline.straggler_verdict(ctx.res).filter(pl.col("collectives") >= 5)
+    v = steady_tables.straggler_verdict(ctx.res, min_collectives=straggler.MIN_COLLECTIVES)
     named = {(h.rank, h.phase) for h in out}
     for r in v.iter_rows(named=True):
         if (r["rank"], r["phase"]) in named:
@@ -376,17 +376,17 @@ def _idle(ctx: RuleContext) -> list[RuleHit]:
 
 
 def _stalls(ctx: RuleContext) -> list[RuleHit]:
-    st = ctx.info.get("stalls") or []
-    if not st or not ctx.info.get("steady"):
+    st = ctx.info.stalls
+    if not st or not ctx.info.steady:
         return []
-    excess = sum(s["excess_ns"] for s in st)
-    per = excess / max(ctx.info["steady"], 1)
-    kept = ctx.info["how"] != "detected"
-    worst = max(st, key=lambda s: s["period_ns"])
+    excess = sum(s.excess_ns for s in st)
+    per = excess / max(ctx.info.steady, 1)
+    kept = ctx.info.how != "detected"
+    worst = max(st, key=lambda s: s.period_ns)
     where = next((c for c in ctx.classes if c.kind == "stall"), None)
     return [RuleHit(per, (
-        f"{len(st)} cycle(s) took longer than {_us(ctx.info['limit_ns'])} (median period "
-        f"{_us(ctx.info['median_ns'])}) and do not recur, the worst cycle {worst['key']} at {_us(worst['period_ns'])}; "
+        f"{len(st)} cycle(s) took longer than {_us(ctx.info.limit_ns or 0.0)} (median period "
+        f"{_us(ctx.info.median_ns or 0.0)}) and do not recur, the worst cycle {worst.key} at {_us(worst.period_ns)}; "
         f"together {_us(excess)} more than median cycles, {_us(per)} per steady cycle"
         + (f"; {where.text}" if where else "")
         + (" (kept in the numbers: you chose the cycles)" if kept else " (left out of the numbers above)")),
@@ -394,10 +394,10 @@ def _stalls(ctx: RuleContext) -> list[RuleHit]:
 
 
 def _left_out(ctx: RuleContext) -> list[RuleHit]:
-    share = ctx.info.get("left_out_share") or 0.0
-    if ctx.info.get("how") != "detected" or share <= steady.LEFT_OUT_WARN:
+    share = ctx.info.left_out_share
+    if ctx.info.how != "detected" or share <= steady_cycles.LEFT_OUT_WARN:
         return []
-    n = ctx.info.get("post_warmup") or 0
+    n = ctx.info.post_warmup
     return [RuleHit(share * ctx.period_ns, (
         f"{share:.0%} of the {n} cycles after warm-up are left out of the steady state (rare stalls and pauses): "
         "the headline numbers describe the rest only"))]
@@ -411,13 +411,13 @@ def _whatif(ctx: RuleContext) -> list[RuleHit]:
         return []
     best, now = m.best(measured_only=True), m.predict(m.steps_now)
     far = m.best()
-    if best is None or best["steps"] == m.steps_now or not now["tokens_per_s"]:
+    if best is None or best.tokens_per_s is None or best.steps == m.steps_now or not now.tokens_per_s:
         return []
-    gain = best["tokens_per_s"] / now["tokens_per_s"] - 1
+    gain = best.tokens_per_s / now.tokens_per_s - 1
     if gain < GAIN:
         return []
-    ev = (f"the what-if model predicts {best['tokens_per_s']:,.0f} tokens/s at {best['steps']} draft steps against "
-          f"{now['tokens_per_s']:,.0f} at the current {m.steps_now} (+{_pct(gain)}; acceptance α = {m.alpha:.2f} "
+    ev = (f"the what-if model predicts {best.tokens_per_s:,.0f} tokens/s at {best.steps} draft steps against "
+          f"{now.tokens_per_s:,.0f} at the current {m.steps_now} (+{_pct(gain)}; acceptance α = {m.alpha:.2f} "
           "fitted on this trace, model assumptions in `spectrace whatif --explain`)")
     if m.verify_source == "assumed":
         ev += ("; verify's cost per extra verified token is ASSUMED 0 (not measured: no baseline, one batch size): "
@@ -425,9 +425,9 @@ def _whatif(ctx: RuleContext) -> list[RuleHit]:
     elif m.verify_source == "gpu_metrics" and m.verify_prior is not None:  # "gpu_metrics" comes with its prior
         ev += (f"; verify's cost per extra verified token is a PRIOR from its measured {m.verify_prior['bound']}-bound "
                "GPU metrics (not a measured slope): confirm with a run at that step count")
-    if far is not None and far["steps"] != best["steps"]:
-        ev += (f"; {far['steps']} steps predicts more ({far['tokens_per_s']:,.0f} tokens/s) but is "
-               f"{abs(far['steps'] - m.steps_now)} steps from the measured {m.steps_now}: extrapolated, not "
+    if far is not None and far.steps != best.steps:
+        ev += (f"; {far.steps} steps predicts more ({far.tokens_per_s:,.0f} tokens/s) but is "
+               f"{abs(far.steps - m.steps_now)} steps from the measured {m.steps_now}: extrapolated, not "
                "recommended")
     return [RuleHit(gain * ctx.period_ns, ev)]
 
@@ -439,7 +439,7 @@ def _verify_how(source: str) -> str:
 
 def _whatif_per_batch(ctx: RuleContext) -> list[RuleHit]:
     """Different best step counts for different batch sizes (the what-if per segment)."""
-    from .whatif import NEAR_BEST
+    from .whatif_model import NEAR_BEST
 
     m = ctx.model
     segs = [sm.as_dict() for sm in (m.segments if m is not None else [])]
@@ -564,32 +564,41 @@ def severity(share: float) -> str:
     return "high" if share >= HIGH else "medium" if share >= MEDIUM else "low"
 
 
-def prepare(res: Result) -> None:
-    """The steady-state tables the rules read, computed (memoised), and the steady matched collectives they are made
-    from let go of (:func:`analyze.compute.headline.let_go`): what :func:`context` does before the what-if fit, the
-    biggest working set here. After it, the fit and the rest of a document share no large intermediate."""
-    for table in (headline.cycles_per_rank, headline.budget, headline.steady_phases, headline.stragglers,
-                  anatomy.cycle_classes, headline.matching):
-        table(res)
-    # Every table made from the steady matched collectives is kept now (memoised functions all: the order changes
-    # no number).
-    headline.let_go(res)
+@dataclass
+class RuleInputs:
+    """The steady-state tables the rules read (each a table of its own, kept with the result), made together."""
+
+    cycles: pl.DataFrame  # rank, ncyc: steady cycles per rank
+    budget: pl.DataFrame
+    phases: pl.DataFrame
+    stragglers: pl.DataFrame
+    classes: list[anatomy.CycleClass]
+    untrusted: set[str]
+
+
+@view.table(kept=False, releases=(steady_tables.matched, steady_tables.per_collective))
+def rule_inputs(res: Result) -> RuleInputs:
+    """The steady-state tables the rules read (:class:`RuleInputs`), made before the what-if fit, the biggest
+    working set here: the steady matched collectives they are made from are let go of once they are (declared:
+    ``releases``), so that the fit and the rest of a document share no large intermediate."""
+    ncyc = steady_tables.cycles_per_rank(res).rename({"cycles": "ncyc"})
+    budget, phases, stragglers = cycle_budget.budget(res), steady_tables.steady_phases(res), steady_tables.stragglers(res)
+    classes = anatomy.cycle_classes(res)
+    untrusted = set(steady_tables.matching(res).filter(~pl.col("trusted"))["phase"].to_list())
+    return RuleInputs(ncyc, budget, phases, stragglers, classes, untrusted)
 
 
 def known(res: Result) -> bool:
     """Whether :func:`find` (the default model) has the findings without making them (made in this process, or kept
     with the result in the cache)."""
-    return results.known(res, ("findings", repr(sorted(res.cycle_choice.items()))))
+    return view.known(_findings, res)
 
 
 def context(res: Result, model: Model | None = None) -> RuleContext:
     """The rules' inputs for one analysed trace (``model``: a fitted what-if model, else one is tried, with its
     per-segment models when the run has several batch sizes)."""
-    prepare(res)
-    ncyc = headline.cycles_per_rank(res).rename({"cycles": "ncyc"})
-    budget, phases, seams = headline.budget(res), headline.steady_phases(res), launch_timing(res)
-    stragglers, classes = headline.stragglers(res), anatomy.cycle_classes(res)
-    untrusted = set(headline.matching(res).filter(~pl.col("trusted"))["phase"].to_list())
+    tables = rule_inputs(res)
+    seams = launch_timing(res)
     if model is None:
         from . import whatif
 
@@ -597,18 +606,31 @@ def context(res: Result, model: Model | None = None) -> RuleContext:
             model = whatif.fitted(res)
         except InputError:
             model = None
-    return RuleContext(res=res, period_ns=float(summary(res).period_ns or 0.0), budget=budget, phases=phases,
-                       seams=seams, stragglers=stragglers, info=selection(res), model=model, cycles=ncyc,
-                       untrusted=untrusted, classes=classes)
+    return RuleContext(res=res, period_ns=float(summary(res).period_ns or 0.0), budget=tables.budget,
+                       phases=tables.phases, seams=seams, stragglers=tables.stragglers, info=selection(res),
+                       model=model, cycles=tables.cycles, untrusted=tables.untrusted, classes=tables.classes)
 
 
 def find(res: Result, model: Model | None = None) -> list[Finding]:
     """Ranked findings (:class:`Finding`), biggest impact first; ``model``: a fitted what-if model (else one is
-    tried). ``Result.steady.findings`` has them with the default model. With the default model they are kept with the
-    result (:func:`analyze.compute.headline.memoised`): a second command on the same capture reads them."""
-    if model is None:
-        return headline.memoised(res, "findings", lambda: _find(res, None))
-    return _find(res, model)
+    tried). ``Result.steady.findings`` has them with the default model. With the default model they are a table kept
+    with the result (:mod:`analyze.compute.view`): a second command on the same capture reads them."""
+    return _findings(res) if model is None else _find(res, model)
+
+
+@view.table(name="findings")
+def _findings(res: Result) -> list[Finding]:
+    """:func:`find` with the default model."""
+    return _find(res, None)
+
+
+@view.table(params=("steps_now",))
+def findings_at(res: Result, steps_now: int | None) -> list[Finding]:
+    """:func:`find` with the what-if model fitted at ``steps_now`` draft steps (:func:`analyze.compute.whatif.fitted`;
+    the report's, kept with the result as the model is)."""
+    from . import whatif
+
+    return _find(res, whatif.fitted(res, steps_now))
 
 
 def _find(res, model) -> list[Finding]:

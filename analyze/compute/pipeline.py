@@ -4,11 +4,11 @@ Attribution and every per-instance number are per process (an op joins its own p
 ranges and GPU), so :func:`process` runs the whole per-process body over one process of a *source*
 (:mod:`analyze.read.source`: frames in memory, or the parquet store) and returns small frames:
 instances, seams, coverage, its communication kernels numbered for matching, one rank row, and
-counts for the diagnostics. :func:`analyze` maps it over the processes (two at a time in threads
+counts for the diagnostics. :func:`result_of` maps it over the processes (two at a time in threads
 when they are small enough) and then runs the global steps once, on those small frames: rank
 numbering, per-phase sums, cross-rank collective matching, diagnostics.
 
-:func:`analyze_each` maps :func:`analyze` over several reports (worker processes, or any executor
+:func:`results_of` maps :func:`result_of` over several reports (worker processes, or any executor
 such as a Dask cluster's) and :func:`merge_results` makes one result of them: ranks numbered across reports in the
 order given; communication matched across all ranks with the clock alignment of
 :func:`analyze.compute.collectives.cross_rank`.
@@ -34,19 +34,21 @@ from typing import TYPE_CHECKING, NoReturn, TypeVar
 import polars as pl
 
 from ..model import GRAPH_LAUNCH, SYNC_API, Diagnostic, InputError, Result, Trace
-from ..read import results
-from ..read.protocols import ProcessSource
+from ..read import packed_keys, results
+from ..read.protocols import ProcessSource, ShowProgress, no_progress
 from ..read.source import ManyWindows, OpsWindow, StoreSource, open_source
-from ..read.store import CacheError, Progress, discard, existing_store, open_store
+from ..read.store.install import discard, existing_store, open_store
+from ..read.store.reader import CacheError
 from . import attribute, breakdown, collectives, host, windows
 from .comm_patterns import PATTERNS, CommPattern, family_expr
 from .diagnostics import FACTS, diagnose
+from .scalars import to_int
 
 if TYPE_CHECKING:
-    from ..read.store import Store
+    from ..read.store.reader import Store
 
-__all__ = ["ProcessContext", "ProcessResult", "op_kinds", "process", "analyze", "analyze_for_merge", "merge_results",
-           "analyze_each"]
+__all__ = ["ProcessContext", "ProcessResult", "op_kinds", "process", "result_of", "result_for_merge", "merge_results",
+           "results_of"]
 
 _T = TypeVar("_T")
 _WORK_COLS = ("pid", "device", "corr", "start", "end", "kind", "name_id", "label", "in_graph")  # of OPS_SCHEMA
@@ -150,7 +152,7 @@ class ProcessContext:
 
 @dataclasses.dataclass
 class ProcessResult:
-    """What :func:`process` measured of one process: small frames and counts, merged by :func:`analyze`.
+    """What :func:`process` measured of one process: small frames and counts, merged by :func:`result_of`.
 
     Ranks are provisional (one process cannot know its rank among the others: renumbered globally). A frame is
     None when the process has none of it: no GPU operation (then only ``instances``, when it opened ranges) or,
@@ -247,7 +249,7 @@ def process(source: ProcessSource, pid: int, ctx: ProcessContext) -> ProcessResu
     comm = (ops.lazy().filter(is_comm)
             .select(pl.lit("kernel").alias("kind"), "range_id", "corr", "start", "end", "_kind")  # what comm_kernels reads
             .with_columns(*_gather_kinds(ctx.kinds, ["comm", "name"]), rank=pl.lit(rank, pl.Int64)).collect())
-    out = ProcessResult(facts, rk, _kernel_stats(ops, ctx.kinds, rank))
+    out = ProcessResult(facts, rk, _kernel_stats(ops, ctx.kinds, rank, nested))
     if ctx.keep_ops:
         kept = [c for c in ops.columns if c != "_kind"]
         out.ops = ops.with_columns(*_gather_kinds(ctx.kinds, ["name"]), rank=pl.lit(rank, pl.Int64)).select(
@@ -302,7 +304,7 @@ def _launch_graphs(ops: pl.DataFrame, graphs: bool) -> pl.DataFrame:
 
 def _payload_batches(sel: pl.DataFrame) -> bool:
     """Whether the selected ranges carry the hooks' payload with a batch size (then segments need no graph ids)."""
-    from .tokens import decode_exprs
+    from .payload import decode_exprs
 
     cols = [c for c in ("uint64", "int64") if c in sel.columns]
     if not cols or sel.height == 0:
@@ -322,19 +324,30 @@ def _duplicate_ops(ops: pl.DataFrame) -> int:
     return cand.height - cand.select("corr", "start", "end").unique().height
 
 
-def _kernel_stats(ops: pl.DataFrame, kinds: pl.DataFrame, rank: int | None) -> pl.DataFrame:
+def _kernel_stats(ops: pl.DataFrame, kinds: pl.DataFrame, rank: int | None, nested: pl.DataFrame) -> pl.DataFrame:
     """GPU operations inside selected ranges summed per (process, range instance, name): ``count, kernel_ns``.
 
-    One process (rank ``rank``): grouped on one integer key (range instance × kind of op: ``_kind``, see
-    :func:`_kind_codes`), the names, process and rank added after; nothing per operation but that key."""
-    n = max(kinds.height, 1)
+    One process (rank ``rank``; ``nested``: its ranges, which the ops' range ids are of): grouped on one integer key
+    (range instance × kind of op: ``_kind``, see :func:`_kind_codes`; :func:`analyze.read.packed_keys.bounded`, the
+    two columns if they do not pack), the names, process and rank added after; nothing per operation but that key."""
+    # (range ids from 0 to the process's highest, kinds from 0 to n - 1: no pass over the ops to measure them; a null
+    # in either: a null key)
+    lo, hi = nested["range_id"].min(), nested["range_id"].max()
+    instance_kind = packed_keys.bounded(["range_id", "_kind"], [(min(to_int(lo or 0), 0), to_int(hi or 0)),
+                                                                (0, max(kinds.height - 1, 0))])
+    if instance_kind is None:
+        by, known = [pl.col("range_id", "_kind")], pl.col("_kind").is_not_null()
+    else:
+        by, known = [instance_kind.key("key")], pl.col("key").is_not_null()
     # Lazy: the four columns it reads projected first (an eager group-by of the wide frame takes twice as long).
     per = (ops.lazy().filter(pl.col("range_id").is_not_null())
-           .group_by(key=pl.col("range_id") * n + pl.col("_kind"))
+           .group_by(*by)
            .agg(count=pl.len(), kernel_ns=(pl.col("end") - pl.col("start")).sum())
-           .filter(pl.col("key").is_not_null()).collect())
+           .filter(known).collect())
     names = kinds.select("name").with_row_index("_kind").with_columns(pl.col("_kind").cast(pl.Int64))
-    per = per.with_columns(range_id=pl.col("key") // n, _kind=pl.col("key") % n).join(names, on="_kind", how="left")
+    if instance_kind is not None:
+        per = per.with_columns(instance_kind.unpacked("key"))
+    per = per.join(names, on="_kind", how="left")
     if kinds["name"].null_count() == 0 and kinds["name"].n_unique() == kinds.height:
         # each name is one kind: a (range, name) is one (range, kind), already summed (no second group-by)
         per = per.with_columns(pl.col("count").cast(pl.Int64))
@@ -351,7 +364,7 @@ def _without_gpu(nested: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
         x_gpu_idle_ns=pl.lit(0, pl.Int64), i_gpu_idle_ns=pl.lit(0, pl.Int64)), None)
 
 
-def analyze(
+def result_of(
     report: str | os.PathLike | Trace | Store,
     ranges: str | None = None,
     comm_patterns: list[CommPattern] | None = None,
@@ -359,7 +372,7 @@ def analyze(
     store: bool | None = None,
     cache: bool | None = None,
     keep_ops: bool = False,
-    progress: bool | None = None,
+    progress: ShowProgress | None = None,
     workers: int = 2,
 ) -> Result:
     """Attribute the GPU work of one nsys export to phases (see the README for the definitions).
@@ -369,9 +382,11 @@ def analyze(
     where the rows live (:func:`analyze.read.source.open_source`; by default: in memory for small exports,
     the parquet store beside the report for large ones, any valid cache reused). ``keep_ops``: keep every
     GPU operation in ``Result.ops`` (memory grows with the trace). ``workers``: processes analysed at once.
+    ``progress``: meters of the store's build and of the analysis (None: none; :func:`analyze.api.analyze` passes
+    the terminal's bar, :func:`analyze.output.progress.terminal_bar`).
     """
     try:
-        return _analyze(report, store, cache, progress, ranges, comm_patterns, keep_ops, workers)
+        return _cached_or_run(report, store, cache, progress, ranges, comm_patterns, keep_ops, workers)
     except CacheError as e:
         if e.store is None:  # a temporary store, or a cache just built: nothing to rebuild
             raise
@@ -382,7 +397,7 @@ def analyze(
     path = report if isinstance(report, str | os.PathLike) else broken.meta["report"]
     try:
         fresh = open_store(path, progress=progress, cache_dir=root, broken=broken.meta.get("build"))
-        return _analyze(fresh, store, cache, progress, ranges, comm_patterns, keep_ops, workers)
+        return _cached_or_run(fresh, store, cache, progress, ranges, comm_patterns, keep_ops, workers)
     except CacheError as e:
         if e.store is not None:  # not kept: it could not be read twice (only that build: never another's)
             discard(e.store.root, e.store.meta.get("build"))
@@ -391,11 +406,11 @@ def analyze(
                          "SPECTRACE_CACHE_DIR to another place", "CACHE_BROKEN") from None
 
 
-def _analyze(report, store, cache, progress, ranges, comm_patterns, keep_ops, workers) -> Result:
+def _cached_or_run(report, store, cache, progress, ranges, comm_patterns, keep_ops, workers) -> Result:
     if isinstance(report, str | os.PathLike) and not keep_ops and cache is not False and store is not False:
         found = existing_store(report)  # a kept result is read before the source is opened (its head, checks)
         if found is not None:
-            from .tokens import read_manifest
+            from ..read.manifest import read_manifest
 
             key = results.result_key(str(Path(report)), found.meta.get("build"), ranges, comm_patterns,
                                      read_manifest(str(Path(report))))
@@ -407,7 +422,7 @@ def _analyze(report, store, cache, progress, ranges, comm_patterns, keep_ops, wo
         kept = getattr(source, "store", None)
         if keep_ops or kept is None or not kept.kept:  # the result cache lives in a kept store only
             return _run(source, ranges, comm_patterns, keep_ops, progress, workers)
-        from .tokens import read_manifest  # the cycles' tokens may come from it: part of the key
+        from ..read.manifest import read_manifest  # the cycles' tokens may come from it: part of the key
 
         key = results.result_key(source.path, kept.meta.get("build"), ranges, comm_patterns,
                                  read_manifest(source.path))
@@ -421,7 +436,7 @@ def _analyze(report, store, cache, progress, ranges, comm_patterns, keep_ops, wo
 
 
 def _run(source: ProcessSource, ranges: str | None, comm_patterns: list[CommPattern] | None, keep_ops: bool,
-         progress: bool | None, workers: int) -> Result:
+         progress: ShowProgress | None, workers: int) -> Result:
     head = source.head
     patterns = comm_patterns if comm_patterns is not None else list(PATTERNS)
     diags: list[Diagnostic] = list(source.notes)
@@ -440,7 +455,7 @@ def _run(source: ProcessSource, ranges: str | None, comm_patterns: list[CommPatt
                          graphs=not _payload_batches(sel), cycle_index=bad_index is None)
 
     pids = source.pids
-    bar = Progress(sum(source.ops_rows.values()), "spectrace: analysing", progress)
+    bar = (progress or no_progress)(sum(source.ops_rows.values()), "spectrace: analysing")
 
     def one(pid: int) -> ProcessResult:
         out = process(source, pid, ctx)
@@ -522,7 +537,7 @@ def _run(source: ProcessSource, ranges: str | None, comm_patterns: list[CommPatt
         kernels=kstat,
         host_calls=calls,
         comm_refused=refused.filter(pl.col("phase").is_not_null()),
-        memo={"matched_counted": collectives.packed(matched)},  # the headline tables narrow it to the steady cycles
+        counted_matches=collectives.packed(matched),  # the steady view narrows it to the steady cycles
     )
 
 
@@ -569,10 +584,10 @@ def _no_kernels() -> pl.DataFrame:
 # ---- several reports ------------------------------------------------------------------------------------
 
 
-def analyze_for_merge(path: str, ranges: str | None, comm_patterns: list[CommPattern] | None,
+def result_for_merge(path: str, ranges: str | None, comm_patterns: list[CommPattern] | None,
                       store: bool | None, cache: bool | None) -> Result:
-    """:func:`analyze` of one report for :func:`merge_results`: the unit a worker process, Ray or Dask task runs."""
-    return analyze(path, ranges, comm_patterns, store=store, cache=cache, progress=False)
+    """:func:`result_of` of one report for :func:`merge_results`: the unit a worker process, Ray or Dask task runs."""
+    return result_of(path, ranges, comm_patterns, store=store, cache=cache)
 
 
 def _offset(df: pl.DataFrame, base: int, i: int) -> pl.DataFrame:
@@ -649,7 +664,7 @@ def merge_results(results: list[Result]) -> Result:
     )
 
 
-def analyze_each(
+def results_of(
     paths: Sequence[str | os.PathLike | Trace | Store],
     ranges: str | None = None,
     comm_patterns: list[CommPattern] | None = None,
@@ -658,17 +673,17 @@ def analyze_each(
     cache: bool | None = None,
     jobs: int | None = None,
     executor: Executor | None = None,
-    progress: bool | None = None,
+    progress: ShowProgress | None = None,
 ) -> list[Result]:
-    """:func:`analyze` of each report, in parallel processes (``jobs``, default: CPUs, at most one per report).
+    """:func:`result_of` of each report, in parallel processes (``jobs``, default: CPUs, at most one per report).
 
     ``executor``: any ``concurrent.futures.Executor``-like object (``submit(fn, *args)`` returning
     futures with ``result()``) to run the per-report map elsewhere, e.g. a Dask cluster's
     ``Client.get_executor()``; the reports must be readable where the tasks run. Only the small
-    per-report results travel back. ``progress``: the bar of a single report (as :func:`analyze`).
+    per-report results travel back. ``progress``: the bar of a single report (as :func:`result_of`).
     """
     if len(paths) == 1 and executor is None:
-        return [analyze(paths[0], ranges, comm_patterns, store=store, cache=cache, progress=progress)]
+        return [result_of(paths[0], ranges, comm_patterns, store=store, cache=cache, progress=progress)]
     files = [str(p) for p in paths]
     _refuse_twice(files)
     for f in files:
@@ -676,15 +691,15 @@ def analyze_each(
             raise InputError(f"{f}: no such file", "NO_FILE")
     n = max(1, min(jobs or os.cpu_count() or 1, len(files)))
     if executor is not None:
-        return [t.result() for t in [executor.submit(analyze_for_merge, f, ranges, comm_patterns, store, cache)
+        return [t.result() for t in [executor.submit(result_for_merge, f, ranges, comm_patterns, store, cache)
                                      for f in files]]
     if n == 1:
-        return [analyze_for_merge(f, ranges, comm_patterns, store, cache) for f in files]
+        return [result_for_merge(f, ranges, comm_patterns, store, cache) for f in files]
     ex = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_start)
     futures = None
     try:
         with _workers_start_deaf():
-            futures = [ex.submit(_in_worker, analyze_for_merge, f, ranges, comm_patterns, store, cache) for f in files]
+            futures = [ex.submit(_in_worker, result_for_merge, f, ranges, comm_patterns, store, cache) for f in files]
         return [f.result() for f in futures]
     except (BrokenProcessPool, OSError) as e:
         if isinstance(e, OSError) and futures is not None:  # an I/O error of a report, raised in its worker

@@ -29,7 +29,9 @@ import polars as pl
 from nvtx_hooks.phases import CYCLE_ORDER
 
 from ..model import Diagnostic, InputError, Result
-from .tokens import base_expr, read_manifest, summary
+from ..read.manifest import read_manifest
+from .payload import base_expr
+from .tokens import summary
 
 __all__ = ["combine", "own_rate", "unprofiled_rate", "probe_effect"]
 

@@ -1,12 +1,14 @@
 """The steady state of an analysed trace, as one object: ``res.steady`` (:attr:`analyze.model.Result.steady`).
 
 Everything ``spectrace analyze`` prints over the steady cycles (warm-up and rare stalls left out, what recurs
-kept: :mod:`analyze.compute.steady`) is an attribute of :class:`SteadyState`: the cycle budget, the phases and
-seams per instance, the tokens, the slower cycles, the segments of one batch size, the stragglers, the ranked
+kept: :mod:`analyze.compute.steady_cycles`) is an attribute of :class:`SteadyState`: the cycle budget, the phases
+and seams per instance, the tokens, the slower cycles, the segments of one batch size, the stragglers, the ranked
 findings and the GPU utilisation. Each attribute calls the function that computes it
-(:mod:`analyze.compute.headline`, :mod:`~analyze.compute.tokens`, :mod:`~analyze.compute.anatomy`,
-:mod:`~analyze.compute.findings`, :mod:`~analyze.compute.utilisation`); those keep what they computed in
-``Result.memo``, so that asking twice computes once and the CLI, the report and a notebook share the tables.
+(:mod:`analyze.compute.steady_tables`, :mod:`~analyze.compute.cycle_budget`, :mod:`~analyze.compute.tokens`,
+:mod:`~analyze.compute.anatomy`, :mod:`~analyze.compute.findings`, :mod:`~analyze.compute.utilisation`); each is a
+derived table
+(:mod:`analyze.compute.view`), made once per result and cycle choice, so that the CLI, the report and a
+notebook share the tables.
 
 A :class:`SteadyState` holds nothing but its :class:`~analyze.model.Result`: ``res.steady`` builds one on each
 access (the class is attached to the Result by :func:`analyze.api.analyze`, the model layer does not import
@@ -19,10 +21,12 @@ from __future__ import annotations
 import polars as pl
 
 from ..model import Result
-from . import anatomy, findings, headline, utilisation
+from . import anatomy, cycle_budget, findings, steady_tables, utilisation
 from .anatomy import CycleClass, Segment
+from .cycles import cycles, selection
 from .findings import Finding
-from .tokens import Tokens, cycles, selection, summary
+from .steady_cycles import Selection
+from .tokens import Tokens, summary
 
 __all__ = ["SteadyState"]
 
@@ -37,8 +41,9 @@ class SteadyState:
         return f"SteadyState({self.selection['text']!r})"
 
     @property
-    def selection(self) -> dict:
-        """Which cycles are the steady state and why: ``text`` (the sentence ``analyze`` prints), ``how``, counts."""
+    def selection(self) -> Selection:
+        """Which cycles are the steady state and why (:class:`~analyze.compute.steady_cycles.Selection`): ``text``
+        (the sentence ``analyze`` prints, also ``selection["text"]``), ``how``, counts, stalls, classes, segments."""
         return selection(self.result)
 
     @property
@@ -59,49 +64,49 @@ class SteadyState:
     def budget(self) -> pl.DataFrame:
         """Where one steady cycle goes, per rank: ``rank, segment, kind, ns, share, gpu_idle_ns`` (the pieces add
         up to the cycle period)."""
-        return headline.budget(self.result)
+        return cycle_budget.budget(self.result)
 
     @property
     def phases(self) -> pl.DataFrame:
         """Per rank and phase: sums, per-instance mean/p50/p90 of span, compute, comm and idle, the comm
         wait/transfer split."""
-        return headline.steady_phases(self.result)
+        return steady_tables.steady_phases(self.result)
 
     @property
     def phases_all(self) -> pl.DataFrame:
         """Per phase over all ranks (``ranks``: how many had it)."""
-        return headline.steady_phases_all_ranks(self.result)
+        return steady_tables.steady_phases_all_ranks(self.result)
 
     @property
     def seams(self) -> pl.DataFrame:
         """Per rank and seam (``parent, from, to``): the idle between consecutive phases, with what bound it."""
-        return headline.steady_seams(self.result)
+        return steady_tables.steady_seams(self.result)
 
     @property
     def seams_all(self) -> pl.DataFrame:
         """Per seam over all ranks."""
-        return headline.steady_seams_all_ranks(self.result)
+        return steady_tables.steady_seams_all_ranks(self.result)
 
     @property
     def instances(self) -> pl.DataFrame:
         """Every range instance with ``steady`` (in a steady cycle) and its cycle ``key``."""
-        return headline.instances_marked_steady(self.result)
+        return steady_tables.instances_marked_steady(self.result)
 
     @property
     def kernels(self) -> pl.DataFrame:
         """GPU operations per phase, all ranks, biggest first, with per-cycle time and count."""
-        return headline.kernels(self.result)
+        return steady_tables.kernels(self.result)
 
     @property
     def stragglers(self) -> pl.DataFrame:
         """Per phase and rank: last arrivals at matched collectives and the waiting they caused."""
-        return headline.stragglers(self.result)
+        return steady_tables.stragglers(self.result)
 
     @property
     def straggler(self) -> pl.DataFrame:
         """The straggler of each phase (the one ``analyze``, ``comm``, ``compare`` and the report name), with
         ``per_cycle_ns``; no row when no rank makes the others wait enough."""
-        return headline.straggler_verdict(self.result)
+        return steady_tables.straggler_verdict(self.result)
 
     @property
     def cycle_classes(self) -> list[CycleClass]:
@@ -117,10 +122,7 @@ class SteadyState:
     def findings(self) -> list[Finding]:
         """The ranked findings, biggest impact first (:func:`analyze.compute.findings.find`, with the what-if
         model fitted on this trace when it can be)."""
-        key = ("findings", repr(sorted(self.result.cycle_choice.items())))
-        if key not in self.result.memo:
-            self.result.memo[key] = findings.find(self.result)
-        return self.result.memo[key]
+        return findings.find(self.result)
 
     @property
     def utilisation(self) -> pl.DataFrame:

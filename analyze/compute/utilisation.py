@@ -9,7 +9,7 @@ instance's GPU span.
   :data:`MIN_PERIODS` sampling periods gets no number (``short``): most of its samples' time would be its
   neighbours'.
 - **Per phase** (:func:`phases`): per rank, phase and scope — ``steady`` (the steady-state instances of
-  :mod:`analyze.compute.headline`), ``all`` (the whole run) and each decode-batch segment of the steady state
+  :mod:`analyze.compute.steady_tables`), ``all`` (the whole run) and each decode-batch segment of the steady state
   (``batch 16``) — the mean over its measured instances weighted by their sampled time, with ``samples``, the
   measured ``instances`` and the ``short`` ones. A phase whose every instance is short says so (``note``).
 - **Per seam** (:func:`seams`): the same over the gaps between consecutive phases (steady state).
@@ -29,8 +29,8 @@ import polars as pl
 
 from ..model import InputError, Result
 from ..read import gpu_metrics
-from . import headline
-from .tokens import cycles, selection
+from . import steady_tables, view
+from .cycles import cycles, selection
 
 __all__ = ["MIN_PERIODS", "DRAM_BOUND_PCT", "TENSOR_LOW_PCT", "TENSOR_BOUND_PCT", "ISSUE_BOUND_PCT",
            "IDLE_PCT", "period_ns", "interval_means", "instances", "scope_order", "phases", "bound_expr",
@@ -45,22 +45,19 @@ IDLE_PCT = 10.0  # SMs active below this share of the time: the GPU mostly idle 
 _SPAN_SCHEMA = {"rank": pl.Int64, "id": pl.Int64, "start": pl.Int64, "end": pl.Int64}
 
 
+@view.table(kept=False, any_choice=True, name="gpu_metrics_samples")
 def _samples(res: Result) -> dict[int, gpu_metrics.GpuSamples]:
-    """The GPU-metrics samples of each report of ``res`` (index in ``res.reports``), read once per result."""
-    key = ("gpu_metrics", "samples")
-    if key not in res.memo:
-        paths = res.reports or [res.trace.path]
-        out = {}
-        for i, p in enumerate(paths):
-            try:
-                s = gpu_metrics.read(p)
-            except (InputError, OSError) as e:  # the report went away or changed since it was analysed
-                res.memo[("gpu_metrics", "unread")] = f"{p}: GPU-metrics samples not read ({e})"
-                continue
-            if s is not None:
-                out[i] = s
-        res.memo[key] = out
-    return res.memo[key]
+    """The GPU-metrics samples of each report of ``res`` (index in ``res.reports``), read once per result (none of
+    a report that went away or changed since it was analysed)."""
+    out = {}
+    for i, p in enumerate(res.reports or [res.trace.path]):
+        try:
+            s = gpu_metrics.read(p)
+        except (InputError, OSError):  # the report went away or changed since it was analysed
+            continue
+        if s is not None:
+            out[i] = s
+    return out
 
 
 def period_ns(res: Result) -> int | None:
@@ -133,16 +130,14 @@ def interval_means(spans: pl.DataFrame, s: gpu_metrics.GpuSamples) -> pl.DataFra
     )
 
 
+@view.table(kept=False, name="utilisation_instances")
 def instances(res: Result) -> pl.DataFrame:
     """Per phase instance with GPU work: ``rank, report, range_id, domain, phase, steady, segment, start, end``
     and the columns of :func:`interval_means`; empty without samples."""
-    key = ("gpu_metrics", "instances", repr(sorted(res.cycle_choice.items())))
-    if key in res.memo:
-        return res.memo[key]
     got = _samples(res)
     out = pl.DataFrame()
     if got:
-        inst = headline.instances_marked_steady(res).filter(pl.col("left_out").is_null() & (pl.col("x_ops") > 0)
+        inst = steady_tables.instances_marked_steady(res).filter(pl.col("left_out").is_null() & (pl.col("x_ops") > 0)
                                               & pl.col("rank").is_not_null())
         rep = pl.col("report").cast(pl.Int64) if "report" in inst.columns else pl.lit(0, pl.Int64)
         seg = _segments(res)
@@ -150,17 +145,16 @@ def instances(res: Result) -> pl.DataFrame:
                             "steady", "top", start="x_first", end="x_last")
         spans = spans.join(seg, on=["rank", "top"], how="left").drop("top")
         out = _measure(res, spans, got)
-    res.memo[key] = out
     return out
 
 
 def _segments(res: Result) -> pl.DataFrame:
     """``rank, top, segment``: the decode-batch segment (its key, ``batch 16``) of each steady cycle."""
     c = cycles(res)
-    segs = selection(res).get("segments") or []
+    segs = selection(res).segments
     if c.height == 0 or "segment" not in c.columns or len(segs) < 2:
         return pl.DataFrame(schema={"rank": pl.Int64, "top": pl.Int64, "segment": pl.String})
-    names = pl.DataFrame({"segment": [s["segment"] for s in segs], "_name": [str(s["key"]) for s in segs]},
+    names = pl.DataFrame({"segment": [s.segment for s in segs], "_name": [str(s.key) for s in segs]},
                          schema={"segment": pl.Int64, "_name": pl.String})
     return (c.filter(pl.col("steady")).select("rank", top="range_id", segment=pl.col("segment").cast(pl.Int64))
             .join(names, on="segment", how="left").select("rank", "top", segment="_name"))
@@ -202,17 +196,14 @@ def scope_order() -> pl.Expr:
             .otherwise(pl.col("scope").str.extract(r"(\d+)$").cast(pl.Int64, strict=False).fill_null(-1)))
 
 
+@view.table(kept=False, name="utilisation_phases")
 def phases(res: Result) -> pl.DataFrame:
     """Per rank, phase and scope (``steady``, ``all``, the steady state's ``batch N`` segments), plus all-ranks
     rows (``rank`` null): the main metrics as columns (percent of peak), ``samples``, ``instances`` measured,
     ``short`` instances, ``bound`` and ``note``; empty without samples."""
-    key = ("gpu_metrics", "phases", repr(sorted(res.cycle_choice.items())))
-    if key in res.memo:
-        return res.memo[key]
     inst = instances(res)
     if inst.height == 0:
-        res.memo[key] = pl.DataFrame()
-        return res.memo[key]
+        return pl.DataFrame()
     ms = _metric_names(res)
     scoped = pl.concat([
         inst.filter("steady").with_columns(scope=pl.lit("steady")),
@@ -226,7 +217,6 @@ def phases(res: Result) -> pl.DataFrame:
     out = (out.with_columns(_o=scope_order()).sort("_o", "scope", pl.col("rank").is_null(), "rank", "sampled_ns", "domain",
                                             "phase", descending=[False, False, False, False, True, False, False])
            .drop("_o"))
-    res.memo[key] = out
     return out
 
 
@@ -276,7 +266,7 @@ def seams(res: Result) -> pl.DataFrame:
     """Per seam (``parent, from, to``) of the steady state, all ranks: the main metrics over the gaps between
     consecutive phases (``[end of from, start of to)``), as :func:`phases`; empty without samples."""
     got = _samples(res)
-    s = headline.steady_seam_instances(res)
+    s = steady_tables.steady_seam_instances(res)
     if not got or s.height == 0 or "a" not in s.columns:
         return pl.DataFrame()
     rep = pl.col("report").cast(pl.Int64) if "report" in s.columns else pl.lit(0, pl.Int64)

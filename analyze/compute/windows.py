@@ -47,9 +47,10 @@ import polars as pl
 from nvtx_hooks import phases as ph
 
 from ..model import Diagnostic
+from ..read import packed_keys
 from . import align, attribute
-from .scalars import whole, whole_or_none
-from .tokens import CYCLE_NAMES, base_expr, decode_exprs, decode_frame
+from .payload import CYCLE_NAMES, base_expr, decode_exprs, decode_frame
+from .scalars import whole_or_none
 
 __all__ = ["WRAP", "END_SPREAD_BOUND_NS", "CODES", "rank_window", "cycle_index_problem", "with_cycle",
            "ordinal", "Paired", "pair", "pair_reports"]
@@ -158,8 +159,9 @@ def _edges(inst: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
 def _dense(df: pl.DataFrame, by: list[str], cols: list[str]) -> pl.Series:
     """Per group ``by``, a dense number of the distinct values of ``cols`` in sorted order (rows as given; nulls
     last). One dense rank of the columns packed into one integer (a string column by its dense rank) when they are
-    integers, or strings, and pack into 62 bits; else one sort by every column."""
-    packed = _dense_packed(df, [*by, *cols])
+    integers, or strings, and pack into one key (:func:`analyze.read.packed_keys.sort_key`); else one sort by every
+    column."""
+    packed = packed_keys.sort_key(df, [*by, *cols], nulls="last")
     if packed is not None:
         r = df.select(*by, _r=packed.rank("dense").cast(pl.Int64))
         return r.select(pl.col("_r") - pl.col("_r").min().over(by))["_r"].alias("_k")
@@ -169,33 +171,6 @@ def _dense(df: pl.DataFrame, by: list[str], cols: list[str]) -> pl.Series:
     d = d.with_columns(_n=new.cast(pl.Int64).cum_sum(), _f=first)
     d = d.with_columns(_k=pl.col("_n") - pl.when("_f").then(pl.col("_n")).forward_fill())
     return d.sort("_i")["_k"]
-
-
-def _dense_packed(df: pl.DataFrame, cols: list[str]) -> pl.Expr | None:
-    """The columns ``cols`` of ``df`` as one integer that sorts as they sort together (nulls last), or None."""
-    if df.height == 0:
-        return None
-    parts, total = [], 1
-    for c in cols:
-        e = pl.col(c)
-        if df.schema[c] == pl.String:
-            e = e.rank("dense")  # 1 up, null stays null: at most as many values as distinct ones
-            ends: tuple = (1, df[c].n_unique())
-        elif df.schema[c].is_integer():
-            ends = df.select(e.min().alias("lo"), e.max().alias("hi")).row(0)
-        else:
-            return None
-        low, high = whole_or_none(ends[0]), whole_or_none(ends[1])
-        lo, hi = (0, 0) if low is None or high is None else (low, high)  # (0, 0): all null
-        width = hi - lo + 2  # one more value: null, last
-        total *= width
-        if total >= 2**62:
-            return None
-        parts.append(((e.cast(pl.Int64) - lo).fill_null(width - 1), width))
-    key = pl.lit(0, pl.Int64)
-    for e, w in parts:
-        key = key * w + e
-    return key
 
 
 def _epochs(x: pl.DataFrame) -> pl.DataFrame:
@@ -222,28 +197,18 @@ def ordinal(df: pl.DataFrame, key: str, name: str, out: str, by: tuple[str, ...]
     else:
         code = pl.col(name).rank("dense").cast(pl.Int64)
     d = df.with_columns(_nc=code)
-    n = whole(d["_nc"].max() or 0) + 1
-    lo, hi = whole_or_none(d[key].min()), whole_or_none(d[key].max())
-    if d.height == 0 or lo is None or hi is None or lo < 0 or (hi + 1) * n >= 2**62 or d["_nc"].null_count():
+    # one integer per group: (key, name code) packed, a null key a group of its own per name
+    group = packed_keys.packing((d,), [key, "_nc"], nulls="last")
+    if group is None:
         d = df.sort(*by, maintain_order=True) if by and not keep_order else df
         return d.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).over(key, name).alias(out))
     if keep_order:
         d = d.with_row_index("_row")
-    # a null key is a group of its own per name (as in a window): negative ids
-    d = d.with_columns(_gk=pl.coalesce(pl.col(key) * n + pl.col("_nc"), -1 - pl.col("_nc")))
-    d = _sorted(d, ["_gk", *by], maintain_order=True)
+    d = packed_keys.sort_by(d.with_columns(group.key("_gk")), ["_gk", *by], maintain_order=True)
     i = pl.int_range(pl.len(), dtype=pl.Int64)
     new = pl.col("_gk").ne_missing(pl.col("_gk").shift(1)).fill_null(True)
     d = d.with_columns((i - pl.when(new).then(i).forward_fill()).alias(out)).drop("_nc", "_gk")
     return d.sort("_row").drop("_row") if keep_order else d
-
-
-def _sorted(df: pl.DataFrame, cols: list[str], maintain_order: bool = False) -> pl.DataFrame:
-    """``df`` sorted by ``cols``: on one integer that sorts as they do together (:func:`_dense_packed`) when no
-    column has a null and they pack, else on the columns. Equal keys are equal rows: the same rows in the same order
-    either way."""
-    key = None if any(df[c].null_count() for c in cols) else _dense_packed(df, cols)
-    return df.sort(key if key is not None else cols, maintain_order=maintain_order)
 
 
 @dataclass
@@ -273,7 +238,7 @@ def _time_keys(cand: pl.DataFrame, anc: pl.DataFrame, kern: pl.DataFrame, bound:
     # gets its instance's rank, phase, start and number, and its phase's reference rank, in one join.
     io = (cand.select("range_id", "rank", *ph, _is="start")
           .filter(pl.col("range_id").is_in(inc["range_id"].unique().implode())))
-    io = (_sorted(io, ["_is", "range_id"])
+    io = (packed_keys.sort_by(io, ["_is", "range_id"])
           .with_columns(_o=pl.int_range(pl.len(), dtype=pl.Int64).over("rank", *ph)))
     ref = io.group_by(ph).agg(_ref=pl.col("rank").min(), _n=(pl.col("rank") == pl.col("rank").min()).sum())
     # (numbered on the four columns first: the sort moves them, not the ten after the join; the rows as before)
@@ -287,7 +252,7 @@ def _time_keys(cand: pl.DataFrame, anc: pl.DataFrame, kern: pl.DataFrame, bound:
     nonref = inc.filter(~is_ref)  # (the votes' other side, and the kernels checked below)
     right = nonref.select(*ph, "name", "rank", "end", _or="_o", _er="end")
     left = left.join(right.select(*ph, "rank").unique(), on=ph)
-    (left, right), by = _packed((left, right), [*ph, "name", "rank"])  # one integer to look up by
+    (left, right), by = packed_keys.with_key((left, right), [*ph, "name", "rank"])  # one integer to look up by
     right = right.drop(*ph, "name", "rank") if by == ["_key"] else right
     votes = (left.sort("end").join_asof(right.sort("end"), on="end", by=by, strategy="nearest", check_sortedness=False)
              .filter((pl.col("_er") - pl.col("end")).abs() <= bound)
@@ -302,7 +267,7 @@ def _time_keys(cand: pl.DataFrame, anc: pl.DataFrame, kern: pl.DataFrame, bound:
     refk = inc.filter(is_ref).select(*ph, "name", "_j", _a="_o", _eref="end")
     others = nonref.join(off.select(*ph, "rank", pl.col("offset").cast(pl.Int64)), on=[*ph, "rank"], how="left",
                          maintain_order="left").with_columns(_a=pl.col("_o") - pl.col("offset"))
-    (others, refk), on = _packed((others, refk), [*ph, "_a", "name", "_j"])
+    (others, refk), on = packed_keys.with_key((others, refk), [*ph, "_a", "name", "_j"])
     # (in the kernels' order, grouped by instance: the per-instance group-by below takes the sorted path)
     diff = (others.join(refk.select(*on, "_eref"), on=on, maintain_order="left").drop("_key", strict=False)
             .with_columns(_x=(pl.col("end") - pl.col("_eref")).abs()))
@@ -315,32 +280,6 @@ def _time_keys(cand: pl.DataFrame, anc: pl.DataFrame, kern: pl.DataFrame, bound:
                .join(cand.group_by("_ph").agg(pl.col(*_PHASE).first()), on="_ph").drop("_ph")
                .select(*_PHASE, pl.exclude(*_PHASE)).sort(*_PHASE, "rank"))
     return _TimeAlignment(io.select("range_id", "_a", "_mis"), offsets)
-
-
-def _packed(frames: tuple[pl.DataFrame, ...], cols: list[str], name: str = "_key"
-            ) -> tuple[tuple[pl.DataFrame, ...], list[str]]:
-    """The frames with ``name`` (``_key``): their integer (or Categorical) columns ``cols`` as one integer, and
-    ``[name]`` to join on (a join on one integer instead of several columns); the frames as they are and ``cols`` when a
-    column is of another type or the values do not pack into 62 bits. A null in any column makes the key null (it
-    matches nothing, as in a join on all of them)."""
-    if not all(f.schema[c].is_integer() or isinstance(f.schema[c], pl.Categorical | pl.Enum) for f in frames
-               for c in cols):  # (names as strings: merged reports)
-        return frames, cols
-    phys = [pl.col(c).to_physical().cast(pl.Int64) for c in cols]
-    ends = [f.select(*[e.min().alias(f"lo{i}") for i, e in enumerate(phys)],
-                     *[e.max().alias(f"hi{i}") for i, e in enumerate(phys)]).row(0) for f in frames]  # one pass each
-    n = len(cols)
-    lows = [min((r[i] for r in ends if r[i] is not None), default=0) for i in range(n)]
-    widths = [max((r[n + i] for r in ends if r[n + i] is not None), default=0) - lows[i] + 1 for i in range(n)]
-    total = 1
-    for w in widths:
-        total *= w
-    if total >= 2**62:
-        return frames, cols
-    key = pl.lit(0, pl.Int64)
-    for e, lo, w in zip(phys, lows, widths, strict=True):
-        key = key * w + (e - lo)
-    return tuple(f.with_columns(key.alias(name)) for f in frames), [name]
 
 
 def _median_above(df: pl.DataFrame, by: str, col: str, bound: int, out: str) -> pl.DataFrame:
@@ -378,7 +317,7 @@ def _keys(x: pl.DataFrame, anc: pl.DataFrame, kern: pl.DataFrame, bound: int = E
     disjoint = _disjoint_ranks(x)
     if disjoint:
         x = x.with_columns(cycle=pl.lit(None, pl.Int64))
-    ordered = _sorted(x, ["start", "range_id"])
+    ordered = packed_keys.sort_by(x, ["start", "range_id"])
     pay = (ordered.filter(pl.col("cycle").is_not_null())
            .with_columns(_b=pl.int_range(pl.len(), dtype=pl.Int64).over("rank", "_ph", "cycle"))
            .select("range_id", *_PHASE, "_ph", _src=pl.lit(0), _a="cycle", _b="_b", _p=pl.lit("")))
@@ -533,15 +472,16 @@ def _presence(x: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
     before that rank's window or after its last GPU op); ``_solo`` when another rank lacks it while recording
     (counted, but its collectives have no partner)."""
     # Phases by their code; null outside the paired phases. (phase, key, rank), (phase, key) and (phase, rank) each
-    # packed into one integer where they fit (:func:`_packed`): one-column group-bys and joins.
+    # packed into one integer where they fit (:func:`analyze.read.packed_keys.with_key`): one-column group-bys and
+    # joins.
     part = _paired_phases(x)
     x = x.with_columns(_ph=pl.when(pl.col("_ph").is_in(part["_ph"].unique().implode())).then("_ph"))
     keyed = x.filter(pl.col("key").is_not_null() & pl.col("rank").is_not_null() & pl.col("_ph").is_not_null()).select(
         "range_id", "rank", "_ph", "key", "start", _gpu=pl.col("i_ops") > 0,
         _okr=(pl.col("i_ops") > 0) & pl.col("cut").is_null() & ~pl.col("misaligned"))
-    (keyed,), gkr = _packed((keyed,), ["_ph", "key", "rank"], "_gkr")
-    (keyed,), gk = _packed((keyed,), ["_ph", "key"], "_gk")
-    (keyed, part), pr = _packed((keyed, part), ["_ph", "rank"], "_pr")
+    (keyed,), gkr = packed_keys.with_key((keyed,), ["_ph", "key", "rank"], "_gkr")
+    (keyed,), gk = packed_keys.with_key((keyed,), ["_ph", "key"], "_gk")
+    (keyed, part), pr = packed_keys.with_key((keyed, part), ["_ph", "rank"], "_pr")
     state = keyed.group_by(gkr).agg(*[pl.col(c).first() for c in dict.fromkeys([*gk, *pr]) if c not in gkr],
                                     _ok=pl.col("_okr").all())
     # Where every taking-part rank has the key (the rule), no rank lacks it: count the other ranks' bad states.

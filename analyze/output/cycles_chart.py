@@ -3,7 +3,7 @@
 Each cycle's period, per rank (one marker shape per rank), coloured by its class: typical, a class of slower
 cycles that recurs, a rare stall, or left out (warm-up, outside a chosen window); the batch-size segments are
 bands behind them. Hovering a cycle shows its cycle-budget pieces per rank (between cycles, each phase with its
-compute / comm / idle, each seam: :func:`analyze.compute.headline.cycle_pieces`, which add up to its period) and
+compute / comm / idle, each seam: :func:`analyze.compute.cycle_budget.cycle_pieces`, which add up to its period) and
 the classes and findings that name it; clicking one pins it and draws it across ranks as a Gantt on the GPU clock
 (each rank's pieces end at its cycle's last GPU op). The findings table links to its cycles here
 (``#cycles`` with ``data-finding``) and to the annotated timeline file.
@@ -52,12 +52,12 @@ def data(res: Result, found: list | None = None, timeline_file: str | None = Non
     """What the chart shows, as one JSON-ready object (module docstring): ``cycles`` (columns of
     ``res.steady.cycles``), ``pieces`` (columns, ``item``/``kind`` as indices into ``items``/``kinds``),
     ``classes``, ``segments``, ``findings`` (each with the cycles it names), ``ranks``, ``colors``."""
-    from ..compute import headline
+    from ..compute import cycle_budget
 
     found = res.steady.findings if found is None else found
     c = _cycles(res)
     cols = {k: c[k].to_list() if k in c.columns else [None] * c.height for k in _CYCLE_COLS}
-    p = headline.cycle_pieces(res)
+    p = cycle_budget.cycle_pieces(res)
     cut = None
     if p.height > MAX_PIECES:
         keep = p.select("key").unique().sort("key").with_columns(_n=pl.int_range(pl.len()))

@@ -16,8 +16,18 @@ import polars as pl
 
 from nvtx_hooks.capture import files
 
-from ..compute import anatomy, collectives, findings, headline, utilisation, whatif
-from ..compute.tokens import DEFINITION, cycles, selection, summary
+from ..compute import (
+    anatomy,
+    cycle_budget,
+    findings,
+    steady_tables,
+    straggler,
+    utilisation,
+    whatif,
+    whatif_replay,
+)
+from ..compute.cycles import cycles, selection
+from ..compute.tokens import DEFINITION, summary
 from ..model import InputError, Result
 from .targets import as_input_error, check_db, fences, inputs_of
 
@@ -36,19 +46,19 @@ def document(res: Result, found: list[findings.Finding] | None = None) -> dict:
     and the rare stalls left out, with where their time sits), ``segments`` (per decode batch size),
     ``stragglers_steady`` (per phase and rank: the collective waiting each caused) and ``straggler`` (the one
     verdict per phase), ``findings``."""
-    # The findings' tables first (findings.prepare): made from the steady matched collectives, which are let go of
-    # (headline.let_go) before the what-if fit, the document's biggest working set. Then the findings (the fit) on a
-    # second thread while this one builds the replay the fit asks for (whatif.fit_ahead: the fit's largest step)
-    # and makes the rest of the document; the tables they ask for are the document's own (memoised): no number
-    # changes.
+    # The findings' tables first (findings.rule_inputs): made from the steady matched collectives, which are let go of
+    # then (declared), before the what-if fit, the document's biggest working set. Then the findings (the fit) on a
+    # second thread while this one builds the replay the fit asks for (the fit's largest step, when the fit will
+    # build it: whatif.will_replay; a table: the fit waits for this one's) and makes the rest of the document; the
+    # tables they ask for are the document's own (each made once): no number changes.
     finding, fit = None, False
     if found is None:
-        findings.prepare(res)
+        findings.rule_inputs(res)
         fit = not findings.known(res)
         finding = _Beside(lambda: findings.find(res))
     try:
-        if finding is not None and fit:  # the replay their what-if fit asks for, built here meanwhile
-            whatif.fit_ahead(res)
+        if finding is not None and fit and whatif.will_replay(res):
+            whatif_replay.replay(res)
         d = _document(res)
     except Exception:
         if finding is not None:
@@ -89,18 +99,18 @@ class _Beside:
 def _document(res: Result) -> dict:
     """:func:`document` but for its findings (a placeholder, in their place)."""
     d = res.to_dict()
-    d["steady"] = {**selection(res), "definition": DEFINITION}
+    d["steady"] = {**selection(res).as_dict(), "definition": DEFINITION}
     d["tokens"] = summary(res).as_dict()
-    d["budget"] = headline.budget(res).to_dicts()
-    d["phases_steady"] = headline.steady_phases(res).to_dicts()
-    d["phases_steady_all_ranks"] = headline.steady_phases_all_ranks(res).to_dicts()
-    d["seams_steady"] = headline.steady_seams(res).to_dicts()
-    d["kernels"] = headline.kernels(res, TOP_KERNELS).to_dicts()
+    d["budget"] = cycle_budget.budget(res).to_dicts()
+    d["phases_steady"] = steady_tables.steady_phases(res).to_dicts()
+    d["phases_steady_all_ranks"] = steady_tables.steady_phases_all_ranks(res).to_dicts()
+    d["seams_steady"] = steady_tables.steady_seams(res).to_dicts()
+    d["kernels"] = steady_tables.kernels(res, TOP_KERNELS).to_dicts()
     d["cycle_classes"] = [c.as_dict() for c in anatomy.cycle_classes(res)]
     d["segments"] = [s.as_dict() for s in anatomy.segments(res)]
-    st = headline.stragglers(res)
+    st = steady_tables.stragglers(res)
     d["stragglers_steady"] = st.to_dicts()
-    d["straggler"] = collectives.verdict(st).to_dicts() if st.height else []
+    d["straggler"] = straggler.verdict(st).to_dicts()  # each phase's (the share rule: module straggler)
     d["findings"] = None  # (their place in the document: filled by document)
     util = utilisation.phases(res)
     if util.height:  # only for an export with GPU-metrics samples (docs/gpu-metrics.md)
@@ -122,16 +132,16 @@ CSV_TABLES = ("phases", "ranges", "seams", "ranks", "coverage", "instances", "ho
 
 def frame(res: Result, name: str) -> pl.DataFrame:
     """One result table by name; ``phases``/``ranges``/``seams`` include all-ranks rows (rank null), and so do
-    ``phases_steady``/``seams_steady`` (the steady state, :mod:`analyze.compute.headline`)."""
+    ``phases_steady``/``seams_steady`` (the steady state, :mod:`analyze.compute.steady_tables`)."""
     if name == "phases_steady":
-        return pl.concat([headline.steady_phases(res), headline.steady_phases_all_ranks(res).drop("ranks")], how="diagonal_relaxed")
+        return pl.concat([steady_tables.steady_phases(res), steady_tables.steady_phases_all_ranks(res).drop("ranks")], how="diagonal_relaxed")
     if name == "seams_steady":
-        s = headline.steady_seams(res)
-        return pl.concat([s, headline.steady_seams_all_ranks(res).drop("ranks")], how="diagonal_relaxed") if s.height else s
+        s = steady_tables.steady_seams(res)
+        return pl.concat([s, steady_tables.steady_seams_all_ranks(res).drop("ranks")], how="diagonal_relaxed") if s.height else s
     if name == "budget":
-        return headline.budget(res)
+        return cycle_budget.budget(res)
     if name == "kernels":
-        return headline.kernels(res)
+        return steady_tables.kernels(res)
     if name == "cycles":
         return cycles(res)
     if name == "cycle_classes":  # one row per class and budget piece that grew (its pieces, flat)

@@ -30,10 +30,22 @@ import polars as pl
 
 from nvtx_hooks.capture.files import NewFolder, utf8
 
-from ..compute import anatomy, findings, headline, utilisation, whatif
+from ..compute import (
+    anatomy,
+    cycle_budget,
+    findings,
+    steady_tables,
+    straggler,
+    utilisation,
+    view,
+    whatif,
+    whatif_model,
+)
 from ..compute import compare as cmp
+from ..compute.cycles import selection
+from ..compute.payload import cycle_order
 from ..compute.scalars import real
-from ..compute.tokens import DEFINITION, cycle_order, selection, summary
+from ..compute.tokens import DEFINITION, summary
 from ..model import InputError, Result
 from ..read import results
 from . import cycles_chart, terminal, timeline
@@ -133,8 +145,8 @@ def _page_key(res: Result, vs: Result | None, steps_now: int | None) -> str | No
         other = results.kept_key(vs)
         if other is None:
             return None
-    key = {"output": output_digest(), "cycles": repr(sorted(res.cycle_choice.items())), "steps_now": steps_now,
-           "vs": other, "vs_cycles": None if vs is None else repr(sorted(vs.cycle_choice.items())),
+    key = {"output": output_digest(), "cycles": res.cycle_choice.key, "steps_now": steps_now,
+           "vs": other, "vs_cycles": None if vs is None else vs.cycle_choice.key,
            "timing": res.probe_effect is not None}
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=repr).encode()).hexdigest()[:32]
 
@@ -142,7 +154,7 @@ def _page_key(res: Result, vs: Result | None, steps_now: int | None) -> str | No
 @dataclass
 class _Figures:
     """The page's figures, each drawn or read back: with a ``key`` (:func:`_page_key`), each figure's PNG is kept
-    with the result in its cache (:func:`analyze.read.results.derived`), and the same page of the same capture
+    with the result in its cache (a table: :mod:`analyze.compute.view`), and the same page of the same capture
     with the same options reads it instead of drawing it again; ``key`` None: drawn every time."""
 
     res: Result
@@ -163,11 +175,18 @@ class _Figures:
             fig.savefig(buf, format="png", dpi=_plots().DPI)
             return buf.getvalue()
 
-        data = png() if self.key is None else results.derived(self.res, ("figure", name, self.key), png)
+        data = png() if self.key is None else _figure(self.res, figure=name, page=self.key, draw=png)
         if not data:
             return ""
         return (f'<img src="data:image/png;base64,{base64.b64encode(data).decode("ascii")}" '
                 f'alt="{html.escape(alt)}" title="{name}">')
+
+
+@view.table(params=("figure", "page"), inputs=("draw",), name="report_figure")
+def _figure(res: Result, figure: str, page: str, draw: Callable[[], bytes]) -> bytes:
+    """The PNG of a report's ``figure`` that ``draw`` makes, kept with the result under its page's key
+    (:func:`_page_key`: what the page and the figure are drawn from)."""
+    return draw()
 
 
 def _p(text: str, cls: str = "note") -> str:
@@ -181,7 +200,7 @@ def _summary(res: Result, steps_now) -> Section:
             f"phases: {res.selection}"]
     body = [_p(" · ".join(bits))]
     info = selection(res)
-    body.append(_p(info["text"][0].upper() + info["text"][1:], "head"))
+    body.append(_p(info.text[0].upper() + info.text[1:], "head"))
     if tk.period_ns:
         line = (f"<b>{tk.period_ns / 1e3:,.1f} µs</b> cycle period, mean (p50 {real(tk.period_p50_ns) / 1e3:,.1f} µs, "
                 f"p90 {real(tk.period_p90_ns) / 1e3:,.1f} µs)")
@@ -197,7 +216,7 @@ def _summary(res: Result, steps_now) -> Section:
 
 
 def _budget(res: Result, figs: _Figures) -> Section:
-    b = headline.budget(res)
+    b = cycle_budget.budget(res)
     if b.height == 0:
         return Section("budget", "Cycle budget", _p("No steady cycles with a period: no cycle budget."))
     ranks = sorted(b["rank"].unique().to_list())
@@ -259,10 +278,10 @@ _PHASE_HEADS = {f"{k}_{s}_ns": f"{k} µs/inst {s}" for k in ("span", "compute", 
 def _phases(res: Result, figs: _Figures) -> Section:
     body = [_p("Per instance over the steady state (µs per instance: mean, p50, p90); span = compute + comm + idle "
                "(means add up; percentiles do not)."),
-            "<h3>All ranks</h3>", _table(headline.steady_phases_all_ranks(res).with_columns(_o=cycle_order()).sort("_o", "phase")
+            "<h3>All ranks</h3>", _table(steady_tables.steady_phases_all_ranks(res).with_columns(_o=cycle_order()).sort("_o", "phase")
                                          .select("phase", "ranks", *_PHASE_COLS[1:]), _PHASE_HEADS)]
     if res.ranks.height > 1:
-        per = headline.steady_phases(res).with_columns(_o=cycle_order()).sort("_o", "phase", "rank")
+        per = steady_tables.steady_phases(res).with_columns(_o=cycle_order()).sort("_o", "phase", "rank")
         body += ["<h3>Per rank</h3>", _table(per.select("phase", "rank", *_PHASE_COLS[1:]), _PHASE_HEADS)]
         hm = figs.img("rank_phase.png", "median span per rank and phase", lambda: _plots().rank_heatmap(res))
         if hm:
@@ -319,12 +338,12 @@ def utilisation_section(res: Result) -> Section | None:
 
 
 def _comm(res: Result, figs: _Figures) -> Section | None:
-    mt = headline.matching(res)
+    mt = steady_tables.matching(res)
     bad = mt.filter(~pl.col("trusted"))
     refused = set(bad["phase"].to_list())
-    p = headline.steady_phases(res).filter(~pl.col("phase").is_in(list(refused)))
+    p = steady_tables.steady_phases(res).filter(~pl.col("phase").is_in(list(refused)))
     split = figs.img("comm_split.png", "communication transfer vs wait per rank", lambda: _plots().comm_split(p))
-    st = headline.stragglers(res)
+    st = steady_tables.stragglers(res)
     st = st.filter(~pl.col("phase").is_in(list(refused))) if st.height else st
     notes = [d for d in res.diagnostics if d.code.startswith("COMM")]
     if not split and st.height == 0 and not notes and not refused:
@@ -339,9 +358,8 @@ def _comm(res: Result, figs: _Figures) -> Section | None:
     if st.height:
         body.append("<h3>Stragglers</h3>" + _p(
             "Per phase, over the steady cycles: the straggler is the rank that caused most of the waiting in the "
-            "phase's matched collectives (the other ranks' wait at the collectives it arrived last at), when that is "
-            "at least half of it and at least 1 % of the cycle per cycle — the same rule as the findings and "
-            "`spectrace comm`; \"–\" when no rank does. Every rank that ever arrived last is listed below it."))
+            "phase's matched collectives (the other ranks' wait at the collectives it arrived last at), "
+            f"{straggler.rule_text()}; \"–\" when no rank does. Every rank that ever arrived last is listed below it."))
         body.append(_table(_stragglers(res, st), {"wait_share": "% of the waiting", "per_cycle_ns": "others' wait µs/cycle"}))
         ever = st.filter(pl.col("last_arrivals") > 0)
         if ever.height:
@@ -357,8 +375,8 @@ def _comm(res: Result, figs: _Figures) -> Section | None:
 
 
 def _stragglers(res: Result, st: pl.DataFrame) -> pl.DataFrame:
-    """One row per phase: its straggler (:func:`headline.straggler_verdict`) and the wait it costs the others."""
-    v = headline.straggler_verdict(res).select("phase", straggler=pl.col("rank").cast(pl.String), wait_share="wait_share",
+    """One row per phase: its straggler (:func:`steady_tables.straggler_verdict`) and the wait it costs the others."""
+    v = steady_tables.straggler_verdict(res).select("phase", straggler=pl.col("rank").cast(pl.String), wait_share="wait_share",
                                                per_cycle_ns="per_cycle_ns")
     phases = st.filter(pl.col("phase").is_not_null()).group_by("phase").agg(pl.col("collectives").first())
     return (phases.join(v, on="phase", how="left")
@@ -406,7 +424,7 @@ def _segments(res: Result) -> Section | None:
 
 
 def _seams(res: Result, figs: _Figures) -> Section:
-    sa = headline.steady_seams_all_ranks(res)
+    sa = steady_tables.steady_seams_all_ranks(res)
     body = [_p("GPU idle between consecutive ranges (last op of one → first op of the next), steady state, all ranks.")]
     if sa.height:
         causes = [c for c in ("bound", "gpu_bound_ns", "launch_bound_ns", "host_bound_ns", "launch_block_ns",
@@ -432,9 +450,9 @@ _SEAM_HEADS = {"idle_mean_ns": "idle µs/inst mean", "idle_p50_ns": "idle µs/in
 
 
 def _parents(res: Result) -> Section:
-    parents = headline.steady_seams_all_ranks(res)
+    parents = steady_tables.steady_seams_all_ranks(res)
     names = parents["parent"].drop_nulls().unique() if parents.height else pl.Series([], dtype=pl.String)
-    pr = headline.ranges(res)
+    pr = steady_tables.ranges(res)
     body = [_p("Ranges with selected ranges inside them, inclusive (NVIDIA-style projection of everything launched "
                "inside), steady state, per rank.")]
     rows = pr.filter(pl.col("range").is_in(names.implode())) if names.len() else pr.head(0)
@@ -455,7 +473,7 @@ def _parents(res: Result) -> Section:
 
 
 def _kernels(res: Result) -> Section:
-    k = headline.kernels(res, 5)
+    k = steady_tables.kernels(res, 5)
     if k.height == 0:
         return Section("kernels", "Top GPU operations", _p("No GPU operations in phases."))
     k = k.with_columns(name=pl.Series(display_names(k["name"].to_list())))
@@ -467,21 +485,21 @@ def _kernels(res: Result) -> Section:
                              "share": "% of phase"}))
 
 
-def _whatif(res: Result, figs: _Figures, model: whatif.Model | InputError, max_steps: int = whatif.MAX_STEPS) -> Section:
+def _whatif(res: Result, figs: _Figures, model: whatif_model.Model | InputError, max_steps: int = whatif_model.MAX_STEPS) -> Section:
     """The what-if model as prose and tables (what ``spectrace whatif`` prints), and its figure."""
     if isinstance(model, InputError):
         return Section("whatif", "What if: draft steps", _p(f"No what-if model: {model}"))
     m = model
     now = m.predict(m.steps_now)
     body = [_p(f"From {m.steps_now} draft steps ({m.steps_source}): measured cycle {m.period_ns / 1e3:,.1f} µs (mean "
-               f"over the steady cycles); the model's {now['cycle_ns'] / 1e3:,.1f} µs = draft "
-               f"{now['draft_ns'] / 1e3:,.1f} + verify {now['verify_ns'] / 1e3:,.1f} + draft_extend "
-               f"{now['draft_extend_ns'] / 1e3:,.1f} + seams {now['seams_ns'] / 1e3:,.1f} + other "
-               f"{now['other_ns'] / 1e3:,.1f} µs.", "head")]
+               f"over the steady cycles); the model's {now.cycle_ns / 1e3:,.1f} µs = draft "
+               f"{now.draft_ns / 1e3:,.1f} + verify {now.verify_ns / 1e3:,.1f} + draft_extend "
+               f"{now.draft_extend_ns / 1e3:,.1f} + seams {now.seams_ns / 1e3:,.1f} + other "
+               f"{now.other_ns / 1e3:,.1f} µs.", "head")]
     if m.alpha is not None:
         body.append(_p(acceptance_text(m)))
     body += [_p(f"Note: {n}") for n in m.notes]
-    preds = pl.DataFrame(m.predictions(max_steps))
+    preds = pl.DataFrame([p.as_dict() for p in m.predictions(max_steps)])
     marks = [("measured now" if p["measured"] else "extrapolated" if p["extrapolated"] else "")
              for p in preds.iter_rows(named=True)]
     body.append(_table(preds.select("steps", "cycle_ns", "draft_ns", "verify_ns", "draft_extend_ns", "seams_ns",
@@ -503,7 +521,7 @@ def _whatif(res: Result, figs: _Figures, model: whatif.Model | InputError, max_s
                          "gain": None if d["gain"] is None else f"{100 * d['gain']:+.1f} %"})
         body.append("<h3>Per segment</h3>" + _p("One model per batch size, from its own cycles: predicted tokens/s at "
                                                  "each step count (* extrapolated); best among the others, ≈ another "
-                                                 f"within {100 * whatif.NEAR_BEST:.0f} % of its tokens/s.")
+                                                 f"within {100 * whatif_model.NEAR_BEST:.0f} % of its tokens/s.")
                     + _table(pl.DataFrame(rows), {"period_p50_ns": "cycle µs p50"}))
     if m.probe is not None:
         body.append(_p("Fitted on the graph-level pass (--timing)."))
@@ -598,7 +616,7 @@ def write_page(res: Result, out: str | Path, vs: Result | None = None, steps_now
 def _write_page(res: Result, out: NewFolder, vs: Result | None, steps_now: int | None, extra,
                 timeline_events: int = timeline.REPORT_MAX_EVENTS) -> None:
     name = ", ".join(Path(p).name for p in res.reports) or Path(res.trace.path).name
-    model: whatif.Model | InputError  # the error is shown in the what-if section
+    model: whatif_model.Model | InputError  # the error is shown in the what-if section
     try:  # vs is a run to compare with, not whatif's no-speculation baseline: one model per batch size
         model = whatif.fitted(res, steps_now)  # with its per-batch-size models; kept with the result
     except InputError as e:
@@ -606,7 +624,7 @@ def _write_page(res: Result, out: NewFolder, vs: Result | None, steps_now: int |
     if isinstance(model, InputError):
         found = findings.find(res)
     else:  # the findings with the model at these steps: kept with the result, as the model is
-        found = headline.memoised(res, f"findings steps={steps_now}", lambda: findings.find(res, model))
+        found = findings.findings_at(res, steps_now=steps_now)
     figs = _Figures(res, _page_key(res, vs, steps_now))
     tl_file = None
     if timeline_events and _plots_cycles(res):

@@ -5,7 +5,7 @@ PNG by itself) and saves nothing. Figures are made without pyplot (no backend is
 list): a notebook shows them inline, a script saves them. None is wider than :data:`_MAX_WIDTH_IN` inches
 (1400 px at the report's 100 dpi) at any number of ranks: ranks go down the page (small multiples, one bar or
 lane per rank), never across it. Headline figures use the steady-state cycles
-(:mod:`analyze.compute.headline`). Names from the input are shown literally (:func:`_t`: ``$`` escaped, never
+(:mod:`analyze.compute.steady_tables`). Names from the input are shown literally (:func:`_t`: ``$`` escaped, never
 mathtext). Colours come from :mod:`nvtx_hooks.phases` (phase colours,
 ``SEAM_COLOR``, ``IDLE_COLOR``, ``COMM_COLOR``).
 """
@@ -31,11 +31,12 @@ from nvtx_hooks.phases import (
     color_of,
 )
 
-from ..compute import headline
+from ..compute import cycle_budget, steady_tables
 from ..compute.compare import Comparison
+from ..compute.cycles import cycles
+from ..compute.payload import base_expr
 from ..compute.scalars import to_float, to_int
-from ..compute.tokens import base_expr, cycles
-from ..compute.whatif import Model
+from ..compute.whatif_model import Model
 from ..model import Result
 from . import terminal
 
@@ -127,7 +128,7 @@ def _small_multiples(p: pl.DataFrame, stacks: list[tuple[str, str, str | None, s
 def phase_bars(res: Result) -> Figure:
     """Small multiples, one panel per phase: per rank, µs per instance (steady-state mean) stacked compute (phase
     colour), communication, idle; a tick at the median span. Legible at any number of ranks."""
-    p = _leaf_phases(headline.steady_phases(res)).with_columns(
+    p = _leaf_phases(steady_tables.steady_phases(res)).with_columns(
         *[(pl.col(c) / pl.col("instances") / 1e3).alias(c) for c in ("compute_ns", "comm_ns", "idle_ns")],
         span_p50=pl.col("span_p50_ns") / 1e3)
     return _small_multiples(p, [("compute_ns", "phase", None, "compute (phase colour)"),
@@ -140,7 +141,7 @@ def phase_bars(res: Result) -> Figure:
 def rank_heatmap(res: Result) -> Figure | None:
     """Rank × phase: median span per instance, coloured by how far above the fastest rank (stragglers stand out).
     None with one rank."""
-    p = _leaf_phases(headline.steady_phases(res))
+    p = _leaf_phases(steady_tables.steady_phases(res))
     ranks = sorted(p["rank"].unique().to_list())
     if len(ranks) < 2:
         return None
@@ -171,7 +172,7 @@ def rank_heatmap(res: Result) -> Figure | None:
 def budget(res: Result) -> Figure:
     """The cycle budget: one horizontal bar per rank, the mean steady cycle cut into phases, seams and the gap
     between cycles (µs; labels give % of the cycle)."""
-    b = headline.budget(res)
+    b = cycle_budget.budget(res)
     ranks = sorted(b["rank"].unique().to_list()) if b.height else []
     fig = _figure(12, 2.3 + 0.5 * max(len(ranks), 1))
     ax = fig.subplots()
@@ -264,7 +265,7 @@ def distributions(res: Result) -> Figure:
     the steady-state instances of all ranks (symlog axes starting at 0)."""
     fig = _figure(12, 4.4)
     a1, a2 = fig.subplots(1, 2)
-    inst = headline.instances_marked_steady(res).filter(pl.col("steady") & (pl.col("x_ops") > 0)).with_columns(base=base_expr())
+    inst = steady_tables.instances_marked_steady(res).filter(pl.col("steady") & (pl.col("x_ops") > 0)).with_columns(base=base_expr())
     inst = inst.filter(~pl.col("base").is_in(["cycle", "decode_step"])) if inst.height else inst
     names = _order(inst["range"].unique().to_list())
     data = [(inst.filter(pl.col("range") == n)["x_idle_ns"] / 1e3).to_list() for n in names]
@@ -278,7 +279,7 @@ def distributions(res: Result) -> Figure:
     a1.set_ylabel("µs idle inside one instance (symlog)")
     a1.set_title("Idle gaps inside phases (per instance, steady state, all ranks)", fontsize=10)
     a1.grid(axis="y", alpha=0.3)
-    s = headline.steady_seam_instances(res)
+    s = steady_tables.steady_seam_instances(res)
     s = s.with_columns(tr=pl.format("{} → {}", "prev_range", "range")) if s.height else s
     trs = s.group_by("tr").agg(pl.col("idle_ns").median()).sort("idle_ns", descending=True)["tr"].to_list() \
         if s.height else []
@@ -394,7 +395,7 @@ def has_comm_split(frame: pl.DataFrame) -> bool:
 def comm_split(phases: pl.DataFrame) -> Figure | None:
     """Small multiples, one panel per phase: per rank, communication time split into transfer vs waiting for the
     other ranks (µs per instance). ``phases``: a frame with ``rank, phase, instances, comm_wait_ns,
-    comm_transfer_ns`` (e.g. :func:`analyze.compute.headline.steady_phases`); None without the split or communication."""
+    comm_transfer_ns`` (e.g. :func:`analyze.compute.steady_tables.steady_phases`); None without the split or communication."""
     if not has_comm_split(phases):
         return None
     p = phases.filter((pl.col("comm_wait_ns") + pl.col("comm_transfer_ns")) > 0)
@@ -410,7 +411,7 @@ def comm_split(phases: pl.DataFrame) -> Figure | None:
 def whatif_curve(model: Model, max_steps: int = 10) -> Figure:
     """Predicted cycle time (stacked: draft, verify, draft_extend, the seams between them, other) and tokens/s
     against the number of draft steps; the bars add up to the predicted cycle."""
-    preds = pl.DataFrame(model.predictions(max_steps))
+    preds = pl.DataFrame([p.as_dict() for p in model.predictions(max_steps)])
     fig = _figure(9, 4.8)
     ax = fig.subplots()
     bottom = [0.0] * preds.height

@@ -2,7 +2,7 @@
 written under a temporary name and renamed into place, regular files only, never an input by any name).
 
 Here the inputs are the reports a verb reads (an ``.nsys-rep``'s export beside it included) and the fences
-are spectrace's caches: those of the inputs (wherever :func:`analyze.read.store.cache_dir_for` puts them,
+are spectrace's caches: those of the inputs (wherever :func:`analyze.read.store.location.cache_dir_for` puts them,
 even before they exist) and any cache folder above the target, since a cache is deleted when it is
 rebuilt. Errors are one-line :class:`~analyze.model.InputError`.
 """
@@ -18,7 +18,8 @@ from nvtx_hooks.capture import files
 from nvtx_hooks.capture.files import NewFolder, OutputError
 
 from ..model import InputError
-from ..read import store
+from ..read.store.layout import is_cache
+from ..read.store.location import SUFFIX, cache_dir_for
 
 __all__ = ["FIGURES", "TIMELINE_FILE", "PAGE_START", "inputs_of", "fences", "as_input_error", "check_file", "check_db",
            "report_folder", "check_report_folder"]
@@ -43,9 +44,9 @@ def fences(target: str | os.PathLike, inputs) -> list[Path]:
     out = []
     for p in inputs_of(inputs):
         with contextlib.suppress(OSError, RuntimeError, ValueError, InputError):
-            out.append(store.cache_dir_for(p))
+            out.append(cache_dir_for(p))
     real = Path(os.path.realpath(target))
-    out += [a for a in (real, *real.parents) if a.name.endswith(store.SUFFIX) and store.is_cache(a)]
+    out += [a for a in (real, *real.parents) if a.name.endswith(SUFFIX) and is_cache(a)]
     return out
 
 

@@ -10,15 +10,16 @@ import polars as pl
 
 from nvtx_hooks.phases import base_name
 
-from ..compute import anatomy
-from ..compute import headline as hl
+from ..compute import anatomy, steady_tables
 from ..compute.collectives import short_name
 from ..compute.compare import Comparison
+from ..compute.cycle_budget import budget
+from ..compute.cycles import selection
 from ..compute.findings import Finding
-from ..compute.headline import budget
+from ..compute.payload import cycle_order
 from ..compute.scalars import real, to_float
-from ..compute.tokens import DEFINITION, cycle_order, selection, summary
-from ..compute.whatif import MAX_STEPS, NEAR_BEST, Model
+from ..compute.tokens import DEFINITION, summary
+from ..compute.whatif_model import MAX_STEPS, NEAR_BEST, Model
 from ..model import SEAM_CAUSES, CommResult, Result
 
 __all__ = ["kernel_label", "ranked", "text_width", "wrap_lines", "display_names", "selection_lines", "class_lines",
@@ -184,7 +185,7 @@ def display_names(names: list[str], width: int = 60) -> list[str]:
 def selection_lines(res: Result) -> list[str]:
     """The steady-state statement and the cycle period / tokens headline (one definition, stated once)."""
     info = selection(res)
-    out = [info["text"][0].upper() + info["text"][1:]]
+    out = [info.text[0].upper() + info.text[1:]]
     tk = summary(res)
     if tk.period_ns:
         line = (f"Cycle period {_us(tk.period_ns)} µs (p50 {_us(tk.period_p50_ns)}, p90 {_us(tk.period_p90_ns)})")
@@ -290,8 +291,8 @@ _STEADY_HEADER = ["phase", "rank", "inst", "span µs", "p50", "p90", "compute µ
 
 def steady_phase_text(res: Result) -> list[str]:
     """Per phase (all ranks, then each rank when there are several): per-instance mean / p50 / p90, steady state."""
-    pa = _order(hl.steady_phases_all_ranks(res).with_columns(rank=pl.lit(None, pl.Int64)), "phase")
-    pr = hl.steady_phases(res)
+    pa = _order(steady_tables.steady_phases_all_ranks(res).with_columns(rank=pl.lit(None, pl.Int64)), "phase")
+    pr = steady_tables.steady_phases(res)
     multi = res.ranks.height > 1
     rows = []
     for a in pa.iter_rows(named=True):
@@ -302,7 +303,7 @@ def steady_phase_text(res: Result) -> list[str]:
                          _us(r["compute_mean_ns"]), _us(r["comm_mean_ns"]), _us(r["idle_mean_ns"]),
                          _us(r["idle_p50_ns"]), _us(r["idle_p90_ns"]), _pct(r["comm_ns"], r["span_ns"]),
                          _pct(r["idle_ns"], r["span_ns"])])
-    which = "steady state" if selection(res).get("how") != "none" else "whole run (no cycle ranges)"
+    which = "steady state" if selection(res).how != "none" else "whole run (no cycle ranges)"
     return [f"Phases per instance, {which} (µs; mean unless p50/p90; span = compute + comm + idle)",
             *_grid(_STEADY_HEADER, rows, 2)]
 
@@ -348,7 +349,7 @@ def table_text(df: pl.DataFrame) -> str:
 
 def kernels_text(res: Result, top: int = 5) -> str:
     """``analyze --table kernels``: the top GPU operations of each phase, steady state."""
-    k = _order(hl.kernels(res, top), "phase")
+    k = _order(steady_tables.kernels(res, top), "phase")
     out = [f"Top {top} GPU operations per phase, steady state, all ranks (per cycle = per rank per steady cycle)"]
     rows = [[r["phase"], label, f"{r['count_per_cycle']:,.1f}", _us(r["per_cycle_ns"]),
              f"{100 * r['share']:.1f}", str(r["ranks"])]
@@ -387,7 +388,7 @@ def analyze_table(res: Result, found: list[Finding] | None = None) -> str:
     out.append(f"All ranks ({res.ranks.height}), times summed over ranks")
     out += _grid(_PHASE_HEADER, _phase_rows(_order(pa, "phase"), total))
     out += _comm_split(res)
-    sa = hl.steady_seams_all_ranks(res)
+    sa = steady_tables.steady_seams_all_ranks(res)
     if sa.height:
         out.append("")
         out.append("Seams, steady state: GPU idle between consecutive ranges (last op of one → first op of the next), "
@@ -669,21 +670,21 @@ def best_text(m: Model, max_steps: int = MAX_STEPS) -> str:
              "size is in the per-segment table) " if m.segments else "")
     if best is None:
         return "best: unknown without acceptance (shortest cycle is always 1 step)"
-    if near is not None and near["steps"] != best["steps"]:
-        return (f"best {whole}within one step of the measured {m.steps_now}: {near['steps']} steps, "
-                f"{near['tokens_per_s']:.1f} tok/s predicted; {best['steps']} steps predicts "
-                f"{best['tokens_per_s']:.1f} tok/s but is extrapolated (*)")
-    return (f"best {whole}".rstrip() + f": {best['steps']} steps, {best['tokens_per_s']:.1f} tok/s predicted"
-            + (" (extrapolated *)" if best["extrapolated"] else ""))
+    if near is not None and near.steps != best.steps:
+        return (f"best {whole}within one step of the measured {m.steps_now}: {near.steps} steps, "
+                f"{near.tokens_per_s:.1f} tok/s predicted; {best.steps} steps predicts "
+                f"{best.tokens_per_s:.1f} tok/s but is extrapolated (*)")
+    return (f"best {whole}".rstrip() + f": {best.steps} steps, {best.tokens_per_s:.1f} tok/s predicted"
+            + (" (extrapolated *)" if best.extrapolated else ""))
 
 
 def whatif_table(m: Model, max_steps: int = MAX_STEPS, explain: bool = False) -> str:
     """``spectrace whatif``: the fitted costs and the predictions per step count (``explain``: the assumptions)."""
     now = m.predict(m.steps_now)
     out = [f"what-if from {m.steps_now} draft steps: measured cycle {m.period_ns / 1e3:.1f} µs (mean over the "
-           f"steady cycles); model {now['cycle_ns'] / 1e3:.1f} µs = draft {now['draft_ns'] / 1e3:.1f} + verify {now['verify_ns'] / 1e3:.1f} "
-           f"+ draft_extend {now['draft_extend_ns'] / 1e3:.1f} + seams {now['seams_ns'] / 1e3:.1f} + other "
-           f"{now['other_ns'] / 1e3:.1f} µs"]
+           f"steady cycles); model {now.cycle_ns / 1e3:.1f} µs = draft {now.draft_ns / 1e3:.1f} + verify "
+           f"{now.verify_ns / 1e3:.1f} + draft_extend {now.draft_extend_ns / 1e3:.1f} + seams {now.seams_ns / 1e3:.1f} "
+           f"+ other {now.other_ns / 1e3:.1f} µs"]
     seams = m.seams(m.steps_now)
     if seams:
         out.append("seams inside a cycle (median µs): " + ", ".join(f"{k} {v / 1e3:.1f}" for k, v in seams.items()))
@@ -696,11 +697,11 @@ def whatif_table(m: Model, max_steps: int = MAX_STEPS, explain: bool = False) ->
     out.append(f"{'steps':>5}  {'cycle µs':>9}  {'draft':>8}  {'verify':>8}  {'extend':>8}  {'seams':>8}  {'other':>8}  "
                f"{'tok/cycle':>9}  {'tok/s':>9}")
     for p in m.predictions(max_steps):
-        tok = f"{p['tokens_per_cycle']:9.2f}" if p["tokens_per_cycle"] is not None else f"{'-':>9}"
-        tps = f"{p['tokens_per_s']:9.1f}" if p["tokens_per_s"] is not None else f"{'-':>9}"
-        mark = " ← now" if p["measured"] else " *" if p["extrapolated"] else ""
-        out.append(f"{p['steps']:5d}  {p['cycle_ns'] / 1e3:9.1f}  {p['draft_ns'] / 1e3:8.1f}  {p['verify_ns'] / 1e3:8.1f}  "
-                   f"{p['draft_extend_ns'] / 1e3:8.1f}  {p['seams_ns'] / 1e3:8.1f}  {p['other_ns'] / 1e3:8.1f}  {tok}  {tps}{mark}")
+        tok = f"{p.tokens_per_cycle:9.2f}" if p.tokens_per_cycle is not None else f"{'-':>9}"
+        tps = f"{p.tokens_per_s:9.1f}" if p.tokens_per_s is not None else f"{'-':>9}"
+        mark = " ← now" if p.measured else " *" if p.extrapolated else ""
+        out.append(f"{p.steps:5d}  {p.cycle_ns / 1e3:9.1f}  {p.draft_ns / 1e3:8.1f}  {p.verify_ns / 1e3:8.1f}  "
+                   f"{p.draft_extend_ns / 1e3:8.1f}  {p.seams_ns / 1e3:8.1f}  {p.other_ns / 1e3:8.1f}  {tok}  {tps}{mark}")
     out += ["", best_text(m, max_steps)]
     out.append(f"verify: {m.verify_text()}")
     out += whatif_segment_lines(m, max_steps)

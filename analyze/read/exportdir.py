@@ -77,7 +77,7 @@ def _signed(lf: pl.LazyFrame) -> pl.LazyFrame:
 class DirReader:
     """The :class:`analyze.read.sqlite.Reader` interface over a directory of table files."""
 
-    splittable = False  # queries run as polars scans: read whole (see analyze.read.store._pieces)
+    splittable = False  # queries run as polars scans: read whole (see analyze.read.store.copy_build._pieces)
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)

@@ -7,14 +7,18 @@
   :func:`analyze.compute.pipeline.process` runs over. Two implementations: :class:`analyze.read.source.MemorySource`
   and :class:`analyze.read.source.StoreSource`; :func:`analyze.read.source.open_source` picks one.
 
-Both are ``runtime_checkable``: ``isinstance`` checks that every member is there (not their types: mypy
+- :class:`ProgressMeter`: where a long step (the store's build, the processes' analysis) reports how far it has
+  come; ``progress`` there is a :data:`ShowProgress` that opens one (the terminal's bar lives in
+  :mod:`analyze.output.progress`: the layers below report to it without importing it).
+
+They are ``runtime_checkable``: ``isinstance`` checks that every member is there (not their types: mypy
 does). The third interface of this kind, a reader of the GPU operations of a time window (``Result.window``), is
 :class:`analyze.model.WindowReader`: the model holds it, and the model imports nothing of this package.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -107,4 +111,36 @@ class ProcessSource(Protocol):
         ...
 
 
-__all__ = ["ExportReader", "ProcessSource"]
+@runtime_checkable
+class ProgressMeter(Protocol):
+    """How far a long step has come (rows done out of its total), shown as it goes. The read and compute layers only
+    report to one; the terminal's bar (:class:`analyze.output.progress.Bar`) is one, chosen by the CLI and the API."""
+
+    def add(self, n: int) -> None:
+        """``n`` more rows done."""
+        ...
+
+    def close(self) -> None:
+        """The step is over (the bar is cleared)."""
+        ...
+
+
+ShowProgress = Callable[[int, str], ProgressMeter]
+"""Opens a meter for a step of ``total`` rows named ``label``: what ``progress`` is where the store is built and the
+processes are analysed (None there: no meter; :func:`analyze.output.progress.terminal_bar` makes the terminal's)."""
+
+
+class _Silent:
+    def add(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def no_progress(total: int, label: str) -> ProgressMeter:
+    """A meter that shows nothing (where no ``progress`` was given)."""
+    return _Silent()
+
+
+__all__ = ["ExportReader", "ProcessSource", "ProgressMeter", "ShowProgress", "no_progress"]

@@ -46,7 +46,6 @@ import shutil
 import threading
 import time
 import uuid
-import weakref
 import zlib
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from pathlib import Path
@@ -55,7 +54,7 @@ from typing import Any, TypeVar
 import polars as pl
 
 from .. import __version__
-from ..model import CommResult, Diagnostic, Result, Trace
+from ..model import CommResult, CycleChoice, Diagnostic, Result, Trace, Window
 from .source import OpsWindow
 
 __all__ = ["KEEP_RESULTS", "STALE_S", "DICT_ROWS", "FOLDER", "KNOWN", "code_digest", "result_key", "derived", "load",
@@ -69,7 +68,7 @@ STALE_S = 24 * 3600  # a build folder (``.<key>.tmp-*``) this old was left by a 
 DICT_ROWS = 10_000  # string columns of frames this long are written dictionary-encoded
 FOLDER = "results"
 # The dataclasses a result may hold, by name: nothing else is ever built from a cache's JSON.
-KNOWN = {c.__name__: c for c in (Result, Trace, Diagnostic, OpsWindow, CommResult)}
+KNOWN = {c.__name__: c for c in (Result, Trace, Diagnostic, OpsWindow, CommResult, CycleChoice, Window)}
 
 
 @functools.cache
@@ -142,8 +141,8 @@ def _encode(v: object, frames: list[pl.DataFrame | None]) -> Any:
     cls = getattr(type(v), "_lazy_of", type(v))  # a value read from the cache is written as its plain class
     name = cls.__name__
     if dataclasses.is_dataclass(v) and KNOWN.get(name) is cls:
-        return {"$class": name,
-                "fields": {f.name: _encode(getattr(v, f.name), frames) for f in dataclasses.fields(v)}}
+        return {"$class": name,  # the fields a copy carries (not a Result's derived tables: its ``memo``)
+                "fields": {f.name: _encode(getattr(v, f.name), frames) for f in dataclasses.fields(v) if f.init}}
     raise _Unsupported(type(v).__name__)
 
 
@@ -191,7 +190,7 @@ def _rebuild(cls: type[_T], kw: dict[str, Any]) -> _T:
 @functools.cache
 def _lazy(cls: type) -> type:
     """``cls`` with every field a :class:`_LazyField`; pickled and copied as a plain ``cls`` (every frame read)."""
-    names = [f.name for f in dataclasses.fields(cls)]
+    names = [f.name for f in dataclasses.fields(cls) if f.init]  # (the others are never read from the cache)
     ns: dict[str, object] = {n: _LazyField(n) for n in names}
     ns["__reduce__"] = lambda self: (_rebuild, (cls, {n: getattr(self, n) for n in names}))
     ns["_lazy_of"] = cls
@@ -292,10 +291,10 @@ def _write_doc(parent: Path, name: str, key: str, body: object, frames: list[pl.
 
 @dataclasses.dataclass
 class _Kept:
-    """A result read from or written to the cache in this process: where, the derived tables read with it
-    (``derived``), and those computed for it since (``new``: what :func:`keep_derived` writes)."""
+    """A result read from or written to the cache in this process (``Result.cached``: it lives and goes with that
+    very object): where, the derived tables read with it (``derived``), and those computed for it since (``new``:
+    what :func:`keep_derived` writes)."""
 
-    ref: weakref.ref
     folder: Path
     key: str
     derived: dict
@@ -361,25 +360,20 @@ def wait(res: Result | None = None) -> bool:
     if entry.writing is not None:
         w, entry.writing = entry.writing, None
         if not w.wait():  # not kept after all: nothing derived from it is kept either
-            _KEPT.pop(id(res), None)
+            res.cached = None
             return False
     return True
 
 
-# id(result) -> _Kept. Only that very object reads and keeps derived tables, never a copy made from it (a copy
-# shares its ``memo`` dict but may hold other frames: probe.combine, whatif's segment views).
-_KEPT: dict[int, _Kept] = {}
-
-
 def _track(res: Result, folder: Path, key: str, derived: dict) -> None:
-    """Remember ``res`` as the cache's (until it is garbage: its entry, with the derived tables read, goes too)."""
-    i = id(res)
-    _KEPT[i] = _Kept(weakref.ref(res, lambda _gone: _KEPT.pop(i, None)), folder, key, derived)
+    """Remember ``res`` as the cache's (on the object itself: a copy of it is not the cache's, and the entry, with
+    the derived tables read, goes with the result)."""
+    res.cached = _Kept(folder, key, derived)
 
 
 def _kept(res: Result) -> _Kept | None:
-    entry = _KEPT.get(id(res))
-    return entry if entry is not None and entry.ref() is res else None
+    entry = res.cached
+    return entry if isinstance(entry, _Kept) else None
 
 
 def kept_key(res: Result) -> str | None:
@@ -407,10 +401,8 @@ def derived(res: Result, key: Hashable, compute: Callable[[], _T]) -> _T:
 
 
 def known(res: Result, key: Hashable) -> bool:
-    """Whether the value of ``res`` under the memo key ``key`` is there without computing it: in ``res.memo`` (made
-    in this process), or for :func:`derived` (read with ``res`` from the cache, or computed for it since)."""
-    if key in res.memo:
-        return True
+    """Whether the cache has the value of ``res`` under ``key`` for :func:`derived` without computing it (read with
+    ``res`` from the cache, or computed for it since)."""
     entry = _kept(res)
     return entry is not None and (key in entry.derived or key in entry.new)
 

@@ -25,9 +25,12 @@ from pathlib import Path
 import polars as pl
 
 from ..model import Diagnostic, Trace
-from . import store as st
 from .export import OPS_SCHEMA, export_rows, load, ops_between
-from .protocols import ProcessSource
+from .protocols import ProcessSource, ShowProgress
+from .store.errors import CacheWriteError
+from .store.folders import remove_tree
+from .store.install import existing_store, open_store, temporary_store
+from .store.reader import Store
 
 # Exports with fewer GPU-operation + API rows than this are analysed from memory; larger ones (and any
 # export with a valid cache) through the parquet store. Chosen by measurement (BENCHMARKS.md, issue 11).
@@ -83,10 +86,10 @@ def _whole(value: object) -> int:
 class StoreSource:
     """The parquet store of an export; ``temporary``: a folder to remove on :meth:`close` (also if opening fails).
 
-    Reads that fail raise :class:`analyze.read.store.CacheError` (the analysis rebuilds a kept cache once).
+    Reads that fail raise :class:`analyze.read.store.reader.CacheError` (the analysis rebuilds a kept cache once).
     """
 
-    def __init__(self, store: st.Store, temporary: Path | None = None):
+    def __init__(self, store: Store, temporary: Path | None = None):
         self.store, self._tmp = store, temporary
         try:
             self.head = store.head()
@@ -102,7 +105,7 @@ class StoreSource:
 
     def read_in_order(self, pids: list[int], workers: int) -> None:
         """The order in which the processes' rows will be read, ``workers`` at a time
-        (:meth:`analyze.read.store.Store.read_in_order`); ``workers`` 0: that is over."""
+        (:meth:`analyze.read.store.reader.Store.read_in_order`); ``workers`` 0: that is over."""
         self.store.read_in_order(pids, workers)
 
     def ops(self, pid: int, columns: tuple[str, ...] | None = None) -> pl.DataFrame:
@@ -119,24 +122,25 @@ class StoreSource:
 
     def close(self) -> None:
         if self._tmp is not None:
-            st.remove_tree(self._tmp)
+            remove_tree(self._tmp)
             self._tmp = None
 
 
-def open_source(report: str | os.PathLike | Trace | st.Store, store: bool | None = None, cache: bool | None = None,
-                progress: bool | None = None) -> ProcessSource:
+def open_source(report: str | os.PathLike | Trace | Store, store: bool | None = None, cache: bool | None = None,
+                progress: ShowProgress | None = None) -> ProcessSource:
     """The source for ``report`` (a path, a loaded :class:`Trace`, or an opened store).
 
     ``store``: True = through the parquet store, False = in memory, None = by size (:data:`_STORE_ROWS`).
     ``cache``: True = through the cache (built on first use, kept); False = never read or write one (a
     store is then temporary); None = use a valid cache if there is one, and keep the store when one is built.
+    ``progress``: a meter of a store's build (None: none shown).
     """
     if isinstance(report, Trace):
         return MemorySource(report)
-    if isinstance(report, st.Store):
+    if isinstance(report, Store):
         return StoreSource(report)
     if cache is not False and store is not False:
-        found = st.existing_store(report)
+        found = existing_store(report)
         if found is not None:
             return StoreSource(found)
     if store is None:
@@ -144,22 +148,22 @@ def open_source(report: str | os.PathLike | Trace | st.Store, store: bool | None
     if not store:
         return MemorySource(load(report))
     if cache is False:
-        s, tmp = st.temporary_store(report, progress)
+        s, tmp = temporary_store(report, progress)
         return StoreSource(s, temporary=tmp)
     try:
-        kept = st.open_store(report, progress=progress)
-    except st.CacheWriteError as e:
+        kept = open_store(report, progress=progress)
+    except CacheWriteError as e:
         source = _without_cache(report, progress)
         source.notes.append(Diagnostic("warning", "CACHE_NOT_WRITTEN", f"{e}; analysed without a cache"))
         return source
     return StoreSource(kept)
 
 
-def _without_cache(report: str | os.PathLike, progress: bool | None) -> ProcessSource:
+def _without_cache(report: str | os.PathLike, progress: ShowProgress | None) -> ProcessSource:
     """A temporary store, or memory when that cannot be written either (the same disk full, a file-size limit)."""
     try:
-        s, tmp = st.temporary_store(report, progress)
-    except st.CacheWriteError:
+        s, tmp = temporary_store(report, progress)
+    except CacheWriteError:
         return MemorySource(load(report))
     return StoreSource(s, temporary=tmp)
 
@@ -181,7 +185,7 @@ class OpsWindow:
     def __call__(self, t0: int, t1: int) -> pl.DataFrame:
         sel = (pl.col("end") > t0) & (pl.col("start") < t1)
         if self.store_root and (Path(self.store_root) / "meta.json").exists():
-            ops = st.Store(Path(self.store_root)).scan("ops").filter(sel).collect()
+            ops = Store(Path(self.store_root)).scan("ops").filter(sel).collect()
         elif os.path.exists(self.report):
             ops = ops_between(self.report, t0, t1)
         else:

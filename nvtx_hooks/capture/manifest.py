@@ -61,11 +61,12 @@ def _num(v: str) -> int | str:
 def _workload_settings(argv: list[str]) -> dict:
     """The embedded workload's settings from its options (none when it would refuse them, e.g. a bad
     ``--schedule``)."""
-    from .workload import build_parser, parse_schedule
+    from .workload import build_parser, check, parse_schedule, segments_of
 
     try:
         wl, _ = build_parser(argparse.ArgumentParser(add_help=False, exit_on_error=False)).parse_known_args(argv)
-    except (argparse.ArgumentError, SystemExit):
+        check(wl)
+    except (argparse.ArgumentError, SystemExit, ValueError):
         return {}
     cfg = dict(steps=wl.steps, layers=wl.layers, batch=wl.batch, cycles=wl.cycles, graphs=wl.graphs,
                baseline=wl.baseline, ranges=wl.ranges, v2=wl.v2)
@@ -73,6 +74,11 @@ def _workload_settings(argv: list[str]) -> dict:
         segments = parse_schedule(wl.schedule)
         cfg.update(batch=None, cycles=sum(c for _, c in segments), schedule=[list(s) for s in segments],
                    prompt_len=wl.prompt_len)
+    if wl.adaptive:  # no single step count either: [[batch size, steps, cycles], ...] per segment
+        segs = segments_of(wl)
+        cfg.update(batch=None, steps=None, cycles=sum(s.cycles for s in segs),
+                   schedule=[[s.batch, s.cycles] for s in segs], adaptive=[[s.batch, s.steps, s.cycles] for s in segs],
+                   prompt_len=wl.prompt_len, zero_step_draft_extend=wl.zero_step_draft_extend)
     if wl.nproc is not None:
         cfg["tp"] = wl.nproc
     if wl.delay_us:
@@ -80,8 +86,17 @@ def _workload_settings(argv: list[str]) -> dict:
                    delay_offset=wl.delay_offset, delay_before=wl.delay_before)
     if getattr(wl, "accept_rate", None) is not None:
         cfg["accept_rate"] = wl.accept_rate
+    if wl.accept_profile:
+        cfg["accept_profile"] = [float(x) for x in wl.accept_profile.split(",")]
     if wl.stall_us:
         cfg.update(stall_every=wl.stall_every, stall_us=wl.stall_us)
+    if wl.scheduler:
+        from .plan import DEFAULT_SCHEDULER_US, parse_scheduler_us
+
+        us = parse_scheduler_us(wl.scheduler_us) if wl.scheduler_us else dict(DEFAULT_SCHEDULER_US)
+        cfg["scheduler"] = {"ranges": wl.scheduler_ranges, "overlap": wl.overlap, "us": us, "busy_us": wl.busy_us}
+    if wl.extra:
+        cfg["extra"] = list(wl.extra)
     return cfg
 
 

@@ -4,7 +4,8 @@ Defaults: ``-t cuda,nvtx --cuda-graph-trace=node --trace-fork-before-exec=true -
 --cpuctxsw=none``, capture window = the program's cudaProfilerStart/Stop range
 (``--capture all`` for the whole run, ``--delay``/``--duration`` for a timed window),
 ``SPECTRACE_HOOKS=1`` in the environment. Writes NAME.nsys-rep, NAME.sqlite and
-NAME.manifest.json (and NAME_<report>.csv with ``--stats``). ``--passes graph,node[,plain]`` runs the
+NAME.manifest.json (and NAME_<report>.csv with ``--stats``). ``--cpu-sampling`` adds CPU sampling with
+backtraces (:data:`CPU_SAMPLING`; the manifest's ``cpu_sampling`` says what was asked). ``--passes graph,node[,plain]`` runs the
 command once per pass: graph- and node-level CUDA-graph tracing (NAME_graph.*, NAME_node.*) and, for
 ``plain``, without any profiler (NAME_plain.manifest.json); the JSON-object lines the program prints
 (e.g. the embedded workload's cycles/s) are kept in each manifest. Each export is checked: one line per
@@ -37,8 +38,9 @@ from . import manifest as mf
 from .bounds import number, shell_words
 from .files import OutputError, check_file
 
-__all__ = ["COLUMNAR_NSYS", "find_nsys", "parse_version", "nsys_version", "output_base", "outputs", "env_added",
-           "trace", "add_trace_arguments", "demo_workload"]
+__all__ = ["COLUMNAR_NSYS", "CPU_SAMPLING", "PYTHON_SAMPLING", "find_nsys", "parse_version", "nsys_version",
+           "profile_switches", "output_base", "outputs", "env_added", "trace", "add_trace_arguments",
+           "demo_workload"]
 
 _MIN_NSYS = (2024, 2)  # DIAGNOSTIC_EVENT, GRAPH_TRACE and CUDA_GRAPH_NODE_EVENTS exist from here on
 _STATS_REPORTS = ("nvtx_gpu_proj_sum", "nvtx_sum")
@@ -46,7 +48,17 @@ _HOOKS_ENV = {"SPECTRACE_HOOKS": "1"}
 _COLUMNAR = {"parquetdir": "_pqtdir", "arrowdir": "_arwdir"}  # --columnar: the folder nsys names for -o NAME
 COLUMNAR_NSYS = (2023, 4)  # nsys export --type parquetdir/arrowdir exist from here on (docs/nsys-sqlite.md)
 _PASSES = ("graph", "node", "plain")  # --passes: CUDA-graph trace level, or no profiler at all
-_MAX_RECORDS, _MAX_RECORD_BYTES = 64, 65536  # JSON-object lines of the program's output kept in the manifest
+# JSON-object lines of the program's output kept in the manifest (the workload's record states its injected truth
+# per cycle: a few 10 kB for a few hundred cycles)
+_MAX_RECORDS, _MAX_RECORD_BYTES = 64, 1 << 20
+# --cpu-sampling: CPU IP sampling of the process tree with native backtraces, a backtrace at every CUDA API call
+# (``--cudabacktrace`` needs CPU sampling on) and the Python backtrace there (``--python-backtrace``, nsys 2024.2 on,
+# where spectrace's nsys floor is). The nsys user guides of 2024.2 and 2025.3 list all three switches with these
+# values; spectrace checks them in this nsys's ``profile --help`` before a run.
+CPU_SAMPLING = ("--sample=process-tree", "--cudabacktrace=all", "--python-backtrace=cuda")
+# Python frames in the CPU samples themselves (the sampled function's name, not only the interpreter's C frames):
+# added when this nsys's ``profile --help`` lists the switch (not every version has it; not verified on a capture).
+PYTHON_SAMPLING = "--python-sampling=true"
 
 
 def find_nsys(explicit: str | None = None, env: Mapping[str, str] | None = None) -> str:
@@ -111,14 +123,41 @@ def outputs(base: Path, stats: bool, columnar: str | None = None) -> dict[str, P
     return out
 
 
-def _profile_args(a: argparse.Namespace) -> list[str]:
-    """The ``nsys profile`` options (without the nsys path, output and command)."""
+def profile_switches(nsys: str) -> set[str]:
+    """The switches this nsys's ``profile --help`` lists (``--sample``, …); empty when it prints none."""
+    try:
+        out = subprocess.run([nsys, "profile", "--help"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return set()
+    return set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", (out.stdout or "") + (out.stderr or "")))
+
+
+def _cpu_sampling(a: argparse.Namespace, switches: set[str] | None) -> list[str]:
+    """The options ``--cpu-sampling`` adds ([] without it): :data:`CPU_SAMPLING`, and :data:`PYTHON_SAMPLING` where
+    ``switches`` (this nsys's, None: unknown, a dry run) lists it; CaptureError if this nsys lacks a required one."""
+    if not getattr(a, "cpu_sampling", False):
+        return []
+    if a.sample not in ("none", "process-tree"):
+        raise CaptureError(f"--cpu-sampling samples the process tree: it cannot be combined with --sample {a.sample}")
+    if switches:
+        missing = [o.split("=")[0] for o in CPU_SAMPLING if o.split("=")[0] not in switches]
+        if missing:
+            raise CaptureError(f"this nsys has no {', '.join(missing)} (nsys profile --help): --cpu-sampling needs "
+                               "nsys >= 2024.2")
+    return list(CPU_SAMPLING) + ([PYTHON_SAMPLING] if switches and PYTHON_SAMPLING.split("=")[0] in switches else [])
+
+
+def _profile_args(a: argparse.Namespace, switches: set[str] | None = None) -> list[str]:
+    """The ``nsys profile`` options (without the nsys path, output and command); ``switches``: this nsys's (for
+    ``--cpu-sampling``; None: not known)."""
+    sampling = _cpu_sampling(a, switches)
     args = [
         f"--trace={a.trace}",
         f"--cuda-graph-trace={a.cuda_graph_trace}",
         f"--trace-fork-before-exec={a.trace_fork}",
-        f"--sample={a.sample}",
+        *(sampling[:1] or [f"--sample={a.sample}"]),
         f"--cpuctxsw={a.cpuctxsw}",
+        *sampling[1:],
     ]
     capture = a.capture
     if capture is None:
@@ -180,12 +219,13 @@ def _columnar(a: argparse.Namespace, version: str | None) -> str | None:
     return fmt if ver is None or ver[:2] >= COLUMNAR_NSYS else None
 
 
-def _commands(nsys: str, a: argparse.Namespace, base: Path, version: str | None = None) -> dict[str, list[str]]:
+def _commands(nsys: str, a: argparse.Namespace, base: Path, version: str | None = None,
+              switches: set[str] | None = None) -> dict[str, list[str]]:
     """The nsys command lines: profile, export, (with --columnar) the columnar export and (with --stats) stats."""
     fmt = _columnar(a, version)
     o = outputs(base, a.stats, fmt)
     cmds = {
-        "profile": [nsys, "profile", *_profile_args(a), "-o", str(o["report"]), *a.command],
+        "profile": [nsys, "profile", *_profile_args(a, switches), "-o", str(o["report"]), *a.command],
         "export": [nsys, "export", "--type=sqlite", "--force-overwrite=true", "-o", str(o["sqlite"]),
                    str(o["report"])],
     }
@@ -362,7 +402,8 @@ def _capture(a: argparse.Namespace, nsys: str, base: Path, added: dict[str, str]
     files = outputs(base, a.stats)
     _refuse_existing([files["report"], files["sqlite"], files["manifest"]], a.force)
     version = nsys_version(nsys)
-    cmds = _commands(nsys, a, base, version)
+    switches = profile_switches(nsys) if getattr(a, "cpu_sampling", False) else None
+    cmds = _commands(nsys, a, base, version, switches)
     fmt = _columnar(a, version)
     if fmt:
         files = outputs(base, a.stats, fmt)
@@ -396,6 +437,10 @@ def _capture(a: argparse.Namespace, nsys: str, base: Path, added: dict[str, str]
     rec["exported"] = exported
     if _gpu_metrics_record(a) is not None:
         rec["gpu_metrics"] = _gpu_metrics_record(a)
+    if getattr(a, "cpu_sampling", False):
+        sampled = _cpu_sampling(a, switches)
+        rec["cpu_sampling"] = {"options": sampled, "python_sampling": PYTHON_SAMPLING in sampled,
+                               "switches_checked": bool(switches)}
     if "columnar" in files:
         rec["columnar_export"] = files["columnar"].name if files["columnar"].is_dir() else None
     rec["program_output"] = records
@@ -478,6 +523,10 @@ def add_trace_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--delay", type=number(float, 0, 1e6), default=None, help="seconds before collection starts")
     p.add_argument("--duration", type=number(float, 0, 1e6, lo_open=True), default=None,
                    help="seconds of collection (nsys then stops the app)")
+    p.add_argument("--cpu-sampling", action="store_true",
+                   help="also sample the CPUs with backtraces: nsys " + " ".join(CPU_SAMPLING) + " (and "
+                        + PYTHON_SAMPLING + " where this nsys has it); for the host work between cycles "
+                        "(docs/capture.md); the manifest's cpu_sampling says what was asked")
     p.add_argument("--gpu-metrics", action="store_true",
                    help="also sample the GPUs' hardware counters (SMs active, tensor active, DRAM bandwidth...) for "
                         "`spectrace analyze --table utilisation` (nsys --gpu-metrics-devices; docs/gpu-metrics.md)")

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """A stand-in for nsys in tests: logs each call (argv + SPECTRACE_HOOKS) as JSON to $FAKE_NSYS_LOG,
 runs the profiled command, writes placeholder reports (the export: a copy of $FAKE_NSYS_EXPORT_FROM when
-set). Version from $FAKE_NSYS_VERSION."""
+set). Version from $FAKE_NSYS_VERSION. ``profile --help`` lists the profile switches of nsys 2025.3 that
+spectrace uses, less those in $FAKE_NSYS_NO_SWITCHES (comma-separated), plus --python-sampling unless
+$FAKE_NSYS_NO_PYTHON_SAMPLING is set."""
 
 import json
 import os
@@ -40,6 +42,19 @@ def main():
         print("NVIDIA Nsight Systems version " + os.environ.get("FAKE_NSYS_VERSION", "2025.3.1.90-253135822126v0"))
         return 0
     sub, rest = argv[0], argv[1:]
+    if sub == "profile" and rest[:1] == ["--help"]:
+        gone = set(os.environ.get("FAKE_NSYS_NO_SWITCHES", "").split(","))
+        switches = ["--trace", "--cuda-graph-trace", "--trace-fork-before-exec", "--sample", "--cpuctxsw",
+                    "--cudabacktrace", "--python-backtrace", "--capture-range", "--capture-range-end", "--delay",
+                    "--duration", "--force-overwrite", "--output", "--gpu-metrics-devices",
+                    "--gpu-metrics-frequency"]
+        if not os.environ.get("FAKE_NSYS_NO_PYTHON_SAMPLING"):
+            switches.append("--python-sampling")
+        print("usage: nsys profile [<args>] [application] [<application args>]")
+        for sw in switches:
+            if sw not in gone:
+                print(f"\t{sw}=\n\t   Possible values are ...")
+        return 0
     opts, pos = split(rest)
     out = opts.get("-o") or opts.get("--output")
     if sub == "profile":

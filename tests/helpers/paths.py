@@ -1,10 +1,12 @@
 """Where the shared real traces live (beside the checkout, as on developer machines and in CI)."""
 
+import os
 from pathlib import Path
 
 import pytest
 
-SHARED = Path(__file__).resolve().parents[3] / "shared"
+# ``../shared`` beside the checkout; SPECTRACE_SHARED names another place (a git worktree one folder deeper)
+SHARED = Path(os.environ.get("SPECTRACE_SHARED") or Path(__file__).resolve().parents[3] / "shared")
 TRACES = SHARED / "traces"
 PROBE = TRACES / "tp2_probe_node.sqlite"
 PROBE_STATS = TRACES / "tp2_probe_node.nsys-stats"

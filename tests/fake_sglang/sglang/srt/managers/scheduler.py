@@ -1,16 +1,31 @@
 """Fake ``sglang.srt.managers.scheduler``: the loops that run a batch and process its result.
 
-``Scheduler(worker)`` is the 0.5.10 shape (results processed by ``SchedulerOutputProcessorMixin``);
-``Scheduler(worker, components=True)`` the 0.5.23 shape (by ``SchedulerBatchResultProcessor``). Line numbers
-are of the real ``scheduler.py`` of each version. The loops take the batches to run as a list (``None``: no
-batch this iteration) instead of receiving requests; everything else that does not touch the result is left out.
+``Scheduler(worker)`` is the 0.5.10 shape (results processed by ``SchedulerOutputProcessorMixin``, requests
+received by ``Scheduler.recv_requests``); ``Scheduler(worker, components=True)`` the 0.5.23 shape (by
+``SchedulerBatchResultProcessor``, received by ``SchedulerRequestReceiver.recv_requests``,
+``get_next_batch_to_run`` returning a plan). Line numbers are of the real ``scheduler.py`` of each version. The
+loops take the batches to run as a list (``None``: no batch this iteration), which ``get_next_batch_to_run``
+hands out one per iteration instead of scheduling received requests; everything else that does not touch the
+result is left out.
 """
 
 from collections import deque
+from dataclasses import dataclass
 
 from sglang.srt.fake_device import Event
 from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
+from sglang.srt.managers.scheduler_components.request_receiver import SchedulerRequestReceiver
 from sglang.srt.managers.scheduler_output_processor_mixin import SchedulerOutputProcessorMixin
+
+CALLS = []  # (method, argument) of the loop methods, in order
+
+
+@dataclass
+class ScheduleBatchPlan:
+    """0.5.18+ ``get_next_batch_to_run`` result (0.5.23 :3894-3910)."""
+
+    running_batch: object
+    batch_to_run: object
 
 
 class Scheduler(SchedulerOutputProcessorMixin):
@@ -25,13 +40,43 @@ class Scheduler(SchedulerOutputProcessorMixin):
         self.decode_outputs, self.prefill_outputs = [], []
         # 0.5.23 :2662-2664 init_batch_result_processor
         self.batch_result_processor = SchedulerBatchResultProcessor(self) if components else None
+        self.request_receiver = SchedulerRequestReceiver() if components else None  # 0.5.13+
+        self.components = components
+        self.waiting = deque()
+
+    def recv_requests(self):
+        # 0.4.6 … 0.5.12 (0.5.10 :1423): zmq polls; nothing arrives here
+        CALLS.append(("recv_requests", None))
+        return []
+
+    def ingest_requests(self):
+        # 0.5.23 :2184-2221 (0.5.13+: the receiver component polls)
+        recv_reqs = self.request_receiver.recv_requests() if self.components else self.recv_requests()
+        self.process_input_requests(recv_reqs)
+        return recv_reqs
+
+    def process_input_requests(self, recv_reqs):
+        CALLS.append(("process_input_requests", len(recv_reqs)))
+
+    def get_next_batch_to_run(self):
+        # hands out the next batch of the loop's list (0.5.18+: inside a plan)
+        batch = self.waiting.popleft() if self.waiting else None
+        CALLS.append(("get_next_batch_to_run", batch))
+        return ScheduleBatchPlan(None, batch) if self.components else batch
+
+    def _next(self):
+        out = self.get_next_batch_to_run()
+        return out.batch_to_run if self.components else out
 
     def update_spec_metrics(self, bs, num_accepted_tokens):
         self.spec_metrics.append((bs, num_accepted_tokens))
 
     def event_loop_normal(self, batches):
         # 0.5.10 :1303-1325, 0.5.23 :2026-2058
-        for batch in batches:
+        self.waiting = deque(batches)
+        while self.waiting:
+            self.ingest_requests()
+            batch = self._next()
             if batch:
                 result = self.run_batch(batch)
                 self.process_batch_result(batch, result)
@@ -47,7 +92,10 @@ class Scheduler(SchedulerOutputProcessorMixin):
             tmp_batch, tmp_result = self.result_queue.popleft()
             self.process_batch_result(tmp_batch, tmp_result)
 
-        for batch in batches:
+        self.waiting = deque(batches)
+        while self.waiting:
+            self.ingest_requests()
+            batch = self._next()
             # Launch the current batch
             if batch:
                 batch_result = self.run_batch(batch)

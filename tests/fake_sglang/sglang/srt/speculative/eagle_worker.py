@@ -7,7 +7,8 @@ LOG = []
 
 
 class EAGLEWorker(TpModelWorker):
-    def __init__(self, accept=(1, 2), fail_in=None):
+    def __init__(self, accept=(1, 2), fail_in=None, speculative_num_steps=3):
+        self.speculative_num_steps = speculative_num_steps  # 0.5.5 :101 (v1 adaptive 0.5.11+ rewrites it)
         self.target_worker = TpModelWorker()
         self.cuda_graph_runner = GraphRunner(LOG, "draft_graph")
         self.draft_model_runner = DraftRunner(LOG)

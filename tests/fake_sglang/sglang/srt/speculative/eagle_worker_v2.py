@@ -14,7 +14,8 @@ LOG = []
 
 
 class EagleDraftWorker:
-    def __init__(self):
+    def __init__(self, speculative_num_steps=3):
+        self.speculative_num_steps = speculative_num_steps  # 0.5.23 :198
         self.cuda_graph_runner = GraphRunner(LOG, "draft_graph")
         self.draft_model_runner = DraftRunner(LOG)
         self.cuda_graph_runner_for_draft_extend = GraphRunner(LOG, "extend_graph")
@@ -38,7 +39,8 @@ class EAGLEWorkerV2:
 
     def __init__(self, accept=None, speculative_num_draft_tokens=4):
         self.target_worker = TpModelWorker()
-        self.draft_worker = EagleDraftWorker()
+        self.speculative_num_steps = speculative_num_draft_tokens - 1  # topk 1: steps + 1 draft tokens
+        self.draft_worker = EagleDraftWorker(self.speculative_num_steps)
         self.speculative_num_draft_tokens = speculative_num_draft_tokens
         self.accept, self.n_verify = list(accept or []), 0
 

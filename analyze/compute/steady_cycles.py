@@ -1,7 +1,7 @@
 """Which decode cycles are the steady state, and which slower cycles recur: warm-up and rare stalls detected,
 recurring slow cycles described and kept, segments of one batch size, or the user's choice.
 
-Input: the cycles of a trace (:func:`analyze.compute.tokens.cycles`: ``rank, n, kind, i_first, i_last,
+Input: the cycles of a trace (:func:`analyze.compute.cycles.cycles`: ``rank, n, kind, i_first, i_last,
 period_ns, prefill_ns, payload_batch, pair_key, cycle_index …``); output: the same rows with ``key`` (the
 cycle's identity across ranks), ``steady`` (bool), ``why`` (null, ``warm-up``, ``stall``, ``pause``,
 ``skipped``, ``outside window``), ``cycle_class`` (the class of slower cycles it belongs to, null when
@@ -32,7 +32,7 @@ it in a collective all see the same long cycle; one late event counts once):
 
 Cycles are identified across ranks by the pairing of :mod:`analyze.compute.windows` (the payload's cycle
 index, or the offset under which collectives end together), else the payload index, else their order.
-``segment=ID`` (internal: :func:`analyze.compute.whatif.fit_segments`) keeps the detected steady cycles of one
+``segment=ID`` (internal: :func:`analyze.compute.whatif_segments.fit_segments`) keeps the detected steady cycles of one
 segment only. ``skip_cycles=N`` leaves out exactly the first N cycles of each rank (0: none); ``window`` keeps only cycles
 ``START <= n < END`` (``"5:50"``, open ends allowed) or cycles whose first GPU op lies in a time range on the
 session clock (``"1.5s:3s"``, units ns/us/µs/ms/s). With either, stalls and classes are still found and
@@ -41,15 +41,20 @@ named, but kept.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
 
 import polars as pl
 
-from ..model import InputError
+from ..model import CycleChoice, InputError, Window
+from ..read import results
 from .scalars import real, to_float, to_int
 
-__all__ = ["LEFT_OUT_WARN", "parse_window", "check_choice", "flag_cycles", "class_label"]
+__all__ = ["LEFT_OUT_WARN", "Stall", "Pause", "SlowClass", "CycleSegment", "Selection", "Flagged", "parse_window",
+           "check_choice", "flag_cycles", "class_label"]
 
 _SETTLE = 3  # consecutive explained cycles that end the warm-up
 _MIN_TOL = 0.10  # the band is at least this far above the median period
@@ -70,18 +75,164 @@ _UNITS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_00
 _ORDINAL = {1: "st", 2: "nd", 3: "rd"}
 
 
+class _Record:
+    """A dataclass that reads like the JSON's dict too (``sel["text"]``, ``sel.get("classes")``: what the API gave
+    before it was typed); :meth:`as_dict` is the JSON's."""
+
+    _OMITTED: ClassVar[tuple[str, ...]] = ()
+
+    def _omitted(self) -> tuple[str, ...]:
+        return self._OMITTED
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)  # type: ignore[arg-type]
+                if f.name not in self._omitted()}
+
+    def __getitem__(self, name: str) -> Any:
+        if name in self._omitted() or name not in {f.name for f in fields(self)}:  # type: ignore[arg-type]
+            raise KeyError(name)
+        return getattr(self, name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            return default
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, _Record):
+        return v.as_dict()
+    if isinstance(v, list):
+        return [_plain(x) for x in v]
+    return v
+
+
+@results.cacheable
+@dataclass(frozen=True)
+class Stall(_Record):
+    """A rare cycle much slower than its segment's typical one, left out (``key``: its identity across ranks,
+    ``n``: its order on its rank; ``excess_ns`` over the typical period)."""
+
+    key: int
+    n: int
+    period_ns: int
+    excess_ns: float
+
+
+@results.cacheable
+@dataclass(frozen=True)
+class Pause(_Record):
+    """A cycle over :data:`_PAUSE` × the typical period: the server idle (no requests), left out."""
+
+    key: int
+    n: int
+    period_ns: int
+
+
+@results.cacheable
+@dataclass(frozen=True)
+class SlowClass(_Record):
+    """A class of slower cycles that recurs (kept): ``kind`` ``prefill`` (after a prefill), ``batch change`` (the
+    first cycles of a new batch size), ``every`` (every ``every``-th cycle, ``offset``) or ``mode`` (a second
+    mode); its ``slots``, how many of them are slower (``affected``), which (``keys``: the first 20, ``more_keys``
+    beyond them; ``n``: their order on the first rank), and the extra time per affected cycle over the typical
+    cycle of its segment (``extra_ns``; their mean period ``period_ns``, the typical one ``typical_ns``)."""
+
+    id: int | None
+    kind: str
+    every: int | None
+    offset: int | None
+    slots: int = 0
+    affected: int = 0
+    keys: list[int] = field(default_factory=list)
+    more_keys: int = 0
+    first_key: int | None = None
+    n: list[int] = field(default_factory=list)
+    extra_ns: float = 0.0
+    period_ns: float = 0.0
+    typical_ns: float = 0.0
+
+
+@results.cacheable
+@dataclass(frozen=True)
+class CycleSegment(_Record):
+    """A run of cycles of one decode batch size (``key``: ``batch N``, or ``graphs A+B`` without a payload)."""
+
+    segment: int
+    key: str | None
+    batch_size: int | None
+    first_key: int
+    last_key: int
+    first_n: int
+    cycles: int
+
+
+@results.cacheable
+@dataclass(frozen=True)
+class Selection(_Record):
+    """Which cycles are the steady state and why (:func:`flag_cycles`; the JSON's ``steady``): ``how``
+    (``detected``, ``skip``, ``window``, or ``none`` without cycle ranges), what a cycle is (``kind``), how cycles
+    are identified across ranks (``identity``), cycles and steady ones per rank, those left out, the warm-up, the
+    band (``median_ns``, ``limit_ns``, ``tolerance``), the stalls, pauses, classes of slower cycles and segments,
+    the user's ``choice`` and ``text``, the sentence that says it all. Without cycle ranges the band and the choice
+    are not part of it (:meth:`as_dict` leaves them out)."""
+
+    how: str
+    cycles: int
+    steady: int
+    left_out: int
+    warmup: int
+    text: str
+    kind: str | None = None
+    identity: str | None = None
+    post_warmup: int = 0
+    left_out_share: float = 0.0
+    settled: bool = False
+    median_ns: float | None = None
+    limit_ns: float | None = None
+    tolerance: float | None = None
+    stalls: list[Stall] = field(default_factory=list)
+    pauses: list[Pause] = field(default_factory=list)
+    classes: list[SlowClass] = field(default_factory=list)
+    segments: list[CycleSegment] = field(default_factory=list)
+    choice: dict[str, Any] = field(default_factory=dict)
+
+    _ORDER: ClassVar = ("how", "kind", "identity", "cycles", "steady", "left_out", "warmup", "post_warmup",
+                        "left_out_share", "settled", "median_ns", "limit_ns", "tolerance", "stalls", "pauses",
+                        "classes", "segments", "choice", "text")
+    _WITHOUT_CYCLES: ClassVar = ("kind", "identity", "post_warmup", "left_out_share", "settled", "median_ns",
+                                 "limit_ns", "tolerance", "choice")
+
+    def _omitted(self) -> tuple[str, ...]:
+        return self._WITHOUT_CYCLES if self.how == "none" else ()
+
+    def as_dict(self) -> dict[str, Any]:
+        """As the JSON's ``steady`` has it (its order: the text last)."""
+        return {k: _plain(getattr(self, k)) for k in self._ORDER if k not in self._omitted()}
+
+
+@results.cacheable
+@dataclass(frozen=True)
+class Flagged:
+    """The cycles of a trace flagged under a cycle choice (:func:`flag_cycles`) and what was decided."""
+
+    cycles: pl.DataFrame
+    selection: Selection
+
+
 def _nth(n: int) -> str:
     """2 → "2nd", 4 → "4th", 11 → "11th"."""
     return f"{n}{'th' if 10 <= n % 100 <= 20 else _ORDINAL.get(n % 10, 'th')}"
 
 
-def parse_window(text: str | tuple | None) -> dict | None:
-    """``"START:END"`` → ``{"unit": "cycle"|"ns", "start": int|None, "end": int|None, "text": ...}``."""
+def parse_window(text: str | tuple | None) -> Window | None:
+    """``"START:END"`` → a :class:`~analyze.model.Window` (cycles ``START:END``, or times such as ``1.5s:3s``)."""
     if text is None:
         return None
     if isinstance(text, tuple | list):
         a, b = text
-        return {"unit": "cycle", "start": a, "end": b, "text": f"{'' if a is None else a}:{'' if b is None else b}"}
+        return Window("cycle", a, b, f"{'' if a is None else a}:{'' if b is None else b}")
     parts = str(text).split(":")
     if len(parts) != 2:
         raise InputError(f"--window {text!r}: expected START:END (cycles, e.g. 5:50, or times, e.g. 1.5s:3s)",
@@ -103,22 +254,16 @@ def parse_window(text: str | tuple | None) -> dict | None:
         raise InputError(f"--window {text!r}: give both ends as cycles or both as times", "BAD_OPTION")
     if vals[0] is not None and vals[1] is not None and vals[1] <= vals[0]:
         raise InputError(f"--window {text!r}: END must be after START", "BAD_OPTION")
-    return {"unit": units.pop() if units else "cycle", "start": vals[0], "end": vals[1], "text": str(text)}
+    return Window(units.pop() if units else "cycle", vals[0], vals[1], str(text))
 
 
-def check_choice(skip_cycles: int | None, window) -> dict:
+def check_choice(skip_cycles: int | None, window) -> CycleChoice:
     """The ``cycle_choice`` of a Result from the user's options (InputError when they make no sense)."""
     if skip_cycles is not None and window is not None:
         raise InputError("give --skip-cycles or --window, not both", "BAD_OPTION")
     if skip_cycles is not None and skip_cycles < 0:
         raise InputError(f"--skip-cycles must be >= 0, not {skip_cycles}", "BAD_OPTION")
-    out: dict = {}
-    if skip_cycles is not None:
-        out["skip_cycles"] = int(skip_cycles)
-    w = parse_window(window)
-    if w is not None:
-        out["window"] = w
-    return out
+    return CycleChoice(skip_cycles=None if skip_cycles is None else int(skip_cycles), window=parse_window(window))
 
 
 def _identity(m: pl.DataFrame) -> tuple[pl.Expr, str]:
@@ -279,7 +424,7 @@ def _classes(s: pl.DataFrame, w: int) -> tuple[pl.DataFrame, list[dict]]:
     return s.drop("cand"), keep
 
 
-def _describe_classes(s: pl.DataFrame, classes: list[dict], w: int) -> list[dict]:
+def _describe_classes(s: pl.DataFrame, classes: list[dict], w: int) -> list[SlowClass]:
     """Each class with its cycles: how many slots, how many slow (``affected``), which keys, the extra time per
     affected cycle over the typical cycle of its segment (median of the post-warm-up cycles in no class)."""
     typical = (s.filter((pl.col("pos") >= w) & ~pl.col("elevated") & pl.col("cycle_class").is_null()
@@ -293,22 +438,23 @@ def _describe_classes(s: pl.DataFrame, classes: list[dict], w: int) -> list[dict
         hit = m.filter(pl.col("elevated"))
         keys = hit["key"].to_list()
         extra = hit.select((pl.col("t") - pl.col("typical_ns")).mean()).item() if hit.height else 0.0
-        out.append({**c, "slots": m.height, "affected": hit.height, "keys": keys[:20], "more_keys": max(0, len(keys) - 20),
-                    "first_key": keys[0] if keys else None, "n": hit["n"].to_list()[:20],
-                    "extra_ns": float(extra or 0.0), "period_ns": to_float(hit["t"].mean() or 0.0),
-                    "typical_ns": to_float(hit["typical_ns"].mean() or 0.0)})
+        out.append(SlowClass(id=c["id"], kind=c["kind"], every=c["every"], offset=c["offset"], slots=m.height,
+                             affected=hit.height, keys=keys[:20], more_keys=max(0, len(keys) - 20),
+                             first_key=keys[0] if keys else None, n=hit["n"].to_list()[:20],
+                             extra_ns=float(extra or 0.0), period_ns=to_float(hit["t"].mean() or 0.0),
+                             typical_ns=to_float(hit["typical_ns"].mean() or 0.0)))
     return out
 
 
-def flag_cycles(cyc: pl.DataFrame, choice: dict | None = None) -> tuple[pl.DataFrame, dict]:
+def flag_cycles(cyc: pl.DataFrame, choice: CycleChoice | None = None) -> Flagged:
     """``cyc`` with ``steady``/``why``, ``key`` (the cross-rank cycle identity), ``cycle_class`` (the class of
     slower cycles it belongs to, null for a typical one) and ``segment``, and what was decided (module docstring)."""
-    choice = choice or {}
+    choice = choice or CycleChoice()
     if cyc.height == 0:
-        return cyc.with_columns(steady=pl.lit(True), why=pl.lit(None, pl.String), key=pl.col("n"),
-                                cycle_class=pl.lit(None, pl.Int64), segment=pl.lit(0, pl.Int64)), {
-            "how": "none", "cycles": 0, "steady": 0, "left_out": 0, "warmup": 0, "stalls": [], "pauses": [],
-            "classes": [], "segments": [], "text": "no cycle ranges: the whole run"}
+        return Flagged(cyc.with_columns(steady=pl.lit(True), why=pl.lit(None, pl.String), key=pl.col("n"),
+                                        cycle_class=pl.lit(None, pl.Int64), segment=pl.lit(0, pl.Int64)),
+                       Selection(how="none", cycles=0, steady=0, left_out=0, warmup=0,
+                                 text="no cycle ranges: the whole run"))
     main = cyc["kind"].mode().sort()[0]
     is_main = pl.col("kind") == main
     key, identity = _identity(cyc.filter(is_main))
@@ -329,31 +475,31 @@ def flag_cycles(cyc: pl.DataFrame, choice: dict | None = None) -> tuple[pl.DataF
     how = "detected"
     post = pl.col("pos") >= w
     why: pl.Expr
-    if "skip_cycles" in choice:
+    if choice.skip_cycles is not None:
         how = "skip"
-        why = pl.when(pl.col("n") < choice["skip_cycles"]).then(pl.lit("skipped"))
-    elif "window" in choice:
+        why = pl.when(pl.col("n") < choice.skip_cycles).then(pl.lit("skipped"))
+    elif choice.window is not None:
         how = "window"
-        wd = choice["window"]
-        col = pl.col("n") if wd["unit"] == "cycle" else pl.col("i_first")
+        wd = choice.window
+        col = pl.col("n") if wd.unit == "cycle" else pl.col("i_first")
         inside = pl.lit(True)
-        if wd["start"] is not None:
-            inside = inside & (col >= wd["start"])
-        if wd["end"] is not None:
-            inside = inside & (col < wd["end"])
+        if wd.start is not None:
+            inside = inside & (col >= wd.start)
+        if wd.end is not None:
+            inside = inside & (col < wd.end)
         why = pl.when(~inside).then(pl.lit("outside window"))
     else:
         why = pl.when(~post).then(pl.lit("warm-up")).when(pl.col("out").is_not_null()).then(pl.col("out"))
-    per_key = s.select("key", "cycle_class", "segment", "out", slow="elevated", _kw=(~post).alias("_kw"))
+    per_key = s.select("key", "cycle_class", "segment", "out", slow="elevated", _in_warmup=(~post).alias("_in_warmup"))
     c = (cyc.join(per_key, on="key", how="left", maintain_order="left")
          .with_columns(cycle_class=pl.when(is_main).then("cycle_class"), segment=pl.when(is_main).then("segment")))
     if how == "detected":
         c = c.with_columns(why=pl.when(is_main).then(
-            pl.when(pl.col("_kw")).then(pl.lit("warm-up")).when(pl.col("out").is_not_null()).then(pl.col("out"))))
-        if "segment" in choice:  # one segment's steady cycles (a what-if per batch size): the others set aside
-            # (a list: the segments of one batch size, a serving run visiting it several times)
-            seg = choice["segment"]
-            other = ~pl.col("segment").is_in(seg) if isinstance(seg, list) else pl.col("segment") != seg
+            pl.when(pl.col("_in_warmup")).then(pl.lit("warm-up")).when(pl.col("out").is_not_null()).then(pl.col("out"))))
+        if choice.segment is not None:  # one segment's steady cycles (a what-if per batch size): the others set aside
+            # (a tuple: the segments of one batch size, a serving run visiting it several times)
+            one = choice.segment
+            other = ~pl.col("segment").is_in(list(one)) if isinstance(one, tuple) else pl.col("segment") != one
             c = c.with_columns(why=pl.when(is_main & pl.col("why").is_null() & other)
                                .then(pl.lit("other segment")).otherwise("why"))
     else:
@@ -363,7 +509,7 @@ def flag_cycles(cyc: pl.DataFrame, choice: dict | None = None) -> tuple[pl.DataF
     if how != "detected" and to_int(per_rank["steady"].max()) == 0:
         mm = c.filter(is_main)
         raise InputError(
-            f"{'--skip-cycles ' + str(choice['skip_cycles']) if how == 'skip' else '--window ' + choice['window']['text']}"
+            f"{'--skip-cycles ' + str(choice.skip_cycles) if how == 'skip' else '--window ' + _window_text(choice)}"
             f" leaves no cycle: there are {to_int(per_rank['total'].max())} per rank (n = 0…{to_int(mm['n'].max())}), "
             f"their first GPU ops from {real(mm['i_first'].min()) / 1e9:.3f} s to {real(mm['i_first'].max()) / 1e9:.3f} s "
             "on the "
@@ -373,7 +519,7 @@ def flag_cycles(cyc: pl.DataFrame, choice: dict | None = None) -> tuple[pl.DataF
         s = s.with_columns(pl.when(pl.col("key").is_in(chosen)).then("cycle_class").alias("cycle_class"),
                            pl.when(pl.col("key").is_in(chosen)).then("out").alias("out"))
         classes = [cl for cl in classes if (s["cycle_class"] == cl["id"]).any()]
-    classes = _describe_classes(s, classes, w)
+    described = _describe_classes(s, classes, w)
     stalls = s.filter(post & (pl.col("out") == "stall"))
     pauses = s.filter(post & (pl.col("out") == "pause"))
     npost = s.filter(post).height
@@ -383,78 +529,83 @@ def flag_cycles(cyc: pl.DataFrame, choice: dict | None = None) -> tuple[pl.DataF
                                      last_key=pl.col("key").last(), first_n=pl.col("n").first(), cycles=pl.len())
            .sort("segment"))
     segmented = seg.height > 1 or seg["seg_value"][0] is not None
-    info = {
-        "how": how,
-        "kind": main,
-        "identity": identity,
-        "cycles": to_int(per_rank["total"].max()),
-        "steady": to_int(per_rank["steady"].max()),
-        "left_out": to_int((per_rank["total"] - per_rank["steady"]).max()),
-        "warmup": w if how == "detected" else 0,
-        "post_warmup": npost,
-        "left_out_share": left_keys / npost if npost else 0.0,
-        "settled": settled,
-        "median_ns": to_float(s["median_ns"].median()) if n else None,
-        "limit_ns": to_float(s["limit_ns"].median()) if n else None,
-        "tolerance": to_float(s["tol"].max()) if n else None,
-        "stalls": [{"key": r["key"], "n": r["n"], "period_ns": r["period"], "excess_ns": r["t"] - r["median_ns"]}
-                   for r in stalls.iter_rows(named=True)],
-        "pauses": [{"key": r["key"], "n": r["n"], "period_ns": r["period"]} for r in pauses.iter_rows(named=True)],
-        "classes": classes,
-        "segments": [{"segment": r["segment"], "key": r["seg_value"], "batch_size": r["seg_batch"],
-                      "first_key": r["first_key"], "last_key": r["last_key"], "first_n": r["first_n"],
-                      "cycles": r["cycles"]}
-                     for r in seg.iter_rows(named=True)] if segmented else [],
-        "choice": {k: (v["text"] if k == "window" else v) for k, v in choice.items()},
-    }
-    info["text"] = _describe(info)
-    return c.drop("out", "_kw").with_columns(slow=pl.col("slow").fill_null(False)), info
+    info = Selection(
+        how=how,
+        kind=main,
+        identity=identity,
+        cycles=to_int(per_rank["total"].max()),
+        steady=to_int(per_rank["steady"].max()),
+        left_out=to_int((per_rank["total"] - per_rank["steady"]).max()),
+        warmup=w if how == "detected" else 0,
+        post_warmup=npost,
+        left_out_share=left_keys / npost if npost else 0.0,
+        settled=settled,
+        median_ns=to_float(s["median_ns"].median()) if n else None,
+        limit_ns=to_float(s["limit_ns"].median()) if n else None,
+        tolerance=to_float(s["tol"].max()) if n else None,
+        stalls=[Stall(key=r["key"], n=r["n"], period_ns=r["period"], excess_ns=r["t"] - r["median_ns"])
+                for r in stalls.iter_rows(named=True)],
+        pauses=[Pause(key=r["key"], n=r["n"], period_ns=r["period"]) for r in pauses.iter_rows(named=True)],
+        classes=described,
+        segments=[CycleSegment(segment=r["segment"], key=r["seg_value"], batch_size=r["seg_batch"],
+                               first_key=r["first_key"], last_key=r["last_key"], first_n=r["first_n"],
+                               cycles=r["cycles"])
+                  for r in seg.iter_rows(named=True)] if segmented else [],
+        choice=choice.described(),
+        text="",
+    )
+    info = dataclasses.replace(info, text=_describe(info))
+    return Flagged(c.drop("out", "_in_warmup").with_columns(slow=pl.col("slow").fill_null(False)), info)
 
 
-def class_label(c: dict) -> str:
+def _window_text(choice: CycleChoice) -> str:
+    return choice.window.text if choice.window is not None else ""
+
+
+def class_label(c: SlowClass) -> str:
     """``every 4th cycle (offset 1)``, ``after a prefill``, ``after a batch-size change``, ``a second mode``."""
-    if c["kind"] == "every":
-        return f"every {_nth(c['every'])} cycle" + (f" (offset {c['offset']})" if c["offset"] else "")
+    if c.kind == "every":
+        return f"every {_nth(c.every or 0)} cycle" + (f" (offset {c.offset})" if c.offset else "")
     return {"prefill": "after a prefill", "batch change": "after a batch-size change",
-            "mode": "a second mode (slower, not periodic)"}[c["kind"]]
+            "mode": "a second mode (slower, not periodic)"}[c.kind]
 
 
 def _keys_txt(keys: list, more: int) -> str:
     return ", ".join(str(k) for k in keys[:6]) + (" …" if len(keys) > 6 or more else "")
 
 
-def _describe(info: dict) -> str:
+def _describe(info: Selection) -> str:
     """One sentence: which cycles the numbers use, what was left out and why, what recurs (kept), how to choose."""
-    if info["how"] == "none":
-        return info["text"]
-    kind = "cycles" if info["kind"] == "cycle" else f"{info['kind']} ranges"
-    head = f"steady state: {info['steady']} of {info['cycles']} {kind} per rank"
-    share = info.get("left_out_share") or 0.0
-    if info["how"] == "detected" and share > LEFT_OUT_WARN:
+    if info.how == "none":
+        return info.text
+    kind = "cycles" if info.kind == "cycle" else f"{info.kind} ranges"
+    head = f"steady state: {info.steady} of {info.cycles} {kind} per rank"
+    share = info.left_out_share
+    if info.how == "detected" and share > LEFT_OUT_WARN:
         head += f" ({share:.0%} of the cycles after warm-up left out: read the numbers with care)"
-    st = info["stalls"]
-    st_txt = ", ".join(f"{s['key']} ({s['period_ns'] / 1e3:,.0f} µs)" for s in st[:5]) + (" …" if len(st) > 5 else "")
-    kept = [f"{class_label(c)}: {c['affected']} cycles ({_keys_txt(c['keys'], c['more_keys'])}), "
-            f"+{c['extra_ns'] / 1e3:,.1f} µs each" for c in info.get("classes") or [] if c["affected"]]
+    st = info.stalls
+    st_txt = ", ".join(f"{s.key} ({s.period_ns / 1e3:,.0f} µs)" for s in st[:5]) + (" …" if len(st) > 5 else "")
+    kept = [f"{class_label(c)}: {c.affected} cycles ({_keys_txt(c.keys, c.more_keys)}), "
+            f"+{c.extra_ns / 1e3:,.1f} µs each" for c in info.classes if c.affected]
     kept_txt = ("; kept, as they recur: " + "; ".join(kept)) if kept else ""
-    if info["how"] != "detected":
-        chosen = (f"--skip-cycles {info['choice']['skip_cycles']}" if info["how"] == "skip"
-                  else f"--window {info['choice']['window']}")
+    if info.how != "detected":
+        chosen = (f"--skip-cycles {info.choice['skip_cycles']}" if info.how == "skip"
+                  else f"--window {info.choice['window']}")
         tail = f"; {len(st)} rare stall(s) kept (cycle {st_txt})" if st else ""
         return f"{head} ({chosen}){tail}{kept_txt}."
     left = []
-    if info["warmup"]:
-        left.append(f"{info['warmup']} warm-up (before the period settles within {info['tolerance']:.0%} of its "
-                    f"median {info['median_ns'] / 1e3:,.1f} µs)")
+    if info.warmup:
+        left.append(f"{info.warmup} warm-up (before the period settles within {info.tolerance or 0.0:.0%} of its "
+                    f"median {(info.median_ns or 0.0) / 1e3:,.1f} µs)")
     if st:
-        left.append(f"{len(st)} rare stall{'s' if len(st) > 1 else ''} (above {info['limit_ns'] / 1e3:,.1f} µs, "
+        left.append(f"{len(st)} rare stall{'s' if len(st) > 1 else ''} (above {(info.limit_ns or 0.0) / 1e3:,.1f} µs, "
                     f"not recurring: cycle {st_txt})")
-    pa = info.get("pauses") or []
+    pa = info.pauses
     if pa:
         left.append(f"{len(pa)} pause{'s' if len(pa) > 1 else ''} (over {_PAUSE:.0f} × the median: cycle "
-                    + ", ".join(f"{p['key']} ({p['period_ns'] / 1e6:,.1f} ms)" for p in pa[:5]) + ")")
+                    + ", ".join(f"{p.key} ({p.period_ns / 1e6:,.1f} ms)" for p in pa[:5]) + ")")
     text = head + ("; left out: " + ", ".join(left[:-1]) + (" and " if len(left) > 1 else "") + left[-1] if left
                    else "; nothing left out")
-    if not info["settled"]:
+    if not info.settled:
         text += " (the period never settled: no warm-up detected)"
     return text + kept_txt + ". Choose with --skip-cycles N or --window START:END (--skip-cycles 0: the whole run)."
