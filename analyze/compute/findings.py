@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from .whatif_model import Model
 
 __all__ = ["HIGH", "MEDIUM", "FLOOR", "RULES", "COMM_SHARE", "IDLE_SHARE", "GAIN", "RuleContext", "Finding", "RuleHit", "Rule",
-           "SAME", "launch_timing", "NCCL_KERNEL", "PROTOS", "NcclSetting", "nccl_setting", "comm_action",
+           "SAME", "launch_timing", "PROTOS", "NcclSetting", "nccl_setting", "comm_action",
            "PHASE_SHARE", "severity", "RuleInputs", "rule_inputs", "known", "context", "find", "findings_at"]
 
 HIGH, MEDIUM, FLOOR = 0.10, 0.03, 0.01
@@ -252,63 +252,70 @@ def _comm(ctx: RuleContext) -> list[RuleHit]:
     return out
 
 
-# NCCL's kernels name the algorithm and protocol they were built for: ncclDevKernel_AllReduce_Sum_bf16_RING_LL.
-NCCL_KERNEL = r"^ncclDevKernel_\w+?_(RING|TREE|NVLS_TREE|NVLSTREE|NVLS|COLLNET_DIRECT|COLLNET_CHAIN|PAT)_(LL128|LL|SIMPLE)\b"
+# NCCL's kernel names carry an algorithm and a protocol (ncclDevKernel_AllReduce_Sum_bf16_RING_LL), but not the
+# ones a collective ran with: NCCL names the kernel ..._RING_LL under NCCL_PROTO=Simple too (the bundled
+# tp2_nccl_simple capture). The name is never evidence of the protocol; only the recorded environment is.
 PROTOS = {"ll": "LL", "ll128": "LL128", "simple": "Simple"}
 
 
 @dataclass(frozen=True)
 class NcclSetting:
-    """The NCCL protocol (and algorithm) a phase's collectives ran with, and where that is known from."""
+    """The NCCL protocol (and algorithm) a run's collectives were set to, and where that is known from
+    (``proto`` None: the recorded environment shows NCCL_PROTO unset, so NCCL chose per message size)."""
 
-    proto: str | None  # LL, LL128, Simple
-    algo: str | None  # Ring, Tree, NVLS, ...
+    proto: str | None  # LL, LL128, Simple; None: unset (NCCL's own choice per size)
+    algo: str | None  # Ring, Tree, NVLS, ... as set (NCCL_ALGO)
     source: str
 
 
-def nccl_setting(res: Result, phase: str) -> NcclSetting | None:
-    """The protocol of ``phase``'s collectives: the recorded environment's ``NCCL_PROTO``/``NCCL_ALGO`` (the manifest
-    beside the capture), else the name of the NCCL kernel with the most time in the phase; None when neither says."""
+def nccl_setting(res: Result, phase: str | None = None) -> NcclSetting | None:
+    """The NCCL protocol and algorithm the run was set to, from evidence only: the capture's recorded environment
+    (``nccl_env`` of the manifest ``spectrace trace`` writes beside the capture: ``NCCL_PROTO``/``NCCL_ALGO``, set
+    or unset). None when nothing recorded it: the kernel's name is no evidence (NCCL names its kernel ``…RING_LL``
+    under both LL and Simple), and NCCL's NVTX payload carries message sizes and ranks, not the protocol.
+    ``phase``: unused (one setting per process; kept for callers of the per-phase form)."""
     from ..read.manifest import read_manifest
 
-    env = (read_manifest(res.trace.path) or {}).get("nccl_env") or {}
-    proto = PROTOS.get(str(env.get("NCCL_PROTO", "")).strip().lower())
+    m = read_manifest(res.trace.path) or {}
+    if "nccl_env" not in m:
+        return None
+    env = m.get("nccl_env") or {}
+    raw = str(env.get("NCCL_PROTO", "")).strip()
+    proto = PROTOS.get(raw.lower())
+    algo = str(env.get("NCCL_ALGO", "")).strip() or None
+    if proto is None and raw:  # a list or an exclusion (^LL): said as recorded, no advice from it
+        return NcclSetting(None, algo, f"NCCL_PROTO={raw} in the capture's recorded environment")
     if proto is not None:
-        return NcclSetting(proto, env.get("NCCL_ALGO") or None, "NCCL_PROTO in the capture's recorded environment")
-    if res.kernels is None or res.kernels.height == 0:
-        return None
-    # The NCCL kernels' names (a few of a few hundred) found first, then only their rows joined on the phase's
-    # instances and summed per name.
-    names = res.kernels.lazy().select(pl.col("name").unique()).collect().with_columns(
-        _s=pl.col("name").cast(pl.String)).filter(pl.col("_s").str.contains(NCCL_KERNEL))["name"]
-    inst = res.instances.lazy().select("range", "range_id").filter(pl.col("range") == phase).select("range_id")
-    k = (res.kernels.lazy().select("range_id", "name", "kernel_ns").filter(pl.col("name").is_in(names.implode()))
-         .join(inst, on="range_id", how="semi").group_by("name").agg(pl.col("kernel_ns").sum())
-         .with_columns(pl.col("name").cast(pl.String))
-         .with_columns(m=pl.col("name").str.extract_groups(NCCL_KERNEL))
-         .filter(pl.col("m").struct.field("2").is_not_null()).sort("kernel_ns", descending=True).collect())
-    if k.height == 0:
-        return None
-    top = k.row(0, named=True)
-    algo, proto = top["m"]["1"], PROTOS[top["m"]["2"].lower()]
-    short = top["name"].split("(")[0]
-    return NcclSetting(proto, algo, f"its kernel {short}; NCCL may pick another protocol inside the same kernel: "
-                                    "NCCL_PROTO fixes it")
+        return NcclSetting(proto, algo, "NCCL_PROTO in the capture's recorded environment")
+    return NcclSetting(None, algo, "NCCL_PROTO unset in the capture's recorded environment: NCCL chose the "
+                                   "protocol per message size")
 
 
-def comm_action(s: NcclSetting | None) -> str | None:
-    """COMM_SHARE's advice from the setting the run already has (None: the rule's general advice)."""
-    if s is None:
-        return None
+_UNKNOWN_PROTO = ("The NCCL protocol this run used is unknown (no recorded environment: the kernel's name does not "
+                  "say it; `spectrace trace` records NCCL_* variables in the manifest). Whichever it was, try each of "
+                  "NCCL_PROTO=LL, LL128 and Simple and NCCL_ALGO (Ring, Tree, NVLS) and measure each with "
+                  "`spectrace compare`; ")
+
+
+def comm_action(s: NcclSetting | None) -> str:
+    """COMM_SHARE's advice from the setting the run is known to have had; when nothing recorded it, advice that
+    holds whatever the protocol was."""
     rest = ("SGLang's custom all-reduce (do not pass --disable-custom-all-reduce; needs NVLink/P2P), NVLS or "
             "symmetric-memory all-reduce on NVSwitch, or a smaller TP size for this model; measure with "
             "`spectrace compare`.")
-    now = f"This run uses NCCL's {s.proto} protocol" + (f", {s.algo} algorithm" if s.algo else "") + f" ({s.source})."
+    if s is None:
+        return _UNKNOWN_PROTO + rest[0].lower() + rest[1:]
+    algo = f", NCCL_ALGO={s.algo}" if s.algo else ""
+    if s.proto is None:
+        return (f"This run left the protocol to NCCL ({s.source}{algo}): pin NCCL_PROTO=LL, then LL128, and try "
+                f"NCCL_ALGO, measuring each with `spectrace compare`; {rest[0].lower() + rest[1:]}")
+    now = f"This run was set to NCCL's {s.proto} protocol{algo} ({s.source})."
     if s.proto == "LL":
         return f"{now} LL is already the lowest-latency protocol: next try NCCL_ALGO (e.g. Tree, or NVLS), {rest}"
     if s.proto == "LL128":
-        return f"{now} For these small all-reduces try NCCL_PROTO=LL, then NCCL_ALGO, {rest}"
-    return f"{now} Simple is built for large messages: try NCCL_PROTO=LL (or LL128) and NCCL_ALGO, {rest}"
+        return f"{now} LL has the lower latency for small messages: try NCCL_PROTO=LL, then NCCL_ALGO, {rest}"
+    return (f"{now} Simple is built for large messages; for small ones try NCCL_PROTO=LL (or LL128) and NCCL_ALGO, "
+            f"{rest}")
 
 
 def _per_cycle(ctx: RuleContext, df: pl.DataFrame, col: str) -> pl.DataFrame:
@@ -476,7 +483,7 @@ RULES: tuple[Rule, ...] = (
          "node-level CUDA-graph tracing also blocks graph launches (compare with a graph-level capture).",
          lambda c: _seam(c, blocked=True)),
     Rule("COMM_SHARE", "communication share of a phase's GPU span",
-         "For small all-reduces try NCCL_PROTO=LL or LL128 and NCCL_ALGO (measure with `spectrace compare`), "
+         "Try NCCL_PROTO (LL, LL128, Simple) and NCCL_ALGO, measuring each with `spectrace compare`; "
          "SGLang's custom all-reduce (do not pass --disable-custom-all-reduce; needs NVLink/P2P), NVLS or "
          "symmetric-memory all-reduce on NVSwitch, or a smaller TP size for this model.", _comm),
     Rule("STRAGGLER_RANK", "one rank arriving last at a phase's collectives while the others wait",
