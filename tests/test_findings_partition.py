@@ -19,7 +19,11 @@ from nvtx_hooks.capture import samples
 from tests.helpers.paths import TRACES, tp2
 
 ROOT = Path(__file__).parents[1]
-TP1 = sorted(p.name.removesuffix(".sqlite.xz") for p in (ROOT / "tests/data/h200_tp1").glob("*.sqlite.xz"))
+# tp1_sched_cpu: the what-if replay fails on it on main too (whatif_replay._slots joins a unit that repeats in a
+# window into duplicate (window, slot) rows: IndexError in Replay.run); strict, so that the fix un-marks it
+_REPLAY_BUG = pytest.mark.xfail(raises=IndexError, strict=True, reason="whatif_replay: repeated (window, slot) rows")
+TP1 = [pytest.param(n, marks=_REPLAY_BUG) if n == "tp1_sched_cpu" else n
+       for n in sorted(p.name.removesuffix(".sqlite.xz") for p in (ROOT / "tests/data/h200_tp1").glob("*.sqlite.xz"))]
 TP2 = sorted(p.name.removesuffix(".sqlite.xz") for p in (ROOT / "tests/data/h200_tp2").glob("*.sqlite.xz"))
 SHARED = sorted(p.name for p in TRACES.glob("*.sqlite")) if TRACES.exists() else []
 SHAPES = {"every4_draft": ("tp2_s3_node", ["1:draft:4:0:590"]),

@@ -118,6 +118,7 @@ class Stall(_Record):
     n: int
     period_ns: int
     excess_ns: float
+    limit_ns: float | None = None  # the band of its segment (batch size) it is above
 
 
 @results.cacheable
@@ -543,7 +544,8 @@ def flag_cycles(cyc: pl.DataFrame, choice: CycleChoice | None = None) -> Flagged
         median_ns=to_float(s["median_ns"].median()) if n else None,
         limit_ns=to_float(s["limit_ns"].median()) if n else None,
         tolerance=to_float(s["tol"].max()) if n else None,
-        stalls=[Stall(key=r["key"], n=r["n"], period_ns=r["period"], excess_ns=r["t"] - r["median_ns"])
+        stalls=[Stall(key=r["key"], n=r["n"], period_ns=r["period"], excess_ns=r["t"] - r["median_ns"],
+                      limit_ns=r["limit_ns"])
                 for r in stalls.iter_rows(named=True)],
         pauses=[Pause(key=r["key"], n=r["n"], period_ns=r["period"]) for r in pauses.iter_rows(named=True)],
         classes=described,
@@ -574,6 +576,16 @@ def _keys_txt(keys: list, more: int) -> str:
     return ", ".join(str(k) for k in keys[:6]) + (" …" if len(keys) > 6 or more else "")
 
 
+def _above(st: list[Stall], info: Selection) -> str:
+    """The band the stalls are above: one limit when they share it, else each batch size's own (a stall is above its
+    own segment's band, which may be below another segment's: never a stall listed under the limit it is over)."""
+    limits = sorted({round(s.limit_ns) for s in st if s.limit_ns is not None})
+    if len(limits) <= 1:
+        lim = limits[0] if limits else (info.limit_ns or 0.0)
+        return f"above {lim / 1e3:,.1f} µs"
+    return f"each above its batch size's band, {limits[0] / 1e3:,.1f}–{limits[-1] / 1e3:,.1f} µs"
+
+
 def _describe(info: Selection) -> str:
     """One sentence: which cycles the numbers use, what was left out and why, what recurs (kept), how to choose."""
     if info.how == "none":
@@ -598,8 +610,8 @@ def _describe(info: Selection) -> str:
         left.append(f"{info.warmup} warm-up (before the period settles within {info.tolerance or 0.0:.0%} of its "
                     f"median {(info.median_ns or 0.0) / 1e3:,.1f} µs)")
     if st:
-        left.append(f"{len(st)} rare stall{'s' if len(st) > 1 else ''} (above {(info.limit_ns or 0.0) / 1e3:,.1f} µs, "
-                    f"not recurring: cycle {st_txt})")
+        left.append(f"{len(st)} rare stall{'s' if len(st) > 1 else ''} ({_above(st, info)}, not recurring: "
+                    f"cycle {st_txt})")
     pa = info.pauses
     if pa:
         left.append(f"{len(pa)} pause{'s' if len(pa) > 1 else ''} (over {_PAUSE:.0f} × the median: cycle "
