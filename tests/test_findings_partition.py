@@ -39,7 +39,7 @@ def leaf_sizes(res) -> dict[str, float]:
     for r in b.iter_rows(named=True):
         per[(r["segment"], r["kind"])].append(r)
     for (seg, kind), rows in per.items():
-        def mean(col: str) -> float:
+        def mean(col: str, rows: list = rows) -> float:
             return sum(float(r[col] or 0.0) for r in rows) / len(rows)
         if kind == "phase" and rows[0]["compute_ns"] is not None:
             for part in ("compute", "comm", "idle"):
