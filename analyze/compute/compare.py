@@ -293,6 +293,17 @@ def warnings(a, b) -> list[str]:
 
 
 def _warnings(a: _Capture, b: _Capture) -> list[str]:
+    out = _warnings_between(a, b)
+    for side, r in (("A", a), ("B", b)):
+        info = r.selection
+        if info.how == "detected" and info.left_out_share > steady_cycles.LEFT_OUT_WARN:
+            out.append(f"{side} leaves out {info.left_out_share:.0%} of its cycles after warm-up (stalls, pauses): "
+                       "its numbers describe the rest only")
+    return out
+
+
+def _warnings_between(a: _Capture, b: _Capture) -> list[str]:
+    """How the two runs differ in how they were captured or what they ran."""
     out = []
     ma, mb = a.graph_trace_mode, b.graph_trace_mode
     if (ma or "none") != (mb or "none"):
@@ -316,11 +327,6 @@ def _warnings(a: _Capture, b: _Capture) -> list[str]:
     if a.batch_sizes and b.batch_sizes and a.batch_sizes != b.batch_sizes:
         out.append(f"decode batch sizes differ (A: {', '.join(map(str, a.batch_sizes))}; B: "
                    f"{', '.join(map(str, b.batch_sizes))}): a cycle does different work")
-    for side, r in (("A", a), ("B", b)):
-        info = r.selection
-        if info.how == "detected" and info.left_out_share > steady_cycles.LEFT_OUT_WARN:
-            out.append(f"{side} leaves out {info.left_out_share:.0%} of its cycles after warm-up (stalls, pauses): "
-                       "its numbers describe the rest only")
     return out
 
 
