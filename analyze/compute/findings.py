@@ -384,11 +384,27 @@ def _recurring(ctx: RuleContext) -> list[RuleHit]:
     """Classes of slower cycles that recur (kept in the steady state) without one late rank."""
     out = []
     for c in ctx.classes:
-        if not c.kept or not c.affected or c in _class_stragglers(ctx):
+        if not c.kept or not c.affected or c in _class_stragglers(ctx) or c.kind == "shift":
             continue
         out.append(RuleHit(c.per_cycle_ns, (
             f"{c.text}; {_us(c.per_cycle_ns)} per steady cycle on average (kept in the numbers above: it recurs)"),
             phase=c.phase, rank=c.rank, every=c.every, extra_ns=c.extra_ns, cycles=c.affected, cycle_class=c))
+    return out
+
+
+def _shift(ctx: RuleContext) -> list[RuleHit]:
+    """Level shifts (:mod:`analyze.compute.steady_cycles`): from a cycle on, every cycle of the segment slower by
+    the same amount, where that time sits (:mod:`analyze.compute.anatomy`); without one late rank (that is a
+    straggler's)."""
+    out = []
+    for c in ctx.classes:
+        if c.kind != "shift" or not c.kept or not c.affected or c in _class_stragglers(ctx):
+            continue
+        out.append(RuleHit(c.per_cycle_ns, (
+            f"{c.text} (over the {_us(c.typical_ns)} of the level before it); {_us(c.per_cycle_ns)} per steady "
+            "cycle on average (kept in the numbers above: the run stays at it"
+            + (")" if c.until_key is None else f" until cycle {c.until_key})")),
+            phase=c.phase, rank=c.rank, extra_ns=c.extra_ns, cycles=c.affected, cycle_class=c))
     return out
 
 
@@ -641,6 +657,11 @@ RULES: tuple[Rule, ...] = (
          "memory checks, a periodic sync, allocation or cache flush), or per-batch setup after a prefill. Make it "
          "asynchronous, cheaper or rarer; a CPU-sampled capture (`nsys profile -s cpu`) at those cycles shows "
          "what it is.", _recurring, CAUSE, _cause),
+    Rule("LEVEL_SHIFT", "a change of level: from one cycle on, every cycle of a batch size slower by the same amount",
+         "Something changed at that cycle and stayed: line its time up with the server's log (a new request mix, a "
+         "cache or pool that filled, a background thread or process that started, a frequency or power change); "
+         "the piece it sits in says where to look (between cycles: the host's scheduler loop, which a CPU-sampled "
+         "capture, `spectrace trace --cpu-sampling`, shows; a phase: its GPU work).", _shift, CAUSE, _cause),
     Rule("STALLS", "rare cycles much slower than the median that do not recur (stalls in time)",
          "Intermittent host stalls: Python GC (`gc.freeze()` after warm-up), logging, other processes on the "
          "cores, CPU frequency; line the stalled cycles' times up with a CPU-sampled capture.", _stalls),
@@ -782,6 +803,11 @@ def findings_at(res: Result, steps_now: int | None) -> list[Finding]:
     return _find(res, whatif.fitted(res, steps_now))
 
 
+def _what(hit: RuleHit) -> str:
+    """How a referral names another finding: its class of cycles and phase (``every 4th cycle, draft``)."""
+    return ", ".join(x for x in (hit.cycle_class.label if hit.cycle_class else None, hit.phase) if x)
+
+
 def _find(res, model) -> list[Finding]:
     ctx = context(res, model)
     if not ctx.period_ns:
@@ -799,8 +825,9 @@ def _find(res, model) -> list[Finding]:
         evidence = hit.evidence
         if under:
             evidence += "; " + ", ".join(
-                f"{_us(u['ns'])} of it counted under {u['code']}" + (f" ({u['phase']})" if u["phase"] else "")
-                for u in under) + f": {_us(sh.ns)} per cycle here"
+                f"{_us(u['ns'])} of it counted under {u['code']}" + (f" ({w})" if (w := _what(shares[j].hit)) else "")
+                for (j, _), u in zip(sorted(sh.under.items(), key=lambda kv: -kv[1]), under, strict=False)) \
+                + f": {_us(sh.ns)} per cycle here"
         out.append(Finding(code=rule.code, severity=severity(share), phase=hit.phase,
                            rank=hit.rank, every=hit.every, extra_ns=hit.extra_ns,
                            cycles=hit.cycles, evidence=evidence,
