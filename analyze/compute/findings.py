@@ -528,11 +528,12 @@ def _whole_phase(hit: RuleHit) -> list[Claim]:
 def _cause(hit: RuleHit) -> list[Claim]:
     """A hit that names a cause claims where that cause's time sits: a class of slower cycles its pieces that grew
     (each piece's growth over the ranks, per steady cycle, scaled to the class's time per cycle); a late rank
-    without a class the communication of the phase the others wait in."""
+    without a class the communication of the phase the others wait in, then (the late rank's own delay, which the
+    budget does not place) the rest of the cycle."""
     c = hit.cycle_class
-    if c is None:
-        return [Claim((f"{_phase_of(hit)}/comm", f"{_phase_of(hit)}/idle"), hit.impact_ns)] if hit.phase else \
-            [Claim((CYCLE,), hit.impact_ns)]
+    if c is None:  # the waiting ranks' share of the phase's communication, the rest (the late rank's) of the cycle
+        p = _phase_of(hit)
+        return [Claim((f"{p}/comm", f"{p}/idle", CYCLE) if p else (CYCLE,), hit.impact_ns)]
     nranks = max(len({p["rank"] for p in c.pieces}), 1)
     grew: dict[tuple[str, str], float] = {}
     for p in c.pieces:
