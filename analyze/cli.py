@@ -490,7 +490,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--vs", nargs="+", metavar="OTHER",
                    help="the run to compare with (A = OTHER, B = the reports before --vs), as in `report --vs`; "
                         "several exports for a multi-node run")
-    p.add_argument("--b", nargs="+", metavar="B", help=argparse.SUPPRESS)  # compare's old --vs (B), one release
+    p.add_argument("--b", nargs="+", metavar="B",
+                   help="deprecated, for one release: compare's old --vs (B's reports, the positional ones A); "
+                        "write `compare B… --vs A…`")
     _add_common_args(p, ("table", "json"), "table: text for people (default); json: every row, per rank, "
                                           "kernels, verdict")
     p.add_argument("--fail-if-slower", type=_num(float, 0, 1e6), metavar="PCT",
