@@ -7,7 +7,7 @@ import re
 import pytest
 
 from analyze import analyze
-from analyze.compute import findings
+from analyze.compute import anatomy, findings
 from analyze.compute.whatif_fit import fit
 from tests.helpers import eagle_synth as es
 
@@ -57,7 +57,13 @@ def test_rules_on_the_synthetic_cycle(res):
     assert all(x.share == pytest.approx(x.impact_ns / 10_000) for x in found)
     assert all(set(x.to_dict()) >= {"code", "severity", "phase", "rank", "evidence", "action"} for x in found)
     assert all(x.action == next(r.action for r in findings.RULES if r.code == x.code)
-               for x in found if x.code != "COMM_SHARE")
+               for x in found if x.code not in ("COMM_SHARE", "SEAM_BLOCKED_LAUNCH"))
+    # the stall's extra time is between cycles (where the host launches the next): the host-stall advice
+    (where,) = [c for c in anatomy.cycle_classes(res) if c.kind == "stall"]
+    assert where.piece == "between cycles" and f["STALLS"][0].action.startswith("Intermittent host stalls")
+    # node-level graph tracing is advised about only on a node-level capture
+    node = res.trace.graph_trace_mode == "Node"
+    assert all(("traced CUDA graphs node by node" in x.action) == node for x in f["SEAM_BLOCKED_LAUNCH"])
     # the draft's all-reduce kernel is ..._RING_LL and nothing recorded the environment: the protocol is unknown
     # (NCCL names the kernel ..._RING_LL under Simple too), the advice holds for any of them
     assert c.action.startswith("The NCCL protocol this run used is unknown") and "LL protocol" not in c.action

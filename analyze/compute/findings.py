@@ -380,6 +380,19 @@ def _straggler(ctx: RuleContext) -> list[RuleHit]:
     return out
 
 
+_LOOK = ("a CPU-sampled capture (`spectrace trace --cpu-sampling`) at those cycles shows what the host does; the "
+         "piece that grew says where to look.")
+# RECURRING_SLOW_CYCLES' advice by the kind of class (what the class shows; the rule's row is the every-N one's)
+_RECURRING_ACTION = {
+    "prefill": "The cycle after a prefill pays for it (per-batch setup, new requests' state, a graph not yet "
+               "captured for the new shape): chunked prefill or a mixed batch spreads it; " + _LOOK,
+    "batch change": "The first cycles of a new batch size are slower (allocation, a CUDA graph captured or "
+                    "selected for the new size): capture graphs for every batch size before serving; " + _LOOK,
+    "mode": "A second, slower mode at no period: something intermittent (a thread or process contending for the "
+            "core, a cache or pool refill, GC, a lock) makes a share of the cycles slower; " + _LOOK,
+}
+
+
 def _recurring(ctx: RuleContext) -> list[RuleHit]:
     """Classes of slower cycles that recur (kept in the steady state) without one late rank."""
     out = []
@@ -388,7 +401,8 @@ def _recurring(ctx: RuleContext) -> list[RuleHit]:
             continue
         out.append(RuleHit(c.per_cycle_ns, (
             f"{c.text}; {_us(c.per_cycle_ns)} per steady cycle on average (kept in the numbers above: it recurs)"),
-            phase=c.phase, rank=c.rank, every=c.every, extra_ns=c.extra_ns, cycles=c.affected, cycle_class=c))
+            phase=c.phase, rank=c.rank, every=c.every, extra_ns=c.extra_ns, cycles=c.affected, cycle_class=c,
+            action=_RECURRING_ACTION.get(c.kind)))
     return out
 
 
@@ -431,13 +445,19 @@ def _stalls(ctx: RuleContext) -> list[RuleHit]:
     kept = ctx.info.how != "detected"
     worst = max(st, key=lambda s: s.period_ns)
     where = next((c for c in ctx.classes if c.kind == "stall"), None)
+    on_host = where is not None and where.piece == cycle_budget.GAP
+    action = None if on_host else (
+        f"Intermittent stalls in {where.piece if where and where.piece else 'the cycle'} (not between cycles): on "
+        "the GPU side (a clock or power drop, another process on the GPU: `nvidia-smi -q -d CLOCK,PERFORMANCE`) or a "
+        "launch held by the host (GC: `gc.freeze()` after warm-up, logging); line the stalled cycles' times up with a "
+        "CPU-sampled capture.")
     return [RuleHit(per, (
         f"{len(st)} cycle(s) took longer than {_us(ctx.info.limit_ns or 0.0)} (median period "
         f"{_us(ctx.info.median_ns or 0.0)}) and do not recur, the worst cycle {worst.key} at {_us(worst.period_ns)}; "
         f"together {_us(excess)} more than median cycles, {_us(per)} per steady cycle"
         + (f"; {where.text}" if where else "")
         + (" (kept in the numbers: you chose the cycles)" if kept else " (left out of the numbers above)")),
-        phase=where.phase if where else None, extra_ns=excess / len(st), cycles=len(st))]
+        phase=where.phase if where else None, extra_ns=excess / len(st), cycles=len(st), action=action)]
 
 
 def _left_out(ctx: RuleContext) -> list[RuleHit]:
@@ -503,6 +523,18 @@ def _whatif_per_batch(ctx: RuleContext) -> list[RuleHit]:
         f"cycles, within one step of the measured {', '.join(map(str, runs))}; verify's growth "
         f"{_verify_how(segs[0]['verify_source'])}); up to "
         f"+{_pct(gain)} tokens/s in one of them"))]
+
+
+def _node_level(ctx: RuleContext, hit: RuleHit) -> RuleHit:
+    """SEAM_BLOCKED_LAUNCH's hit, with the node-level tracing's part of the advice when the capture is node-level
+    (the trace says so: ``graph_trace_mode``), and only then."""
+    if (ctx.res.trace.graph_trace_mode or "").lower() != "node":
+        return hit
+    from dataclasses import replace
+
+    return replace(hit, action=("A blocked launch or a queued dependency: a synchronous call, an event wait, a full "
+                                "launch queue; this capture traced CUDA graphs node by node, which also blocks graph "
+                                "launches: compare with a graph-level capture (`--cuda-graph-trace=graph`)."))
 
 
 def _phase_of(hit: RuleHit) -> str:
@@ -637,9 +669,8 @@ RULES: tuple[Rule, ...] = (
          "Move host work out of the transition (syncs, allocations, Python between the two launches) or capture "
          "both phases in one CUDA graph.", lambda c: _seam(c, blocked=False), PIECE, _piece),
     Rule("SEAM_BLOCKED_LAUNCH", "GPU idle between two phases although the next was launched in time",
-         "A blocked launch or a queued dependency: a synchronous call, an event wait, a full launch queue; "
-         "node-level CUDA-graph tracing also blocks graph launches (compare with a graph-level capture).",
-         lambda c: _seam(c, blocked=True), PIECE, _piece),
+         "A blocked launch or a queued dependency: a synchronous call, an event wait, a full launch queue.",
+         lambda c: [_node_level(c, h) for h in _seam(c, blocked=True)], PIECE, _piece),
     Rule("COMM_SHARE", "communication share of a phase's GPU span",
          "Try NCCL_PROTO (LL, LL128, Simple) and NCCL_ALGO, measuring each with `spectrace compare`; "
          "SGLang's custom all-reduce (do not pass --disable-custom-all-reduce; needs NVLink/P2P), NVLS or "
@@ -650,8 +681,9 @@ RULES: tuple[Rule, ...] = (
          "core, GC), an extra sync or print on that rank only, a slower or throttled GPU (`nvidia-smi -q -d "
          "CLOCK,PERFORMANCE`), uneven work across ranks.", _straggler, CAUSE, _cause),
     Rule("PHASE_IDLE", "GPU idle between a phase's own operations",
-         "The GPU waits for launches inside the phase: eager kernel launches, host syncs (`.item()`, DtoH "
-         "copies), allocations; capture the phase in a CUDA graph or remove the syncs.", _idle, PIECE, _part("idle")),
+         "Between the phase's own operations the GPU ran nothing of it: a launch that came late (eager kernel "
+         "launches, host syncs such as `.item()` or DtoH copies, allocations) or a wait on another stream or event; "
+         "one instance in the nsys timeline shows which; capture the phase in a CUDA graph or remove the syncs.", _idle, PIECE, _part("idle")),
     Rule("RECURRING_SLOW_CYCLES", "a class of slower cycles that recurs: every N-th cycle, after a prefill or "
          "a batch-size change, or a second mode",
          "Something runs on that schedule: the scheduler's periodic work (metrics or logging every N steps, "
@@ -664,7 +696,8 @@ RULES: tuple[Rule, ...] = (
          "the piece it sits in says where to look (between cycles: the host's scheduler loop, which a CPU-sampled "
          "capture, `spectrace trace --cpu-sampling`, shows; a phase: its GPU work).", _shift, CAUSE, _cause),
     Rule("STALLS", "rare cycles much slower than the median that do not recur (stalls in time)",
-         "Intermittent host stalls: Python GC (`gc.freeze()` after warm-up), logging, other processes on the "
+         "Intermittent host stalls (the stalled cycles' extra time is between cycles, where the host launches the "
+         "next): Python GC (`gc.freeze()` after warm-up), logging, other processes on the "
          "cores, CPU frequency; line the stalled cycles' times up with a CPU-sampled capture.", _stalls),
     Rule("LEFT_OUT", "a large share of the cycles left out of the steady state",
          "Look at the per-cycle figure: pauses (idle, no requests) or stalls this frequent are part of how the "
