@@ -123,3 +123,23 @@ def test_the_real_random_stalls():
     assert len(held & want) >= 0.9 * len(want)
     assert mode.extra_ns == pytest.approx(t["us"] * US, rel=0.2)
     assert mode.piece == "between cycles"
+
+
+def test_a_stall_is_said_above_its_own_band():
+    """Two batch sizes (1,000 and 3,000 µs cycles): a 1,500 µs stall of the first is above its own band, below the
+    other's; the first line names each batch size's band, never "above 3,300 µs: … (1,500 µs)" (issue 37: "rare
+    stalls (above 3,144.1 µs …: 212 (3,093 µs) …")."""
+    rng = np.random.default_rng(5)
+    t = np.concatenate([1_000 + rng.normal(0, 5, 100), 3_000 + rng.normal(0, 15, 100)])
+    t[60] = 1_500
+    frame = series(t).with_columns(payload_batch=pl.Series([1] * 100 + [8] * 100))
+    sel = flag_cycles(frame).selection
+    (st,) = sel.stalls
+    assert st.key == 60 and st.limit_ns is not None and st.limit_ns < 1_500 * US < sel.limit_ns
+    assert f"1 rare stall (above {st.limit_ns / 1e3:,.1f} µs, not recurring: cycle 60 (1,500 µs))" in sel.text
+    # a stall in each batch size: each above its own band, both bands said
+    t[160] = 4_500
+    sel = flag_cycles(series(t).with_columns(payload_batch=pl.Series([1] * 100 + [8] * 100))).selection
+    lo, hi = sorted(s.limit_ns for s in sel.stalls)
+    assert f"2 rare stalls (each above its batch size's band, {lo / 1e3:,.1f}–{hi / 1e3:,.1f} µs" in sel.text
+    assert all(s.period_ns > s.limit_ns for s in sel.stalls)

@@ -101,7 +101,7 @@ def cycle_classes(res: Result) -> list[CycleClass]:
             continue
         typ = typical
         if cl.kind == "shift":  # against the level before it, in the same segment (relabelled as the class's)
-            seg = members["segment"].min()
+            seg = to_int(members["segment"].min())
             typ = (typical.filter(pl.col("segment") == seg - 1)
                    .with_columns(segment=pl.lit(seg, c.schema["segment"])))
         out.append(_anatomy(res, cl, members, typ, steady_n))

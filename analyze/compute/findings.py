@@ -564,8 +564,8 @@ def _cause(hit: RuleHit) -> list[Claim]:
     budget does not place) the rest of the cycle."""
     c = hit.cycle_class
     if c is None:  # the waiting ranks' share of the phase's communication, the rest (the late rank's) of the cycle
-        p = _phase_of(hit)
-        return [Claim((f"{p}/comm", f"{p}/idle", CYCLE) if p else (CYCLE,), hit.impact_ns)]
+        ph = _phase_of(hit)
+        return [Claim((f"{ph}/comm", f"{ph}/idle", CYCLE) if ph else (CYCLE,), hit.impact_ns)]
     nranks = max(len({p["rank"] for p in c.pieces}), 1)
     grew: dict[tuple[str, str], float] = {}
     for p in c.pieces:
@@ -859,7 +859,7 @@ def _find(res, model) -> list[Finding]:
         evidence = hit.evidence
         if under:
             evidence += "; " + ", ".join(
-                f"{_us(u['ns'])} of it counted under {u['code']}" + (f" ({w})" if (w := _what(shares[j].hit)) else "")
+                f"{_us(float(u['ns'] or 0.0))} of it counted under {u['code']}" + (f" ({w})" if (w := _what(shares[j].hit)) else "")
                 for (j, _), u in zip(sorted(sh.under.items(), key=lambda kv: -kv[1]), under, strict=False)) \
                 + f": {_us(sh.ns)} per cycle here"
         out.append(Finding(code=rule.code, severity=severity(share), phase=hit.phase,
