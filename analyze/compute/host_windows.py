@@ -1,0 +1,73 @@
+"""The host windows of a process: where its launching thread was while the GPU waited for it (per process).
+
+A *host window* is the launching thread's time inside a host-bound gap: for every seam instance whose cause is
+``host`` (:func:`analyze.compute.host.seam_causes`: the next range's first launch call began after the earlier GPU
+work ended; between cycles too, where the seam leads into a cycle), the window runs from ``a`` (the end of the
+earlier range's last GPU op) to ``launch_start`` (the start of the call that launched the next range's first GPU
+op), on the thread ``gtid`` of that call. The GPU idle of the seam is this window plus the launch's own latency
+(``launch_start`` → the op's start ``b``), which is not host time.
+
+:func:`host_windows` returns one row per window (``what = "window"``) and one per CUDA API call of that thread that
+overlaps it, clipped to it, with its kind (``what``): ``wait`` (a call that returns when earlier GPU work is done:
+:data:`analyze.model.SYNC_API`), ``launch`` (kernel and graph launches), ``copy`` (asynchronous copies and memsets).
+Only the calls the parquet store keeps (:data:`analyze.model.KEPT_API`) are read, from the store and from memory
+alike: calls that launch nothing (``cudaEventQuery``, ``cudaStreamIsCapturing``, ...) are not, and their time is in
+the rest. A call that spans two windows is clipped to the first. :mod:`analyze.compute.host_gaps` splits the windows
+by the host ranges and CPU samples of the thread (over the whole run).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from ..model import GRAPH_LAUNCH, KEPT_API, SYNC_API
+
+__all__ = ["WINDOWS", "API_KINDS", "api_kinds", "host_windows"]
+
+WINDOWS = pl.Schema({"pid": pl.Int64, "range_id": pl.Int64, "gtid": pl.Int64, "start": pl.Int64, "end": pl.Int64,
+                     "what": pl.String})
+API_KINDS = ("wait", "launch", "copy")  # the kinds of CUDA API call in a host window (module docstring)
+_LAUNCH = rf"{GRAPH_LAUNCH}|^(cuda|cu)(Launch|GraphLaunch)"
+
+
+def api_kinds(names: pl.DataFrame) -> pl.DataFrame:
+    """``name_id, what`` of the API names the store keeps (:data:`KEPT_API`), each with its kind (:data:`API_KINDS`)."""
+    n = names.select("name_id", "name").filter(pl.col("name").str.contains(KEPT_API))
+    return n.select("name_id", what=pl.when(pl.col("name").str.contains(SYNC_API)).then(pl.lit("wait"))
+                    .when(pl.col("name").str.contains(_LAUNCH)).then(pl.lit("launch"))
+                    .otherwise(pl.lit("copy")))
+
+
+def host_windows(seams: pl.DataFrame, firsts: pl.DataFrame, api: pl.DataFrame, kinds: pl.DataFrame,
+                 pid: int) -> pl.DataFrame | None:
+    """One process's host windows and the kept API calls in them (:data:`WINDOWS`, module docstring); None when no
+    seam of it is host-bound. ``seams``: :func:`analyze.compute.host.seam_causes`; ``firsts``: the first launch of
+    each range instance (``first, corr, launch_start``); ``api``: the process's calls (``corr, gtid, start, end,
+    name_id``); ``kinds``: :func:`api_kinds`."""
+    if seams.height == 0 or "cause" not in seams.columns:
+        return None
+    late = seams.filter((pl.col("cause") == "host") & pl.col("launch_start").is_not_null())
+    if late.height == 0:
+        return None
+    # the call behind each seam's launch_start: the earliest-starting first launch of the op at b (as seam_causes)
+    at_b = firsts.select("first", "launch_start", "corr").sort("first", "launch_start").unique("first", keep="first")
+    win = (late.select("range_id", "a", "b").join(at_b, left_on="b", right_on="first", how="inner")
+           .join(api.select("corr", "gtid"), on="corr", how="inner")
+           .filter(pl.col("gtid").is_not_null() & (pl.col("launch_start") > pl.col("a")))
+           .select(pid=pl.lit(pid, pl.Int64), range_id="range_id", gtid="gtid", start="a", end="launch_start",
+                   what=pl.lit("window"))
+           .unique("range_id").sort("gtid", "start"))
+    if win.height == 0:
+        return None
+    lo, hi = win["start"].min(), win["end"].max()
+    calls = (api.select("gtid", "start", "end", "name_id")
+             .filter(pl.col("gtid").is_in(win["gtid"].unique().implode()) & (pl.col("end") > lo) & (pl.col("start") < hi))
+             .join(kinds, on="name_id", how="inner").drop("name_id").sort("gtid", "start"))
+    # the first window that ends after the call starts (windows of one thread are disjoint and sorted): it overlaps
+    # the call when it begins before the call ends
+    found = (calls.join_asof(win.select("gtid", "range_id", _ws="start", _we="end"), left_on="start", right_on="_we",
+                             by="gtid", strategy="forward", allow_exact_matches=False, check_sortedness=False)
+             .filter(pl.col("_ws").is_not_null() & (pl.col("_ws") < pl.col("end")))
+             .select(pid=pl.lit(pid, pl.Int64), range_id="range_id", gtid="gtid",
+                     start=pl.max_horizontal("start", "_ws"), end=pl.min_horizontal("end", "_we"), what="what"))
+    return pl.concat([win, found]).cast(WINDOWS).sort("range_id", "start")  # type: ignore[arg-type]
