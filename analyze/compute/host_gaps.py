@@ -31,6 +31,7 @@ import polars as pl
 from ..model import Result
 from ..read import export, results
 from . import attribute, cycle_budget, view
+from .host_windows import WINDOWS
 from .cycles import selection
 from .payload import CYCLE_NAMES, base_expr
 from .steady_tables import instances_marked_steady
@@ -101,9 +102,15 @@ _NO_RANGES = ("no scheduler.* host ranges on the launching thread: the host wind
 _NO_SAMPLES = "no CPU samples: spectrace trace --cpu-sampling records where the host thread is in the rest"
 
 
+def _hw(res: Result) -> pl.DataFrame:
+    """``res.host_windows`` (empty when the result has none)."""
+    hw = res.host_windows
+    return pl.DataFrame(schema={**WINDOWS, "rank": pl.Int64}) if hw is None else hw
+
+
 def _windows(res: Result) -> pl.DataFrame:
     """The host windows of steady cycles: ``rank, wid, gtid, start, end, gap, key, segment, cycle_class, slow``."""
-    hw = res.host_windows
+    hw = _hw(res)
     w = hw.filter(pl.col("what") == "window").select("rank", wid="range_id", gtid="gtid", start="start", end="end")
     si = res.seam_instances.select("rank", wid="range_id", parent="parent", prev="prev_range", nxt="range")
     inst = instances_marked_steady(res).filter(pl.col("rank").is_not_null()).select("rank", wid="range_id", top="top")
@@ -303,7 +310,7 @@ def _classes(res: Result, per_win: pl.DataFrame, win: pl.DataFrame) -> list[dict
 
 def _all_windows(res: Result, steady_win: pl.DataFrame) -> pl.DataFrame:
     """The host windows of every main cycle (steady or not): ``wid, rank, key, gtid, start, end, gap``."""
-    hw = res.host_windows
+    hw = _hw(res)
     w = hw.filter(pl.col("what") == "window").select("rank", wid="range_id", gtid="gtid", start="start", end="end")
     si = res.seam_instances.select("rank", wid="range_id", parent="parent", prev="prev_range", nxt="range")
     inst = instances_marked_steady(res).filter(pl.col("rank").is_not_null()).select("rank", wid="range_id", top="top")
@@ -317,7 +324,7 @@ def _all_windows(res: Result, steady_win: pl.DataFrame) -> pl.DataFrame:
 
 def _split_more(res: Result, win: pl.DataFrame) -> pl.DataFrame:
     """``wid, gap, item, ns`` of windows outside the steady state (the rare stalls')."""
-    hw = res.host_windows
+    hw = _hw(res)
     calls = (hw.filter(pl.col("what") != "window").select(wid="range_id", gtid="gtid", start="start", end="end",
                                                            what="what")
              .join(win.select("wid"), on="wid", how="semi"))

@@ -228,7 +228,7 @@ def host_gap_lines(res: Result) -> list[str]:
         it = hg.items.filter((pl.col("scope") == "steady") & (pl.col("rank") == w["rank"]) & (pl.col("gap") == w["gap"])
                              & (pl.col("ns") > 0))
         for r in it.iter_rows(named=True):
-            extra = f", {_us(r["wait_ns"])} µs waiting for the GPU" if r["wait_ns"] and r["kind"] == "range" else ""
+            extra = f", {_us(r['wait_ns'])} µs waiting for the GPU" if r["wait_ns"] and r["kind"] == "range" else ""
             smp = f", {r['samples']} CPU samples" if hg.sampled else ""
             out.append(f"    {r['item']:<40} {_us(r['ns']):>12}  {100 * r['share']:5.1f} %{extra}{smp}")
             fr = hg.frames.filter((pl.col("rank") == w["rank"]) & (pl.col("gap") == w["gap"])
