@@ -31,8 +31,8 @@ import polars as pl
 from ..model import Result
 from ..read import export, results
 from . import attribute, cycle_budget, view
-from .host_windows import WINDOWS
 from .cycles import selection
+from .host_windows import WINDOWS
 from .payload import CYCLE_NAMES, base_expr
 from .steady_tables import instances_marked_steady
 
