@@ -34,6 +34,7 @@ from . import attribute, cycle_budget, view
 from .cycles import selection
 from .host_windows import WINDOWS
 from .payload import CYCLE_NAMES, base_expr
+from .steady_cycles import class_label
 from .steady_tables import instances_marked_steady
 
 __all__ = ["HOST_RANGE", "UNATTRIBUTED", "ITEMS", "FRAMES", "HostGaps", "host_gaps", "item_advice"]
@@ -109,18 +110,19 @@ def _hw(res: Result) -> pl.DataFrame:
 
 
 def _windows(res: Result) -> pl.DataFrame:
-    """The host windows of steady cycles: ``rank, wid, gtid, start, end, gap, key, segment, cycle_class, slow``."""
-    hw = _hw(res)
-    w = hw.filter(pl.col("what") == "window").select("rank", wid="range_id", gtid="gtid", start="start", end="end")
+    """The host windows of the main cycles: ``rank, wid, gtid, start, end, gap, key, segment, cycle_class, slow,
+    steady``."""
+    w = _hw(res).filter(pl.col("what") == "window").select("rank", wid="range_id", gtid="gtid", start="start",
+                                                            end="end")
     si = res.seam_instances.select("rank", wid="range_id", parent="parent", prev="prev_range", nxt="range")
     inst = instances_marked_steady(res).filter(pl.col("rank").is_not_null()).select("rank", wid="range_id", top="top")
-    cyc = cycle_budget.main_cycles(res).filter("steady").select(
-        "rank", top="range_id", key="key", segment="segment", cycle_class="cycle_class", slow="slow")
+    cyc = cycle_budget.main_cycles(res).select(
+        "rank", "steady", top="range_id", key="key", segment="segment", cycle_class="cycle_class", slow="slow")
     between = (pl.col("parent").is_null() & base_expr("prev").is_in(CYCLE_NAMES) & base_expr("nxt").is_in(CYCLE_NAMES))
     return (w.join(si, on=["rank", "wid"]).join(inst, on=["rank", "wid"]).join(cyc, on=["rank", "top"])
             .with_columns(gap=pl.when(between).then(pl.lit(cycle_budget.GAP))
                           .otherwise(pl.format("{} → {}", "prev", "nxt")))
-            .select("rank", "wid", "gtid", "start", "end", "gap", "key", "segment", "cycle_class", "slow"))
+            .select("rank", "wid", "gtid", "start", "end", "gap", "key", "segment", "cycle_class", "slow", "steady"))
 
 
 def _host_ranges(res: Result, win: pl.DataFrame) -> pl.DataFrame:
@@ -190,20 +192,22 @@ def host_gaps(res: Result) -> HostGaps:
     hw = res.host_windows
     if hw is None or hw.height == 0:
         return _empty(["no host-bound gap: every seam's next launch call began before the GPU work ended"])
-    win = _windows(res)
-    if win.height == 0:
+    allw = _windows(res)
+    if allw.filter("steady").height == 0:
         return _empty(["no host-bound gap in the steady cycles"])
     calls = (hw.filter(pl.col("what") != "window").select("rank", wid="range_id", gtid="gtid", start="start",
                                                            end="end", what="what")
-             .join(win.select("rank", "wid"), on=["rank", "wid"], how="semi").drop("rank"))
-    hr = _host_ranges(res, win)
+             .join(allw.select("rank", "wid"), on=["rank", "wid"], how="semi").drop("rank"))
+    hr = _host_ranges(res, allw)
     tl = attribute.timeline(hr) if hr.height else pl.DataFrame(schema={"gtid": pl.Int64, "t": pl.Int64,
                                                                         "current": pl.Int64})
     names = hr.select("range_id", "range")
-    pieces = _pieces(win.select("wid", "gtid", "start", "end"), calls, tl, names).with_columns(_item_expr())
-    per_win = (pieces.group_by("wid", "item", "kind")
+    pieces = _pieces(allw.select("wid", "gtid", "start", "end"), calls, tl, names).with_columns(_item_expr())
+    per_all = (pieces.group_by("wid", "item", "kind")
                .agg(ns=(pl.col("e") - pl.col("s")).sum().cast(pl.Float64),
                     wait_ns=(pl.col("e") - pl.col("s")).filter(pl.col("what") == "wait").sum().cast(pl.Float64)))
+    win = allw.filter("steady")
+    per_win = per_all.join(win.select("wid"), on="wid", how="semi")
     smp = _samples(res, win, calls, tl, names)
     notes = [] if hr.height else [_NO_RANGES]
     if smp is None or smp.height == 0:
@@ -241,7 +245,7 @@ def host_gaps(res: Result) -> HostGaps:
                    sampled=smp is not None and smp.height > 0, notes=notes)
     if out.sampled and smp is not None:
         out.frames = _frames(smp, win)
-    out.classes = _classes(res, per_win, win)
+    out.classes = _classes(res, per_all.select("wid", "item", "ns"), allw)
     return out
 
 
@@ -258,28 +262,22 @@ def _frames(smp: pl.DataFrame, win: pl.DataFrame) -> pl.DataFrame:
             .select(list(FRAMES)).cast(FRAMES))  # type: ignore[arg-type]
 
 
-def _classes(res: Result, per_win: pl.DataFrame, win: pl.DataFrame) -> list[dict]:
+def _classes(res: Result, per_all: pl.DataFrame, allw: pl.DataFrame) -> list[dict]:
     """Per class of slower cycles (and the rare stalls): the items of each rank's gaps that grew over the typical
-    steady cycles of the same segments, largest first (``label, rank, gap, item, delta_ns, text``)."""
+    steady cycles of the same segments, largest first (``label, rank, gap, item, class_ns, typical_ns, delta_ns,
+    cycles, text``)."""
     info = selection(res)
     c = cycle_budget.main_cycles(res)
     typical = c.filter(pl.col("steady") & pl.col("cycle_class").is_null() & ~pl.col("slow")).select("rank", "key",
                                                                                                     "segment")
-    from .steady_cycles import class_label
-
     groups = [(class_label(cl), c.filter((pl.col("cycle_class") == cl.id) & pl.col("slow") & pl.col("steady")))
               for cl in info.classes]
     if info.stalls:
         groups.append(("rare stalls (left out)", c.filter(pl.col("key").is_in([s.key for s in info.stalls]))))
     if not groups or typical.height == 0:
         return []
-    # every cycle's items (stalled cycles are not steady: their windows are looked up again, without the filter)
-    all_win = _all_windows(res, win)
-    pw = per_win.select("wid", "gap", "item", "ns")
-    if all_win.height > win.height:
-        pw = pl.concat([pw, _split_more(res, all_win.join(win.select("wid"), on="wid", how="anti"))])
-    cyc_items = pw.join(all_win.select("wid", "rank", "key"), on="wid").group_by("rank", "key", "gap", "item").agg(
-        pl.col("ns").sum())
+    cyc_items = (per_all.join(allw.select("wid", "rank", "key", "gap"), on="wid")
+                 .group_by("rank", "key", "gap", "item").agg(pl.col("ns").sum()))
     out = []
     for label, members in groups:
         if members.height == 0:
@@ -306,35 +304,6 @@ def _classes(res: Result, per_win: pl.DataFrame, win: pl.DataFrame) -> list[dict
                         "cycles": m.filter(pl.col("rank") == r["rank"]).height,
                         "text": f"{label}: +{r['delta_ns'] / 1e3:,.1f} µs in {r['item']} ({r['gap']}, rank {r['rank']})"})
     return out
-
-
-def _all_windows(res: Result, steady_win: pl.DataFrame) -> pl.DataFrame:
-    """The host windows of every main cycle (steady or not): ``wid, rank, key, gtid, start, end, gap``."""
-    hw = _hw(res)
-    w = hw.filter(pl.col("what") == "window").select("rank", wid="range_id", gtid="gtid", start="start", end="end")
-    si = res.seam_instances.select("rank", wid="range_id", parent="parent", prev="prev_range", nxt="range")
-    inst = instances_marked_steady(res).filter(pl.col("rank").is_not_null()).select("rank", wid="range_id", top="top")
-    cyc = cycle_budget.main_cycles(res).select("rank", top="range_id", key="key")
-    between = (pl.col("parent").is_null() & base_expr("prev").is_in(CYCLE_NAMES) & base_expr("nxt").is_in(CYCLE_NAMES))
-    return (w.join(si, on=["rank", "wid"]).join(inst, on=["rank", "wid"]).join(cyc, on=["rank", "top"])
-            .with_columns(gap=pl.when(between).then(pl.lit(cycle_budget.GAP))
-                          .otherwise(pl.format("{} → {}", "prev", "nxt")))
-            .select("wid", "rank", "key", "gtid", "start", "end", "gap"))
-
-
-def _split_more(res: Result, win: pl.DataFrame) -> pl.DataFrame:
-    """``wid, gap, item, ns`` of windows outside the steady state (the rare stalls')."""
-    hw = _hw(res)
-    calls = (hw.filter(pl.col("what") != "window").select(wid="range_id", gtid="gtid", start="start", end="end",
-                                                           what="what")
-             .join(win.select("wid"), on="wid", how="semi"))
-    hr = _host_ranges(res, win)
-    tl = attribute.timeline(hr) if hr.height else pl.DataFrame(schema={"gtid": pl.Int64, "t": pl.Int64,
-                                                                        "current": pl.Int64})
-    p = _pieces(win.select("wid", "gtid", "start", "end"), calls, tl, hr.select("range_id", "range"))
-    return (p.with_columns(_item_expr()).group_by("wid", "item")
-            .agg(ns=(pl.col("e") - pl.col("s")).sum().cast(pl.Float64))
-            .join(win.select("wid", "gap"), on="wid").select("wid", "gap", "item", "ns"))
 
 
 # ---- what to try, per item -----------------------------------------------------------------------------------

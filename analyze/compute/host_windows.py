@@ -12,7 +12,7 @@ overlaps it, clipped to it, with its kind (``what``): ``wait`` (a call that retu
 :data:`analyze.model.SYNC_API`), ``launch`` (kernel and graph launches), ``copy`` (asynchronous copies and memsets).
 Only the calls the parquet store keeps (:data:`analyze.model.KEPT_API`) are read, from the store and from memory
 alike: calls that launch nothing (``cudaEventQuery``, ``cudaStreamIsCapturing``, ...) are not, and their time is in
-the rest. A call that spans two windows is clipped to the first. :mod:`analyze.compute.host_gaps` splits the windows
+the rest. A call that spans two windows is clipped to each. :mod:`analyze.compute.host_gaps` splits the windows
 by the host ranges and CPU samples of the thread (over the whole run).
 """
 
@@ -52,22 +52,46 @@ def host_windows(seams: pl.DataFrame, firsts: pl.DataFrame, api: pl.DataFrame, k
     # the call behind each seam's launch_start: the earliest-starting first launch of the op at b (as seam_causes)
     at_b = firsts.select("first", "launch_start", "corr").sort("first", "launch_start").unique("first", keep="first")
     win = (late.select("range_id", "a", "b").join(at_b, left_on="b", right_on="first", how="inner")
-           .join(api.select("corr", "gtid"), on="corr", how="inner")
+           .join(api.filter(pl.col("corr").is_in(at_b["corr"].implode())).select("corr", "gtid"), on="corr",
+                 how="inner")
            .filter(pl.col("gtid").is_not_null() & (pl.col("launch_start") > pl.col("a")))
            .select(pid=pl.lit(pid, pl.Int64), range_id="range_id", gtid="gtid", start="a", end="launch_start",
                    what=pl.lit("window"))
            .unique("range_id").sort("gtid", "start"))
     if win.height == 0:
         return None
-    lo, hi = win["start"].min(), win["end"].max()
-    calls = (api.select("gtid", "start", "end", "name_id")
-             .filter(pl.col("gtid").is_in(win["gtid"].unique().implode()) & (pl.col("end") > lo) & (pl.col("start") < hi))
-             .join(kinds, on="name_id", how="inner").drop("name_id").sort("gtid", "start"))
-    # the first window that ends after the call starts (windows of one thread are disjoint and sorted): it overlaps
-    # the call when it begins before the call ends
-    found = (calls.join_asof(win.select("gtid", "range_id", _ws="start", _we="end"), left_on="start", right_on="_we",
-                             by="gtid", strategy="forward", allow_exact_matches=False, check_sortedness=False)
-             .filter(pl.col("_ws").is_not_null() & (pl.col("_ws") < pl.col("end")))
-             .select(pid=pl.lit(pid, pl.Int64), range_id="range_id", gtid="gtid",
-                     start=pl.max_horizontal("start", "_ws"), end=pl.min_horizontal("end", "_we"), what="what"))
-    return pl.concat([win, found]).cast(WINDOWS).sort("range_id", "start")  # type: ignore[arg-type]
+    parts = [_calls_in(t, win.filter(pl.col("gtid") == g), kinds)
+             for (g,), t in api.select("gtid", "start", "end", "name_id")
+             .filter(pl.col("gtid").is_in(win["gtid"].unique().implode())
+                     & pl.col("name_id").is_in(kinds["name_id"].implode()))
+             .partition_by("gtid", as_dict=True).items()]
+    found = pl.concat(parts).with_columns(pid=pl.lit(pid, pl.Int64)).select(list(WINDOWS)) if parts else win.head(0)
+    return pl.concat([win, found.cast(WINDOWS)]).cast(WINDOWS).sort("range_id", "start")  # type: ignore[arg-type]
+
+
+def _calls_in(calls: pl.DataFrame, win: pl.DataFrame, kinds: pl.DataFrame) -> pl.DataFrame:
+    """One thread's kept calls that overlap its windows (disjoint, sorted), clipped to them: ``range_id, gtid,
+    start, end, what``. No pass over the calls but a running maximum: the rows that start inside a window are found by
+    binary search on the starts, and the one call that may reach into a window from before it is the one with the
+    latest end among the calls started before the window (the running maximum's row)."""
+    if not calls["start"].is_sorted():
+        calls = calls.sort("start")
+    calls = calls.with_columns(_run=pl.col("end").cum_max())
+    calls = calls.with_columns(_arg=pl.when(pl.col("end") == pl.col("_run")).then(pl.int_range(pl.len()))
+                               .forward_fill())
+    lo = calls["start"].search_sorted(win["start"], side="left")
+    hi = calls["start"].search_sorted(win["end"], side="left")
+    w = win.select("range_id", "gtid", _ws="start", _we="end").with_columns(_lo=lo.cast(pl.Int64),
+                                                                             _hi=hi.cast(pl.Int64))
+    inside = (w.with_columns(_i=pl.int_ranges("_lo", "_hi")).explode("_i").drop_nulls("_i"))
+    before = (w.filter(pl.col("_lo") > 0)
+              .with_columns(_i=pl.lit(calls["_arg"]).gather(pl.col("_lo") - 1),
+                            _reach=pl.lit(calls["_run"]).gather(pl.col("_lo") - 1))
+              .filter(pl.col("_reach") > pl.col("_ws")).drop("_reach"))
+    rows = pl.concat([inside.select("range_id", "gtid", "_ws", "_we", "_i"),
+                      before.select("range_id", "gtid", "_ws", "_we", pl.col("_i").cast(pl.Int64))])
+    got = calls.select("start", "end", "name_id")[rows["_i"]]
+    return (pl.concat([rows, got], how="horizontal").join(kinds, on="name_id", how="inner")
+            .filter((pl.col("end") > pl.col("_ws")) & (pl.col("start") < pl.col("_we")))
+            .select("range_id", "gtid", start=pl.max_horizontal("start", "_ws"), end=pl.min_horizontal("end", "_we"),
+                    what="what"))
