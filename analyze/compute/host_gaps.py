@@ -136,17 +136,34 @@ def _host_ranges(res: Result, win: pl.DataFrame) -> pl.DataFrame:
 
 def _pieces(win: pl.DataFrame, calls: pl.DataFrame, tl: pl.DataFrame, names: pl.DataFrame) -> pl.DataFrame:
     """Each window cut at every host-range boundary and CUDA call edge inside it: ``wid, gtid, s, e, range, what``
-    (``range``: the innermost host range open over the piece; ``what``: the kind of the call it is in, or null)."""
-    tlw = (tl.sort("gtid", "t").join_asof(win.select("gtid", "wid", _ws="start", _we="end").sort("gtid", "_ws"),
+    (``range``: the innermost host range open over the piece; ``what``: the kind of the call it is in, or null).
+
+    One sort of the edges: a call's start (+1, its kind) and end (−1) inside its window (the calls are clipped to
+    it, so a running sum over all windows is each window's depth of open calls), the window's ends and the
+    host-range boundaries inside it; no window function."""
+    w = win.select("wid", "gtid", "start", "end")
+    tlw = (tl.sort("gtid", "t").join_asof(w.select("gtid", "wid", _ws="start", _we="end").sort("gtid", "_ws"),
                                           left_on="t", right_on="_ws", by="gtid", strategy="backward",
                                           check_sortedness=False)
            .filter(pl.col("_we").is_not_null() & (pl.col("t") < pl.col("_we"))).select("wid", "gtid", "t"))
-    bounds = (pl.concat([win.select("wid", "gtid", t="start"), win.select("wid", "gtid", t="end"), tlw,
-                         calls.select("wid", "gtid", t="start"), calls.select("wid", "gtid", t="end")])
-              .unique().sort("wid", "t"))
-    pieces = (bounds.with_columns(e=pl.col("t").shift(-1).over("wid")).filter(pl.col("e").is_not_null())
-              .rename({"t": "s"}).sort("gtid", "s"))
-    return _label(pieces, "s", calls, tl, names)
+    none = pl.lit(None, pl.String)
+    edges = pl.concat([
+        w.select("wid", "gtid", t="start", d=pl.lit(0, pl.Int32), what=none),
+        w.select("wid", "gtid", t="end", d=pl.lit(0, pl.Int32), what=none),
+        tlw.select("wid", "gtid", "t", d=pl.lit(0, pl.Int32), what=none),
+        calls.select("wid", "gtid", t="start", d=pl.lit(1, pl.Int32), what="what"),
+        calls.select("wid", "gtid", t="end", d=pl.lit(-1, pl.Int32), what=none),
+    ]).sort("wid", "t", "d")
+    same = pl.col("wid") == pl.col("wid").shift(-1)
+    pieces = (edges.with_columns(_depth=pl.col("d").cum_sum(), what=pl.col("what").forward_fill())
+              .with_columns(what=pl.when(pl.col("_depth") > 0).then("what"), e=pl.when(same).then(pl.col("t").shift(-1)))
+              .filter(pl.col("e").is_not_null() & (pl.col("e") > pl.col("t")))
+              .select("wid", "gtid", "what", s="t", e="e"))
+    if tl.height == 0:
+        return pieces.with_columns(range=none)
+    out = (pieces.sort("gtid", "s").join_asof(tl.sort("gtid", "t"), left_on="s", right_on="t", by="gtid",
+                                              strategy="backward", check_sortedness=False).drop("t"))
+    return out.join(names, left_on="current", right_on="range_id", how="left").drop("current")
 
 
 def _label(df: pl.DataFrame, at: str, calls: pl.DataFrame, tl: pl.DataFrame, names: pl.DataFrame) -> pl.DataFrame:
