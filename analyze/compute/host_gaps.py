@@ -29,7 +29,7 @@ from pathlib import Path
 import polars as pl
 
 from ..model import Result
-from ..read import export, results
+from ..read import export, packed_keys, results
 from . import attribute, cycle_budget, view
 from .cycles import selection
 from .host_windows import WINDOWS
@@ -153,7 +153,8 @@ def _pieces(win: pl.DataFrame, calls: pl.DataFrame, tl: pl.DataFrame, names: pl.
         tlw.select("wid", "gtid", "t", d=pl.lit(0, pl.Int32), what=none),
         calls.select("wid", "gtid", t="start", d=pl.lit(1, pl.Int32), what="what"),
         calls.select("wid", "gtid", t="end", d=pl.lit(-1, pl.Int32), what=none),
-    ]).sort("wid", "t", "d")
+    ])
+    edges = packed_keys.sort_by(edges, ["wid", "t", "d"])
     same = pl.col("wid") == pl.col("wid").shift(-1)
     pieces = (edges.with_columns(_depth=pl.col("d").cum_sum(), what=pl.col("what").forward_fill())
               .with_columns(what=pl.when(pl.col("_depth") > 0).then("what"), e=pl.when(same).then(pl.col("t").shift(-1)))
@@ -219,10 +220,12 @@ def host_gaps(res: Result) -> HostGaps:
     tl = attribute.timeline(hr) if hr.height else pl.DataFrame(schema={"gtid": pl.Int64, "t": pl.Int64,
                                                                         "current": pl.Int64})
     names = hr.select("range_id", "range")
-    pieces = _pieces(allw.select("wid", "gtid", "start", "end"), calls, tl, names).with_columns(_item_expr())
-    per_all = (pieces.group_by("wid", "item", "kind")
-               .agg(ns=(pl.col("e") - pl.col("s")).sum().cast(pl.Float64),
-                    wait_ns=(pl.col("e") - pl.col("s")).filter(pl.col("what") == "wait").sum().cast(pl.Float64)))
+    pieces = _pieces(allw.select("wid", "gtid", "start", "end"), calls, tl, names)
+    # summed per (window, range, call kind) first: the item's name is made on those few rows
+    per_all = (pieces.group_by("wid", "range", "what").agg(ns=(pl.col("e") - pl.col("s")).sum())
+               .with_columns(_item_expr(), wait_ns=pl.when(pl.col("what") == "wait").then("ns").otherwise(0))
+               .group_by("wid", "item", "kind").agg(pl.col("ns").sum().cast(pl.Float64),
+                                                    pl.col("wait_ns").sum().cast(pl.Float64)))
     win = allw.filter("steady")
     per_win = per_all.join(win.select("wid"), on="wid", how="semi")
     smp = _samples(res, win, calls, tl, names)

@@ -69,27 +69,23 @@ def host_windows(seams: pl.DataFrame, firsts: pl.DataFrame, api: pl.DataFrame, k
     return pl.concat([win, found.cast(WINDOWS)]).cast(WINDOWS).sort("range_id", "start")  # type: ignore[arg-type]
 
 
+_BACK = 2  # calls on one thread nest at most this deep (a runtime call and the driver call inside it)
+
+
 def _calls_in(calls: pl.DataFrame, win: pl.DataFrame, kinds: pl.DataFrame) -> pl.DataFrame:
     """One thread's kept calls that overlap its windows (disjoint, sorted), clipped to them: ``range_id, gtid,
-    start, end, what``. No pass over the calls but a running maximum: the rows that start inside a window are found by
-    binary search on the starts, and the one call that may reach into a window from before it is the one with the
-    latest end among the calls started before the window (the running maximum's row)."""
+    start, end, what``. No pass over the calls: the rows that start inside a window are found by binary search on the
+    starts, and those that reach into it from before are among the :data:`_BACK` calls started last before it (calls
+    on one thread follow each other or nest, a runtime call around its driver call)."""
     if not calls["start"].is_sorted():
         calls = calls.sort("start")
-    calls = calls.with_columns(_run=pl.col("end").cum_max())
-    calls = calls.with_columns(_arg=pl.when(pl.col("end") == pl.col("_run")).then(pl.int_range(pl.len()))
-                               .forward_fill())
     lo = calls["start"].search_sorted(win["start"], side="left")
     hi = calls["start"].search_sorted(win["end"], side="left")
     w = win.select("range_id", "gtid", _ws="start", _we="end").with_columns(_lo=lo.cast(pl.Int64),
                                                                              _hi=hi.cast(pl.Int64))
-    inside = (w.with_columns(_i=pl.int_ranges("_lo", "_hi")).explode("_i").drop_nulls("_i"))
-    before = (w.filter(pl.col("_lo") > 0)
-              .with_columns(_i=pl.lit(calls["_arg"]).gather(pl.col("_lo") - 1),
-                            _reach=pl.lit(calls["_run"]).gather(pl.col("_lo") - 1))
-              .filter(pl.col("_reach") > pl.col("_ws")).drop("_reach"))
-    rows = pl.concat([inside.select("range_id", "gtid", "_ws", "_we", "_i"),
-                      before.select("range_id", "gtid", "_ws", "_we", pl.col("_i").cast(pl.Int64))])
+    back = [w.select("range_id", "gtid", "_ws", "_we", _i=pl.col("_lo") - k) for k in range(1, _BACK + 1)]
+    rows = pl.concat([w.select("range_id", "gtid", "_ws", "_we", _i=pl.int_ranges("_lo", "_hi")).explode("_i"),
+                      *back]).filter(pl.col("_i").is_not_null() & (pl.col("_i") >= 0))
     got = calls.select("start", "end", "name_id")[rows["_i"]]
     return (pl.concat([rows, got], how="horizontal").join(kinds, on="name_id", how="inner")
             .filter((pl.col("end") > pl.col("_ws")) & (pl.col("start") < pl.col("_we")))
