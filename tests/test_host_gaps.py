@@ -106,3 +106,19 @@ def test_outputs(hg):
     assert d["host_gaps"]["items"] and d["host_gaps"]["windows"][0]["window_ns"] == 9100
     assert any("scheduler.recv_requests" in line for line in text.host_gap_lines(res))
     assert data.frame(res, "host_gaps").height == h.items.height
+
+
+def test_seam_and_straddling_sync(tmp_path):
+    """tests/test_host.py's trace: the seam c → d is host-bound (window [B+3000, B+3500], nothing in it); the gap
+    between the cycles runs from 3 700 (cycle 1's last op) to 10 100 (cycle 2's first launch): the sync [3560, 3800]
+    reaches into it (100 of wait), the sync [3900, 3905] is inside (5), the rest 6 295 is unattributed. One steady
+    cycle (the second)."""
+    from tests.test_host import build as host_trace
+
+    res = analyze(host_trace(tmp_path / "h.sqlite"), skip_cycles=0)
+    h = res.steady.host_gaps
+    it = {(r["gap"], r["item"]): r["ns"] for r in h.items.iter_rows(named=True)}
+    assert it == {("c → d", "unattributed"): 500, ("between cycles", "CUDA API: wait"): 105,
+                  ("between cycles", "unattributed"): 6295}
+    seam = [f for f in res.steady.findings if f.code == "SEAM_HOST_BOUND"]
+    assert seam and "unattributed 0.5 µs" in seam[0].evidence
