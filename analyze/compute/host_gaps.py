@@ -110,19 +110,17 @@ def _hw(res: Result) -> pl.DataFrame:
 
 
 def _windows(res: Result) -> pl.DataFrame:
-    """The host windows of the main cycles: ``rank, wid, gtid, start, end, gap, key, segment, cycle_class, slow,
-    steady``."""
+    """The host windows of the main cycles: ``rank, wid, gtid, start, end, gap, key, segment, steady``."""
     w = _hw(res).filter(pl.col("what") == "window").select("rank", wid="range_id", gtid="gtid", start="start",
                                                             end="end")
     si = res.seam_instances.select("rank", wid="range_id", parent="parent", prev="prev_range", nxt="range")
     inst = instances_marked_steady(res).filter(pl.col("rank").is_not_null()).select("rank", wid="range_id", top="top")
-    cyc = cycle_budget.main_cycles(res).select(
-        "rank", "steady", top="range_id", key="key", segment="segment", cycle_class="cycle_class", slow="slow")
+    cyc = cycle_budget.main_cycles(res).select("rank", "steady", top="range_id", key="key", segment="segment")
     between = (pl.col("parent").is_null() & base_expr("prev").is_in(CYCLE_NAMES) & base_expr("nxt").is_in(CYCLE_NAMES))
     return (w.join(si, on=["rank", "wid"]).join(inst, on=["rank", "wid"]).join(cyc, on=["rank", "top"])
             .with_columns(gap=pl.when(between).then(pl.lit(cycle_budget.GAP))
                           .otherwise(pl.format("{} → {}", "prev", "nxt")))
-            .select("rank", "wid", "gtid", "start", "end", "gap", "key", "segment", "cycle_class", "slow", "steady"))
+            .select("rank", "wid", "gtid", "start", "end", "gap", "key", "segment", "steady"))
 
 
 def _host_ranges(res: Result, win: pl.DataFrame) -> pl.DataFrame:
@@ -287,6 +285,8 @@ def _classes(res: Result, per_all: pl.DataFrame, allw: pl.DataFrame) -> list[dic
     steady cycles of the same segments, largest first (``label, rank, gap, item, class_ns, typical_ns, delta_ns,
     cycles, text``)."""
     info = selection(res)
+    if not info.classes and not info.stalls:
+        return []
     c = cycle_budget.main_cycles(res)
     typical = c.filter(pl.col("steady") & pl.col("cycle_class").is_null() & ~pl.col("slow")).select("rank", "key",
                                                                                                     "segment")
