@@ -13,7 +13,7 @@ import polars as pl
 
 from . import __version__
 
-__all__ = ["OP_KIND", "MARKS_SCHEMA", "SEAM_CAUSES", "SYNC_API", "GRAPH_LAUNCH", "KEPT_API", "KEPT_LONG_NS", "InputError",
+__all__ = ["OP_KIND", "MARKS_SCHEMA", "SEAM_CAUSES", "SYNC_API", "GRAPH_LAUNCH", "KEPT_API", "InputError",
            "Diagnostic", "Trace", "bound_expr", "WindowReader", "Window", "CycleChoice", "Result", "CommResult"]
 
 # Sums over ranks: the columns of each per-rank table that add up (the first one orders the rows).
@@ -38,10 +38,6 @@ GRAPH_LAUNCH = r"^(cudaGraphLaunch|cuGraphLaunch)"
 # The rest are read only for what the analysis needs of them: each process's first call (its capture window), and
 # any call that launched a GPU operation after all (a launcher this pattern misses).
 KEPT_API = rf"{SYNC_API}|{GRAPH_LAUNCH}|^(cuda|cu)(Launch|GraphLaunch|Memcpy|Memset)"
-# ... and, whatever its name, every call at least this long (ns): a call that launches nothing yet holds the host thread
-# (cuMemMap/cuMemSetAccess of an allocation, a stream or event created, a long cudaEventQuery), what the host-gap
-# anatomy (analyze.compute.host_windows) names `CUDA API: other`; a few % of the calls.
-KEPT_LONG_NS = 10_000
 _SEAM_SUMS = ("idle_ns", "gap_ns", "busy_ns", "overlap_ns", "instances",
              *(f"{c}_bound_{k}" for c in SEAM_CAUSES for k in ("ns", "inst")), "launch_block_ns", "host_late_ns")
 

@@ -122,32 +122,3 @@ def test_seam_and_straddling_sync(tmp_path):
                   ("between cycles", "unattributed"): 6295}
     seam = [f for f in res.steady.findings if f.code == "SEAM_HOST_BOUND"]
     assert seam and "unattributed 0.5 µs" in seam[0].evidence
-
-
-def test_long_calls_are_other_from_store_and_memory(tmp_path):
-    """A call that launches nothing but lasts ``KEPT_LONG_NS`` or more (cuMemMap, 20 000 ns) is ``CUDA API: other``
-    in the gap, from the parquet store and from memory alike; a short one (cudaEventQuery, 2 000 ns) is not kept:
-    its time is in the rest. Cycles 100 000 ns apart; the window runs from P+10 000 to P+100 100 (90 100 ns)."""
-    from analyze.model import KEPT_LONG_NS
-
-    s = Synth(tmp_path / "o.sqlite", duration=1_000_000)
-    s.device(0)
-    s.domain(PID, PID, "spectrace", 1)
-    corr = 0
-    for i in range(N):
-        b = i * 100_000
-        s.range(PID, PID, "cycle", b + 50, b + 40_000, domain_id=1)
-        s.range(PID, PID, "a", b + 60, b + 1600, domain_id=1)
-        corr += 1
-        s.launch(PID, PID, "cudaLaunchKernel_v7000", (b + 100, b + 150), corr, [(b + 200, b + 10_000, "gemm")])
-        if i < N - 1:
-            for name, a0, a1 in (("cuMemMap", 20_000, 40_000), ("cudaEventQuery_v3020", 50_000, 52_000)):
-                corr += 1
-                s.api(PID, PID, name, b + a0, b + a1, corr)
-    path = s.save()
-    assert 20_000 >= KEPT_LONG_NS > 2_000
-    got = []
-    for store in (False, True):
-        h = analyze(path, store=store, cache=False, skip_cycles=0).steady.host_gaps
-        got.append(_items(h))
-    assert got[0] == got[1] == {"CUDA API: other": (20_000, 0), "unattributed": (70_100, 0)}

@@ -344,8 +344,6 @@ _ADVICE = {
     f"{_API}launch": "launch calls before the next range's first GPU op (launched one by one, not in its CUDA graph)",
     f"{_API}copy": "copies or memsets enqueued in the gap (a device-to-host copy to pageable memory returns only when "
                    "it is done)",
-    f"{_API}other": "CUDA calls that launch nothing and took 10 µs or more each (memory mapping, stream or event "
-                    "creation, a long cudaEventQuery): look at them in the nsys timeline's CUDA API row",
     UNATTRIBUTED: "no host range, CUDA call or CPU sample names it: capture with SGLANG_ENABLE_NVTX_SCHEDULER=1 (or "
                   "spectrace trace's hooks) and spectrace trace --cpu-sampling",
 }

@@ -9,10 +9,9 @@ op), on the thread ``gtid`` of that call. The GPU idle of the seam is this windo
 
 :func:`host_windows` returns one row per window (``what = "window"``) and one per CUDA API call of that thread that
 overlaps it, clipped to it, with its kind (``what``): ``wait`` (a call that returns when earlier GPU work is done:
-:data:`analyze.model.SYNC_API`), ``launch`` (kernel and graph launches), ``copy`` (asynchronous copies and memsets), ``other`` (any other call of at least
-:data:`analyze.model.KEPT_LONG_NS`: ``cuMemMap``, ``cudaStreamCreate``, a long ``cudaEventQuery``, ...). Only the
-calls the parquet store keeps (:data:`analyze.model.KEPT_API`, and the calls that long) are read, from the store and
-from memory alike: shorter calls that launch nothing (``cudaStreamIsCapturing``, ...) are not, and their time is in
+:data:`analyze.model.SYNC_API`), ``launch`` (kernel and graph launches), ``copy`` (asynchronous copies and memsets).
+Only the calls the parquet store keeps (:data:`analyze.model.KEPT_API`) are read, from the store and from memory
+alike: calls that launch nothing (``cudaEventQuery``, ``cudaStreamIsCapturing``, ...) are not, and their time is in
 the rest. A call that spans two windows is clipped to each. :mod:`analyze.compute.host_gaps` splits the windows
 by the host ranges and CPU samples of the thread (over the whole run).
 """
@@ -21,13 +20,13 @@ from __future__ import annotations
 
 import polars as pl
 
-from ..model import GRAPH_LAUNCH, KEPT_API, KEPT_LONG_NS, SYNC_API
+from ..model import GRAPH_LAUNCH, KEPT_API, SYNC_API
 
 __all__ = ["WINDOWS", "API_KINDS", "api_kinds", "host_windows"]
 
 WINDOWS = pl.Schema({"pid": pl.Int64, "range_id": pl.Int64, "gtid": pl.Int64, "start": pl.Int64, "end": pl.Int64,
                      "what": pl.String})
-API_KINDS = ("wait", "launch", "copy", "other")  # the kinds of CUDA API call in a host window (module docstring)
+API_KINDS = ("wait", "launch", "copy")  # the kinds of CUDA API call in a host window (module docstring)
 _LAUNCH = rf"{GRAPH_LAUNCH}|^(cuda|cu)(Launch|GraphLaunch)"
 
 
@@ -64,8 +63,7 @@ def host_windows(seams: pl.DataFrame, firsts: pl.DataFrame, api: pl.DataFrame, k
     parts = [_calls_in(t, win.filter(pl.col("gtid") == g), kinds)
              for (g,), t in api.select("gtid", "start", "end", "name_id")
              .filter(pl.col("gtid").is_in(win["gtid"].unique().implode())
-                     & (pl.col("name_id").is_in(kinds["name_id"].implode())
-                        | (pl.col("end") - pl.col("start") >= KEPT_LONG_NS)))
+                     & pl.col("name_id").is_in(kinds["name_id"].implode()))
              .partition_by("gtid", as_dict=True).items()]
     found = pl.concat(parts).with_columns(pid=pl.lit(pid, pl.Int64)).select(list(WINDOWS)) if parts else win.head(0)
     return pl.concat([win, found.cast(WINDOWS)]).cast(WINDOWS).sort("range_id", "start")  # type: ignore[arg-type]
@@ -89,8 +87,7 @@ def _calls_in(calls: pl.DataFrame, win: pl.DataFrame, kinds: pl.DataFrame) -> pl
     rows = pl.concat([w.select("range_id", "gtid", "_ws", "_we", _i=pl.int_ranges("_lo", "_hi")).explode("_i"),
                       *back]).filter(pl.col("_i").is_not_null() & (pl.col("_i") >= 0))
     got = calls.select("start", "end", "name_id")[rows["_i"]]
-    return (pl.concat([rows, got], how="horizontal").join(kinds, on="name_id", how="left")
-            .with_columns(pl.col("what").fill_null("other"))
+    return (pl.concat([rows, got], how="horizontal").join(kinds, on="name_id", how="inner")
             .filter((pl.col("end") > pl.col("_ws")) & (pl.col("start") < pl.col("_we")))
             .select("range_id", "gtid", start=pl.max_horizontal("start", "_ws"), end=pl.min_horizontal("end", "_we"),
                     what="what"))

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import polars as pl
 
-from ...model import KEPT_API, KEPT_LONG_NS
+from ...model import KEPT_API
 from .. import packed_keys
 
-__all__ = ["CALL_KEY", "call_keys", "unmatched_ops", "unmatched_op_keys", "OP_KEYS_SCHEMA", "op_keys", "kept_api_ids", "kept_expr", "KEPT_LONG_SQL"]
+__all__ = ["CALL_KEY", "call_keys", "unmatched_ops", "unmatched_op_keys", "OP_KEYS_SCHEMA", "op_keys", "kept_api_ids"]
 
 
 CALL_KEY = packed_keys.fixed(("pid", "corr"), (1 << 31, 1 << 32))
@@ -60,12 +60,3 @@ def kept_api_ids(strings: pl.DataFrame) -> pl.Series:
     SQL list is never empty)."""
     ids = strings.filter(pl.col("name").str.contains(KEPT_API))["name_id"].drop_nulls().unique().sort()
     return pl.Series("name_id", [-1, *ids.to_list()], pl.Int64)
-
-
-KEPT_LONG_SQL = f'("end" - start >= {KEPT_LONG_NS})'  # the long calls the store keeps too, in an export's SQL
-
-
-def kept_expr(kept_ids: pl.Series, name_id: pl.Expr, start: pl.Expr, end: pl.Expr) -> pl.Expr:
-    """Whether a call is kept (never null): its name is one of ``kept_ids`` (:func:`kept_api_ids`), or it lasted at
-    least :data:`analyze.model.KEPT_LONG_NS`."""
-    return (name_id.is_in(kept_ids.implode()).fill_null(False) | (end - start >= KEPT_LONG_NS).fill_null(False))

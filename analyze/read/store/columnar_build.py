@@ -27,7 +27,7 @@ from ..export import (
     op_queries,
 )
 from ..exportdir import DirReader
-from .call_keys import CALL_KEY, OP_KEYS_SCHEMA, kept_api_ids, kept_expr, op_keys
+from .call_keys import CALL_KEY, OP_KEYS_SCHEMA, kept_api_ids, op_keys
 from .errors import write_in_cache
 from .fingerprint import fingerprint
 from .layout import write_meta
@@ -154,7 +154,7 @@ def _columnar_counts(r: DirReader, duration: int | None, strings_f: Future[pl.Da
         # made in the scan of the file's own columns (the other calls' are not decoded), then the few other calls
         # _rest_of_api reads: the early ones (row groups after the bound skipped) and the launchers of lost ops.
         name_id, gtid = r.column(RUNTIME, "nameId"), r.column(RUNTIME, "globalTid")
-        is_kept = kept_expr(kept_ids, name_id, r.column(RUNTIME, "start"), r.column(RUNTIME, "end"))
+        is_kept = name_id.is_in(kept_ids.implode()).fill_null(False)
         kept_rows = _narrow(api_q[1], r.rows_where(api_q[0], RUNTIME, gtid.is_not_null() & is_kept), list(API_SCHEMA))
         notes["api_without_pid"] = int(r.rows_where(f"SELECT globalTid FROM {RUNTIME}", RUNTIME,
                                                     gtid.is_null()).select(pl.len()).collect().item())

@@ -37,16 +37,7 @@ from ..export import (
     op_queries,
 )
 from ..protocols import ExportReader, ShowProgress, no_progress
-from .call_keys import (
-    KEPT_LONG_SQL,
-    OP_KEYS_SCHEMA,
-    call_keys,
-    kept_api_ids,
-    kept_expr,
-    op_keys,
-    unmatched_op_keys,
-    unmatched_ops,
-)
+from .call_keys import OP_KEYS_SCHEMA, call_keys, kept_api_ids, op_keys, unmatched_op_keys, unmatched_ops
 from .errors import write_in_cache
 from .fingerprint import fingerprint
 from .layout import write_meta
@@ -152,8 +143,7 @@ class _RowBuild:
         if self.api_q:  # the calls the analysis needs by name, and the usual launchers (the rest: _rest_of_api);
             # their ids (from StringIds) are filled in when the threads reach them, read meanwhile on another thread
             post = self.api_q[1]
-            pieces += [("api", q, post, n) for q, n in _pieces(r, RUNTIME, self.api_q[0],
-                                                                 f"(nameId IN ({_KEPT_IDS}) OR {KEPT_LONG_SQL})")]
+            pieces += [("api", q, post, n) for q, n in _pieces(r, RUNTIME, self.api_q[0], f"nameId IN ({_KEPT_IDS})")]
         self.pieces = pieces
         # Largest pieces first, so that the threads end together (files keep their read-order numbers); the API
         # pieces last: SQLite passes over their rows but returns a fifth of them, they cost far less a row.
@@ -277,13 +267,13 @@ class _RowBuild:
                 return False
             df = post(b)
             if kind == "api" and self.bound is not None:  # the early calls apart: not stored
-                is_kept = kept_expr(self.kept_id_list, pl.col("name_id"), pl.col("start"), pl.col("end"))
-                early = df.filter(~is_kept)
+                is_kept = pl.col("name_id").is_in(self.kept_id_list.implode())
+                early = df.filter(~is_kept.fill_null(False))
                 with self.lock:
                     g.early_rows += early.height
                     if g.early_rows <= EARLY_ROWS:
                         g.early.setdefault(i, []).append(early)
-                df = df.filter(is_kept)
+                df = df.filter(is_kept.fill_null(False))
             bad_rows = self.bad_ops if kind == "ops" else BAD_API
             bad = df.select(bad_rows.sum()).item() or 0
             if bad:
@@ -353,7 +343,7 @@ def _rest_of_api(r: ExportReader, dest: Path, api_q: tuple[str, _Post], kept: st
     """
     ops_first, api_first = gathered.ops_first, gathered.api_first
     bound = max((min(t, api_first.get(p, t)) for p, t in ops_first.items()), default=None)
-    rest_of = f"(NOT COALESCE(nameId IN ({kept}), 0) AND NOT {KEPT_LONG_SQL})"
+    rest_of = f"(nameId IS NULL OR nameId NOT IN ({kept}))"
     have = read_before is not None and bound is not None and bound <= read_before
     early = _early_calls_sql(read_before if have else bound)
 

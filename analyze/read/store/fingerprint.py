@@ -20,12 +20,12 @@ from ..sqlite import check_file, sidecar
 __all__ = ["CACHE_VERSION", "EDGE", "BLOCK", "BLOCKS", "fingerprint", "file_keys"]
 
 
-CACHE_VERSION = 12  # 2: ranges have ``range_id`` and ``range``; 3: marks.parquet; 4: marker, files listed, checks;
+CACHE_VERSION = 11  # 2: ranges have ``range_id`` and ``range``; 3: marks.parquet; 4: marker, files listed, checks;
 # 5: only the API calls the analysis needs, and each process's first call (``api_first``); 6: op_keys.parquet;
 # 7: ops carry their CUDA graph's id (``graph``); 8: the key has each file's inode, ctime and content hash, the
 # report's path is absolute, a build id; 9: the session's end from nsys's own diagnostic (unclosed ranges);
 # 10: a columnar export's store reads its rows from the export (``columnar``, lost.parquet); 11: read_warnings
-# count kernel launches in an export without a kernel table; 12: and the calls of KEPT_LONG_NS or longer
+# count kernel launches in an export without a kernel table
 EDGE = 65536  # the key hashes each report file's first and last EDGE bytes (SQLite pages are at most 64 KiB)...
 BLOCK, BLOCKS = 4096, 6  # ...and BLOCKS blocks of BLOCK bytes spread between them
 

@@ -22,7 +22,6 @@ from polars.exceptions import PanicException
 
 from ...model import InputError, Trace
 from ..export import API_SCHEMA, OPS_SCHEMA, api_query, bad_op, op_queries, open_reader
-from .call_keys import kept_expr
 from .errors import one_line
 from .layout import file_crc
 
@@ -240,15 +239,14 @@ class Store:
             if api_q is None:
                 return {p: _no_rows(kind) if columns is None else _no_rows(kind).select(columns) for p in pids}
             q, post = api_q
-            kept = kept_expr(pl.Series(self.meta["kept_ids"], dtype=pl.Int64), pl.col("name_id"), pl.col("start"),
-                             pl.col("end"))
+            kept = pl.col("name_id").is_in(pl.Series(self.meta["kept_ids"], dtype=pl.Int64).implode())
             out = _by_pid(post(r.process_rows(q, "globalTid", one).filter(kept).collect()), pids, None)
             lost = self.reading(lambda: pl.read_parquet(self.root / "lost.parquet"))
             for p in have:
                 mine = lost.filter(pl.col("pid") == p)
                 if mine.height:
                     calls = r.process_rows(q, "globalTid", p)
-                    rest = post(calls.filter(~kept).collect())
+                    rest = post(calls.filter(~kept.fill_null(False)).collect())
                     out[p] = pl.concat([out[p], rest.join(mine, on=["pid", "corr"], how="semi",
                                                           nulls_equal=True, maintain_order="left")])
             if columns is not None:
@@ -281,10 +279,9 @@ class Store:
             if api_q is None:
                 return _no_rows(kind).lazy()
             calls = lazy_post(api_q[1], r._lazy(api_q[0])).filter(which)
-            kept = kept_expr(pl.Series(self.meta["kept_ids"], dtype=pl.Int64), pl.col("name_id"), pl.col("start"),
-                             pl.col("end"))
+            kept = pl.col("name_id").is_in(pl.Series(self.meta["kept_ids"], dtype=pl.Int64).implode())
             lost = pl.scan_parquet(self.root / "lost.parquet")
-            lf = pl.concat([calls.filter(kept), calls.filter(~kept).join(
+            lf = pl.concat([calls.filter(kept), calls.filter(~kept.fill_null(False)).join(
                 lost, on=["pid", "corr"], how="semi", nulls_equal=True, maintain_order="left")])
         order = pl.col("pid").replace_strict(pids, list(range(len(pids))), default=None, return_dtype=pl.Int64)
         return lf.sort(order, maintain_order=True)  # stable: each process's rows in their own order
