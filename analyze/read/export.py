@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from polars._typing import PolarsDataType
 
 __all__ = ["pid_of", "RUNTIME", "API_SCHEMA", "OPS_SCHEMA", "BAD_API", "api_query", "op_queries", "bad_op",
-           "read_meta", "open_reader", "load", "export_rows", "ops_between"]
+           "read_meta", "open_reader", "load", "export_rows", "ops_between", "SAMPLES_SCHEMA", "cpu_samples"]
 
 _KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
 _MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
@@ -423,3 +423,40 @@ def ops_between(path: str | os.PathLike, t0: int, t1: int) -> pl.DataFrame:
     finally:
         r.close()
     return pl.concat(parts) if parts else pl.DataFrame(schema=OPS_SCHEMA)
+
+
+_FRAMES_DEEP = 12  # call-chain frames read per CPU sample, leaf first: the top resolved one is within them
+SAMPLES_SCHEMA = pl.Schema({"gtid": pl.Int64, "time": pl.Int64, "frame": pl.String})
+
+
+def cpu_samples(path: str | os.PathLike, gtids: list[int]) -> pl.DataFrame | None:
+    """The CPU IP samples of threads ``gtids`` (nsys ``--sample``: ``COMPOSITE_EVENTS`` and their call chains in
+    ``SAMPLING_CALLCHAINS``), each with its top native frame: the frame nearest the leaf whose symbol nsys resolved,
+    as ``symbol (module file name)``; null when none of the first frames resolved. None when the export has no
+    samples (or is not SQLite or an export folder with those tables)."""
+    r = open_reader(path)
+    try:
+        if not (r.has("COMPOSITE_EVENTS", "id", "start", "globalTid")
+                and r.has("SAMPLING_CALLCHAINS", "id", "symbol", "module", "stackDepth")):
+            return None
+        ids = ",".join(str(int(g)) for g in gtids) or "NULL"
+        ev = r.frame(f"SELECT id, start AS time, globalTid AS gtid FROM COMPOSITE_EVENTS WHERE globalTid IN ({ids})",
+                     {"id": pl.Int64, "time": pl.Int64, "gtid": pl.Int64})
+        if ev.height == 0:
+            return pl.DataFrame(schema=SAMPLES_SCHEMA)
+        unresolved = "c.unresolved" if r.has("SAMPLING_CALLCHAINS", "unresolved") else "0"
+        ch = r.frame(f"SELECT c.id, c.stackDepth AS depth, c.symbol, c.module, {unresolved} AS unresolved "
+                     f"FROM SAMPLING_CALLCHAINS c WHERE c.stackDepth < {_FRAMES_DEEP}",
+                     {"id": pl.Int64, "depth": pl.Int64, "symbol": pl.Int64, "module": pl.Int64,
+                      "unresolved": pl.Int64})
+        strings = _strings(r)
+    finally:
+        r.close()
+    ch = (ch.join(ev.select("id"), on="id", how="semi")
+          .join(strings.select(symbol="name_id", _sym="name"), on="symbol", how="left")
+          .join(strings.select(module="name_id", _mod="name"), on="module", how="left")
+          .filter((pl.col("unresolved").fill_null(0) == 0) & pl.col("_sym").is_not_null()
+                  & ~pl.col("_sym").str.contains(r"^(0x[0-9a-fA-F]+|\[.*\]|Unknown)$"))
+          .sort("id", "depth").unique("id", keep="first")
+          .select("id", frame=pl.format("{} ({})", "_sym", pl.col("_mod").str.split("/").list.last())))
+    return ev.join(ch, on="id", how="left").select(list(SAMPLES_SCHEMA)).cast(SAMPLES_SCHEMA)  # type: ignore[arg-type]
