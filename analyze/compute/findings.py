@@ -277,6 +277,11 @@ def _host_items(ctx: RuleContext, gap: str, hit: RuleHit) -> RuleHit:
             out += f" ({_us(r['wait_ns'])} of it waiting for the GPU in CUDA calls)"
         if r["item"] in grew:
             out += f" ({grew[r['item']]['label']}: +{_us(grew[r['item']]['delta_ns'])})"
+        py = hg.python_frames.filter((pl.col("gap") == gap) & (pl.col("item") == r["item"])
+                                     & ((pl.col("rank") == hit.rank) if hit.rank is not None else pl.lit(True)))
+        if py.height:  # what the Python samples inside it were running (innermost frame), most first
+            f = py.sort("samples", descending=True).row(0, named=True)
+            out += f" (Python samples in it: {f['frame']} in {_pct(f['share'])})"
         return out
 
     ev = (f"; the launching thread's time in it, {_us(window)} per cycle from the end of the GPU work to the next "

@@ -23,6 +23,7 @@ that grew over the typical cycles ("every 8th cycle: +510 µs in scheduler.get_n
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -60,20 +61,23 @@ class HostGaps:
     host window, ``samples``; ``windows``: per rank, scope and gap, the host window per steady cycle
     (``window_ns``), the steady cycles (``cycles``) and how many of them had a host-bound gap there
     (``host_bound``); ``classes``: per class of slower cycles, the items that grew; ``frames``: the top native
-    frames of the CPU samples per item; ``has_ranges``/``sampled``: what the capture holds; ``notes``: what it
+    frames of the CPU samples per item; ``python_frames``: the innermost Python frames of the Python samples
+    per item (a capture with Python sampling exported with its payloads: ``spectrace trace --cpu-sampling``);
+    ``has_ranges``/``sampled``: what the capture holds; ``notes``: what it
     lacks and how to capture it."""
 
     items: pl.DataFrame
     windows: pl.DataFrame
     classes: list[dict] = field(default_factory=list)
     frames: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=FRAMES))
+    python_frames: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=FRAMES))
     has_ranges: bool = False
     sampled: bool = False
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         d = asdict(self)
-        for k in ("items", "windows", "frames"):
+        for k in ("items", "windows", "frames", "python_frames"):
             d[k] = getattr(self, k).to_dicts()
         return d
 
@@ -187,12 +191,13 @@ def _item_expr() -> list[pl.Expr]:
 
 
 def _samples(res: Result, win: pl.DataFrame, calls: pl.DataFrame, tl: pl.DataFrame,
-             names: pl.DataFrame) -> pl.DataFrame | None:
+             names: pl.DataFrame, read: Callable = export.cpu_samples) -> pl.DataFrame | None:
     """The CPU samples of the windows' threads inside them, labelled: ``wid, item, kind, frame`` (None without
-    sampling in the export)."""
+    sampling in the export). ``read``: :func:`analyze.read.export.cpu_samples` (native IP samples) or
+    :func:`~analyze.read.export.python_samples` (Python stacks)."""
     if len(res.reports) > 1 or not Path(res.trace.path).is_file():
         return None
-    s = export.cpu_samples(res.trace.path, win["gtid"].unique().to_list())
+    s = read(res.trace.path, win["gtid"].unique().to_list())
     if s is None:
         return None
     s = (s.sort("gtid", "time").join_asof(win.select("gtid", "wid", _ws="start", _we="end").sort("gtid", "_ws"),
@@ -263,6 +268,9 @@ def host_gaps(res: Result) -> HostGaps:
                    sampled=smp is not None and smp.height > 0, notes=notes)
     if out.sampled and smp is not None:
         out.frames = _frames(smp, win)
+    py = _samples(res, win, calls, tl, names, export.python_samples)
+    if py is not None and py.height:
+        out.python_frames = _frames(py, win)
     out.classes = _classes(res, per_all.select("wid", "item", "ns"), allw)
     return out
 

@@ -424,6 +424,8 @@ def _host_gaps(res: Result) -> Section | None:
             {"class_ns": "in the class µs", "typical_ns": "typical µs", "delta_ns": "Δ µs"})
     if hg.frames.height:
         body += "<h3>CPU samples: top native frames</h3>" + _table(hg.frames)
+    if hg.python_frames.height:
+        body += "<h3>Python samples: innermost Python frames</h3>" + _table(hg.python_frames)
     for n in hg.notes:
         body += _p(n)
     return Section("host-gaps", "Host-bound gaps", body)

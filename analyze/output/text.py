@@ -235,6 +235,11 @@ def host_gap_lines(res: Result) -> list[str]:
                                   & (pl.col("item") == r["item"]))
             if fr.height:
                 out.append("      top frames: " + ", ".join(f"{f['frame']} ({f['samples']})" for f in fr.iter_rows(named=True)))
+            py = hg.python_frames.filter((pl.col("rank") == w["rank"]) & (pl.col("gap") == w["gap"])
+                                         & (pl.col("item") == r["item"]))
+            if py.height:
+                out.append("      top Python frames: " + ", ".join(f"{f['frame']} ({f['samples']})"
+                                                                  for f in py.iter_rows(named=True)))
     seg = hg.items.filter(pl.col("scope") != "steady")
     if seg.height:
         out.append("  per segment (µs per cycle): " + "; ".join(

@@ -1,3 +1,6 @@
+# A short --cpu-sampling capture on one H200, exported with and without --include-blobs=true, and what each holds
+# (tables, the string ids of the busy function, the blobs): how the Python samples' frames were found (tp1_pyframes).
+#   bash tests/device/python_frames_probe.sh   (carry .devdeps and .whl)
 set -u
 . tests/device/setup.sh
 W=/tmp/pyb; mkdir -p $W
