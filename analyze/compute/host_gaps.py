@@ -35,6 +35,7 @@ from . import attribute, cycle_budget, view
 from .cycles import selection
 from .host_windows import WINDOWS
 from .payload import CYCLE_NAMES, base_expr
+from .scalars import to_int
 from .steady_cycles import class_label
 from .steady_tables import instances_marked_steady
 
@@ -296,10 +297,18 @@ def _classes(res: Result, per_all: pl.DataFrame, allw: pl.DataFrame) -> list[dic
     if not info.classes and not info.stalls:
         return []
     c = cycle_budget.main_cycles(res)
-    typical = c.filter(pl.col("steady") & pl.col("cycle_class").is_null() & ~pl.col("slow")).select("rank", "key",
-                                                                                                    "segment")
-    groups = [(class_label(cl), c.filter((pl.col("cycle_class") == cl.id) & pl.col("slow") & pl.col("steady")))
+    # As the anatomy's classes (analyze.compute.anatomy.cycle_classes): typical cycles are those in no class but a
+    # level shift's, keyed by segment and level, so that a periodic class's cycles after a shift are held against
+    # the cycles of their own level (the periodic extra only), and a shift against the level before it.
+    shifts = [cl.id for cl in info.classes if cl.kind == "shift"]
+    level = pl.col("level") if "level" in c.columns else pl.lit(0)
+    c = c.with_columns(segment=pl.col("segment") * 1_000 + level.fill_null(0))
+    typical = c.filter(pl.col("steady") & (pl.col("cycle_class").is_null() | pl.col("cycle_class").is_in(shifts))
+                       & ~pl.col("slow")).select("rank", "key", "segment")
+    groups = [(class_label(cl), c.filter((pl.col("cycle_class") == cl.id) & pl.col("steady")
+                                         & (pl.col("slow") | pl.lit(cl.kind == "shift"))))
               for cl in info.classes]
+    before = {class_label(cl): cl for cl in info.classes if cl.kind == "shift"}
     if info.stalls:
         groups.append(("rare stalls (left out)", c.filter(pl.col("key").is_in([s.key for s in info.stalls]))))
     if not groups or typical.height == 0:
@@ -311,16 +320,29 @@ def _classes(res: Result, per_all: pl.DataFrame, allw: pl.DataFrame) -> list[dic
         if members.height == 0:
             continue
         m = members.select("rank", "key", "segment")
-        typ = typical.filter(pl.col("segment").is_in(m["segment"].unique().implode()))
-        typ = typ if typ.height else typical
+        typ = typical
+        if label in before:  # a level shift: against the level before it, in the same segment
+            seg = to_int(m["segment"].min())
+            typ = typical.filter(pl.col("segment") == seg - 1).with_columns(segment=pl.lit(seg, c.schema["segment"]))
+        typ = typ.filter(pl.col("segment").is_in(m["segment"].unique().implode()))
+        typ = typ if typ.height else typical.with_columns(segment=pl.lit(None, c.schema["segment"]))
 
-        def mean(which: pl.DataFrame) -> pl.DataFrame:
-            n = which.group_by("rank").agg(_n=pl.len())
-            return (cyc_items.join(which.select("rank", "key"), on=["rank", "key"]).group_by("rank", "gap", "item")
-                    .agg(pl.col("ns").sum()).join(n, on="rank").with_columns(pl.col("ns") / pl.col("_n")).drop("_n"))
+        def mean(which: pl.DataFrame) -> pl.DataFrame:  # per rank, gap and item: ns per cycle, per segment
+            n = which.group_by("rank", "segment").agg(_n=pl.len())
+            return (cyc_items.join(which.select("rank", "key", "segment"), on=["rank", "key"])
+                    .group_by("rank", "segment", "gap", "item").agg(pl.col("ns").sum())
+                    .join(n, on=["rank", "segment"], nulls_equal=True).with_columns(pl.col("ns") / pl.col("_n"))
+                    .drop("_n"))
 
-        d = (mean(m).rename({"ns": "class_ns"}).join(mean(typ).rename({"ns": "typical_ns"}),
-                                                     on=["rank", "gap", "item"], how="full", coalesce=True)
+        # the typical cycles weighed as the class's fall in the segments and levels
+        w = m.group_by("rank", "segment").agg(_w=pl.len()).with_columns(pl.col("_w") / pl.col("_w").sum().over("rank"))
+        t = mean(typ)
+        t = (t.join(w, on=["rank", "segment"], nulls_equal=True) if t["segment"].null_count() == 0
+             else t.with_columns(_w=pl.lit(1.0)))
+        typical_ns = t.group_by("rank", "gap", "item").agg(typical_ns=(pl.col("ns") * pl.col("_w")).sum())
+        class_ns = mean(m.with_columns(segment=pl.lit(0, c.schema["segment"]))).group_by("rank", "gap", "item").agg(
+            class_ns=pl.col("ns").sum())
+        d = (class_ns.join(typical_ns, on=["rank", "gap", "item"], how="full", coalesce=True)
              .with_columns(pl.col("class_ns", "typical_ns").fill_null(0.0))
              .with_columns(delta_ns=pl.col("class_ns") - pl.col("typical_ns")))
         extra = float(d.filter(pl.col("delta_ns") > 0)["delta_ns"].sum() or 0.0)
