@@ -15,7 +15,7 @@ import polars as pl
 from ..model import InputError, Result
 from ..read.manifest import speculative
 from . import view
-from .cycles import cycles
+from .cycles import cycles, draft_repeats
 from .payload import base_expr
 from .scalars import real_or_none, to_float
 from .tokens import summary
@@ -200,22 +200,12 @@ def steps_known(res: Result, steps_now: int | None) -> tuple[int, str]:
 
 
 def _draft_repeats(res: Result) -> tuple[int, int, int] | None:
-    """How many times the draft phase's GPU work repeats per instance: each draft step runs the draft model's
-    forward once, so every kernel name of it runs a multiple of the step count times. Per kernel name seen in at
-    least half the draft instances, its most common count per instance; the greatest common divisor of those.
-    ``(repeats, kernel names, draft instances)``, or None without draft instances or when nothing repeats (every
-    name once per instance is one step, or a draft that is not a loop: not guessed)."""
-    import math
-
+    """How many times the draft phase's GPU work repeats per instance, over every draft instance of the trace
+    (:func:`analyze.compute.cycles.draft_repeats`)."""
     inst = res.instances.select("range_id", "range").filter(base_expr("range") == "draft").select("range_id")
     if inst.height == 0 or res.kernels is None or res.kernels.height == 0:
         return None
-    k = res.kernels.select("name", "count").filter(res.kernels["range_id"].is_in(inst["range_id"].implode()))
-    per = (k.group_by("name", "count").agg(n=pl.len()).sort("n", "count", descending=[True, False])
-           .group_by("name", maintain_order=True).agg(pl.col("count").first(), seen=pl.col("n").sum()))
-    modal = per.filter(pl.col("seen") * 2 >= inst.height)["count"].to_list()
-    g = math.gcd(*modal) if modal else 0
-    return (g, len(modal), inst.height) if g >= 2 else None
+    return draft_repeats(res.kernels, inst["range_id"])
 
 
 def solve_alpha(accepted: float, steps: int) -> float:

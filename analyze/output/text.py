@@ -10,7 +10,7 @@ import polars as pl
 
 from nvtx_hooks.phases import base_name
 
-from ..compute import anatomy, steady_tables
+from ..compute import acceptance, anatomy, steady_tables
 from ..compute.collectives import short_name
 from ..compute.compare import Comparison
 from ..compute.cycle_budget import budget
@@ -25,7 +25,7 @@ from ..model import SEAM_CAUSES, CommResult, Result
 __all__ = ["kernel_label", "ranked", "text_width", "wrap_lines", "display_names", "selection_lines", "class_lines",
            "segment_lines", "budget_text", "steady_phase_text", "findings_text", "table_text", "kernels_text",
            "analyze_table", "probe_lines", "comm_table", "compare_table", "whatif_segment_lines", "acceptance_text",
-           "best_text", "best_steps_label", "whatif_table", "TABLE_GAP"]
+           "best_text", "best_steps_label", "whatif_table", "TABLE_GAP", "acceptance_lines"]
 
 _NO_PHASE = "(none)"  # how a null phase (GPU work outside every selected range) is shown
 
@@ -197,7 +197,27 @@ def selection_lines(res: Result) -> list[str]:
         out.append(f"Acceptance: {tk.accepted_per_request:.2f} accepted draft tokens per request per cycle (p50 "
                    f"{tk.accepted_p50:g}, p90 {tk.accepted_p90:g}; measured on {tk.accepted_cycles} steady cycles "
                    f"from the {'accept marks' if tk.acceptance_source == 'marks' else 'range payload'})")
-    return out
+    return out + acceptance_lines(res)
+
+
+def acceptance_lines(res: Result) -> list[str]:
+    """Acceptance per draft position (the hooks' ``accept_histogram`` marks): per segment and the run, the requests
+    that accepted at least j drafts and the conditional rate at each position j."""
+    rows = acceptance.per_position(res)
+    if not rows:
+        return []
+    k = max((len(r.accepted_at_position) for r in rows), default=0)
+    if k == 0:
+        return []
+    cells = []
+    for r in rows:
+        cells.append([r.key, str(r.cycles), f"{r.requests:,}", *[
+            f"{r.accepted_at_position[j]:,} ({r.rate_at_position[j]:.2f})"
+            if j < len(r.accepted_at_position) and r.rate_at_position[j] is not None else "-" for j in range(k)],
+            f"{r.mean_accepted:.2f}" if r.mean_accepted is not None else "-"])
+    return ["Acceptance per draft position (every cycle of each segment, from the accept_histogram marks): requests "
+            "that accepted at least j drafts (of those that reached position j, the share that accepted it)",
+            *_grid(["segment", "cycles", "requests", *[f"position {j + 1}" for j in range(k)], "mean"], cells)]
 
 
 def class_lines(res: Result) -> list[str]:
@@ -213,7 +233,8 @@ def class_lines(res: Result) -> list[str]:
 
 
 def segment_lines(res: Result) -> list[str]:
-    """Per decode batch size (the payload's): cycles, period p50/p90/mean, prefills, the biggest pieces."""
+    """Per decode batch size and step count (the payload's): cycles, period p50/p90/mean, prefills, the biggest
+    pieces."""
     seg = anatomy.segments(res)
     if len(seg) < 2:  # one batch size all along: the headline above is its segment
         return []
@@ -223,9 +244,13 @@ def segment_lines(res: Result) -> list[str]:
         rows.append([s.key, f"{s.first_cycle}–{s.last_cycle}", str(s.cycles), _us_or_dash(s.period_p50_ns),
                      _us_or_dash(s.period_p90_ns), _us_or_dash(s.period_mean_ns), str(s.prefills),
                      ", ".join(f"{b['segment']} {_us(b['ns'])}" for b in top)])
-    return ["", "Segments: cycles of one decode batch size (steady cycles; period µs; prefill batches before them)",
+    steps = sorted({x.steps for x in seg if x.steps is not None})
+    note = ([f"(the draft steps differ between segments: {', '.join(map(str, steps))}; each segment's pieces are its "
+             "own cycles'; the cycle budget averages them all)"] if len(steps) > 1 else [])
+    return ["", "Segments: cycles of one decode batch size and draft step count (steady cycles; period µs; prefill "
+            "batches before them)",
             *_grid(["segment", "cycles", "steady", "p50", "p90", "mean", "prefills", "biggest pieces (µs per cycle)"],
-                   rows)]
+                   rows), *note]
 
 
 def _symbols(names: list[str]) -> dict[str, str]:
