@@ -665,20 +665,23 @@ def whatif_segment_lines(m: Model, max_steps: int = MAX_STEPS) -> list[str]:
     """Per segment (batch size): predicted tokens/s at each step count, the best one and its gain."""
     if not m.segments:
         return []
-    steps = list(range(1, max_steps + 1))
     rows = []
+    steps: list[int] = []
     for sm in m.segments:
         d = sm.as_dict(max_steps)
+        steps = [p["steps"] for p in d["predictions"]]
         cells = [f"{p['tokens_per_s']:,.0f}" + ("*" if p["extrapolated"] else "") if p["tokens_per_s"] else "-"
                  for p in d["predictions"]]
         gain = f"{100 * d['gain']:+.1f} %" if d["gain"] is not None else "-"
-        rows.append([sm.key, str(sm.cycles), _us(sm.period_ns), *cells, best_steps_label(d) or "-", gain])
-    runs = sorted({s for sm in m.segments for s in sm.measured_steps})
-    joined = (f"; runs at {', '.join(map(str, runs))} steps joined (--other-steps): each step count from the run "
-              "measured nearest to it" if len(runs) > 1 else "")
-    return ["", "Per segment (one model per batch size, from its own cycles; tokens/s at each step count, "
+        rows.append([sm.key, ",".join(map(str, sm.measured_steps)), str(sm.cycles), _us(sm.period_ns), *cells,
+                     best_steps_label(d) or "-", gain])
+    several = any(len(sm.measured_steps) > 1 for sm in m.segments)
+    joined = ("; a batch size measured at several step counts (an adaptive run's segments, or runs joined with "
+              "--other-steps): each step count from the one measured nearest to it" if several else "")
+    return ["", "Per segment (one model per batch size, from its own cycles at the step counts it ran: 'measured', "
+                "the first the p50 and gain are of; tokens/s at each step count, "
                 f"* extrapolated; best among the others, ≈ another within {100 * NEAR_BEST:.0f} % of its tokens/s{joined})",
-            *_grid(["segment", "cycles", "p50 µs", *[f"{s} steps" for s in steps], "best", "gain"], rows)]
+            *_grid(["segment", "measured", "cycles", "p50 µs", *[f"{s} steps" for s in steps], "best", "gain"], rows)]
 
 
 def acceptance_text(m: Model) -> str:
