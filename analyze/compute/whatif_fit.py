@@ -230,7 +230,7 @@ def _cycle_steps(res: Result) -> tuple[int, str] | None:
     how = "the cycles' payload" if src == "payload" else f"inferred per segment ({src})"
     every = sorted(c["steps"].unique().to_list())
     if len(every) == 1:
-        return s, how
+        return (s, how) if src == "payload" else None  # (inferred: the whole trace's repeats say how)
     return s, (f"an adaptive run: its cycles ran {', '.join(map(str, every))} steps ({how}); the whole run is "
                f"modelled from its most common count, {s} (an average, right for no segment: the per-batch-size "
                "table models each segment from its own)")
