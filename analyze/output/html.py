@@ -506,13 +506,15 @@ def _whatif(res: Result, figs: _Figures, model: whatif_model.Model | InputError,
         rows = []
         for sm in m.segments:
             d = sm.as_dict(max_steps)
-            rows.append({"segment": sm.key, "cycles": sm.cycles, "period_p50_ns": sm.period_ns,
+            rows.append({"segment": sm.key, "measured steps": ", ".join(map(str, sm.measured_steps)),
+                         "cycles": sm.cycles, "period_p50_ns": sm.period_ns,
                          **{f"{p['steps']} steps": (None if p["tokens_per_s"] is None else
                                                     f"{p['tokens_per_s']:,.0f}" + ("*" if p["extrapolated"] else ""))
                             for p in d["predictions"]},
                          "best": best_steps_label(d),
                          "gain": None if d["gain"] is None else f"{100 * d['gain']:+.1f} %"})
-        body.append("<h3>Per segment</h3>" + _p("One model per batch size, from its own cycles: predicted tokens/s at "
+        body.append("<h3>Per segment</h3>" + _p("One model per batch size, from its own cycles at the step counts it "
+                                                 "ran (measured steps; 0: verify only): predicted tokens/s at "
                                                  "each step count (* extrapolated); best among the others, ≈ another "
                                                  f"within {100 * whatif_model.NEAR_BEST:.0f} % of its tokens/s.")
                     + _table(pl.DataFrame(rows), {"period_p50_ns": "cycle µs p50"}))
