@@ -574,7 +574,9 @@ def _diagnostics(x: pl.DataFrame, ranks: pl.DataFrame, ks: _Keys) -> list[Diagno
         out.append(Diagnostic("info", "INSTANCE_PAIRING", "instances paired across ranks " + "; ".join(how)
                               + (f". Counted on every rank: {same}" if same else "")))
     w = ranks.select("rank", "window_start_ns", "window_end_ns", "ranges_end_ns")
-    cut = x.filter(pl.col("cut").is_in(["window_start", "window_end"])).sort("rank")  # ranks in order, whatever the rows'
+    cut = x.filter(pl.col("cut").is_in(["window_start", "window_end"]))
+    # the rank with the most cut instances first, then by rank: whatever the export's row order
+    cut = cut.with_columns(_n=pl.len().over("rank")).sort(["_n", "rank"], descending=[True, False])
     for (rank,), g in cut.group_by("rank", maintain_order=True):
         r = w.filter(pl.col("rank") == rank).row(0, named=True)
         sides = []
