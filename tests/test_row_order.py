@@ -106,11 +106,7 @@ def test_shuffled_exports_give_identical_outputs(name, tmp_path, capsys):
     _same(name, tmp_path, capsys)
 
 
-# tp1_sched_cpu: the what-if's replay raises IndexError on this capture as nsys wrote it too (main, 3df28aa:
-# `spectrace analyze --format json` exits with a traceback): not a row-order question; strict, so that the fix shows
-_BROKEN = {"tp1_sched_cpu": "whatif_replay.Replay.run: IndexError on the unshuffled capture too"}
-_REST = [pytest.param(n, marks=pytest.mark.xfail(raises=IndexError, strict=True, reason=_BROKEN[n])) if n in _BROKEN
-         else n for n in samples.names() if n not in ("tp1_adaptive_node", "tp2_s3_node")]
+_REST = [n for n in samples.names() if n not in ("tp1_adaptive_node", "tp2_s3_node")]
 
 
 @pytest.mark.slow  # every other bundled capture: ~2.5 CPU-s each, SQLite and parquetdir (CI: make test-all)
