@@ -313,10 +313,24 @@ def _run_whatif(a: argparse.Namespace) -> int:
         from .output.targets import check_file
 
         check_file(a.sglang_config, _inputs(a), "--sglang-config", replace=True)
+    current = None
+    if a.current_sglang_config:  # read first: a config SGLang would refuse is refused before the analysis
+        from .output import sglang_config
+
+        current = sglang_config.read(a.current_sglang_config)
     m = whatif(a.report, a.steps_now, baseline=a.baseline, acceptance=a.acceptance, as_traced=a.as_traced,
                other_steps=a.other_steps, unprofiled_log=a.unprofiled_log, **_options(a))
     doc = to_dict(m, a.max_steps)
-    _out(data.doc_json(doc) if a.format == "json" else text.whatif_table(m, a.max_steps, explain=a.explain))
+    if current is not None:
+        from .output import sglang_config
+
+        doc["sglang_config_comparison"] = sglang_config.compare(doc["segments"], current)
+    table = text.whatif_table(m, a.max_steps, explain=a.explain) if a.format != "json" else ""
+    if current is not None and a.format != "json":
+        table += ("\nYour SGLang tiers (--current-sglang-config, routed as SGLang 0.5.23 routes a batch size: the "
+                  "largest tier key not above it)\n" + "\n".join("  " + x for x in doc["sglang_config_comparison"])
+                  + ("" if doc["segments"] else "\n  (no per-batch-size models: the run has one segment)") + "\n")
+    _out(data.doc_json(doc) if a.format == "json" else table)
     if a.sglang_config:
         from .output import sglang_config
 
@@ -575,7 +589,11 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--sglang-config", metavar="FILE",
                    help="write the best draft steps per batch size (the what-if per segment) as the JSON that "
                         "SGLang's --speculative-adaptive-config reads: tiers of batch sizes, candidate steps the "
-                        "best and the current one")
+                        "best and each batch size's current one (0: verify only)")
+    p.add_argument("--current-sglang-config", metavar="FILE",
+                   help="the --speculative-adaptive-config the run used (SGLang 0.5.23's format): per tier, its "
+                        "candidate steps against the measured best of the batch sizes routed to it, and the "
+                        "tokens/s predicted")
     _add_timing_args(p)
     _add_source_args(p)
     p.set_defaults(func=_run_whatif)

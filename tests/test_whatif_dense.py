@@ -130,7 +130,9 @@ def test_cli_other_steps(tmp_path, capsys):
     assert main(["whatif", str(samples.path("tp1_dense_s3_graph")), "--other-steps",
                  str(samples.path("tp1_dense_s4_graph")), "--max-steps", "5"]) == 0
     out = capsys.readouterr().out
-    assert "runs at 3, 4 steps joined (--other-steps)" in out
+    assert "a batch size measured at several step counts (an adaptive run's segments, or runs joined with " \
+           "--other-steps)" in " ".join(out.split())
+    assert "batch 160       3,4" in out  # the step counts each batch size was measured at
     # a run without a manifest: its step count is unknown, one line and exit 2
     bare = tmp_path / "bare.sqlite"
     bare.write_bytes(samples.path("tp1_dense_s4_graph").read_bytes())

@@ -13,9 +13,11 @@ collectives in those cycles, the late rank is the one that caused most of their 
 (:func:`analyze.compute.straggler.verdict`, the one straggler rule), which overrides the budget's reading. A class with a late rank is a straggler class: "every 4th cycle rank 1
 starts draft ≈ 540 µs late; rank 0 waits in draft".
 
-**Segments** (:func:`segments`): the runs of cycles of one decode batch size (the payload's; without a payload,
-of the same CUDA graphs replayed, since each batch size has its own graphs) with their steady cycles' period
-p50/p90/mean, prefills and mean cycle budget (over all ranks).
+**Segments** (:func:`segments`): the runs of cycles of one decode batch size and draft step count (the payload's;
+without a payload, of the same CUDA graphs replayed, since each batch size and step count has its own graphs; the
+steps from the payload, else inferred: :mod:`analyze.compute.cycles`) with their steady cycles' period p50/p90/mean,
+prefills and mean cycle budget (over all ranks): per segment, so a 0-step segment's draft piece is 0 and a 4-step
+segment's is its own, never an average of both.
 """
 
 from __future__ import annotations
@@ -267,10 +269,11 @@ def _describe(c: CycleClass) -> str:
 @results.cacheable
 @dataclass
 class Segment:
-    """A run of cycles of one decode batch size (JSON: ``segments``)."""
+    """A run of cycles of one decode batch size and draft step count (JSON: ``segments``)."""
 
     segment: int
-    key: str  # "batch 4" (the payload's batch size), or "graphs 2+5" (the CUDA graphs its cycles replayed)
+    key: str  # "batch 4, 3 steps" (the payload's batch size and the cycles' steps), "batch 4" (steps unknown), or
+    # "graphs 2+5" (the CUDA graphs its cycles replayed)
     batch_size: int | None  # from the payload; None when the segment is known by its graphs
     first_cycle: int
     last_cycle: int
@@ -280,6 +283,8 @@ class Segment:
     period_p90_ns: float | None
     period_mean_ns: float | None
     budget: list[dict] = field(default_factory=list)  # segment (piece), kind, ns, share: mean over its cycles
+    steps: int | None = None  # the draft steps its cycles ran with (0: verify only, no draft); None unknown
+    steps_source: str | None = None  # how: "payload", "no draft", "draft repeats" (analyze.compute.cycles)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -309,5 +314,17 @@ def segments(res: Result) -> list[Segment]:
             period_p50_ns=to_float(p.median()) if p.len() else None,
             period_p90_ns=to_float(p.quantile(0.9, "nearest")) if p.len() else None,
             period_mean_ns=to_float(p.mean()) if p.len() else None,
-            budget=b.select("segment", "kind", "ns", "share").to_dicts()))
+            budget=b.select("segment", "kind", "ns", "share").to_dicts(), steps=sg.steps,
+            steps_source=_steps_source(mine)))
     return out
+
+
+def _steps_source(cyc: pl.DataFrame) -> str | None:
+    """How a segment's step count is known: its cycles' most common source (the first by name on a tie)."""
+    if "steps_source" not in cyc.columns:
+        return None
+    src = cyc["steps_source"].drop_nulls()
+    if src.len() == 0:
+        return None
+    counts = src.value_counts().sort(["count", "steps_source"], descending=[True, False])
+    return str(counts["steps_source"][0])

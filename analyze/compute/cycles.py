@@ -28,7 +28,7 @@ from ..read.manifest import speculative
 from . import steady_cycles, view
 from .payload import CYCLE_NAMES, base_expr, decode_frame
 
-__all__ = ["cycles", "selection", "flagged_cycles", "raw_cycles", "prefill_rows"]
+__all__ = ["cycles", "selection", "flagged_cycles", "raw_cycles", "prefill_rows", "STEPS_SOURCES", "draft_repeats"]
 
 
 def cycles(res: Result) -> pl.DataFrame:
@@ -88,12 +88,77 @@ def raw_cycles(res: Result) -> pl.DataFrame:
         graphs=pl.col("i_graphs") if "i_graphs" in cyc.columns else pl.lit(None, pl.String),
     )
     cyc = _with_prefill(cyc, inst)
+    cyc = _with_steps(res, cyc, inst, by)
     tokens = (pl.when(pl.col("kind") == "decode_step").then(pl.col("batch_size"))
               .otherwise(pl.col("accept_length") + pl.col("batch_size")))
     return cyc.with_columns(tokens=tokens).select(
         "rank", "pid", "range_id", "n", "kind", "range", "start", "end", "i_first", "i_last", "i_span_ns",
         "period_ns", "lead_ns", "prefill_ns", "prefills", "batch_size", "payload_batch", "graphs", "cycle_index",
-        "pair_key", "accept_length", "accept_source", "tokens")
+        "pair_key", "accept_length", "accept_source", "tokens", "steps", "steps_source")
+
+
+STEPS_SOURCES = ("payload", "no draft", "draft repeats")
+
+
+def _with_steps(res: Result, cyc: pl.DataFrame, inst: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+    """``cyc`` with ``steps`` (the draft steps each cycle ran with) and ``steps_source`` (how it is known, one of
+    :data:`STEPS_SOURCES`; null: unknown): the payload's (``verify``'s, the authority, else the cycle range's or any
+    range's directly inside it); else 0 for a cycle with a ``verify`` but no ``draft`` range inside (SGLang's
+    verify-only cycles, adaptive tiers at 0 steps); else, per group of cycles of one batch size and the same CUDA
+    graphs, how many times the draft's GPU work repeats (each draft step runs the draft model's forward once: every
+    kernel name runs a multiple of the step count times; :func:`draft_repeats`)."""
+    if cyc.height == 0:
+        return cyc.with_columns(steps=pl.lit(None, pl.Int64), steps_source=pl.lit(None, pl.String))
+    kids = inst.filter(pl.col("parent").is_not_null()).select(*by, "parent", "base", "payload_steps", "range_id")
+    per = (kids.group_by(*by, range_id="parent")
+           .agg(_v_steps=pl.col("payload_steps").filter(pl.col("base") == "verify").max(),
+                _k_steps=pl.col("payload_steps").max(),
+                _drafts=(pl.col("base") == "draft").sum(), _verifies=(pl.col("base") == "verify").sum(),
+                _draft_ids=pl.col("range_id").filter(pl.col("base") == "draft")))
+    cyc = cyc.join(per, on=[*by, "range_id"], how="left", maintain_order="left")
+    from_payload = pl.coalesce("_v_steps", "payload_steps", "_k_steps")
+    no_draft = (pl.col("kind") == "cycle") & (pl.col("_verifies").fill_null(0) > 0) & (pl.col("_drafts").fill_null(0) == 0)
+    cyc = cyc.with_columns(
+        steps=pl.when(from_payload.is_not_null()).then(from_payload).when(no_draft).then(pl.lit(0, pl.Int64)),
+        steps_source=pl.when(from_payload.is_not_null()).then(pl.lit("payload"))
+        .when(no_draft).then(pl.lit("no draft")))
+    todo = cyc.filter(pl.col("steps").is_null() & (pl.col("_drafts").fill_null(0) > 0))
+    if todo.height and res.kernels is not None and res.kernels.height:
+        groups = todo.select("rank", "payload_batch", "graphs", "_draft_ids").explode("_draft_ids")
+        inferred = []
+        for (rank, batch, graphs), g in groups.group_by("rank", "payload_batch", "graphs"):
+            n = draft_repeats(res.kernels.filter(pl.col("rank") == rank), g["_draft_ids"])
+            if n is not None:
+                inferred.append((rank, batch, graphs, n[0]))
+        if inferred:
+            inf = pl.DataFrame(inferred, schema={"rank": cyc.schema["rank"], "payload_batch": cyc.schema["payload_batch"],
+                                                 "graphs": cyc.schema["graphs"], "_inferred": pl.Int64}, orient="row")
+            cyc = (cyc.join(inf, on=["rank", "payload_batch", "graphs"], how="left", nulls_equal=True,
+                            maintain_order="left")
+                   .with_columns(steps_source=pl.when(pl.col("steps").is_null() & pl.col("_inferred").is_not_null())
+                                 .then(pl.lit("draft repeats")).otherwise("steps_source"),
+                                 steps=pl.coalesce("steps", "_inferred")).drop("_inferred"))
+    return cyc.drop("_v_steps", "_k_steps", "_drafts", "_verifies", "_draft_ids")
+
+
+def draft_repeats(kernels: pl.DataFrame, draft_ids: pl.Series) -> tuple[int, int, int] | None:
+    """How many times the GPU work of the draft instances ``draft_ids`` (range ids in ``kernels``: one rank's
+    ``Result.kernels``) repeats per instance: each draft step runs the draft model's forward once, so every kernel
+    name of it runs a multiple of the step count times. Per kernel name seen in at least half the instances, its
+    most common count per instance; the greatest common divisor of those. ``(repeats, kernel names, instances)``,
+    or None without instances or when nothing repeats (every name once per instance is one step, or a draft that is
+    not a loop, or a graph launched whole: not guessed)."""
+    import math
+
+    ids = draft_ids.unique()
+    if ids.len() == 0 or kernels.height == 0:
+        return None
+    k = kernels.filter(pl.col("range_id").is_in(ids.implode())).select("name", "count")
+    per = (k.group_by("name", "count").agg(n=pl.len()).sort("n", "count", descending=[True, False])
+           .group_by("name", maintain_order=True).agg(pl.col("count").first(), seen=pl.col("n").sum()))
+    modal = per.filter(pl.col("seen") * 2 >= ids.len())["count"].to_list()
+    g = math.gcd(*modal) if modal else 0
+    return (g, len(modal), ids.len()) if g >= 2 else None
 
 
 _PREFILL_NAMES = ("prefill",)

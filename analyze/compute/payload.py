@@ -3,8 +3,8 @@
 A phase is known by its *base name* (:func:`nvtx_hooks.phases.base_name`: the name after the last ``.:/ ``
 separator when it is one of the hooks' names, whatever the prefix: ``draft``, ``verify``, ``cycle``, ...); a
 *cycle* is one ``cycle`` range (EAGLE) or one ``decode_step`` range (baseline) (:data:`CYCLE_NAMES`). The hooks'
-payload (a range's or mark's ``uint64``/``int64``) carries the batch size, the cycle index and the accept length
-(:func:`decode_exprs`; the layout is :mod:`nvtx_hooks.phases`'s).
+payload (a range's or mark's ``uint64``/``int64``) carries the batch size, the cycle index, the accept length and
+(version 2) the draft steps (:func:`decode_exprs`; the layout is :mod:`nvtx_hooks.phases`'s).
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ def cycle_order(col: str = "phase") -> pl.Expr:
 
 
 def decode_exprs(uint64: str = "uint64", int64: str = "int64") -> list[pl.Expr]:
-    """``batch_size``, ``cycle_index``, ``accept_length`` decoded from the payload columns (null if none), from
-    every payload version :data:`nvtx_hooks.phases.PAYLOAD_LAYOUTS` defines (1 and 2; the fields sit where each
+    """``batch_size``, ``cycle_index``, ``accept_length`` and ``payload_steps`` (the draft steps the range ran with:
+    version 2 on; 0 is a verify-only cycle) decoded from the payload columns (null if none), from every payload
+    version :data:`nvtx_hooks.phases.PAYLOAD_LAYOUTS` defines (1 and 2; the fields sit where each
     version's layout puts them)."""
     v = pl.coalesce(pl.col(uint64).cast(_U, strict=False), pl.col(int64).cast(_U, strict=False))
     ver = v // (1 << ph.VERSION_SHIFT)
@@ -44,6 +45,8 @@ def decode_exprs(uint64: str = "uint64", int64: str = "int64") -> list[pl.Expr]:
     def field(name: str) -> pl.Expr:
         expr: pl.Expr = pl.lit(None, pl.Int64)
         for version, layout in ph.PAYLOAD_LAYOUTS.items():
+            if not any(f[0] == name for f in layout):
+                continue  # (steps: version 2 on)
             _, shift, bits, offset = next(f for f in layout if f[0] == name)
             raw = (v // (1 << shift)) % (1 << bits)
             val = pl.when(raw > 0).then(raw.cast(pl.Int64) - offset) if offset else raw.cast(pl.Int64)
@@ -51,7 +54,7 @@ def decode_exprs(uint64: str = "uint64", int64: str = "int64") -> list[pl.Expr]:
         return expr
 
     return [field("batch_size").alias("batch_size"), field("cycle_index").alias("cycle_index"),
-            field("accept_length").alias("accept_length")]
+            field("accept_length").alias("accept_length"), field("steps").alias("payload_steps")]
 
 
 def decode_frame(df: pl.DataFrame) -> pl.DataFrame:

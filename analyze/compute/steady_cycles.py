@@ -12,8 +12,9 @@ Detection (the default) works on one number per cycle: its period without the pr
 averaged over ranks (a cycle's period ends at its last GPU op, so one late rank and the ranks that wait for
 it in a collective all see the same long cycle; one late event counts once):
 
-- *segments*: runs of cycles of one decode batch size (the payload's; without one, of the same CUDA graphs
-  replayed: each batch size has its own graphs), each with its own *band*
+- *segments*: runs of cycles of one decode batch size and draft step count (the payload's; without a batch size,
+  of the same CUDA graphs replayed: each batch size has its own graphs; the steps: :mod:`analyze.compute.cycles`,
+  payload or inferred), each with its own *band*
   ``typical × (1 + tol)``, ``tol = max(10 %, 5 × sd / typical)``, where *typical* and *sd* come from the
   densest 40 % of its cycle times (:func:`_typical`: the median and standard deviation for normal noise, but
   still the fast cycles' level when a third or half of them belong to slower classes); a cycle above the
@@ -167,7 +168,8 @@ class SlowClass(_Record):
 @results.cacheable
 @dataclass(frozen=True)
 class CycleSegment(_Record):
-    """A run of cycles of one decode batch size (``key``: ``batch N``, or ``graphs A+B`` without a payload)."""
+    """A run of cycles of one decode batch size and draft step count (``key``: ``batch N, S steps``, ``batch N``
+    when the steps are unknown, or ``graphs A+B`` without a payload, with ``, S steps`` when known)."""
 
     segment: int
     key: str | None
@@ -176,6 +178,7 @@ class CycleSegment(_Record):
     last_key: int
     first_n: int
     cycles: int
+    steps: int | None = None  # the draft steps its cycles ran with (0: verify only); None unknown
 
 
 @results.cacheable
@@ -291,11 +294,14 @@ def _series(m: pl.DataFrame) -> pl.DataFrame:
     segment value (``batch N`` from the payload, else ``graphs A+B``: the CUDA graphs it replayed; ``seg_batch``
     the batch size), whether a prefill ran before it, its first ``n`` and GPU start."""
     by_batch = m["payload_batch"].null_count() < m.height
-    seg = (pl.format("batch {}", pl.col("payload_batch").drop_nulls().first()) if by_batch
-           else pl.format("graphs {}", pl.col("graphs").drop_nulls().first()))
+    seg = (pl.format("batch {}", pl.col("payload_batch").drop_nulls().min()) if by_batch
+           else pl.format("graphs {}", pl.col("graphs").drop_nulls().min()))
+    steps = pl.col("steps").drop_nulls().min() if "steps" in m.columns else pl.lit(None, pl.Int64)
+    seg = (pl.when(steps.is_null()).then(seg).when(steps == 1).then(pl.format("{}, 1 step", seg))
+           .otherwise(pl.format("{}, {} steps", seg, steps)))
     return (m.group_by("key")
             .agg(t=(pl.col("period_ns") - pl.col("prefill_ns")).mean(), seg_value=seg,
-                 seg_batch=pl.col("payload_batch").drop_nulls().first(),
+                 seg_batch=pl.col("payload_batch").drop_nulls().min(), seg_steps=steps,
                  prefill=(pl.col("prefills") > 0).any(), n=pl.col("n").min(), i_first=pl.col("i_first").min(),
                  period=pl.col("period_ns").max())
             .sort("key")
@@ -635,6 +641,7 @@ def flag_cycles(cyc: pl.DataFrame, choice: CycleChoice | None = None) -> Flagged
     npost = s.filter(post).height
     left_keys = s.filter(post & pl.col("out").is_not_null()).height if how == "detected" else 0
     seg = (s.group_by("segment").agg(seg_value=pl.col("seg_value").first(), seg_batch=pl.col("seg_batch").first(),
+                                     seg_steps=pl.col("seg_steps").first(),
                                      first_key=pl.col("key").first(),
                                      last_key=pl.col("key").last(), first_n=pl.col("n").first(), cycles=pl.len())
            .sort("segment"))
@@ -660,7 +667,7 @@ def flag_cycles(cyc: pl.DataFrame, choice: CycleChoice | None = None) -> Flagged
         classes=described,
         segments=[CycleSegment(segment=r["segment"], key=r["seg_value"], batch_size=r["seg_batch"],
                                first_key=r["first_key"], last_key=r["last_key"], first_n=r["first_n"],
-                               cycles=r["cycles"])
+                               cycles=r["cycles"], steps=r["seg_steps"])
                   for r in seg.iter_rows(named=True)] if segmented else [],
         choice=choice.described(),
         text="",

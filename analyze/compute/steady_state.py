@@ -21,7 +21,8 @@ from __future__ import annotations
 import polars as pl
 
 from ..model import Result
-from . import anatomy, cycle_budget, findings, host_gaps, steady_tables, utilisation
+from . import acceptance, anatomy, cycle_budget, findings, host_gaps, steady_tables, utilisation
+from .acceptance import PositionAcceptance
 from .anatomy import CycleClass, Segment
 from .cycles import cycles, selection
 from .findings import Finding
@@ -125,6 +126,12 @@ class SteadyState:
     def segments(self) -> list[Segment]:
         """The run cut into segments of one decode batch size (none without a batch size in the payload)."""
         return anatomy.segments(self.result)
+
+    @property
+    def acceptance_per_position(self) -> list[PositionAcceptance]:
+        """Per segment and the run (``key`` ``all``): requests by accepted draft tokens and the acceptance at each
+        draft position, from the hooks' ``accept_histogram`` marks (:mod:`analyze.compute.acceptance`)."""
+        return acceptance.per_position(self.result)
 
     @property
     def findings(self) -> list[Finding]:

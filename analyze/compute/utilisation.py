@@ -145,6 +145,8 @@ def instances(res: Result) -> pl.DataFrame:
                             "steady", "top", start="x_first", end="x_last")
         spans = spans.join(seg, on=["rank", "top"], how="left").drop("top")
         out = _measure(res, spans, got)
+        if out.height:  # in time order, whatever the export's row order (the sums over instances add in this order)
+            out = out.sort("rank", "report", "start", "end", "domain", "phase", nulls_last=True)
     return out
 
 

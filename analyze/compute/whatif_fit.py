@@ -14,8 +14,8 @@ import polars as pl
 
 from ..model import InputError, Result
 from ..read.manifest import speculative
-from . import view
-from .cycles import cycles
+from . import acceptance, view
+from .cycles import cycles, draft_repeats
 from .payload import base_expr
 from .scalars import real_or_none, to_float
 from .tokens import summary
@@ -47,14 +47,18 @@ def phase_spans(res: Result) -> pl.DataFrame:
 
 
 def fit(res: Result, steps_now: int | None = None, baseline: Result | None = None, alpha: float | None = None,
-        as_traced: bool = False, period_ns: float | None = None) -> Model:
+        as_traced: bool = False, period_ns: float | None = None, steps_how: str | None = None) -> Model:
     """Fit the cost model on one analysed trace (``baseline``: an analysed decode_step trace, optional).
 
     ``as_traced``: predict the traced program (node tracing's graph launch cost kept); by default it is
     removed on a node-level trace. ``period_ns``: the measured period the predictions move from (default: the
-    trace's cycle period).
+    trace's cycle period). ``steps_how``: how ``steps_now`` is known when the caller knows it (a segment's own
+    count, 0 included: verify only); else :func:`steps_known`.
     """
-    s0, how = steps_known(res, steps_now)
+    if steps_how is not None and steps_now is not None:
+        s0, how = steps_now, steps_how
+    else:
+        s0, how = steps_known(res, steps_now)
     cp = _cycle_phases(res)
     if cp.height == 0:
         raise InputError(f"{res.trace.path}: no cycle ranges with draft/verify phases inside; what-if needs "
@@ -106,10 +110,18 @@ def fit(res: Result, steps_now: int | None = None, baseline: Result | None = Non
                      f"p50 {tk.accepted_p50:g}, p90 {tk.accepted_p90:g} accepted "
                      "draft tokens per request")
     alpha_given = alpha is not None
-    if alpha is None and tk.accepted_per_request is not None:
+    rates = None if alpha_given else acceptance.rates(res)
+    if alpha is None and tk.accepted_per_request is not None and s0 >= 1:
         alpha = solve_alpha(tk.accepted_per_request, s0)
+    elif alpha is None and rates is not None:
+        alpha = rates.rates[0]
     elif alpha is None:
         notes.append("acceptance unknown (no accept-length payload): cycle times only; --acceptance sets it")
+    if rates is not None:
+        notes.append(f"acceptance per draft position measured ({acceptance.SOURCE}, every cycle of the run: "
+                     f"{rates.text()}); expected accepted drafts at S steps = Σ over positions j ≤ S of the product "
+                     f"of the rates up to j; beyond position {len(rates.rates)} MODELLED: each further position "
+                     f"accepted at the last measured rate, {rates.rates[-1]:.3f}")
     batch = tk.batch_size
     if alpha is not None and batch is None:
         batch = 1.0
@@ -129,7 +141,7 @@ def fit(res: Result, steps_now: int | None = None, baseline: Result | None = Non
                      "added to the measured period")
     m = Model(s0, float(period), cost, 0.0, b, e1, batch, alpha, tk.accepted_per_request, notes, rp, *cut, mode,
               verify_source=source, verify_prior=prior if source == "gpu_metrics" else None, steps_source=how,
-              alpha_given=alpha_given)
+              alpha_given=alpha_given, accept_rates=tuple(rates.rates) if rates is not None else None)
     m.other_ns = m.predict(s0).other_ns
     if cut[0]:
         now = m.cycle(s0)
@@ -187,6 +199,9 @@ def steps_known(res: Result, steps_now: int | None) -> tuple[int, str]:
     spec = speculative(res.trace.path)
     if isinstance(spec.get("steps"), int) and spec["steps"] >= 1 and not spec.get("baseline"):
         return spec["steps"], "the manifest's speculative.steps"
+    known = _cycle_steps(res)
+    if known is not None:
+        return known
     rep = _draft_repeats(res)
     if rep is not None:
         n, names, inst = rep
@@ -199,23 +214,35 @@ def steps_known(res: Result, steps_now: int | None) -> tuple[int, str]:
                      "pass --steps-now N (Python: steps_now=N; the notebooks: SPECTRACE_STEPS=N)", "NO_STEPS")
 
 
-def _draft_repeats(res: Result) -> tuple[int, int, int] | None:
-    """How many times the draft phase's GPU work repeats per instance: each draft step runs the draft model's
-    forward once, so every kernel name of it runs a multiple of the step count times. Per kernel name seen in at
-    least half the draft instances, its most common count per instance; the greatest common divisor of those.
-    ``(repeats, kernel names, draft instances)``, or None without draft instances or when nothing repeats (every
-    name once per instance is one step, or a draft that is not a loop: not guessed)."""
-    import math
+def _cycle_steps(res: Result) -> tuple[int, str] | None:
+    """The steps the steady cycles ran with when each cycle's is known (:mod:`analyze.compute.cycles`: the payload,
+    or 0 without a draft range, or the draft's repeats per batch size): one count, or for an adaptive run (several)
+    the most common one of at least 1 step, said to be the whole run's average; None when some are unknown or every
+    cycle is verify only."""
+    c = cycles(res).filter((pl.col("kind") == "cycle") & pl.col("steady"))
+    if c.height == 0 or c["steps"].null_count():
+        return None
+    counts = (c.filter(pl.col("steps") >= 1).group_by("steps").agg(n=pl.len(), src=pl.col("steps_source").min())
+              .sort(["n", "steps"], descending=[True, False]))
+    if counts.height == 0:
+        return None
+    s, src = int(counts["steps"][0]), str(counts["src"][0])
+    how = "the cycles' payload" if src == "payload" else f"inferred per segment ({src})"
+    every = sorted(c["steps"].unique().to_list())
+    if len(every) == 1:
+        return (s, how) if src == "payload" else None  # (inferred: the whole trace's repeats say how)
+    return s, (f"an adaptive run: its cycles ran {', '.join(map(str, every))} steps ({how}); the whole run is "
+               f"modelled from its most common count, {s} (an average, right for no segment: the per-batch-size "
+               "table models each segment from its own)")
 
+
+def _draft_repeats(res: Result) -> tuple[int, int, int] | None:
+    """How many times the draft phase's GPU work repeats per instance, over every draft instance of the trace
+    (:func:`analyze.compute.cycles.draft_repeats`)."""
     inst = res.instances.select("range_id", "range").filter(base_expr("range") == "draft").select("range_id")
     if inst.height == 0 or res.kernels is None or res.kernels.height == 0:
         return None
-    k = res.kernels.select("name", "count").filter(res.kernels["range_id"].is_in(inst["range_id"].implode()))
-    per = (k.group_by("name", "count").agg(n=pl.len()).sort("n", "count", descending=[True, False])
-           .group_by("name", maintain_order=True).agg(pl.col("count").first(), seen=pl.col("n").sum()))
-    modal = per.filter(pl.col("seen") * 2 >= inst.height)["count"].to_list()
-    g = math.gcd(*modal) if modal else 0
-    return (g, len(modal), inst.height) if g >= 2 else None
+    return draft_repeats(res.kernels, inst["range_id"])
 
 
 def solve_alpha(accepted: float, steps: int) -> float:

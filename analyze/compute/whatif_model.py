@@ -14,7 +14,7 @@ import numpy as np
 from ..read import results
 from .whatif_replay import Replay
 
-__all__ = ["MAX_STEPS", "NEAR_BEST", "Prediction", "Model", "SegmentModel"]
+__all__ = ["MAX_STEPS", "NEAR_BEST", "Prediction", "Model", "SegmentModel", "interpolate"]
 
 MAX_STEPS = 10
 
@@ -85,6 +85,12 @@ class Model:
     # Replay.run per (phase deltas, launch cut), reduced to what predict, cycle and seams ask of it (the windows'
     # mean change of period, each seam's median, the within-cycle seams' median): not its per-window arrays
     _runs: dict[tuple, tuple[float, dict[str, float], float]] = field(default_factory=dict, repr=False, compare=False)
+    # the run's conditional acceptance per draft position (analyze.compute.acceptance.PositionRates), when its
+    # accept_histogram marks measure it: used in place of the geometric α (beyond the last one: that rate repeated)
+    accept_rates: tuple[float, ...] | None = None
+    # draft GPU time per step when it is not this model's own draft cost / steps_now: a 0-step segment's (no
+    # draft measured), borrowed from the segments of other batch sizes (whatif_segments.fit_segments)
+    draft_per_step_ns: float | None = None
 
     @property
     def _cut(self) -> tuple[float, int]:
@@ -100,12 +106,14 @@ class Model:
         return out
 
     def draft(self, steps: int) -> float:
-        return self.cost_ns.get("draft", 0.0) * steps / self.steps_now
+        if self.draft_per_step_ns is not None:
+            return self.draft_per_step_ns * steps
+        return self.cost_ns.get("draft", 0.0) * steps / self.steps_now if self.steps_now else 0.0
 
     def verify(self, steps: int) -> float:
         if self.verify_points and self.batch_size:
             b = self.batch_size
-            return self.cost_ns.get("verify", 0.0) + _interp(self.verify_points, b * (steps + 1)) - _interp(
+            return self.cost_ns.get("verify", 0.0) + interpolate(self.verify_points, b * (steps + 1)) - interpolate(
                 self.verify_points, b * (self.steps_now + 1))
         return self.cost_ns.get("verify", 0.0) + self.verify_per_token_ns * (steps - self.steps_now)
 
@@ -120,6 +128,14 @@ class Model:
         return False
 
     def expected_accepted(self, steps: int) -> float | None:
+        """Expected accepted draft tokens per request at ``steps``: from the measured rates per draft position
+        when known (beyond the last measured position, its rate repeated), else ``α + α² + … + α^steps``."""
+        if self.accept_rates and not self.alpha_given:
+            total, reach = 0.0, 1.0
+            for j in range(steps):
+                reach *= self.accept_rates[min(j, len(self.accept_rates) - 1)]
+                total += reach
+            return total
         if self.alpha is None:
             return None
         a = self.alpha
@@ -248,7 +264,7 @@ def _best(predictions: list[Prediction], measured_only: bool) -> Prediction | No
     return max(rows, key=lambda p: p.tokens_per_s or 0.0) if rows else None
 
 
-def _interp(points: tuple[tuple[float, float], ...], x: float) -> float:
+def interpolate(points: tuple[tuple[float, float], ...], x: float) -> float:
     """Piecewise-linear ``f(x)`` through ``points`` (sorted by x), extended by the end segments' slopes."""
     if len(points) == 1:
         return points[0][1]
@@ -300,7 +316,8 @@ class SegmentModel:
         return dataclasses.replace(m.predict(steps), from_steps=m.steps_now)
 
     def predictions(self, max_steps: int = MAX_STEPS) -> list[Prediction]:
-        return [self.predict(s) for s in range(1, max_steps + 1)]
+        """0 (verify only: SGLang's adaptive tiers run it) … ``max_steps`` draft steps."""
+        return [self.predict(s) for s in range(0, max_steps + 1)]
 
     def best(self, max_steps: int = MAX_STEPS, measured_only: bool = False) -> Prediction | None:
         """As :meth:`Model.best`, over the predictions of every run."""

@@ -16,7 +16,7 @@ from .cycles import cycles
 from .scalars import to_float
 from .tokens import summary
 from .whatif_fit import fit, solve_alpha, steps_known
-from .whatif_model import Model, SegmentModel
+from .whatif_model import Model, SegmentModel, interpolate
 
 __all__ = ["fit_segments", "run_alpha", "join_runs", "MIN_LOG_LINES", "calibrate"]
 
@@ -26,60 +26,95 @@ _OWN_ALPHA_CYCLES = 100  # ... and this many to use its own acceptance rather th
 
 def fit_segments(res: Result, steps_now: int | None = None, alpha: float | None = None,
                  as_traced: bool = False) -> list[SegmentModel]:
-    """One model per segment of the trace (:func:`analyze.compute.anatomy.segments`: the cycles of one decode batch
-    size; a batch size visited several times, as a serving run does, is one model over all its visits), each
-    fitted on the segment's own steady cycles and moving from its typical period (the p50 of its cycles
-    in no class of slower ones: a prefill or the first cycles after a batch change are not what the next cycle at
-    another step count would take). Verify's cost per extra verified token is *measured* across segments: with
-    several batch sizes, the segments' verify times at their verified tokens per cycle (batch × (steps + 1)) make a
-    curve, interpolated for each segment's other step counts (extrapolated beyond its ends; said). None when the
-    trace has one batch size only (the whole-trace model is its model)."""
+    """One model per batch size of the trace (:func:`analyze.compute.anatomy.segments`: the cycles of one decode
+    batch size and step count; a segment visited several times, as a serving run does, is one model over all its
+    visits). Each (batch size, steps) is fitted on its own steady cycles **at its own step count** (the cycles'
+    payload, 0 included: verify only; else inferred; else ``steps_now``/the trace's) and moves from its typical
+    period (the p50 of its cycles in no class of slower ones: a prefill or the first cycles after a batch change are
+    not what the next cycle at another step count would take). A batch size measured at several step counts (an
+    adaptive run) keeps each as a measured point: its :class:`SegmentModel` predicts each step count from the one
+    measured nearest (``others``). Verify's cost per extra verified token is *measured* across segments: their
+    verify times at their verified tokens per cycle (batch × (steps + 1)) make a curve, interpolated for each
+    segment's other step counts (extrapolated beyond its ends; said): 0 steps is verify over the batch's own tokens.
+    A 0-step segment measured no draft: its draft time per step is interpolated in the batch size between the
+    other segments' (said). None when the trace has one segment only (the whole-trace model is its model)."""
     import dataclasses
 
     from . import anatomy
 
-    # A serving run visits a batch size several times: its segments are pooled, one model per batch size.
     visits: dict[str, list[anatomy.Segment]] = {}
     for g in anatomy.segments(res):
         visits.setdefault(g.key, []).append(g)
     groups = [v for v in visits.values() if sum(g.cycles for g in v) >= _MIN_SEGMENT_CYCLES]
     if len(groups) < 2:
         return []
-    s0 = steps_known(res, steps_now)[0]
     c = cycles(res)
+    fallback: tuple[int, str] | None = None
     # acceptance: the segment's own when it has enough cycles to measure it, else the whole run's (one draft
-    # model, one data set: a few dozen cycles measure α to ± 0.1, which moves the best step count)
-    pooled = alpha if alpha is not None else run_alpha(res, s0)
-    out = []
-    # by batch size (a serving run's visits come in any order), then by the first visit
-    for group in sorted(groups, key=lambda v: (v[0].batch_size is None, v[0].batch_size or 0, v[0].segment)):
+    # model, one data set: a few dozen cycles measure α to ± 0.1, which moves the best step count); the measured
+    # rates per draft position, when the marks give them, are the run's in every model (fit) and take α's place
+    try:
+        pooled = alpha if alpha is not None else run_alpha(res, steps_known(res, steps_now)[0])
+    except InputError:
+        pooled = None  # (a segment whose steps are unknown refuses below, as the whole run did)
+    fits: list[tuple[anatomy.Segment, list[int], int, float, Model]] = []
+    for group in sorted(groups, key=lambda v: (v[0].batch_size is None, v[0].batch_size or 0,
+                                               -1 if v[0].steps is None else v[0].steps, v[0].segment)):
         g, ids = group[0], [x.segment for x in group]
+        if g.steps is not None:
+            steps, how = g.steps, f"this segment's cycles ({g.steps_source or 'payload'})"
+        else:
+            if fallback is None:
+                fallback = steps_known(res, steps_now)
+            steps, how = fallback
         one = dataclasses.replace(res.cycle_choice, segment=tuple(ids) if len(ids) > 1 else g.segment)
         typ = c.filter(pl.col("steady") & pl.col("segment").is_in(ids) & pl.col("cycle_class").is_null()
                        & ~pl.col("slow") & pl.col("period_ns").is_not_null())
         if typ.height < _MIN_SEGMENT_CYCLES:
             continue
         period = to_float(typ["period_ns"].median())
-        own = alpha is None and typ.select("key").unique().height >= _OWN_ALPHA_CYCLES
+        own = alpha is None and steps >= 1 and typ.select("key").unique().height >= _OWN_ALPHA_CYCLES
         try:
-            m = fit(view.with_choice(res, one), s0, alpha=None if own else pooled, as_traced=as_traced,
-                    period_ns=period)
+            m = fit(view.with_choice(res, one), steps, alpha=None if own else pooled, as_traced=as_traced,
+                    period_ns=period, steps_how=how)
         except InputError:
             continue
         m.notes.append("acceptance α measured on this segment's own cycles" if own else
-                       f"acceptance α of the whole run (this segment has fewer than {_OWN_ALPHA_CYCLES} cycles)")
-        out.append(SegmentModel(g.segment, g.key, g.batch_size, typ.height, g.first_cycle, period, m))
-    # the verify curve: each batch size's verify time at the tokens it verifies per cycle
+                       f"acceptance α of the whole run (this segment has fewer than {_OWN_ALPHA_CYCLES} cycles"
+                       f"{' or drafts nothing' if steps == 0 else ''})")
+        fits.append((g, ids, typ.height, period, m))
+    # a 0-step segment's draft time per step: the other segments' (draft ∝ steps), interpolated in the batch size
+    per_step = tuple(sorted({float(g.batch_size): m.cost_ns.get("draft", 0.0) / m.steps_now
+                             for g, _, _, _, m in fits if g.batch_size and m.steps_now >= 1
+                             and m.cost_ns.get("draft")}.items()))
+    for g, _, _, _, m in fits:
+        if m.steps_now == 0 and per_step and g.batch_size:
+            m.draft_per_step_ns = interpolate(per_step, float(g.batch_size))
+            m.notes.append(f"0 steps measured (verify only, no draft): draft GPU time per step "
+                           f"{m.draft_per_step_ns / 1e3:.1f} µs, interpolated in the batch size between the other "
+                           "segments' (" + ", ".join(f"batch {b:g}: {v / 1e3:.1f} µs" for b, v in per_step) + ")")
+    # the verify curve: each segment's verify time at the tokens it verifies per cycle
     pts: dict[float, list[float]] = {}
-    for sm in out:
-        if sm.batch_size:
-            pts.setdefault(float(sm.batch_size * (s0 + 1)), []).append(sm.model.cost_ns["verify"])
+    for g, _, _, _, m in fits:
+        if g.batch_size and "verify" in m.cost_ns:
+            pts.setdefault(float(g.batch_size * (m.steps_now + 1)), []).append(m.cost_ns["verify"])
     if len(pts) >= 2:
         curve = tuple(sorted((t, float(np.median(v))) for t, v in pts.items()))
-        for sm in out:
-            sm.model.verify_points, sm.model.verify_source = curve, "segments"
-            sm.model._runs.clear()
-            sm.model.other_ns = sm.model.predict(s0).other_ns
+        for _, _, _, _, m in fits:
+            m.verify_points, m.verify_source = curve, "segments"
+            m._runs.clear()
+            m.other_ns = m.predict(m.steps_now).other_ns
+    # one SegmentModel per batch size: its most-measured step count first, the others as measured points
+    out: list[SegmentModel] = []
+    by_batch: dict[object, list[tuple[anatomy.Segment, list[int], int, float, Model]]] = {}
+    for f in fits:
+        by_batch.setdefault(f[0].batch_size if f[0].batch_size is not None else f[0].key, []).append(f)
+    for fs in by_batch.values():
+        g, _, n, period, m = max(fs, key=lambda f: (f[2], f[4].steps_now))
+        key = f"batch {g.batch_size}" if g.batch_size is not None else g.key
+        sm = SegmentModel(g.segment, key, g.batch_size, n, g.first_cycle, period, m,
+                          others=tuple(f[4] for f in fs if f[4] is not m))
+        out.append(sm)
     return out
 
 

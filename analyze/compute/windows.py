@@ -575,6 +575,8 @@ def _diagnostics(x: pl.DataFrame, ranks: pl.DataFrame, ks: _Keys) -> list[Diagno
                               + (f". Counted on every rank: {same}" if same else "")))
     w = ranks.select("rank", "window_start_ns", "window_end_ns", "ranges_end_ns")
     cut = x.filter(pl.col("cut").is_in(["window_start", "window_end"]))
+    # the rank with the most cut instances first, then by rank: whatever the export's row order
+    cut = cut.with_columns(_n=pl.len().over("rank")).sort(["_n", "rank"], descending=[True, False])
     for (rank,), g in cut.group_by("rank", maintain_order=True):
         r = w.filter(pl.col("rank") == rank).row(0, named=True)
         sides = []
@@ -594,7 +596,7 @@ def _diagnostics(x: pl.DataFrame, ranks: pl.DataFrame, ks: _Keys) -> list[Diagno
             _lo=pl.col("start").min(), _hi=pl.col("start").max())
         un = un.join(kept, on="_phj", how="left").with_columns(
             _inside=(pl.col("start") > pl.col("_lo")) & (pl.col("start") < pl.col("_hi")))
-        for (rank,), g in un.group_by("rank", maintain_order=True):
+        for (rank,), g in un.sort("rank").group_by("rank", maintain_order=True):
             per = g.group_by("range").agg(n=pl.len(), t0=pl.col("start").min(), t1=pl.col("end").max())
             inside = bool(g["_inside"].fill_null(False).any())
             out.append(Diagnostic(

@@ -17,6 +17,7 @@ import polars as pl
 from nvtx_hooks.capture import files
 
 from ..compute import (
+    acceptance,
     anatomy,
     cycle_budget,
     findings,
@@ -44,7 +45,8 @@ def document(res: Result, found: list[findings.Finding] | None = None) -> dict:
     steady state: ``steady`` (which cycles and why, and the cycle period's ``definition``), ``tokens`` (the cycle
     period with p50/p90, tokens per cycle, tokens/s, acceptance), ``budget``, ``phases_steady``,
     ``phases_steady_all_ranks``, ``seams_steady``, ``kernels``, ``cycle_classes`` (the slower cycles that recur,
-    and the rare stalls left out, with where their time sits), ``segments`` (per decode batch size), ``host_gaps``
+    and the rare stalls left out, with where their time sits), ``segments`` (per decode batch size and step count), ``acceptance_per_position`` (per segment and the run:
+    requests by accepted drafts, from the accept_histogram marks), ``host_gaps``
     (what the launching thread did in the host-bound gaps, :mod:`analyze.compute.host_gaps`),
     ``stragglers_steady`` (per phase and rank: the collective waiting each caused) and ``straggler`` (the one
     verdict per phase), ``findings``."""
@@ -111,6 +113,7 @@ def _document(res: Result) -> dict:
     d["cycle_classes"] = [c.as_dict() for c in anatomy.cycle_classes(res)]
     d["segments"] = [s.as_dict() for s in anatomy.segments(res)]
     d["host_gaps"] = host_gaps.host_gaps(res).as_dict()
+    d["acceptance_per_position"] = [a.as_dict() for a in acceptance.per_position(res)]
     st = steady_tables.stragglers(res)
     d["stragglers_steady"] = st.to_dicts()
     d["straggler"] = straggler.verdict(st).to_dicts()  # each phase's (the share rule: module straggler)
@@ -129,8 +132,8 @@ def to_json(res: Result, found: list[findings.Finding] | None = None) -> str:
 
 TOP_KERNELS = 10  # per phase, in the JSON document
 CSV_TABLES = ("phases", "ranges", "seams", "ranks", "coverage", "instances", "host_calls", "phases_steady",
-              "seams_steady", "budget", "kernels", "cycles", "cycle_classes", "segments", "host_gaps", "findings",
-              "utilisation", "utilisation_seams", "gpu_metrics")
+              "seams_steady", "budget", "kernels", "cycles", "cycle_classes", "segments", "acceptance_per_position",
+              "host_gaps", "findings", "utilisation", "utilisation_seams", "gpu_metrics")
 
 
 def frame(res: Result, name: str) -> pl.DataFrame:
@@ -154,6 +157,11 @@ def frame(res: Result, name: str) -> pl.DataFrame:
         return pl.DataFrame(rows) if rows else pl.DataFrame(schema={"label": pl.String})
     if name == "host_gaps":  # per rank, scope, gap and item: µs per steady cycle
         return host_gaps.host_gaps(res).items
+    if name == "acceptance_per_position":  # one row per segment (and the run) and draft position
+        rows = [{"key": a.key, "segment": a.segment, "batch_size": a.batch_size, "steps": a.steps, "position": j + 1,
+                 "accepted": a.accepted_at_position[j], "rate": a.rate_at_position[j]}
+                for a in acceptance.per_position(res) for j in range(len(a.accepted_at_position))]
+        return pl.DataFrame(rows) if rows else pl.DataFrame(schema={"key": pl.String, "position": pl.Int64})
     if name == "segments":
         rows = [{k: v for k, v in s.as_dict().items() if k != "budget"} for s in anatomy.segments(res)]
         return pl.DataFrame(rows) if rows else pl.DataFrame(schema={"key": pl.String})

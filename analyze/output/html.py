@@ -31,6 +31,7 @@ import polars as pl
 from nvtx_hooks.capture.files import NewFolder, utf8
 
 from ..compute import (
+    acceptance,
     anatomy,
     cycle_budget,
     findings,
@@ -213,6 +214,18 @@ def _summary(res: Result, steps_now) -> Section:
         body.append(_p(f"Acceptance: {tk.accepted_per_request:.2f} accepted draft tokens per request per cycle (p50 "
                        f"{tk.accepted_p50:g}, p90 {tk.accepted_p90:g}; {tk.accepted_cycles} steady cycles, from the "
                        f"{'accept marks' if tk.acceptance_source == 'marks' else 'range payload'})."))
+    pos = [r for r in acceptance.per_position(res) if r.accepted_at_position]
+    if pos:
+        k = max(len(r.accepted_at_position) for r in pos)
+        rows = [{"segment": r.key, "cycles": r.cycles, "requests": r.requests,
+                 **{f"position {j + 1}": (f"{r.accepted_at_position[j]:,} ({r.rate_at_position[j]:.2f})"
+                                          if j < len(r.accepted_at_position) and r.rate_at_position[j] is not None
+                                          else "–") for j in range(k)},
+                 "mean accepted": r.mean_accepted} for r in pos]
+        body.append("<h3>Acceptance per draft position</h3>" + _p(
+            "Every cycle of each segment, from the accept_histogram marks: the requests that accepted at least j "
+            "draft tokens, and in brackets the share of those that reached position j that accepted it.")
+            + _table(pl.DataFrame(rows), {}))
     return Section("summary", "Steady state", "".join(body))
 
 
@@ -436,14 +449,16 @@ def _segments(res: Result) -> Section | None:
     seg = anatomy.segments(res)
     if len(seg) < 2:
         return None
-    rows = [{"segment": x.key, "cycles": f"{x.first_cycle}–{x.last_cycle}", "steady": x.cycles,
+    rows = [{"segment": x.key, "steps": x.steps, "cycles": f"{x.first_cycle}–{x.last_cycle}", "steady": x.cycles,
              "period_p50_ns": x.period_p50_ns, "period_p90_ns": x.period_p90_ns, "period_mean_ns": x.period_mean_ns,
              "prefills": x.prefills,
              "biggest pieces": ", ".join(f"{b['segment']} {b['ns'] / 1e3:,.0f} µs"
                                          for b in sorted(x.budget, key=lambda b: -b["ns"])[:3])} for x in seg]
     return Section("segments", "Segments", _p(
-        "The run cut by decode batch size (the payload's): steady cycles with a period, the cycle period's p50, p90 "
-        "and mean, the prefill batches that ran before its cycles, and its mean cycle's biggest pieces.")
+        "The run cut by decode batch size and draft step count (the payload's; 0 steps: verify only): steady cycles "
+        "with a period, the cycle period's p50, p90 and mean, the prefill batches that ran before its cycles, and its "
+        "mean cycle's biggest pieces (its own cycles': a 0-step segment's draft piece is not averaged with a 4-step "
+        "one's).")
         + _table(pl.DataFrame(rows), {"period_p50_ns": "p50 µs", "period_p90_ns": "p90 µs",
                                       "period_mean_ns": "mean µs"}))
 
@@ -538,13 +553,15 @@ def _whatif(res: Result, figs: _Figures, model: whatif_model.Model | InputError,
         rows = []
         for sm in m.segments:
             d = sm.as_dict(max_steps)
-            rows.append({"segment": sm.key, "cycles": sm.cycles, "period_p50_ns": sm.period_ns,
+            rows.append({"segment": sm.key, "measured steps": ", ".join(map(str, sm.measured_steps)),
+                         "cycles": sm.cycles, "period_p50_ns": sm.period_ns,
                          **{f"{p['steps']} steps": (None if p["tokens_per_s"] is None else
                                                     f"{p['tokens_per_s']:,.0f}" + ("*" if p["extrapolated"] else ""))
                             for p in d["predictions"]},
                          "best": best_steps_label(d),
                          "gain": None if d["gain"] is None else f"{100 * d['gain']:+.1f} %"})
-        body.append("<h3>Per segment</h3>" + _p("One model per batch size, from its own cycles: predicted tokens/s at "
+        body.append("<h3>Per segment</h3>" + _p("One model per batch size, from its own cycles at the step counts it "
+                                                 "ran (measured steps; 0: verify only): predicted tokens/s at "
                                                  "each step count (* extrapolated); best among the others, ≈ another "
                                                  f"within {100 * whatif_model.NEAR_BEST:.0f} % of its tokens/s.")
                     + _table(pl.DataFrame(rows), {"period_p50_ns": "cycle µs p50"}))

@@ -10,7 +10,7 @@ import polars as pl
 
 from nvtx_hooks.phases import base_name
 
-from ..compute import anatomy, host_gaps, steady_tables
+from ..compute import acceptance, anatomy, host_gaps, steady_tables
 from ..compute.collectives import short_name
 from ..compute.compare import Comparison
 from ..compute.cycle_budget import budget
@@ -26,7 +26,7 @@ __all__ = ["kernel_label", "ranked", "text_width", "wrap_lines", "display_names"
            "host_gap_lines",
            "segment_lines", "budget_text", "steady_phase_text", "findings_text", "table_text", "kernels_text",
            "analyze_table", "probe_lines", "comm_table", "compare_table", "whatif_segment_lines", "acceptance_text",
-           "best_text", "best_steps_label", "whatif_table", "TABLE_GAP"]
+           "best_text", "best_steps_label", "whatif_table", "TABLE_GAP", "acceptance_lines"]
 
 _NO_PHASE = "(none)"  # how a null phase (GPU work outside every selected range) is shown
 
@@ -198,7 +198,27 @@ def selection_lines(res: Result) -> list[str]:
         out.append(f"Acceptance: {tk.accepted_per_request:.2f} accepted draft tokens per request per cycle (p50 "
                    f"{tk.accepted_p50:g}, p90 {tk.accepted_p90:g}; measured on {tk.accepted_cycles} steady cycles "
                    f"from the {'accept marks' if tk.acceptance_source == 'marks' else 'range payload'})")
-    return out
+    return out + acceptance_lines(res)
+
+
+def acceptance_lines(res: Result) -> list[str]:
+    """Acceptance per draft position (the hooks' ``accept_histogram`` marks): per segment and the run, the requests
+    that accepted at least j drafts and the conditional rate at each position j."""
+    rows = acceptance.per_position(res)
+    if not rows:
+        return []
+    k = max((len(r.accepted_at_position) for r in rows), default=0)
+    if k == 0:
+        return []
+    cells = []
+    for r in rows:
+        cells.append([r.key, str(r.cycles), f"{r.requests:,}", *[
+            f"{r.accepted_at_position[j]:,} ({r.rate_at_position[j]:.2f})"
+            if j < len(r.accepted_at_position) and r.rate_at_position[j] is not None else "-" for j in range(k)],
+            f"{r.mean_accepted:.2f}" if r.mean_accepted is not None else "-"])
+    return ["Acceptance per draft position (every cycle of each segment, from the accept_histogram marks): requests "
+            "that accepted at least j drafts (of those that reached position j, the share that accepted it)",
+            *_grid(["segment", "cycles", "requests", *[f"position {j + 1}" for j in range(k)], "mean"], cells)]
 
 
 def class_lines(res: Result) -> list[str]:
@@ -252,7 +272,8 @@ def host_gap_lines(res: Result) -> list[str]:
 
 
 def segment_lines(res: Result) -> list[str]:
-    """Per decode batch size (the payload's): cycles, period p50/p90/mean, prefills, the biggest pieces."""
+    """Per decode batch size and step count (the payload's): cycles, period p50/p90/mean, prefills, the biggest
+    pieces."""
     seg = anatomy.segments(res)
     if len(seg) < 2:  # one batch size all along: the headline above is its segment
         return []
@@ -262,9 +283,13 @@ def segment_lines(res: Result) -> list[str]:
         rows.append([s.key, f"{s.first_cycle}–{s.last_cycle}", str(s.cycles), _us_or_dash(s.period_p50_ns),
                      _us_or_dash(s.period_p90_ns), _us_or_dash(s.period_mean_ns), str(s.prefills),
                      ", ".join(f"{b['segment']} {_us(b['ns'])}" for b in top)])
-    return ["", "Segments: cycles of one decode batch size (steady cycles; period µs; prefill batches before them)",
+    steps = sorted({x.steps for x in seg if x.steps is not None})
+    note = ([f"(the draft steps differ between segments: {', '.join(map(str, steps))}; each segment's pieces are its "
+             "own cycles'; the cycle budget averages them all)"] if len(steps) > 1 else [])
+    return ["", "Segments: cycles of one decode batch size and draft step count (steady cycles; period µs; prefill "
+            "batches before them)",
             *_grid(["segment", "cycles", "steady", "p50", "p90", "mean", "prefills", "biggest pieces (µs per cycle)"],
-                   rows)]
+                   rows), *note]
 
 
 def _symbols(names: list[str]) -> dict[str, str]:
@@ -677,20 +702,23 @@ def whatif_segment_lines(m: Model, max_steps: int = MAX_STEPS) -> list[str]:
     """Per segment (batch size): predicted tokens/s at each step count, the best one and its gain."""
     if not m.segments:
         return []
-    steps = list(range(1, max_steps + 1))
     rows = []
+    steps: list[int] = []
     for sm in m.segments:
         d = sm.as_dict(max_steps)
+        steps = [p["steps"] for p in d["predictions"]]
         cells = [f"{p['tokens_per_s']:,.0f}" + ("*" if p["extrapolated"] else "") if p["tokens_per_s"] else "-"
                  for p in d["predictions"]]
         gain = f"{100 * d['gain']:+.1f} %" if d["gain"] is not None else "-"
-        rows.append([sm.key, str(sm.cycles), _us(sm.period_ns), *cells, best_steps_label(d) or "-", gain])
-    runs = sorted({s for sm in m.segments for s in sm.measured_steps})
-    joined = (f"; runs at {', '.join(map(str, runs))} steps joined (--other-steps): each step count from the run "
-              "measured nearest to it" if len(runs) > 1 else "")
-    return ["", "Per segment (one model per batch size, from its own cycles; tokens/s at each step count, "
+        rows.append([sm.key, ",".join(map(str, sm.measured_steps)), str(sm.cycles), _us(sm.period_ns), *cells,
+                     best_steps_label(d) or "-", gain])
+    several = any(len(sm.measured_steps) > 1 for sm in m.segments)
+    joined = ("; a batch size measured at several step counts (an adaptive run's segments, or runs joined with "
+              "--other-steps): each step count from the one measured nearest to it" if several else "")
+    return ["", "Per segment (one model per batch size, from its own cycles at the step counts it ran: 'measured', "
+                "the first the p50 and gain are of; tokens/s at each step count, "
                 f"* extrapolated; best among the others, ≈ another within {100 * NEAR_BEST:.0f} % of its tokens/s{joined})",
-            *_grid(["segment", "cycles", "p50 µs", *[f"{s} steps" for s in steps], "best", "gain"], rows)]
+            *_grid(["segment", "measured", "cycles", "p50 µs", *[f"{s} steps" for s in steps], "best", "gain"], rows)]
 
 
 def acceptance_text(m: Model) -> str:
