@@ -41,7 +41,7 @@ from ..read.store.install import discard, existing_store, open_store
 from ..read.store.reader import CacheError
 from . import attribute, breakdown, collectives, host, windows
 from .comm_patterns import PATTERNS, CommPattern, family_expr
-from .diagnostics import FACTS, diagnose
+from .diagnostics import FACTS, diagnose, duplicate_rows
 from .scalars import to_int
 
 if TYPE_CHECKING:
@@ -184,6 +184,12 @@ def process(source: ProcessSource, pid: int, ctx: ProcessContext) -> ProcessResu
     # Only the columns the analysis reads (the stream is not one), unless every op is kept.
     cols = None if ctx.keep_ops else (*_WORK_COLS, "graph") if ctx.graphs else _WORK_COLS
     ops, api = source.ops(pid, cols), source.api(pid)
+    # CUPTI gives every call its own correlation id: a repeated one is a row given twice (an export appended to)
+    dup_api = api.height - api.select(pl.col("corr").n_unique()).item() if api.height else 0
+    if dup_api:
+        n = api.height
+        api = api.unique(keep="first", maintain_order=True)
+        dup_api = n - api.height
     nested = ctx.nested.filter(pl.col("pid") == pid)
     rk = breakdown.ranks(ops, ctx.devices)  # one row (or none): its rank is fixed once all processes are in
     rk = rk.with_columns(pl.lit(v, pl.Int64).alias(k)
@@ -242,6 +248,7 @@ def process(source: ProcessSource, pid: int, ctx: ProcessContext) -> ProcessResu
         "orphan_launches": launches - launched,
         "orphan_launches_inside": orphans_inside,
         "unmatched_ops": unmatched,
+        "duplicate_api": dup_api,
     }
     # The rank goes on the few rows that keep it (communication kernels, kernel statistics), not on every op.
     is_comm = ((pl.col("kind") == "kernel") & pl.col("comm").is_not_null() if ctx.keep_ops
@@ -440,6 +447,11 @@ def _run(source: ProcessSource, ranges: str | None, comm_patterns: list[CommPatt
     head = source.head
     patterns = comm_patterns if comm_patterns is not None else list(PATTERNS)
     diags: list[Diagnostic] = list(source.notes)
+    key = [c for c in head.ranges.columns if c != "range_id"]
+    unique_ranges = head.ranges.unique(key, keep="first", maintain_order=True)
+    if unique_ranges.height < head.ranges.height:  # an export appended to: each range once (DUPLICATE_ROWS)
+        diags.append(duplicate_rows("NVTX ranges", head.ranges.height - unique_ranges.height))
+        head = dataclasses.replace(head, ranges=unique_ranges)
     sel, how = _select_phases(head.path, head.ranges, any(source.ops_rows.values()), ranges)
     diags.append(Diagnostic("info", "RANGE_SELECTION", f"phases are {how}: {sel.height} range instances"))
     nested_all = attribute.nest(sel)

@@ -435,7 +435,7 @@ def compare_delta(doc: Comparison, top: int = 12) -> Figure | None:
     fig = _figure(11, 1.2 + 0.32 * len(names))
     ax = fig.subplots()
     y = np.arange(len(names))[::-1]
-    ax.barh(y[0], p["delta_ns"] / 1e3, color="#444444", label="cycle period")
+    ax.barh(y[0], (p["delta_ns"] or 0.0) / 1e3, color="#444444", label="cycle period")  # (None: a side without one)
     for col, label, color, hatch in (("delta_compute_ns", "compute", "#4c78a8", None),
                                      ("delta_comm_ns", "comm", COMM_COLOR, None),
                                      ("delta_idle_ns", "idle", IDLE_COLOR, "//")):

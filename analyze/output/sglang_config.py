@@ -63,8 +63,10 @@ def config(segments: list[dict], steps_now: int, source: str = "") -> dict:
     return out
 
 
-def write(path: str | Path, segments: list[dict], steps_now: int, source: str, inputs=()) -> Path:
-    """Write :func:`config` to ``path`` (a new file, renamed into place; never an input); its path."""
+def write(path: str | Path, segments: list[dict], steps_now: int, source: str, inputs=(), force: bool = False
+          ) -> Path:
+    """Write :func:`config` to ``path`` (a new file, renamed into place; never an input, nor a report's manifest;
+    an existing file only with ``force``); its path."""
     from nvtx_hooks.capture.files import write_new
 
     if not tiers(segments, steps_now):
@@ -72,9 +74,9 @@ def write(path: str | Path, segments: list[dict], steps_now: int, source: str, i
 
         raise InputError("--sglang-config needs a trace whose cycles carry their batch size (the hooks' payload) "
                          "in two or more segments; this one has none", "NO_SEGMENTS")
-    from .targets import as_input_error
+    from .targets import as_input_error, fences, inputs_of
 
     data = json.dumps(config(segments, steps_now, source), indent=2) + "\n"
     with as_input_error():
-        return write_new(path, data.encode(), option="--sglang-config", what="the SGLang config", inputs=inputs,
-                         replace=True)
+        return write_new(path, data.encode(), option="--sglang-config", what="the SGLang config",
+                         inputs=inputs_of(inputs), fences=fences(path, inputs), replace=force)

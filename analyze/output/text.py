@@ -576,8 +576,8 @@ def compare_table(doc: Comparison) -> str:
         t = doc.tokens[k]
         line = f"{k.upper()}: cycle period {_f(p[f'{k}_ns'])} µs"
         if t.tokens_per_cycle is not None:
-            line += (f", {t.tokens_per_cycle:.2f} tokens per {t.kind} ({t.source}), "
-                     f"{t.tokens_per_s:,.1f} tokens/s")
+            line += f", {t.tokens_per_cycle:.2f} tokens per {t.kind} ({t.source})"
+            line += f", {t.tokens_per_s:,.1f} tokens/s" if t.tokens_per_s is not None else ""
         out.append(line)
     out.append(f"   ({doc.definition})")
     out += ["", f"Verdict: {doc.verdict['text']}"]
