@@ -188,7 +188,7 @@ def _run_analyze(a: argparse.Namespace) -> int:
         from .model import InputError
 
         raise InputError(f"unknown table {a.table!r}; one of {', '.join(data.CSV_TABLES)}", "BAD_TABLE")
-    if a.db:  # before the analysis: a --db that may not be written is refused at once
+    if a.db is not None:  # before the analysis: a --db that may not be written is refused at once
         check_db(a.db, _inputs(a))
     res = analyze(a.report, **_options(a))
     if a.table is not None:  # one table, in the chosen format
@@ -211,7 +211,7 @@ def _run_analyze(a: argparse.Namespace) -> int:
     _out(out)
     if a.format != "table" or a.table is not None:
         _warn(res.diagnostics, a.quiet)
-    if a.db:
+    if a.db is not None:
         data.to_db(res, a.db, _inputs(a))
     keep_derived(res)
     return 0

@@ -35,6 +35,7 @@ import polars as pl
 
 from ..model import GRAPH_LAUNCH, SYNC_API, Diagnostic, InputError, Result, Trace
 from ..read import packed_keys, results
+from ..read.export import RUNTIME
 from ..read.protocols import ProcessSource, ShowProgress, no_progress
 from ..read.source import ManyWindows, OpsWindow, StoreSource, open_source
 from ..read.store.install import discard, existing_store, open_store
@@ -453,6 +454,11 @@ def _run(source: ProcessSource, ranges: str | None, comm_patterns: list[CommPatt
         diags.append(duplicate_rows("NVTX ranges", head.ranges.height - unique_ranges.height))
         head = dataclasses.replace(head, ranges=unique_ranges)
     sel, how = _select_phases(head.path, head.ranges, any(source.ops_rows.values()), ranges)
+    if not any(source.api_first(p) is not None for p in source.pids):
+        raise InputError(f"{head.path}: no CUDA API calls in this export (CUPTI_ACTIVITY_KIND_RUNTIME "
+                         f"{'empty' if RUNTIME in head.tables else 'missing'}): no GPU work can be attributed to the "
+                         "ranges that launched it; profile with nsys profile -t cuda,nvtx and export every table",
+                         "NO_CUDA_API")
     diags.append(Diagnostic("info", "RANGE_SELECTION", f"phases are {how}: {sel.height} range instances"))
     nested_all = attribute.nest(sel)
     kinds = op_kinds(source.op_keys(), head.names, patterns)

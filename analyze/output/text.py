@@ -236,8 +236,12 @@ def _symbols(names: list[str]) -> dict[str, str]:
         letters = [c.upper() for c in b if c.isalpha()] + list("XYZQWK")
         if base_name(n).endswith("_extend"):
             letters.insert(0, "E")
-        out[n] = next(c for c in letters if c not in out.values())
+        used = set(out.values())
+        out[n] = next((c for c in [*letters, *_MORE_SYMBOLS] if c not in used), "·")  # (hundreds of phases: "·")
     return out
+
+
+_MORE_SYMBOLS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
 
 
 def budget_text(res: Result, width: int = 64) -> list[str]:

@@ -189,6 +189,12 @@ def _refuse_fenced(path: str | os.PathLike, real: Path, fences: Iterable[Path], 
                               "cache is rebuilt): choose a place outside it", "OUTPUT_IN_CACHE")
 
 
+def _named(path: str | os.PathLike, option: str) -> None:
+    """OutputError for a target that names nothing: empty, or only spaces (it would be the current folder)."""
+    if not os.fsdecode(path).strip():
+        raise OutputError(f"{option} {os.fsdecode(path)!r} names no file: give a path", "BAD_OUTPUT")
+
+
 def check_file(path: str | os.PathLike, *, option: str, inputs: Iterable = (), fences: Iterable[Path] = (),
                replace: bool = False, sqlite: bool = False, hint: str = "pass --force to replace it") -> Path:
     """The real path to write the output file ``path`` to (symbolic links resolved), after the checks of this
@@ -196,6 +202,7 @@ def check_file(path: str | os.PathLike, *, option: str, inputs: Iterable = (), f
     ``fences``: folders nothing is written into; ``replace``: an existing regular file may be replaced (else it
     is refused, with ``hint``); ``sqlite``: the target's own ``-wal``/``-journal``/``-shm`` are checked too (a
     database written in place writes them)."""
+    _named(path, option)
     real, ins = _real(path), _inputs(inputs)
     for p in [real, *([real.with_name(real.name + s) for s in _SIDECARS] if sqlite else [])]:
         _refuse_input(path, p, ins, option)
@@ -298,6 +305,7 @@ class NewFolder:
                  fences: Iterable[Path] = (), force: bool = False, legacy: Callable[[Path], bool] | None = None,
                  what: str = "the report"):
         self.target, self.option, self.marker, self.force = Path(target), option, marker, force
+        self.target_text = os.fsdecode(target)  # as given ('' names nothing; Path('') would be '.')
         self.inputs, self.fences, self.legacy, self.what = list(inputs), list(fences), legacy, what
         self.real = _real(target)
         self.tmp: Path | None = None
@@ -337,6 +345,7 @@ class NewFolder:
     def check(self) -> Path:
         """The checks, before anything is written (also run again when the folder is put in place): the target's
         real path; :class:`OutputError` when it may not be written."""
+        _named(self.target_text, self.option)
         ins = _inputs(self.inputs)
         _refuse_input(self.target, self.real, ins, self.option, folder=True)
         _refuse_fenced(self.target, self.real, self.fences, self.option)
