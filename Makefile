@@ -36,10 +36,11 @@ test: install
 test-all: install
 	$(PYTEST) --nbmake tests notebooks
 
-# the notebooks in Jupyter Lab (SPECTRACE_REPORT / SPECTRACE_BASELINE / SPECTRACE_STEPS: docs/cli.md)
+# the notebooks in Jupyter Lab (SPECTRACE_REPORT / SPECTRACE_BASELINE / SPECTRACE_STEPS: docs/cli.md); jupyterlab is
+# in the dev extra that `make install` installs (as root, e.g. in a container, Jupyter wants --allow-root)
 notebooks: install
-	@$(BIN)/python -c "import jupyterlab" 2>/dev/null || { echo "jupyter lab is not in $(VENV): $(BIN)/pip install jupyterlab, then make notebooks again"; exit 2; }
-	$(BIN)/jupyter lab notebooks
+	@$(BIN)/python -c "import jupyterlab" 2>/dev/null || { echo "jupyter lab is not in $(VENV): $(BIN)/pip install -e '.[dev,cluster]', then make notebooks again"; exit 2; }
+	$(BIN)/jupyter lab notebooks $(if $(filter 0,$(shell id -u)),--allow-root) $(ARGS)
 
 lint: install
 	$(BIN)/ruff check .

@@ -2,7 +2,7 @@
 
 The public API, what the CLI uses (each verb a thin call into the layers below; docs/reference/api.md)::
 
-    from analyze import analyze, comm, compare, whatif, report, probe_effect, plots, findings_text
+    from analyze import analyze, comm, compare, whatif, report, timeline, probe_effect, plots, findings_text
     res = analyze("run.sqlite")          # a Result: res.phases, res.seams, res.instances, ... (every instance)
     res.steady.budget                    # the steady state, what `spectrace analyze` prints first: .phases,
     res.steady.findings                  # .seams, .budget, .findings, .tokens, .segments, .cycle_classes, ...
@@ -25,7 +25,7 @@ __version__ = "0.1.0"
 
 _API = {
     "analyze": "analyze.api", "comm": "analyze.api", "compare": "analyze.api", "whatif": "analyze.api",
-    "report": "analyze.api", "probe_effect": "analyze.api",
+    "report": "analyze.api", "timeline": "analyze.api", "probe_effect": "analyze.api",
     "Result": "analyze.model", "Trace": "analyze.model", "Diagnostic": "analyze.model", "InputError": "analyze.model",
     "CommResult": "analyze.model", "whatif_validation": "analyze.api",
     "load": "analyze.read.export", "open_store": "analyze.read.store",
@@ -33,6 +33,7 @@ _API = {
     "SteadyState": "analyze.compute.steady_state", "Finding": "analyze.compute.findings",
     "Comparison": "analyze.compute.compare", "Tokens": "analyze.compute.tokens",
     "CycleClass": "analyze.compute.anatomy", "Segment": "analyze.compute.anatomy",
+    "Timeline": "analyze.output.timeline",
     # the CLI's text renderings
     "analyze_table": "analyze.output.text", "findings_text": "analyze.output.text", "comm_table": "analyze.output.text",
     "compare_table": "analyze.output.text", "whatif_table": "analyze.output.text",

@@ -22,9 +22,10 @@ if TYPE_CHECKING:
     from .compute.comm_patterns import CommPattern
     from .compute.compare import Comparison
     from .compute.whatif import Model
+    from .output.timeline import Timeline
 
-__all__ = ["analyze", "comm", "compare", "whatif", "whatif_validation", "report", "probe_effect", "keep_derived",
-           "Report", "Reports"]
+__all__ = ["analyze", "comm", "compare", "whatif", "whatif_validation", "report", "timeline", "default_timeline_path",
+           "probe_effect", "keep_derived", "Report", "Reports"]
 
 Report = str | os.PathLike | Trace | Result
 Reports = Report | Sequence[Report]
@@ -336,12 +337,15 @@ def whatif_validation(runs: dict[int, Reports | list[Reports]], baseline: Report
 def report(reports: Reports, output: str | os.PathLike, vs: Reports | None = None,
            steps_now: int | None = None, ranges: str | None = None, comm_patterns: list[CommPattern] | None = None, *,
            timing: Reports | None = None, unprofiled_cycles_per_s: float | None = None, force: bool = False,
-           baseline: Reports | None = None, **kw: Any) -> Path:
+           baseline: Reports | None = None, timeline_events: int | None = None, **kw: Any) -> Path:
     """Write ``output/index.html``, one self-contained page (tables, inline figures, what-if; the comparison with
     the run ``vs`` first; the probe effect with a graph-level ``timing`` pass); its path. The folder is built beside
     ``output`` and put in its place whole; a folder spectrace did not make is refused unless ``force``
-    (:func:`analyze.output.html.write_page`). ``baseline``: the old name of ``vs`` (deprecated)."""
+    (:func:`analyze.output.html.write_page`). ``baseline``: the old name of ``vs`` (deprecated). Beside the page,
+    ``timeline.trace.json``: the annotated timeline (:func:`timeline`) of at most ``timeline_events`` events
+    (default :data:`analyze.output.timeline.REPORT_MAX_EVENTS`; 0: none)."""
     from .output import html
+    from .output.timeline import REPORT_MAX_EVENTS
 
     vs = vs if vs is not None else baseline
     res = analyze(reports, ranges, comm_patterns, timing=timing, unprofiled_cycles_per_s=unprofiled_cycles_per_s,
@@ -349,9 +353,42 @@ def report(reports: Reports, output: str | os.PathLike, vs: Reports | None = Non
     other = analyze(vs, ranges, comm_patterns, **kw) if vs is not None else None
     page = html.write_page(res, os.fspath(output), vs=other, steps_now=steps_now, force=force,
                            inputs=[*_paths(reports), *(_paths(vs) if vs is not None else []),
-                                   *(_paths(timing) if timing is not None else [])])
+                                   *(_paths(timing) if timing is not None else [])],
+                           timeline_events=REPORT_MAX_EVENTS if timeline_events is None else timeline_events)
     keep_derived(res, other)
     return page
+
+
+def timeline(reports: Reports, output: str | os.PathLike | None = None, cycles: str | None = None,
+             max_events: int | None = None, ranges: str | None = None,
+             comm_patterns: list[CommPattern] | None = None, *, force: bool = False, **kw: Any) -> Timeline:
+    """Write the annotated timeline of the cycles, in the Chrome / Perfetto trace-event format (JSON; gzip when
+    ``output`` ends in ``.gz``), for ui.perfetto.dev and chrome://tracing: per rank its host threads and its GPU
+    (phases split into compute, comm and idle, seams named by cause), counters, and the findings, stragglers and
+    slower cycles on the cycles they name (:mod:`analyze.output.timeline`). ``output``: default ``NAME.trace.json``
+    beside the first report; new, or replaced with ``force``, never an input. ``cycles``: ``A:B``, ``class:N``,
+    ``stalls`` or ``segment:N`` (default every cycle); ``max_events``: the bound
+    (:data:`~analyze.output.timeline.DEFAULT_MAX_EVENTS`; 0: none): whole cycles past it are left out, and the
+    returned :class:`~analyze.output.timeline.Timeline` says so (``cut``; ``path``, ``events``, ``keys``, ``meta``).
+    ``kw``: as for :func:`analyze`."""
+    from .output import timeline as tl
+
+    paths = _paths(reports)
+    out = Path(output) if output is not None else default_timeline_path(paths[0])
+    res = analyze(reports, ranges, comm_patterns, **kw)
+    path, doc = tl.write(res, out, cycles, tl.DEFAULT_MAX_EVENTS if max_events is None else max_events,
+                         inputs=paths, force=force)
+    doc.path = path
+    keep_derived(res)
+    return doc
+
+
+def default_timeline_path(report: str | os.PathLike | Trace) -> Path:
+    """``NAME.trace.json`` beside ``NAME.sqlite`` (or the parquetdir/arrowdir)."""
+    p = Path(report.path if isinstance(report, Trace) else report)
+    stem = p.name[:-len(p.suffix)] if p.suffix in (".sqlite", ".nsys-rep", ".qdrep", ".parquetdir", ".arrowdir") \
+        else p.name
+    return p.with_name(f"{stem}.trace.json")
 
 
 def keep_derived(*results: Result | None) -> None:

@@ -1,6 +1,6 @@
 """The ``spectrace`` command: every verb is registered here, each a thin layer over one public function.
 
-Analysis verbs (:mod:`analyze.api`): ``analyze``, ``comm``, ``report``, ``compare``, ``whatif``.
+Analysis verbs (:mod:`analyze.api`): ``analyze``, ``comm``, ``report``, ``timeline``, ``compare``, ``whatif``.
 Capture verbs (:mod:`nvtx_hooks.capture`, no analysis stack needed): ``trace``, ``demo-workload``, ``scrub``.
 Hooks: ``hooks check`` (:mod:`nvtx_hooks.check`). Expected failures (:class:`analyze.model.InputError`,
 :class:`nvtx_hooks.capture.CaptureError`, and any ``OSError``: permissions, a full disk) print one line
@@ -46,7 +46,7 @@ _POLARS_OWN = frozenset({"dirty_decay_ms:500", "muzzy_decay_ms:1000"})
 # Verbs that start the user's programs (an SGLang server under nsys): they get the variable as it was
 # (importing polars rewrites it too).
 _LAUNCHERS = {"trace", "demo-workload"}
-_ANALYSES = {"analyze", "comm", "report", "compare", "whatif"}
+_ANALYSES = {"analyze", "comm", "report", "timeline", "compare", "whatif"}
 
 
 # ---- shared options -----------------------------------------------------------------------------------
@@ -243,8 +243,23 @@ def _run_report(a: argparse.Namespace) -> int:
     if a.output is None:
         a.output = _default_report_folder(a.report[0])
     check_report_folder(a.output, _inputs(a), a.force)  # before the analysis
-    page = report(a.report, a.output, vs=a.vs, steps_now=a.steps_now, force=a.force, **_options(a))
+    page = report(a.report, a.output, vs=a.vs, steps_now=a.steps_now, force=a.force,
+                  timeline_events=a.timeline_events, **_options(a))
     print(f"spectrace: wrote {page}", file=sys.stderr)
+    return 0
+
+
+def _run_timeline(a: argparse.Namespace) -> int:
+    from .api import default_timeline_path, timeline
+    from .output.targets import check_file
+
+    out = a.output or default_timeline_path(a.report[0])
+    check_file(out, _inputs(a), "-o", replace=a.force)  # before the analysis
+    tl = timeline(a.report, out, cycles=a.cycles, max_events=a.max_events, force=a.force, **_options(a))
+    if tl.cut and not a.quiet:
+        print(f"spectrace: note: {tl.cut}", file=sys.stderr)
+    print(f"spectrace: wrote {tl.path} ({tl.events:,} events, {tl.meta['cycles_shown']} cycles): open it in "
+          "ui.perfetto.dev or chrome://tracing", file=sys.stderr)
     return 0
 
 
@@ -473,10 +488,38 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                         "other files kept)")
     p.add_argument("--steps-now", type=_num(int, 1, _bounds().STEPS_MAX), metavar="N",
                    help="draft steps of this trace (default: its manifest, else inferred from the trace)")
+    p.add_argument("--timeline-events", type=_num(int, 0, 1_000_000_000), metavar="N",
+                   help="bound of DIR/timeline.trace.json, the annotated timeline for Perfetto the page links to "
+                        "(default 150,000 events; 0: not written; `spectrace timeline` for more)")
     _add_common_args(p, ("html",), "html: DIR/index.html, the only format of a report (JSON: analyze --format json)")
     _add_timing_args(p)
     _add_source_args(p)
     p.set_defaults(func=_run_report)
+
+    p = sub.add_parser("timeline", help="an annotated timeline of the cycles for Perfetto / chrome://tracing",
+                       description="Write the cycles as a trace-event JSON file (ui.perfetto.dev, chrome://tracing): "
+                                   "per rank its host threads (phase and scheduler ranges, CUDA API waits) and its "
+                                   "GPU (cycles, phases split into compute / comm / idle, seams named by their "
+                                   "cause), counters (cycle period, GPU metrics), and a track per finding, "
+                                   "straggler and class of slower cycles over the cycles it names.")
+    p.add_argument("report", nargs="+", help=_REPORTS_HELP)
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="the trace file (default: NAME.trace.json beside the first report NAME.sqlite; FILE.gz: "
+                        "gzip-compressed); written whole and renamed into place, never over an input")
+    p.add_argument("-f", "--force", action="store_true", help="replace FILE when it exists")
+    p.add_argument("--cycles", metavar="SPEC",
+                   help="which cycles: A:B (cycles A <= cycle < B, as analyze numbers them; open ends allowed), "
+                        "class:N (the N-th class of slower cycles of `analyze --table cycle_classes`, each of its "
+                        "cycles with the one before it), stalls, or segment:N (a batch-size segment, from 0); "
+                        "default: every cycle")
+    p.add_argument("--max-events", type=_num(int, 0, 1_000_000_000), metavar="N",
+                   help="at most N events (default 500,000, about 60 MB): whole cycles past it are left out, and "
+                        "the note on stderr and the file's otherData.cut say which; 0: no bound")
+    p.add_argument("-q", "--quiet", action="store_true", help="no notes or progress bar on stderr")
+    _add_selection_args(p)
+    _add_steady_args(p)
+    _add_source_args(p)
+    p.set_defaults(func=_run_timeline)
 
     p = sub.add_parser("compare", help="phase-by-phase time per cycle (and per token) of two runs, B − A, "
                                        "split into compute / comm / idle, with a noise-aware verdict",

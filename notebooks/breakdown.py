@@ -59,6 +59,16 @@ for c in steady.cycle_classes:
 pl.DataFrame([p | {"class": c.label} for c in steady.cycle_classes for p in c.pieces])
 
 # %% [markdown]
+# ## Every cycle on one chart: its period per rank, coloured by its class
+#
+# The report's chart is interactive (hover a cycle for its budget pieces, click it for a Gantt across ranks);
+# `timeline(REPORT)` (`spectrace timeline`) writes every cycle op by op for ui.perfetto.dev, with the findings on
+# the cycles they name.
+
+# %%
+plots.cycle_periods(res)
+
+# %% [markdown]
 # ## Segments: cycles of one batch size
 
 # %%

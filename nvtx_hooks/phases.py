@@ -13,10 +13,11 @@ from dataclasses import dataclass
 __all__ = ["DOMAIN", "HOST_DOMAIN", "Phase", "CYCLE", "DRAFT", "VERIFY", "DRAFT_EXTEND", "HOST", "PREFILL", "PREFILL_TARGET",
            "PREFILL_DRAFT_EXTEND", "DECODE_STEP", "ACCEPT", "ACCEPT_HISTOGRAM", "PHASES", "NAMES", "MARKS",
            "SCHEDULER_PREFIX", "SCHEDULER_STAGES", "SCHEDULER_RANGES", "EMITTED", "CYCLE_ORDER",
-           "SEAM_COLOR", "IDLE_COLOR", "COMM_COLOR", "PAYLOAD_FIELDS", "PAYLOAD_FIELDS_V2", "color_of", "base_name",
+           "SEAM_COLOR", "IDLE_COLOR", "COMM_COLOR", "COMPUTE_COLOR", "PAYLOAD_FIELDS", "PAYLOAD_FIELDS_V2", "color_of", "base_name",
            "prefixed_phase_regex", "PayloadField", "VERSION_SHIFT", "PAYLOAD_VERSION", "PAYLOAD_LAYOUTS",
            "encode_payload", "decode_payload", "HISTOGRAM_LAYOUT", "HISTOGRAM_WIDTHS", "HISTOGRAM_MAX_POSITION",
-           "histogram_of", "encode_accept_histogram", "decode_accept_histogram", "accept_histograms"]
+           "histogram_of", "encode_accept_histogram", "decode_accept_histogram", "accept_histograms",
+           "ANNOTATION_PREFIX", "ANNOTATION_RE", "annotation", "parse_annotation"]
 
 DOMAIN = "spectrace"
 # The hooks' host ranges around SGLang's scheduler methods (SCHEDULER_RANGES): their own domain, so that the
@@ -39,19 +40,19 @@ class Phase:
         return f"#{self.color & 0xFFFFFF:06x}"
 
 
-CYCLE = Phase("cycle", 0xFF4C72B0, "one speculative decode cycle: the worker's per-batch entry", "cycle")
-DRAFT = Phase("draft", 0xFFDD8452, "draft model proposes tokens (draft CUDA graph replay or eager loop)", "phase")
-VERIFY = Phase("verify", 0xFF55A868, "target model verifies the draft tokens, then accept/sample", "phase")
+CYCLE = Phase("cycle", 0xFF56B4E9, "one speculative decode cycle: the worker's per-batch entry", "cycle")
+DRAFT = Phase("draft", 0xFFCC79A7, "draft model proposes tokens (draft CUDA graph replay or eager loop)", "phase")
+VERIFY = Phase("verify", 0xFF009E73, "target model verifies the draft tokens, then accept/sample", "phase")
 DRAFT_EXTEND = Phase(
-    "draft_extend", 0xFFC44E52, "draft model extends over accepted tokens after verify", "phase"
+    "draft_extend", 0xFFD55E00, "draft model extends over accepted tokens after verify", "phase"
 )
-HOST = Phase("host_overhead", 0xFF8172B3, "host-side work between phases (syncs, scheduling)", "phase")
-PREFILL = Phase("prefill", 0xFF937860, "one prefill batch: target extend then draft extend", "cycle")
-PREFILL_TARGET = Phase("prefill_target_extend", 0xFFDA8BC3, "target model forward over the prompt", "prefill")
+HOST = Phase("host_overhead", 0xFFF0E442, "host-side work between phases (syncs, scheduling)", "phase")
+PREFILL = Phase("prefill", 0xFF8C6D31, "one prefill batch: target extend then draft extend", "cycle")
+PREFILL_TARGET = Phase("prefill_target_extend", 0xFFB8975A, "target model forward over the prompt", "prefill")
 PREFILL_DRAFT_EXTEND = Phase(
     "prefill_draft_extend", 0xFF8C8C8C, "draft model extend over the prompt's hidden states", "prefill"
 )
-DECODE_STEP = Phase("decode_step", 0xFF64B5CD, "one plain (non-speculative) decode step: baseline runs", "cycle")
+DECODE_STEP = Phase("decode_step", 0xFF56B4E9, "one plain (non-speculative) decode step: baseline runs", "cycle")
 ACCEPT = Phase(
     "accept", 0xFFCCB974, "a decode batch's accept lengths reached the host (SGLang v2 result processing)", "mark"
 )
@@ -105,9 +106,11 @@ EMITTED: dict[str, Phase] = {p.name: p for p in PHASES + MARKS}
 # Order in which a decode cycle's phases run; used to order tables and plots.
 CYCLE_ORDER: tuple[str, ...] = ("draft", "verify", "draft_extend", "host_overhead")
 
+# Colour-blind safe (Okabe–Ito): the phases above, and compute / communication / idle, distinct wherever they meet
 SEAM_COLOR = "#bbbbbb"
 IDLE_COLOR = "#e8e8e8"
-COMM_COLOR = "#2a6f97"
+COMM_COLOR = "#0072b2"
+COMPUTE_COLOR = "#e69f00"
 
 # Payload keys (uint64 payload packs them, see below): what decode_payload returns for a version-1 payload, and
 # for a version-2 one.
@@ -383,3 +386,35 @@ def accept_histograms(values) -> dict[int, list[int]]:
         while len(h) > 1 and h[-1] == 0:
             h.pop()
     return out
+
+
+# --- Torch profiler annotations ---------------------------------------------
+#
+# Under torch.profiler (no NVTX tool attached) there are no domains and no payload
+# columns: a phase is a ``record_function`` whose name is ``spectrace:<phase>``, its
+# payload (the same int as the NVTX payload, :func:`encode_payload`: whatever fields
+# that carries travel with it) appended in hex after `` #``:
+#
+#   spectrace:cycle #0x1000001000004    spectrace:draft    spectrace:accept #0x...
+#
+# ``analyze.read.kineto`` reads them back with ANNOTATION_RE (group 1: the phase,
+# group 2: the payload's hex digits, if any) into the spectrace domain's ranges and
+# payload column, so the analysis decodes them as it decodes the NVTX payload.
+
+ANNOTATION_PREFIX = DOMAIN + ":"
+ANNOTATION_RE = r"^spectrace:([A-Za-z_]+)(?: #0x([0-9a-f]+))?$"
+
+
+def annotation(name: str, payload: int | None = None) -> str:
+    """The ``record_function`` name of phase ``name`` with an encoded ``payload`` (:func:`encode_payload`)."""
+    return ANNOTATION_PREFIX + name if payload is None else f"{ANNOTATION_PREFIX}{name} #{int(payload):#x}"
+
+
+def parse_annotation(text: str) -> tuple[str, int | None] | None:
+    """``(phase, payload)`` of a name :func:`annotation` made (payload None when it has none); None for any other."""
+    import re
+
+    m = re.match(ANNOTATION_RE, text)
+    if m is None:
+        return None
+    return m.group(1), int(m.group(2), 16) if m.group(2) else None

@@ -931,7 +931,10 @@ def page_is_ours(e: Env) -> None:
     d = out_dir(e)
     assert (d / "index.html").read_bytes().startswith(PAGE_START)
     listed = json.loads((d / "SPECTRACE_REPORT").read_text())["files"]
-    assert "index.html" in listed and all((d / f).read_bytes()[:4] == b"\x89PNG" for f in listed if f != "index.html")
+    # beside the page: figures (PNG) of older reports, and the annotated timeline (trace-event JSON)
+    assert "index.html" in listed and all((d / f).read_bytes()[:4] == b"\x89PNG" or (
+        f == "timeline.trace.json" and (d / f).read_bytes().startswith(b'{"traceEvents":[')) for f in listed
+        if f != "index.html")
 
 
 def check_users_folder_kept_with_force(e: Env) -> None:

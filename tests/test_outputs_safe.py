@@ -90,7 +90,9 @@ def settled(tmp_path: Path, rc: int, err: str, want_rc: int, needle: str = "") -
 def page_is_ours(d: Path) -> None:
     assert (d / "index.html").read_bytes().startswith(PAGE_START)
     listed = json.loads((d / "SPECTRACE_REPORT").read_text())["files"]
-    assert all((d / f).read_bytes()[:4] == b"\x89PNG" for f in listed if f != "index.html")
+    # beside the page: figures (PNG) of older reports, and the annotated timeline (trace-event JSON)
+    assert all((d / f).read_bytes()[:4] == b"\x89PNG" or (f == "timeline.trace.json" and (d / f).read_bytes()
+               .startswith(b'{"traceEvents":[')) for f in listed if f != "index.html")
 
 
 def device(path: Path) -> Path:

@@ -58,7 +58,8 @@ def test_kernel_stats_sum_ops_per_instance_and_name(names):
     kinds = pl.DataFrame({"name": names}).with_columns(pl.col("name").cast(pl.Categorical))
     ops = pl.DataFrame({"pid": [7] * 6, "range_id": [1, 1, 1, 2, 2, None], "_kind": [0, 1, 0, 1, 2, 0],
                         "start": [0, 10, 20, 100, 130, 200], "end": [5, 13, 30, 104, 150, 260]})
-    got = pipeline._kernel_stats(ops, kinds, 3).with_columns(pl.col("name").cast(pl.String))
+    nested = pl.DataFrame({"range_id": [1, 2]})  # the process's ranges (their ids bound the packed key)
+    got = pipeline._kernel_stats(ops, kinds, 3, nested).with_columns(pl.col("name").cast(pl.String))
     want = {(1, names[0]): (2, 15), (1, names[1]): (1, 3), (2, names[1]): (1, 4), (2, names[2]): (1, 20)}
     if names[0] == names[1]:  # range 1: gemm 5 + 3 + 10 ns in three ops
         want = {(1, "gemm"): (3, 18), (2, "gemm"): (1, 4), (2, names[2]): (1, 20)}

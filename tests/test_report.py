@@ -19,7 +19,9 @@ def test_report_with_vs(tmp_path, capsys):
     e, b = es.eagle(tmp_path / "e.sqlite"), es.baseline(tmp_path / "b.sqlite")
     out = tmp_path / "rep"
     assert main(["report", str(e), "--vs", str(b), "-o", str(out)]) == 0
-    assert [p.name for p in out.iterdir() if not p.name.startswith("SPECTRACE")] == ["index.html"]  # one file
+    # the page, and the annotated timeline it links to (tests/test_report_view.py)
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith("SPECTRACE")) == ["index.html",
+                                                                                            "timeline.trace.json"]
     page = (out / "index.html").read_text()
     figs = figures(page)
     assert {"phase_bars.png", "timeline.png", "distributions.png", "per_cycle.png", "whatif.png",

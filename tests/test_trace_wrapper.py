@@ -370,5 +370,5 @@ def test_cpu_sampling_refused_by_an_nsys_without_the_switches(tmp_path, nsys, mo
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no --python-backtrace" in err[0] and "2024.2" in err[0]
     assert not any(c["kind"] == "profile" for c in calls(tmp_path))  # refused before anything ran
-    assert main(["trace", "-n", "--cpu-sampling", "-s", "cpu", "-o", str(tmp_path / "q"), "--", *CMD]) == 2
+    assert main(["trace", "--nsys", str(nsys), "-n", "--cpu-sampling", "-s", "cpu", "-o", str(tmp_path / "q"), "--", *CMD]) == 2
     assert "cannot be combined with --sample cpu" in capsys.readouterr().err

@@ -347,8 +347,8 @@ def compare_sides(a: Side, b: Side, boot: int = BOOT, seed: int = 0) -> Comparis
               "delta_ns": tb.period_ns - ta.period_ns if ta.period_ns and tb.period_ns else None,
               **ci.get("period", {})}
     if tok:
-        period |= {"a_ns_per_token": real(ta.period_ns) / ta.tokens_per_cycle,
-                   "b_ns_per_token": real(tb.period_ns) / tb.tokens_per_cycle}
+        period |= {"a_ns_per_token": real(ta.period_ns) / real(ta.tokens_per_cycle),
+                   "b_ns_per_token": real(tb.period_ns) / real(tb.tokens_per_cycle)}
     return Comparison(
         a=a.name, b=b.name,
         a_cycles=a.cycles, b_cycles=b.cycles,

@@ -75,6 +75,8 @@ def diagnose(t: Trace, nested: pl.DataFrame, facts: dict[str, int], ranks: pl.Da
                               f"{t.dropped_ops} GPU operations with invalid timestamps (no end, start <= 0 or end < "
                               "start, or longer than the whole session) or no process id (NULL globalPid) "
                               "dropped: they are in no number"))
+    if t.export_meta.get("SPECTRACE_SOURCE") == "torch-profiler":  # what such a trace cannot give, said once
+        out.append(Diagnostic("info", "TORCH_PROFILER_TRACE", t.export_meta.get("SPECTRACE_INPUT_NOTE", "")))
     for key, (code, msg) in _READ_WARNINGS.items():
         if t.read_warnings.get(key):
             out.append(Diagnostic("warning", code, msg.format(n=t.read_warnings[key])))

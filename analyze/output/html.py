@@ -48,8 +48,8 @@ from ..compute.scalars import real
 from ..compute.tokens import DEFINITION, summary
 from ..model import InputError, Result
 from ..read import results
-from . import terminal
-from .targets import FIGURES, PAGE_START, as_input_error, report_folder
+from . import cycles_chart, terminal, timeline
+from .targets import FIGURES, PAGE_START, TIMELINE_FILE, as_input_error, report_folder
 from .text import acceptance_text, best_steps_label, best_text, display_names, probe_lines, ranked
 
 __all__ = ["Section", "utilisation_section", "write_page", "output_digest"]
@@ -58,13 +58,22 @@ _CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1250px
 .tw{overflow-x:auto;max-width:100%;margin:.5em 0 1.5em}
 table{border-collapse:collapse;font-size:13px}th,td{padding:3px 8px;border-bottom:1px solid #ddd;
 vertical-align:top}td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-th{background:#f3f3f3;text-align:left}img{max-width:100%;height:auto;border:1px solid #eee;margin:.5em 0}
+th{background:#f3f3f3;text-align:left;min-width:4.5em;max-width:9em;font-weight:600}
+.tw tr>:first-child{position:sticky;left:0;z-index:1;background:#fff;box-shadow:inset -1px 0 #ddd}
+.tw tr>th:first-child{background:#f3f3f3}.tw tr[class^=sev]>td:first-child{background:inherit}
+img{max-width:100%;height:auto;border:1px solid #eee;margin:.5em 0}
 code{background:#f5f5f5;padding:1px 4px}.note{color:#555;font-size:13px}.warn{color:#a4441b}
-p,li,h1,h2,h3,td.ev,td.act{overflow-wrap:anywhere}pre{white-space:pre-wrap;overflow-wrap:anywhere;font-size:12px}
+p,li,h1,h2,h3,td,th{overflow-wrap:break-word}pre{white-space:pre-wrap;overflow-wrap:anywhere;font-size:12px}
 nav{font-size:13px;margin:.5em 0 1.5em}nav a{margin-right:.9em}.head{font-size:15px}
 .sev-high{background:#f8d7d3}.sev-medium{background:#fbe9c8}.sev-low{background:#eef2f5}
-td.ev{min-width:200px;max-width:520px}td.act{min-width:170px;max-width:380px;color:#333}
-td code{white-space:nowrap;overflow-wrap:normal}.verdict{font-size:16px;padding:.6em .8em;background:#eef2f5;border-left:4px solid #5a7d9a}"""
+td.ev{min-width:260px}p.act{margin:.4em 0 0;color:#333}
+td code{white-space:nowrap;overflow-wrap:normal}.verdict{font-size:16px;padding:.6em .8em;background:#eef2f5;border-left:4px solid #5a7d9a}
+""" + cycles_chart.CSS
+
+
+def _plots_cycles(res: Result) -> bool:
+    """Whether the run has decode cycles (the cycles chart and the timeline need them)."""
+    return res.steady.cycles.height > 0
 
 
 @dataclass
@@ -230,20 +239,31 @@ def _budget(res: Result, figs: _Figures) -> Section:
                    _p(note) + figs.img("budget.png", "cycle budget per rank", lambda: _plots().budget(res)) + _table(tab, heads))
 
 
-def _findings(found: list[findings.Finding]) -> Section:
+def _findings(found: list[findings.Finding], named: list[list[int]] | None = None,
+              timeline_file: str | None = None) -> Section:
+    """The ranked findings; ``named``: the cycles each names (a link marks them on the cycles chart);
+    ``timeline_file``: the annotated timeline beside the page (linked)."""
     if not found:
         return Section("findings", "Findings", _p("Nothing above 1 % of the cycle."))
     rows = []
     for i, f in enumerate(found, 1):
+        keys = named[i - 1] if named else []
+        cyc = (f'<a class="cyc" href="#cycles" data-finding="{i}">{len(keys)} cycle{"s" if len(keys) != 1 else ""}'
+               "</a>" if keys else "every steady cycle")
+        if timeline_file:
+            cyc += f' · <a href="{html.escape(timeline_file)}" download>timeline</a>'
+
         where = ", ".join(x for x in (f.phase, None if f.rank is None else
                                       ("worst rank " if f.rank_is == "worst" else "rank ") + str(f.rank))
                           if x)
-        rows.append(f'<tr class="sev-{f.severity}"><td class="n">{i}</td><td>{f.severity}</td>'
-                    f"<td><code>{f.code}</code></td><td>{html.escape(where or '-')}</td>"
-                    f'<td class="n">{f.impact_ns / 1e3:,.1f} ({100 * f.share:.1f} %)</td>'
-                    f'<td class="ev">{html.escape(f.evidence)}</td><td class="act">{html.escape(f.action)}</td></tr>')
-    head = ("<tr><th>#</th><th>severity</th><th>finding</th><th>where</th><th>µs per cycle (% of cycle)</th>"
-            "<th>evidence</th><th>what to try</th></tr>")
+        # five columns, evidence and what to try in one: the table fits a 900 px window without scrolling
+        rows.append(f'<tr class="sev-{f.severity}"><td>{i}<br><span class="note">{f.severity}</span></td>'
+                    f"<td><code>{f.code}</code><br>{html.escape(where or '')}</td>"
+                    f'<td class="n">{f.impact_ns / 1e3:,.1f}<br>({100 * f.share:.1f} %)</td>'
+                    f'<td class="ev">{html.escape(f.evidence)}<p class="act"><b>What to try:</b> {html.escape(f.action)}</p>'
+                    f"</td><td>{cyc}</td></tr>")
+    head = ("<tr><th>#</th><th>finding, where</th><th>µs per cycle (% of cycle)</th>"
+            "<th>evidence; what to try</th><th>cycles</th></tr>")
     return Section("findings", "Findings, ranked",
                    _p("Ranked by the cycle time each explains; severity: high ≥ 10 % of the cycle, medium ≥ 3 %.")
                    + f'<div class="tw"><table>{head}{"".join(rows)}</table></div>')
@@ -259,10 +279,10 @@ def _phases(res: Result, figs: _Figures) -> Section:
     body = [_p("Per instance over the steady state (µs per instance: mean, p50, p90); span = compute + comm + idle "
                "(means add up; percentiles do not)."),
             "<h3>All ranks</h3>", _table(steady_tables.steady_phases_all_ranks(res).with_columns(_o=cycle_order()).sort("_o", "phase")
-                                         .select("ranks", *_PHASE_COLS), _PHASE_HEADS)]
+                                         .select("phase", "ranks", *_PHASE_COLS[1:]), _PHASE_HEADS)]
     if res.ranks.height > 1:
         per = steady_tables.steady_phases(res).with_columns(_o=cycle_order()).sort("_o", "phase", "rank")
-        body += ["<h3>Per rank</h3>", _table(per.select("rank", *_PHASE_COLS), _PHASE_HEADS)]
+        body += ["<h3>Per rank</h3>", _table(per.select("phase", "rank", *_PHASE_COLS[1:]), _PHASE_HEADS)]
         hm = figs.img("rank_phase.png", "median span per rank and phase", lambda: _plots().rank_heatmap(res))
         if hm:
             body.append(hm)
@@ -270,9 +290,9 @@ def _phases(res: Result, figs: _Figures) -> Section:
     return Section("phases", "Phases", "".join(body))
 
 
-_UTIL_BARS = (("sm_active_pct", "SMs active", "#4c78a8"), ("sm_issue_pct", "SM issue", "#72b7b2"),
-              ("tensor_active_pct", "tensor active", "#e45756"), ("dram_read_pct", "DRAM read", "#f58518"),
-              ("dram_write_pct", "DRAM write", "#eeca3b"))
+_UTIL_BARS = (("sm_active_pct", "SMs active", "#0072B2"), ("sm_issue_pct", "SM issue", "#56B4E9"),
+              ("tensor_active_pct", "tensor active", "#009E73"), ("dram_read_pct", "DRAM read", "#E69F00"),
+              ("dram_write_pct", "DRAM write", "#CC79A7"))  # Okabe–Ito: colour-blind safe
 
 
 def utilisation_section(res: Result) -> Section | None:
@@ -409,7 +429,9 @@ def _seams(res: Result, figs: _Figures) -> Section:
     if sa.height:
         causes = [c for c in ("bound", "gpu_bound_ns", "launch_bound_ns", "host_bound_ns", "launch_block_ns",
                               "host_late_ns") if c in sa.columns]
-        body.append(_table(sa.select("parent", "from", "to", "instances", "idle_mean_ns", "idle_p50_ns",
+        seam = pl.format("{} → {}", "from", "to") + pl.when(pl.col("parent").is_null()).then(pl.lit(" (top level)")) \
+            .otherwise(pl.format(" (in {})", "parent"))
+        body.append(_table(sa.select(seam.alias("seam"), "instances", "idle_mean_ns", "idle_p50_ns",
                                      "idle_p90_ns", "idle_ns", "busy_ns", "overlap_ns", *causes), _SEAM_HEADS))
         if causes:
             body.append(_p("bound: why the GPU waited, over the instances (gpu: the next phase was queued in time; "
@@ -564,35 +586,39 @@ def _comparison(doc: cmp.Comparison, figs: _Figures) -> Section:
 
 def _whole_run(res: Result) -> Section:
     body = [_p("Every captured instance, warm-up and stalls included: these sums equal nsys stats' projections."),
-            _table(res.phases_all.select("ranks", "phase", "instances", "span_ns", "compute_ns", "comm_ns", "idle_ns",
+            _table(res.phases_all.select("phase", "ranks", "instances", "span_ns", "compute_ns", "comm_ns", "idle_ns",
                                          (pl.col("span_ns") / pl.col("instances")).alias("span_mean_ns")),
                    {"span_ns": "span µs (sum)", "compute_ns": "compute µs (sum)", "comm_ns": "comm µs (sum)",
                     "idle_ns": "idle µs (sum)", "span_mean_ns": "span µs/inst mean"})]
     if res.ranks.height > 1:
         body.append(_table(res.phases.with_columns(_o=cycle_order()).sort("_o", "phase", "rank").select(
-            "rank", "phase", "instances", "span_ns", "compute_ns", "comm_ns", "idle_ns", "span_p50_ns"),
+            "phase", "rank", "instances", "span_ns", "compute_ns", "comm_ns", "idle_ns", "span_p50_ns"),
                            {"span_ns": "span µs (sum)", "compute_ns": "compute µs (sum)", "comm_ns": "comm µs (sum)",
                             "idle_ns": "idle µs (sum)", "span_p50_ns": "span µs/inst p50"}))
     return Section("whole-run", "Whole run", "".join(body))
 
 
 def write_page(res: Result, out: str | Path, vs: Result | None = None, steps_now: int | None = None,
-               extra: list[Section] | tuple = (), force: bool = False, inputs=None, baseline=None) -> Path:
+               extra: list[Section] | tuple = (), force: bool = False, inputs=None, baseline=None,
+               timeline_events: int = timeline.REPORT_MAX_EVENTS) -> Path:
     """Write ``out/index.html`` for an analysed trace (and an analysed run ``vs`` to compare with: A = ``vs``,
     B = ``res``; ``baseline`` is its old name); returns the page.
     ``extra``: more sections, placed before the whole-run tables. The folder is built beside ``out`` and put in
     its place whole when complete (:func:`analyze.output.targets.report_folder`): ``out`` may be new, empty or
     a report folder spectrace wrote; another folder is refused unless ``force``. ``inputs``: what must not be
-    written (default: the reports of ``res`` and ``vs``). The page is UTF-8 whatever the locale."""
+    written (default: the reports of ``res`` and ``vs``). The page is UTF-8 whatever the locale. ``timeline_events``:
+    the bound of the annotated timeline written beside the page (``timeline.trace.json``,
+    :mod:`analyze.output.timeline`; 0: none written)."""
     vs = vs if vs is not None else baseline
     if inputs is None:
         inputs = [*res.reports, *(vs.reports if vs is not None else [])] or [res.trace.path]
     with as_input_error(), report_folder(out, inputs, force) as folder:
-        _write_page(res, folder, vs, steps_now, extra)
+        _write_page(res, folder, vs, steps_now, extra, timeline_events)
     return Path(out) / "index.html"
 
 
-def _write_page(res: Result, out: NewFolder, vs: Result | None, steps_now: int | None, extra) -> None:
+def _write_page(res: Result, out: NewFolder, vs: Result | None, steps_now: int | None, extra,
+                timeline_events: int = timeline.REPORT_MAX_EVENTS) -> None:
     name = ", ".join(Path(p).name for p in res.reports) or Path(res.trace.path).name
     model: whatif_model.Model | InputError  # the error is shown in the what-if section
     try:  # vs is a run to compare with, not whatif's no-speculation baseline: one model per batch size
@@ -604,8 +630,16 @@ def _write_page(res: Result, out: NewFolder, vs: Result | None, steps_now: int |
     else:  # the findings with the model at these steps: kept with the result, as the model is
         found = findings.findings_at(res, steps_now=steps_now)
     figs = _Figures(res, _page_key(res, vs, steps_now))
+    tl_file = None
+    if timeline_events and _plots_cycles(res):
+        out.write(TIMELINE_FILE, timeline.build(res, None, timeline_events).data())
+        tl_file = TIMELINE_FILE
+    classes = timeline.class_cycles(res) if _plots_cycles(res) else []
+    named = [timeline.finding_cycles(res, f, classes) for f in found]
     top = [_comparison(cmp.compare_results(vs, res), figs)] if vs is not None else []
-    secs = [*top, _summary(res, steps_now), _budget(res, figs), _findings(found),
+    cyc = ([Section("cycles", "Every cycle", cycles_chart.section_html(res, found, tl_file))]
+           if _plots_cycles(res) else [])
+    secs = [*top, _summary(res, steps_now), _budget(res, figs), _findings(found, named, tl_file), *cyc,
             *[x for x in (_classes(res), _segments(res)) if x is not None], _phases(res, figs)]
     secs += [s for s in (utilisation_section(res),) if s is not None]
     if res.probe_effect is not None:  # a two-pass capture (--timing): what node-level tracing cost

@@ -45,7 +45,15 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from nvtx_hooks.phases import COMM_COLOR, CYCLE_ORDER, IDLE_COLOR, SEAM_COLOR, base_name, color_of
+from nvtx_hooks.phases import (
+    COMM_COLOR,
+    COMPUTE_COLOR,
+    CYCLE_ORDER,
+    IDLE_COLOR,
+    SEAM_COLOR,
+    base_name,
+    color_of,
+)
 
 from ..compute import cycle_budget, steady_tables
 from ..compute.compare import Comparison
@@ -57,9 +65,10 @@ from ..model import Result
 from . import terminal
 
 __all__ = ["InlineFigure", "phase_bars", "rank_heatmap", "budget", "timeline", "distributions", "per_cycle",
+           "cycle_periods",
            "has_comm_split", "comm_split", "whatif_curve", "utilisation_bars", "compare_delta", "DPI", "WAIT_COLOR"]
 
-WAIT_COLOR = "#f4a259"  # comm wait (a rank waiting for the others); transfer uses COMM_COLOR
+WAIT_COLOR = "#56b4e9"  # comm wait (a rank waiting for the others), a lighter blue; transfer uses COMM_COLOR
 
 
 def _t(text: str) -> str:
@@ -257,13 +266,13 @@ def timeline(res: Result, cycles_shown: int = 3, first: int | None = None) -> Fi
         ax.broken_barh([((a - t0) / us, (b - a) / us) for a, b in s.select("a", "b").rows()], (y + 0.35, 0.5),
                        facecolors=SEAM_COLOR, hatch="..", edgecolor="#888888", linewidth=0, label="seam")
         o = ops.filter(pl.col("rank") == rk)
-        for is_comm, color in ((False, "#333333"), (True, COMM_COLOR)):
+        for is_comm, color in ((False, COMPUTE_COLOR), (True, COMM_COLOR)):
             oo = o.filter(pl.col("comm").is_not_null() == is_comm)
             ax.broken_barh([((a - t0) / us, (b - a) / us) for a, b in oo.select("start", "end").rows()],
                            (y + 0.1, 0.2), facecolors=color, edgecolor="none",
-                           label="comm kernel" if is_comm else "other GPU op")
+                           label="comm kernel" if is_comm else "compute op")
     for c in win.filter(pl.col("rank") == ranks[0])["i_first"].to_list():
-        ax.axvline((c - t0) / us, color="#4c72b0", lw=0.8, ls="--")
+        ax.axvline((c - t0) / us, color=color_of("cycle"), lw=0.8, ls="--")
     ax.set_yticks([len(ranks) - 1 - i + 0.5 for i in range(len(ranks))], [f"rank {r}" for r in ranks])
     ax.set_xlim(0, (t1 - t0) / us)
     ax.set_xlabel(f"µs on the GPU clock (dashed: cycle starts on rank {ranks[0]})")
@@ -349,6 +358,59 @@ def per_cycle(res: Result) -> Figure:
     return fig
 
 
+def cycle_periods(res: Result) -> Figure:
+    """Every cycle on one chart (the report's interactive one, :mod:`analyze.output.cycles_chart`, as a figure):
+    each cycle's period per rank (one marker per rank), coloured by its class (typical, each class of slower cycles
+    that recurs, rare stalls, left out), the batch-size segments as bands."""
+    from . import cycles_chart as cc
+    from .timeline import class_cycles
+
+    c = cycles(res)
+    fig = _figure(12, 4.2)
+    ax = fig.subplots()
+    c = c.filter(pl.col("period_ns").is_not_null()) if c.height else c
+    if c.height == 0:
+        ax.text(0.5, 0.5, "no cycles with a period", ha="center", transform=ax.transAxes)
+        return fig
+    segs = res.steady.segments
+    for i, sg in enumerate(segs if len(segs) > 1 else []):
+        ax.axvspan(sg.first_cycle - 0.5, sg.last_cycle + 0.5, color="#e6eef5" if i % 2 == 0 else "#f2f2f2", lw=0,
+                   zorder=0)
+        ax.text(sg.first_cycle, 0.98, " " + _t(sg.key), transform=ax.get_xaxis_transform(), fontsize=7, va="top")
+    colour = {None: cc.TYPICAL_COLOR}
+    labels = {cc.TYPICAL_COLOR: "typical"}
+    classes = class_cycles(res)
+    of_key: dict[int, str] = {}
+    for i, (cl, keys) in enumerate(classes):
+        col = cc.STALL_COLOR if cl.kind == "stall" else cc.CLASS_COLORS[i % len(cc.CLASS_COLORS)]
+        labels[col] = f"{cl.label} ({len(keys)})"
+        of_key |= {k: col for k in keys}
+    c = c.with_columns(colour=pl.when(~pl.col("steady") & (pl.col("why") != "stall")).then(pl.lit(cc.LEFT_OUT_COLOR))
+                       .otherwise(pl.col("key").replace_strict(of_key, default=colour[None], return_dtype=pl.String)))
+    labels[cc.LEFT_OUT_COLOR] = "left out (warm-up, outside the window)"
+    markers = "os^D"
+    for j, rk in enumerate(sorted(c["rank"].unique().to_list())):
+        r = c.filter(pl.col("rank") == rk).sort("key")
+        ax.plot(r["key"], r["period_ns"] / 1e3, color="#9db3c8", lw=0.8, zorder=1)
+        ax.scatter(r["key"], r["period_ns"] / 1e3, c=r["colour"].to_list(), marker=markers[j % 4], s=14, zorder=2,
+                   label=None)
+    handles: list[Artist] = [Line2D([], [], marker="o", ls="none", color=col, label=_t(lab))
+                             for col, lab in labels.items() if col in set(c["colour"].to_list())]
+    if c["rank"].n_unique() > 1:
+        handles += [Line2D([], [], marker=markers[j % 4], ls="none", color="#555555", label=f"rank {rk}")
+                    for j, rk in enumerate(sorted(c["rank"].unique().to_list()))]
+    ax.set_xlabel("cycle (as analyze numbers them)")
+    spread = float(c["period_ns"].max()) / max(float(c["period_ns"].median()), 1.0)  # type: ignore[arg-type]
+    if spread > 4:  # a few very long cycles (prefills, stalls) would flatten the rest
+        ax.set_yscale("log")
+    ax.set_ylabel("cycle period µs" + (" (log)" if spread > 4 else ""))
+    ax.set_title("Every cycle: its period per rank, coloured by its class (last GPU op of the previous cycle → its "
+                 "last)", fontsize=10)
+    ax.grid(alpha=0.3)
+    fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 5), fontsize=8, frameon=False)
+    return fig
+
+
 def has_comm_split(frame: pl.DataFrame) -> bool:
     """Whether a phases frame carries issue 5's wait/transfer split."""
     return {"comm_wait_ns", "comm_transfer_ns"} <= set(frame.columns)
@@ -405,9 +467,9 @@ def whatif_curve(model: Model, max_steps: int = 10) -> Figure:
     return fig
 
 
-_UTIL_METRICS = (("sm_active_pct", "SMs active", "#4c78a8"), ("sm_issue_pct", "SM issue", "#72b7b2"),
-                 ("tensor_active_pct", "tensor active", "#e45756"), ("dram_read_pct", "DRAM read", "#f58518"),
-                 ("dram_write_pct", "DRAM write", "#eeca3b"))
+_UTIL_METRICS = (("sm_active_pct", "SMs active", "#0072B2"), ("sm_issue_pct", "SM issue", "#56B4E9"),
+                 ("tensor_active_pct", "tensor active", "#009E73"), ("dram_read_pct", "DRAM read", "#E69F00"),
+                 ("dram_write_pct", "DRAM write", "#CC79A7"))  # Okabe–Ito: colour-blind safe
 
 
 def _bound_label(bound: str) -> str:
@@ -460,7 +522,7 @@ def compare_delta(doc: Comparison, top: int = 12) -> Figure | None:
     ax = fig.subplots()
     y = np.arange(len(names))[::-1]
     ax.barh(y[0], (p["delta_ns"] or 0.0) / 1e3, color="#444444", label="cycle period")  # (None: a side without one)
-    for col, label, color, hatch in (("delta_compute_ns", "compute", "#4c78a8", None),
+    for col, label, color, hatch in (("delta_compute_ns", "compute", COMPUTE_COLOR, None),
                                      ("delta_comm_ns", "comm", COMM_COLOR, None),
                                      ("delta_idle_ns", "idle", IDLE_COLOR, "//")):
         vals = np.array([(r[col] or 0) / 1e3 for r in rows])

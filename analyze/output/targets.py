@@ -22,13 +22,14 @@ from ..read.manifest import manifest_path
 from ..read.store.layout import is_cache
 from ..read.store.location import SUFFIX, cache_dir_for
 
-__all__ = ["FIGURES", "PAGE_START", "inputs_of", "fences", "as_input_error", "check_file", "check_db",
+__all__ = ["FIGURES", "TIMELINE_FILE", "PAGE_START", "inputs_of", "fences", "as_input_error", "check_file", "check_db",
            "report_folder", "check_report_folder"]
 
 _REPORT_MARKER = "SPECTRACE_REPORT"  # in every report folder spectrace writes: the files it wrote (JSON)
 # the figures a report may have, beside its index.html (analyze.output.html), and how every page begins
 FIGURES = ("budget.png", "rank_phase.png", "phase_bars.png", "comm_split.png", "timeline.png", "distributions.png",
            "per_cycle.png", "whatif.png", "compare.png")
+TIMELINE_FILE = "timeline.trace.json"  # the annotated timeline beside a report's page (analyze.output.timeline)
 PAGE_START = b"<!doctype html><html><head><meta charset=utf-8><title>spectrace \xc2\xb7 "
 _REP_SUFFIXES = (".nsys-rep", ".qdrep")
 
@@ -75,15 +76,15 @@ def check_db(target: str | os.PathLike, inputs) -> Path:
 
 
 def _legacy_report(folder: Path) -> bool:
-    """A report folder spectrace wrote before report folders had a marker: its ``index.html`` is ours and
-    every other file one of the figures it writes."""
+    """A report folder spectrace wrote without its marker: its ``index.html`` is ours and every other file one of
+    the figures or the timeline it writes."""
     try:
         names = {p.name for p in folder.iterdir()}
         with open(folder / "index.html", "rb") as f:
             head = f.read(len(PAGE_START))
     except OSError:
         return False
-    return head == PAGE_START and names <= {"index.html", *FIGURES}
+    return head == PAGE_START and names <= {"index.html", TIMELINE_FILE, *FIGURES}
 
 
 def report_folder(target: str | os.PathLike, inputs, force: bool = False) -> NewFolder:

@@ -387,12 +387,18 @@ def _kernels_not_exported(r: ExportReader) -> int:
 
 
 def open_reader(path: str | os.PathLike) -> ExportReader:
-    """A reader for an nsys export: a SQLite file, or a ``parquetdir``/``arrowdir`` directory."""
+    """A reader for an nsys export: a SQLite file, or a ``parquetdir``/``arrowdir`` directory; or for a torch
+    profiler trace (a ``.json``/``.json.gz`` file or a folder of them: :mod:`analyze.read.kineto`, read as the
+    parquetdir export it is converted to)."""
     if os.path.isdir(path):
         from .exportdir import DirReader, is_export_dir
 
         if is_export_dir(path):
             return DirReader(path)
+    from .kineto import KinetoReader, is_trace
+
+    if is_trace(path):
+        return KinetoReader(path)
     return Reader(path)
 
 

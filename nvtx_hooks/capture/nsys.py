@@ -5,7 +5,7 @@ Defaults: ``-t cuda,nvtx --cuda-graph-trace=node --trace-fork-before-exec=true -
 (``--capture all`` for the whole run, ``--delay``/``--duration`` for a timed window),
 ``SPECTRACE_HOOKS=1`` in the environment. Writes NAME.nsys-rep, NAME.sqlite and
 NAME.manifest.json (and NAME_<report>.csv with ``--stats``). ``--cpu-sampling`` adds CPU sampling with
-backtraces (:data:`CPU_SAMPLING`; the manifest's ``cpu_sampling`` says what was asked). ``--passes graph,node[,plain]`` runs the
+backtraces (``CPU_SAMPLING``; the manifest's ``cpu_sampling`` says what was asked). ``--passes graph,node[,plain]`` runs the
 command once per pass: graph- and node-level CUDA-graph tracing (NAME_graph.*, NAME_node.*) and, for
 ``plain``, without any profiler (NAME_plain.manifest.json); the JSON-object lines the program prints
 (e.g. the embedded workload's cycles/s) are kept in each manifest. Each export is checked: one line per
@@ -145,7 +145,7 @@ def profile_switches(nsys: str) -> set[str]:
 
 
 def _cpu_sampling(a: argparse.Namespace, switches: set[str] | None) -> list[str]:
-    """The options ``--cpu-sampling`` adds ([] without it): :data:`CPU_SAMPLING`, and :data:`PYTHON_SAMPLING` where
+    """The options ``--cpu-sampling`` adds ([] without it): ``CPU_SAMPLING``, and ``PYTHON_SAMPLING`` where
     ``switches`` (this nsys's, None: unknown, a dry run) lists it; CaptureError if this nsys lacks a required one."""
     if not getattr(a, "cpu_sampling", False):
         return []

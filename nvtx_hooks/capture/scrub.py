@@ -1,4 +1,5 @@
-"""Remove the launch environment and the system process list from an nsys SQLite export.
+"""Remove the launch environment and the system process list from an nsys SQLite export (or, of a torch profiler
+trace, what names the machine and its paths: :func:`nvtx_hooks.capture.torch_profile.scrub_trace`).
 
 nsys stores the profiled command's whole environment (``META_DATA_CAPTURE``
 ``*ENVIRONMENT*`` rows; NUL-separated ``KEY=VALUE`` blobs in ``StringIds`` and
@@ -16,7 +17,10 @@ import sqlite3
 import sys
 from pathlib import Path
 
+from .chrome_trace import TraceError
 from .files import TABLE_SUFFIXES, OutputError, new_file, table_files
+from .torch_profile import find_strings as find_trace_strings
+from .torch_profile import is_torch_trace, scrub_trace
 
 __all__ = ["profiled_pids", "scrub", "find_strings", "run", "add_arguments"]
 
@@ -118,8 +122,20 @@ def scrub(src: str | Path, dst: str | Path, *, force: bool = False) -> dict:
         return _scrub_folder(src, dst, force)
     if not src.is_file():
         raise FileNotFoundError("no such file")
+    torch_trace = is_torch_trace(src)  # a torch profiler trace (.json/.json.gz): torch_profile.scrub_trace
     try:
         with new_file(dst, option="the output", what="the scrubbed copy", inputs=[src], replace=force) as tmp:
+            if torch_trace:  # gzip when the output's name says so (scrub_trace goes by the name it writes)
+                out = tmp.with_name(tmp.name + ".gz") if Path(dst).name.endswith(".gz") else tmp
+                try:
+                    stats = scrub_trace(src, out)
+                    out.replace(tmp)
+                except TraceError as e:
+                    raise ValueError(str(e)) from None
+                finally:
+                    if out != tmp:
+                        out.unlink(missing_ok=True)
+                return stats
             return _scrub(src, tmp)
     except OutputError as e:
         if e.code == "EXISTS":
@@ -404,6 +420,8 @@ def find_strings(path: str | Path, needles: list[str]) -> dict[str, list[str]]:
     export, or of every table file of a parquetdir/arrowdir export)."""
     if Path(path).is_dir():
         return _find_strings_folder(Path(path), needles)
+    if is_torch_trace(path):
+        return find_trace_strings(path, needles)
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     hits: dict[str, list[str]] = {}
     for t in sorted(_tables(con)):
@@ -437,7 +455,8 @@ def run(a: argparse.Namespace) -> int:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``spectrace scrub``."""
-    p.add_argument("input", help="nsys SQLite export, or parquetdir/arrowdir folder (read only)")
+    p.add_argument("input", help="nsys SQLite export, parquetdir/arrowdir folder, or torch profiler trace "
+                                 "(.json/.json.gz) (read only)")
     p.add_argument("-o", "--output", required=True, help="scrubbed copy to write (a folder for a folder export)")
     p.add_argument("-f", "--force", action="store_true", help="overwrite OUTPUT")
     p.add_argument("--check", action="append", metavar="TEXT",

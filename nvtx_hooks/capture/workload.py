@@ -88,6 +88,7 @@ from collections.abc import Callable, Iterator
 
 from ..phases import encode_accept_histogram, encode_payload, histogram_of
 from . import plan as pl
+from . import torch_profile
 from .plan import Segment
 
 __all__ = ["build_parser", "parse_schedule", "check", "flush_cupti", "accept_lengths", "spin", "segments_of",
@@ -210,6 +211,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    help="how each rank of several ends: flush (CUPTI flush, NCCL teardown, normal exit; default) "
                         "or os (no flush, os._exit after the final barrier: a whole-run capture loses its last "
                         "CUDA events)")
+    torch_profile.add_arguments(p)
     return p
 
 
@@ -288,6 +290,7 @@ def check(args: argparse.Namespace) -> None:
             raise ValueError(f"--extra {x}: there is no host_overhead range with --scheduler")
         if args.baseline:
             raise ValueError("--extra injects into the speculative loop: it cannot be combined with --baseline")
+    torch_profile.check(args)
 
 
 def flush_cupti() -> int:
@@ -360,7 +363,8 @@ def _host_ranges(kind: str, ranges_on: bool, spectrace):
 def _profiler_window(bracket: bool, flush: bool) -> Iterator[None]:
     """The measured loop's profiler window: ``cudaProfilerStart/Stop`` (nsys ``--capture-range=cudaProfilerApi``)
     when ``bracket``; with ``flush`` the CUPTI flush before it closes (this rank's events reach the profiler
-    before its window closes). A torch.profiler mode would open and close its own profiler here."""
+    before its window closes). ``--torch-profiler``'s profiler (:mod:`.torch_profile`) is started inside it and
+    stopped after it."""
     import torch
 
     if bracket:
@@ -442,7 +446,7 @@ def run(args: argparse.Namespace) -> dict:
             dist.init_process_group("nccl", device_id=dev)
         else:
             dist.init_process_group("gloo")
-    R = _ranges(args.ranges)
+    R = torch_profile.emitter(_ranges(args.ranges), args)
     H, inter = args.hidden, max(1, args.ffn // world)
     gen = torch.Generator(device=dev).manual_seed(args.seed + 17 * rank)
 
@@ -760,6 +764,7 @@ def run(args: argparse.Namespace) -> dict:
         dist.barrier()
     bracket = use_cuda and args.profiler_api and args.profiler_rank in (None, rank)
     with _profiler_window(bracket, use_cuda and args.exit_mode != "os"):
+        prof = torch_profile.start(args, use_cuda)
         t0 = time.perf_counter()
         i = args.warmup
         prefill_ms: list[float | None] = []
@@ -775,6 +780,7 @@ def run(args: argparse.Namespace) -> dict:
         if use_cuda:
             torch.cuda.synchronize()
         wall = time.perf_counter() - t0
+    torch_trace = torch_profile.stop(prof, args, rank)  # after the CUPTI flush and cudaProfilerStop
     measured = range(args.warmup, args.warmup + measured_cycles)
     rec = {
         "rank": rank,
@@ -794,6 +800,8 @@ def run(args: argparse.Namespace) -> dict:
         "tokens_per_cycle": (args.batch if args.baseline
                              else sum(batch_of[j] + accepted[j] for j in measured) / max(1, measured_cycles)),
     }
+    if torch_trace:
+        rec["torch_trace"] = torch_trace
     if len(segments) == 1:
         rec["period_median_us"] = _median_step_us([pushed_at[j] for j in measured])
     if args.v2 and profile is None:  # per cycle index: accepted tokens per request, the bonus token included

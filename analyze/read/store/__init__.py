@@ -28,7 +28,9 @@ The modules, one concern each (dependencies point down the list)::
     call_keys       which API calls are kept; (pid, correlation id) keys to find the launchers of lost ops
     layout          the folder's marker and meta.json, and the checks of an open (problem)
     fingerprint     the key: format version, the report's path, each file's size, times, inode, content hash
-    location        where a report's cache goes (cache_dir_for), never inside the input
+                    (file_keys: also the key of a torch profiler trace's tables, analyze.read.kineto)
+    location        where a report's cache goes (cache_dir_for), never inside the input (a torch profiler
+                    trace's tables go beside it)
     errors          CacheWriteError, and every write into a store (write_in_cache)
 
 The names below are the store's public face (``analyze.open_store`` is :func:`open_store`).

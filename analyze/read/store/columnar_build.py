@@ -68,7 +68,7 @@ def build_columnar(r: DirReader, report: str | os.PathLike, dest: Path, m: dict)
     r.check_unchanged()
     notes.update(lossy_strings=r.lossy)
     meta = {
-        "key": fingerprint(report),
+        "key": fingerprint(report, check=False),  # its reader opened it: checked
         "report": str(Path(report).resolve()),
         "build": uuid.uuid4().hex,
         "columnar": True,

@@ -195,7 +195,7 @@ class _RowBuild:
         self.notes.update(api_without_pid=g.api_without_pid, lossy_strings=r.lossy, **self.m["read_warnings"])
         m = self.m
         meta = {
-            "key": fingerprint(self.report),
+            "key": fingerprint(self.report, check=False),  # its reader opened it: checked
             "report": str(Path(self.report).resolve()),
             "build": uuid.uuid4().hex,
             "export": m["export"],

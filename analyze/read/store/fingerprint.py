@@ -1,7 +1,9 @@
 """What a cache is keyed by (:func:`fingerprint`): spectrace's cache format version, the report's absolute resolved
 path, and of each of its files (the table files of a directory; a SQLite file's ``-wal`` too) the size, mtime,
 inode, ctime and a hash of 8 blocks of its content (its first and last 64 KiB: SQLite's header with its change
-counter and page count, the first and last pages; a parquet file's footer). A stat and 8 reads per report file."""
+counter and page count, the first and last pages; a parquet file's footer). A stat and 8 reads per report file.
+:func:`file_keys` is that key without the format version: the converted tables of a torch profiler trace
+(:mod:`analyze.read.kineto`) are keyed by it too, with their own version."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from nvtx_hooks.capture.files import table_files
 from ...model import InputError
 from ..sqlite import check_file, sidecar
 
-__all__ = ["CACHE_VERSION", "EDGE", "BLOCK", "BLOCKS", "fingerprint"]
+__all__ = ["CACHE_VERSION", "EDGE", "BLOCK", "BLOCKS", "fingerprint", "file_keys"]
 
 
 CACHE_VERSION = 11  # 2: ranges have ``range_id`` and ``range``; 3: marks.parquet; 4: marker, files listed, checks;
@@ -28,13 +30,21 @@ EDGE = 65536  # the key hashes each report file's first and last EDGE bytes (SQL
 BLOCK, BLOCKS = 4096, 6  # ...and BLOCKS blocks of BLOCK bytes spread between them
 
 
-def fingerprint(report: str | os.PathLike) -> dict:
-    """What the cache is keyed by: the format version, the report's absolute resolved path, and of each of its
-    files (a directory's table files; a SQLite file and its ``-wal``) ``[name, size, mtime, inode, ctime,
-    content]`` (:func:`_file_key`; :func:`_content_hash`: a hash of 8 blocks). A copy of another capture over the
-    report, even of the same size and mtime, changes its ctime (and inode when renamed into place) and, unless
-    it has the same first, last and sampled bytes, its content hash."""
-    if not Path(report).is_dir():
+def fingerprint(report: str | os.PathLike, check: bool = True) -> dict:
+    """What the cache is keyed by: the format version and :func:`file_keys` (the report's absolute resolved path,
+    and of each of its files ``[name, size, mtime, inode, ctime, content]``). ``check``: as for :func:`file_keys`
+    (False for a torch profiler trace, whose reader checks it, and where the report's reader opened it already)."""
+    return {"cache_version": CACHE_VERSION, **file_keys(report, check)}
+
+
+def file_keys(report: str | os.PathLike, check: bool = True) -> dict:
+    """The report's absolute resolved path and, of each of its files (a directory's table files, every file when it
+    has none; a SQLite file and its ``-wal``; any other file alone), ``[name, size, mtime, inode, ctime, content]``
+    (:func:`_file_key`; :func:`_content_hash`: a hash of 8 blocks). A copy of another capture over the report, even
+    of the same size and mtime, changes its ctime (and inode when renamed into place) and, unless it has the same
+    first, last and sampled bytes, its content hash. ``check``: a file must be a complete SQLite file (one line
+    otherwise; a reader of another format checks its own)."""
+    if check and not Path(report).is_dir():
         check_file(report)  # one line for a missing, unreadable, non-regular or non-SQLite file
     p = Path(report).resolve()
     try:
@@ -49,7 +59,7 @@ def fingerprint(report: str | os.PathLike) -> dict:
         raise InputError(f"{report}: cannot read it ({e.strerror})", "UNREADABLE") from None
     if not files:
         raise InputError(f"{report}: no such file", "NO_FILE")
-    return {"cache_version": CACHE_VERSION, "path": str(p), "files": files}
+    return {"path": str(p), "files": files}
 
 
 def _file_key(f: Path, ctime: bool = True) -> list:

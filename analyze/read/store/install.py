@@ -51,6 +51,15 @@ def _cache_write_error(reason, where: Path) -> CacheWriteError:
                            "folder to keep one", "CACHE_WRITE", reason=str(reason))
 
 
+def _fingerprint(p: Path) -> dict:
+    """The report's key (:func:`~analyze.read.store.fingerprint.fingerprint`); a file that is not a torch profiler
+    trace must be a complete SQLite file (one line otherwise), a trace's reader checks its own."""
+    # (not at the top: kineto keys and places its tables with the store's modules)
+    from ..kineto import is_trace
+
+    return fingerprint(p, check=not is_trace(p))
+
+
 def _verified_store(root: Path, key: dict, broken: str | None, report) -> Store | None:
     """The cache at ``root`` when it verifies for ``key`` and is not build ``broken``; else None."""
     try:
@@ -74,7 +83,7 @@ def existing_store(report: str | os.PathLike, cache_dir: Path | None = None) -> 
             return None
     except (OSError, CacheWriteError):
         return None
-    return _verified_store(root, fingerprint(p), None, report)
+    return _verified_store(root, _fingerprint(p), None, report)
 
 
 def open_store(report: str | os.PathLike, progress: ShowProgress | None = None, cache_dir: Path | None = None,
@@ -88,7 +97,7 @@ def open_store(report: str | os.PathLike, progress: ShowProgress | None = None, 
     :class:`~analyze.read.store.errors.CacheWriteError`, with nothing left behind.
     """
     p = Path(report)
-    key = fingerprint(p)
+    key = _fingerprint(p)
     root = cache_dir or cache_dir_for(p)
     refuse_inside_input(root, p)
     found = _verified_store(root, key, broken, report)
@@ -110,7 +119,7 @@ def open_store(report: str | os.PathLike, progress: ShowProgress | None = None, 
         except CacheWriteError as e:
             raise _cache_write_error(e.reason, root) from None
         built = take_built_rows(tmp)
-        if fingerprint(p) != key:  # the report changed while we read it: do not keep what we read
+        if _fingerprint(p) != key:  # the report changed while we read it: do not keep what we read
             raise InputError(f"{p}: the report changed while it was read; try again", "CHANGED")
         mine = build_id(tmp)
         try:
