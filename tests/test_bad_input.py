@@ -1948,7 +1948,7 @@ def make_long_path(e: Env) -> list:
 
 
 def make_rewritten_while_read(e: Env) -> list:
-    """The export replaced in place by another capture (same name) while the analysis reads it."""
+    """The export rewritten in place while the analysis reads it (after its schema was read)."""
     from analyze.read import sqlite as sq
 
     p = shutil.copy(e.pristine(NODE), e.other("live") / f"{NODE}.sqlite")
@@ -1958,10 +1958,10 @@ def make_rewritten_while_read(e: Env) -> list:
     def rewriting(self, *a, **k):
         if not done:
             done.append(1)
-            data = e.pristine("tp1_baseline").read_bytes()
-            with open(p, "r+b") as f:
-                f.write(data)
-                f.truncate()
+            size = p.stat().st_size  # its middle rewritten (a copy in place, a writer): the pages read next are
+            with open(p, "r+b") as f:  # not the ones SQLite expects
+                f.seek(size // 4)
+                f.write(b"\xa5" * (size // 2))
         return frame(self, *a, **k)
 
     e.mp.setattr(sq.Reader, "frame", rewriting)

@@ -49,8 +49,8 @@ def decode_periods(path: str | os.PathLike, counts: dict[str, int] | None = None
     p = Path(path)
     try:
         text = read_input(p, "--unprofiled-log", LOG_MAX_BYTES).decode("utf-8", "replace")
-    except InputFileError as e:
-        raise InputError(str(e), e.code) from None
+    except InputFileError as e:  # (a log that cannot be read: NOT_FOUND, as documented; a pipe, a device: NOT_A_FILE)
+        raise InputError(str(e), "NOT_FOUND" if e.code in ("NO_FILE", "UNREADABLE") else e.code) from None
     lines = pl.DataFrame({"line": text.splitlines()}, schema={"line": pl.String})
     parts = (lines.filter(pl.col("line").str.contains("Decode batch", literal=True))
              .select(pl.col("line").str.extract(rx, 1).cast(pl.Float64, strict=False).alias(k)
