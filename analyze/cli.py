@@ -143,7 +143,7 @@ def _options(a: argparse.Namespace) -> dict[str, Any]:
 
 def _inputs(a: argparse.Namespace) -> list[str]:
     """Every report a verb reads (``--baseline`` and ``--timing`` ones too): outputs must be none of them."""
-    base = getattr(a, "baseline", None) or getattr(a, "vs", None) or []
+    base = getattr(a, "baseline", None) or getattr(a, "vs", None) or getattr(a, "b", None) or []
     return [*a.report, *([base] if isinstance(base, str) else base), *(getattr(a, "timing", None) or []),
             *(getattr(a, "other_steps", None) or []),
             *([a.unprofiled_log] if getattr(a, "unprofiled_log", None) else []),
@@ -278,13 +278,24 @@ def _run_compare(a: argparse.Namespace) -> int:
     from .model import InputError
     from .output import data, text
 
-    if a.vs:
-        side_a, side_b = a.a, a.vs
+    if a.vs and a.b:
+        raise InputError("give --vs (the run to compare with: A) or --b (B's reports, the old meaning), not both",
+                         "BAD_OPTION")
+    if a.vs:  # --vs names the run compared with, side A, in every verb (report's meaning)
+        side_a, side_b = a.vs, a.a
+    elif a.b:  # compare's old --vs (one release): the positional reports are A, these B
+        side_a, side_b = a.a, a.b
+        if not a.quiet:
+            print("spectrace: note: --b is compare's old --vs (B's reports) and goes in the next release: write "
+                  "`compare B… --vs A…` (--vs names the run compared with, side A, in every verb)", file=sys.stderr)
     elif len(a.a) == 2:
         side_a, side_b = a.a[:1], a.a[1:]
     else:
-        raise InputError("give two reports (A B), or A's reports then --vs and B's (several per side for "
-                         "multi-node runs)", "BAD_OPTION")
+        raise InputError("give two reports (A B), or this run's reports then --vs and the other run's (several "
+                         "per side for multi-node runs)", "BAD_OPTION")
+    if a.vs and not a.quiet:
+        print("spectrace: note: compare X --vs Y now compares X (B) with Y (A), as report X --vs Y does; before, Y "
+              "was B: for that, write `compare Y --vs X` (or --b, until the next release)", file=sys.stderr)
     doc = compare(side_a, side_b, **_options(a))
     _out(data.doc_json(doc.to_dict()) if a.format == "json" else text.compare_table(doc))
     for w in doc.warnings:
@@ -295,8 +306,9 @@ def _run_compare(a: argparse.Namespace) -> int:
               f"{doc.verdict.get('text', 'no verdict')}: exit 1", file=sys.stderr)
         return 1
     if a.fail_if_slower is not None and doc.slower_than(a.fail_if_slower):
+        unlike = f" (but the runs differ: {'; '.join(doc.warnings)})" if doc.warnings else ""
         print(f"spectrace: B is slower than A by {doc.verdict['change_pct']:.1f} % (more than "
-              f"{a.fail_if_slower} %, outside the noise): exit 1", file=sys.stderr)
+              f"{a.fail_if_slower} %, outside the noise){unlike}: exit 1", file=sys.stderr)
         return 1
     return 0
 
@@ -527,9 +539,16 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                                    "and B and the difference split into compute, communication and idle, one "
                                    "ranking by |Δ| (per generated token when both know tokens), per rank, the "
                                    "GPU operations that moved, and a verdict on the cycle period from a bootstrap "
-                                   "over cycles. `compare A B`, or `compare A1 A2 --vs B1 B2` for multi-node runs.")
-    p.add_argument("a", nargs="+", metavar="A", help="run A (e.g. the baseline); with --vs, all of A's exports")
-    p.add_argument("--vs", nargs="+", metavar="B", help="run B's exports (when A or B has several)")
+                                   "over cycles. `compare A B`, or `compare B1 B2 --vs A1 A2` for multi-node runs (--vs names the "
+                                   "run compared with, A, as in `report --vs`).")
+    p.add_argument("a", nargs="+", metavar="RUN",
+                   help="`A B`: run A (e.g. the baseline) then run B; with --vs, all of this run's exports (B)")
+    p.add_argument("--vs", nargs="+", metavar="OTHER",
+                   help="the run to compare with (A = OTHER, B = the reports before --vs), as in `report --vs`; "
+                        "several exports for a multi-node run")
+    p.add_argument("--b", nargs="+", metavar="B",
+                   help="deprecated, for one release: compare's old --vs (B's reports, the positional ones A); "
+                        "write `compare B… --vs A…`")
     _add_common_args(p, ("table", "json"), "table: text for people (default); json: every row, per rank, "
                                           "kernels, verdict")
     p.add_argument("--fail-if-slower", type=_num(float, 0, 1e6), metavar="PCT",

@@ -122,7 +122,8 @@ def test_verdict_and_fail_if_slower(tmp_path, capsys):
 
 
 def test_several_reports_per_side(tmp_path, capsys):
-    """compare A1 A2 --vs B1 B2: each side merged (ranks numbered across its reports), then compared."""
+    """compare B1 B2 --vs A: each side merged (ranks numbered across its reports), then compared (--vs names the
+    run compared with, A, as in report)."""
     from test_scale import split_probe
 
     from tests.helpers.paths import PROBE, need
@@ -131,7 +132,7 @@ def test_several_reports_per_side(tmp_path, capsys):
     a0, a1 = split_probe(tmp_path, 1412), split_probe(tmp_path, 1413)
     assert main(["compare", str(a0), str(a1), "--vs", str(PROBE), "--format", "json", "-j", "1"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["a"].count(",") == 1 and {x["rank"] for x in doc["per_rank"]} == {0, 1}
+    assert doc["b"].count(",") == 1 and doc["a"] == str(PROBE) and {x["rank"] for x in doc["per_rank"]} == {0, 1}
     assert all(abs(x["delta_ns"]) < 1e-6 for x in doc["rows"] if x["kind"] == "phase")
     assert main(["compare", str(a0)]) == 2  # one report and no --vs: nothing to compare with
 
@@ -158,3 +159,60 @@ def test_api_compare_lets_go_of_a_before_b_is_read(paths, monkeypatch):
     doc = api.compare(paths[0], paths[1]).to_dict()
     assert a_alive_when_b_read == [False]
     assert doc == compare_results(real(paths[0]), real(paths[1])).to_dict()
+
+
+def test_vs_names_side_a_in_every_verb(tmp_path, capsys):
+    """`compare X --vs Y` and `report X --vs Y` give the same verdict: Y is A, X is B in both (issue 37: compare
+    made Y the B side, report the A side). compare's old meaning is `--b` for one release, with a one-line note."""
+    import html as h
+    import re
+
+    from nvtx_hooks.capture import samples
+
+    x, y = samples.path("tp1_delay_every4"), samples.path("tp1_clean")
+    assert main(["compare", str(x), "--vs", str(y), "--format", "json"]) == 0
+    out = capsys.readouterr()
+    doc = json.loads(out.out)
+    assert doc["a"] == str(y) and doc["b"] == str(x) and doc["verdict"]["result"] == "slower"
+    assert out.err.count("spectrace: note: compare X --vs Y now compares X (B) with Y (A)") == 1
+    assert main(["report", str(x), "--vs", str(y), "-o", str(tmp_path / "r")]) == 0
+    page = (tmp_path / "r" / "index.html").read_text()
+    got = h.unescape(re.search(r'<p class="verdict">(.*?)</p>', page).group(1))
+    assert got == doc["verdict"]["text"] and got.startswith("B is slower")
+    # the positional form and the old meaning (--b) agree with it: A = y, B = x
+    assert main(["compare", str(y), str(x), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["verdict"] == doc["verdict"]
+    assert main(["compare", str(y), "--b", str(x), "--format", "json"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["verdict"] == doc["verdict"] and out.err.count("--b is compare's old --vs") == 1
+    assert main(["compare", str(y), "--b", str(x), "--vs", str(x)]) == 2
+
+
+def test_compare_says_the_step_counts_differ(capsys):
+    """A 1-step and a 3-step capture: the warning says so (text, JSON and the gate's message); with tokens per cycle
+    unknown on a side it says the verdict is on the cycle period."""
+    from analyze.compute import compare as cmp
+    from nvtx_hooks.capture import samples
+
+    one, three = samples.path("tp1_s1_graph"), samples.path("tp1_s3_graph")
+    assert main(["compare", str(one), str(three), "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    (w,) = [w for w in doc["warnings"] if "draft step counts differ" in w]
+    assert w.startswith("draft step counts differ (A: 1, B: 3)")
+    assert main(["compare", str(one), str(three)]) == 0
+    text = capsys.readouterr().out
+    assert "Warning: draft step counts differ (A: 1, B: 3)" in text
+    # one count of cycles, per rank, in the steady sentence (issue 37: "198 steady cycles over ranks" beside "100 of
+    # 100 cycles per rank")
+    assert "steady cycles over ranks" not in text and "cycles per rank" in text
+    code = main(["compare", str(one), str(three), "--fail-if-slower", "0"])
+    err = capsys.readouterr().err
+    if code == 1:
+        assert "but the runs differ: draft step counts differ (A: 1, B: 3)" in err
+    # unknown tokens on one side while the steps differ: said
+    a = cmp._Capture("graph", 1, ["H200"], None, 1, "recorded", (4,), True)  # type: ignore[arg-type]
+    b = cmp._Capture("graph", 1, ["H200"], None, 3, "inferred", (8,), False)  # type: ignore[arg-type]
+    ws = cmp._warnings_between(a, b)
+    assert any(w.startswith("draft step counts differ (A: 1, B: 3) (inferred from the draft's structure on B)")
+               and "tokens per cycle are unknown on B" in w for w in ws)
+    assert any(w.startswith("decode batch sizes differ (A: 4; B: 8)") for w in ws)

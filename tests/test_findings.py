@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from analyze import analyze
-from analyze.compute import findings
+from analyze.compute import anatomy, findings
 from analyze.compute.whatif_fit import fit
 from tests.helpers import eagle_synth as es
 
@@ -55,10 +57,16 @@ def test_rules_on_the_synthetic_cycle(res):
     assert all(x.share == pytest.approx(x.impact_ns / 10_000) for x in found)
     assert all(set(x.to_dict()) >= {"code", "severity", "phase", "rank", "evidence", "action"} for x in found)
     assert all(x.action == next(r.action for r in findings.RULES if r.code == x.code)
-               for x in found if x.code != "COMM_SHARE")
-    # the draft's all-reduce kernel is ..._RING_LL (no manifest environment): the advice starts from LL
-    assert c.action.startswith("This run uses NCCL's LL protocol, RING algorithm (its kernel "
-                               "ncclDevKernel_AllReduce_Sum_bf16_RING_LL;") and "NCCL_PROTO=LL " not in c.action
+               for x in found if x.code not in ("COMM_SHARE", "SEAM_BLOCKED_LAUNCH"))
+    # the stall's extra time is between cycles (where the host launches the next): the host-stall advice
+    (where,) = [c for c in anatomy.cycle_classes(res) if c.kind == "stall"]
+    assert where.piece == "between cycles" and f["STALLS"][0].action.startswith("Intermittent host stalls")
+    # node-level graph tracing is advised about only on a node-level capture
+    node = res.trace.graph_trace_mode == "Node"
+    assert all(("traced CUDA graphs node by node" in x.action) == node for x in f["SEAM_BLOCKED_LAUNCH"])
+    # the draft's all-reduce kernel is ..._RING_LL and nothing recorded the environment: the protocol is unknown
+    # (NCCL names the kernel ..._RING_LL under Simple too), the advice holds for any of them
+    assert c.action.startswith("The NCCL protocol this run used is unknown") and "LL protocol" not in c.action
 
 
 def test_whatif_finding_follows_the_model(res):
@@ -148,64 +156,71 @@ def test_ragged_window_pairs_by_cycle_and_names_no_false_straggler():
 
 
 def test_comm_advice_knows_the_nccl_protocol(tmp_path):
-    """COMM_SHARE's advice starts from the protocol the run already uses: the recorded environment's
-    NCCL_PROTO (the bundled tp2_nccl_ll / tp2_nccl_simple manifests), else the NCCL kernel's name (the rank-0-window
-    capture has no manifest; its all-reduce kernel is ..._RING_LL); never "try NCCL_PROTO=LL" on an LL run."""
+    """COMM_SHARE's advice starts from the protocol the run is known to have had: the recorded environment's
+    NCCL_PROTO (the bundled tp2_nccl_ll / tp2_nccl_simple manifests); never "try NCCL_PROTO=LL" on an LL run. Without
+    the manifest nothing says the protocol: the Simple capture's kernels are named ..._RING_LL, and no finding may
+    assert a protocol (issue 37: it said "This run uses NCCL's LL protocol" and advised against the best move)."""
     import json
+    import sqlite3
 
-    from analyze import analyze
     from analyze.compute.findings import find
     from tests.helpers.paths import TP2, tp2
 
-    def advice(name: str, manifest: bool = True) -> list[str]:
-        p = tp2(name, tmp_path)
+    def found(name: str, manifest: bool = True) -> list:
+        d = tmp_path / ("m" if manifest else "bare")
+        d.mkdir(exist_ok=True)
+        p = tp2(name, d)
         if not manifest:
             p.with_suffix(".manifest.json").unlink(missing_ok=True)
-        return [f.action for f in find(analyze(p)) if f.code == "COMM_SHARE"]
+        return find(analyze(p))
+
+    def advice(name: str, manifest: bool = True) -> list[str]:
+        return [f.action for f in found(name, manifest) if f.code == "COMM_SHARE"]
 
     assert json.loads((TP2 / "tp2_nccl_ll.manifest.json").read_text())["nccl_env"]["NCCL_PROTO"] == "LL"
     assert json.loads((TP2 / "tp2_nccl_simple.manifest.json").read_text())["nccl_env"]["NCCL_PROTO"] == "Simple"
     ll = advice("tp2_nccl_ll")
-    assert ll and all(a.startswith("This run uses NCCL's LL protocol (NCCL_PROTO in the capture's recorded "
+    assert ll and all(a.startswith("This run was set to NCCL's LL protocol (NCCL_PROTO in the capture's recorded "
                                    "environment). LL is already the lowest-latency protocol: next try NCCL_ALGO")
                       for a in ll)
     assert not any("NCCL_PROTO=LL" in a for a in ll)
     simple = advice("tp2_nccl_simple")
-    assert simple and all(a.startswith("This run uses NCCL's Simple protocol") and "try NCCL_PROTO=LL" in a
+    assert simple and all(a.startswith("This run was set to NCCL's Simple protocol") and "try NCCL_PROTO=LL" in a
                           for a in simple)
-    window = advice("tp2_rank0_window", manifest=False)
-    assert window and all(a.startswith("This run uses NCCL's LL protocol, RING algorithm (its kernel "
-                                       "ncclDevKernel_AllReduce_Sum_bf16_RING_LL;") for a in window)
+    # the Simple capture without its manifest: its NCCL kernels say RING_LL, yet no finding names a protocol
+    fs = found("tp2_nccl_simple", manifest=False)
+    with sqlite3.connect(tmp_path / "bare" / "tp2_nccl_simple.sqlite") as con:
+        names = [n for (n,) in con.execute("SELECT DISTINCT s.value FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds "
+                                           "s ON s.id = k.shortName WHERE s.value LIKE 'ncclDevKernel%'")]
+    assert names and all("RING_LL" in n for n in names), names
+    assert any(f.code == "COMM_SHARE" for f in fs)
+    for f in fs:
+        text = f.evidence + " " + f.action
+        assert not re.search(r"(LL|LL128|Simple) protocol\b|protocol is (LL|Simple)|uses NCCL", text), text
+    assert all(a.startswith("The NCCL protocol this run used is unknown") for a in advice("tp2_nccl_simple", False))
 
 
-def test_nccl_setting_from_kernel_names_is_the_phase_top_nccl_kernel(tmp_path):
-    """Without a recorded NCCL_PROTO, each phase's setting is named by the NCCL kernel with the most time among the
-    kernels of the phase's instances: computed here independently, every kernel row of the phase summed per name in
-    Python, the names matched afterwards."""
-    import re
-    from collections import Counter
+def test_nccl_setting_only_from_the_recorded_environment(tmp_path):
+    """No manifest: no setting (the kernel's name is no evidence); a manifest without NCCL_PROTO: unset, NCCL's own
+    choice; an unusual value is said as recorded."""
+    import json
 
     from tests.helpers.paths import tp2
 
     p = tp2("tp2_nccl_simple", tmp_path)
-    p.with_suffix(".manifest.json").unlink(missing_ok=True)
+    man = p.with_suffix(".manifest.json")
+    doc = json.loads(man.read_text())
     res = analyze(p)
-    checked = 0
-    for phase in sorted(set(res.instances["range"].drop_nulls().to_list())):
-        ids = set(res.instances.filter(res.instances["range"] == phase)["range_id"].to_list())
-        sums: Counter = Counter()
-        for rid, name, ns in res.kernels.select("range_id", "name", "kernel_ns").iter_rows():
-            if rid in ids and name is not None:
-                sums[name] += ns
-        top = [(ns, n) for n, ns in sums.items() if re.search(findings.NCCL_KERNEL, n)]
-        got = findings.nccl_setting(res, phase)
-        if not top:
-            assert got is None, phase
-            continue
-        ns, name = max(top)
-        assert len([t for t in top if t[0] == ns]) == 1  # no tie: one answer
-        m = re.search(findings.NCCL_KERNEL, name)
-        assert got is not None and (got.algo, got.proto) == (m.group(1), findings.PROTOS[m.group(2).lower()])
-        assert name.split("(")[0] in got.source
-        checked += 1
-    assert checked >= 2
+    assert findings.nccl_setting(res) == findings.NcclSetting("Simple", None, "NCCL_PROTO in the capture's recorded "
+                                                                              "environment")
+    doc["nccl_env"] = {}
+    man.write_text(json.dumps(doc))
+    got = findings.nccl_setting(res)
+    assert got is not None and got.proto is None and "unset" in got.source
+    assert findings.comm_action(got).startswith("This run left the protocol to NCCL")
+    doc["nccl_env"] = {"NCCL_PROTO": "^LL128", "NCCL_ALGO": "Tree"}
+    man.write_text(json.dumps(doc))
+    got = findings.nccl_setting(res)
+    assert got == findings.NcclSetting(None, "Tree", "NCCL_PROTO=^LL128 in the capture's recorded environment")
+    man.unlink()
+    assert findings.nccl_setting(res) is None

@@ -51,3 +51,17 @@ def test_validate_over_repeated_runs(sweep):
     one = v.filter(pl.col("steps") == 1)
     assert one["runs"].unique().to_list() == [1] and one["measured_spread_pct"].unique().to_list() == [0.0]
     assert one.filter(pl.col("from_steps") == 1)["error_pct"][0] == pytest.approx(0, abs=1e-9)
+
+
+def test_a_phase_launched_by_two_calls_in_a_window_replays():
+    """tp1_sched_cpu (CPU sampling): each cycle's verify is launched by two key calls, so the replay's window holds
+    its unit twice. The slots of what follows it were joined on both (rows repeated: more items per window than
+    slots, an IndexError). The twins are one call now (API_TWINS); the replay of the measured cycles is exact."""
+    from analyze.compute.whatif_replay import replay
+
+    res = analyze(samples.path("tp1_sched_cpu"))
+    r = replay(res)
+    assert r.windows > 100 and (r.n_items <= r.a["s"].shape[1]).all()
+    period, _, _ = r.run({})
+    assert abs(float(period.mean()) - float(r.period.mean())) / float(r.period.mean()) < 0.01
+    assert fit(res).predict(3).measured

@@ -43,7 +43,7 @@ class CycleClass:
     """One class of slower cycles and where its extra time sits (JSON: ``cycle_classes``)."""
 
     id: int | None  # steady's class id; None for the rare stalls left out
-    kind: str  # every, prefill, batch change, mode, stall
+    kind: str  # every, prefill, batch change, mode, shift, stall
     label: str
     every: int | None
     offset: int | None
@@ -63,6 +63,8 @@ class CycleClass:
     evidence: str = ""  # "collectives" or "budget"
     pieces: list[dict] = field(default_factory=list)  # rank, segment, kind, class_ns, typical_ns, delta_ns
     text: str = ""
+    onset_key: int | None = None  # a level shift (kind ``shift``): its first cycle, and its last when it ends
+    until_key: int | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -75,10 +77,18 @@ def cycle_classes(res: Result) -> list[CycleClass]:
     c = cycle_budget.main_cycles(res)
     if c.height == 0 or not info.classes and not info.stalls:
         return []
-    typical = c.filter(pl.col("steady") & pl.col("cycle_class").is_null() & ~pl.col("slow"))
+    # Typical cycles: steady, in no class but a level shift's (the normal cycles of their level), weighed per segment
+    # and level (``segment`` below: a class's cycles against the typical ones of their own level, so that a cycle of
+    # a periodic class after a level shift holds the periodic extra only, and the shift's is the shift's).
+    shifts = [cl.id for cl in info.classes if cl.kind == "shift"]
+    level = pl.col("level") if "level" in c.columns else pl.lit(0)
+    c = c.with_columns(_batch_segment=pl.col("segment"), segment=pl.col("segment") * 1_000 + level.fill_null(0))
+    typical = c.filter(pl.col("steady") & (pl.col("cycle_class").is_null() | pl.col("cycle_class").is_in(shifts))
+                       & ~pl.col("slow"))
     steady_n = max(c.filter("steady").select("key").unique().height, 1)
     out = []
-    groups = [(cl, c.filter((pl.col("cycle_class") == cl.id) & pl.col("slow") & pl.col("steady")))
+    groups = [(cl, c.filter((pl.col("cycle_class") == cl.id) & (pl.col("slow") | pl.lit(cl.kind == "shift"))
+                            & pl.col("steady")))
               for cl in info.classes]
     if info.stalls:
         n = len(info.stalls)
@@ -89,7 +99,12 @@ def cycle_classes(res: Result) -> list[CycleClass]:
     for cl, members in groups:
         if members.height == 0:
             continue
-        out.append(_anatomy(res, cl, members, typical, steady_n))
+        typ = typical
+        if cl.kind == "shift":  # against the level before it, in the same segment (relabelled as the class's)
+            seg = to_int(members["segment"].min())
+            typ = (typical.filter(pl.col("segment") == seg - 1)
+                   .with_columns(segment=pl.lit(seg, c.schema["segment"])))
+        out.append(_anatomy(res, cl, members, typ, steady_n))
     return out
 
 
@@ -146,7 +161,8 @@ def _anatomy(res: Result, cl: SlowClass, members: pl.DataFrame, typical: pl.Data
                      kept=kept, slots=int(cl.slots or len(keys)), affected=len(keys), keys=keys[:20],
                      extra_ns=extra, typical_ns=typical_ns,
                      per_cycle_ns=extra * len(keys) / steady_n if kept else 0.0,
-                     rank=None, phase=None, piece=None)
+                     rank=None, phase=None, piece=None, onset_key=getattr(cl, "onset_key", None),
+                     until_key=getattr(cl, "until_key", None))
     floor = max(abs(extra), 1.0)
     out.pieces = (d.filter(pl.col("delta_ns").abs() >= _SHOWN * floor)
                   .select("rank", "segment", "kind", "class_ns", "typical_ns", "delta_ns").to_dicts())

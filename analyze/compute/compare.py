@@ -18,8 +18,10 @@ cycle in A and B, B − A split into compute, communication and idle, one rankin
   is about the cycle period, the mean over every steady cycle (recurring slow cycles included), or about the
   time per token when the runs make different numbers of tokens per cycle (other draft steps, a baseline, or
   a difference in tokens per cycle that is not noise): ``slower`` when the whole interval of the relative
-  change is above 0, ``faster`` when it is below, else ``no clear change``. ``warnings`` say when the two captures differ in how they were made (CUDA-graph trace level, rank
-  count, GPU model) or when either left out more than a tenth of its cycles.
+  change is above 0, ``faster`` when it is below, else ``no clear change``. ``warnings`` say when the two captures
+  differ in how they were made or what they ran (CUDA-graph trace level, rank count (TP size), GPU model, draft
+  step count, with whether tokens per cycle are unknown, decode batch sizes) or when either left out more than a
+  tenth of its cycles.
 """
 
 from __future__ import annotations
@@ -262,10 +264,28 @@ class _Capture:
     ranks: int
     gpus: list[str]
     selection: Selection
+    steps: int | None = None  # draft steps (the manifest's, else inferred from the draft's structure), None: unknown
+    steps_how: str = ""
+    batch_sizes: tuple[int, ...] = ()  # decode batch sizes of the steady cycles (the payload's), () unknown
+    tokens_known: bool = True
 
     @classmethod
     def of(cls, res: Result) -> _Capture:
-        return cls(res.trace.graph_trace_mode, res.ranks.height, _gpus(res), selection(res))
+        from ..model import InputError
+        from .whatif_fit import steps_known
+
+        try:
+            steps, how = steps_known(res, None)
+        except InputError:
+            steps, how = None, ""
+        info = selection(res)
+        sizes = tuple(sorted({int(g.batch_size) for g in info.segments if g.batch_size is not None}))
+        if not sizes:
+            b = summary(res).batch_size
+            sizes = (int(b),) if b is not None and float(b).is_integer() else ()
+        return cls(res.trace.graph_trace_mode, res.ranks.height, _gpus(res), info, steps,
+                   "inferred" if how.startswith("inferred") else "recorded" if how else "", sizes,
+                   summary(res).tokens_per_cycle is not None)
 
 
 def warnings(a, b) -> list[str]:
@@ -274,22 +294,40 @@ def warnings(a, b) -> list[str]:
 
 
 def _warnings(a: _Capture, b: _Capture) -> list[str]:
+    out = _warnings_between(a, b)
+    for side, r in (("A", a), ("B", b)):
+        info = r.selection
+        if info.how == "detected" and info.left_out_share > steady_cycles.LEFT_OUT_WARN:
+            out.append(f"{side} leaves out {info.left_out_share:.0%} of its cycles after warm-up (stalls, pauses): "
+                       "its numbers describe the rest only")
+    return out
+
+
+def _warnings_between(a: _Capture, b: _Capture) -> list[str]:
+    """How the two runs differ in how they were captured or what they ran."""
     out = []
     ma, mb = a.graph_trace_mode, b.graph_trace_mode
     if (ma or "none") != (mb or "none"):
         out.append(f"CUDA-graph trace levels differ (A: {ma or 'none'}, B: {mb or 'none'}): node-level tracing makes "
                    "graph launches block and costs 2–3 % of the cycle; compare captures made the same way")
     if a.ranks != b.ranks:
-        out.append(f"rank counts differ (A: {a.ranks}, B: {b.ranks}): per-cycle times compare, "
+        out.append(f"rank counts (TP size) differ (A: {a.ranks}, B: {b.ranks}): per-cycle times compare, "
                    "communication does not")
     ga, gb = a.gpus, b.gpus
     if ga and gb and ga != gb:
         out.append(f"GPU models differ (A: {', '.join(ga)}; B: {', '.join(gb)})")
-    for side, r in (("A", a), ("B", b)):
-        info = r.selection
-        if info.how == "detected" and info.left_out_share > steady_cycles.LEFT_OUT_WARN:
-            out.append(f"{side} leaves out {info.left_out_share:.0%} of its cycles after warm-up (stalls, pauses): "
-                       "its numbers describe the rest only")
+    if a.steps is not None and b.steps is not None and a.steps != b.steps:
+        how = "" if a.steps_how == b.steps_how == "recorded" else " (inferred from the draft's structure on " + \
+            " and ".join(s for s, c in (("A", a), ("B", b)) if c.steps_how == "inferred") + ")"
+        out.append(f"draft step counts differ (A: {a.steps}, B: {b.steps}){how}: a cycle makes a different number "
+                   "of tokens" + ("" if a.tokens_known and b.tokens_known else
+                                  "; tokens per cycle are unknown on " + " and ".join(
+                                      s for s, c in (("A", a), ("B", b)) if not c.tokens_known)
+                                  + ", so the verdict is on the cycle period, not per token: a longer cycle may "
+                                    "still be faster per token"))
+    if a.batch_sizes and b.batch_sizes and a.batch_sizes != b.batch_sizes:
+        out.append(f"decode batch sizes differ (A: {', '.join(map(str, a.batch_sizes))}; B: "
+                   f"{', '.join(map(str, b.batch_sizes))}): a cycle does different work")
     return out
 
 

@@ -19,7 +19,7 @@ __all__ = ["FACTS", "diagnose", "duplicate_rows"]
 
 # Counts each process body returns, summed over processes.
 FACTS = ("graph_ops", "node_ops", "graph_launches", "orphan_launches", "orphan_launches_inside", "unmatched_ops",
-         "duplicate_ops", "duplicate_api")
+         "duplicate_ops", "api_twins", "duplicate_api")
 
 # Oddities met while reading (:attr:`analyze.model.Trace.read_warnings`): code and message per count.
 _READ_WARNINGS = {
@@ -86,6 +86,11 @@ def diagnose(t: Trace, nested: pl.DataFrame, facts: dict[str, int], ranks: pl.Da
         out.append(Diagnostic("warning", "DUPLICATE_OPS",
                               f"{facts['duplicate_ops']} GPU operations repeat another row exactly (process, "
                               "correlation id, start and end); their kernel time and op counts are counted twice"))
+    if facts.get("api_twins"):
+        out.append(Diagnostic("info", "API_TWINS",
+                              f"{facts['api_twins']} CUDA API calls are recorded twice (an outer row and an inner "
+                              "versioned one, e.g. cudaGraphLaunch around cudaGraphLaunch_v10000, one thread and "
+                              "correlation id: nsys with CPU backtraces); each is counted once, as its inner row"))
     unclosed = t.ranges.filter("unclosed")
     if unclosed.height:
         counted = inst.filter(pl.col("i_ops") > 0)  # a selected instance with GPU work that no rule left out

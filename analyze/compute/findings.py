@@ -37,8 +37,8 @@ if TYPE_CHECKING:
     from .whatif_model import Model
 
 __all__ = ["HIGH", "MEDIUM", "FLOOR", "RULES", "COMM_SHARE", "IDLE_SHARE", "GAIN", "RuleContext", "Finding", "RuleHit", "Rule",
-           "SAME", "launch_timing", "NCCL_KERNEL", "PROTOS", "NcclSetting", "nccl_setting", "comm_action",
-           "PHASE_SHARE", "severity", "RuleInputs", "rule_inputs", "known", "context", "find", "findings_at"]
+           "SAME", "launch_timing", "PROTOS", "NcclSetting", "nccl_setting", "comm_action",
+           "PHASE_SHARE", "severity", "Claim", "CYCLE", "CAUSE", "PIECE", "PHASE", "WHOLE", "partition", "RuleInputs", "rule_inputs", "known", "context", "find", "findings_at"]
 
 HIGH, MEDIUM, FLOOR = 0.10, 0.03, 0.01
 COMM_SHARE = 0.10  # a phase's communication share of its span worth a finding
@@ -73,6 +73,10 @@ class Finding:
     (``rank`` None when all ranks are about the same; ``rank_is``: ``worst`` when it holds on several ranks and
     ``rank`` has the most of it, ``only`` when it is about that rank alone); ``every``: N when it happens every
     N-th cycle, with ``extra_ns`` per affected cycle, ``cycles`` of them; ``evidence``; ``action``: what to try.
+    Each microsecond is counted once (:func:`partition`): ``impact_ns`` is what is left to this finding of the
+    ``gross_ns`` it found after the findings that name a cause took theirs; ``claims``: the budget pieces it holds
+    (``piece``, ``ns`` per cycle); ``counted_under``: the findings holding the rest (``code``, ``phase``, ``rank``,
+    ``ns``).
     """
 
     code: str
@@ -88,9 +92,13 @@ class Finding:
     share: float
     rank_is: str | None
 
+    gross_ns: float = 0.0
+    claims: tuple[dict, ...] = ()
+    counted_under: tuple[dict, ...] = ()
+
     def to_dict(self) -> dict:
         """The finding as the JSON document has it (``findings`` of ``spectrace analyze --format json``)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v) for f in fields(self)}
 
 
 @dataclass(frozen=True)
@@ -109,6 +117,24 @@ class RuleHit:
     cycles: int | None = None
     action: str | None = None
     host_bound: bool = False
+    cycle_class: anatomy.CycleClass | None = None  # the class of slower cycles it is about (its pieces: its claims)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Part of the mean steady cycle a hit says it explains: ``ns`` per cycle (mean over ranks) taken from the
+    budget's leaves ``pieces``, in that order (:func:`partition`). A leaf is a cycle-budget piece (``between
+    cycles``, a seam ``draft → verify``) or a phase's part (``verify/compute``, ``verify/comm``, ``verify/idle``);
+    :data:`CYCLE` is what no other claim took of the cycle period."""
+
+    pieces: tuple[str, ...]
+    ns: float
+
+
+CYCLE = "cycle"  # the leaf of claims that name no piece: the period less what the other findings took
+# Tiers of :func:`partition`: a claim that names a cause (a late rank, a class of slower cycles) takes its µs first;
+# then the pieces' own rules (the gap, a seam, communication, idle); then a phase's bound; then what names no piece.
+CAUSE, PIECE, PHASE, WHOLE = 0, 1, 2, 3
 
 
 @dataclass(frozen=True)
@@ -117,6 +143,8 @@ class Rule:
     looks_at: str
     action: str
     check: Callable[[RuleContext], list[RuleHit]]
+    tier: int = WHOLE  # :func:`partition`'s order (CAUSE first)
+    claims: Callable[[RuleHit], list[Claim]] | None = None  # None: the hit claims CYCLE
 
 
 def _us(ns: float) -> str:
@@ -189,10 +217,6 @@ def _gap(ctx: RuleContext) -> list[RuleHit]:
     late = to_float(s["host_late"].mean()) if s.height else None
     ev = (f"the GPU is idle {_us(o.mean)} between the last GPU op of a cycle and the first of the next = "
           f"{_pct(o.mean / ctx.period_ns)} of the {_us(ctx.period_ns)} cycle ({_ranks_txt(o)})")
-    held = [c for c in ctx.classes if c.kept and c.piece == cycle_budget.GAP and c.per_cycle_ns > 0]
-    if held:
-        ev += "; of which " + ", ".join(f"{_us(c.per_cycle_ns)} from {c.label} (+{_us(c.extra_ns)} each)"
-                                        for c in held)
     if late is not None:
         ev += (f"; the next cycle's first launch call came after the previous cycle's GPU work had finished in "
                f"{_pct(late)} of cycles (host-bound)" if late >= 0.5 else
@@ -252,63 +276,70 @@ def _comm(ctx: RuleContext) -> list[RuleHit]:
     return out
 
 
-# NCCL's kernels name the algorithm and protocol they were built for: ncclDevKernel_AllReduce_Sum_bf16_RING_LL.
-NCCL_KERNEL = r"^ncclDevKernel_\w+?_(RING|TREE|NVLS_TREE|NVLSTREE|NVLS|COLLNET_DIRECT|COLLNET_CHAIN|PAT)_(LL128|LL|SIMPLE)\b"
+# NCCL's kernel names carry an algorithm and a protocol (ncclDevKernel_AllReduce_Sum_bf16_RING_LL), but not the
+# ones a collective ran with: NCCL names the kernel ..._RING_LL under NCCL_PROTO=Simple too (the bundled
+# tp2_nccl_simple capture). The name is never evidence of the protocol; only the recorded environment is.
 PROTOS = {"ll": "LL", "ll128": "LL128", "simple": "Simple"}
 
 
 @dataclass(frozen=True)
 class NcclSetting:
-    """The NCCL protocol (and algorithm) a phase's collectives ran with, and where that is known from."""
+    """The NCCL protocol (and algorithm) a run's collectives were set to, and where that is known from
+    (``proto`` None: the recorded environment shows NCCL_PROTO unset, so NCCL chose per message size)."""
 
-    proto: str | None  # LL, LL128, Simple
-    algo: str | None  # Ring, Tree, NVLS, ...
+    proto: str | None  # LL, LL128, Simple; None: unset (NCCL's own choice per size)
+    algo: str | None  # Ring, Tree, NVLS, ... as set (NCCL_ALGO)
     source: str
 
 
-def nccl_setting(res: Result, phase: str) -> NcclSetting | None:
-    """The protocol of ``phase``'s collectives: the recorded environment's ``NCCL_PROTO``/``NCCL_ALGO`` (the manifest
-    beside the capture), else the name of the NCCL kernel with the most time in the phase; None when neither says."""
+def nccl_setting(res: Result, phase: str | None = None) -> NcclSetting | None:
+    """The NCCL protocol and algorithm the run was set to, from evidence only: the capture's recorded environment
+    (``nccl_env`` of the manifest ``spectrace trace`` writes beside the capture: ``NCCL_PROTO``/``NCCL_ALGO``, set
+    or unset). None when nothing recorded it: the kernel's name is no evidence (NCCL names its kernel ``…RING_LL``
+    under both LL and Simple), and NCCL's NVTX payload carries message sizes and ranks, not the protocol.
+    ``phase``: unused (one setting per process; kept for callers of the per-phase form)."""
     from ..read.manifest import read_manifest
 
-    env = (read_manifest(res.trace.path) or {}).get("nccl_env") or {}
-    proto = PROTOS.get(str(env.get("NCCL_PROTO", "")).strip().lower())
+    m = read_manifest(res.trace.path) or {}
+    if "nccl_env" not in m:
+        return None
+    env = m.get("nccl_env") or {}
+    raw = str(env.get("NCCL_PROTO", "")).strip()
+    proto = PROTOS.get(raw.lower())
+    algo = str(env.get("NCCL_ALGO", "")).strip() or None
+    if proto is None and raw:  # a list or an exclusion (^LL): said as recorded, no advice from it
+        return NcclSetting(None, algo, f"NCCL_PROTO={raw} in the capture's recorded environment")
     if proto is not None:
-        return NcclSetting(proto, env.get("NCCL_ALGO") or None, "NCCL_PROTO in the capture's recorded environment")
-    if res.kernels is None or res.kernels.height == 0:
-        return None
-    # The NCCL kernels' names (a few of a few hundred) found first, then only their rows joined on the phase's
-    # instances and summed per name.
-    names = res.kernels.lazy().select(pl.col("name").unique()).collect().with_columns(
-        _s=pl.col("name").cast(pl.String)).filter(pl.col("_s").str.contains(NCCL_KERNEL))["name"]
-    inst = res.instances.lazy().select("range", "range_id").filter(pl.col("range") == phase).select("range_id")
-    k = (res.kernels.lazy().select("range_id", "name", "kernel_ns").filter(pl.col("name").is_in(names.implode()))
-         .join(inst, on="range_id", how="semi").group_by("name").agg(pl.col("kernel_ns").sum())
-         .with_columns(pl.col("name").cast(pl.String))
-         .with_columns(m=pl.col("name").str.extract_groups(NCCL_KERNEL))
-         .filter(pl.col("m").struct.field("2").is_not_null()).sort("kernel_ns", descending=True).collect())
-    if k.height == 0:
-        return None
-    top = k.row(0, named=True)
-    algo, proto = top["m"]["1"], PROTOS[top["m"]["2"].lower()]
-    short = top["name"].split("(")[0]
-    return NcclSetting(proto, algo, f"its kernel {short}; NCCL may pick another protocol inside the same kernel: "
-                                    "NCCL_PROTO fixes it")
+        return NcclSetting(proto, algo, "NCCL_PROTO in the capture's recorded environment")
+    return NcclSetting(None, algo, "NCCL_PROTO unset in the capture's recorded environment: NCCL chose the "
+                                   "protocol per message size")
 
 
-def comm_action(s: NcclSetting | None) -> str | None:
-    """COMM_SHARE's advice from the setting the run already has (None: the rule's general advice)."""
-    if s is None:
-        return None
+_UNKNOWN_PROTO = ("The NCCL protocol this run used is unknown (no recorded environment: the kernel's name does not "
+                  "say it; `spectrace trace` records NCCL_* variables in the manifest). Whichever it was, try each of "
+                  "NCCL_PROTO=LL, LL128 and Simple and NCCL_ALGO (Ring, Tree, NVLS) and measure each with "
+                  "`spectrace compare`; ")
+
+
+def comm_action(s: NcclSetting | None) -> str:
+    """COMM_SHARE's advice from the setting the run is known to have had; when nothing recorded it, advice that
+    holds whatever the protocol was."""
     rest = ("SGLang's custom all-reduce (do not pass --disable-custom-all-reduce; needs NVLink/P2P), NVLS or "
             "symmetric-memory all-reduce on NVSwitch, or a smaller TP size for this model; measure with "
             "`spectrace compare`.")
-    now = f"This run uses NCCL's {s.proto} protocol" + (f", {s.algo} algorithm" if s.algo else "") + f" ({s.source})."
+    if s is None:
+        return _UNKNOWN_PROTO + "or " + rest
+    algo = f", NCCL_ALGO={s.algo}" if s.algo else ""
+    if s.proto is None:
+        return (f"This run left the protocol to NCCL ({s.source}{algo}): pin NCCL_PROTO=LL, then LL128, and try "
+                f"NCCL_ALGO, measuring each with `spectrace compare`; or {rest}")
+    now = f"This run was set to NCCL's {s.proto} protocol{algo} ({s.source})."
     if s.proto == "LL":
         return f"{now} LL is already the lowest-latency protocol: next try NCCL_ALGO (e.g. Tree, or NVLS), {rest}"
     if s.proto == "LL128":
-        return f"{now} For these small all-reduces try NCCL_PROTO=LL, then NCCL_ALGO, {rest}"
-    return f"{now} Simple is built for large messages: try NCCL_PROTO=LL (or LL128) and NCCL_ALGO, {rest}"
+        return f"{now} LL has the lower latency for small messages: try NCCL_PROTO=LL, then NCCL_ALGO, {rest}"
+    return (f"{now} Simple is built for large messages; for small ones try NCCL_PROTO=LL (or LL128) and NCCL_ALGO, "
+            f"{rest}")
 
 
 def _per_cycle(ctx: RuleContext, df: pl.DataFrame, col: str) -> pl.DataFrame:
@@ -334,7 +365,7 @@ def _straggler(ctx: RuleContext) -> list[RuleHit]:
             f"{c.text}; {_us(c.per_cycle_ns)} per steady cycle on average ("
             + ("the late rank from the matched collectives of those cycles" if c.evidence == "collectives"
                else "the late rank from the cycle budget of those cycles") + ")" + waits),
-            phase=c.phase, rank=c.rank, every=c.every, extra_ns=c.extra_ns, cycles=c.affected))
+            phase=c.phase, rank=c.rank, every=c.every, extra_ns=c.extra_ns, cycles=c.affected, cycle_class=c))
     v = steady_tables.straggler_verdict(ctx.res, min_collectives=straggler.MIN_COLLECTIVES)
     named = {(h.rank, h.phase) for h in out}
     for r in v.iter_rows(named=True):
@@ -349,15 +380,45 @@ def _straggler(ctx: RuleContext) -> list[RuleHit]:
     return out
 
 
+_LOOK = ("a CPU-sampled capture (`spectrace trace --cpu-sampling`) at those cycles shows what the host does; the "
+         "piece that grew says where to look.")
+# RECURRING_SLOW_CYCLES' advice by the kind of class (what the class shows; the rule's row is the every-N one's)
+_RECURRING_ACTION = {
+    "prefill": "The cycle after a prefill pays for it (per-batch setup, new requests' state, a graph not yet "
+               "captured for the new shape): chunked prefill or a mixed batch spreads it; " + _LOOK,
+    "batch change": "The first cycles of a new batch size are slower (allocation, a CUDA graph captured or "
+                    "selected for the new size): capture graphs for every batch size before serving; " + _LOOK,
+    "mode": "A second, slower mode at no period: something intermittent (a thread or process contending for the "
+            "core, a cache or pool refill, GC, a lock) makes a share of the cycles slower; " + _LOOK,
+}
+
+
 def _recurring(ctx: RuleContext) -> list[RuleHit]:
     """Classes of slower cycles that recur (kept in the steady state) without one late rank."""
     out = []
     for c in ctx.classes:
-        if not c.kept or not c.affected or c in _class_stragglers(ctx):
+        if not c.kept or not c.affected or c in _class_stragglers(ctx) or c.kind == "shift":
             continue
         out.append(RuleHit(c.per_cycle_ns, (
             f"{c.text}; {_us(c.per_cycle_ns)} per steady cycle on average (kept in the numbers above: it recurs)"),
-            phase=c.phase, rank=c.rank, every=c.every, extra_ns=c.extra_ns, cycles=c.affected))
+            phase=c.phase, rank=c.rank, every=c.every, extra_ns=c.extra_ns, cycles=c.affected, cycle_class=c,
+            action=_RECURRING_ACTION.get(c.kind)))
+    return out
+
+
+def _shift(ctx: RuleContext) -> list[RuleHit]:
+    """Level shifts (:mod:`analyze.compute.steady_cycles`): from a cycle on, every cycle of the segment slower by
+    the same amount, where that time sits (:mod:`analyze.compute.anatomy`); without one late rank (that is a
+    straggler's)."""
+    out = []
+    for c in ctx.classes:
+        if c.kind != "shift" or not c.kept or not c.affected or c in _class_stragglers(ctx):
+            continue
+        out.append(RuleHit(c.per_cycle_ns, (
+            f"{c.text} (over the {_us(c.typical_ns)} of the level before it); {_us(c.per_cycle_ns)} per steady "
+            "cycle on average (kept in the numbers above: the run stays at it"
+            + (")" if c.until_key is None else f" until cycle {c.until_key})")),
+            phase=c.phase, rank=c.rank, extra_ns=c.extra_ns, cycles=c.affected, cycle_class=c))
     return out
 
 
@@ -384,13 +445,19 @@ def _stalls(ctx: RuleContext) -> list[RuleHit]:
     kept = ctx.info.how != "detected"
     worst = max(st, key=lambda s: s.period_ns)
     where = next((c for c in ctx.classes if c.kind == "stall"), None)
+    on_host = where is not None and where.piece == cycle_budget.GAP
+    action = None if on_host else (
+        f"Intermittent stalls in {where.piece if where and where.piece else 'the cycle'} (not between cycles): on "
+        "the GPU side (a clock or power drop, another process on the GPU: `nvidia-smi -q -d CLOCK,PERFORMANCE`) or a "
+        "launch held by the host (GC: `gc.freeze()` after warm-up, logging); line the stalled cycles' times up with a "
+        "CPU-sampled capture.")
     return [RuleHit(per, (
         f"{len(st)} cycle(s) took longer than {_us(ctx.info.limit_ns or 0.0)} (median period "
         f"{_us(ctx.info.median_ns or 0.0)}) and do not recur, the worst cycle {worst.key} at {_us(worst.period_ns)}; "
         f"together {_us(excess)} more than median cycles, {_us(per)} per steady cycle"
         + (f"; {where.text}" if where else "")
         + (" (kept in the numbers: you chose the cycles)" if kept else " (left out of the numbers above)")),
-        phase=where.phase if where else None, extra_ns=excess / len(st), cycles=len(st))]
+        phase=where.phase if where else None, extra_ns=excess / len(st), cycles=len(st), action=action)]
 
 
 def _left_out(ctx: RuleContext) -> list[RuleHit]:
@@ -458,42 +525,179 @@ def _whatif_per_batch(ctx: RuleContext) -> list[RuleHit]:
         f"+{_pct(gain)} tokens/s in one of them"))]
 
 
+def _node_level(ctx: RuleContext, hit: RuleHit) -> RuleHit:
+    """SEAM_BLOCKED_LAUNCH's hit, with the node-level tracing's part of the advice when the capture is node-level
+    (the trace says so: ``graph_trace_mode``), and only then."""
+    if (ctx.res.trace.graph_trace_mode or "").lower() != "node":
+        return hit
+    from dataclasses import replace
+
+    return replace(hit, action=("A blocked launch or a queued dependency: a synchronous call, an event wait, a full "
+                                "launch queue; this capture traced CUDA graphs node by node, which also blocks graph "
+                                "launches: compare with a graph-level capture (`--cuda-graph-trace=graph`)."))
+
+
+def _phase_of(hit: RuleHit) -> str:
+    """The phase a hit is about, without a segment's scope (``verify (batch 1)`` → ``verify``)."""
+    return (hit.phase or "").split(" (")[0]
+
+
+def _piece(hit: RuleHit) -> list[Claim]:
+    """A hit about one budget piece (the gap between cycles, a seam) claims that piece."""
+    return [Claim((hit.phase or cycle_budget.GAP,), hit.impact_ns)]
+
+
+def _part(part: str) -> Callable[[RuleHit], list[Claim]]:
+    """A hit about one part of a phase (its communication, its idle) claims that part."""
+    return lambda hit: [Claim((f"{_phase_of(hit)}/{part}",), hit.impact_ns)]
+
+
+def _whole_phase(hit: RuleHit) -> list[Claim]:
+    p = _phase_of(hit)
+    return [Claim((f"{p}/compute", f"{p}/idle", f"{p}/comm"), hit.impact_ns)]
+
+
+def _cause(hit: RuleHit) -> list[Claim]:
+    """A hit that names a cause claims where that cause's time sits: a class of slower cycles its pieces that grew
+    (each piece's growth over the ranks, per steady cycle, scaled to the class's time per cycle); a late rank
+    without a class the communication of the phase the others wait in, then (the late rank's own delay, which the
+    budget does not place) the rest of the cycle."""
+    c = hit.cycle_class
+    if c is None:  # the waiting ranks' share of the phase's communication, the rest (the late rank's) of the cycle
+        ph = _phase_of(hit)
+        return [Claim((f"{ph}/comm", f"{ph}/idle", CYCLE) if ph else (CYCLE,), hit.impact_ns)]
+    nranks = max(len({p["rank"] for p in c.pieces}), 1)
+    grew: dict[tuple[str, str], float] = {}
+    for p in c.pieces:
+        if p["delta_ns"] > 0:
+            grew[(p["segment"], p["kind"])] = grew.get((p["segment"], p["kind"]), 0.0) + p["delta_ns"] / nranks
+    total = sum(grew.values())
+    if total <= 0:
+        return [Claim((CYCLE,), hit.impact_ns)]
+    out = []
+    for (seg, kind), ns in sorted(grew.items(), key=lambda kv: -kv[1]):
+        if kind != "phase":
+            leaves: tuple[str, ...] = (seg,)
+        elif c.waiting_ranks and seg == c.phase:  # the others wait for the late rank in its collectives
+            leaves = (f"{seg}/comm", f"{seg}/idle", f"{seg}/compute")
+        else:
+            leaves = (f"{seg}/compute", f"{seg}/idle", f"{seg}/comm")
+        out.append(Claim(leaves, hit.impact_ns * ns / total))
+    return out
+
+
+def _leaves(ctx: RuleContext) -> dict[str, float]:
+    """The mean steady cycle's leaves (:class:`Claim`) over the ranks, ns per cycle; :data:`CYCLE` the period."""
+    b = ctx.budget
+    out: dict[str, float] = {CYCLE: ctx.period_ns}
+    if b.height == 0:
+        return out
+    m = (b.group_by("segment", "kind").agg(pl.col("ns", "compute_ns", "comm_ns", "idle_ns").mean())
+         .sort("segment"))
+    for r in m.iter_rows(named=True):
+        if r["kind"] == "phase" and r["compute_ns"] is not None:
+            for part in ("compute", "comm", "idle"):
+                out[f"{r['segment']}/{part}"] = max(float(r[f"{part}_ns"] or 0.0), 0.0)
+        else:
+            out[r["segment"]] = max(float(r["ns"] or 0.0), 0.0)
+    return out
+
+
+@dataclass
+class _Share:
+    """One hit's part of the cycle after :func:`partition`: what it holds per leaf, who holds the rest."""
+
+    rule: Rule
+    hit: RuleHit
+    held: dict[str, float] = field(default_factory=dict)
+    under: dict[int, float] = field(default_factory=dict)  # index of the other share → ns it holds of this claim
+
+    @property
+    def ns(self) -> float:
+        return sum(self.held.values())
+
+
+def partition(ctx: RuleContext, hits: list[tuple[Rule, RuleHit]]) -> list[_Share]:
+    """Each microsecond of the mean steady cycle given to one finding (issue 37): every hit claims leaves of the
+    cycle budget (:class:`Claim`, from its rule's ``claims``); claims are served tier by tier (:data:`CAUSE` first:
+    a late rank's delay and the waiting it causes are its own, not the gap's or the collective's), the larger first
+    within a tier, each from what the earlier ones left of its leaves, in the order it lists them; :data:`CYCLE`
+    claims (and every claim) also take from the period, so that the findings together never exceed it. A hit left
+    with less than it claimed refers to the findings that hold the rest (``under``)."""
+    left = _leaves(ctx)
+    holder: dict[str, list[tuple[int, float]]] = {}  # leaf → (share, ns held), who took it
+    shares = [_Share(rule, hit) for rule, hit in hits]
+    order = sorted(range(len(shares)), key=lambda i: (shares[i].rule.tier, -shares[i].hit.impact_ns, i))
+    for i in order:
+        sh = shares[i]
+        claims = sh.rule.claims(sh.hit) if sh.rule.claims is not None else [Claim((CYCLE,), sh.hit.impact_ns)]
+        for cl in claims:
+            want = cl.ns
+            for leaf in cl.pieces:
+                if want <= 0:
+                    break
+                avail = left.get(leaf, 0.0) if leaf != CYCLE else left[CYCLE]
+                took = min(want, avail, left[CYCLE])
+                if took > 0:
+                    sh.held[leaf] = sh.held.get(leaf, 0.0) + took
+                    holder.setdefault(leaf, []).append((i, took))
+                    left[CYCLE] -= took
+                    if leaf != CYCLE:
+                        left[leaf] = avail - took
+                    want -= took
+            if want > 0:  # held by the findings that took these leaves before it (or beyond the budget)
+                for leaf in cl.pieces:
+                    for j, ns in holder.get(leaf, []):
+                        if j != i and want > 0:
+                            part = min(ns, want)
+                            sh.under[j] = sh.under.get(j, 0.0) + part
+                            want -= part
+    return shares
+
+
 RULES: tuple[Rule, ...] = (
     Rule("GAP_HOST_BOUND", "GPU idle between cycles, the next cycle launched late by the CPU",
          "Cut the CPU work between decode iterations: scheduler bookkeeping, sampling, `.tolist()`/`.item()` "
          "syncs, logging, Python overhead; keep SGLang's overlap scheduler on; check the CUDA-graph launch "
          "latency. `nsys profile -s cpu` shows where the host thread is.",
-         lambda c: [h for h in _gap(c) if h.host_bound]),
+         lambda c: [h for h in _gap(c) if h.host_bound], PIECE, _piece),
     Rule("GAP_GPU_BOUND", "GPU idle between cycles although the next cycle was already launched",
          "The next cycle waits on something on the GPU side: a device sync, an event wait or a copy before its "
          "first kernel; look at the first API calls of a cycle in the nsys timeline.",
-         lambda c: [h for h in _gap(c) if not h.host_bound]),
+         lambda c: [h for h in _gap(c) if not h.host_bound], PIECE, _piece),
     Rule("SEAM_HOST_BOUND", "GPU idle between two phases of a cycle, the next phase launched late by the CPU",
          "Move host work out of the transition (syncs, allocations, Python between the two launches) or capture "
-         "both phases in one CUDA graph.", lambda c: _seam(c, blocked=False)),
+         "both phases in one CUDA graph.", lambda c: _seam(c, blocked=False), PIECE, _piece),
     Rule("SEAM_BLOCKED_LAUNCH", "GPU idle between two phases although the next was launched in time",
-         "A blocked launch or a queued dependency: a synchronous call, an event wait, a full launch queue; "
-         "node-level CUDA-graph tracing also blocks graph launches (compare with a graph-level capture).",
-         lambda c: _seam(c, blocked=True)),
+         "A blocked launch or a queued dependency: a synchronous call, an event wait, a full launch queue.",
+         lambda c: [_node_level(c, h) for h in _seam(c, blocked=True)], PIECE, _piece),
     Rule("COMM_SHARE", "communication share of a phase's GPU span",
-         "For small all-reduces try NCCL_PROTO=LL or LL128 and NCCL_ALGO (measure with `spectrace compare`), "
+         "Try NCCL_PROTO (LL, LL128, Simple) and NCCL_ALGO, measuring each with `spectrace compare`; "
          "SGLang's custom all-reduce (do not pass --disable-custom-all-reduce; needs NVLink/P2P), NVLS or "
-         "symmetric-memory all-reduce on NVSwitch, or a smaller TP size for this model.", _comm),
+         "symmetric-memory all-reduce on NVSwitch, or a smaller TP size for this model.", _comm, PIECE,
+         _part("comm")),
     Rule("STRAGGLER_RANK", "one rank arriving last at a phase's collectives while the others wait",
          "Find what delays that rank before the phase: its host thread (CPU affinity / NUMA binding, a busy "
          "core, GC), an extra sync or print on that rank only, a slower or throttled GPU (`nvidia-smi -q -d "
-         "CLOCK,PERFORMANCE`), uneven work across ranks.", _straggler),
+         "CLOCK,PERFORMANCE`), uneven work across ranks.", _straggler, CAUSE, _cause),
     Rule("PHASE_IDLE", "GPU idle between a phase's own operations",
-         "The GPU waits for launches inside the phase: eager kernel launches, host syncs (`.item()`, DtoH "
-         "copies), allocations; capture the phase in a CUDA graph or remove the syncs.", _idle),
+         "Between the phase's own operations the GPU ran nothing of it: a launch that came late (eager kernel "
+         "launches, host syncs such as `.item()` or DtoH copies, allocations) or a wait on another stream or event; "
+         "one instance in the nsys timeline shows which; capture the phase in a CUDA graph or remove the syncs.", _idle, PIECE, _part("idle")),
     Rule("RECURRING_SLOW_CYCLES", "a class of slower cycles that recurs: every N-th cycle, after a prefill or "
          "a batch-size change, or a second mode",
          "Something runs on that schedule: the scheduler's periodic work (metrics or logging every N steps, "
          "memory checks, a periodic sync, allocation or cache flush), or per-batch setup after a prefill. Make it "
          "asynchronous, cheaper or rarer; a CPU-sampled capture (`nsys profile -s cpu`) at those cycles shows "
-         "what it is.", _recurring),
+         "what it is.", _recurring, CAUSE, _cause),
+    Rule("LEVEL_SHIFT", "a change of level: from one cycle on, every cycle of a batch size slower by the same amount",
+         "Something changed at that cycle and stayed: line its time up with the server's log (a new request mix, a "
+         "cache or pool that filled, a background thread or process that started, a frequency or power change); "
+         "the piece it sits in says where to look (between cycles: the host's scheduler loop, which a CPU-sampled "
+         "capture, `spectrace trace --cpu-sampling`, shows; a phase: its GPU work).", _shift, CAUSE, _cause),
     Rule("STALLS", "rare cycles much slower than the median that do not recur (stalls in time)",
-         "Intermittent host stalls: Python GC (`gc.freeze()` after warm-up), logging, other processes on the "
+         "Intermittent host stalls (the stalled cycles' extra time is between cycles, where the host launches the "
+         "next): Python GC (`gc.freeze()` after warm-up), logging, other processes on the "
          "cores, CPU frequency; line the stalled cycles' times up with a CPU-sampled capture.", _stalls),
     Rule("LEFT_OUT", "a large share of the cycles left out of the steady state",
          "Look at the per-cycle figure: pauses (idle, no requests) or stalls this frequent are part of how the "
@@ -510,12 +714,12 @@ RULES: tuple[Rule, ...] = (
          "Extra draft tokens are cheap in verify: try more steps or a larger draft tree (--speculative-num-steps, "
          "--speculative-eagle-topk, --speculative-num-draft-tokens) and measure it with `spectrace compare`; "
          "the weights are read once per forward whatever the token count while the GPU is memory-bound.",
-         lambda ctx: _bound(ctx, "memory")),
+         lambda ctx: _bound(ctx, "memory"), PHASE, _whole_phase),
     Rule("PHASE_COMPUTE_BOUND", "a phase over 10 % of the cycle whose tensor cores are >= 50 % active (or SM "
          "issue >= 60 %) with DRAM read < 60 % of peak (GPU-metrics samples)",
          "Extra draft tokens cost their full weight in verify: fewer steps or a smaller draft tree (or a smaller "
          "batch per step) is more likely to pay; check the what-if and measure with `spectrace compare`.",
-         lambda ctx: _bound(ctx, "compute")),
+         lambda ctx: _bound(ctx, "compute"), PHASE, _whole_phase),
 )
 
 
@@ -633,21 +837,38 @@ def findings_at(res: Result, steps_now: int | None) -> list[Finding]:
     return _find(res, whatif.fitted(res, steps_now))
 
 
+def _what(hit: RuleHit) -> str:
+    """How a referral names another finding: its class of cycles and phase (``every 4th cycle, draft``)."""
+    return ", ".join(x for x in (hit.cycle_class.label if hit.cycle_class else None, hit.phase) if x)
+
+
 def _find(res, model) -> list[Finding]:
     ctx = context(res, model)
     if not ctx.period_ns:
         return []
+    hits = [(rule, hit) for rule in RULES for hit in rule.check(ctx) if hit.impact_ns / ctx.period_ns >= FLOOR]
+    shares = partition(ctx, hits)
     out = []
-    for rule in RULES:
-        for hit in rule.check(ctx):
-            share = hit.impact_ns / ctx.period_ns
-            if share < FLOOR:
-                continue
-            out.append(Finding(code=rule.code, severity=severity(share), phase=hit.phase,
-                               rank=hit.rank, every=hit.every, extra_ns=hit.extra_ns,
-                               cycles=hit.cycles, evidence=hit.evidence,
-                               action=hit.action or rule.action,
-                               impact_ns=hit.impact_ns, share=share,
-                               rank_is="worst" if hit.worst else "only" if hit.rank is not None
-                               else None))
+    for sh in shares:
+        rule, hit = sh.rule, sh.hit
+        share = sh.ns / ctx.period_ns
+        if share < FLOOR:
+            continue
+        under = tuple({"code": shares[j].rule.code, "phase": shares[j].hit.phase, "rank": shares[j].hit.rank,
+                       "ns": ns} for j, ns in sorted(sh.under.items(), key=lambda kv: -kv[1]) if ns > 0)
+        evidence = hit.evidence
+        if under:
+            evidence += "; " + ", ".join(
+                f"{_us(float(u['ns'] or 0.0))} of it counted under {u['code']}" + (f" ({w})" if (w := _what(shares[j].hit)) else "")
+                for (j, _), u in zip(sorted(sh.under.items(), key=lambda kv: -kv[1]), under, strict=False)) \
+                + f": {_us(sh.ns)} per cycle here"
+        out.append(Finding(code=rule.code, severity=severity(share), phase=hit.phase,
+                           rank=hit.rank, every=hit.every, extra_ns=hit.extra_ns,
+                           cycles=hit.cycles, evidence=evidence,
+                           action=hit.action or rule.action,
+                           impact_ns=sh.ns, share=share,
+                           rank_is="worst" if hit.worst else "only" if hit.rank is not None
+                           else None, gross_ns=hit.impact_ns,
+                           claims=tuple({"piece": k, "ns": v} for k, v in sh.held.items()),
+                           counted_under=under))
     return sorted(out, key=lambda f: -f.impact_ns)

@@ -184,13 +184,8 @@ def process(source: ProcessSource, pid: int, ctx: ProcessContext) -> ProcessResu
     """The per-process body: attribute one process's GPU ops to its ranges and measure every instance."""
     # Only the columns the analysis reads (the stream is not one), unless every op is kept.
     cols = None if ctx.keep_ops else (*_WORK_COLS, "graph") if ctx.graphs else _WORK_COLS
-    ops, api = source.ops(pid, cols), source.api(pid)
-    # CUPTI gives every call its own correlation id: a repeated one is a row given twice (an export appended to)
-    dup_api = api.height - api.select(pl.col("corr").n_unique()).item() if api.height else 0
-    if dup_api:
-        n = api.height
-        api = api.unique(keep="first", maintain_order=True)
-        dup_api = n - api.height
+    ops, (api, dup_api) = source.ops(pid, cols), _exact_duplicates(source.api(pid))
+    api, api_twins = _inner_of_twins(api)
     nested = ctx.nested.filter(pl.col("pid") == pid)
     rk = breakdown.ranks(ops, ctx.devices)  # one row (or none): its rank is fixed once all processes are in
     rk = rk.with_columns(pl.lit(v, pl.Int64).alias(k)
@@ -249,6 +244,7 @@ def process(source: ProcessSource, pid: int, ctx: ProcessContext) -> ProcessResu
         "orphan_launches": launches - launched,
         "orphan_launches_inside": orphans_inside,
         "unmatched_ops": unmatched,
+        "api_twins": api_twins,
         "duplicate_api": dup_api,
     }
     # The rank goes on the few rows that keep it (communication kernels, kernel statistics), not on every op.
@@ -320,6 +316,31 @@ def _payload_batches(sel: pl.DataFrame) -> bool:
     v = sel.select(cols).with_columns(pl.lit(None, pl.Int64).alias(c) for c in ("uint64", "int64")
                                       if c not in cols)
     return bool(v.select(decode_exprs()[0].is_not_null().any()).item())
+
+
+def _exact_duplicates(api: pl.DataFrame) -> tuple[pl.DataFrame, int]:
+    """One process's CUDA API calls with rows that repeat another exactly (an export appended to) kept once, and
+    how many were dropped (DUPLICATE_ROWS). CUPTI gives every call its own correlation id: cheap when none
+    repeats (one pass over the ids)."""
+    corr = pl.col("corr")
+    if api.height == 0 or not api.select((corr.is_duplicated() & corr.is_not_null()).any()).item():
+        return api, 0
+    kept = api.unique(keep="first", maintain_order=True)
+    return kept, api.height - kept.height
+
+
+def _inner_of_twins(api: pl.DataFrame) -> tuple[pl.DataFrame, int]:
+    """One process's CUDA API calls with each call recorded twice kept once, and how many were dropped. With CPU
+    backtraces (``--cudabacktrace``, ``spectrace trace --cpu-sampling``) nsys 2025.3 writes a runtime call as an
+    outer row (``cudaGraphLaunch``) around an inner one (``cudaGraphLaunch_v10000``) of the same thread and
+    correlation id: the inner one is kept (the name and time a capture without backtraces records; the outer
+    adds the backtrace's own cost). Cheap when there are none: one pass over the correlation ids."""
+    corr = pl.col("corr")
+    if api.height == 0 or not api.select((corr.is_duplicated() & corr.is_not_null()).any()).item():
+        return api, 0
+    twin = corr.is_not_null() & (pl.col("start") < pl.col("start").max().over("gtid", "corr"))
+    kept = api.filter(~twin)
+    return kept, api.height - kept.height
 
 
 def _duplicate_ops(ops: pl.DataFrame) -> int:

@@ -47,6 +47,7 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
+import numpy as np
 import polars as pl
 
 from nvtx_hooks.capture.bounds import CYCLES_MAX, whole
@@ -73,6 +74,11 @@ _MIN_SLOTS = 4
 _MAX_EVERY = 32  # periods looked for: every 2nd … every 32nd cycle
 _MAX_CLASSES = 3  # periodic classes looked for, one after the other
 _CHANCE = 0.01  # a periodic class must be this unlikely by chance (binomial tail × hypotheses tried)
+_SHIFT_MIN = 20  # a level shift: at least this many cycles on each side of it (in its segment)
+_SHIFT_Z = 5.0  # ... the rank statistic's standardised maximum at least this (no shift: about 1-3)
+_SHIFT_FLAT = 0.25  # ... right at the split the level moves by the step within this share (a ramp is no step)
+_SHIFT_K = 4.0  # ... the step at least this many robust standard deviations of the cycles about their level
+_MAX_SHIFTS = 3  # level shifts looked for per segment (binary segmentation)
 _UNITS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
 _ORDINAL = {1: "st", 2: "nd", 3: "rd"}
 
@@ -120,6 +126,7 @@ class Stall(_Record):
     n: int
     period_ns: int
     excess_ns: float
+    limit_ns: float | None = None  # the band of its segment (batch size) it is above
 
 
 @results.cacheable
@@ -136,8 +143,9 @@ class Pause(_Record):
 @dataclass(frozen=True)
 class SlowClass(_Record):
     """A class of slower cycles that recurs (kept): ``kind`` ``prefill`` (after a prefill), ``batch change`` (the
-    first cycles of a new batch size), ``every`` (every ``every``-th cycle, ``offset``) or ``mode`` (a second
-    mode); its ``slots``, how many of them are slower (``affected``), which (``keys``: the first 20, ``more_keys``
+    first cycles of a new batch size), ``every`` (every ``every``-th cycle, ``offset``), ``mode`` (a second
+    mode) or ``shift`` (a level shift: every cycle from ``onset_key`` on, in its segment, is slower by ``extra_ns``
+    than the level before; ``typical_ns`` that level); its ``slots``, how many of them are slower (``affected``), which (``keys``: the first 20, ``more_keys``
     beyond them; ``n``: their order on the first rank), and the extra time per affected cycle over the typical
     cycle of its segment (``extra_ns``; their mean period ``period_ns``, the typical one ``typical_ns``)."""
 
@@ -154,6 +162,8 @@ class SlowClass(_Record):
     extra_ns: float = 0.0
     period_ns: float = 0.0
     typical_ns: float = 0.0
+    onset_key: int | None = None  # a level shift: the first cycle of the higher level
+    until_key: int | None = None  # ... its last when a later level follows in the segment (None: it stays)
 
 
 @results.cacheable
@@ -331,18 +341,86 @@ def _bands(s: pl.DataFrame) -> pl.DataFrame:
     ``elevated`` and ``pause``."""
     t = pl.col("t")
     rows = []
-    for (value,), grp in s.filter(t.is_not_null()).group_by("seg_value"):  # one per batch size: a handful
+    # one band per batch size and level (a level shift starts a new one): a handful
+    for (value, level), grp in s.filter(t.is_not_null()).group_by("seg_value", "level"):
         m, sd = _typical(grp["t"])
-        rows.append({"seg_value": value, "median_ns": m, "sd_ns": sd})
-    band = (pl.DataFrame(rows, schema={"seg_value": s.schema["seg_value"], "median_ns": pl.Float64,
+        rows.append({"seg_value": value, "level": level, "median_ns": m, "sd_ns": sd})
+    band = (pl.DataFrame(rows, schema={"seg_value": s.schema["seg_value"], "level": pl.Int64, "median_ns": pl.Float64,
                                        "sd_ns": pl.Float64})
             .with_columns(tol=pl.max_horizontal(pl.lit(_MIN_TOL), _MAD_K * pl.col("sd_ns") / pl.col("median_ns")),
                           etol=pl.max_horizontal(pl.lit(_ELEV_TOL), _ELEV_K * pl.col("sd_ns") / pl.col("median_ns")))
             .with_columns(limit_ns=pl.col("median_ns") * (1 + pl.col("tol"))))
-    return (s.join(band, on="seg_value", how="left", nulls_equal=True, maintain_order="left")
+    return (s.join(band, on=["seg_value", "level"], how="left", nulls_equal=True, maintain_order="left")
             .with_columns(slow=(t > pl.col("limit_ns")).fill_null(False),
                           elevated=(t > pl.col("median_ns") * (1 + pl.col("etol"))).fill_null(False),
                           pause=(t > _PAUSE * pl.col("median_ns")).fill_null(False)))
+
+
+def _best_split(x: np.ndarray) -> int | None:
+    """Where the level of ``x`` (cycle times in order) steps, or None: the split that maximises the standardised
+    rank sum of the cycles before it (a Wilcoxon/Mann-Whitney CUSUM: ranks, so a stall or a periodic class counts
+    as one rank and weighs the same on both sides), kept when it is far beyond chance (:data:`_SHIFT_Z`), the step
+    between the two sides' medians is at least :data:`_ELEV_TOL` of the level and :data:`_SHIFT_K` robust standard
+    deviations, and the level moves by most of the step right at the split (the medians of the :data:`_SHIFT_MIN`
+    cycles on each side within :data:`_SHIFT_FLAT` of it: a ramp, as a growing context makes, is no step)."""
+    n = len(x)
+    if n < 2 * _SHIFT_MIN:
+        return None
+    r = np.argsort(np.argsort(x, kind="stable"), kind="stable") + 1.0
+    k = np.arange(1, n)
+    c = np.cumsum(r - (n + 1) / 2)[:-1]
+    z = np.abs(c) / np.sqrt(k * (n - k) * (n + 1) / 12)
+    z[: _SHIFT_MIN - 1] = 0
+    z[n - _SHIFT_MIN:] = 0
+    at = int(np.argmax(z)) + 1
+    if z[at - 1] < _SHIFT_Z:
+        return None
+    left, right = x[:at], x[at:]
+    ml, mr = float(np.median(left)), float(np.median(right))
+    step = mr - ml
+    sd = 1.4826 * float(np.median(np.abs(np.concatenate([left - ml, right - mr]))))
+    if abs(step) < max(_ELEV_TOL * min(ml, mr), _SHIFT_K * sd):
+        return None
+    # a step, not a ramp: right at the split (the _SHIFT_MIN cycles on each side) the level moves by most of it
+    local = float(np.median(x[at:at + _SHIFT_MIN]) - np.median(x[at - _SHIFT_MIN:at]))
+    if local * step <= 0 or abs(local) < (1 - _SHIFT_FLAT) * abs(step):
+        return None
+    return at
+
+
+def _shifts(x: np.ndarray) -> list[int]:
+    """The positions where the level of ``x`` steps (:func:`_best_split`, binary segmentation: each side searched
+    again), at most :data:`_MAX_SHIFTS`, in order."""
+    found: list[int] = []
+    todo = [(0, len(x))]
+    while todo and len(found) < _MAX_SHIFTS:
+        a, b = todo.pop(0)
+        at = _best_split(x[a:b])
+        if at is None:
+            continue
+        found.append(a + at)
+        todo += [(a, a + at), (a + at, b)]
+    return sorted(found)
+
+
+def _with_levels(s: pl.DataFrame) -> pl.DataFrame:
+    """``s`` (one row per cycle, in order) with ``level``: 0, then one more at each level shift of its segment
+    (:func:`_shifts` over the segment's cycle times, pauses and the first cycle without a time left out)."""
+    level = np.zeros(s.height, np.int64)
+    t = s["t"].to_numpy()
+    seg = s["segment"].to_numpy()
+    for g in np.unique(seg):  # one per segment: a handful
+        idx = np.flatnonzero(seg == g)
+        vals = t[idx]
+        ok = ~np.isnan(vals)
+        if ok.sum() < 2 * _SHIFT_MIN:
+            continue
+        med = float(np.median(vals[ok]))
+        ok &= vals < _PAUSE * med
+        pos = idx[ok]
+        for at in _shifts(vals[ok]):
+            level[idx[idx >= pos[at]]] += 1
+    return s.with_columns(level=pl.Series(level))
 
 
 def _settle(ok: pl.Series, half: int) -> int | None:
@@ -422,7 +500,28 @@ def _classes(s: pl.DataFrame, w: int) -> tuple[pl.DataFrame, list[dict]]:
     rest = s.filter(slow & free)
     npost = s.filter(post).height
     if rest.height >= _MIN_HITS and rest.height > _MODE_SHARE * npost:
-        add(slow & free, {"kind": "mode", "every": None, "offset": None})
+        # every cycle nearer the mode's level than the typical one belongs to it (not only those above the band:
+        # a second mode's cycles spread about its own level, a third of them below the band when its extra is small)
+        mode_ns = to_float(rest["t"].median())
+        near = (pl.col("t") > (pl.col("median_ns") + mode_ns) / 2) & pl.col("elevated")
+        add(post & ~pl.col("pause") & free & (slow | near), {"kind": "mode", "every": None, "offset": None})
+    # level shifts (up): the cycles of a later, higher level of a segment that no other class holds
+    levels = (s.filter(pl.col("t").is_not_null()).group_by("segment", "level")
+              .agg(pl.col("median_ns").first(), onset=pl.col("key").min(), onset_pos=pl.col("pos").min())
+              .sort("segment", "level"))
+    for r in levels.iter_rows(named=True):  # a handful
+        prev = levels.filter((pl.col("segment") == r["segment"]) & (pl.col("level") == r["level"] - 1))
+        if r["level"] == 0 or prev.height == 0 or r["median_ns"] <= prev["median_ns"][0]:
+            continue
+        member = (pl.col("segment") == r["segment"]) & (pl.col("level") == r["level"])
+        nxt = levels.filter((pl.col("segment") == r["segment"]) & (pl.col("level") == r["level"] + 1))
+        until = s.filter(member)["key"].max() if nxt.height else None
+        add(post & member & ~pl.col("pause"), {"kind": "shift", "every": None, "offset": None,
+                                               "onset": int(r["onset"]), "until": until,
+                                               "level_ns": float(r["median_ns"]),
+                                               "before_ns": float(prev["median_ns"][0]), "member": member})
+    for c in classes:
+        c.pop("member", None)
     s = s.with_columns(out=pl.when(post & pl.col("pause")).then(pl.lit("pause"))
                        .when(slow & pl.col("cycle_class").is_null()).then(pl.lit("stall")))
     used = set(s["cycle_class"].drop_nulls().unique().to_list())
@@ -439,12 +538,21 @@ def _describe_classes(s: pl.DataFrame, classes: list[dict], w: int) -> list[Slow
     affected cycle over the typical cycle of its segment (median of the post-warm-up cycles in no class)."""
     typical = (s.filter((pl.col("pos") >= w) & ~pl.col("elevated") & pl.col("cycle_class").is_null()
                         & pl.col("t").is_not_null())
-               .group_by("seg_value").agg(typical_ns=pl.col("t").median()))
-    s = s.join(typical, on="seg_value", how="left", nulls_equal=True, maintain_order="left").with_columns(
+               .group_by("seg_value", "level").agg(typical_ns=pl.col("t").median()))
+    s = s.join(typical, on=["seg_value", "level"], how="left", nulls_equal=True, maintain_order="left").with_columns(
         typical_ns=pl.coalesce("typical_ns", "median_ns"))
     out = []
     for c in classes:
         m = s.filter(pl.col("cycle_class") == c["id"])
+        if c["kind"] == "shift":  # every cycle of the level; its extra: the level's typical over the one before
+            hit = m.filter(pl.col("t").is_not_null())
+            keys = hit["key"].to_list()
+            out.append(SlowClass(id=c["id"], kind="shift", every=None, offset=None, slots=m.height,
+                                 affected=hit.height, keys=keys[:20], more_keys=max(0, len(keys) - 20),
+                                 first_key=keys[0] if keys else None, n=hit["n"].to_list()[:20],
+                                 extra_ns=c["level_ns"] - c["before_ns"], period_ns=to_float(hit["t"].mean() or 0.0),
+                                 typical_ns=c["before_ns"], onset_key=c["onset"], until_key=c["until"]))
+            continue
         hit = m.filter(pl.col("elevated"))
         keys = hit["key"].to_list()
         extra = hit.select((pl.col("t") - pl.col("typical_ns")).mean()).item() if hit.height else 0.0
@@ -462,14 +570,14 @@ def flag_cycles(cyc: pl.DataFrame, choice: CycleChoice | None = None) -> Flagged
     choice = choice or CycleChoice()
     if cyc.height == 0:
         return Flagged(cyc.with_columns(steady=pl.lit(True), why=pl.lit(None, pl.String), key=pl.col("n"),
-                                        cycle_class=pl.lit(None, pl.Int64), segment=pl.lit(0, pl.Int64)),
+                                        cycle_class=pl.lit(None, pl.Int64), segment=pl.lit(0, pl.Int64), level=pl.lit(0, pl.Int64)),
                        Selection(how="none", cycles=0, steady=0, left_out=0, warmup=0,
                                  text="no cycle ranges: the whole run"))
     main = cyc["kind"].mode().sort()[0]
     is_main = pl.col("kind") == main
     key, identity = _identity(cyc.filter(is_main))
     cyc = cyc.with_columns(key=key)
-    s = _bands(_series(cyc.filter(is_main)))
+    s = _bands(_with_levels(_series(cyc.filter(is_main))))
     n = s.height
     half = n // 2
     # Warm-up: a provisional one (the leading slow cycles), the classes after it, then the first _SETTLE cycles
@@ -500,9 +608,11 @@ def flag_cycles(cyc: pl.DataFrame, choice: CycleChoice | None = None) -> Flagged
         why = pl.when(~inside).then(pl.lit("outside window"))
     else:
         why = pl.when(~post).then(pl.lit("warm-up")).when(pl.col("out").is_not_null()).then(pl.col("out"))
-    per_key = s.select("key", "cycle_class", "segment", "out", slow="elevated", _in_warmup=(~post).alias("_in_warmup"))
+    per_key = s.select("key", "cycle_class", "segment", "level", "out", slow="elevated",
+                       _in_warmup=(~post).alias("_in_warmup"))
     c = (cyc.join(per_key, on="key", how="left", maintain_order="left")
-         .with_columns(cycle_class=pl.when(is_main).then("cycle_class"), segment=pl.when(is_main).then("segment")))
+         .with_columns(cycle_class=pl.when(is_main).then("cycle_class"), segment=pl.when(is_main).then("segment"),
+                       level=pl.when(is_main).then("level")))
     if how == "detected":
         c = c.with_columns(why=pl.when(is_main).then(
             pl.when(pl.col("_in_warmup")).then(pl.lit("warm-up")).when(pl.col("out").is_not_null()).then(pl.col("out"))))
@@ -553,7 +663,8 @@ def flag_cycles(cyc: pl.DataFrame, choice: CycleChoice | None = None) -> Flagged
         median_ns=real_or_none(s["median_ns"].median()) if n else None,  # (one cycle: none has a period)
         limit_ns=real_or_none(s["limit_ns"].median()) if n else None,
         tolerance=real_or_none(s["tol"].max()) if n else None,
-        stalls=[Stall(key=r["key"], n=r["n"], period_ns=r["period"], excess_ns=r["t"] - r["median_ns"])
+        stalls=[Stall(key=r["key"], n=r["n"], period_ns=r["period"], excess_ns=r["t"] - r["median_ns"],
+                      limit_ns=r["limit_ns"])
                 for r in stalls.iter_rows(named=True)],
         pauses=[Pause(key=r["key"], n=r["n"], period_ns=r["period"]) for r in pauses.iter_rows(named=True)],
         classes=described,
@@ -576,12 +687,25 @@ def class_label(c: SlowClass) -> str:
     """``every 4th cycle (offset 1)``, ``after a prefill``, ``after a batch-size change``, ``a second mode``."""
     if c.kind == "every":
         return f"every {_nth(c.every or 0)} cycle" + (f" (offset {c.offset})" if c.offset else "")
+    if c.kind == "shift":
+        return (f"from cycle {c.onset_key} on (a level shift)" if c.until_key is None
+                else f"cycles {c.onset_key}–{c.until_key} (a level shift, then back)")
     return {"prefill": "after a prefill", "batch change": "after a batch-size change",
             "mode": "a second mode (slower, not periodic)"}[c.kind]
 
 
 def _keys_txt(keys: list, more: int) -> str:
     return ", ".join(str(k) for k in keys[:6]) + (" …" if len(keys) > 6 or more else "")
+
+
+def _above(st: list[Stall], info: Selection) -> str:
+    """The band the stalls are above: one limit when they share it, else each batch size's own (a stall is above its
+    own segment's band, which may be below another segment's: never a stall listed under the limit it is over)."""
+    limits = sorted({round(s.limit_ns) for s in st if s.limit_ns is not None})
+    if len(limits) <= 1:
+        lim = limits[0] if limits else (info.limit_ns or 0.0)
+        return f"above {lim / 1e3:,.1f} µs"
+    return f"each above its batch size's band, {limits[0] / 1e3:,.1f}–{limits[-1] / 1e3:,.1f} µs"
 
 
 def _describe(info: Selection) -> str:
@@ -597,7 +721,8 @@ def _describe(info: Selection) -> str:
     st_txt = ", ".join(f"{s.key} ({s.period_ns / 1e3:,.0f} µs)" for s in st[:5]) + (" …" if len(st) > 5 else "")
     kept = [f"{class_label(c)}: {c.affected} cycles ({_keys_txt(c.keys, c.more_keys)}), "
             f"+{c.extra_ns / 1e3:,.1f} µs each" for c in info.classes if c.affected]
-    kept_txt = ("; kept, as they recur: " + "; ".join(kept)) if kept else ""
+    shift = any(c.kind == "shift" for c in info.classes if c.affected)
+    kept_txt = ((f"; kept, as they recur{' or last' if shift else ''}: " + "; ".join(kept)) if kept else "")
     if info.how != "detected":
         chosen = (f"--skip-cycles {info.choice['skip_cycles']}" if info.how == "skip"
                   else f"--window {info.choice['window']}")
@@ -608,8 +733,8 @@ def _describe(info: Selection) -> str:
         left.append(f"{info.warmup} warm-up (before the period settles within {info.tolerance or 0.0:.0%} of its "
                     f"median {(info.median_ns or 0.0) / 1e3:,.1f} µs)")
     if st:
-        left.append(f"{len(st)} rare stall{'s' if len(st) > 1 else ''} (above {(info.limit_ns or 0.0) / 1e3:,.1f} µs, "
-                    f"not recurring: cycle {st_txt})")
+        left.append(f"{len(st)} rare stall{'s' if len(st) > 1 else ''} ({_above(st, info)}, not recurring: "
+                    f"cycle {st_txt})")
     pa = info.pauses
     if pa:
         left.append(f"{len(pa)} pause{'s' if len(pa) > 1 else ''} (over {_PAUSE:.0f} × the median: cycle "

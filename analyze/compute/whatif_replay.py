@@ -338,22 +338,23 @@ def _slots(long: pl.DataFrame) -> pl.DataFrame:
     # sorted by window: each row's slot is its distance from its window's first row (no window per group)
     i = pl.int_range(pl.len())
     long = long.with_columns(k=i - pl.when(~(pl.col("w") == pl.col("w").shift(1)).fill_null(False)).then(i).forward_fill())
+    # A unit launched by several key calls in a window (a phase whose work two calls launch): its first call starts
+    # it on the GPU (its span runs from its first op); the later ones are plain host calls.
+    later = pl.col("unit").is_not_null() & pl.col("unit").is_duplicated().over("w") \
+        & (pl.col("k") > pl.col("k").min().over("w", "unit"))
+    if long.select(later.any()).item():
+        long = long.with_columns(pl.when(later).then(None).otherwise(pl.col(c)).alias(c)
+                                 for c in ("unit", "pred", "cyc", "pred_cyc", "code"))
     slot_of = long.select("w", "unit", "k").filter(pl.col("unit").is_not_null()).select("w", ref="unit", ref_k="k")
     # A window is one rank's: its units, the phases they follow and the work its syncs wait for are that rank's; the
     # window and the (qualified) range id are looked up as one packed key when they pack (one hash a row).
     (by_ref, pred_on, wait_on), on = packed_keys.with_key(
         (slot_of.rename({"ref_k": "_k"}), long.select("w", ref="pred"), long.select("w", ref="wait_range_id")),
         ["w", "ref"])
-    repeats = (by_ref[on[0]].is_duplicated().any() if len(on) == 1
-               else by_ref.select(pl.struct(*on).is_duplicated().any()).item())
-    if repeats:  # a unit twice in a window: rows repeat
-        long = (long.join(slot_of.rename({"ref": "pred", "ref_k": "pred_k"}), on=["w", "pred"], how="left")
-                .join(slot_of.rename({"ref": "wait_range_id", "ref_k": "wait_k"}), on=["w", "wait_range_id"],
-                      how="left"))
-    else:  # each row's slot looked up on the key columns (a join of every column copied them all twice)
-        by_ref = by_ref.select(*on, "_k")
-        long = long.with_columns(pred_on.join(by_ref, on=on, how="left", maintain_order="left")["_k"].alias("pred_k"),
-                                 wait_on.join(by_ref, on=on, how="left", maintain_order="left")["_k"].alias("wait_k"))
+    # each row's slot looked up on the key columns (a unit is once in its window, above: no row repeats)
+    by_ref = by_ref.select(*on, "_k")
+    long = long.with_columns(pred_on.join(by_ref, on=on, how="left", maintain_order="left")["_k"].alias("pred_k"),
+                             wait_on.join(by_ref, on=on, how="left", maintain_order="left")["_k"].alias("wait_k"))
     return long
 
 

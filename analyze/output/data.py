@@ -35,7 +35,7 @@ __all__ = ["CSV_TABLES", "TOP_KERNELS", "FINDING_KEYS", "document", "to_json", "
            "doc_json", "finite", "DB_REGISTRY"]
 
 FINDING_KEYS = ("code", "severity", "phase", "rank", "every", "extra_ns", "cycles", "evidence", "action", "impact_ns",
-                "share", "rank_is")
+                "share", "rank_is", "gross_ns", "claims", "counted_under")
 
 
 def document(res: Result, found: list[findings.Finding] | None = None) -> dict:
@@ -152,8 +152,10 @@ def frame(res: Result, name: str) -> pl.DataFrame:
     if name == "segments":
         rows = [{k: v for k, v in s.as_dict().items() if k != "budget"} for s in anatomy.segments(res)]
         return pl.DataFrame(rows) if rows else pl.DataFrame(schema={"key": pl.String})
-    if name == "findings":
-        f = [x.to_dict() for x in findings.find(res)]
+    if name == "findings":  # a table's cells are flat: the claims as "piece=ns;…", counted_under as "CODE=ns;…"
+        f = [{**x.to_dict(), "claims": ";".join(f"{c['piece']}={c['ns']:.0f}" for c in x.claims),
+              "counted_under": ";".join(f"{u['code']}={u['ns']:.0f}" for u in x.counted_under)}
+             for x in findings.find(res)]
         return pl.DataFrame(f) if f else pl.DataFrame(schema={k: pl.String for k in FINDING_KEYS})
     if name == "utilisation":  # GPU-metrics samples per phase (analyze.compute.utilisation); empty without
         p = utilisation.phases(res)

@@ -571,10 +571,7 @@ def compare_table(doc: Comparison) -> str:
     """``spectrace compare``: the verdict, then phases and seams in one ranking (µs per cycle, B − A split into
     compute / comm / idle, 95 % interval), per rank, and the kernels that moved."""
     tok = doc.per_token
-    out = [f"A: {doc.a} ({doc.a_cycles} steady cycles over ranks)",
-           f"   {doc.steady['a']}",
-           f"B: {doc.b} ({doc.b_cycles} steady cycles over ranks)",
-           f"   {doc.steady['b']}"]
+    out = [f"A: {doc.a}", f"   {doc.steady['a']}", f"B: {doc.b}", f"   {doc.steady['b']}"]
     p = doc.cycle_period
     for k in ("a", "b"):
         t = doc.tokens[k]

@@ -105,7 +105,8 @@ def class_cycles(res: Result) -> list[tuple[Any, list[int]]]:
         if cl.id is None:
             keys = stall_keys
         else:
-            keys = sorted(c.filter((pl.col("cycle_class") == cl.id) & pl.col("slow") & pl.col("steady"))
+            slower = pl.col("slow") | pl.lit(cl.kind == "shift")  # a level shift: every cycle of its level
+            keys = sorted(c.filter((pl.col("cycle_class") == cl.id) & slower & pl.col("steady"))
                           ["key"].unique().to_list())
         out.append((cl, keys or list(cl.keys)))
     return out
@@ -128,7 +129,7 @@ def finding_cycles(res: Result, finding: Any, classes: list[tuple[Any, list[int]
             c = _cycles(res)
             return sorted(c.filter(pl.col("key").is_between(sg.first_cycle, sg.last_cycle) & pl.col("steady"))
                           ["key"].unique().to_list())
-    if finding.code in ("STRAGGLER_RANK", "RECURRING_SLOW_CYCLES") and finding.cycles:
+    if finding.code in ("STRAGGLER_RANK", "RECURRING_SLOW_CYCLES", "LEVEL_SHIFT") and finding.cycles:
         for cl, k in classes:
             if (cl.kept and cl.every == finding.every and cl.phase == finding.phase and cl.rank == finding.rank
                     and cl.affected == finding.cycles):
