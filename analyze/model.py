@@ -249,6 +249,9 @@ class Result:
     cached: Any = field(default=None, init=False, repr=False, compare=False)
     # The key CUDA API calls of each rank (analyze.compute.host.CALL_SCHEMA): what the what-if replays.
     host_calls: pl.DataFrame | None = field(default=None, repr=False)
+    # The launching thread's windows in host-bound seams and the kept API calls in them, per rank
+    # (analyze.compute.host_windows.WINDOWS and rank): what the host-gap anatomy splits.
+    host_windows: pl.DataFrame | None = field(default=None, repr=False)
     # With a graph-level timing pass (analyze.compute.probe): what node-level tracing cost.
     probe_effect: dict[str, Any] | None = None
     comm_refused: pl.DataFrame = field(default_factory=pl.DataFrame)

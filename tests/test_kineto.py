@@ -19,7 +19,7 @@ from analyze.model import InputError
 from analyze.read import kineto
 from analyze.read.export import load
 from nvtx_hooks import phases as ph
-from tests.helpers.kineto_synth import GPU_US, PERIOD, merged_trace, rank_trace, write
+from tests.helpers.kineto_synth import GPU_US, PERIOD, T0, merged_trace, rank_trace, write
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -267,3 +267,30 @@ def test_through_the_store_as_in_memory(tmp_path):
     assert data.to_json(kept) == mem
     assert (tmp_path / "t.spectrace" / "meta.json").is_file() and (tmp_path / "t.tables.spectrace").is_dir()
     assert data.to_json(api.analyze(d, store=True, cache=True)) == mem  # the store and its result cache reused
+
+
+def test_spectrace_marks_are_marks(tmp_path):
+    """Zero-length `spectrace:accept_histogram #0x…` / `spectrace:accept #0x…` annotations (what the workload's and
+    the hooks' marks become under the torch profiler) are NVTX marks of the spectrace domain with their payloads,
+    as under nsys: not ranges, not phases."""
+    tr = rank_trace(0, cycles=3)
+    # cycle 3: a count of 200 needs 14-bit slots, 2 per mark: positions 0-1 and 8-9 (all-zero chunks not emitted)
+    hist = {1: [0, 2, 1, 1], 2: [4], 3: [5, 0, 0, 0, 0, 0, 0, 0, 0, 200]}
+    ext, n_chunks = 10_000, 0
+    for i, counts in hist.items():
+        at = T0 + (i - 1) * PERIOD + 590  # in the cycle's host_overhead range
+        chunks = ph.encode_accept_histogram(i, counts)
+        n_chunks += len(chunks)
+        for kind, v in [*(("accept_histogram", c) for c in chunks), ("accept", ph.encode_payload(4, i, 3))]:
+            tr["traceEvents"].append({"ph": "X", "cat": "user_annotation", "name": ph.annotation(kind, v),
+                                      "pid": 4000, "tid": 4000, "ts": at, "dur": 0,
+                                      "args": {"External id": ext, "Record function id": 0}})
+            ext += 1
+    res = api.analyze(write(tmp_path / "m.trace.json.gz", tr))
+    marks = res.marks.filter(pl.col("domain") == ph.DOMAIN)
+    h = marks.filter(pl.col("mark") == "accept_histogram")
+    assert n_chunks == 4 and h.height == 4 and ph.accept_histograms(h["int64"].to_list()) == hist
+    acc = marks.filter(pl.col("mark") == "accept").sort("time")
+    assert [ph.decode_payload(v)["accept_length"] for v in acc["int64"].to_list()] == [3, 3, 3]
+    assert "accept_histogram" not in res.phases["phase"].to_list() and "accept" not in res.ranges["range"].to_list()
+    assert _phase_us(res) == _phase_us(api.analyze(write(tmp_path / "plain.trace.json.gz", rank_trace(0, cycles=3))))

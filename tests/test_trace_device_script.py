@@ -84,3 +84,42 @@ def test_device_script_on_cpu(tmp_path):
         assert (x / f"{name}.sqlite.xz").read_bytes()[:6] == b"\xfd7zXZ\x00"
     log = (out / "log.txt").read_text()
     assert "skip" not in log and log.count("capture tp1_") == 8
+
+
+@pytest.mark.slow
+def test_torch_profiler_script_on_cpu(tmp_path):
+    """tests/device/torch_profiler.sh: every run's files made in the stage folder, and only the tar and the log in
+    OUT (the device returns at most 8 files)."""
+    pytest.importorskip("torch", reason="the workload needs torch (pip install torch==2.13.0)")
+    pytest.importorskip("ijson", reason="scrub reads torch traces with ijson")
+    if shutil.which("bash") is None or shutil.which("xz") is None:
+        pytest.skip("needs bash and xz")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    nsys = bindir / "nsys"
+    nsys.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@"\n')
+    nsys.chmod(0o755)
+    py = bindir / "python3"
+    py.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    py.chmod(0o755)
+    out = tmp_path / "out"
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "NSYS": str(nsys), "OUT": str(out),
+           "STAGE": str(tmp_path / "stage"), "W": str(tmp_path / "cap"), "OMP_NUM_THREADS": "1",
+           "FAKE_NSYS_LOG": str(tmp_path / "nsys.log"),
+           "WORKLOAD_ARGS": "--device cpu --hidden 32 --ffn 64 --layers 2 --cycles 3 --warmup 1"}
+    script = ROOT / "tests" / "device" / "torch_profiler.sh"
+    r = subprocess.run(["bash", str(script)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["log.txt", "torch_profiler.tar"]
+    with tarfile.open(out / "torch_profiler.tar") as tf:
+        names = {Path(n).name for n in tf.getnames()}
+    runs = [f"{s}_{t}_r{i}" for s in ("tp1", "sched") for t in ("nsys", "torch") for i in (1, 2)] + ["tp1_native"]
+    for run in runs:
+        assert f"{run}.stdout.txt" in names, run
+        if "_nsys_" in run:
+            assert {f"{run}.sqlite.xz", f"{run}.manifest.json"} <= names, run
+        else:
+            assert f"{run}.trace.json.xz" in names, run
+    assert "log.txt" in names
+    log = (out / "log.txt").read_text()
+    assert "skipped" not in log and log.count(": exit 0") == 9

@@ -362,6 +362,9 @@ def test_cpu_sampling_run_and_manifest(tmp_path, nsys, monkeypatch, python_sampl
     assert m["cpu_sampling"] == {"options": want + (["--python-sampling=true"] if python_sampling else []),
                                  "python_sampling": python_sampling, "switches_checked": True}
     assert "--sample=process-tree" in m["nsys"]["profile_command"]
+    # the export keeps the NVTX binary payloads, where nsys writes the Python samples' frames
+    export = [c["argv"] for c in calls(tmp_path) if c["kind"] == "export"]
+    assert export and all("--include-blobs=true" in a for a in export)
 
 
 def test_cpu_sampling_refused_by_an_nsys_without_the_switches(tmp_path, nsys, monkeypatch, capsys):

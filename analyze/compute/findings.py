@@ -26,7 +26,7 @@ import polars as pl
 
 from ..model import InputError, Result
 from ..read import packed_keys, results
-from . import anatomy, cycle_budget, steady_cycles, steady_tables, straggler, utilisation, view
+from . import anatomy, cycle_budget, host_gaps, steady_cycles, steady_tables, straggler, utilisation, view
 from .cycles import selection
 from .payload import CYCLE_NAMES, base_expr
 from .scalars import real, to_float
@@ -250,6 +250,69 @@ def _seam(ctx: RuleContext, blocked: bool) -> list[RuleHit]:
                   "of cycles)")
         out.append(RuleHit(o.mean, ev, phase=f"{f} → {t}", rank=o.rank, worst=o.worst))
     return out
+
+
+_HOST_ITEMS = 3  # the host items a host-bound gap finding names
+
+
+def _host_items(ctx: RuleContext, gap: str, hit: RuleHit) -> RuleHit:
+    """``hit`` (a host-bound gap or seam) with the items of its host windows (:mod:`analyze.compute.host_gaps`):
+    the largest, µs per cycle (mean over ranks, or ``hit.rank``'s), and what to try for each; as it was when the
+    capture names none."""
+    hg = host_gaps.host_gaps(ctx.res)
+    top = hg.top(gap, hit.rank if hit.worst or hit.rank is not None else None, _HOST_ITEMS)
+    if top.height == 0:
+        return hit
+    win = hg.windows.filter((pl.col("scope") == "steady") & (pl.col("gap") == gap))
+    if hit.rank is not None:
+        win = win.filter(pl.col("rank") == hit.rank)
+    window = to_float(win["window_ns"].mean()) if win.height else 0.0
+    named = [r for r in top.iter_rows(named=True) if r["item"] != host_gaps.UNATTRIBUTED]
+    grew = {c["item"]: c for c in hg.classes if c["gap"] == gap and c["label"] != "rare stalls (left out)"
+            and (hit.rank is None or c["rank"] == hit.rank)}
+
+    def one(r: dict) -> str:
+        out = f"{r['item']} {_us(r['ns'])}"
+        if r["wait_ns"] >= 0.1 * r["ns"] and r["kind"] == "range":
+            out += f" ({_us(r['wait_ns'])} of it waiting for the GPU in CUDA calls)"
+        if r["item"] in grew:
+            out += f" ({grew[r['item']]['label']}: +{_us(grew[r['item']]['delta_ns'])})"
+        py = hg.python_frames.filter((pl.col("gap") == gap) & (pl.col("item") == r["item"])
+                                     & ((pl.col("rank") == hit.rank) if hit.rank is not None else pl.lit(True)))
+        if py.height:  # what the Python samples inside it were running (innermost frame), most first
+            f = py.sort("samples", descending=True).row(0, named=True)
+            out += f" (Python samples in it: {f['frame']} in {_pct(f['share'])})"
+        return out
+
+    ev = (f"; the launching thread's time in it, {_us(window)} per cycle from the end of the GPU work to the next "
+          f"launch call: " + ", ".join(one(r) for r in top.iter_rows(named=True)) + " per cycle")
+    rest = hg.items.filter((pl.col("scope") == "steady") & (pl.col("gap") == gap)
+                           & (pl.col("item") == host_gaps.UNATTRIBUTED))
+    if rest.height and host_gaps.UNATTRIBUTED not in top["item"].to_list():
+        ev += f" (unattributed {_us(to_float(rest['ns'].mean()))})"
+    tips = [f"`{r['item']}`: {host_gaps.item_advice(r['item'])}" for r in named if host_gaps.item_advice(r["item"])]
+    if not named or not hg.has_ranges or not hg.sampled:
+        missing = [] if hg.has_ranges else ["SGLANG_ENABLE_NVTX_SCHEDULER=1 (or spectrace trace's hooks) names the "
+                                            "scheduler functions"]
+        if not hg.sampled:
+            missing.append("spectrace trace --cpu-sampling records where the thread is")
+        if rest.height and to_float(rest["ns"].mean()) > 0:
+            tips.append(f"`unattributed` {_us(to_float(rest['ns'].mean()))} per cycle: " + "; ".join(missing)
+                        if missing else f"unattributed: {host_gaps.item_advice(host_gaps.UNATTRIBUTED)}")
+    action = ". ".join(tips) + "." if tips else None
+    return RuleHit(hit.impact_ns, hit.evidence + ev, phase=hit.phase, rank=hit.rank, worst=hit.worst,
+                   every=hit.every, extra_ns=hit.extra_ns, cycles=hit.cycles, action=action or hit.action,
+                   host_bound=hit.host_bound)
+
+
+def _gap_host(ctx: RuleContext) -> list[RuleHit]:
+    """GAP_HOST_BOUND: the host-bound gap between cycles, with its host items."""
+    return [_host_items(ctx, cycle_budget.GAP, h) for h in _gap(ctx) if h.host_bound]
+
+
+def _seam_host(ctx: RuleContext) -> list[RuleHit]:
+    """SEAM_HOST_BOUND: each seam the CPU launched late, with its host items."""
+    return [_host_items(ctx, h.phase, h) if h.phase else h for h in _seam(ctx, blocked=False)]
 
 
 def _comm(ctx: RuleContext) -> list[RuleHit]:
@@ -659,15 +722,14 @@ RULES: tuple[Rule, ...] = (
     Rule("GAP_HOST_BOUND", "GPU idle between cycles, the next cycle launched late by the CPU",
          "Cut the CPU work between decode iterations: scheduler bookkeeping, sampling, `.tolist()`/`.item()` "
          "syncs, logging, Python overhead; keep SGLang's overlap scheduler on; check the CUDA-graph launch "
-         "latency. `nsys profile -s cpu` shows where the host thread is.",
-         lambda c: [h for h in _gap(c) if h.host_bound], PIECE, _piece),
+         "latency. `nsys profile -s cpu` shows where the host thread is.", _gap_host, PIECE, _piece),
     Rule("GAP_GPU_BOUND", "GPU idle between cycles although the next cycle was already launched",
          "The next cycle waits on something on the GPU side: a device sync, an event wait or a copy before its "
          "first kernel; look at the first API calls of a cycle in the nsys timeline.",
          lambda c: [h for h in _gap(c) if not h.host_bound], PIECE, _piece),
     Rule("SEAM_HOST_BOUND", "GPU idle between two phases of a cycle, the next phase launched late by the CPU",
          "Move host work out of the transition (syncs, allocations, Python between the two launches) or capture "
-         "both phases in one CUDA graph.", lambda c: _seam(c, blocked=False), PIECE, _piece),
+         "both phases in one CUDA graph.", _seam_host, PIECE, _piece),
     Rule("SEAM_BLOCKED_LAUNCH", "GPU idle between two phases although the next was launched in time",
          "A blocked launch or a queued dependency: a synchronous call, an event wait, a full launch queue.",
          lambda c: [_node_level(c, h) for h in _seam(c, blocked=True)], PIECE, _piece),

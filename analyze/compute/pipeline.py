@@ -40,7 +40,7 @@ from ..read.protocols import ProcessSource, ShowProgress, no_progress
 from ..read.source import ManyWindows, OpsWindow, StoreSource, open_source
 from ..read.store.install import discard, existing_store, open_store
 from ..read.store.reader import CacheError
-from . import attribute, breakdown, collectives, host, windows
+from . import attribute, breakdown, collectives, host, host_windows, windows
 from .comm_patterns import PATTERNS, CommPattern, family_expr
 from .diagnostics import FACTS, diagnose, duplicate_rows
 from .scalars import to_int
@@ -149,6 +149,7 @@ class ProcessContext:
     sync_ids: pl.Series = dataclasses.field(default_factory=lambda: pl.Series("name_id", [], pl.Int64))
     graphs: bool = True  # which CUDA graphs each range launched (segments without a payload batch size)
     cycle_index: bool = True  # the payload's cycle index identifies cycles (windows.cycle_index_problem)
+    api_kinds: pl.DataFrame | None = None  # name_id, what of the kept API names (host_windows.api_kinds)
 
 
 @dataclasses.dataclass
@@ -176,6 +177,8 @@ class ProcessResult:
     """Its communication kernels numbered within their instance, for matching across ranks."""
     host_calls: pl.DataFrame | None = None
     """The key host calls of :mod:`analyze.compute.host` (synchronisations, graph launches)."""
+    host_windows: pl.DataFrame | None = None
+    """The launching thread's windows in host-bound seams and the API calls in them (:mod:`.host_windows`)."""
     ops: pl.DataFrame | None = None
     """Every GPU operation with its range and name (only with ``keep_ops``)."""
 
@@ -236,6 +239,7 @@ def process(source: ProcessSource, pid: int, ctx: ProcessContext) -> ProcessResu
                           .join(launchers, on="corr", how="anti").height)
     # The key host calls, the first call of each instance and per-instance counts (none without GPU work).
     host_parts = host.calls(ops, api, nested, ctx.sync_ids, ctx.launch_ids, tl, per_call) if ops.height else None
+    api_cols = api.select("corr", "gtid", "start", "end", "name_id") if host_parts is not None else None
     del api
     facts = {
         "graph_ops": graph_ops,
@@ -270,6 +274,9 @@ def process(source: ProcessSource, pid: int, ctx: ProcessContext) -> ProcessResu
         blocks = breakdown.gpu_blocks(ops)
         inst = windows.with_cycle(breakdown.add_gpu_idle(inst, blocks), anc, ctx.cycle_index)
         out.seams = host.seam_causes(breakdown.measure_seams(inst, blocks), firsts)
+        if api_cols is not None and ctx.api_kinds is not None:
+            out.host_windows = host_windows.host_windows(out.seams, firsts, api_cols, ctx.api_kinds, pid)
+        del api_cols
         out.coverage = breakdown.coverage(inst, ops, blocks)
         out.instances = _with_graphs(host.add_instance_cols(inst, per_inst), graphs, anc)
         out.host_calls = key_calls
@@ -491,7 +498,8 @@ def _run(source: ProcessSource, ranges: str | None, comm_patterns: list[CommPatt
     if bad_index:
         diags.append(Diagnostic("warning", "PAYLOAD_CYCLE_INDEX", bad_index))
     ctx = ProcessContext(nested_all, kinds, head.devices, launch_ids, keep_ops, sync_ids,
-                         graphs=not _payload_batches(sel), cycle_index=bad_index is None)
+                         graphs=not _payload_batches(sel), cycle_index=bad_index is None,
+                         api_kinds=host_windows.api_kinds(head.names))
 
     pids = source.pids
     bar = (progress or no_progress)(sum(source.ops_rows.values()), "spectrace: analysing")
@@ -540,6 +548,8 @@ def _run(source: ProcessSource, ranges: str | None, comm_patterns: list[CommPatt
     ops = renumber(pl.concat(parts.ops)).sort("start") if keep_ops and parts.ops else None
     kstat = renumber(pl.concat(parts.kernel_stats)).drop("pid") if parts.kernel_stats else None  # names Categorical
     calls = renumber(pl.concat(parts.host_calls)) if parts.host_calls else pl.DataFrame(schema=host.CALL_SCHEMA)
+    hw = (renumber(pl.concat(parts.host_windows)) if parts.host_windows
+          else pl.DataFrame(schema=host_windows.WINDOWS).with_columns(rank=pl.lit(None, pl.Int64)))
     del parts
     graph_rows = "Graph" if facts["graph_ops"] else ("Node" if facts["node_ops"] else None)
     head = dataclasses.replace(head, graph_rows=graph_rows)
@@ -575,6 +585,7 @@ def _run(source: ProcessSource, ranges: str | None, comm_patterns: list[CommPatt
         window=window,
         kernels=kstat,
         host_calls=calls,
+        host_windows=hw,
         comm_refused=refused.filter(pl.col("phase").is_not_null()),
         counted_matches=collectives.packed(matched),  # the steady view narrows it to the steady cycles
     )
@@ -592,6 +603,7 @@ class _Parts:
     coverage: list[pl.DataFrame]
     comm_kernels: list[pl.DataFrame]
     host_calls: list[pl.DataFrame]
+    host_windows: list[pl.DataFrame]
     ops: list[pl.DataFrame]
 
     @classmethod
@@ -643,7 +655,7 @@ def merge_results(results: list[Result]) -> Result:
     paired = windows.pair_reports(results)
     comm = collectives.cross_rank(results, paired)
     every = ("ranks", "seam_instances", "coverage", "marks")  # frames every Result has
-    maybe = ("kernels", "host_calls")  # frames a Result may lack
+    maybe = ("kernels", "host_calls", "host_windows")  # frames a Result may lack
     parts: dict[str, list[pl.DataFrame]] = {k: [] for k in (*every, *maybe)}
     diags: list[Diagnostic] = []
     windows_, base = [], 0
@@ -699,6 +711,7 @@ def merge_results(results: list[Result]) -> Result:
         window=ManyWindows(windows_) if windows_ else None,
         kernels=some["kernels"],
         host_calls=some["host_calls"],
+        host_windows=some["host_windows"],
         comm_refused=comm.refused.filter(pl.col("phase").is_not_null()),
     )
 

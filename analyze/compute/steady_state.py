@@ -21,10 +21,11 @@ from __future__ import annotations
 import polars as pl
 
 from ..model import Result
-from . import anatomy, cycle_budget, findings, steady_tables, utilisation
+from . import anatomy, cycle_budget, findings, host_gaps, steady_tables, utilisation
 from .anatomy import CycleClass, Segment
 from .cycles import cycles, selection
 from .findings import Finding
+from .host_gaps import HostGaps
 from .steady_cycles import Selection
 from .tokens import Tokens, summary
 
@@ -112,6 +113,13 @@ class SteadyState:
     def cycle_classes(self) -> list[CycleClass]:
         """The slower cycles: classes that recur (kept, described) and the rare stalls (left out)."""
         return anatomy.cycle_classes(self.result)
+
+    @property
+    def host_gaps(self) -> HostGaps:
+        """What the launching thread did in the host-bound gaps (between cycles, host-bound seams): per rank, gap and
+        item (host range, CUDA API call kind, unattributed), µs per steady cycle; per segment, per class of slower
+        cycles, and the CPU samples' top frames (:mod:`analyze.compute.host_gaps`)."""
+        return host_gaps.host_gaps(self.result)
 
     @property
     def segments(self) -> list[Segment]:

@@ -20,6 +20,7 @@ from ..compute import (
     anatomy,
     cycle_budget,
     findings,
+    host_gaps,
     steady_tables,
     straggler,
     utilisation,
@@ -43,7 +44,8 @@ def document(res: Result, found: list[findings.Finding] | None = None) -> dict:
     steady state: ``steady`` (which cycles and why, and the cycle period's ``definition``), ``tokens`` (the cycle
     period with p50/p90, tokens per cycle, tokens/s, acceptance), ``budget``, ``phases_steady``,
     ``phases_steady_all_ranks``, ``seams_steady``, ``kernels``, ``cycle_classes`` (the slower cycles that recur,
-    and the rare stalls left out, with where their time sits), ``segments`` (per decode batch size),
+    and the rare stalls left out, with where their time sits), ``segments`` (per decode batch size), ``host_gaps``
+    (what the launching thread did in the host-bound gaps, :mod:`analyze.compute.host_gaps`),
     ``stragglers_steady`` (per phase and rank: the collective waiting each caused) and ``straggler`` (the one
     verdict per phase), ``findings``."""
     # The findings' tables first (findings.rule_inputs): made from the steady matched collectives, which are let go of
@@ -108,6 +110,7 @@ def _document(res: Result) -> dict:
     d["kernels"] = steady_tables.kernels(res, TOP_KERNELS).to_dicts()
     d["cycle_classes"] = [c.as_dict() for c in anatomy.cycle_classes(res)]
     d["segments"] = [s.as_dict() for s in anatomy.segments(res)]
+    d["host_gaps"] = host_gaps.host_gaps(res).as_dict()
     st = steady_tables.stragglers(res)
     d["stragglers_steady"] = st.to_dicts()
     d["straggler"] = straggler.verdict(st).to_dicts()  # each phase's (the share rule: module straggler)
@@ -126,8 +129,8 @@ def to_json(res: Result, found: list[findings.Finding] | None = None) -> str:
 
 TOP_KERNELS = 10  # per phase, in the JSON document
 CSV_TABLES = ("phases", "ranges", "seams", "ranks", "coverage", "instances", "host_calls", "phases_steady",
-              "seams_steady", "budget", "kernels", "cycles", "cycle_classes", "segments", "findings", "utilisation",
-              "utilisation_seams", "gpu_metrics")
+              "seams_steady", "budget", "kernels", "cycles", "cycle_classes", "segments", "host_gaps", "findings",
+              "utilisation", "utilisation_seams", "gpu_metrics")
 
 
 def frame(res: Result, name: str) -> pl.DataFrame:
@@ -149,6 +152,8 @@ def frame(res: Result, name: str) -> pl.DataFrame:
                  "keys": ",".join(map(str, c.keys)), "waiting_ranks": ",".join(map(str, c.waiting_ranks))}
                 for c in anatomy.cycle_classes(res)]
         return pl.DataFrame(rows) if rows else pl.DataFrame(schema={"label": pl.String})
+    if name == "host_gaps":  # per rank, scope, gap and item: µs per steady cycle
+        return host_gaps.host_gaps(res).items
     if name == "segments":
         rows = [{k: v for k, v in s.as_dict().items() if k != "budget"} for s in anatomy.segments(res)]
         return pl.DataFrame(rows) if rows else pl.DataFrame(schema={"key": pl.String})

@@ -34,6 +34,7 @@ from ..compute import (
     anatomy,
     cycle_budget,
     findings,
+    host_gaps,
     steady_tables,
     straggler,
     utilisation,
@@ -406,6 +407,30 @@ def _classes(res: Result) -> Section | None:
     return Section("classes", "Slower cycles", body)
 
 
+def _host_gaps(res: Result) -> Section | None:
+    """The host-bound gaps split by item (:mod:`analyze.compute.host_gaps`)."""
+    hg = host_gaps.host_gaps(res)
+    if hg.windows.height == 0:
+        return None
+    body = _p("The launching thread's time in each host-bound gap, from the end of the GPU work to the next launch "
+              "call, by item: the innermost scheduler.* host range open, else the kind of CUDA API call, else "
+              "unattributed; µs per steady cycle (a cycle whose gap was not host-bound adds 0).")
+    body += _table(hg.windows, {"window_ns": "host window µs per cycle", "host_bound": "cycles host-bound"})
+    body += _table(hg.items.filter(pl.col("ns") > 0), {"ns": "µs per cycle", "wait_ns": "of it waiting µs",
+                                                        "share": "share of the window"})
+    if hg.classes:
+        body += "<h3>Slower cycles</h3>" + _table(pl.DataFrame(hg.classes).select(
+            "label", "rank", "gap", "item", "class_ns", "typical_ns", "delta_ns"),
+            {"class_ns": "in the class µs", "typical_ns": "typical µs", "delta_ns": "Δ µs"})
+    if hg.frames.height:
+        body += "<h3>CPU samples: top native frames</h3>" + _table(hg.frames)
+    if hg.python_frames.height:
+        body += "<h3>Python samples: innermost Python frames</h3>" + _table(hg.python_frames)
+    for n in hg.notes:
+        body += _p(n)
+    return Section("host-gaps", "Host-bound gaps", body)
+
+
 def _segments(res: Result) -> Section | None:
     """Per decode batch size: cycles, period p50/p90/mean, prefills, the biggest pieces of its mean cycle."""
     seg = anatomy.segments(res)
@@ -640,7 +665,7 @@ def _write_page(res: Result, out: NewFolder, vs: Result | None, steps_now: int |
     cyc = ([Section("cycles", "Every cycle", cycles_chart.section_html(res, found, tl_file))]
            if _plots_cycles(res) else [])
     secs = [*top, _summary(res, steps_now), _budget(res, figs), _findings(found, named, tl_file), *cyc,
-            *[x for x in (_classes(res), _segments(res)) if x is not None], _phases(res, figs)]
+            *[x for x in (_classes(res), _host_gaps(res), _segments(res)) if x is not None], _phases(res, figs)]
     secs += [s for s in (utilisation_section(res),) if s is not None]
     if res.probe_effect is not None:  # a two-pass capture (--timing): what node-level tracing cost
         secs.insert(len(top) + 1, Section("probe", "Probe effect", '<div class="tw"><pre>'

@@ -10,7 +10,7 @@ import polars as pl
 
 from nvtx_hooks.phases import base_name
 
-from ..compute import anatomy, steady_tables
+from ..compute import anatomy, host_gaps, steady_tables
 from ..compute.collectives import short_name
 from ..compute.compare import Comparison
 from ..compute.cycle_budget import budget
@@ -23,6 +23,7 @@ from ..compute.whatif_model import MAX_STEPS, NEAR_BEST, Model
 from ..model import SEAM_CAUSES, CommResult, Result
 
 __all__ = ["kernel_label", "ranked", "text_width", "wrap_lines", "display_names", "selection_lines", "class_lines",
+           "host_gap_lines",
            "segment_lines", "budget_text", "steady_phase_text", "findings_text", "table_text", "kernels_text",
            "analyze_table", "probe_lines", "comm_table", "compare_table", "whatif_segment_lines", "acceptance_text",
            "best_text", "best_steps_label", "whatif_table", "TABLE_GAP"]
@@ -212,6 +213,44 @@ def class_lines(res: Result) -> list[str]:
     return out
 
 
+def host_gap_lines(res: Result) -> list[str]:
+    """The host-bound gaps: what the launching thread did from the end of the GPU work to the next launch call, per
+    item (host range, CUDA API call, unattributed), µs per steady cycle; the classes' items; the samples' frames."""
+    hg = host_gaps.host_gaps(res)
+    if hg.windows.height == 0:
+        return []
+    out = ["", "Host-bound gaps: the launching thread from the end of the GPU work to the next launch call "
+               "(µs per steady cycle; a cycle whose gap was not host-bound adds 0)"]
+    st = hg.windows.filter(pl.col("scope") == "steady")
+    for w in st.iter_rows(named=True):
+        out.append(f"  rank {w['rank']} · {w['gap']}: {_us(w['window_ns'])} per cycle "
+                   f"(host-bound in {w['host_bound']} of {w['cycles']} cycles)")
+        it = hg.items.filter((pl.col("scope") == "steady") & (pl.col("rank") == w["rank"]) & (pl.col("gap") == w["gap"])
+                             & (pl.col("ns") > 0))
+        for r in it.iter_rows(named=True):
+            extra = f", {_us(r['wait_ns'])} µs waiting for the GPU" if r["wait_ns"] and r["kind"] == "range" else ""
+            smp = f", {r['samples']} CPU samples" if hg.sampled else ""
+            out.append(f"    {r['item']:<40} {_us(r['ns']):>12}  {100 * r['share']:5.1f} %{extra}{smp}")
+            fr = hg.frames.filter((pl.col("rank") == w["rank"]) & (pl.col("gap") == w["gap"])
+                                  & (pl.col("item") == r["item"]))
+            if fr.height:
+                out.append("      top frames: " + ", ".join(f"{f['frame']} ({f['samples']})" for f in fr.iter_rows(named=True)))
+            py = hg.python_frames.filter((pl.col("rank") == w["rank"]) & (pl.col("gap") == w["gap"])
+                                         & (pl.col("item") == r["item"]))
+            if py.height:
+                out.append("      top Python frames: " + ", ".join(f"{f['frame']} ({f['samples']})"
+                                                                  for f in py.iter_rows(named=True)))
+    seg = hg.items.filter(pl.col("scope") != "steady")
+    if seg.height:
+        out.append("  per segment (µs per cycle): " + "; ".join(
+            f"{sc} rank {rk} {gap}: " + ", ".join(f"{i} {_us(n)}" for i, n in zip(g["item"], g["ns"]) if n > 0)
+            for (sc, rk, gap), g in seg.group_by("scope", "rank", "gap", maintain_order=True)))
+    for c in hg.classes:
+        out.append(f"  {c['text']}")
+    out += [f"  note: {n}" for n in hg.notes]
+    return out
+
+
 def segment_lines(res: Result) -> list[str]:
     """Per decode batch size (the payload's): cycles, period p50/p90/mean, prefills, the biggest pieces."""
     seg = anatomy.segments(res)
@@ -378,6 +417,7 @@ def analyze_table(res: Result, found: list[Finding] | None = None) -> str:
     out.append("")
     out += selection_lines(res)
     out += class_lines(res)
+    out += host_gap_lines(res)
     out += segment_lines(res)
     bt = budget_text(res)
     if bt:

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
+from nvtx_hooks.capture import python_frames
+
 from ..model import MARKS_SCHEMA, OP_KIND, InputError, Trace
 from .protocols import ExportReader
 from .sqlite import Reader
@@ -20,8 +22,8 @@ from .sqlite import Reader
 if TYPE_CHECKING:
     from polars._typing import PolarsDataType
 
-__all__ = ["pid_of", "RUNTIME", "API_SCHEMA", "OPS_SCHEMA", "BAD_API", "api_query", "op_queries", "bad_op",
-           "read_meta", "open_reader", "load", "export_rows", "ops_between"]
+__all__ = ["python_samples", "pid_of", "RUNTIME", "API_SCHEMA", "OPS_SCHEMA", "BAD_API", "api_query", "op_queries", "bad_op",
+           "read_meta", "open_reader", "load", "export_rows", "ops_between", "SAMPLES_SCHEMA", "cpu_samples"]
 
 _KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
 _MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
@@ -470,3 +472,80 @@ def ops_between(path: str | os.PathLike, t0: int, t1: int) -> pl.DataFrame:
     finally:
         r.close()
     return pl.concat(parts) if parts else pl.DataFrame(schema=OPS_SCHEMA)
+
+
+_FRAMES_DEEP = 12  # call-chain frames read per CPU sample, leaf first: the top resolved one is within them
+SAMPLES_SCHEMA = pl.Schema({"gtid": pl.Int64, "time": pl.Int64, "frame": pl.String})
+
+
+def cpu_samples(path: str | os.PathLike, gtids: list[int]) -> pl.DataFrame | None:
+    """The CPU IP samples of threads ``gtids`` (nsys ``--sample``: ``COMPOSITE_EVENTS`` and their call chains in
+    ``SAMPLING_CALLCHAINS``), each with its top native frame: the frame nearest the leaf whose symbol nsys resolved,
+    as ``symbol (module file name)``; null when none of the first frames resolved. None when the export has no
+    samples (or is not SQLite or an export folder with those tables)."""
+    r = open_reader(path)
+    try:
+        if not (r.has("COMPOSITE_EVENTS", "id", "start", "globalTid")
+                and r.has("SAMPLING_CALLCHAINS", "id", "symbol", "module", "stackDepth")):
+            return None
+        ids = ",".join(str(int(g)) for g in gtids) or "NULL"
+        ev = r.frame(f"SELECT id, start AS time, globalTid AS gtid FROM COMPOSITE_EVENTS WHERE globalTid IN ({ids})",
+                     {"id": pl.Int64, "time": pl.Int64, "gtid": pl.Int64})
+        if ev.height == 0:
+            return pl.DataFrame(schema=SAMPLES_SCHEMA)
+        unresolved = "c.unresolved" if r.has("SAMPLING_CALLCHAINS", "unresolved") else "0"
+        ch = r.frame(f"SELECT c.id, c.stackDepth AS depth, c.symbol, c.module, {unresolved} AS unresolved "
+                     f"FROM SAMPLING_CALLCHAINS c WHERE c.stackDepth < {_FRAMES_DEEP}",
+                     {"id": pl.Int64, "depth": pl.Int64, "symbol": pl.Int64, "module": pl.Int64,
+                      "unresolved": pl.Int64})
+        strings = _strings(r)
+    finally:
+        r.close()
+    ch = (ch.join(ev.select("id"), on="id", how="semi")
+          .join(strings.select(symbol="name_id", _sym="name"), on="symbol", how="left")
+          .join(strings.select(module="name_id", _mod="name"), on="module", how="left")
+          .filter((pl.col("unresolved").fill_null(0) == 0) & pl.col("_sym").is_not_null()
+                  & ~pl.col("_sym").str.contains(r"^(0x[0-9a-fA-F]+|\[.*\]|Unknown)$"))
+          .sort("id", "depth").unique("id", keep="first")
+          .select("id", frame=pl.format("{} ({})", "_sym", pl.col("_mod").str.split("/").list.last())))
+    return ev.join(ch, on="id", how="left").select(list(SAMPLES_SCHEMA)).cast(SAMPLES_SCHEMA)  # type: ignore[arg-type]
+
+
+_UNESCAPE = {"&lt;": "<", "&gt;": ">", "&quot;": '"', "&#39;": "'", "&amp;": "&"}  # nsys writes the names HTML-escaped
+
+
+def python_samples(path: str | os.PathLike, gtids: list[int]) -> pl.DataFrame | None:
+    """The Python samples of threads ``gtids`` (nsys ``--python-sampling=true``, exported ``--include-blobs=true``:
+    NVTX events whose binary payload is a Python stack, :mod:`nvtx_hooks.capture.python_frames`), each with its
+    innermost frame as ``function (file name:line)``. None when the export has none (no Python sampling, or the
+    payloads were not exported: ``--include-blobs``)."""
+    pf = python_frames
+    r = open_reader(path)
+    try:
+        if not (r.has("NVTX_EVENTS", "start", "globalTid", "domainId", "binaryData")
+                and r.has("NVTX_PAYLOAD_SCHEMAS", "domainId", "name")):
+            return None
+        names = ",".join(f"'{n}'" for n in pf.SCHEMAS[:1])  # the periodic samples (not the backtraces on calls)
+        ids = ",".join(str(int(g)) for g in gtids) or "NULL"
+        ev = r.frame(f"""SELECT start AS time, globalTid AS gtid, binaryData AS data FROM NVTX_EVENTS
+                         WHERE binaryData IS NOT NULL AND globalTid IN ({ids}) AND domainId IN
+                         (SELECT domainId FROM NVTX_PAYLOAD_SCHEMAS WHERE name IN ({names}))""",
+                     {"time": pl.Int64, "gtid": pl.Int64, "data": pl.Binary})
+        strings = _strings(r) if ev.height else None
+    finally:
+        r.close()
+    if strings is None:
+        return None
+
+    def u64(at: pl.Expr) -> pl.Expr:
+        return pl.col("data").bin.slice(at, 8).bin.reinterpret(dtype=pl.UInt64, endianness="little").cast(pl.Int64)
+
+    at = u64(pl.lit(pf.PAYLOAD_AT)) + pf.FRAMES_AT  # the innermost frame
+    ok = pl.col("data").bin.size() >= at + pf.FRAME_BYTES
+    top = ev.filter(pl.col("data").bin.size() >= pf.PAYLOAD_AT + 8).filter(ok).select(
+        "gtid", "time", _f=u64(at), _file=u64(at + 8), _line=u64(at + 16))
+    name = strings.with_columns(pl.col("name").str.replace_many(list(_UNESCAPE), list(_UNESCAPE.values())))
+    top = (top.join(name.select(_f="name_id", _fn="name"), on="_f", how="left")
+           .join(name.select(_file="name_id", _fl="name"), on="_file", how="left"))
+    frame = pl.format("{} ({}:{})", "_fn", pl.col("_fl").str.split("/").list.last(), "_line")
+    return top.select("gtid", "time", frame=pl.when(pl.col("_fn").is_not_null()).then(frame)).cast(SAMPLES_SCHEMA)

@@ -62,7 +62,7 @@ __all__ = ["KEEP_RESULTS", "STALE_S", "DICT_ROWS", "FOLDER", "KNOWN", "code_dige
            "writing_behind", "known"]
 
 _T = TypeVar("_T")
-_RESULT_VERSION = 1
+_RESULT_VERSION = 2  # 2: Result.host_windows
 KEEP_RESULTS = 4  # result folders kept per store: the most recently used (other selections, older versions go)
 STALE_S = 24 * 3600  # a build folder (``.<key>.tmp-*``) this old was left by a process that died
 DICT_ROWS = 10_000  # string columns of frames this long are written dictionary-encoded

@@ -238,8 +238,10 @@ def _commands(nsys: str, a: argparse.Namespace, base: Path, version: str | None 
     o = outputs(base, a.stats, fmt)
     cmds = {
         "profile": [nsys, "profile", *_profile_args(a, switches), "-o", str(o["report"]), *a.command],
-        "export": [nsys, "export", "--type=sqlite", "--force-overwrite=true", "-o", str(o["sqlite"]),
-                   str(o["report"])],
+        # (with CPU sampling: the NVTX binary payloads, where nsys writes the Python samples' frames)
+        "export": [nsys, "export", "--type=sqlite", *(["--include-blobs=true"] if getattr(a, "cpu_sampling", False)
+                                                       else []),
+                   "--force-overwrite=true", "-o", str(o["sqlite"]), str(o["report"])],
     }
     if fmt:
         cmds["columnar"] = [nsys, "export", f"--type={fmt}", "--force-overwrite=true", "-o", str(base),

@@ -1,5 +1,5 @@
-"""The bundled real captures (``tests/data/h200_tp1/*.sqlite.xz``: one H200; ``tests/data/h200_tp2``: two),
-decompressed on first use.
+"""The bundled real captures (``tests/data/h200_tp1/*.sqlite.xz``: one H200; ``tests/data/h200_tp2``: two; and the
+torch profiler traces ``tests/data/h200_tp1/*.trace.json.xz``), decompressed on first use.
 
 ``python -m nvtx_hooks.capture.samples [NAME]`` prints the path of the decompressed export
 (default ``tp1_node``; ``--list`` names them); ``make demo`` uses it. Decompressed copies go to
@@ -15,7 +15,7 @@ import shutil
 import sys
 from pathlib import Path
 
-__all__ = ["DATA", "names", "data_dir", "cache_dir", "path", "stats_csv", "main"]
+__all__ = ["DATA", "names", "trace_names", "data_dir", "cache_dir", "path", "trace", "stats_csv", "main"]
 
 _ROOT = Path(__file__).resolve().parents[2]
 DATA = _ROOT / "tests" / "data" / "h200_tp1"
@@ -26,6 +26,11 @@ _DEFAULT = "tp1_node"
 def names() -> list[str]:
     """The bundled capture names."""
     return sorted(p.name[: -len(".sqlite.xz")] for d in _DATA_DIRS for p in d.glob("*.sqlite.xz"))
+
+
+def trace_names() -> list[str]:
+    """The bundled torch profiler trace names (``NAME.trace.json.xz``)."""
+    return sorted(p.name[: -len(".trace.json.xz")] for d in _DATA_DIRS for p in d.glob("*.trace.json.xz"))
 
 
 def data_dir(name: str) -> Path:
@@ -47,7 +52,20 @@ def path(name: str = _DEFAULT, cache: Path | None = None) -> Path:
     src = data_dir(name) / f"{name}.sqlite.xz"
     if not src.exists():
         raise FileNotFoundError(f"no bundled capture {name!r}; have: {', '.join(names())}")
-    out = (cache or cache_dir()) / f"{name}.sqlite"
+    return _decompressed(src, (cache or cache_dir()) / f"{name}.sqlite")
+
+
+def trace(name: str, cache: Path | None = None) -> Path:
+    """The decompressed torch profiler trace (Chrome trace-event JSON) of bundled trace ``name``."""
+    src = DATA / f"{name}.trace.json.xz"
+    if not src.exists():
+        raise FileNotFoundError(f"no bundled torch profiler trace {name!r}; have: {', '.join(trace_names())}")
+    return _decompressed(src, (cache or cache_dir()) / f"{name}.trace.json")
+
+
+def _decompressed(src: Path, out: Path) -> Path:
+    """``src`` (xz) decompressed into ``out``, written under a temporary name and renamed into place; reused while
+    newer than ``src``."""
     if not out.exists() or out.stat().st_mtime < src.stat().st_mtime:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(f".tmp{os.getpid()}")

@@ -17,6 +17,7 @@ import sqlite3
 import sys
 from pathlib import Path
 
+from . import python_frames
 from .chrome_trace import TraceError
 from .files import TABLE_SUFFIXES, OutputError, new_file, table_files
 from .torch_profile import find_strings as find_trace_strings
@@ -89,7 +90,19 @@ def _referenced_ids(con: sqlite3.Connection) -> set[int]:
         cols = marked.get(t) if marked else [c for c, typ in _columns(con, t) if "INT" in typ and c not in _NOT_IDS]
         for col in cols or []:
             used |= {r[0] for r in con.execute(f'SELECT DISTINCT "{col}" FROM "{t}"') if r[0] is not None}
-    return used
+    return used | _python_frame_ids(con)
+
+
+def _python_frame_ids(con: sqlite3.Connection) -> set[int]:
+    """The function and file string ids of the Python stacks in NVTX binary payloads
+    (:mod:`nvtx_hooks.capture.python_frames`): no column names them, so they would read as orphans."""
+    tabs = set(_tables(con))
+    if not {"NVTX_EVENTS", "NVTX_PAYLOAD_SCHEMAS"} <= tabs or "binaryData" not in dict(_columns(con, "NVTX_EVENTS")):
+        return set()
+    marks = ",".join("?" * len(python_frames.SCHEMAS))
+    rows = con.execute(f"""SELECT e.binaryData FROM NVTX_EVENTS e WHERE e.binaryData IS NOT NULL AND e.domainId IN
+                           (SELECT domainId FROM NVTX_PAYLOAD_SCHEMAS WHERE name IN ({marks}))""", python_frames.SCHEMAS)
+    return {i for (blob,) in rows for f in python_frames.frames(blob) for i in f[:2]}
 
 
 def _env_pairs(values: list[str]) -> set[str]:

@@ -11,12 +11,22 @@
 #   sched_nsys_rREP    nsys, the serving schedule 1:40,2:40,4:40 (prefills between the segments)
 #   sched_torch_rREP   torch.profiler, the same schedule
 #   tp1_native         torch.profiler, SGLang 0.5.23's native span names only (--native-spans only)
-# Out: $OUT/log.txt (versions, each run's exit code and JSON record) and $OUT/torch_profiler.tar: the nsys exports
-# scrubbed (`spectrace scrub`), the torch traces scrubbed (`spectrace scrub`: no traceName, host name, trace id or
-# python_function paths), every file xz-compressed, with the workload's stdout. Then, on the analysis machine:
-#   spectrace analyze X.sqlite / X.trace.json.gz  (and compare): the side-by-side table of issue 41.
+# Out ($OUT, 2 files: the device returns at most 8): log.txt (versions, each run's exit code and JSON record) and
+# torch_profiler.tar: the nsys exports scrubbed (`spectrace scrub`) as NAME.sqlite.xz with NAME.manifest.json, the
+# torch traces scrubbed (`spectrace scrub`: no traceName, host name, trace id or python_function paths) as
+# NAME.trace.json.xz, each run's stdout as NAME.stdout.txt, and log.txt. The files are made in a stage folder
+# (STAGE, default /tmp/tp_stage) and only the tar and the log are put into $OUT. Then, on the analysis machine:
+#   python -m bench.torch_vs_nsys --dir FOLDER   (the files decompressed: X.sqlite, X.trace.json, X.stdout.txt)
+# prints the side-by-side table of issue 41 (docs/torch-profiler.md, "Validation on the H200").
+# WORKLOAD_ARGS (appended to every workload command) exists to try the script on CPU with a stand-in nsys
+# (tests/test_trace_device_script.py); leave it unset on the GPU machine.
 set -u
-W=/tmp/torch_profiler
+EXTRA_WL=${WORKLOAD_ARGS:-}
+FINAL=${OUT:-/tmp/spectrace-out}
+OUT=${STAGE:-/tmp/tp_stage}  # setup.sh logs here and pack writes here; the tar and log.txt go to FINAL
+W=${W:-/tmp/torch_profiler}
+rm -rf "$OUT" "$W"
+mkdir -p "$FINAL" "$OUT" "$W"
 . tests/device/setup.sh
 BUDGET_S=${BUDGET_S:-220}
 versions
@@ -28,9 +38,10 @@ SCHED=(--schedule 1:40,2:40,4:40)
 nsys_run() {
   local name=$1; shift
   left || { log "skipped $name (budget)"; return 0; }
-  log "nsys $name: workload ${WL[*]} $*"
+  log "nsys $name: workload ${WL[*]} $* $EXTRA_WL"
+  # shellcheck disable=SC2086
   timeout 150 python3 -m nvtx_hooks.capture trace --force -o "$W/$name" -- \
-    python3 -m nvtx_hooks.capture.workload "${WL[@]}" "$@" > "$W/$name.stdout" 2>&1
+    python3 -m nvtx_hooks.capture.workload "${WL[@]}" "$@" $EXTRA_WL > "$W/$name.stdout" 2>&1
   log "  $name: exit $?"
   grep '^{"rank"' "$W/$name.stdout" >> "$OUT/log.txt"
   pack "$name"
@@ -40,9 +51,10 @@ nsys_run() {
 torch_run() {
   local name=$1; shift
   left || { log "skipped $name (budget)"; return 0; }
-  log "torch $name: workload ${WL[*]} --torch-profiler $W/$name $*"
+  log "torch $name: workload ${WL[*]} --torch-profiler $W/$name $* $EXTRA_WL"
   rm -rf "${W:?}/$name"
-  timeout 150 python3 -m nvtx_hooks.capture.workload "${WL[@]}" --torch-profiler "$W/$name" "$@" \
+  # shellcheck disable=SC2086
+  timeout 150 python3 -m nvtx_hooks.capture.workload "${WL[@]}" --torch-profiler "$W/$name" "$@" $EXTRA_WL \
     > "$W/$name.stdout" 2>&1
   log "  $name: exit $?"
   grep '^{"rank"' "$W/$name.stdout" >> "$OUT/log.txt"
@@ -62,5 +74,7 @@ for REP in 1 2; do
   [ "$REP" = 1 ] && torch_run tp1_native --native-spans only
 done
 log "done"
-cp "$OUT/log.txt" "$W/" 2>/dev/null
-tar -C "$OUT" -cf "$OUT/torch_profiler.tar" --exclude torch_profiler.tar . && log "tar: $OUT/torch_profiler.tar"
+ls -la "$OUT" >> "$OUT/log.txt"
+tar -C "$OUT" -cf "$FINAL/torch_profiler.tar" . && log "tar: $FINAL/torch_profiler.tar"
+cp "$OUT/log.txt" "$FINAL/log.txt"
+ls -la "$FINAL"
