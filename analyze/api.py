@@ -35,9 +35,18 @@ _REP_SUFFIXES = (".nsys-rep", ".qdrep")
 
 
 def _many(reports: Reports) -> list:
+    if isinstance(reports, bytes):  # a path as bytes (os.fsencode): the path, not a sequence of integers
+        reports = os.fsdecode(reports)
     if isinstance(reports, str | os.PathLike | Trace | Result):
         return [reports]
-    out = list(reports)
+    if not isinstance(reports, Sequence):
+        raise InputError(f"reports must be a path, a Trace, a Result or a list of them, not {type(reports).__name__}",
+                         "BAD_OPTION")
+    out = [os.fsdecode(r) if isinstance(r, bytes) else r for r in reports]
+    bad = [r for r in out if not isinstance(r, str | os.PathLike | Trace | Result)]
+    if bad:
+        raise InputError(f"a report must be a path, a Trace or a Result, not {type(bad[0]).__name__} "
+                         f"{str(bad[0])[:60]!r}", "BAD_OPTION")
     if not out:
         raise InputError("no report given", "NO_FILE")
     if len(out) > 1 and any(isinstance(r, Result) for r in out):
@@ -119,9 +128,13 @@ def analyze(
     (:class:`~analyze.compute.steady_state.SteadyState`: ``res.steady.budget``, ``.phases``, ``.findings``, ...).
     """
     from .compute import pipeline, steady_cycles
+    from .compute.comm_patterns import checked_patterns
     from .compute.steady_state import SteadyState
     from .output.progress import terminal_bar
 
+    comm_patterns = checked_patterns(comm_patterns)
+    if isinstance(reports, bytes):
+        reports = os.fsdecode(reports)
     if isinstance(reports, Result):
         return _analysed(reports, ranges=ranges, comm_patterns=comm_patterns, keep_ops=keep_ops or None,
                          skip_cycles=skip_cycles, window=window, timing=timing,
@@ -199,9 +212,11 @@ def comm(reports: Reports, ranges: str | None = None, comm_patterns: list[CommPa
     any phase are kept. ``kw``: as for :func:`analyze` (store, cache, jobs, executor).
     """
     from .compute import pipeline, steady_cycles, steady_tables
+    from .compute.comm_patterns import checked_patterns
     from .compute.cycles import selection
     from .output.progress import terminal_bar
 
+    comm_patterns = checked_patterns(comm_patterns)
     if isinstance(reports, Result):
         raise InputError("comm matches collectives across the reports themselves: give the reports, not an "
                          "analysed Result", "BAD_OPTION")
@@ -259,9 +274,10 @@ def whatif(reports: Reports, steps_now: int | None = None, baseline: Reports | N
         raise InputError(f"--acceptance must be in [0, 1], not {acceptance}")
     periods, log_name = None, ""
     if unprofiled_log is not None:  # read first: a bad log is refused before the analysis
-        from .read.server_log import decode_periods
+        from .read.server_log import decode_periods, left_out_note
 
-        periods, log_name = decode_periods(unprofiled_log), Path(unprofiled_log).name
+        counts: dict[str, int] = {}
+        periods, log_name = decode_periods(unprofiled_log, counts), Path(unprofiled_log).name
     res = analyze(reports, ranges, comm_patterns, timing=timing, unprofiled_cycles_per_s=unprofiled_cycles_per_s,
                   **kw)
     base = analyze(baseline, ranges, comm_patterns, **kw) if baseline is not None else None
@@ -290,6 +306,8 @@ def whatif(reports: Reports, steps_now: int | None = None, baseline: Reports | N
         keep_derived(*kept)
     if periods is not None:
         m.notes += whatif_segments.calibrate(m, periods, log_name)
+        if counts.get("left_out"):
+            m.notes.append(left_out_note(counts["left_out"], log_name))
     keep_derived(res, base)
     return m
 

@@ -47,8 +47,6 @@ _POLARS_OWN = frozenset({"dirty_decay_ms:500", "muzzy_decay_ms:1000"})
 # (importing polars rewrites it too).
 _LAUNCHERS = {"trace", "demo-workload"}
 _ANALYSES = {"analyze", "comm", "report", "timeline", "compare", "whatif"}
-_CYCLES_MAX = 1_000_000_000  # --skip-cycles
-_STEPS_MAX = 64  # draft steps (--steps-now, --max-steps): EAGLE drafts a handful; the what-if's work grows with it
 
 
 # ---- shared options -----------------------------------------------------------------------------------
@@ -60,6 +58,12 @@ def _num(kind: type, lo: float, hi: float, lo_open: bool = False) -> Number:
     from nvtx_hooks.capture.bounds import number
 
     return number(kind, lo, hi, lo_open)
+
+
+def _bounds() -> Any:  # the module of the physical bounds (STEPS_MAX, CYCLES_MAX, ...): standard library only
+    from nvtx_hooks.capture import bounds
+
+    return bounds
 
 
 def _add_selection_args(p: argparse.ArgumentParser) -> None:
@@ -100,7 +104,7 @@ def _add_source_args(p: argparse.ArgumentParser) -> None:
 def _add_steady_args(p: argparse.ArgumentParser) -> None:
     """Which decode cycles the headline numbers use (README: *Steady state*)."""
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--skip-cycles", type=_num(int, 0, _CYCLES_MAX), metavar="N",
+    g.add_argument("--skip-cycles", type=_num(int, 0, _bounds().CYCLES_MAX), metavar="N",
                    help="leave out exactly the first N cycles of each rank (0: the whole run); default: warm-up "
                         "and rare stalls are detected and left out (slower cycles that recur are kept and "
                         "described), and the output says how many and why")
@@ -142,7 +146,9 @@ def _inputs(a: argparse.Namespace) -> list[str]:
     base = getattr(a, "baseline", None) or getattr(a, "vs", None) or getattr(a, "b", None) or []
     return [*a.report, *([base] if isinstance(base, str) else base), *(getattr(a, "timing", None) or []),
             *(getattr(a, "other_steps", None) or []),
-            *([a.unprofiled_log] if getattr(a, "unprofiled_log", None) else [])]
+            *([a.unprofiled_log] if getattr(a, "unprofiled_log", None) else []),
+            *(getattr(a, "comm_patterns_file", None) or []),
+            *([a.current_sglang_config] if getattr(a, "current_sglang_config", None) else [])]
 
 
 def _out(text: str) -> None:
@@ -183,7 +189,7 @@ def _run_analyze(a: argparse.Namespace) -> int:
         from .model import InputError
 
         raise InputError(f"unknown table {a.table!r}; one of {', '.join(data.CSV_TABLES)}", "BAD_TABLE")
-    if a.db:  # before the analysis: a --db that may not be written is refused at once
+    if a.db is not None:  # before the analysis: a --db that may not be written is refused at once
         check_db(a.db, _inputs(a))
     res = analyze(a.report, **_options(a))
     if a.table is not None:  # one table, in the chosen format
@@ -206,7 +212,7 @@ def _run_analyze(a: argparse.Namespace) -> int:
     _out(out)
     if a.format != "table" or a.table is not None:
         _warn(res.diagnostics, a.quiet)
-    if a.db:
+    if a.db is not None:
         data.to_db(res, a.db, _inputs(a))
     keep_derived(res)
     return 0
@@ -296,6 +302,10 @@ def _run_compare(a: argparse.Namespace) -> int:
     for w in doc.warnings:
         if a.format == "json" and not a.quiet:
             print(f"spectrace: warning: {w}", file=sys.stderr)
+    if a.fail_if_slower is not None and doc.verdict.get("result") == "unknown":  # the gate never passes blind
+        print(f"spectrace: cannot judge whether B is slower than A by more than {a.fail_if_slower} %: "
+              f"{doc.verdict.get('text', 'no verdict')}: exit 1", file=sys.stderr)
+        return 1
     if a.fail_if_slower is not None and doc.slower_than(a.fail_if_slower):
         unlike = f" (but the runs differ: {'; '.join(doc.warnings)})" if doc.warnings else ""
         print(f"spectrace: B is slower than A by {doc.verdict['change_pct']:.1f} % (more than "
@@ -312,7 +322,7 @@ def _run_whatif(a: argparse.Namespace) -> int:
     if a.sglang_config:  # before the analysis: a target that is an input is refused at once
         from .output.targets import check_file
 
-        check_file(a.sglang_config, _inputs(a), "--sglang-config", replace=True)
+        check_file(a.sglang_config, _inputs(a), "--sglang-config", replace=a.force)
     current = None
     if a.current_sglang_config:  # read first: a config SGLang would refuse is refused before the analysis
         from .output import sglang_config
@@ -331,11 +341,15 @@ def _run_whatif(a: argparse.Namespace) -> int:
                   "largest tier key not above it)\n" + "\n".join("  " + x for x in doc["sglang_config_comparison"])
                   + ("" if doc["segments"] else "\n  (no per-batch-size models: the run has one segment)") + "\n")
     _out(data.doc_json(doc) if a.format == "json" else table)
+    if not a.quiet:  # notes with a code of their own (DECODE_LOG_LINES, ...) are warnings about an input
+        for n in m.notes:
+            if n.split(":", 1)[0].isupper() and "_" in n.split(":", 1)[0]:
+                print(f"spectrace: warning: {n}", file=sys.stderr)
     if a.sglang_config:
         from .output import sglang_config
 
         path = sglang_config.write(a.sglang_config, doc["segments"], m.steps_now, ", ".join(map(str, a.report)),
-                                   inputs=_inputs(a))
+                                   inputs=_inputs(a), force=a.force)
         print(f"spectrace: wrote {path} (SGLang --speculative-adaptive --speculative-adaptive-config)",
               file=sys.stderr)
     return 0
@@ -499,7 +513,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("-f", "--force", action="store_true",
                    help="write into a folder spectrace did not make (files of the same names are replaced, its "
                         "other files kept)")
-    p.add_argument("--steps-now", type=_num(int, 1, _STEPS_MAX), metavar="N",
+    p.add_argument("--steps-now", type=_num(int, 1, _bounds().STEPS_MAX), metavar="N",
                    help="draft steps of this trace (default: its manifest, else inferred from the trace)")
     p.add_argument("--timeline-events", type=_num(int, 0, 1_000_000_000), metavar="N",
                    help="bound of DIR/timeline.trace.json, the annotated timeline for Perfetto the page links to "
@@ -555,7 +569,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--fail-if-slower", type=_num(float, 0, 1e6), metavar="PCT",
                    help="exit 1 when B is slower than A by more than PCT %% (the cycle period over every steady "
                         "cycle; per token when the runs make different numbers of tokens per cycle) and the 95 %% "
-                        "bootstrap interval excludes no change: a CI gate")
+                        "bootstrap interval excludes no change: a CI gate; also exit 1 when there is no verdict "
+                        "(too few cycles for an interval, no cycle period): a gate never passes what it cannot "
+                        "judge")
     _add_source_args(p)
     p.set_defaults(func=_run_compare)
 
@@ -564,13 +580,13 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                                    "replaying each cycle on the trace's CPU and GPU timelines (assumptions: "
                                    "--explain, analyze/compute/whatif.py and the README).")
     p.add_argument("report", nargs="+", help=_REPORTS_HELP)
-    p.add_argument("--steps-now", type=_num(int, 1, _STEPS_MAX), metavar="N",
+    p.add_argument("--steps-now", type=_num(int, 1, _bounds().STEPS_MAX), metavar="N",
                    help="draft steps of this trace (default: its manifest, else inferred from the trace)")
     p.add_argument("--baseline", metavar="OTHER", help="a decode_step (no speculation) export: calibrates how "
                                                        "verify cost grows with verified tokens")
     p.add_argument("--acceptance", type=_num(float, 0, 1), metavar="ALPHA",
                    help="per-token acceptance probability (default: fitted on the accept-length payload)")
-    p.add_argument("--max-steps", type=_num(int, 1, _STEPS_MAX), default=10, metavar="N",
+    p.add_argument("--max-steps", type=_num(int, 1, _bounds().STEPS_MAX), default=10, metavar="N",
                    help="predict 1..N draft steps (default %(default)s)")
     _add_common_args(p, ("table", "json"), "table: text for people (default); json: predictions, best step count "
                                           "and the model")
@@ -590,6 +606,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                    help="write the best draft steps per batch size (the what-if per segment) as the JSON that "
                         "SGLang's --speculative-adaptive-config reads: tiers of batch sizes, candidate steps the "
                         "best and each batch size's current one (0: verify only)")
+    p.add_argument("-f", "--force", action="store_true", help="with --sglang-config: replace an existing FILE")
     p.add_argument("--current-sglang-config", metavar="FILE",
                    help="the --speculative-adaptive-config the run used (SGLang 0.5.23's format): per tier, its "
                         "candidate steps against the measured best of the batch sizes routed to it, and the "

@@ -1,6 +1,6 @@
 """Env-gated autoload, run from ``spectrace_hooks.pth`` at interpreter start in every process.
 
-The ``.pth`` line imports this module only when ``SPECTRACE_HOOKS=1``; it then
+The ``.pth`` line imports this module only when ``SPECTRACE_HOOKS`` is set and not off (0, false, no, off); it then
 arms the import hook (SGLang itself is not imported). Processes without SGLang
 installed stay untouched and silent.
 """
@@ -14,8 +14,13 @@ __all__ = ["run"]
 
 
 def run() -> None:
-    """Install the hooks if ``SPECTRACE_HOOKS=1``; never raises."""
-    if os.environ.get("SPECTRACE_HOOKS") != "1":
+    """Install the hooks if ``SPECTRACE_HOOKS`` is on (1, true, yes, on: any case); never raises."""
+    from .capture.bounds import switch
+
+    on, problem = switch("SPECTRACE_HOOKS")
+    if problem:
+        print(f"spectrace hooks: {problem}", file=sys.stderr)
+    if not on:
         return
     try:
         from . import patch

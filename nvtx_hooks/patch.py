@@ -587,9 +587,20 @@ def sglang_version() -> str | None:
         return getattr(mod, "__version__", None)
 
 
+def _switch(name: str, default: bool = True) -> bool:
+    """An environment switch of the hooks (:func:`nvtx_hooks.capture.bounds.switch`: 1/0, true/false, ...); a value
+    not understood is said on stderr and taken as ``default``."""
+    from .capture.bounds import switch
+
+    on, problem = switch(name, default)
+    if problem:
+        print(f"spectrace hooks: {problem}", file=sys.stderr)
+    return on
+
+
 def _setup_logging() -> None:
     """Give the hooks logger its own stderr handler (SGLang may not have configured logging yet)."""
-    if not log.handlers and os.environ.get("SPECTRACE_HOOKS_LOG", "1") != "0":
+    if not log.handlers and _switch("SPECTRACE_HOOKS_LOG"):
         h = logging.StreamHandler(sys.stderr)
         h.setFormatter(logging.Formatter("[spectrace] %(message)s"))
         log.addHandler(h)
@@ -619,7 +630,7 @@ def install(version: str | None = None) -> list[str]:
             return []
         _version = version
         _pending.clear()
-        stages = os.environ.get(SCHEDULER_ENV, "1") != "0"
+        stages = _switch(SCHEDULER_ENV)
         for t in targets_for(v):
             if t.kind == CHECK or (t.kind == STAGE and not stages):
                 continue

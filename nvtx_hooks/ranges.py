@@ -20,6 +20,7 @@ on first use, grey).
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -86,7 +87,12 @@ def _load(force: bool = False) -> bool:
 
 def _env_disabled() -> bool:
     """True if the environment switches ranges off."""
-    return bool(os.environ.get("NVTX_DISABLE")) or os.environ.get("SPECTRACE_NVTX", "1") == "0"
+    from .capture.bounds import switch
+
+    on, problem = switch("SPECTRACE_NVTX", default=True)
+    if problem:
+        print(f"spectrace hooks: {problem}", file=sys.stderr)
+    return bool(os.environ.get("NVTX_DISABLE")) or not on
 
 
 def _attrs_for(name: str, payload: int | None) -> Any:

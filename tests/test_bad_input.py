@@ -1383,8 +1383,13 @@ def proc_ascii_terminal(argv, e: Env):
 
 def proc_timeout(argv, e: Env):
     """In a process of its own, ended after 60 s (a run that does not end is a failure, not a hang)."""
-    p = _spawn(argv, e, {}, stdout=subprocess.PIPE)
-    out, err = p.communicate(timeout=60)
+    p = _spawn(argv, e, {}, stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:  # ended with what it started (a stuck nsys...), and the row fails
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        return 124, "", "spectrace: error: still running after 60 s (killed)\n"
     return p.returncode, out.decode(), err.decode()
 
 
@@ -1699,6 +1704,415 @@ CASES = [
     Case("hooks_check_syntax_error", make_tree(b"\ndef (:\n"), says="cannot be parsed as Python"),
     Case("hooks_check_nul_byte", make_tree(b"\nx = 1\0\n"), says="cannot be parsed as Python"),
 ]
+
+
+# -- recipes: issue 43 (never destructive, never silently wrong: third round) --
+
+ADAPTIVE = "tp1_adaptive_node"  # segments per batch size: what --sglang-config writes from
+CONFIG = '{"mine": true}\n'
+
+
+def with_manifest(e: Env, name: str = NODE, edit: Callable[[dict], object] | None = None,
+                  text: str | None = None) -> Path:
+    """A copy of ``name`` and its manifest beside it (``edit``ed, or replaced by ``text``)."""
+    p = e.copy(name)
+    m = p.with_name(f"{name}.manifest.json")
+    if text is not None:
+        m.write_text(text)
+    else:
+        doc = json.loads((samples.data_dir(name) / m.name).read_text())
+        if edit is not None:
+            edit(doc)
+        m.write_text(json.dumps(doc))
+    return p
+
+
+def users_config(e: Env) -> Path:
+    f = e.other("cfg") / "adaptive.json"
+    f.write_text(CONFIG)
+    return f
+
+
+def check_users_config(e: Env) -> None:
+    assert (e.other("cfg") / "adaptive.json").read_text() == CONFIG
+
+
+def make_whatif_config(where: str) -> Callable[[Env], list]:
+    def make(e: Env) -> list:
+        p = with_manifest(e, ADAPTIVE)
+        if where == "existing":
+            return ["whatif", p, "--sglang-config", users_config(e)]
+        if where == "manifest":
+            return ["whatif", p, "--sglang-config", p.with_name(f"{ADAPTIVE}.manifest.json")]
+        pat = e.inp / "patterns.txt"
+        pat.write_text("mine=^my_allreduce\n")
+        return ["whatif", p, "--comm-patterns-file", pat, "--sglang-config", pat]
+    return make
+
+
+def users_gpu_metrics(e: Env, p: Path, db: Path) -> None:
+    sql(db, "CREATE TABLE gpu_metrics (x)", "INSERT INTO gpu_metrics VALUES (42)")
+
+
+def check_users_gpu_metrics(e: Env) -> None:
+    con = sqlite3.connect(e.other("db") / "r.db")
+    assert con.execute("SELECT x FROM gpu_metrics").fetchall() == [(42,)]
+    con.close()
+
+
+NULL_END = (f"CREATE TABLE k2 AS SELECT * FROM {KERNEL}", f"DROP TABLE {KERNEL}",  # (no NOT NULL: as other tools
+            f"ALTER TABLE k2 RENAME TO {KERNEL}",  # and nsys versions write it)
+            f'UPDATE {KERNEL} SET "end" = NULL WHERE rowid % 50 = 0')
+
+
+def make_parquetdir_of(*statements: str) -> Callable[[Env], list]:
+    """The capture edited by ``statements``, exported as a parquetdir (the columnar path)."""
+    def make(e: Env) -> list:
+        from bench.export_dir import write_export_dir
+
+        q = sql(shutil.copy(e.pristine(NODE), e.other("src") / "src.sqlite"), *statements)
+        return ["analyze", write_export_dir(q, e.inp / "n_pqtdir", "parquet"), "--format", "json"]
+    return make
+
+
+CROSS = (f"UPDATE {NVTX} SET eventType = 60, endGlobalTid = globalTid + 1 WHERE eventType = 59 "
+         "AND textId = (SELECT id FROM StringIds WHERE value = 'cycle')")
+SAME_THREAD = (f"UPDATE {NVTX} SET eventType = 60, endGlobalTid = globalTid WHERE eventType = 59 "
+               "AND textId = (SELECT id FROM StringIds WHERE value = 'cycle')")
+
+
+def same_period_as(eq: Callable[[Env], Path]) -> Callable[[Env], None]:
+    def check(e: Env) -> None:
+        got, want = (doc_of(p)["tokens"] for p in (e.inp / f"{NODE}.sqlite", eq(e)))
+        assert (got["steady_cycles"], got["period_ns"]) == (want["steady_cycles"], want["period_ns"])
+    return check
+
+
+def make_accept_length(value: int) -> Callable[[Env], list]:
+    """One cycle's payload claims ``value`` accepted tokens (batch 4, 3 steps: at most 4 x 4 = 16)."""
+    def make(e: Env) -> list:
+        from nvtx_hooks import phases as ph
+
+        p = e.copy()
+        con = sqlite3.connect(p)
+        rows = con.execute(f"SELECT rowid, int64Value FROM {NVTX} WHERE (int64Value >> 60) = 1").fetchall()
+        for rowid, v in rows:
+            d = ph.decode_payload(v)
+            if d and d.get("accept_length") is not None and d["cycle_index"] == 20:
+                new = ph.encode_payload(d["batch_size"], d["cycle_index"], value)
+                con.execute(f"UPDATE {NVTX} SET int64Value = ? WHERE rowid = ?", (new - (1 << 64) if new >= 1 << 63
+                                                                                    else new, rowid))
+        con.commit()
+        con.close()
+        return ["analyze", p, "--format", "json"]
+    return make
+
+
+def check_tokens_plausible(e: Env) -> None:
+    got, want = (doc_of(p)["tokens"] for p in (e.inp / f"{NODE}.sqlite", e.pristine(NODE)))
+    assert got["tokens_per_s"] < 1.2 * want["tokens_per_s"], (got, want)
+
+
+def few_cycles(e: Env, name: str, keep: int, slower: bool = False) -> Path:
+    """``name`` with only its first ``keep`` cycles' ranges (and, ``slower``, every kernel 50 % longer)."""
+    p = e.copy(NODE, name)
+    con = sqlite3.connect(p)
+    cyc = con.execute(f"SELECT start FROM {NVTX} WHERE textId = (SELECT id FROM StringIds WHERE value = 'cycle') "
+                      "ORDER BY start").fetchall()
+    con.close()
+    cut = cyc[keep][0]
+    sql(p, f"DELETE FROM {NVTX} WHERE eventType = 59 AND start >= {cut}")
+    if slower:
+        sql(p, f'UPDATE {KERNEL} SET "end" = "end" + ("end" - start) / 2')
+    return p
+
+
+def make_gate(few: str) -> Callable[[Env], list]:
+    def make(e: Env) -> list:
+        a = e.copy(NODE, "a.sqlite") if few == "b" else few_cycles(e, "a.sqlite", 2)
+        b = few_cycles(e, "b.sqlite", 2, slower=True) if few == "b" else e.copy(NODE, "b.sqlite")
+        return ["compare", a, b, "--fail-if-slower", "1"]
+    return make
+
+
+def spec(**kw) -> Callable[[dict], None]:
+    return lambda d: d.setdefault("speculative", {}).update(kw)
+
+
+def decode_log(e: Env, lines: list[str]) -> Path:
+    f = e.inp / "decode.log"
+    f.write_text("".join(f"[2026-01-01 00:00:{i:02d}] Decode batch, {ln}\n" for i, ln in enumerate(lines)))
+    return f
+
+
+OK_LINES = [f"#running-req: {b}, #token: 900, token usage: 0.01, accept len: 2.40, accept rate: 0.47, cuda graph: "
+            f"True, gen throughput (token/s): {t}, #queue-req: 0" for b, t in ((1, 1200.0), (2, 2300.0), (4, 4300.0))]
+
+
+def make_unprofiled_log(bad: str) -> Callable[[Env], list]:
+    def make(e: Env) -> list:
+        p = with_manifest(e, ADAPTIVE)
+        return ["whatif", p, "--unprofiled-log", decode_log(e, [*OK_LINES, bad]), "--format", "json"]
+    return make
+
+
+def proc_api(call: str) -> Callable:
+    """In this process: ``call`` (a Python expression over ``api``, ``p`` the report) as the API's user would make
+    it; an InputError is the one line (exit 2), a JSON document of the result on standard output."""
+    def run(argv, e: Env):
+        from analyze import api
+        from analyze.output import data
+
+        p = Path(argv[1])
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                res = eval(call, {"api": api, "p": p, "os": os})
+            except InputError as x:
+                return 2, "", err.getvalue() + f"spectrace: error: {x}\n"
+        return 0, data.to_json(res), err.getvalue()
+    return run
+
+
+def make_dup(table: str) -> Callable[[Env], list]:
+    return make_edit(f"INSERT INTO {table} SELECT * FROM {table}")
+
+
+def make_dup_stringids(e: Env) -> list:
+    """StringIds without its primary key and every row twice (an export appended twice)."""
+    p = e.copy()
+    sql(p, "CREATE TABLE s2 AS SELECT * FROM StringIds", "DROP TABLE StringIds",
+        "CREATE TABLE StringIds (id INTEGER NOT NULL, value TEXT NOT NULL)",
+        "INSERT INTO StringIds SELECT * FROM s2", "INSERT INTO StringIds SELECT * FROM s2", "DROP TABLE s2")
+    return ["analyze", p, "--format", "json"]
+
+
+def one_cycle(e: Env, name: str = f"{NODE}.sqlite") -> Path:
+    return few_cycles(e, name, 1)
+
+
+def no_cycle_ranges(e: Env, name: str) -> Path:
+    return sql(e.copy(NODE, name), f"DELETE FROM {NVTX} WHERE textId = (SELECT id FROM StringIds WHERE value = 'cycle')")
+
+
+def fifo(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
+
+
+def make_manifest_fifo(e: Env) -> list:
+    p = e.copy()
+    fifo(p.with_name(f"{NODE}.manifest.json"))
+    return ["analyze", p, "--format", "json"]
+
+
+def make_many_phase_names(n: int) -> Callable[[Env], list]:
+    """``n`` more range names: copies of the host_overhead ranges, each copy of its own name."""
+    def make(e: Env) -> list:
+        p = e.copy()
+        con = sqlite3.connect(p)
+        cols = [r[1] for r in con.execute(f"PRAGMA table_info({NVTX})")]
+        base = con.execute(f"SELECT rowid FROM {NVTX} WHERE textId = 37 ORDER BY start").fetchall()
+        k = 0
+        while k < n:
+            for (rowid,) in base:
+                if k == n:
+                    break
+                sid = 2_000_000 + k
+                con.execute("INSERT INTO StringIds (id, value) VALUES (?, ?)", (sid, f"zz_phase_{k:05d}"))
+                sel = ", ".join("?" if c == "textId" else c for c in cols)
+                con.execute(f"INSERT INTO {NVTX} ({', '.join(cols)}) SELECT {sel} FROM {NVTX} WHERE rowid = ?",
+                            (sid, rowid))
+                k += 1
+        con.commit()
+        con.close()
+        return ["report", p, "-o", out_dir(e), "--ranges", "^(zz_phase_|cycle)"]
+    return make
+
+
+def make_drop_column(table: str, *columns: str, verb: str = "analyze") -> Callable[[Env], list]:
+    return make_edit(*(f'ALTER TABLE {table} DROP COLUMN "{c}"' for c in columns)) if verb == "analyze" else \
+        lambda e: ["report", sql(e.copy(), *(f'ALTER TABLE {table} DROP COLUMN "{c}"' for c in columns)), "-o",
+                   out_dir(e)]
+
+
+def make_long_path(e: Env) -> list:
+    d = e.inp
+    for i in range(3):
+        d = d / (f"{i}" * 200)
+    d.mkdir(parents=True)
+    p = d / f"{NODE}.sqlite"
+    shutil.copy(e.pristine(NODE), p)
+    assert len(os.fsencode(str(p))) > 512
+    return ["analyze", p, "--format", "json"]
+
+
+def make_rewritten_while_read(e: Env) -> list:
+    """The export rewritten in place while the analysis reads it (after its schema was read)."""
+    from analyze.read import sqlite as sq
+
+    p = shutil.copy(e.pristine(NODE), e.other("live") / f"{NODE}.sqlite")
+    frame = sq.Reader.frame
+    done = []
+
+    def rewriting(self, *a, **k):
+        if not done:
+            done.append(1)
+            size = p.stat().st_size  # its middle rewritten (a copy in place, a writer): the pages read next are
+            with open(p, "r+b") as f:  # not the ones SQLite expects
+                f.seek(size // 4)
+                f.write(b"\xa5" * (size // 2))
+        return frame(self, *a, **k)
+
+    e.mp.setattr(sq.Reader, "frame", rewriting)
+    return ["analyze", p, "--format", "json", "--no-store", "--no-cache"]
+
+
+def proc_hooks_switch(value: str) -> Callable:
+    """``SPECTRACE_HOOKS=value``: does the plugin want the hooks (exit 0 and 'on'/'off'), or one line."""
+    def run(argv, e: Env):
+        code = ("import sys\nfrom nvtx_hooks import plugin\nprint('on' if plugin.wanted() else 'off')\n")
+        env = {**os.environ, "SPECTRACE_HOOKS": value, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        env.pop("SGLANG_PLUGINS", None)
+        q = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+        return q.returncode, q.stdout, q.stderr
+    return run
+
+
+def check_stdout(want: str) -> Callable:
+    def wrap(proc: Callable) -> Callable:
+        def run(argv, e: Env):
+            rc, out, err = proc(argv, e)
+            assert out.strip() == want, (out, err)
+            return rc, out, err
+        return run
+    return wrap
+
+
+def make_trace_o(name: str) -> Callable[[Env], list]:
+    return lambda e: ["trace", "--nsys", fake_nsys(e), "-o", name, "--", sys.executable, "-c", "pass"]
+
+
+def stuck_nsys(e: Env) -> Path:
+    exe = e.other("bin") / "nsys"
+    exe.write_text("#!/bin/sh\nexec sleep 600\n")
+    exe.chmod(0o755)
+    return exe
+
+
+def make_two_table_files(e: Env) -> list:
+    from bench.export_dir import write_export_dir
+
+    d = write_export_dir(e.pristine(NODE), e.inp / "n_pqtdir", "parquet")
+    shutil.copy(d / f"{KERNEL}.parquet", d / f"{KERNEL}.arrow")
+    return ["analyze", d, "--format", "json"]
+
+
+ISSUE_43 = [
+    # 1. every file written is an output: never an existing file without --force, never an input by any name
+    Case("whatif_sglang_config_over_an_existing_file", make_whatif_config("existing"), says="exists",
+         check=check_users_config),
+    Case("whatif_sglang_config_onto_the_manifest", make_whatif_config("manifest"), says="must not be the input"),
+    Case("whatif_sglang_config_onto_the_comm_patterns_file", make_whatif_config("patterns"),
+         says="must not be the input"),
+    Case("db_keeps_a_users_table_of_a_result_name", make_db_at(users_gpu_metrics), says="spectrace did not make",
+         expect="clean", check=check_users_gpu_metrics),
+    Case("trace_o_empty", make_trace_o(""), says="-o"),
+    Case("trace_o_dot", make_trace_o("."), says="-o"),
+    Case("trace_o_root", make_trace_o("/"), says="-o"),
+    Case("trace_nsys_version_never_answers", lambda e: ["trace", "--nsys", stuck_nsys(e), "-o", e.other("t") / "run",
+                                                        "--", sys.executable, "-c", "pass"],
+         says="did not answer", proc=proc_timeout),
+    # 2. every input validated before it is used (CLI and API): regular files, bounded, shaped, physical
+    Case("manifest_is_a_named_pipe", make_manifest_fifo, says="named pipe", proc=proc_timeout),
+    Case("comm_patterns_file_is_a_named_pipe", lambda e: ["analyze", e.copy(), "--comm-patterns-file",
+                                                          fifo(e.other("p") / "pat")], says="named pipe",
+         proc=proc_timeout),
+    Case("unprofiled_log_is_a_named_pipe", lambda e: ["whatif", with_manifest(e, ADAPTIVE), "--unprofiled-log",
+                                                      fifo(e.other("p") / "log")], says="named pipe",
+         proc=proc_timeout),
+    Case("manifest_is_a_json_list", lambda e: ["analyze", with_manifest(e, text="[1, 2]"), "--format", "json"],
+         says="not a JSON object"),
+    Case("manifest_is_a_json_scalar", lambda e: ["analyze", with_manifest(e, text="3"), "--format", "json"],
+         says="not a JSON object"),
+    Case("manifest_speculative_not_an_object", lambda e: ["analyze", with_manifest(
+        e, edit=lambda d: d.update(speculative=[3])), "--format", "json"], says="speculative"),
+    Case("manifest_integer_of_1e21", lambda e: ["whatif", with_manifest(e, edit=spec(steps=10**21))],
+         says="speculative.steps"),
+    Case("manifest_nested_100k_lists", lambda e: ["analyze", with_manifest(e, text="[" * 100_000 + "]" * 100_000),
+                                                  "--format", "json"], says="nested"),
+    Case("manifest_steps_100000", lambda e: ["whatif", with_manifest(e, edit=spec(steps=100_000))],
+         says="speculative.steps"),
+    Case("api_steps_now_1e6", make_plain("whatif"), says="steps_now", proc=proc_api("api.whatif(p, 10**6)")),
+    Case("api_skip_cycles_2_5", make_plain("analyze"), says="skip_cycles", proc=proc_api("api.analyze(p, skip_cycles=2.5)")),
+    Case("api_bytes_path", make_plain("analyze"), rc=0, expect="clean",
+         proc=proc_api("api.analyze(os.fsencode(p), store=False, cache=False)")),
+    Case("api_pattern_strings", make_plain("analyze"), says="comm_patterns",
+         proc=proc_api("api.analyze(p, comm_patterns='nccl')")),
+    Case("api_window_of_three", make_plain("analyze"), says="window", proc=proc_api("api.analyze(p, window=(1, 5, 9))")),
+    Case("payload_accept_length_beyond_batch_times_steps", make_accept_length(1000), rc=0,
+         says="PAYLOAD_ACCEPT_LENGTH", check=check_tokens_plausible),
+    Case("decode_log_throughput_no_gpu_reaches", make_unprofiled_log(
+        "#running-req: 4, #token: 900, accept len: 2.40, gen throughput (token/s): 100000000.0"), rc=0,
+         says="DECODE_LOG_LINES"),
+    Case("decode_log_1e23_running_requests", make_unprofiled_log(
+        "#running-req: 100000000000000000000000, accept len: 2.40, gen throughput (token/s): 4000.0"), rc=0,
+         says="DECODE_LOG_LINES"),
+    Case("spectrace_hooks_true_means_on", make_plain(), rc=0, proc=check_stdout("on")(proc_hooks_switch("true"))),
+    Case("invalid_mplbackend", make_report_into(None), rc=0, check=page_is_ours,
+         proc=lambda argv, e: run_proc(argv, e, env={"MPLBACKEND": "no_such_backend"})),
+    # 3. an export that breaks an assumption is said, with the same numbers through every path
+    Case("null_end_kernels_in_memory", make_edit(*NULL_END, opts=("--no-store",)), rc=0, says="DROPPED_OPS",
+         expect=edited(f"DELETE FROM {KERNEL} WHERE rowid % 50 = 0")),
+    Case("null_end_kernels_streamed", make_edit(*NULL_END, opts=("--store", "--no-cache")), rc=0, says="DROPPED_OPS",
+         expect=edited(f"DELETE FROM {KERNEL} WHERE rowid % 50 = 0")),
+    Case("null_end_kernels_columnar", make_parquetdir_of(*NULL_END), rc=0, says="DROPPED_OPS",
+         expect=edited(f"DELETE FROM {KERNEL} WHERE rowid % 50 = 0")),
+    Case("ranges_ended_on_another_thread", make_edit(CROSS), rc=0, says="CROSS_THREAD_RANGE",
+         expect=edited(SAME_THREAD), check=same_period_as(edited(SAME_THREAD))),
+    Case("runtime_rows_twice", make_dup(RUNTIME), rc=0, says="DUPLICATE_ROWS", expect="clean"),
+    Case("nvtx_rows_twice", make_dup(NVTX), rc=0, says="DUPLICATE_ROWS", expect="clean"),
+    Case("stringids_ids_twice", make_dup_stringids, says="StringIds holds 340 ids more than once", proc=proc_timeout),
+    Case("nvtx_without_globaltid", make_drop_column(NVTX, "globalTid"), says="NVTX_EVENTS has no column globalTid"),
+    Case("kernel_without_deviceid", make_drop_column(KERNEL, "deviceId"), says=f"{KERNEL} has no column deviceId"),
+    Case("kernel_without_streamid", make_drop_column(KERNEL, "streamId"), says=f"{KERNEL} has no column streamId"),
+    Case("kernel_without_name_columns", make_drop_column(KERNEL, "shortName", "demangledName"),
+         says=f"{KERNEL} has no column"),
+    Case("runtime_without_nameid", make_drop_column(RUNTIME, "nameId"), says=f"{RUNTIME} has no column nameId"),
+    Case("report_without_api_rows", lambda e: ["report", sql(e.copy(), f"DELETE FROM {RUNTIME}"), "-o", out_dir(e)],
+         says="CUDA API"),
+    Case("report_without_api_table", lambda e: ["report", sql(e.copy(), f"DROP TABLE {RUNTIME}"), "-o", out_dir(e)],
+         says="CUDA API"),
+    Case("path_past_sqlites_limit", make_long_path, says="past the 511 that SQLite opens"),
+    Case("input_rewritten_while_read", make_rewritten_while_read, says="changed while it was read"),
+    # 4. the gate never passes what it cannot judge
+    Case("compare_gate_with_too_few_cycles_in_b", make_gate("b"), rc=1, says="too few"),
+    # 5. degenerate runs and odd arguments: an answer or one line, in bounded time
+    Case("one_cycle_analyze", lambda e: ["analyze", one_cycle(e), "--format", "json"], rc=0),
+    Case("one_cycle_comm", lambda e: ["comm", one_cycle(e)], rc=0),
+    Case("one_cycle_report", lambda e: ["report", one_cycle(e), "-o", out_dir(e)], rc=0, check=page_is_ours),
+    Case("one_cycle_compare", lambda e: ["compare", e.copy(NODE, "a.sqlite"), one_cycle(e, "b.sqlite")], rc=0),
+    Case("one_cycle_whatif", lambda e: ["whatif", one_cycle(e), "--steps-now", "3"], says="cycle"),
+    Case("compare_runs_without_cycles", lambda e: ["compare", no_cycle_ranges(e, "a.sqlite"),
+                                                   no_cycle_ranges(e, "b.sqlite")], rc=0),
+    Case("report_vs_runs_without_cycles", lambda e: ["report", no_cycle_ranges(e, "b.sqlite"), "--vs",
+                                                     no_cycle_ranges(e, "a.sqlite"), "-o", out_dir(e)], rc=0),
+    Case("report_ranges_matching_1688_names", make_many_phase_names(1688), rc=0, proc=proc_timeout),
+]
+
+# Written after the fix, one per rule: each holds too.
+ISSUE_43_NEW = [
+    Case("db_is_the_manifest_of_the_input", lambda e: ["analyze", with_manifest(e), "--db",
+                                                       e.inp / f"{NODE}.manifest.json"], says="must not be the input"),
+    Case("comm_patterns_file_links_to_a_device", lambda e: ["analyze", e.copy(), "--comm-patterns-file", (
+        e.other("p") / "pat", (e.other("p") / "pat").symlink_to("/dev/zero"))[0]], says="character device",
+         proc=proc_timeout),
+    Case("parquetdir_with_two_files_for_one_table", make_two_table_files, says="two files"),
+    Case("compare_gate_with_too_few_cycles_in_a", make_gate("a"), rc=1, says="too few"),
+    Case("report_o_empty", lambda e: ["report", e.copy(), "-o", ""], says="-o"),
+]
+
+CASES += ISSUE_43 + ISSUE_43_NEW
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)

@@ -30,7 +30,7 @@ def select_ranges(ranges: pl.DataFrame, regex: str | None) -> tuple[pl.DataFrame
     ``spectrace`` domain are phases; if there are none, ranges whose text names a spectrace
     phase with any prefix (``eagle3.verify``).
     """
-    usable = ranges.filter(~pl.col("cross_thread"))
+    usable = ranges  # a range ended on another thread is attributed on the one that started it (CROSS_THREAD_RANGE)
     full = pl.concat_str([pl.col("domain"), pl.lit(":"), pl.col("range")])
     if regex is not None:
         check_regex(regex, "--ranges")

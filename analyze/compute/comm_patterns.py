@@ -15,13 +15,15 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
+from nvtx_hooks.capture.files import InputFileError, read_input
+
 from ..model import InputError
 from .regex import check_regex
 
 if TYPE_CHECKING:
     from polars.expr.whenthen import ChainedThen, Then
 
-__all__ = ["CommPattern", "PATTERNS", "EXCLUDE", "load_patterns", "family_expr", "classify"]
+__all__ = ["CommPattern", "PATTERNS", "EXCLUDE", "load_patterns", "checked_patterns", "family_expr", "classify"]
 
 
 @dataclass(frozen=True)
@@ -68,9 +70,9 @@ def load_patterns(extra: Iterable[str] = (), files: Iterable[str | Path] = ()) -
         if p.is_dir():
             raise InputError(f"{p}: is a directory, not a communication pattern file", "BAD_PATTERN")
         try:
-            text = p.read_bytes().decode()
-        except OSError as e:
-            raise InputError(f"{p}: cannot read it ({e.strerror})", "UNREADABLE") from None
+            text = read_input(p, "--comm-patterns-file").decode()
+        except InputFileError as e:
+            raise InputError(str(e), e.code) from None
         except UnicodeDecodeError as e:
             raise InputError(f"{p}: not UTF-8 text (byte {e.start}); save it as UTF-8", "BAD_PATTERN") from None
         for n, line in enumerate(text.splitlines(), 1):
@@ -84,6 +86,28 @@ def load_patterns(extra: Iterable[str] = (), files: Iterable[str | Path] = ()) -
         check_regex(rx, where)
         out.append(CommPattern(fam.strip(), rx, where))
     return out
+
+
+def checked_patterns(patterns: object) -> list[CommPattern] | None:
+    """The API's ``comm_patterns`` as documented: None (the built-in table) or a list of :class:`CommPattern`;
+    ``"FAMILY=REGEX"`` strings in the list are read as ``--comm-pattern`` reads them (added to the built-in
+    table). InputError for anything else (a lone string, a dict, ...)."""
+    if patterns is None:
+        return None
+    if isinstance(patterns, str | bytes) or not isinstance(patterns, Iterable):
+        raise InputError(f"comm_patterns must be a list of CommPattern or 'FAMILY=REGEX' strings, not "
+                         f"{type(patterns).__name__} {str(patterns)[:60]!r}", "BAD_OPTION")
+    items = list(patterns)
+    bad = [x for x in items if not isinstance(x, CommPattern | str)]
+    if bad:
+        raise InputError(f"comm_patterns must be a list of CommPattern or 'FAMILY=REGEX' strings; it holds "
+                         f"{type(bad[0]).__name__} {str(bad[0])[:60]!r}", "BAD_OPTION")
+    if not any(isinstance(x, str) for x in items):
+        for x in items:
+            check_regex(x.regex, f"comm_patterns {x.family}")
+        return items
+    own = [x for x in items if isinstance(x, CommPattern)]
+    return [*(own or PATTERNS), *load_patterns([x for x in items if isinstance(x, str)])[len(PATTERNS):]]
 
 
 def family_expr(name: pl.Expr, patterns: Iterable[CommPattern] = PATTERNS) -> pl.Expr:

@@ -129,7 +129,8 @@ def per_cycle(res: Result, by_rank: bool = False) -> pl.DataFrame:
     cycle: the mean over the steady cycles of the mean over each cycle's ranks (per rank: over its cycles)."""
     lg = _long(res)
     if lg.height == 0:
-        return pl.DataFrame(schema={"name": pl.String, "kind": pl.String, **{c: pl.Float64 for c in VALS}})
+        return pl.DataFrame(schema={**({"rank": pl.Int64} if by_rank else {}), "name": pl.String, "kind": pl.String,
+                                    **{c: pl.Float64 for c in VALS}})  # (no steady cycle: the columns of a full one)
     if by_rank:
         n = cycle_budget.steady_keys(res).group_by("rank").agg(_n=pl.len())
         return (lg.group_by("rank", "name").agg(pl.col("kind").first(), *[pl.col(c).sum() for c in VALS])
@@ -367,7 +368,8 @@ def compare_results(a, b, boot: int = BOOT, seed: int = 0) -> Comparison:
 def compare_sides(a: Side, b: Side, boot: int = BOOT, seed: int = 0) -> Comparison:
     """:func:`compare_results` of the two sides' :class:`Side` (each made while its Result was at hand)."""
     ta, tb = a.tokens, b.tokens
-    tok = ta.tokens_per_cycle is not None and tb.tokens_per_cycle is not None
+    tok = (ta.tokens_per_cycle is not None and tb.tokens_per_cycle is not None  # per token: both know tokens and
+           and ta.period_ns is not None and tb.period_ns is not None)  # a period (one cycle has none)
     key = "delta_ns_per_token" if tok else "delta_ns"
     rows = _joined(a.per_cycle, b.per_cycle, ["name"], ta, tb, tok)
     rows = rows.filter((pl.col("a_ns_per_cycle") != 0) | (pl.col("b_ns_per_cycle") != 0) | pl.col("kind").is_in(
@@ -382,9 +384,9 @@ def compare_sides(a: Side, b: Side, boot: int = BOOT, seed: int = 0) -> Comparis
     period = {"a_ns": ta.period_ns, "b_ns": tb.period_ns,
               "delta_ns": tb.period_ns - ta.period_ns if ta.period_ns and tb.period_ns else None,
               **ci.get("period", {})}
-    if ta.tokens_per_cycle is not None and tb.tokens_per_cycle is not None:  # tok
-        period |= {"a_ns_per_token": real(ta.period_ns) / ta.tokens_per_cycle,
-                   "b_ns_per_token": real(tb.period_ns) / tb.tokens_per_cycle}
+    if tok:
+        period |= {"a_ns_per_token": real(ta.period_ns) / real(ta.tokens_per_cycle),
+                   "b_ns_per_token": real(tb.period_ns) / real(tb.tokens_per_cycle)}
     return Comparison(
         a=a.name, b=b.name,
         a_cycles=a.cycles, b_cycles=b.cycles,

@@ -26,7 +26,7 @@ from nvtx_hooks import phases as ph
 from ..model import Result
 from ..read.manifest import speculative
 from . import steady_cycles, view
-from .payload import CYCLE_NAMES, base_expr, decode_frame
+from .payload import CYCLE_NAMES, accept_beyond_bound, base_expr, decode_frame
 
 __all__ = ["cycles", "selection", "flagged_cycles", "raw_cycles", "prefill_rows", "STEPS_SOURCES", "draft_repeats"]
 
@@ -87,6 +87,9 @@ def raw_cycles(res: Result) -> pl.DataFrame:
         pair_key=pl.col("key") if "key" in cyc.columns else pl.lit(None, pl.Int64),
         graphs=pl.col("i_graphs") if "i_graphs" in cyc.columns else pl.lit(None, pl.String),
     )
+    beyond = accept_beyond_bound(_run_steps(res))  # an accept length no cycle can have: unknown (PAYLOAD_ACCEPT_LENGTH)
+    cyc = cyc.with_columns(accept_length=pl.when(~beyond).then("accept_length"),
+                           accept_source=pl.when(~beyond).then("accept_source"))
     cyc = _with_prefill(cyc, inst)
     cyc = _with_steps(res, cyc, inst, by)
     tokens = (pl.when(pl.col("kind") == "decode_step").then(pl.col("batch_size"))
@@ -203,6 +206,12 @@ def _accept_marks(res: Result) -> pl.DataFrame:
     """
     m = res.marks.filter((pl.col("domain") == ph.DOMAIN) & (pl.col("mark") == ph.ACCEPT.name))
     return decode_frame(m).select("rank", "pid", "time", "batch_size", "cycle_index", "accept_length")
+
+
+def _run_steps(res: Result) -> int | None:
+    """The run's draft steps as its manifest records them (None: unknown)."""
+    s = speculative(res.trace.path).get("steps")
+    return s if isinstance(s, int) and s >= 1 else None
 
 
 def _manifest_batch(res: Result) -> int | None:

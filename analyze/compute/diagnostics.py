@@ -12,12 +12,14 @@ from __future__ import annotations
 import polars as pl
 
 from ..model import Diagnostic, Trace
+from ..read.manifest import speculative
+from .payload import accept_beyond_bound, accept_bound_text, decode_frame
 
-__all__ = ["FACTS", "diagnose"]
+__all__ = ["FACTS", "diagnose", "duplicate_rows"]
 
 # Counts each process body returns, summed over processes.
 FACTS = ("graph_ops", "node_ops", "graph_launches", "orphan_launches", "orphan_launches_inside", "unmatched_ops",
-         "duplicate_ops", "api_twins")
+         "duplicate_ops", "api_twins", "duplicate_api")
 
 # Oddities met while reading (:attr:`analyze.model.Trace.read_warnings`): code and message per count.
 _READ_WARNINGS = {
@@ -34,6 +36,12 @@ _READ_WARNINGS = {
     "api_without_pid": ("API_WITHOUT_PROCESS", "{n} CUDA API calls have no thread id (NULL globalTid); they are "
                                                "left out"),
 }
+
+
+def duplicate_rows(what: str, n: int) -> Diagnostic:
+    """DUPLICATE_ROWS: ``n`` rows of ``what`` that repeat another row exactly (an export appended to), kept once."""
+    return Diagnostic("warning", "DUPLICATE_ROWS", f"{n} {what} repeat another row exactly (an export appended to, or "
+                                                   "written twice?): each is counted once")
 
 
 def _label(domain: str, text: str) -> str:
@@ -64,13 +72,16 @@ def diagnose(t: Trace, nested: pl.DataFrame, facts: dict[str, int], ranks: pl.Da
                               f"{', '.join(map(str, others))} ran no GPU work: not a rank (e.g. the launcher)"))
     if t.dropped_ops:
         out.append(Diagnostic("warning", "DROPPED_OPS",
-                              f"{t.dropped_ops} GPU operations with invalid timestamps (start <= 0 or end < start, "
-                              "or longer than the whole session) or no process id (NULL globalPid) dropped"))
+                              f"{t.dropped_ops} GPU operations with invalid timestamps (no end, start <= 0 or end < "
+                              "start, or longer than the whole session) or no process id (NULL globalPid) "
+                              "dropped: they are in no number"))
     if t.export_meta.get("SPECTRACE_SOURCE") == "torch-profiler":  # what such a trace cannot give, said once
         out.append(Diagnostic("info", "TORCH_PROFILER_TRACE", t.export_meta.get("SPECTRACE_INPUT_NOTE", "")))
     for key, (code, msg) in _READ_WARNINGS.items():
         if t.read_warnings.get(key):
             out.append(Diagnostic("warning", code, msg.format(n=t.read_warnings[key])))
+    if facts.get("duplicate_api"):
+        out.append(duplicate_rows("CUDA API calls", facts["duplicate_api"]))
     if facts.get("duplicate_ops"):
         out.append(Diagnostic("warning", "DUPLICATE_OPS",
                               f"{facts['duplicate_ops']} GPU operations repeat another row exactly (process, "
@@ -97,8 +108,22 @@ def diagnose(t: Trace, nested: pl.DataFrame, facts: dict[str, int], ranks: pl.Da
             ))
     cross = t.ranges.filter("cross_thread")
     if cross.height:
-        out.append(Diagnostic("info", "CROSS_THREAD_RANGE",
-                              f"{cross.height} start/end ranges ended on another thread are not used for attribution"))
+        names = sorted(cross["range"].unique().to_list())
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        out.append(Diagnostic("warning", "CROSS_THREAD_RANGE",
+                              f"{cross.height} start/end ranges ({shown}) ended on another thread than the one that "
+                              "started them (legal NVTX): each is attributed on the thread that started it, from its "
+                              "start to its end; GPU work launched by the ending thread is not in it"))
+    if "uint64" in inst.columns or "int64" in inst.columns:
+        steps = speculative(t.path).get("steps")
+        steps = steps if isinstance(steps, int) and steps >= 1 else None
+        beyond = int(decode_frame(inst.select(*(c for c in ("uint64", "int64") if c in inst.columns)))
+                     .select(accept_beyond_bound(steps).sum()).item() or 0)
+        if beyond:
+            out.append(Diagnostic("warning", "PAYLOAD_ACCEPT_LENGTH",
+                                  f"{beyond} range payloads claim more accepted draft tokens than "
+                                  f"{accept_bound_text(steps)} (every request accepting every draft token): those "
+                                  "accept lengths are left out (their cycles' tokens unknown)"))
     bad_nest = nested.join(nested.select(parent="range_id", _pend="end"), on="parent").filter(pl.col("end") > pl.col("_pend"))
     if bad_nest.height:
         out.append(Diagnostic("warning", "NONNESTED_RANGES",

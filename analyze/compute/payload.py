@@ -12,8 +12,10 @@ from __future__ import annotations
 import polars as pl
 
 from nvtx_hooks import phases as ph
+from nvtx_hooks.capture.bounds import BATCH_MAX, STEPS_MAX
 
-__all__ = ["CYCLE_NAMES", "base_expr", "cycle_order", "decode_exprs", "decode_frame"]
+__all__ = ["CYCLE_NAMES", "base_expr", "cycle_order", "decode_exprs", "decode_frame", "accept_beyond_bound",
+           "accept_bound_text"]
 
 CYCLE_NAMES = ("cycle", "decode_step")
 _U = pl.UInt64
@@ -63,3 +65,16 @@ def decode_frame(df: pl.DataFrame) -> pl.DataFrame:
         if c not in df.columns:
             df = df.with_columns(pl.lit(None, pl.Int64).alias(c))
     return df.with_columns(decode_exprs())
+
+
+def accept_beyond_bound(steps: int | None) -> pl.Expr:
+    """Payload accept lengths no cycle can have (true where so): more accepted draft tokens than every request of
+    the batch accepting every draft token, ``batch_size × steps`` (``steps``: the run's, else
+    :data:`~nvtx_hooks.capture.bounds.STEPS_MAX`; a batch unknown: :data:`~nvtx_hooks.capture.bounds.BATCH_MAX`).
+    Such a value is left out (the cycle's tokens unknown) and said (PAYLOAD_ACCEPT_LENGTH)."""
+    bound = pl.col("batch_size").fill_null(BATCH_MAX) * (steps if steps else STEPS_MAX)
+    return pl.col("accept_length").is_not_null() & ((pl.col("accept_length") > bound) | (pl.col("accept_length") < 0))
+
+
+def accept_bound_text(steps: int | None) -> str:
+    return f"batch size × {steps} draft steps" if steps else f"batch size × {STEPS_MAX} (the steps' bound)"

@@ -35,13 +35,14 @@ import polars as pl
 
 from ..model import GRAPH_LAUNCH, SYNC_API, Diagnostic, InputError, Result, Trace
 from ..read import packed_keys, results
+from ..read.export import RUNTIME
 from ..read.protocols import ProcessSource, ShowProgress, no_progress
 from ..read.source import ManyWindows, OpsWindow, StoreSource, open_source
 from ..read.store.install import discard, existing_store, open_store
 from ..read.store.reader import CacheError
 from . import attribute, breakdown, collectives, host, host_windows, windows
 from .comm_patterns import PATTERNS, CommPattern, family_expr
-from .diagnostics import FACTS, diagnose
+from .diagnostics import FACTS, diagnose, duplicate_rows
 from .scalars import to_int
 
 if TYPE_CHECKING:
@@ -186,7 +187,8 @@ def process(source: ProcessSource, pid: int, ctx: ProcessContext) -> ProcessResu
     """The per-process body: attribute one process's GPU ops to its ranges and measure every instance."""
     # Only the columns the analysis reads (the stream is not one), unless every op is kept.
     cols = None if ctx.keep_ops else (*_WORK_COLS, "graph") if ctx.graphs else _WORK_COLS
-    ops, (api, api_twins) = source.ops(pid, cols), _inner_of_twins(source.api(pid))
+    ops, (api, dup_api) = source.ops(pid, cols), _exact_duplicates(source.api(pid))
+    api, api_twins = _inner_of_twins(api)
     nested = ctx.nested.filter(pl.col("pid") == pid)
     rk = breakdown.ranks(ops, ctx.devices)  # one row (or none): its rank is fixed once all processes are in
     rk = rk.with_columns(pl.lit(v, pl.Int64).alias(k)
@@ -247,6 +249,7 @@ def process(source: ProcessSource, pid: int, ctx: ProcessContext) -> ProcessResu
         "orphan_launches_inside": orphans_inside,
         "unmatched_ops": unmatched,
         "api_twins": api_twins,
+        "duplicate_api": dup_api,
     }
     # The rank goes on the few rows that keep it (communication kernels, kernel statistics), not on every op.
     is_comm = ((pl.col("kind") == "kernel") & pl.col("comm").is_not_null() if ctx.keep_ops
@@ -320,6 +323,17 @@ def _payload_batches(sel: pl.DataFrame) -> bool:
     v = sel.select(cols).with_columns(pl.lit(None, pl.Int64).alias(c) for c in ("uint64", "int64")
                                       if c not in cols)
     return bool(v.select(decode_exprs()[0].is_not_null().any()).item())
+
+
+def _exact_duplicates(api: pl.DataFrame) -> tuple[pl.DataFrame, int]:
+    """One process's CUDA API calls with rows that repeat another exactly (an export appended to) kept once, and
+    how many were dropped (DUPLICATE_ROWS). CUPTI gives every call its own correlation id: cheap when none
+    repeats (one pass over the ids)."""
+    corr = pl.col("corr")
+    if api.height == 0 or not api.select((corr.is_duplicated() & corr.is_not_null()).any()).item():
+        return api, 0
+    kept = api.unique(keep="first", maintain_order=True)
+    return kept, api.height - kept.height
 
 
 def _inner_of_twins(api: pl.DataFrame) -> tuple[pl.DataFrame, int]:
@@ -462,7 +476,17 @@ def _run(source: ProcessSource, ranges: str | None, comm_patterns: list[CommPatt
     head = source.head
     patterns = comm_patterns if comm_patterns is not None else list(PATTERNS)
     diags: list[Diagnostic] = list(source.notes)
+    key = [c for c in head.ranges.columns if c != "range_id"]
+    unique_ranges = head.ranges.unique(key, keep="first", maintain_order=True)
+    if unique_ranges.height < head.ranges.height:  # an export appended to: each range once (DUPLICATE_ROWS)
+        diags.append(duplicate_rows("NVTX ranges", head.ranges.height - unique_ranges.height))
+        head = dataclasses.replace(head, ranges=unique_ranges)
     sel, how = _select_phases(head.path, head.ranges, any(source.ops_rows.values()), ranges)
+    if not any(source.api_first(p) is not None for p in source.pids):
+        raise InputError(f"{head.path}: no CUDA API calls in this export (CUPTI_ACTIVITY_KIND_RUNTIME "
+                         f"{'empty' if RUNTIME in head.tables else 'missing'}): no GPU work can be attributed to the "
+                         "ranges that launched it; profile with nsys profile -t cuda,nvtx and export every table",
+                         "NO_CUDA_API")
     diags.append(Diagnostic("info", "RANGE_SELECTION", f"phases are {how}: {sel.height} range instances"))
     nested_all = attribute.nest(sel)
     kinds = op_kinds(source.op_keys(), head.names, patterns)

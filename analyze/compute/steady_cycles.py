@@ -51,9 +51,11 @@ from typing import Any, ClassVar
 import numpy as np
 import polars as pl
 
+from nvtx_hooks.capture.bounds import CYCLES_MAX, whole
+
 from ..model import CycleChoice, InputError, Window
 from ..read import results
-from .scalars import real, to_float, to_int
+from .scalars import real, real_or_none, to_float, to_int
 
 __all__ = ["LEFT_OUT_WARN", "Stall", "Pause", "SlowClass", "CycleSegment", "Selection", "Flagged", "parse_window",
            "check_choice", "flag_cycles", "class_label"]
@@ -244,8 +246,15 @@ def parse_window(text: str | tuple | None) -> Window | None:
     if text is None:
         return None
     if isinstance(text, tuple | list):
+        if len(text) != 2 or not all(v is None or (whole(v) and 0 <= v <= CYCLES_MAX) for v in text):
+            raise InputError(f"window {tuple(text)!r}: expected (START, END), cycle numbers from 0 to "
+                             f"{CYCLES_MAX:,} or None, or the text 'START:END'", "BAD_OPTION")
         a, b = text
+        if a is not None and b is not None and b <= a:
+            raise InputError(f"window {tuple(text)!r}: END must be after START", "BAD_OPTION")
         return Window("cycle", a, b, f"{'' if a is None else a}:{'' if b is None else b}")
+    if not isinstance(text, str):
+        raise InputError(f"window must be 'START:END' or (START, END), not {type(text).__name__}", "BAD_OPTION")
     parts = str(text).split(":")
     if len(parts) != 2:
         raise InputError(f"--window {text!r}: expected START:END (cycles, e.g. 5:50, or times, e.g. 1.5s:3s)",
@@ -274,8 +283,9 @@ def check_choice(skip_cycles: int | None, window) -> CycleChoice:
     """The ``cycle_choice`` of a Result from the user's options (InputError when they make no sense)."""
     if skip_cycles is not None and window is not None:
         raise InputError("give --skip-cycles or --window, not both", "BAD_OPTION")
-    if skip_cycles is not None and skip_cycles < 0:
-        raise InputError(f"--skip-cycles must be >= 0, not {skip_cycles}", "BAD_OPTION")
+    if skip_cycles is not None and not (whole(skip_cycles) and 0 <= skip_cycles <= CYCLES_MAX):
+        raise InputError(f"--skip-cycles (skip_cycles) must be an integer from 0 to {CYCLES_MAX:,}, not "
+                         f"{skip_cycles!r}", "BAD_OPTION")
     return CycleChoice(skip_cycles=None if skip_cycles is None else int(skip_cycles), window=parse_window(window))
 
 
@@ -657,9 +667,9 @@ def flag_cycles(cyc: pl.DataFrame, choice: CycleChoice | None = None) -> Flagged
         post_warmup=npost,
         left_out_share=left_keys / npost if npost else 0.0,
         settled=settled,
-        median_ns=to_float(s["median_ns"].median()) if n else None,
-        limit_ns=to_float(s["limit_ns"].median()) if n else None,
-        tolerance=to_float(s["tol"].max()) if n else None,
+        median_ns=real_or_none(s["median_ns"].median()) if n else None,  # (one cycle: none has a period)
+        limit_ns=real_or_none(s["limit_ns"].median()) if n else None,
+        tolerance=real_or_none(s["tol"].max()) if n else None,
         stalls=[Stall(key=r["key"], n=r["n"], period_ns=r["period"], excess_ns=r["t"] - r["median_ns"],
                       limit_ns=r["limit_ns"])
                 for r in stalls.iter_rows(named=True)],

@@ -12,6 +12,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from nvtx_hooks.capture.bounds import STEPS_MAX, whole
+
 from ..model import InputError, Result
 from ..read.manifest import speculative
 from . import acceptance, view
@@ -193,8 +195,9 @@ def steps_known(res: Result, steps_now: int | None) -> tuple[int, str]:
     """The trace's draft step count and how it is known: the caller's, else the manifest's, else inferred from the
     draft phase's repeated structure (:func:`_draft_repeats`); InputError when none of them knows it."""
     if steps_now is not None:
-        if steps_now < 1:
-            raise InputError(f"--steps-now must be >= 1, not {steps_now}")
+        if not (whole(steps_now) and 1 <= steps_now <= STEPS_MAX):
+            raise InputError(f"--steps-now (steps_now) must be an integer from 1 to {STEPS_MAX}, not {steps_now!r}",
+                             "BAD_OPTION")
         return steps_now, "given"
     spec = speculative(res.trace.path)
     if isinstance(spec.get("steps"), int) and spec["steps"] >= 1 and not spec.get("baseline"):

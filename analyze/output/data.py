@@ -34,7 +34,7 @@ from ..model import InputError, Result
 from .targets import as_input_error, check_db, fences, inputs_of
 
 __all__ = ["CSV_TABLES", "TOP_KERNELS", "FINDING_KEYS", "document", "to_json", "frame", "to_csv", "to_db",
-           "doc_json", "finite"]
+           "doc_json", "finite", "DB_REGISTRY"]
 
 FINDING_KEYS = ("code", "severity", "phase", "rank", "every", "extra_ns", "cycles", "evidence", "action", "impact_ns",
                 "share", "rank_is", "gross_ns", "claims", "counted_under")
@@ -226,8 +226,9 @@ def to_db(res: Result, path: str | Path, inputs=None) -> None:
         mem.close()
 
 
-# the tables :func:`to_db` writes (and replaces)
+# the tables :func:`to_db` writes (and replaces: only those it made, listed in DB_REGISTRY)
 _DB_TABLES = (*CSV_TABLES, "diagnostics", "meta")
+DB_REGISTRY = "spectrace_tables"  # in a results database: the tables spectrace made there (one ``name`` a row)
 
 
 def _rows(rows: list[dict]) -> list[dict]:
@@ -264,12 +265,18 @@ def _copy_tables(mem: sqlite3.Connection, target: Path, shown: Path, after: str)
     try:
         mem.execute("BEGIN IMMEDIATE")
         try:
+            ours = _ours(mem, shown)
             for name in _DB_TABLES:
-                mem.execute(f'DROP TABLE IF EXISTS dest."{name}"')
+                if name in ours:
+                    mem.execute(f'DROP TABLE IF EXISTS dest."{name}"')
                 sql = names.get(name) or ""
                 if sql.startswith("CREATE TABLE "):  # as sqlite-utils made it, in the target
                     mem.execute("CREATE TABLE dest." + sql[len("CREATE TABLE "):])
                     mem.execute(f'INSERT INTO dest."{name}" SELECT * FROM main."{name}"')
+            made = sorted(n for n in _DB_TABLES if names.get(n, "").startswith("CREATE TABLE "))
+            mem.execute(f'CREATE TABLE IF NOT EXISTS dest."{DB_REGISTRY}" (name TEXT PRIMARY KEY)')
+            mem.execute(f'DELETE FROM dest."{DB_REGISTRY}"')
+            mem.executemany(f'INSERT INTO dest."{DB_REGISTRY}" VALUES (?)', [(n,) for n in made])
             mem.execute("COMMIT")
         except BaseException:
             with contextlib.suppress(sqlite3.Error):
@@ -280,6 +287,33 @@ def _copy_tables(mem: sqlite3.Connection, target: Path, shown: Path, after: str)
     finally:
         with contextlib.suppress(sqlite3.Error):
             mem.execute("DETACH DATABASE dest")
+
+
+def _ours(mem: sqlite3.Connection, shown: Path) -> set[str]:
+    """The tables of the attached ``dest`` database that spectrace made (listed in :data:`DB_REGISTRY`; in a
+    database written before the registry, the result tables when its ``meta`` says spectrace wrote it);
+    InputError when a table of a result's name is someone else's (it is never dropped)."""
+    tables = {n for (n,) in mem.execute("SELECT name FROM dest.sqlite_master WHERE type = 'table'")}
+    if DB_REGISTRY in tables:
+        ours = {n for (n,) in mem.execute(f'SELECT name FROM dest."{DB_REGISTRY}"')}
+    elif "meta" in tables and _legacy_meta(mem):
+        ours = set(_DB_TABLES)
+    else:
+        ours = set()
+    foreign = sorted(n for n in _DB_TABLES if n in tables and n not in ours)
+    if foreign:
+        raise InputError(f"{shown}: has table{'s' if len(foreign) > 1 else ''} {', '.join(foreign)} that spectrace did "
+                         "not make (a result table has that name; it is never dropped): it is as it was; choose "
+                         "another --db file", "OUTPUT_NOT_OURS")
+    return ours
+
+
+def _legacy_meta(mem: sqlite3.Connection) -> bool:
+    try:
+        row = mem.execute("SELECT value FROM dest.meta WHERE key = 'spectrace_version'").fetchone()
+    except sqlite3.Error:
+        return False
+    return bool(row)
 
 
 def _db_error(e: sqlite3.Error, shown: Path, after: str) -> InputError:

@@ -571,6 +571,10 @@ def _whatif(res: Result, figs: _Figures, model: whatif_model.Model | InputError,
     return Section("whatif", "What if: draft steps", "".join(body))
 
 
+def _period_us(ns: float | None) -> str:
+    return f"{ns / 1e3:,.1f} µs" if ns is not None else "unknown (fewer than two cycles)"
+
+
 def _comparison(doc: cmp.Comparison, figs: _Figures) -> Section:
     """``--vs``: the verdict and a chart of Δ per phase and seam first, then the ranking, per rank, kernels."""
     p = doc.cycle_period
@@ -578,7 +582,7 @@ def _comparison(doc: cmp.Comparison, figs: _Figures) -> Section:
     body = [f'<p class="verdict">{html.escape(doc.verdict["text"])}</p>',
             _p(f"A = {doc.a} ({doc.a_cycles} steady cycles over ranks), B = {doc.b} (this report, "
                f"{doc.b_cycles}); Δ = B − A, per cycle (the mean over the steady cycles of the mean over ranks). "
-               f"Cycle period A {p['a_ns'] / 1e3:,.1f} µs, B {p['b_ns'] / 1e3:,.1f} µs.")]
+               f"Cycle period A {_period_us(p['a_ns'])}, B {_period_us(p['b_ns'])}.")]
     body += [_p(f"Warning: {w}", "warn") for w in doc.warnings]
     for k in ("a", "b"):
         for v in doc.stragglers.get(k) or []:

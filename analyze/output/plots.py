@@ -10,9 +10,33 @@ mathtext). Colours come from :mod:`nvtx_hooks.phases` (phase colours,
 ``SEAM_COLOR``, ``IDLE_COLOR``, ``COMM_COLOR``).
 """
 
+# ruff: noqa: E402  (matplotlib is imported through _import_matplotlib first)
 from __future__ import annotations
 
 import io
+import os
+import sys
+
+
+def _import_matplotlib() -> None:
+    """matplotlib, imported whatever ``MPLBACKEND`` says: these figures need no backend, so a value matplotlib
+    refuses (a typo, a backend not installed here) is left out, with a note, not a traceback. (matplotlib reads
+    the variable once, at import, into ``rcParams["backend"]``: done here the same way, checked.)"""
+    if "matplotlib" in sys.modules or not os.environ.get("MPLBACKEND"):
+        return
+    wanted = os.environ.pop("MPLBACKEND")
+    try:
+        import matplotlib
+    finally:
+        os.environ["MPLBACKEND"] = wanted
+    try:
+        matplotlib.rcParams["backend"] = wanted
+    except ValueError:
+        print(f"spectrace: note: MPLBACKEND={wanted!r} is not a matplotlib backend here; ignored (spectrace's "
+              "figures need none)", file=sys.stderr)
+
+
+_import_matplotlib()
 
 import numpy as np
 import polars as pl
@@ -92,8 +116,8 @@ def _small_multiples(p: pl.DataFrame, stacks: list[tuple[str, str, str | None, s
     colour or "phase", hatch, label)]`` (values already in the unit shown); ``marker``: a column drawn as a tick."""
     names = _order(p["phase"].unique().to_list())
     ranks = sorted(p["rank"].unique().to_list())
-    ncols = min(len(names), 4)
-    nrows = -(-len(names) // ncols)
+    ncols = max(1, min(len(names), 4))  # (no phase: one empty panel)
+    nrows = max(1, -(-len(names) // ncols))
     fig = _figure(max(3.2 * ncols + 0.8, 6.4), nrows * (1.1 + 0.3 * len(ranks)) + 1.0)  # wide enough for the title
     axes = fig.subplots(nrows, ncols, squeeze=False)
     for k, name in enumerate(names):
@@ -497,7 +521,7 @@ def compare_delta(doc: Comparison, top: int = 12) -> Figure | None:
     fig = _figure(11, 1.2 + 0.32 * len(names))
     ax = fig.subplots()
     y = np.arange(len(names))[::-1]
-    ax.barh(y[0], p["delta_ns"] / 1e3, color="#444444", label="cycle period")
+    ax.barh(y[0], (p["delta_ns"] or 0.0) / 1e3, color="#444444", label="cycle period")  # (None: a side without one)
     for col, label, color, hatch in (("delta_compute_ns", "compute", COMPUTE_COLOR, None),
                                      ("delta_comm_ns", "comm", COMM_COLOR, None),
                                      ("delta_idle_ns", "idle", IDLE_COLOR, "//")):

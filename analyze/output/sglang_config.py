@@ -79,8 +79,10 @@ def config(segments: list[dict], steps_now: int, source: str = "") -> dict:
     return out
 
 
-def write(path: str | Path, segments: list[dict], steps_now: int, source: str, inputs=()) -> Path:
-    """Write :func:`config` to ``path`` (a new file, renamed into place; never an input); its path."""
+def write(path: str | Path, segments: list[dict], steps_now: int, source: str, inputs=(), force: bool = False
+          ) -> Path:
+    """Write :func:`config` to ``path`` (a new file, renamed into place; never an input, nor a report's manifest;
+    an existing file only with ``force``); its path."""
     from nvtx_hooks.capture.files import write_new
 
     if not tiers(segments, steps_now):
@@ -88,22 +90,27 @@ def write(path: str | Path, segments: list[dict], steps_now: int, source: str, i
 
         raise InputError("--sglang-config needs a trace whose cycles carry their batch size (the hooks' payload) "
                          "in two or more segments; this one has none", "NO_SEGMENTS")
-    from .targets import as_input_error
+    from .targets import as_input_error, fences, inputs_of
 
     data = json.dumps(config(segments, steps_now, source), indent=2) + "\n"
     with as_input_error():
-        return write_new(path, data.encode(), option="--sglang-config", what="the SGLang config", inputs=inputs,
-                         replace=True)
+        return write_new(path, data.encode(), option="--sglang-config", what="the SGLang config",
+                         inputs=inputs_of(inputs), fences=fences(path, inputs), replace=force)
+
 
 
 def read(path: str | Path) -> dict[int, list[int]]:
     """A ``--speculative-adaptive-config`` file as SGLang 0.5.23 reads it (``_load_adaptive_config``): batch-size
     tier → candidate steps (sorted, each once, as its ``AdaptiveStepSlot`` keeps them). InputError (exit 2) for a
     file SGLang would refuse, with SGLang's reason."""
+    from nvtx_hooks.capture.files import InputFileError, read_input
+
     from ..model import InputError
 
-    try:
-        cfg = json.loads(Path(path).read_text())
+    try:  # a regular file of bounded size (never a pipe: it would block)
+        cfg = json.loads(read_input(path, "--current-sglang-config"))
+    except InputFileError as e:
+        raise InputError(str(e), "BAD_OPTION") from None
     except (OSError, ValueError) as e:
         raise InputError(f"--current-sglang-config {path}: not a readable JSON file ({e})", "BAD_OPTION") from None
     if not isinstance(cfg, dict):

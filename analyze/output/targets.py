@@ -18,6 +18,7 @@ from nvtx_hooks.capture import files
 from nvtx_hooks.capture.files import NewFolder, OutputError
 
 from ..model import InputError
+from ..read.manifest import manifest_path
 from ..read.store.layout import is_cache
 from ..read.store.location import SUFFIX, cache_dir_for
 
@@ -34,9 +35,11 @@ _REP_SUFFIXES = (".nsys-rep", ".qdrep")
 
 
 def inputs_of(inputs) -> list[Path]:
-    """The paths never written: each input, and the export beside an ``.nsys-rep`` (what is analysed)."""
-    paths = [Path(i) for i in inputs if isinstance(i, str | os.PathLike)]
-    return paths + [q.with_suffix(".sqlite") for q in paths if q.suffix in _REP_SUFFIXES]
+    """The paths never written: each input, the export beside an ``.nsys-rep`` (what is analysed), and each
+    report's manifest (``NAME.manifest.json``: read by every verb)."""
+    paths = [Path(os.fsdecode(i)) for i in inputs if isinstance(i, str | bytes | os.PathLike)]
+    paths += [q.with_suffix(".sqlite") for q in paths if q.suffix in _REP_SUFFIXES]
+    return paths + [manifest_path(q) for q in paths if q.suffix not in (".json", ".txt", ".log")]
 
 
 def fences(target: str | os.PathLike, inputs) -> list[Path]:

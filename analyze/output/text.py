@@ -300,8 +300,12 @@ def _symbols(names: list[str]) -> dict[str, str]:
         letters = [c.upper() for c in b if c.isalpha()] + list("XYZQWK")
         if base_name(n).endswith("_extend"):
             letters.insert(0, "E")
-        out[n] = next(c for c in letters if c not in out.values())
+        used = set(out.values())
+        out[n] = next((c for c in [*letters, *_MORE_SYMBOLS] if c not in used), "·")  # (hundreds of phases: "·")
     return out
+
+
+_MORE_SYMBOLS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
 
 
 def budget_text(res: Result, width: int = 64) -> list[str]:
@@ -638,8 +642,8 @@ def compare_table(doc: Comparison) -> str:
         t = doc.tokens[k]
         line = f"{k.upper()}: cycle period {_f(p[f'{k}_ns'])} µs"
         if t.tokens_per_cycle is not None:
-            line += (f", {t.tokens_per_cycle:.2f} tokens per {t.kind} ({t.source}), "
-                     f"{t.tokens_per_s:,.1f} tokens/s")
+            line += f", {t.tokens_per_cycle:.2f} tokens per {t.kind} ({t.source})"
+            line += f", {t.tokens_per_s:,.1f} tokens/s" if t.tokens_per_s is not None else ""
         out.append(line)
     out.append(f"   ({doc.definition})")
     out += ["", f"Verdict: {doc.verdict['text']}"]

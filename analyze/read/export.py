@@ -279,7 +279,7 @@ def _ops(r: ExportReader) -> pl.DataFrame:
 
 
 _BAD_OP = ((pl.col("start") <= 0) | (pl.col("end") < pl.col("start")) | pl.col("start").is_null()
-          | pl.col("pid").is_null())
+          | pl.col("end").is_null() | pl.col("pid").is_null())
 
 
 def bad_op(duration: int | None) -> pl.Expr:
@@ -315,10 +315,57 @@ def _nsys_diagnostics(r: ExportReader) -> pl.DataFrame:
     return df.with_columns(pid=pid_of("gpid")).select(list(schema)).cast(schema)
 
 
+# The columns read of each table (a table present without one of them is not an export spectrace can read:
+# every nsys from 2022.4 to 2026.x writes them all, ../shared/docs/nsys-sqlite.md); a tuple: any one of them.
+_REQUIRED: dict[str, tuple[str | tuple[str, ...], ...]] = {
+    _NVTX: ("start", "end", "eventType", "globalTid"),
+    _KERNEL: ("start", "end", "deviceId", "streamId", "correlationId", "globalPid", ("demangledName", "shortName")),
+    _MEMCPY: ("start", "end", "deviceId", "streamId", "correlationId", "globalPid", "copyKind"),
+    _MEMSET: ("start", "end", "deviceId", "streamId", "correlationId", "globalPid"),
+    _GRAPH_TRACE: ("start", "end", "deviceId", "streamId", "correlationId", "globalPid"),
+    RUNTIME: ("start", "end", "correlationId", "globalTid", "nameId"),
+    "StringIds": ("id", "value"),
+}
+
+
+def _check_columns(path: str, r: ExportReader) -> None:
+    """InputError naming the table and the column when a table spectrace reads lacks one (an export from a tool
+    or an nsys version that does not write it), instead of a failed query called a corrupt file."""
+    for table, need in _REQUIRED.items():
+        if table not in r.tables:
+            continue
+        have = set(r.columns(table))
+        missing = [c if isinstance(c, str) else " or ".join(c) for c in need
+                   if not (c in have if isinstance(c, str) else have & set(c))]
+        if missing:
+            raise InputError(f"{path}: {table} has no column {', '.join(missing)} (every nsys from 2022.4 to 2026.x "
+                             "writes it: this export was made or changed by another tool); export it again with "
+                             "`nsys export --type sqlite`", "MISSING_COLUMN")
+
+
+def _check_string_ids(path: str, r: ExportReader) -> None:
+    """InputError when StringIds holds an id more than once (an export appended to, or two merged): every name
+    join would multiply rows and a name would be either string. Free when ``id`` is SQLite's INTEGER PRIMARY KEY
+    (nsys's own DDL): it cannot repeat."""
+    if not r.has("StringIds", "id"):
+        return
+    if isinstance(r, Reader) and any(row[1] == "id" and row[5] == 1 and str(row[2]).upper() == "INTEGER"
+                                     for row in r.rows("PRAGMA table_info(StringIds)")):
+        return
+    n, distinct = r.rows("SELECT COUNT(*), COUNT(DISTINCT id) FROM StringIds")[0]
+    if n and distinct is not None and n > distinct:
+        raise InputError(f"{path}: StringIds holds {n - distinct:,} ids more than once (an export appended to, or "
+                         "two merged?): each name would be ambiguous; export it again with `nsys export --type "
+                         "sqlite`", "DUPLICATE_IDS")
+
+
 def read_meta(r: ExportReader) -> dict:
-    """Export and capture metadata, session duration and start (small queries); checks the schema."""
+    """Export and capture metadata, session duration and start (small queries); checks the schema and the
+    columns read."""
     export, capture = _meta(r)
     _check_schema(str(r.path), r, export)
+    _check_columns(str(r.path), r)
+    _check_string_ids(str(r.path), r)
     duration = None
     if r.has("ANALYSIS_DETAILS", "duration"):
         row = r.rows("SELECT MAX(duration) FROM ANALYSIS_DETAILS")

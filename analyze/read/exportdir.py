@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
-from nvtx_hooks.capture.files import table_files
+from nvtx_hooks.capture.files import TABLE_SUFFIXES, table_files
 
 from ..model import InputError
 
@@ -83,6 +83,14 @@ class DirReader:
         self.path = Path(path)
         self.lossy = 0  # parquet and Arrow strings are valid UTF-8 by construction
         files = table_files(self.path)
+        stems = sorted(f.stem for f in self.path.iterdir() if f.suffix in TABLE_SUFFIXES and f.is_file())
+        twice = sorted({t for t in stems if stems.count(t) > 1})
+        if twice:  # which one is the table? (a second export into the same folder, a copy)
+            names = ", ".join(sorted(f.name for f in self.path.iterdir() if f.stem == twice[0]))
+            raise InputError(f"{self.path}: two files for one table ({names}"
+                             f"{f'; {len(twice) - 1} more tables too' if len(twice) > 1 else ''}): which one is the "
+                             "export is not known; keep one per table (or export again into a new folder)",
+                             "AMBIGUOUS_TABLE")
         self.state = _state(files)
         try:
             self._raw = {t: _scan(f) for t, f in files.items()}

@@ -22,9 +22,14 @@ from pathlib import Path
 
 import polars as pl
 
+from nvtx_hooks.capture.bounds import BATCH_MAX, STEPS_MAX, TOKENS_PER_S_MAX
+from nvtx_hooks.capture.files import InputFileError, read_input
+
 from ..model import InputError
 
-__all__ = ["decode_periods", "PATTERNS"]
+__all__ = ["decode_periods", "left_out_note", "PATTERNS", "LOG_MAX_BYTES"]
+
+LOG_MAX_BYTES = 1 << 30  # a server log read whole: at most 1 GiB
 
 # What a decode log line's parts look like (matched anywhere in a line that contains "Decode batch").
 PATTERNS = {
@@ -34,26 +39,45 @@ PATTERNS = {
 }
 
 
-def decode_periods(path: str | os.PathLike) -> pl.DataFrame:
+def decode_periods(path: str | os.PathLike, counts: dict[str, int] | None = None) -> pl.DataFrame:
     """Per batch size (``#running-req``) of the log at ``path``: ``batch_size``, ``period_ns`` (the median over its
-    lines of running_req × accept_len / gen_throughput) and ``lines``, sorted by batch size. InputError when the
-    file cannot be read or has no decode line with a throughput."""
+    lines of running_req × accept_len / gen_throughput) and ``lines``, sorted by batch size. Lines whose values no
+    server reaches (``#running-req`` above :data:`~nvtx_hooks.capture.bounds.BATCH_MAX`, a throughput above
+    :data:`~nvtx_hooks.capture.bounds.TOKENS_PER_S_MAX`, an accept length above the steps' bound) are left out,
+    their number in ``counts["left_out"]``. InputError when the file cannot be read safely (a regular file of at
+    most :data:`LOG_MAX_BYTES`) or has no decode line with a throughput."""
     p = Path(path)
     try:
-        text = p.read_text(errors="replace")
-    except OSError as e:
-        raise InputError(f"--unprofiled-log {path}: cannot read it ({e.strerror or e})", "NOT_FOUND") from None
+        text = read_input(p, "--unprofiled-log", LOG_MAX_BYTES).decode("utf-8", "replace")
+    except InputFileError as e:  # (a log that cannot be read: NOT_FOUND, as documented; a pipe, a device: NOT_A_FILE)
+        raise InputError(str(e), "NOT_FOUND" if e.code in ("NO_FILE", "UNREADABLE") else e.code) from None
     lines = pl.DataFrame({"line": text.splitlines()}, schema={"line": pl.String})
     parts = (lines.filter(pl.col("line").str.contains("Decode batch", literal=True))
              .select(pl.col("line").str.extract(rx, 1).cast(pl.Float64, strict=False).alias(k)
                      for k, rx in PATTERNS.items())
              .filter(pl.col("running_req").is_not_null() & (pl.col("running_req") > 0)
                      & (pl.col("gen_tokens_per_s") > 0)))
+    # what a server can do: a batch it can hold, a throughput a GPU reaches, an accept length within the steps
+    physical = (pl.col("running_req").is_between(1, BATCH_MAX) & (pl.col("gen_tokens_per_s") <= TOKENS_PER_S_MAX)
+                & pl.col("accept_len").fill_null(1.0).is_between(0.0, STEPS_MAX + 1.0))
+    bad = parts.filter(~physical)
+    if counts is not None:
+        counts["left_out"] = bad.height
+    parts = parts.filter(physical)
     if parts.height == 0:
+        more = (f" ({bad.height} more left out: values no server reaches, #running-req above {BATCH_MAX:,} or "
+                f"gen throughput above {TOKENS_PER_S_MAX:,.0f} token/s)") if bad.height else ""
         raise InputError(f"--unprofiled-log {path}: no decode log lines with '#running-req' and 'gen throughput "
-                         "(token/s)' (SGLang's 'Decode batch' lines)", "NO_DECODE_LOG")
+                         f"(token/s)' (SGLang's 'Decode batch' lines){more}", "NO_DECODE_LOG")
     return (parts.with_columns(period_ns=pl.col("running_req") * pl.col("accept_len").fill_null(1.0)
                                / pl.col("gen_tokens_per_s") * 1e9)
             .group_by(batch_size=pl.col("running_req").cast(pl.Int64))
             .agg(pl.col("period_ns").median(), lines=pl.len().cast(pl.Int64))
             .sort("batch_size"))
+
+
+def left_out_note(n: int, name: str) -> str:
+    """The warning of :func:`decode_periods`' left-out lines (code ``DECODE_LOG_LINES``)."""
+    return (f"DECODE_LOG_LINES: {n} decode log line{'s' if n > 1 else ''} of {name} left out: values no server "
+            f"reaches (#running-req above {BATCH_MAX:,}, gen throughput above {TOKENS_PER_S_MAX:,.0f} token/s or an "
+            f"accept length above {STEPS_MAX + 1})")

@@ -29,7 +29,7 @@ from ..model import InputError
 if TYPE_CHECKING:
     from polars._typing import PolarsDataType
 
-__all__ = ["BATCH_ROWS", "sidecar", "check_file", "Reader"]
+__all__ = ["BATCH_ROWS", "SQLITE_MAX_PATH", "sidecar", "check_file", "Reader"]
 
 # compressed files people pass by mistake (the bundled captures are .sqlite.xz): magic bytes → the tool
 _COMPRESSED = ((b"\xfd7zXZ\x00", "xz"), (b"\x1f\x8b", "gzip"), (b"\x28\xb5\x2f\xfd", "zstd"), (b"BZh", "bzip2"))
@@ -165,6 +165,9 @@ def check_file(path: str | os.PathLike) -> Path:
     return p
 
 
+SQLITE_MAX_PATH = 512  # SQLite's unix VFS opens no file whose full path (with its NUL) is longer (MAX_PATHNAME)
+
+
 class Reader:
     """A read-only connection that returns polars frames."""
 
@@ -173,6 +176,10 @@ class Reader:
     def __init__(self, path: str | os.PathLike):
         self.path = check_file(path)
         real = self.path.resolve()
+        if len(os.fsencode(real)) >= SQLITE_MAX_PATH:
+            raise InputError(f"{self.path}: its full path is {len(os.fsencode(real)):,} bytes, past the "
+                             f"{SQLITE_MAX_PATH - 1} that SQLite opens (symbolic links resolved); move it to a shorter "
+                             "path, or give it one with a hard link (ln FILE /tmp/run.sqlite)", "PATH_TOO_LONG")
         self.mode = _open_mode(real, self.path)
         self.state = _file_state(real)
         args = "mode=ro&immutable=1" if self.mode == "immutable" else "mode=ro&vfs=unix-none"
@@ -246,6 +253,18 @@ class Reader:
     def close(self) -> None:
         self._con.close()
 
+    def _failed(self, e: BaseException) -> InputError:
+        """The error of a failed read: the file changed while it was read (rewritten in place: what SQLite read
+        is half old, half new), else a corrupt file."""
+        try:
+            self.check_unchanged()
+        except InputError as changed:
+            return changed
+        except OSError:  # (removed meanwhile)
+            return InputError(f"{self.path}: the file changed while it was read (removed); try again when it is "
+                              "complete", "CHANGED")
+        return InputError(f"{self.path}: corrupt SQLite file ({e})", "CORRUPT")
+
     def check_unchanged(self) -> None:
         """Fail if the file (or its ``-wal``) changed since it was opened: what was read may be half old, half new."""
         if _file_state(self.path.resolve()) != self.state:
@@ -265,7 +284,7 @@ class Reader:
         try:
             return self._con.execute(sql, params).fetchall()
         except sqlite3.DatabaseError as e:
-            raise InputError(f"{self.path}: corrupt SQLite file ({e})", "CORRUPT") from None
+            raise self._failed(e) from None
 
     def frame(self, sql: str, schema: Mapping[str, PolarsDataType] | None = None) -> pl.DataFrame:
         """A query as a polars frame, read column-wise through ADBC when possible.
@@ -287,7 +306,7 @@ class Reader:
             df = None
         except Exception as e:  # type drift in ADBC's inference, or corruption
             if "malformed" in str(e) or "not a database" in str(e):
-                raise InputError(f"{self.path}: corrupt SQLite file ({e})", "CORRUPT") from None
+                raise self._failed(e) from None
             df = None
         if df is None:
             try:
@@ -299,7 +318,7 @@ class Reader:
                 finally:
                     con.close()
             except sqlite3.DatabaseError as e:
-                raise InputError(f"{self.path}: corrupt SQLite file ({e})", "CORRUPT") from None
+                raise self._failed(e) from None
             df = pl.DataFrame(data, schema=names, orient="row", infer_schema_length=None)
         if schema:
             df = df.with_columns([pl.col(c).cast(t) for c, t in schema.items() if c in df.columns])
@@ -331,7 +350,7 @@ class Reader:
                 return
             except Exception as e:
                 if "malformed" in str(e) or "not a database" in str(e):
-                    raise InputError(f"{self.path}: corrupt SQLite file ({e})", "CORRUPT") from None
+                    raise self._failed(e) from None
                 skip = done  # type drift: continue after the rows already delivered
             finally:
                 con.close()
@@ -349,7 +368,7 @@ class Reader:
             finally:
                 con.close()
         except sqlite3.DatabaseError as e:
-            raise InputError(f"{self.path}: corrupt SQLite file ({e})", "CORRUPT") from None
+            raise self._failed(e) from None
 
     def max_rowid(self, table: str) -> int:
         """About how many rows ``table`` has (its largest rowid: O(log n), no scan); 0 if absent."""

@@ -17,7 +17,16 @@ import os
 import shlex
 from collections.abc import Mapping
 
-__all__ = ["Number", "number", "shell_words", "environment_problem"]
+__all__ = ["Number", "number", "shell_words", "environment_problem", "STEPS_MAX", "CYCLES_MAX", "BATCH_MAX",
+           "TOKENS_PER_S_MAX", "CYCLES_PER_S_MAX", "SWITCH_ON", "SWITCH_OFF", "switch", "whole", "in_bounds"]
+
+# Physical bounds, defined once: the CLI's options, the API's arguments, manifests, payloads and decode logs are
+# held to the same ones.
+STEPS_MAX = 64  # draft steps (--steps-now, --max-steps, a manifest's speculative.steps): EAGLE drafts a handful
+CYCLES_MAX = 1_000_000_000  # decode cycles (--skip-cycles, a window's ends)
+BATCH_MAX = 1 << 16  # requests decoded together (a manifest's batch, a decode log's #running-req)
+TOKENS_PER_S_MAX = 10_000_000.0  # tokens a server generates per second (a decode log's gen throughput): 10 M
+CYCLES_PER_S_MAX = 1_000_000.0  # decode cycles per second (a manifest's cycles_per_s): one per microsecond
 
 # Polars' own integer settings: a value of 0 makes it panic, a thread count far above the CPUs makes it crawl.
 _THREADS_PER_CPU = 8
@@ -105,3 +114,35 @@ def environment_problem(env: Mapping[str, str] | None = None) -> str | None:
             return (f"environment variable {name}={text!r}: must be an integer from {lo:,} to {hi:,} (unset it "
                     "to use the default)")
     return None
+
+
+def whole(value: object) -> bool:
+    """An integer (not a bool, not a float that happens to be whole)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def in_bounds(value: object, lo: float, hi: float) -> bool:
+    """A real number (int or finite float, not a bool) within ``[lo, hi]``."""
+    return (isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+            and lo <= value <= hi)
+
+
+SWITCH_ON = frozenset({"1", "true", "yes", "on", "y", "t"})  # an environment switch's spellings (any case)
+SWITCH_OFF = frozenset({"0", "false", "no", "off", "n", "f", ""})
+
+
+def switch(name: str, default: bool = False, env: Mapping[str, str] | None = None) -> tuple[bool, str | None]:
+    """An environment switch (``SPECTRACE_HOOKS``, ...): ``(value, problem)``. Unset: ``default``. The usual
+    spellings (1/0, true/false, yes/no, on/off, any case) are understood; anything else is ``default`` with a
+    one-line ``problem`` saying so (the caller prints it: hooks never stop a server for it)."""
+    environ: Mapping[str, str] = os.environ if env is None else env
+    text = environ.get(name)
+    if text is None:
+        return default, None
+    word = text.strip().lower()
+    if word in SWITCH_ON:
+        return True, None
+    if word in SWITCH_OFF:
+        return False, None
+    return default, (f"environment variable {name}={text!r} is not understood (1/0, true/false, yes/no, on/off); "
+                     f"taken as {'on' if default else 'off'}")

@@ -36,11 +36,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-__all__ = ["STALE_S", "TABLE_SUFFIXES", "OutputError", "clean", "utf8", "check_file", "new_file", "write_new",
-           "NewFolder", "table_files"]
+__all__ = ["STALE_S", "TABLE_SUFFIXES", "INPUT_MAX_BYTES", "OutputError", "InputFileError", "clean", "utf8",
+           "check_file", "new_file", "write_new", "NewFolder", "table_files", "read_input", "check_input"]
 
 TABLE_SUFFIXES = (".parquet", ".arrow", ".arrows")  # the table files of an nsys parquetdir/arrowdir export
 _SIDECARS = ("-wal", "-journal", "-shm")  # where SQLite keeps a database's journal, WAL and WAL index
+INPUT_MAX_BYTES = 256 << 20  # a file read whole (a manifest, a patterns file, a decode log): at most 256 MiB
 STALE_S = 24 * 3600  # a build folder of a target this old, or left by a dead process on this host, is removed
 
 
@@ -53,6 +54,54 @@ class OutputError(Exception):
 
     def __reduce__(self) -> tuple[type[OutputError], tuple[str, str]]:  # keeps the code when raised in a worker
         return (type(self), (str(self), self.code))
+
+
+class InputFileError(OutputError):
+    """An input file that cannot be read safely (not a regular file, too large, missing); one line."""
+
+
+def check_input(path: str | os.PathLike, what: str) -> None:
+    """InputFileError unless ``path`` (symbolic links followed) is a regular file: a named pipe, a device, a socket
+    or a folder is refused at once (``stat`` only: nothing is opened, so a pipe without a writer never blocks)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise InputFileError(f"{what} {os.fsdecode(path)}: no such file", "NO_FILE") from None
+    except OSError as e:
+        raise InputFileError(f"{what} {os.fsdecode(path)}: cannot read it ({e.strerror or e})", "UNREADABLE") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = _KINDS.get(stat.S_IFMT(st.st_mode), "not a regular file")
+        raise InputFileError(f"{what} {os.fsdecode(path)}: is {kind}; spectrace reads only regular files (a pipe or "
+                             "a device would block or never end)", "NOT_A_FILE")
+
+
+def read_input(path: str | os.PathLike, what: str, limit: int = INPUT_MAX_BYTES) -> bytes:
+    """The bytes of an input file read whole: a regular file (opened without blocking, then checked on its
+    descriptor, so that one swapped for a pipe meanwhile is refused too) of at most ``limit`` bytes;
+    :class:`InputFileError` otherwise (``what`` names it: ``--comm-patterns-file``, ``the manifest``...)."""
+    check_input(path, what)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise InputFileError(f"{what} {os.fsdecode(path)}: cannot read it ({e.strerror or e})", "UNREADABLE") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InputFileError(f"{what} {os.fsdecode(path)}: is {_KINDS.get(stat.S_IFMT(st.st_mode), 'not a regular file')}; "
+                                 "spectrace reads only regular files", "NOT_A_FILE")
+        if st.st_size > limit:
+            raise InputFileError(f"{what} {os.fsdecode(path)}: {st.st_size:,} bytes, more than the {limit:,} spectrace "
+                                 "reads whole; is it the right file?", "TOO_LARGE")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(limit + 1)
+    except OSError as e:
+        raise InputFileError(f"{what} {os.fsdecode(path)}: cannot read it ({e.strerror or e})", "UNREADABLE") from None
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise InputFileError(f"{what} {os.fsdecode(path)}: more than the {limit:,} bytes spectrace reads whole",
+                             "TOO_LARGE")
+    return data
 
 
 def clean(text: str) -> str:
@@ -140,6 +189,12 @@ def _refuse_fenced(path: str | os.PathLike, real: Path, fences: Iterable[Path], 
                               "cache is rebuilt): choose a place outside it", "OUTPUT_IN_CACHE")
 
 
+def _named(path: str | os.PathLike, option: str) -> None:
+    """OutputError for a target that names nothing: empty, or only spaces (it would be the current folder)."""
+    if not os.fsdecode(path).strip():
+        raise OutputError(f"{option} {os.fsdecode(path)!r} names no file: give a path", "BAD_OUTPUT")
+
+
 def check_file(path: str | os.PathLike, *, option: str, inputs: Iterable = (), fences: Iterable[Path] = (),
                replace: bool = False, sqlite: bool = False, hint: str = "pass --force to replace it") -> Path:
     """The real path to write the output file ``path`` to (symbolic links resolved), after the checks of this
@@ -147,6 +202,7 @@ def check_file(path: str | os.PathLike, *, option: str, inputs: Iterable = (), f
     ``fences``: folders nothing is written into; ``replace``: an existing regular file may be replaced (else it
     is refused, with ``hint``); ``sqlite``: the target's own ``-wal``/``-journal``/``-shm`` are checked too (a
     database written in place writes them)."""
+    _named(path, option)
     real, ins = _real(path), _inputs(inputs)
     for p in [real, *([real.with_name(real.name + s) for s in _SIDECARS] if sqlite else [])]:
         _refuse_input(path, p, ins, option)
@@ -249,6 +305,7 @@ class NewFolder:
                  fences: Iterable[Path] = (), force: bool = False, legacy: Callable[[Path], bool] | None = None,
                  what: str = "the report"):
         self.target, self.option, self.marker, self.force = Path(target), option, marker, force
+        self.target_text = os.fsdecode(target)  # as given ('' names nothing; Path('') would be '.')
         self.inputs, self.fences, self.legacy, self.what = list(inputs), list(fences), legacy, what
         self.real = _real(target)
         self.tmp: Path | None = None
@@ -288,6 +345,7 @@ class NewFolder:
     def check(self) -> Path:
         """The checks, before anything is written (also run again when the folder is put in place): the target's
         real path; :class:`OutputError` when it may not be written."""
+        _named(self.target_text, self.option)
         ins = _inputs(self.inputs)
         _refuse_input(self.target, self.real, ins, self.option, folder=True)
         _refuse_fenced(self.target, self.real, self.fences, self.option)

@@ -38,7 +38,7 @@ from . import manifest as mf
 from .bounds import number, shell_words
 from .files import OutputError, check_file
 
-__all__ = ["COLUMNAR_NSYS", "CPU_SAMPLING", "PYTHON_SAMPLING", "find_nsys", "parse_version", "nsys_version",
+__all__ = ["COLUMNAR_NSYS", "CPU_SAMPLING", "PYTHON_SAMPLING", "find_nsys", "parse_version", "nsys_version", "NSYS_ANSWER_S",
            "profile_switches", "output_base", "outputs", "env_added", "trace", "add_trace_arguments",
            "demo_workload"]
 
@@ -76,6 +76,9 @@ def find_nsys(explicit: str | None = None, env: Mapping[str, str] | None = None)
     return p
 
 
+NSYS_ANSWER_S = 20  # how long ``nsys --version`` and ``nsys profile --help`` may take (they answer in < 1 s)
+
+
 def parse_version(text: str) -> tuple[int, ...] | None:
     """``(2025, 3, 1, 90)`` from ``nsys --version`` output, or None."""
     m = re.search(r"(\d{4})\.(\d+)(?:\.(\d+))?(?:\.(\d+))?", text)
@@ -87,7 +90,10 @@ def parse_version(text: str) -> tuple[int, ...] | None:
 def nsys_version(nsys: str) -> str:
     """The version string of this nsys; CaptureError if it cannot run or is older than MIN_NSYS."""
     try:
-        out = subprocess.run([nsys, "--version"], capture_output=True, text=True, timeout=60)
+        out = subprocess.run([nsys, "--version"], capture_output=True, text=True, timeout=NSYS_ANSWER_S)
+    except subprocess.TimeoutExpired:
+        raise CaptureError(f"{nsys} --version did not answer within {NSYS_ANSWER_S} s (a stuck nsys, or not "
+                           "nsys): check it, or pass --nsys PATH") from None
     except OSError as e:
         raise CaptureError(f"cannot run {nsys}: {e}") from e
     text = (out.stdout or "") + (out.stderr or "")
@@ -101,11 +107,17 @@ def nsys_version(nsys: str) -> str:
 
 
 def output_base(name: str) -> Path:
-    """NAME without a report suffix (``x.nsys-rep``/``x.sqlite`` → ``x``)."""
+    """NAME without a report suffix (``x.nsys-rep``/``x.sqlite`` → ``x``); CaptureError when it names no file (empty,
+    ``.``, ``..``, ``/``, or ending in ``/``: the outputs would be hidden files like ``.nsys-rep`` or land nowhere)."""
+    base = name
     for suf in (".nsys-rep", ".sqlite", ".qdstrm", ".manifest.json"):
         if name.endswith(suf):
-            return Path(name[: -len(suf)])
-    return Path(name)
+            base = name[: -len(suf)]
+            break
+    if not base.strip() or base.endswith(("/", os.sep)) or Path(base).name in ("", ".", ".."):
+        raise CaptureError(f"-o {name!r} names no file: give a report name, e.g. -o runs/NAME (writes "
+                           "runs/NAME.nsys-rep, NAME.sqlite and NAME.manifest.json)")
+    return Path(base)
 
 
 def outputs(base: Path, stats: bool, columnar: str | None = None) -> dict[str, Path]:
@@ -126,7 +138,7 @@ def outputs(base: Path, stats: bool, columnar: str | None = None) -> dict[str, P
 def profile_switches(nsys: str) -> set[str]:
     """The switches this nsys's ``profile --help`` lists (``--sample``, …); empty when it prints none."""
     try:
-        out = subprocess.run([nsys, "profile", "--help"], capture_output=True, text=True, timeout=60)
+        out = subprocess.run([nsys, "profile", "--help"], capture_output=True, text=True, timeout=NSYS_ANSWER_S)
     except (OSError, subprocess.SubprocessError):
         return set()
     return set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", (out.stdout or "") + (out.stderr or "")))
