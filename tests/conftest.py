@@ -52,3 +52,13 @@ def _machine_nsys(request, monkeypatch):
 def rec(monkeypatch):
     """Fake SGLang on sys.path, hooks uninstalled after; the list of recorded NVTX calls."""
     yield from record(monkeypatch)
+
+
+def pytest_configure(config):
+    """A suite started in the background by a non-interactive shell (``make test &``) inherits SIGINT ignored, and
+    so would every process it starts: the Ctrl-C tests would then see no Ctrl-C. Python's own handler, as in a
+    terminal (a child process gets SIGINT's default action back at exec)."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
