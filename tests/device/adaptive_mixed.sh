@@ -24,17 +24,6 @@ rm -rf "$OUT" "$W"
 mkdir -p "$FINAL" "$OUT" "$W"
 . tests/device/setup.sh
 versions
-cap() {
-  local name=$1; shift
-  local targs=()
-  while [ "$1" != "--" ]; do targs+=("$1"); shift; done; shift
-  left || { log "skip $name (budget)"; return; }
-  log "capture $name: trace --capture all ${targs[*]} -- workload $*"
-  timeout 100 python3 -m nvtx_hooks.capture trace --capture all --columnar none --force -o "$W/$name" \
-    "${targs[@]}" -- python3 -m nvtx_hooks.capture.workload --nproc "$NPROC" "$@" > "$W/$name.stdout" 2>&1
-  log "  rc=$? $(grep -h '^{"rank"' "$W/$name.stdout" | cut -c1-200)"
-  ( renice -n 19 "$BASHPID" >/dev/null 2>&1; pack "$name" ) &
-}
 PROFILE=(--accept-profile 0.85,0.7,0.55,0.4 --v2 --host-us 300 --host-wait spin)
 SCHED=8:3:50,8:1:50,32:1:50,32:0:50,8:4:50
 cap tp1_adaptive_mixed -- --adaptive "$SCHED" "${PROFILE[@]}"

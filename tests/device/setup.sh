@@ -57,3 +57,17 @@ plain_sweep() {
     done
   done
 }
+
+# cap NAME [trace options] -- [workload options]: the workload (NPROC ranks) under `spectrace trace --capture all`,
+# each step bounded to 100 s, its record logged, packed (scrub + xz into OUT) in the background while the next runs
+cap() {
+  local name=$1; shift
+  local targs=()
+  while [ "$1" != "--" ]; do targs+=("$1"); shift; done; shift
+  left || { log "skip $name (budget)"; return; }
+  log "capture $name: trace --capture all ${targs[*]} -- workload $*"
+  timeout 100 python3 -m nvtx_hooks.capture trace --capture all --columnar none --force -o "$W/$name" \
+    "${targs[@]}" -- python3 -m nvtx_hooks.capture.workload --nproc "$NPROC" "$@" > "$W/$name.stdout" 2>&1
+  log "  rc=$? $(grep -h '^{"rank"' "$W/$name.stdout" | cut -c1-200)"
+  ( renice -n 19 "$BASHPID" >/dev/null 2>&1; pack "$name" ) &
+}

@@ -26,17 +26,6 @@ rm -rf "$OUT" "$W"
 mkdir -p "$FINAL" "$OUT" "$W"
 . tests/device/setup.sh
 versions
-cap() {
-  local name=$1; shift
-  local targs=()
-  while [ "$1" != "--" ]; do targs+=("$1"); shift; done; shift
-  left || { log "skip $name (budget)"; return; }
-  log "capture $name: trace --capture all ${targs[*]} -- workload $*"
-  timeout 100 python3 -m nvtx_hooks.capture trace --capture all --columnar none --force -o "$W/$name" \
-    "${targs[@]}" -- python3 -m nvtx_hooks.capture.workload --nproc "$NPROC" "$@" > "$W/$name.stdout" 2>&1
-  log "  rc=$? $(grep -h '^{"rank"' "$W/$name.stdout" | cut -c1-200)"
-  ( renice -n 19 "$BASHPID" >/dev/null 2>&1; pack "$name" ) &
-}
 cap tp1_v_mix -- --scheduler --v2 --batch 8 --steps 2 --cycles 220 --scheduler-ranges sglang \
   --scheduler-us recv_requests=90,process_input_requests=30,get_next_batch_to_run=220,process_batch_result=120 \
   --extra process_input_requests:300:every=5 --extra process_batch_result:250:from=110
