@@ -20,7 +20,7 @@ from . import view
 from .cycles import cycles, prefill_rows
 from .payload import base_expr
 
-__all__ = ["GAP", "PIECES", "BUDGET", "STEADY_KEYS", "main_cycles", "cycle_pieces", "budget", "steady_keys",
+__all__ = ["kind_cycles", "GAP", "PIECES", "BUDGET", "STEADY_KEYS", "main_cycles", "cycle_pieces", "budget", "steady_keys",
            "mean_budget"]
 
 GAP = "between cycles"
@@ -39,13 +39,18 @@ STEADY_KEYS = pl.Schema({"rank": pl.Int64, "key": pl.Int64})
 _PREFILL = "prefill"
 
 
-def main_cycles(res: Result) -> pl.DataFrame:
-    """The cycles of the trace's cycle kind that have a period (every one but each rank's first)."""
+def kind_cycles(res: Result) -> pl.DataFrame:
+    """Every cycle per rank of the trace's cycle kind (the commonest: ``cycle`` ranges, else the inferred ones)."""
     c = cycles(res)
     if c.height == 0:
         return c
     main = c["kind"].mode().sort()[0]
-    return c.filter((pl.col("kind") == main) & pl.col("period_ns").is_not_null())
+    return c.filter(pl.col("kind") == main)
+
+
+def main_cycles(res: Result) -> pl.DataFrame:
+    """The cycles of the trace's cycle kind that have a period (every one but each rank's first)."""
+    return kind_cycles(res).filter(pl.col("period_ns").is_not_null())
 
 
 @view.table()

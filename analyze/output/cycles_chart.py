@@ -24,6 +24,7 @@ import polars as pl
 
 from nvtx_hooks.phases import COMM_COLOR, COMPUTE_COLOR, IDLE_COLOR, SEAM_COLOR, color_of
 
+from ..compute import cycle_budget
 from ..model import Result
 from .timeline import class_cycles, finding_cycles
 
@@ -40,22 +41,14 @@ _CYCLE_COLS = ("rank", "key", "n", "period_ns", "i_last", "cycle_class", "segmen
                "batch_size", "tokens")
 
 
-def _cycles(res: Result) -> pl.DataFrame:
-    c = res.steady.cycles
-    if c.height == 0:
-        return c
-    main = c["kind"].mode().sort()[0]
-    return c.filter(pl.col("kind") == main)
-
 
 def data(res: Result, found: list | None = None, timeline_file: str | None = None) -> dict[str, Any]:
     """What the chart shows, as one JSON-ready object (module docstring): ``cycles`` (columns of
     ``res.steady.cycles``), ``pieces`` (columns, ``item``/``kind`` as indices into ``items``/``kinds``),
     ``classes``, ``segments``, ``findings`` (each with the cycles it names), ``ranks``, ``colors``."""
-    from ..compute import cycle_budget
 
     found = res.steady.findings if found is None else found
-    c = _cycles(res)
+    c = cycle_budget.kind_cycles(res)
     cols = {k: c[k].to_list() if k in c.columns else [None] * c.height for k in _CYCLE_COLS}
     p = cycle_budget.cycle_pieces(res)
     cut = None

@@ -48,6 +48,7 @@ import polars as pl
 
 from nvtx_hooks.capture import files
 
+from ..compute import cycle_budget
 from ..model import InputError, Result
 from . import targets
 
@@ -84,20 +85,12 @@ class Timeline:
 # ---- which cycles -------------------------------------------------------------------------------------------
 
 
-def _cycles(res: Result) -> pl.DataFrame:
-    """Every cycle per rank (``res.steady.cycles``) of the trace's cycle kind."""
-    c = res.steady.cycles
-    if c.height == 0:
-        return c
-    main = c["kind"].mode().sort()[0]
-    return c.filter(pl.col("kind") == main)
-
 
 def class_cycles(res: Result) -> list[tuple[Any, list[int]]]:
     """Each class of slower cycles (``res.steady.cycle_classes``, in that order) with every cycle it names: the
     slower cycles of a recurring class (its ``keys`` lists the first 20 only), the rare stalls."""
     # (findings will carry the cycles they name, issue 37: finding_cycles reads them first)
-    c = _cycles(res)
+    c = cycle_budget.kind_cycles(res)
     info = res.steady.selection
     stall_keys = sorted(int(s["key"]) for s in info.get("stalls") or [])
     out = []
@@ -126,7 +119,7 @@ def finding_cycles(res: Result, finding: Any, classes: list[tuple[Any, list[int]
     if seg:  # a finding about one batch size's segment ("verify (batch 128)"): its cycles
         sg = next((x for x in res.steady.segments if x.key == seg.group(1)), None)
         if sg is not None:
-            c = _cycles(res)
+            c = cycle_budget.kind_cycles(res)
             return sorted(c.filter(pl.col("key").is_between(sg.first_cycle, sg.last_cycle) & pl.col("steady"))
                           ["key"].unique().to_list())
     if finding.code in ("STRAGGLER_RANK", "RECURRING_SLOW_CYCLES", "LEVEL_SHIFT") and finding.cycles:
@@ -139,7 +132,7 @@ def finding_cycles(res: Result, finding: Any, classes: list[tuple[Any, list[int]
 
 def choose(res: Result, spec: str | None) -> tuple[list[int], str]:
     """The cycles ``spec`` names (module docstring), in order, and how to say it; InputError on a bad spec."""
-    c = _cycles(res)
+    c = cycle_budget.kind_cycles(res)
     if c.height == 0:
         raise InputError("no decode cycles in this capture: nothing to put on a timeline (its phases need a "
                          "'cycle' or 'decode_step' range)", "NO_CYCLES")
@@ -200,7 +193,7 @@ def _bounded(res: Result, keys: list[int], chosen: bool, max_events: int,
     choose the cycles), and the sentence saying what was cut (None: nothing)."""
     if not max_events:
         return keys, None
-    c = _cycles(res)
+    c = cycle_budget.kind_cycles(res)
     est = _estimate(res, c.filter(pl.col("key").is_in(keys))).with_columns(pl.col("est") * scale)
     if est["est"].sum() <= max_events:
         return keys, None
@@ -346,7 +339,7 @@ def _window(res: Result, keys: list[int]) -> _Window:
     """The shown cycles' time: each from the earliest of its CPU range, its GPU work and its period's start, to
     the next cycle's CPU start (the host's work after it: result processing, scheduling), over ranks; the run's
     first cycle from the capture's first range, its last to the capture's last."""
-    every = _cycles(res)
+    every = cycle_budget.kind_cycles(res)
     lo = pl.min_horizontal(pl.col("start"), pl.col("i_first"),
                            pl.col("i_last") - pl.col("period_ns").fill_null(pl.col("i_last") - pl.col("i_first")))
     # the run's first and last cycles reach out to the first and last range of the capture (a prefill, a range
@@ -402,7 +395,7 @@ def _ops(res: Result, w: _Window) -> pl.DataFrame:
 def _instances(res: Result, w: _Window) -> pl.DataFrame:
     """The ranges with GPU work in the window: ``leaf`` (no child range with GPU work), ``top`` (outermost range),
     ``cyc_key`` (a cycle's number), ``left_out``."""
-    c = _cycles(res).select("rank", "range_id", cyc_key="key")
+    c = cycle_budget.kind_cycles(res).select("rank", "range_id", cyc_key="key")
     inst = (res.steady.instances.filter(pl.col("rank").is_not_null() & (pl.col("i_ops") > 0))
             .join(c.select("rank", top="range_id", _top_key="cyc_key"), on=["rank", "top"], how="left"))
     # a cycle's ranges when the cycle is shown (not a neighbour reaching into its time on another rank); ranges
@@ -436,7 +429,7 @@ def _host(res: Result, w: _Window, inst: pl.DataFrame) -> tuple[pl.DataFrame, li
     sched = (found.join(first.select("pid", "rank"), on="pid").select(
         "rank", "gtid", "start", "end", "range", "event_type", "cross_thread", "range_id") if found.height else None)
     ph = _inside(res.steady.instances.filter(pl.col("rank").is_not_null()), w, "start", "end").join(
-        _cycles(res).select("rank", "range_id", cyc_key="key"), on=["rank", "range_id"], how="left").select(
+        cycle_budget.kind_cycles(res).select("rank", "range_id", cyc_key="key"), on=["rank", "range_id"], how="left").select(
         "rank", "gtid", "start", "end", "range", "event_type", "cross_thread", "range_id", cat=pl.lit("phase"),
         key="cyc_key")
     frames = [ph]
@@ -487,7 +480,7 @@ def _gpu(res: Result, w: _Window, inst: pl.DataFrame, ops: pl.DataFrame) -> tupl
     seams = (_inside(si, w, "a", "b").join(depth, on=["rank", "parent"], how="left")
              .join(top, on=["rank", "parent"], how="left")
              .with_columns(s_top=pl.coalesce("s_top", "range_id"))
-             .join(_cycles(res).select("rank", s_top="range_id", _k="key"), on=["rank", "s_top"], how="left")
+             .join(cycle_budget.kind_cycles(res).select("rank", s_top="range_id", _k="key"), on=["rank", "s_top"], how="left")
              .filter(pl.col("parent").is_null() | pl.col("_k").is_in(w.keys)).drop("_k") if si.height else
              pl.DataFrame(schema={"rank": pl.Int64, "p_depth": pl.Int64, "a": pl.Int64, "b": pl.Int64,
                                   "parent": pl.Int64, "prev_range": pl.String, "range": pl.String, "cause": pl.String,
@@ -535,7 +528,7 @@ def _gpu(res: Result, w: _Window, inst: pl.DataFrame, ops: pl.DataFrame) -> tupl
 
 
 def _counters(res: Result, w: _Window) -> tuple[pl.DataFrame, list[str]]:
-    c = _cycles(res).filter(pl.col("key").is_in(w.keys) & pl.col("period_ns").is_not_null())
+    c = cycle_budget.kind_cycles(res).filter(pl.col("key").is_in(w.keys) & pl.col("period_ns").is_not_null())
     ev = c.select(name=pl.lit("cycle period µs"), ph=pl.lit("C"), ts=pl.col("i_last").cast(pl.Float64) / _US,
                   pid=pl.col("rank") + 1, args=pl.struct(period=(pl.col("period_ns") / _US).round(3)),
                   _t="i_last", _d=pl.lit(0), _l=pl.lit(0))
@@ -664,7 +657,7 @@ def build(res: Result, cycles: str | None = None, max_events: int = DEFAULT_MAX_
     keys, cut = _bounded(res, keys, chosen, max_events)
     tl = _build(res, keys, what, cut, max_events)
     if max_events and tl.events > max_events and len(keys) > 1:  # the estimate was short: once more, by the count
-        est = float(_estimate(res, _cycles(res).filter(pl.col("key").is_in(keys)))["est"].sum())
+        est = float(_estimate(res, cycle_budget.kind_cycles(res).filter(pl.col("key").is_in(keys)))["est"].sum())
         keys, cut = _bounded(res, keys, True, max_events, scale=tl.events / max(est, 1.0))
         tl = _build(res, keys, what, cut or f"{len(keys)} cycles shown: bounded to {max_events:,} events", max_events)
     return tl
