@@ -20,6 +20,7 @@ import html
 import importlib.metadata
 import io
 import json
+import re
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -69,9 +70,17 @@ p,li,h1,h2,h3,td,th{overflow-wrap:break-word}pre{white-space:pre-wrap;overflow-w
 nav{font-size:13px;margin:.5em 0 1.5em}nav a{margin-right:.9em}.head{font-size:15px}
 .sev-high{background:#f8d7d3}.sev-medium{background:#fbe9c8}.sev-low{background:#eef2f5}
 td.ev{min-width:260px}p.act{margin:.4em 0 0;color:#333}
-td code{white-space:nowrap;overflow-wrap:normal}.verdict{font-size:16px;padding:.6em .8em;background:#eef2f5;border-left:4px solid #5a7d9a}
+td code{white-space:nowrap;overflow-wrap:normal}td code.in{white-space:normal;overflow-wrap:anywhere}.verdict{font-size:16px;padding:.6em .8em;background:#eef2f5;border-left:4px solid #5a7d9a}
 """ + cycles_chart.CSS
 
+
+
+_TICKS = re.compile(r"`([^`]+)`")
+
+
+def _code(text: str) -> str:
+    """``text`` escaped, its `backticked` names (flags, functions, commands) as code."""
+    return _TICKS.sub(lambda m: f'<code class="in">{m.group(1)}</code>', html.escape(text))
 
 def _plots_cycles(res: Result) -> bool:
     """Whether the run has decode cycles (the cycles chart and the timeline need them)."""
@@ -274,7 +283,7 @@ def _findings(found: list[findings.Finding], named: list[list[int]] | None = Non
         rows.append(f'<tr class="sev-{f.severity}"><td>{i}<br><span class="note">{f.severity}</span></td>'
                     f"<td><code>{f.code}</code><br>{html.escape(where or '')}</td>"
                     f'<td class="n">{f.impact_ns / 1e3:,.1f}<br>({100 * f.share:.1f} %)</td>'
-                    f'<td class="ev">{html.escape(f.evidence)}<p class="act"><b>What to try:</b> {html.escape(f.action)}</p>'
+                    f'<td class="ev">{_code(f.evidence)}<p class="act"><b>What to try:</b> {_code(f.action)}</p>'
                     f"</td><td>{cyc}</td></tr>")
     head = ("<tr><th>#</th><th>finding, where</th><th>µs per cycle (% of cycle)</th>"
             "<th>evidence; what to try</th><th>cycles</th></tr>")
