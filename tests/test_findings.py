@@ -7,7 +7,7 @@ import re
 import pytest
 
 from analyze import analyze
-from analyze.compute import anatomy, findings
+from analyze.compute import anatomy, findings, nccl_evidence
 from analyze.compute.whatif_fit import fit
 from tests.helpers import eagle_synth as es
 
@@ -213,16 +213,16 @@ def test_nccl_setting_only_from_the_recorded_environment(tmp_path):
     man = p.with_suffix(".manifest.json")
     doc = json.loads(man.read_text())
     res = analyze(p)
-    assert findings.nccl_setting(res) == findings.NcclSetting("Simple", None, "NCCL_PROTO in the capture's recorded "
+    assert nccl_evidence.nccl_setting(res) == nccl_evidence.NcclSetting("Simple", None, "NCCL_PROTO in the capture's recorded "
                                                                               "environment")
     doc["nccl_env"] = {}
     man.write_text(json.dumps(doc))
-    got = findings.nccl_setting(res)
+    got = nccl_evidence.nccl_setting(res)
     assert got is not None and got.proto is None and "unset" in got.source
-    assert findings.comm_action(got).startswith("This run left the protocol to NCCL")
+    assert nccl_evidence.comm_action(got).startswith("This run left the protocol to NCCL")
     doc["nccl_env"] = {"NCCL_PROTO": "^LL128", "NCCL_ALGO": "Tree"}
     man.write_text(json.dumps(doc))
-    got = findings.nccl_setting(res)
-    assert got == findings.NcclSetting(None, "Tree", "NCCL_PROTO=^LL128 in the capture's recorded environment")
+    got = nccl_evidence.nccl_setting(res)
+    assert got == nccl_evidence.NcclSetting(None, "Tree", "NCCL_PROTO=^LL128 in the capture's recorded environment")
     man.unlink()
-    assert findings.nccl_setting(res) is None
+    assert nccl_evidence.nccl_setting(res) is None

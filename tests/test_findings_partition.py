@@ -136,7 +136,8 @@ def test_the_straggler_counted_once(shapes):
 def test_partition_resolves_tiers_on_a_hand_made_budget():
     """Two claims on one leaf: the cause takes its ns first; the piece's rule keeps the rest and refers to it; a
     claim on the whole cycle takes only what the others left of the period."""
-    from analyze.compute.findings import CAUSE, PIECE, WHOLE, Claim, Rule, RuleContext, RuleHit, partition
+    from analyze.compute.finding_types import CAUSE, PIECE, WHOLE, Claim, Rule, RuleContext, RuleHit
+    from analyze.compute.findings import partition
 
     budget = pl.DataFrame({"rank": [0, 1, 0, 1], "segment": ["between cycles"] * 2 + ["draft"] * 2,
                            "kind": ["gap", "gap", "phase", "phase"], "ns": [400.0, 600.0, 500.0, 500.0],

@@ -19,132 +19,32 @@ later: the launch or the GPU queue held it (*blocked*: a synchronous call, an ev
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import polars as pl
 
 from ..model import InputError, Result
-from ..read import packed_keys, results
+from ..read import packed_keys
 from . import anatomy, cycle_budget, host_gaps, steady_cycles, steady_tables, straggler, utilisation, view
 from .cycles import selection
+from .finding_types import CAUSE, CYCLE, PHASE, PIECE, Claim, Finding, Rule, RuleContext, RuleHit
+from .nccl_evidence import comm_action, nccl_setting
 from .payload import CYCLE_NAMES, base_expr
 from .scalars import real, to_float
-from .steady_cycles import Selection
 from .tokens import summary
 
 if TYPE_CHECKING:
     from .whatif_model import Model
 
-__all__ = ["HIGH", "MEDIUM", "FLOOR", "RULES", "COMM_SHARE", "IDLE_SHARE", "GAIN", "RuleContext", "Finding", "RuleHit", "Rule",
-           "SAME", "launch_timing", "PROTOS", "NcclSetting", "nccl_setting", "comm_action",
-           "PHASE_SHARE", "severity", "Claim", "CYCLE", "CAUSE", "PIECE", "PHASE", "WHOLE", "partition", "RuleInputs", "rule_inputs", "known", "context", "find", "findings_at"]
+__all__ = ["HIGH", "MEDIUM", "FLOOR", "RULES", "COMM_SHARE", "IDLE_SHARE", "GAIN", "SAME", "launch_timing",
+           "PHASE_SHARE", "severity", "partition", "RuleInputs", "rule_inputs", "known", "context", "find",
+           "findings_at"]
 
 HIGH, MEDIUM, FLOOR = 0.10, 0.03, 0.01
 COMM_SHARE = 0.10  # a phase's communication share of its span worth a finding
 IDLE_SHARE = 0.15  # idle between a phase's own ops, as a share of its span
 GAIN = 0.03  # a what-if step count predicted this much faster is worth trying
-
-
-@dataclass
-class RuleContext:
-    """What the rules read: the steady-state tables of one analysed trace."""
-
-    res: Result
-    period_ns: float
-    budget: pl.DataFrame
-    phases: pl.DataFrame  # per rank, steady
-    seams: pl.DataFrame  # seam instances, steady, with launch timing
-    stragglers: pl.DataFrame
-    info: Selection  # which cycles are the steady state, and why
-    model: Model | None  # the what-if model, when it could be fitted
-    cycles: pl.DataFrame  # rank, ncyc: steady cycles per rank
-    untrusted: set[str]  # phases whose matched collectives do not end together: no straggler or wait findings
-    classes: list[anatomy.CycleClass] = field(default_factory=list)  # the slower cycles that recur, rare stalls
-
-
-@results.cacheable
-@dataclass(frozen=True)
-class Finding:
-    """One ranked finding: what costs cycle time, the evidence, and what to try.
-
-    ``code``: the rule (:data:`RULES`); ``severity``: ``high``/``medium``/``low`` from ``share``, the impact's share
-    of the cycle period; ``impact_ns``: the cycle time it explains (ns per cycle); ``phase``/``rank``: where
-    (``rank`` None when all ranks are about the same; ``rank_is``: ``worst`` when it holds on several ranks and
-    ``rank`` has the most of it, ``only`` when it is about that rank alone); ``every``: N when it happens every
-    N-th cycle, with ``extra_ns`` per affected cycle, ``cycles`` of them; ``evidence``; ``action``: what to try.
-    Each microsecond is counted once (:func:`partition`): ``impact_ns`` is what is left to this finding of the
-    ``gross_ns`` it found after the findings that name a cause took theirs; ``claims``: the budget pieces it holds
-    (``piece``, ``ns`` per cycle); ``counted_under``: the findings holding the rest (``code``, ``phase``, ``rank``,
-    ``ns``).
-    """
-
-    code: str
-    severity: str
-    phase: str | None
-    rank: int | None
-    every: int | None
-    extra_ns: float | None
-    cycles: int | None
-    evidence: str
-    action: str
-    impact_ns: float
-    share: float
-    rank_is: str | None
-
-    gross_ns: float = 0.0
-    claims: tuple[dict, ...] = ()
-    counted_under: tuple[dict, ...] = ()
-
-    def to_dict(self) -> dict:
-        """The finding as the JSON document has it (``findings`` of ``spectrace analyze --format json``)."""
-        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v) for f in fields(self)}
-
-
-@dataclass(frozen=True)
-class RuleHit:
-    """What a rule found, before :func:`find` sizes it against the cycle period and makes it a :class:`Finding`
-    (the fields of the same name; ``worst``: ``rank`` has the most of it among several ranks, else it is about
-    that rank alone; ``action``: in place of the rule's own; ``host_bound``: which of the two gap rules)."""
-
-    impact_ns: float
-    evidence: str
-    phase: str | None = None
-    rank: int | None = None
-    worst: bool = False
-    every: int | None = None
-    extra_ns: float | None = None
-    cycles: int | None = None
-    action: str | None = None
-    host_bound: bool = False
-    cycle_class: anatomy.CycleClass | None = None  # the class of slower cycles it is about (its pieces: its claims)
-
-
-@dataclass(frozen=True)
-class Claim:
-    """Part of the mean steady cycle a hit says it explains: ``ns`` per cycle (mean over ranks) taken from the
-    budget's leaves ``pieces``, in that order (:func:`partition`). A leaf is a cycle-budget piece (``between
-    cycles``, a seam ``draft → verify``) or a phase's part (``verify/compute``, ``verify/comm``, ``verify/idle``);
-    :data:`CYCLE` is what no other claim took of the cycle period."""
-
-    pieces: tuple[str, ...]
-    ns: float
-
-
-CYCLE = "cycle"  # the leaf of claims that name no piece: the period less what the other findings took
-# Tiers of :func:`partition`: a claim that names a cause (a late rank, a class of slower cycles) takes its µs first;
-# then the pieces' own rules (the gap, a seam, communication, idle); then a phase's bound; then what names no piece.
-CAUSE, PIECE, PHASE, WHOLE = 0, 1, 2, 3
-
-
-@dataclass(frozen=True)
-class Rule:
-    code: str
-    looks_at: str
-    action: str
-    check: Callable[[RuleContext], list[RuleHit]]
-    tier: int = WHOLE  # :func:`partition`'s order (CAUSE first)
-    claims: Callable[[RuleHit], list[Claim]] | None = None  # None: the hit claims CYCLE
 
 
 def _us(ns: float) -> str:
@@ -337,72 +237,6 @@ def _comm(ctx: RuleContext) -> list[RuleHit]:
             ev += "; no wait/transfer split: its matched collectives do not end together (matching suspect)"
         out.append(RuleHit(impact, ev, phase=name, action=comm_action(nccl_setting(ctx.res, name))))
     return out
-
-
-# NCCL's kernel names carry an algorithm and a protocol (ncclDevKernel_AllReduce_Sum_bf16_RING_LL), but not the
-# ones a collective ran with: NCCL names the kernel ..._RING_LL under NCCL_PROTO=Simple too (the bundled
-# tp2_nccl_simple capture). The name is never evidence of the protocol; only the recorded environment is.
-PROTOS = {"ll": "LL", "ll128": "LL128", "simple": "Simple"}
-
-
-@dataclass(frozen=True)
-class NcclSetting:
-    """The NCCL protocol (and algorithm) a run's collectives were set to, and where that is known from
-    (``proto`` None: the recorded environment shows NCCL_PROTO unset, so NCCL chose per message size)."""
-
-    proto: str | None  # LL, LL128, Simple; None: unset (NCCL's own choice per size)
-    algo: str | None  # Ring, Tree, NVLS, ... as set (NCCL_ALGO)
-    source: str
-
-
-def nccl_setting(res: Result, phase: str | None = None) -> NcclSetting | None:
-    """The NCCL protocol and algorithm the run was set to, from evidence only: the capture's recorded environment
-    (``nccl_env`` of the manifest ``spectrace trace`` writes beside the capture: ``NCCL_PROTO``/``NCCL_ALGO``, set
-    or unset). None when nothing recorded it: the kernel's name is no evidence (NCCL names its kernel ``…RING_LL``
-    under both LL and Simple), and NCCL's NVTX payload carries message sizes and ranks, not the protocol.
-    ``phase``: unused (one setting per process; kept for callers of the per-phase form)."""
-    from ..read.manifest import read_manifest
-
-    m = read_manifest(res.trace.path) or {}
-    if "nccl_env" not in m:
-        return None
-    env = m.get("nccl_env") or {}
-    raw = str(env.get("NCCL_PROTO", "")).strip()
-    proto = PROTOS.get(raw.lower())
-    algo = str(env.get("NCCL_ALGO", "")).strip() or None
-    if proto is None and raw:  # a list or an exclusion (^LL): said as recorded, no advice from it
-        return NcclSetting(None, algo, f"NCCL_PROTO={raw} in the capture's recorded environment")
-    if proto is not None:
-        return NcclSetting(proto, algo, "NCCL_PROTO in the capture's recorded environment")
-    return NcclSetting(None, algo, "NCCL_PROTO unset in the capture's recorded environment: NCCL chose the "
-                                   "protocol per message size")
-
-
-_UNKNOWN_PROTO = ("The NCCL protocol this run used is unknown (no recorded environment: the kernel's name does not "
-                  "say it; `spectrace trace` records NCCL_* variables in the manifest). Whichever it was, try each of "
-                  "NCCL_PROTO=LL, LL128 and Simple and NCCL_ALGO (Ring, Tree, NVLS) and measure each with "
-                  "`spectrace compare`; ")
-
-
-def comm_action(s: NcclSetting | None) -> str:
-    """COMM_SHARE's advice from the setting the run is known to have had; when nothing recorded it, advice that
-    holds whatever the protocol was."""
-    rest = ("SGLang's custom all-reduce (do not pass --disable-custom-all-reduce; needs NVLink/P2P), NVLS or "
-            "symmetric-memory all-reduce on NVSwitch, or a smaller TP size for this model; measure with "
-            "`spectrace compare`.")
-    if s is None:
-        return _UNKNOWN_PROTO + "or " + rest
-    algo = f", NCCL_ALGO={s.algo}" if s.algo else ""
-    if s.proto is None:
-        return (f"This run left the protocol to NCCL ({s.source}{algo}): pin NCCL_PROTO=LL, then LL128, and try "
-                f"NCCL_ALGO, measuring each with `spectrace compare`; or {rest}")
-    now = f"This run was set to NCCL's {s.proto} protocol{algo} ({s.source})."
-    if s.proto == "LL":
-        return f"{now} LL is already the lowest-latency protocol: next try NCCL_ALGO (e.g. Tree, or NVLS), {rest}"
-    if s.proto == "LL128":
-        return f"{now} LL has the lower latency for small messages: try NCCL_PROTO=LL, then NCCL_ALGO, {rest}"
-    return (f"{now} Simple is built for large messages; for small ones try NCCL_PROTO=LL (or LL128) and NCCL_ALGO, "
-            f"{rest}")
 
 
 def _per_cycle(ctx: RuleContext, df: pl.DataFrame, col: str) -> pl.DataFrame:

@@ -16,20 +16,17 @@ order given; communication matched across all ranks with the clock alignment of
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import filecmp
 import multiprocessing
 import os
 import signal
 import stat
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from types import FrameType
-from typing import TYPE_CHECKING, NoReturn, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import polars as pl
 
@@ -40,7 +37,7 @@ from ..read.protocols import ProcessSource, ShowProgress, no_progress
 from ..read.source import ManyWindows, OpsWindow, StoreSource, open_source
 from ..read.store.install import discard, existing_store, open_store
 from ..read.store.reader import CacheError
-from . import attribute, breakdown, collectives, host, host_windows, windows
+from . import attribute, breakdown, collectives, host, host_windows, repeated_rows, windows, workers
 from .comm_patterns import PATTERNS, CommPattern, family_expr
 from .diagnostics import FACTS, diagnose, duplicate_rows
 from .scalars import to_int
@@ -187,8 +184,7 @@ def process(source: ProcessSource, pid: int, ctx: ProcessContext) -> ProcessResu
     """The per-process body: attribute one process's GPU ops to its ranges and measure every instance."""
     # Only the columns the analysis reads (the stream is not one), unless every op is kept.
     cols = None if ctx.keep_ops else (*_WORK_COLS, "graph") if ctx.graphs else _WORK_COLS
-    ops, (api, dup_api) = source.ops(pid, cols), _exact_duplicates(source.api(pid))
-    api, api_twins = _inner_of_twins(api)
+    ops, (api, dup_api, api_twins) = source.ops(pid, cols), repeated_rows.api_calls_once(source.api(pid))
     nested = ctx.nested.filter(pl.col("pid") == pid)
     rk = breakdown.ranks(ops, ctx.devices)  # one row (or none): its rank is fixed once all processes are in
     rk = rk.with_columns(pl.lit(v, pl.Int64).alias(k)
@@ -266,7 +262,7 @@ def process(source: ProcessSource, pid: int, ctx: ProcessContext) -> ProcessResu
         ops = ops.select("pid", "range_id", "corr", "start", "end", "comm", "api_start").sort("start")
     else:
         ops = ops.select("pid", "range_id", "corr", "start", "end", "_c")
-    facts["duplicate_ops"] = _duplicate_ops(ops)
+    facts["duplicate_ops"] = repeated_rows.duplicate_ops(ops)
     if host_parts is not None:  # (the same rows: ops has GPU work)
         key_calls, firsts, per_inst = host_parts
         anc = attribute.ancestors(nested)
@@ -323,41 +319,6 @@ def _payload_batches(sel: pl.DataFrame) -> bool:
     v = sel.select(cols).with_columns(pl.lit(None, pl.Int64).alias(c) for c in ("uint64", "int64")
                                       if c not in cols)
     return bool(v.select(decode_exprs()[0].is_not_null().any()).item())
-
-
-def _exact_duplicates(api: pl.DataFrame) -> tuple[pl.DataFrame, int]:
-    """One process's CUDA API calls with rows that repeat another exactly (an export appended to) kept once, and
-    how many were dropped (DUPLICATE_ROWS). CUPTI gives every call its own correlation id: cheap when none
-    repeats (one pass over the ids)."""
-    corr = pl.col("corr")
-    if api.height == 0 or not api.select((corr.is_duplicated() & corr.is_not_null()).any()).item():
-        return api, 0
-    kept = api.unique(keep="first", maintain_order=True)
-    return kept, api.height - kept.height
-
-
-def _inner_of_twins(api: pl.DataFrame) -> tuple[pl.DataFrame, int]:
-    """One process's CUDA API calls with each call recorded twice kept once, and how many were dropped. With CPU
-    backtraces (``--cudabacktrace``, ``spectrace trace --cpu-sampling``) nsys 2025.3 writes a runtime call as an
-    outer row (``cudaGraphLaunch``) around an inner one (``cudaGraphLaunch_v10000``) of the same thread and
-    correlation id: the inner one is kept (the name and time a capture without backtraces records; the outer
-    adds the backtrace's own cost). Cheap when there are none: one pass over the correlation ids."""
-    corr = pl.col("corr")
-    if api.height == 0 or not api.select((corr.is_duplicated() & corr.is_not_null()).any()).item():
-        return api, 0
-    twin = corr.is_not_null() & (pl.col("start") < pl.col("start").max().over("gtid", "corr"))
-    kept = api.filter(~twin)
-    return kept, api.height - kept.height
-
-
-def _duplicate_ops(ops: pl.DataFrame) -> int:
-    """Rows of one process's ops (sorted by start) that repeat another's correlation id, start and end. Cheap:
-    only rows sharing a start with a neighbour are compared."""
-    same = pl.col("start") == pl.col("start").shift()
-    cand = ops.filter((same | same.shift(-1)).fill_null(False))
-    if cand.height == 0:
-        return 0
-    return cand.height - cand.select("corr", "start", "end").unique().height
 
 
 def _kernel_stats(ops: pl.DataFrame, kinds: pl.DataFrame, rank: int | None, nested: pl.DataFrame) -> pl.DataFrame:
@@ -747,22 +708,22 @@ def results_of(
                                      for f in files]]
     if n == 1:
         return [result_for_merge(f, ranges, comm_patterns, store, cache) for f in files]
-    ex = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_start)
+    ex = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"), initializer=workers.start)
     futures = None
     try:
-        with _workers_start_deaf():
-            futures = [ex.submit(_in_worker, result_for_merge, f, ranges, comm_patterns, store, cache) for f in files]
+        with workers.start_deaf():
+            futures = [ex.submit(workers.run, result_for_merge, f, ranges, comm_patterns, store, cache) for f in files]
         return [f.result() for f in futures]
     except (BrokenProcessPool, OSError) as e:
         if isinstance(e, OSError) and futures is not None:  # an I/O error of a report, raised in its worker
             raise
         # A worker died (or one broke the pool while it was being filled: "handle is closed"). End the other
         # workers too: one started while the pool broke is not always ended by the pool (3.11).
-        _signal_workers(ex, signal.SIGTERM)
+        workers.signal_all(ex, signal.SIGTERM)
         raise InputError("a worker process analysing the reports ended abruptly (killed, or out of memory?) or "
                          "could not start; try -j 1 to analyse one report at a time", "WORKER_DIED") from None
     except KeyboardInterrupt:  # pass it on, so that each worker cleans up (its cache build) before the pool ends
-        _signal_workers(ex, signal.SIGINT)
+        workers.signal_all(ex, signal.SIGINT)
         raise
     finally:
         ex.shutdown(wait=True, cancel_futures=True)
@@ -790,40 +751,3 @@ def _refuse_twice(paths: list[str]) -> None:
                     raise InputError(f"{q} and {p} are byte-identical copies of one capture; give each report "
                                      "once", "DUPLICATE_REPORT")
             by_size.setdefault(st.st_size, []).append(p)
-
-
-def _signal_workers(ex: ProcessPoolExecutor, signum: int) -> None:
-    for proc in list((getattr(ex, "_processes", None) or {}).values()):
-        with contextlib.suppress(OSError):
-            os.kill(proc.pid, signum)
-
-
-@contextlib.contextmanager
-def _workers_start_deaf() -> Iterator[None]:
-    """Ctrl-C ignored while the workers are spawned: they inherit that, so a Ctrl-C while they load (before
-    :func:`_worker_start`) is no traceback of theirs; the parent gets it as usual."""
-    main = threading.current_thread() is threading.main_thread()
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
-    try:
-        yield
-    finally:
-        if main:
-            signal.signal(signal.SIGINT, old)
-
-
-def _worker_start() -> None:
-    """Worker processes ignore Ctrl-C while idle (the parent ends the pool); a task turns it on (:func:`_in_worker`)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def _in_worker(fn: Callable[..., _T], *args: object) -> _T:
-    """``fn(*args)`` interruptible by the first Ctrl-C only, so that its cleanup is not interrupted by a second."""
-    def once(signum: int, frame: FrameType | None) -> NoReturn:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, once)
-    try:
-        return fn(*args)
-    finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
