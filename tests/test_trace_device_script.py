@@ -18,19 +18,26 @@ FAKE = ROOT / "tests" / "data" / "fake_nsys.py"
 SCRIPT = ROOT / "tests" / "device" / "host_anatomy_and_adaptive.sh"
 
 
-@pytest.mark.slow
-def test_device_script_on_cpu(tmp_path):
-    pytest.importorskip("torch", reason="the workload needs torch (pip install torch==2.13.0)")
-    if shutil.which("bash") is None or shutil.which("xz") is None:
-        pytest.skip("needs bash and xz")
+def _stand_ins(tmp_path: Path) -> tuple[Path, Path]:
+    """A bin folder with a stand-in nsys (tests/data/fake_nsys.py) and the scripts' python3: this one (its venv:
+    torch, the package); returns the folder and the nsys."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
     nsys = bindir / "nsys"
     nsys.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@"\n')
     nsys.chmod(0o755)
-    py = bindir / "python3"  # the script's python3: this one (its venv: torch, the package)
+    py = bindir / "python3"
     py.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
     py.chmod(0o755)
+    return bindir, nsys
+
+
+@pytest.mark.slow
+def test_device_script_on_cpu(tmp_path):
+    pytest.importorskip("torch", reason="the workload needs torch (pip install torch==2.13.0)")
+    if shutil.which("bash") is None or shutil.which("xz") is None:
+        pytest.skip("needs bash and xz")
+    bindir, nsys = _stand_ins(tmp_path)
     out = tmp_path / "out"
     env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "NSYS": str(nsys), "OUT": str(out),
            "STAGE": str(tmp_path / "stage"), "W": str(tmp_path / "cap"), "CYCLE_SCALE": "50", "REPS": "1",
@@ -94,14 +101,7 @@ def test_torch_profiler_script_on_cpu(tmp_path):
     pytest.importorskip("ijson", reason="scrub reads torch traces with ijson")
     if shutil.which("bash") is None or shutil.which("xz") is None:
         pytest.skip("needs bash and xz")
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    nsys = bindir / "nsys"
-    nsys.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@"\n')
-    nsys.chmod(0o755)
-    py = bindir / "python3"
-    py.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
-    py.chmod(0o755)
+    bindir, nsys = _stand_ins(tmp_path)
     out = tmp_path / "out"
     env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "NSYS": str(nsys), "OUT": str(out),
            "STAGE": str(tmp_path / "stage"), "W": str(tmp_path / "cap"), "OMP_NUM_THREADS": "1",

@@ -525,11 +525,10 @@ def python_samples(path: str | os.PathLike, gtids: list[int]) -> pl.DataFrame | 
         if not (r.has("NVTX_EVENTS", "start", "globalTid", "domainId", "binaryData")
                 and r.has("NVTX_PAYLOAD_SCHEMAS", "domainId", "name")):
             return None
-        names = ",".join(f"'{n}'" for n in pf.SCHEMAS[:1])  # the periodic samples (not the backtraces on calls)
         ids = ",".join(str(int(g)) for g in gtids) or "NULL"
         ev = r.frame(f"""SELECT start AS time, globalTid AS gtid, binaryData AS data FROM NVTX_EVENTS
                          WHERE binaryData IS NOT NULL AND globalTid IN ({ids}) AND domainId IN
-                         (SELECT domainId FROM NVTX_PAYLOAD_SCHEMAS WHERE name IN ({names}))""",
+                         (SELECT domainId FROM NVTX_PAYLOAD_SCHEMAS WHERE name = '{pf.SAMPLING}')""",
                      {"time": pl.Int64, "gtid": pl.Int64, "data": pl.Binary})
         strings = _strings(r) if ev.height else None
     finally:
